@@ -1,0 +1,120 @@
+"""Generic registries for operators and losses.
+
+Every public operator and loss is registered together with a small factory of example inputs so
+that one generic conformance test (``tests/test_conformance.py``) can exercise all of them:
+forward, backward, finite gradients, module == function and degenerate batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+__all__ = ["Example", "Registry", "RegistryEntry"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Example:
+    """Inputs for one call: ``fn(*args, **kwargs)`` and ``Module(**kwargs)(*args)``.
+
+    ``args`` hold the tensors (floating tensors that need gradients have ``requires_grad``);
+    ``kwargs`` hold hyperparameters, which are also the keyword arguments of the module twin.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+ExampleFactory = Callable[[torch.dtype, torch.device], Example]
+DegenerateFactory = Callable[[torch.dtype, torch.device], list[Example]]
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """What a registry knows about one item."""
+
+    name: str
+    fn: Callable[..., Any]
+    module: type[torch.nn.Module] | None = None
+    example: ExampleFactory | None = None
+    degenerate: DegenerateFactory | None = None
+    #: "exact": true gradients (gradcheck applies); "surrogate": a defined but non-analytic
+    #: backward (blackbox differentiation, straight-through); "none": not differentiable.
+    gradient: Literal["exact", "surrogate", "none"] = "exact"
+    #: stochastic items use the global torch RNG; the conformance test reseeds before each call.
+    stochastic: bool = False
+    description: str = ""
+
+
+class Registry(Generic[F]):
+    """A name -> :class:`RegistryEntry` mapping with helpful errors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, RegistryEntry] = {}
+
+    def register(
+        self,
+        name: str,
+        *,
+        module: type[torch.nn.Module] | None = None,
+        example: ExampleFactory | None = None,
+        degenerate: DegenerateFactory | None = None,
+        gradient: Literal["exact", "surrogate", "none"] = "exact",
+        stochastic: bool = False,
+        description: str = "",
+    ) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name``."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"`name` must be a non-empty string, got {name!r}")
+
+        def decorator(fn: F) -> F:
+            if name in self._entries and self._entries[name].fn is not fn:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+            self._entries[name] = RegistryEntry(
+                name=name,
+                fn=fn,
+                module=module,
+                example=example,
+                degenerate=degenerate,
+                gradient=gradient,
+                stochastic=stochastic,
+                description=doc,
+            )
+            return fn
+
+        return decorator
+
+    def add_module(self, name: str, module: type[torch.nn.Module]) -> None:
+        """Attach the ``nn.Module`` twin to an already registered item."""
+        entry = self.entry(name)
+        object.__setattr__(entry, "module", module)
+
+    def entry(self, name: str) -> RegistryEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            valid = ", ".join(sorted(self._entries))
+            raise ValueError(f"unknown {self.kind} {name!r}; expected one of: {valid}") from None
+
+    def get(self, name: str) -> Callable[..., Any]:
+        return self.entry(name).fn
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[RegistryEntry]:
+        for name in self.names():
+            yield self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,35 @@
+"""Sorting and ranking operators (exact, blackbox, and relaxed)."""
+
+from rankwise.ops._registry import OPS, get_op, get_op_entry, list_ops, register_op
+from rankwise.ops.ranking import BlackboxRank, Rank, blackbox_rank, rank
+from rankwise.ops.soft import SoftRank, SoftSort, list_soft_methods, register_soft_method, soft_rank, soft_sort
+
+# implementations register themselves (ops registry and soft methods) on import
+from rankwise.ops import isotonic as _isotonic  # noqa: F401  isort: skip
+from rankwise.ops.permutation import *  # noqa: F403  isort: skip
+from rankwise.ops.permutation import __all__ as _perm_all  # isort: skip
+from rankwise.ops.topk import *  # noqa: F403  isort: skip
+from rankwise.ops.topk import __all__ as _topk_all  # isort: skip
+from rankwise.ops.isotonic import *  # noqa: F403  isort: skip
+from rankwise.ops.isotonic import __all__ as _iso_all  # isort: skip
+
+__all__ = [
+    "OPS",
+    "BlackboxRank",
+    "Rank",
+    "SoftRank",
+    "SoftSort",
+    "blackbox_rank",
+    "get_op",
+    "get_op_entry",
+    "list_ops",
+    "list_soft_methods",
+    "rank",
+    "register_op",
+    "register_soft_method",
+    "soft_rank",
+    "soft_sort",
+    *_perm_all,
+    *_topk_all,
+    *_iso_all,
+]

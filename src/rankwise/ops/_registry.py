@@ -1,0 +1,28 @@
+"""The operator registry: ``register_op`` / ``get_op`` / ``list_ops``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rankwise._registry import Registry, RegistryEntry
+
+__all__ = ["OPS", "get_op", "get_op_entry", "list_ops", "register_op"]
+
+OPS: Registry[Callable[..., Any]] = Registry("operator")
+
+register_op = OPS.register
+
+
+def get_op(name: str) -> Callable[..., Any]:
+    """Return the function registered as ``name`` (``ValueError`` listing valid names otherwise)."""
+    return OPS.get(name)
+
+
+def get_op_entry(name: str) -> RegistryEntry:
+    return OPS.entry(name)
+
+
+def list_ops() -> list[str]:
+    """Names of all registered operators, sorted."""
+    return OPS.names()

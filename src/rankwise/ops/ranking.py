@@ -1,0 +1,235 @@
+"""Exact ranks and blackbox-differentiable ranks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_dim, check_floating, check_positive, check_tensor
+from rankwise.ops._registry import register_op
+
+__all__ = ["BlackboxRank", "Rank", "blackbox_rank", "rank"]
+
+Ties = Literal["ordinal", "average", "min", "max", "dense"]
+_TIES = ("ordinal", "average", "min", "max", "dense")
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def _rank_last(x: torch.Tensor, descending: bool, ties: str) -> torch.Tensor:
+    """Ranks (1..n, float) along the last dim of ``x`` (any leading dims)."""
+    n = x.shape[-1]
+    out_dtype = _out_dtype(x)
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    # stable sort: among ties the earlier index comes first in both orders
+    sorted_vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
+    pos = torch.arange(n, device=x.device).expand_as(perm)
+    if ties == "ordinal":
+        ranks_sorted = pos.to(out_dtype) + 1
+    else:
+        new_group = torch.ones_like(perm, dtype=torch.bool)
+        new_group[..., 1:] = sorted_vals[..., 1:] != sorted_vals[..., :-1]
+        if ties == "dense":
+            ranks_sorted = new_group.cumsum(-1).to(out_dtype)
+        else:
+            # first position of each element's tie group: running max of group starts
+            first = torch.where(new_group, pos, torch.zeros_like(pos)).cummax(-1).values
+            # last position: next group's start - 1, computed right to left
+            ends = torch.full_like(pos, n - 1)
+            ends[..., :-1] = torch.where(new_group[..., 1:], pos[..., :-1], torch.full_like(pos[..., :-1], n - 1))
+            last = ends.flip(-1).cummin(-1).values.flip(-1)
+            if ties == "min":
+                ranks_sorted = first.to(out_dtype) + 1
+            elif ties == "max":
+                ranks_sorted = last.to(out_dtype) + 1
+            else:  # average
+                ranks_sorted = (first + last).to(out_dtype) / 2 + 1
+    return torch.empty_like(ranks_sorted).scatter_(-1, perm, ranks_sorted)
+
+
+def rank(
+    x: torch.Tensor,
+    *,
+    dim: int = -1,
+    descending: bool = False,
+    ties: Ties = "ordinal",
+    normalize: bool = False,
+) -> torch.Tensor:
+    r"""Exact ranks :math:`1..n` along ``dim`` (not differentiable).
+
+    ``rank(x)[..., j]`` is the position of ``x[..., j]`` in the sorted order, counted from 1.
+    Ties follow ``scipy.stats.rankdata(method=ties)``:
+
+    * ``"ordinal"`` — stable: among equal values the earlier index gets the smaller rank;
+    * ``"average"`` — fractional ranks (mean of the positions a tie group occupies);
+    * ``"min"`` / ``"max"`` — lowest / highest position of the tie group;
+    * ``"dense"`` — like ``"min"`` but consecutive groups get consecutive ranks.
+
+    With ``descending=True`` the largest value gets rank 1. With ``normalize=True`` ranks are
+    divided by ``n`` (so they lie in ``(0, 1]``).
+
+    Mapping to the reference code: ``rank(x, descending=True, normalize=True)`` is RankSim's
+    ``rank_normalised`` and SoDeep's ``get_rank`` (largest -> ``1/n``; they break ties in
+    argsort order, rankwise breaks them stably); with ``ties="average"`` it is ``get_tiedrank``.
+
+    Shape:
+        - x: :math:`(*, n, *)` — any shape; ranked along ``dim``.
+        - output: same shape as ``x``; dtype of ``x`` (default float dtype for integer input).
+
+    Degenerate inputs: an empty tensor gives an empty result; ``n = 1`` gives rank 1; all-equal
+    values give ``1..n`` (ordinal) or ``(n+1)/2`` (average). NaNs sort last (as ``torch.sort``).
+
+    Example:
+        >>> import torch, rankwise
+        >>> rankwise.rank(torch.tensor([9.0, 5.0, 11.0, 6.0]), descending=True)
+        tensor([2., 4., 1., 3.])
+        >>> rankwise.rank(torch.tensor([1.0, 1.0, 2.0]), ties="average")
+        tensor([1.5000, 1.5000, 3.0000])
+    """
+    check_tensor(x, "x")
+    check_choice(ties, "ties", _TIES)
+    if x.dim() == 0:
+        raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
+    d = check_dim(x, dim)
+    xt = x.detach().movedim(d, -1)
+    r = _rank_last(xt, descending, ties)
+    if normalize and xt.shape[-1] > 0:
+        r = r / xt.shape[-1]
+    return r.movedim(-1, d)
+
+
+class _BlackboxRank(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool):  # type: ignore[override]
+        r = _rank_last(x, descending, "ordinal")
+        if normalize:
+            r = r / x.shape[-1]
+        ctx.lambda_val = lambda_val
+        ctx.descending = descending
+        ctx.normalize = normalize
+        ctx.save_for_backward(x, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
+        x, r = ctx.saved_tensors
+        lam = ctx.lambda_val
+        x_prime = x + lam * grad_output.to(x.dtype)
+        r_prime = _rank_last(x_prime, ctx.descending, "ordinal")
+        if ctx.normalize:
+            r_prime = r_prime / x.shape[-1]
+        return -(r - r_prime) / lam, None, None, None
+
+
+def blackbox_rank(
+    x: torch.Tensor,
+    lambda_val: float,
+    *,
+    dim: int = -1,
+    descending: bool = False,
+    normalize: bool = False,
+) -> torch.Tensor:
+    r"""Exact ranks forward, blackbox-differentiation gradients backward.
+
+    Forward returns :func:`rank` (ordinal ties). Backward uses the interpolation of Vlastelica
+    et al. (ICLR'20) as applied to ranking by Rolínek et al. (CVPR'20) and RankSim (eq. 6-7):
+
+    .. math::
+        \frac{\partial L}{\partial x} = -\frac{1}{\lambda}
+        \bigl(\mathrm{rk}(x) - \mathrm{rk}(x + \lambda\,\tfrac{\partial L}{\partial \mathrm{rk}})\bigr)
+
+    ``lambda_val`` (> 0) is the interpolation strength. RankSim uses
+    ``blackbox_rank(s, lambda_val, descending=True, normalize=True)`` on each row of the
+    feature-similarity matrix (its ``TrueRanker``). The reference adds ``1e-8`` to ``lambda``;
+    rankwise validates ``lambda_val > 0`` instead, so values differ by a relative ``1e-8``.
+
+    Shape:
+        - x: :math:`(*, n, *)` floating; ranked along ``dim``.
+        - output: same shape and dtype as ``x``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> s = torch.tensor([[0.3, 0.9, 0.1]], requires_grad=True)
+        >>> r = rankwise.blackbox_rank(s, 2.0, descending=True, normalize=True)
+        >>> r
+        tensor([[0.6667, 0.3333, 1.0000]], grad_fn=<...>)
+        >>> ((r - torch.tensor([[1 / 3, 2 / 3, 1.0]])) ** 2).sum().backward()
+        >>> s.grad.shape
+        torch.Size([1, 3])
+    """
+    check_floating(x, "x")
+    lam = check_positive(lambda_val, "lambda_val")
+    if x.dim() == 0:
+        raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
+    d = check_dim(x, dim)
+    xt = x.movedim(d, -1)
+    if xt.numel() == 0:
+        return x * 0
+    r = _BlackboxRank.apply(xt, lam, descending, normalize)
+    return r.movedim(-1, d)
+
+
+class Rank(nn.Module):
+    """Module twin of :func:`rank`."""
+
+    def __init__(self, *, dim: int = -1, descending: bool = False, ties: Ties = "ordinal",
+                 normalize: bool = False) -> None:
+        super().__init__()
+        check_choice(ties, "ties", _TIES)
+        self.dim, self.descending, self.ties, self.normalize = dim, descending, ties, normalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rank(x, dim=self.dim, descending=self.descending, ties=self.ties,
+                    normalize=self.normalize)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, descending={self.descending}, ties={self.ties!r}, normalize={self.normalize}"
+
+
+class BlackboxRank(nn.Module):
+    """Module twin of :func:`blackbox_rank` holding ``lambda_val``."""
+
+    def __init__(self, lambda_val: float = 2.0, *, dim: int = -1, descending: bool = False,
+                 normalize: bool = False) -> None:
+        super().__init__()
+        self.lambda_val = check_positive(lambda_val, "lambda_val")
+        self.dim, self.descending, self.normalize = dim, descending, normalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return blackbox_rank(x, self.lambda_val, dim=self.dim, descending=self.descending,
+                             normalize=self.normalize)
+
+    def extra_repr(self) -> str:
+        return f"lambda_val={self.lambda_val}, dim={self.dim}, descending={self.descending}, normalize={self.normalize}"
+
+
+def _rank_example(dtype: torch.dtype, device: torch.device) -> Example:
+    g = torch.Generator().manual_seed(0)
+    return Example((torch.randn(3, 7, generator=g).to(device=device, dtype=dtype),),
+                   {"descending": True, "ties": "average", "normalize": True})
+
+
+def _bb_example(dtype: torch.dtype, device: torch.device) -> Example:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    return Example((x,), {"lambda_val": 2.0, "descending": True, "normalize": True})
+
+
+def _degenerate(dtype: torch.dtype, device: torch.device, grad: bool) -> list[Example]:
+    shapes = [(0,), (4, 0), (1,), (2, 1)]
+    out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(grad),)) for s in shapes]
+    out.append(Example((torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(grad),)))
+    return out
+
+
+register_op("rank", module=Rank, example=_rank_example,
+            degenerate=lambda dt, dev: _degenerate(dt, dev, False), gradient="none")(rank)
+register_op("blackbox_rank", module=BlackboxRank, example=_bb_example,
+            degenerate=lambda dt, dev: [Example(e.args, {"lambda_val": 1.0}) for e in _degenerate(dt, dev, True)],
+            gradient="surrogate")(blackbox_rank)

@@ -1,0 +1,59 @@
+"""Shared fixtures: devices, dtypes, tolerances, gradcheck helper, data paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+#: tolerance table per dtype: (rtol, atol)
+TOL: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def tol(dtype: torch.dtype) -> dict[str, float]:
+    rtol, atol = TOL[dtype]
+    return {"rtol": rtol, "atol": atol}
+
+
+@pytest.fixture(params=DEVICES, ids=lambda d: d.type)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return request.param
+
+
+@pytest.fixture(params=[torch.float32, torch.float64], ids=lambda d: str(d).split(".")[-1])
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return request.param
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent")
+    return SHARED
+
+
+def gradcheck(fn, *inputs: torch.Tensor, **kwargs) -> bool:
+    """float64 ``torch.autograd.gradcheck`` on ``fn`` (inputs are cast to float64 + requires_grad)."""
+    xs = tuple(
+        x.detach().to(torch.float64).requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        for x in inputs
+    )
+    kwargs.setdefault("eps", 1e-6)
+    kwargs.setdefault("atol", 1e-5)
+    kwargs.setdefault("rtol", 1e-4)
+    return torch.autograd.gradcheck(fn, xs, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

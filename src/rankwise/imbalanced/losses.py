@@ -1,0 +1,3 @@
+"""PLACEHOLDER — being implemented."""
+
+__all__: list[str] = []

@@ -1,0 +1,271 @@
+"""Containers, the dataset registry, DIR-style splits and label histograms.
+
+Only ``numpy`` and ``torch`` are imported here; every loader that needs an optional dependency
+(torchvision, PIL, scikit-learn) imports it inside the function that uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from rankwise._registry import Registry
+
+__all__ = [
+    "DATASETS",
+    "ClassificationData",
+    "DataFormatError",
+    "LabelHistogram",
+    "RegressionData",
+    "TensorPairDataset",
+    "dataset_info",
+    "dir_split",
+    "get_dataset",
+    "label_bins",
+    "label_histogram",
+    "list_datasets",
+    "random_split_indices",
+    "register_dataset",
+    "standardize",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DataFormatError(ValueError):
+    """Bad data in a file: the message names the file and the (1-based, header = line 1) row."""
+
+    def __init__(self, path: str | Path, row: int | None, message: str) -> None:
+        where = f"{path}" if row is None else f"{path}, row {row}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.row = row
+
+
+@dataclass
+class RegressionData:
+    """A regression dataset split into train / val / test.
+
+    Items of ``train``/``val``/``test`` are ``(x, y)``: ``x`` is a float tensor of shape ``(D,)``
+    (``kind="tabular"``), ``(C, H, W)`` (``"image"``) or a pair of ``int64`` token-id tensors
+    (``"text_pair"``, batch them with :func:`rankwise.data.collate_text_pairs`, also in
+    ``meta["collate_fn"]``); ``y`` is a float32 scalar tensor. The ``*_labels`` arrays are the
+    same labels as float64 numpy arrays (for LDS weights and shot metrics).
+    """
+
+    name: str
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    train_labels: np.ndarray
+    val_labels: np.ndarray
+    test_labels: np.ndarray
+    kind: Literal["tabular", "image", "text_pair"]
+    input_dim: int | None
+    bin_width: float
+    label_name: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def sizes(self) -> tuple[int, int, int]:
+        """``(len(train), len(val), len(test))``."""
+        return len(self.train_labels), len(self.val_labels), len(self.test_labels)
+
+
+@dataclass
+class ClassificationData:
+    """A classification dataset (items ``(x, y)`` with ``y`` an int64 scalar tensor)."""
+
+    name: str
+    train: Dataset
+    test: Dataset
+    val: Dataset | None
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    train_targets: np.ndarray
+    test_targets: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class TensorPairDataset(Dataset):
+    """``(x[i], y[i])`` over two tensors with the same first dimension."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"`x` and `y` must have the same length, got {x.shape[0]} and {y.shape[0]}")
+        self.x = x
+        self.y = y
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+DATASETS: Registry[Callable[..., Any]] = Registry("dataset")
+
+
+def register_dataset(name: str, *, description: str = "") -> Callable[[F], F]:
+    """Decorator registering a loader ``fn(**options) -> RegressionData | ClassificationData``."""
+    return DATASETS.register(name, gradient="none", description=description)  # type: ignore[return-value]
+
+
+def get_dataset(name: str, **options: Any) -> RegressionData | ClassificationData:
+    """Load the registered dataset ``name`` with keyword ``options`` (see :func:`dataset_info`).
+
+    Example:
+        >>> from rankwise.data import get_dataset
+        >>> data = get_dataset("abalone", seed=0)
+        >>> data.sizes()
+        (3813, 182, 182)
+    """
+    return DATASETS.get(name)(**options)
+
+
+def list_datasets() -> list[str]:
+    """Names of the registered datasets, sorted."""
+    return DATASETS.names()
+
+
+def dataset_info(name: str) -> str:
+    """The loader's docstring (description, options, sizes) for ``rankwise data show``."""
+    fn = DATASETS.get(name)
+    import inspect
+
+    return inspect.cleandoc(fn.__doc__ or name)
+
+
+# --------------------------------------------------------------------------------------------- labels
+
+
+def label_bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
+    """Integer bin index ``floor(label / bin_width)`` of each label (robust to float round-off).
+
+    ``0.3`` with ``bin_width=0.1`` is bin 3 (plain ``floor(0.3 / 0.1)`` would give 2).
+    """
+    if not bin_width > 0 or not math.isfinite(bin_width):
+        raise ValueError(f"`bin_width` must be finite and > 0, got {bin_width!r}")
+    lab = np.asarray(labels, dtype=np.float64)
+    return np.floor(lab / bin_width + 1e-9).astype(np.int64)
+
+
+class LabelHistogram(NamedTuple):
+    """Counts of labels in contiguous bins ``[edges[i], edges[i + 1])`` (like ``np.histogram``)."""
+
+    edges: np.ndarray  # float64 (n_bins + 1,)
+    counts: np.ndarray  # int64 (n_bins,)
+
+
+def label_histogram(labels: np.ndarray | Sequence[float], bin_width: float) -> LabelHistogram:
+    """Histogram of ``labels`` in bins of width ``bin_width`` aligned to multiples of it.
+
+    Bins run contiguously from the lowest to the highest occupied bin (empty bins in between are
+    kept, with count 0); bin ``k`` is ``[k * bin_width, (k + 1) * bin_width)``. An empty
+    ``labels`` gives empty arrays.
+
+    Example:
+        >>> import numpy as np
+        >>> h = label_histogram(np.array([1.0, 1.5, 3.2]), 1.0)
+        >>> h.edges.tolist(), h.counts.tolist()
+        ([1.0, 2.0, 3.0, 4.0], [2, 0, 1])
+    """
+    lab = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if lab.size and not np.isfinite(lab).all():
+        raise ValueError("`labels` must be finite, got NaN or inf values")
+    bins = label_bins(lab, bin_width)
+    if bins.size == 0:
+        return LabelHistogram(np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
+    lo, hi = int(bins.min()), int(bins.max())
+    counts = np.bincount(bins - lo, minlength=hi - lo + 1).astype(np.int64)
+    edges = np.arange(lo, hi + 2, dtype=np.float64) * bin_width
+    return LabelHistogram(edges, counts)
+
+
+# --------------------------------------------------------------------------------------------- splits
+
+
+def dir_split(
+    labels: np.ndarray, *, per_label: int, seed: int, bin_width: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Balanced DIR-style split: ``(train_idx, val_idx, test_idx)``, each sorted.
+
+    Labels are grouped by exact value (or by :func:`label_bins` when ``bin_width`` is given).
+    For a group of ``c`` examples, ``n = min(per_label, c // 3)`` examples go to val and ``n``
+    others to test, drawn uniformly at random (seeded); the rest is train. So val and test are
+    balanced (at most ``per_label`` per label) and every label keeps at least as many training
+    examples as it has in val or test; groups with fewer than 3 examples are train only. This
+    is exactly the rule behind the AgeDB-DIR split file (``per_label=30``).
+    """
+    if isinstance(per_label, bool) or not isinstance(per_label, int) or per_label < 0:
+        raise ValueError(f"`per_label` must be an int >= 0, got {per_label!r}")
+    lab = np.asarray(labels, dtype=np.float64).reshape(-1)
+    keys = label_bins(lab, bin_width) if bin_width is not None else lab
+    rng = np.random.default_rng(seed)
+    _, inverse = np.unique(keys, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    val: list[np.ndarray] = []
+    test: list[np.ndarray] = []
+    for start, c in zip(starts, counts):
+        n = min(per_label, int(c) // 3)
+        if n == 0:
+            continue
+        members = rng.permutation(order[start : start + c])
+        val.append(members[:n])
+        test.append(members[n : 2 * n])
+    val_idx = np.sort(np.concatenate(val)) if val else np.zeros(0, dtype=np.int64)
+    test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, dtype=np.int64)
+    mask = np.ones(lab.size, dtype=bool)
+    mask[val_idx] = False
+    mask[test_idx] = False
+    return np.flatnonzero(mask), val_idx.astype(np.int64), test_idx.astype(np.int64)
+
+
+def random_split_indices(
+    n: int, *, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded random ``(train_idx, val_idx, test_idx)`` (each sorted) of ``range(n)``.
+
+    Val and test get ``round(fraction * n)`` examples each; train keeps the rest.
+    """
+    for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"`{name}` must be in [0, 1), got {frac!r}")
+    n_val, n_test = round(val_fraction * n), round(test_fraction * n)
+    if n_val + n_test >= n:
+        raise ValueError(
+            f"`val_fraction` + `test_fraction` leave no training rows: {n} rows, {n_val} val + {n_test} test"
+        )
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_val + n_test :]), np.sort(perm[:n_val]), np.sort(perm[n_val : n_val + n_test])
+
+
+def standardize(
+    x: np.ndarray, train_idx: np.ndarray, columns: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standardize ``columns`` of ``x`` with the mean/std of the TRAIN rows (std 0 -> 1).
+
+    Returns ``(x_standardized, mean, std)``; ``mean``/``std`` cover all columns (0 and 1 for
+    columns left untouched).
+    """
+    x = np.asarray(x, dtype=np.float64).copy()
+    d = x.shape[1]
+    cols = np.arange(d) if columns is None else np.asarray(columns)
+    mean = np.zeros(d)
+    std = np.ones(d)
+    if len(train_idx) and cols.size:
+        mean[cols] = x[train_idx][:, cols].mean(axis=0)
+        s = x[train_idx][:, cols].std(axis=0)
+        std[cols] = np.where(s > 0, s, 1.0)
+    x = (x - mean) / std
+    return x, mean, std

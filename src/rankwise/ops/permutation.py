@@ -1,24 +1,500 @@
-"""Relaxed permutation matrices: NeuralSort (deterministic, stochastic) and SoftSort.
+r"""Relaxed permutation matrices: NeuralSort (deterministic and stochastic) and SoftSort.
 
-PLACEHOLDER — being implemented (see issue "Foundation"). Public contract below is fixed.
+All matrices here follow the NeuralSort convention: row ``i`` (0-based) of :math:`\hat P` softly
+selects the ``(i+1)``-th *largest* entry, so ``P̂ @ s`` is a soft descending sort of ``s`` and
+``P̂ → P`` (the exact sorting permutation) as ``tau → 0``.
+
+The methods ``"neuralsort"`` and ``"softsort"`` of :func:`rankwise.soft_sort` /
+:func:`rankwise.soft_rank` are registered here.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
-__all__ = ["neural_sort", "softsort_matrix", "stochastic_neural_sort"]
+from rankwise._registry import Example
+from rankwise._validation import check_dim, check_floating, check_positive, to_compute
+from rankwise.ops._registry import register_op
+from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
+
+__all__ = [
+    "NeuralSort",
+    "SoftSortMatrix",
+    "StochasticNeuralSort",
+    "neural_sort",
+    "softsort_matrix",
+    "stochastic_neural_sort",
+]
 
 
+# ----------------------------------------------------------------------------------------------
+# helpers (shared with rankwise.ops.topk)
+# ----------------------------------------------------------------------------------------------
+def _check_scores(scores: Any, name: str = "scores") -> torch.Tensor:
+    check_floating(scores, name)
+    if scores.dim() == 0:
+        raise ValueError(f"`{name}` must have at least 1 dimension, got a 0-d tensor")
+    return scores
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _check_int(value: Any, name: str, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"`{name}` must be >= {low}, got {value}")
+    return value
+
+
+def _abs_row_sum(s: torch.Tensor) -> torch.Tensor:
+    r"""``B_j = sum_k |s_j - s_k|`` along the last dim in O(n log n) time and O(n) memory.
+
+    With ``v`` the ascending sort of ``s`` and ``C_r = v_0 + ... + v_{r-1}``:
+    ``B(v_r) = (2r - n) v_r + T - 2 C_r`` where ``T`` is the total. This is ``A_s 1`` of NeuralSort
+    without ever forming the ``n x n`` matrix ``A_s``.
+    """
+    n = s.shape[-1]
+    v, perm = torch.sort(s, dim=-1)
+    prefix = torch.cumsum(v, dim=-1) - v  # exclusive prefix sums
+    total = v.sum(dim=-1, keepdim=True)
+    r = torch.arange(n, device=s.device, dtype=s.dtype)
+    b_sorted = (2 * r - n) * v + total - 2 * prefix
+    return torch.zeros_like(b_sorted).scatter(-1, perm, b_sorted)
+
+
+def _neural_sort_rows(s: torch.Tensor, tau: float, rows: int | None = None) -> torch.Tensor:
+    r"""First ``rows`` rows (all if ``None``) of NeuralSort's :math:`\hat P` for ``s`` (..., n).
+
+    ``s`` must already be in the compute dtype. Time and memory O(rows * n) (+ a sort).
+    """
+    n = s.shape[-1]
+    m = n if rows is None else rows
+    # P̂ is invariant to adding a constant to s (A_s is unchanged and each row's logits shift by a
+    # constant), so centre s for numerical accuracy; the detached mean keeps gradients exact.
+    if n > 0:
+        s = s - s.detach().mean(dim=-1, keepdim=True)
+    b = _abs_row_sum(s)
+    coef = (n + 1 - 2 * torch.arange(1, m + 1, device=s.device, dtype=s.dtype)) / tau  # (m,)
+    logits = coef.unsqueeze(-1) * s.unsqueeze(-2) - (b / tau).unsqueeze(-2)  # (..., m, n)
+    return torch.softmax(logits, dim=-1)
+
+
+def _hard_rows(order_by: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """Exact permutation matrix rows (descending, stable: among ties the earlier index first)."""
+    n = order_by.shape[-1]
+    m = n if rows is None else rows
+    perm = torch.sort(order_by.detach(), dim=-1, descending=True, stable=True).indices[..., :m]
+    shape = (*order_by.shape[:-1], m, n)
+    hard = torch.zeros(shape, dtype=order_by.dtype, device=order_by.device)
+    return hard.scatter(-1, perm.unsqueeze(-1), 1.0)
+
+
+def _straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    # forward is exactly ``hard`` (soft - soft.detach() is exactly 0); backward is soft's
+    return hard + (soft - soft.detach())
+
+
+def _gumbel(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    u = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+    tiny = torch.finfo(like.dtype).tiny
+    return -torch.log(-torch.log(u.clamp_min(tiny)))
+
+
+def _check_generator(generator: Any, x: torch.Tensor) -> torch.Generator | None:
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
+    gdev = torch.device(generator.device)
+    same = gdev.type == x.device.type and (gdev.index is None or x.device.index is None or gdev.index == x.device.index)
+    if not same:
+        raise ValueError(
+            f"`generator` is on device {gdev} but the input is on {x.device}; "
+            f"create it with torch.Generator(device={str(x.device)!r})"
+        )
+    return generator
+
+
+# ----------------------------------------------------------------------------------------------
+# NeuralSort
+# ----------------------------------------------------------------------------------------------
 def neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, dim: int = -1) -> torch.Tensor:
-    raise NotImplementedError
+    r"""NeuralSort's relaxed (unimodal, row-stochastic) permutation matrix (Grover et al., ICLR'19).
+
+    For scores :math:`s \in \mathbb{R}^n` along ``dim``, with :math:`A_s[j,k] = |s_j - s_k|`:
+
+    .. math::
+        \hat P[i, :] = \operatorname{softmax}\Bigl(\frac{(n + 1 - 2i)\,s - A_s \mathbf 1}{\tau}\Bigr),
+        \qquad i = 1..n,
+
+    so row ``i`` softly selects the ``i``-th largest score and ``P̂ @ s`` is a soft descending sort.
+    :math:`A_s \mathbf 1` is computed as a row sum in O(n log n) (sort + prefix sums), never as the
+    O(n³) product with :math:`\mathbf 1 \mathbf 1^\top` of the reference code; the whole operator is
+    O(n²) time and memory (the size of its output).
+
+    Properties: entries are > 0, every row sums to 1, the row argmaxes form the sorting
+    permutation whenever the scores are distinct, and :math:`\hat P \to P` as ``tau → 0``.
+    Columns do **not** sum to 1 in general (:math:`\hat P` is not doubly stochastic): the column
+    sums average exactly 1 and tend to 1 as ``tau → 0`` or ``tau → ∞``.
+
+    ``hard=True`` returns the exact permutation matrix (descending; ties broken stably, the
+    earlier index first) in the forward pass and differentiates through :math:`\hat P`
+    (straight-through estimator).
+
+    Shape:
+        - scores: :math:`(*, n, *)` floating, scored along ``dim``.
+        - output: :math:`(*', n, n)` where :math:`*'` is ``scores.shape`` without ``dim``; dtype of
+          ``scores`` (float16/bfloat16 are computed in float32 and cast back).
+
+    Degenerate inputs: ``n = 0`` gives an ``(*', 0, 0)`` tensor, ``n = 1`` gives ``[[1.]]``; all-equal
+    scores give rows that are uniform over the tied entries (and the identity when ``hard``).
+
+    Example:
+        >>> import torch, rankwise
+        >>> s = torch.tensor([0.1, 2.0, -1.0])
+        >>> rankwise.neural_sort(s, tau=0.1).argmax(dim=-1)
+        tensor([1, 0, 2])
+        >>> rankwise.neural_sort(s, hard=True)
+        tensor([[0., 1., 0.],
+                [1., 0., 0.],
+                [0., 0., 1.]])
+        >>> (rankwise.neural_sort(s, tau=0.01) @ s).round(decimals=3)
+        tensor([ 2.0000,  0.1000, -1.0000])
+    """
+    _check_scores(scores)
+    t = check_positive(tau, "tau")
+    _check_bool(hard, "hard")
+    d = check_dim(scores, dim)
+    s = to_compute(scores.movedim(d, -1))
+    p = _neural_sort_rows(s, t)
+    if hard:
+        p = _straight_through(_hard_rows(s), p)
+    return p.to(scores.dtype)
 
 
-def stochastic_neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, n_samples: int = 1,
-                           generator: torch.Generator | None = None, log_scores: bool = False) -> torch.Tensor:
-    raise NotImplementedError
+def stochastic_neural_sort(
+    scores: torch.Tensor,
+    *,
+    tau: float = 1.0,
+    hard: bool = False,
+    n_samples: int = 1,
+    generator: torch.Generator | None = None,
+    log_scores: bool = False,
+    dim: int = -1,
+) -> torch.Tensor:
+    r"""Relaxed samples of Plackett-Luce permutations (stochastic NeuralSort, Grover et al., ICLR'19).
+
+    A Plackett-Luce distribution with positive scores :math:`s` is sampled exactly by sorting the
+    Gumbel-perturbed log-scores :math:`\log s + g`, :math:`g_j \sim \mathrm{Gumbel}(0, 1)` i.i.d.
+    Each sample is relaxed with :func:`neural_sort`:
+
+    .. math::
+        \hat P^{(m)} = \mathrm{NeuralSort}_\tau(\log s + g^{(m)}), \qquad m = 1..\text{n\_samples},
+
+    and gradients flow through :math:`\log s` (reparameterization; the noise is constant).
+    With ``log_scores=True`` ``scores`` already are the log-scores (any real values).
+
+    Scores must be > 0 when ``log_scores=False``. On CPU this is checked (``ValueError``); on
+    other devices the check would need a host sync, so it is skipped and non-positive scores give
+    NaN in the output. The noise is drawn from ``generator`` (which must live on the device of
+    ``scores``) or from the global RNG, so equal generator seeds give equal samples.
+    ``hard=True`` returns the exact permutation of each perturbed sample (straight-through).
+
+    Shape:
+        - scores: :math:`(*, n, *)` floating, scored along ``dim``.
+        - output: :math:`(\text{n\_samples}, *', n, n)`, :math:`*'` = ``scores.shape`` without
+          ``dim``; dtype of ``scores`` (float16/bfloat16 computed in float32).
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> p = rankwise.stochastic_neural_sort(torch.tensor([1.0, 5.0, 2.0]), n_samples=4, generator=g)
+        >>> p.shape
+        torch.Size([4, 3, 3])
+        >>> torch.allclose(p.sum(-1), torch.ones(4, 3))
+        True
+    """
+    _check_scores(scores)
+    t = check_positive(tau, "tau")
+    _check_bool(hard, "hard")
+    _check_bool(log_scores, "log_scores")
+    m = _check_int(n_samples, "n_samples", low=1)
+    d = check_dim(scores, dim)
+    gen = _check_generator(generator, scores)
+    s = to_compute(scores.movedim(d, -1))
+    if not log_scores:
+        if s.device.type == "cpu" and s.numel() > 0 and bool((s.detach() <= 0).any()):
+            raise ValueError(
+                "`scores` must be > 0 for the Plackett-Luce model (pass log_scores=True for log-scores), "
+                f"got min {float(s.detach().min())}"
+            )
+        s = torch.log(s)
+    perturbed = s.unsqueeze(0) + _gumbel((m, *s.shape), s, gen)
+    p = _neural_sort_rows(perturbed, t)
+    if hard:
+        p = _straight_through(_hard_rows(perturbed), p)
+    return p.to(scores.dtype)
 
 
-def softsort_matrix(scores: torch.Tensor, *, tau: float = 1.0, power: float = 1.0, hard: bool = False,
-                    dim: int = -1) -> torch.Tensor:
-    raise NotImplementedError
+# ----------------------------------------------------------------------------------------------
+# SoftSort
+# ----------------------------------------------------------------------------------------------
+def _safe_pow(a: torch.Tensor, power: float) -> torch.Tensor:
+    """``a ** power`` for ``a >= 0`` with a finite gradient at 0 (also for power < 1)."""
+    if power == 1.0:
+        return a
+    if power == 2.0:
+        return a * a
+    pos = a > 0
+    return torch.where(pos, torch.where(pos, a, torch.ones_like(a)).pow(power), torch.zeros_like(a))
+
+
+def _softsort_rows(s: torch.Tensor, tau: float, power: float, rows: int | None = None) -> torch.Tensor:
+    n = s.shape[-1]
+    m = n if rows is None else rows
+    if m == n:
+        v = torch.sort(s, dim=-1, descending=True).values
+    else:
+        v = torch.topk(s, m, dim=-1).values
+    dist = _safe_pow((v.unsqueeze(-1) - s.unsqueeze(-2)).abs(), power)  # (..., m, n)
+    return torch.softmax(dist * (-1.0 / tau), dim=-1)
+
+
+def softsort_matrix(
+    scores: torch.Tensor, *, tau: float = 1.0, power: float = 1.0, hard: bool = False, dim: int = -1
+) -> torch.Tensor:
+    r"""SoftSort's relaxed permutation matrix (Prillo & Eisenschlos, ICML'20).
+
+    .. math::
+        \hat P = \operatorname{softmax}\Bigl(\frac{-\bigl|\mathrm{sort}_\downarrow(s)\,\mathbf 1^\top
+        - \mathbf 1\, s^\top\bigr|^{p}}{\tau}\Bigr) \quad\text{(row-wise)},
+
+    i.e. row ``i`` is a softmax over the original entries of minus their distance (to the power
+    ``power``) to the ``i``-th largest score. Gradients flow through the sorted values as in the
+    paper. Same conventions as :func:`neural_sort` (descending, row-stochastic, not doubly
+    stochastic, ``P̂ → P`` as ``tau → 0``; ``hard=True`` is straight-through); cheaper than
+    NeuralSort (one ``n x n`` distance matrix).
+
+    Shape:
+        - scores: :math:`(*, n, *)` floating, scored along ``dim``.
+        - output: :math:`(*', n, n)`, :math:`*'` = ``scores.shape`` without ``dim``; dtype of ``scores``.
+
+    Degenerate inputs as for :func:`neural_sort`.
+
+    Example:
+        >>> import torch, rankwise
+        >>> s = torch.tensor([0.1, 2.0, -1.0])
+        >>> rankwise.softsort_matrix(s, tau=0.1).argmax(dim=-1)
+        tensor([1, 0, 2])
+        >>> (rankwise.softsort_matrix(s, tau=0.01) @ s).round(decimals=3)
+        tensor([ 2.0000,  0.1000, -1.0000])
+    """
+    _check_scores(scores)
+    t = check_positive(tau, "tau")
+    pw = check_positive(power, "power")
+    _check_bool(hard, "hard")
+    d = check_dim(scores, dim)
+    s = to_compute(scores.movedim(d, -1))
+    p = _softsort_rows(s, t, pw)
+    if hard:
+        p = _straight_through(_hard_rows(s), p)
+    return p.to(scores.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# soft_sort / soft_rank methods "neuralsort" and "softsort"
+# ----------------------------------------------------------------------------------------------
+def _sort_from_p(x: torch.Tensor, p: torch.Tensor, descending: bool) -> torch.Tensor:
+    out = (p @ x.unsqueeze(-1)).squeeze(-1)  # soft descending sort
+    return out if descending else out.flip(-1)
+
+
+def _rank_from_p(p: torch.Tensor, descending: bool) -> torch.Tensor:
+    n = p.shape[-1]
+    pos = torch.arange(1, n + 1, device=p.device, dtype=p.dtype)
+    r = (pos.unsqueeze(-1) * p).sum(dim=-2)  # soft descending rank of each element
+    return r if descending else (n + 1) - r
+
+
+def _neuralsort_soft_sort(x: torch.Tensor, *, descending: bool, tau: float = 1.0) -> torch.Tensor:
+    xc = to_compute(x)
+    return _sort_from_p(xc, _neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
+
+
+def _neuralsort_soft_rank(x: torch.Tensor, *, descending: bool, tau: float = 1.0) -> torch.Tensor:
+    xc = to_compute(x)
+    return _rank_from_p(_neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
+
+
+def _softsort_soft_sort(x: torch.Tensor, *, descending: bool, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
+    xc = to_compute(x)
+    p = _softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
+    return _sort_from_p(xc, p, descending).to(x.dtype)
+
+
+def _softsort_soft_rank(x: torch.Tensor, *, descending: bool, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
+    xc = to_compute(x)
+    p = _softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
+    return _rank_from_p(p, descending).to(x.dtype)
+
+
+register_soft_method("neuralsort", sort=_neuralsort_soft_sort, rank=_neuralsort_soft_rank)
+register_soft_method("softsort", sort=_softsort_soft_sort, rank=_softsort_soft_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module twins
+# ----------------------------------------------------------------------------------------------
+class NeuralSort(nn.Module):
+    """Module twin of :func:`neural_sort` holding ``tau``, ``hard`` and ``dim``."""
+
+    def __init__(self, *, tau: float = 1.0, hard: bool = False, dim: int = -1) -> None:
+        super().__init__()
+        self.tau = check_positive(tau, "tau")
+        self.hard = _check_bool(hard, "hard")
+        self.dim = dim
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return neural_sort(scores, tau=self.tau, hard=self.hard, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, hard={self.hard}, dim={self.dim}"
+
+
+class StochasticNeuralSort(nn.Module):
+    """Module twin of :func:`stochastic_neural_sort` (the optional ``generator`` is kept by reference)."""
+
+    def __init__(
+        self,
+        *,
+        tau: float = 1.0,
+        hard: bool = False,
+        n_samples: int = 1,
+        generator: torch.Generator | None = None,
+        log_scores: bool = False,
+        dim: int = -1,
+    ) -> None:
+        super().__init__()
+        self.tau = check_positive(tau, "tau")
+        self.hard = _check_bool(hard, "hard")
+        self.n_samples = _check_int(n_samples, "n_samples", low=1)
+        self.generator = generator
+        self.log_scores = _check_bool(log_scores, "log_scores")
+        self.dim = dim
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return stochastic_neural_sort(
+            scores,
+            tau=self.tau,
+            hard=self.hard,
+            n_samples=self.n_samples,
+            generator=self.generator,
+            log_scores=self.log_scores,
+            dim=self.dim,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"tau={self.tau}, hard={self.hard}, n_samples={self.n_samples}, "
+            f"log_scores={self.log_scores}, dim={self.dim}"
+        )
+
+
+class SoftSortMatrix(nn.Module):
+    """Module twin of :func:`softsort_matrix` (``rankwise.SoftSort`` is the twin of ``soft_sort``)."""
+
+    def __init__(self, *, tau: float = 1.0, power: float = 1.0, hard: bool = False, dim: int = -1) -> None:
+        super().__init__()
+        self.tau = check_positive(tau, "tau")
+        self.power = check_positive(power, "power")
+        self.hard = _check_bool(hard, "hard")
+        self.dim = dim
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return softsort_matrix(scores, tau=self.tau, power=self.power, hard=self.hard, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, power={self.power}, hard={self.hard}, dim={self.dim}"
+
+
+# ----------------------------------------------------------------------------------------------
+# registration
+# ----------------------------------------------------------------------------------------------
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
+
+
+def _pos(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
+    return x.to(device=device, dtype=dtype).requires_grad_()
+
+
+def _degenerate_scores(dtype: torch.dtype, device: torch.device, positive: bool = False) -> list[torch.Tensor]:
+    fill = 1.0 if positive else 0.0
+    shapes = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
+    xs = [torch.full(s, fill, dtype=dtype, device=device).requires_grad_() for s in shapes]
+    xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
+    return xs
+
+
+def _examples(kwargs: dict[str, Any], positive: bool = False):  # type: ignore[no-untyped-def]
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        x = _pos((3, 6), dtype, device) if positive else _randn((3, 6), dtype, device)
+        return Example((x,), dict(kwargs))
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        return [Example((x,), dict(kwargs)) for x in _degenerate_scores(dtype, device, positive)]
+
+    return example, degenerate
+
+
+def _register(
+    name: str,
+    fn: Any,
+    module: type[nn.Module],
+    kwargs: dict[str, Any],
+    *,
+    gradient: Any = "exact",
+    stochastic: bool = False,
+    positive: bool = False,
+) -> None:
+    ex, deg = _examples(kwargs, positive)
+    register_op(name, module=module, example=ex, degenerate=deg, gradient=gradient, stochastic=stochastic)(fn)
+
+
+_register("neural_sort", neural_sort, NeuralSort, {"tau": 0.7})
+_register("neural_sort.hard", neural_sort, NeuralSort, {"tau": 0.7, "hard": True}, gradient="surrogate")
+_register(
+    "stochastic_neural_sort",
+    stochastic_neural_sort,
+    StochasticNeuralSort,
+    {"tau": 0.7, "n_samples": 2},
+    stochastic=True,
+    positive=True,
+)
+_register(
+    "stochastic_neural_sort.hard",
+    stochastic_neural_sort,
+    StochasticNeuralSort,
+    {"tau": 0.7, "n_samples": 2, "hard": True},
+    gradient="surrogate",
+    stochastic=True,
+    positive=True,
+)
+_register("softsort", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "power": 1.0})
+_register("softsort.hard", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "hard": True}, gradient="surrogate")
+
+
+for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
+    _register(f"{_fn.__name__}.neuralsort", _fn, _mod, {"method": "neuralsort", "tau": 0.7})
+    _register(f"{_fn.__name__}.softsort", _fn, _mod, {"method": "softsort", "tau": 0.7, "power": 2.0})

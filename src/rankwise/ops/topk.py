@@ -1,19 +1,342 @@
-"""Differentiable top-k and NeuralSort kNN.
+r"""Differentiable top-k membership and NeuralSort's differentiable k-nearest neighbours.
 
-PLACEHOLDER — being implemented (see issue "Foundation"). Public contract below is fixed.
+Both build only the first ``k`` rows of a relaxed permutation matrix (see
+:mod:`rankwise.ops.permutation`), so they cost O(k n) memory instead of O(n²).
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
+from torch import nn
 
-__all__ = ["dknn", "soft_topk"]
+from rankwise._registry import Example
+from rankwise._validation import (
+    check_choice,
+    check_dim,
+    check_floating,
+    check_positive,
+    check_tensor,
+    compute_dtype,
+)
+from rankwise.ops._registry import register_op
+from rankwise.ops.permutation import (
+    _check_generator,
+    _check_int,
+    _check_scores,
+    _gumbel,
+    _neural_sort_rows,
+    _softsort_rows,
+)
+
+__all__ = ["DKNN", "DKNNClassScores", "SoftTopK", "dknn", "dknn_class_scores", "soft_topk"]
+
+TopKMethod = Literal["neuralsort", "softsort"]
+DKNNMethod = Literal["deterministic", "stochastic"]
 
 
-def soft_topk(scores: torch.Tensor, k: int, *, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
-    raise NotImplementedError
+def _check_k(k: Any, n: int, what: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"`k` must be an int, got {type(k).__name__}")
+    if not 1 <= k <= n:
+        raise ValueError(f"`k` must be in [1, {n}] ({what} {n}), got {k}")
+    return k
 
 
-def dknn(query: torch.Tensor, neighbors: torch.Tensor, k: int, *, tau: float = 1.0,
-         method: str = "deterministic", n_samples: int = 1) -> torch.Tensor:
-    raise NotImplementedError
+def soft_topk(
+    scores: torch.Tensor, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort"
+) -> torch.Tensor:
+    r"""Differentiable top-``k`` membership: the sum of the first ``k`` rows of a relaxed permutation.
+
+    .. math::
+        m_j = \sum_{i=1}^{k} \hat P[i, j],
+
+    with :math:`\hat P` NeuralSort's matrix (:func:`rankwise.neural_sort`, default) or SoftSort's
+    (``method="softsort"``). Only the first ``k`` rows are built: O(k n) time and memory.
+
+    Properties: :math:`m_j > 0` and :math:`\sum_j m_j = k` exactly; as ``tau → 0`` ``m`` tends to the
+    0/1 indicator of the ``k`` largest scores. Because :math:`\hat P` is not doubly stochastic,
+    an entry can exceed 1 slightly at moderate ``tau`` (by at most the column-sum excess of
+    :math:`\hat P`; typically a few percent to ~15% for close scores); clamp it if you need a
+    probability.
+
+    Shape:
+        - scores: :math:`(*, n, *)` floating, scored along ``dim``.
+        - output: same shape and dtype as ``scores`` (float16/bfloat16 computed in float32).
+
+    Degenerate inputs: ``n = k`` gives all ones; all-equal scores give ``k / n`` everywhere.
+
+    Example:
+        >>> import torch, rankwise
+        >>> s = torch.tensor([0.3, 2.0, -1.0, 1.5])
+        >>> rankwise.soft_topk(s, 2, tau=0.01)
+        tensor([0., 1., 0., 1.])
+        >>> float(rankwise.soft_topk(s, 2).sum())
+        2.0
+    """
+    _check_scores(scores)
+    t = check_positive(tau, "tau")
+    check_choice(method, "method", ("neuralsort", "softsort"))
+    d = check_dim(scores, dim)
+    k = _check_k(k, scores.shape[d], "n =")
+    s = scores.movedim(d, -1)
+    s = s.to(compute_dtype(s.dtype))
+    p = _neural_sort_rows(s, t, rows=k) if method == "neuralsort" else _softsort_rows(s, t, 1.0, rows=k)
+    return p.sum(dim=-2).movedim(-1, d).to(scores.dtype)
+
+
+def dknn(
+    query: torch.Tensor,
+    neighbors: torch.Tensor,
+    k: int,
+    *,
+    tau: float = 1.0,
+    method: DKNNMethod = "deterministic",
+    n_samples: int = 1,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""NeuralSort's differentiable k-nearest-neighbour membership (Grover et al., ICLR'19, sec. 5.3).
+
+    Each query scores the candidates by negative squared Euclidean distance,
+    :math:`s_{qj} = -\lVert x_q - y_j \rVert^2`, and the membership is the top-``k`` relaxation of
+    :func:`soft_topk`: :math:`m_{qj} = \sum_{i \le k} \hat P_q[i, j]`. With
+    ``method="stochastic"`` the scores are the log-scores of a Plackett-Luce distribution and the
+    membership averages ``n_samples`` relaxed samples (Gumbel-perturbed scores, reparameterized;
+    noise from ``generator`` or the global RNG).
+
+    The per-query constant :math:`\lVert x_q\rVert^2` is dropped from the scores
+    (:math:`s_{qj} = 2 x_q^\top y_j - \lVert y_j\rVert^2`): :math:`\hat P` and the Plackett-Luce law
+    are invariant to it, and it only costs precision.
+
+    Rows sum to ``k`` exactly and are > 0; as ``tau → 0`` (deterministic) they tend to the 0/1
+    indicator of the ``k`` nearest neighbours (ties broken by the relaxation, i.e. shared). As for
+    :func:`soft_topk`, an entry may exceed 1 slightly at moderate ``tau``. Use
+    :func:`dknn_class_scores` to turn memberships into class scores (the paper's loss is
+    ``-dknn_class_scores(m, labels, C).gather(-1, y[:, None]) / k``).
+
+    Shape:
+        - query: :math:`(*, M, D)` floating.
+        - neighbors: :math:`(*, N, D)` floating (leading dims broadcast with ``query``'s).
+        - output: :math:`(*, M, N)`; dtype: the promoted floating dtype of the inputs
+          (float16/bfloat16 computed in float32 and cast back).
+
+    Example:
+        >>> import torch, rankwise
+        >>> q = torch.tensor([[0.0, 0.0], [5.0, 5.0]])
+        >>> y = torch.tensor([[0.1, 0.0], [4.0, 5.0], [0.0, -0.3], [6.0, 6.0]])
+        >>> rankwise.dknn(q, y, 2, tau=0.01)
+        tensor([[1., 0., 1., 0.],
+                [0., 1., 0., 1.]])
+        >>> rankwise.dknn(q, y, 2).sum(-1)
+        tensor([2., 2.])
+    """
+    check_floating(query, "query")
+    check_floating(neighbors, "neighbors")
+    for name, x in (("query", query), ("neighbors", neighbors)):
+        if x.dim() < 2:
+            raise ValueError(
+                f"`{name}` must have at least 2 dimensions (..., rows, features), got shape {tuple(x.shape)}"
+            )
+    if query.shape[-1] != neighbors.shape[-1]:
+        raise ValueError(
+            f"`query` and `neighbors` must have the same feature size, got {query.shape[-1]} and {neighbors.shape[-1]}"
+        )
+    k = _check_k(k, neighbors.shape[-2], "number of neighbours N =")
+    t = check_positive(tau, "tau")
+    check_choice(method, "method", ("deterministic", "stochastic"))
+    m = _check_int(n_samples, "n_samples", low=1)
+    gen = _check_generator(generator, query)
+    out_dtype = torch.promote_types(query.dtype, neighbors.dtype)
+    cdt = compute_dtype(out_dtype)
+    q, y = query.to(cdt), neighbors.to(cdt)
+    scores = 2 * (q @ y.transpose(-1, -2)) - (y * y).sum(-1).unsqueeze(-2)  # (*, M, N)
+    if method == "deterministic":
+        member = _neural_sort_rows(scores, t, rows=k).sum(dim=-2)
+    else:
+        perturbed = scores.unsqueeze(0) + _gumbel((m, *scores.shape), scores, gen)
+        member = _neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
+    return member.to(out_dtype)
+
+
+def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    r"""Class scores from (soft) neighbour membership: :math:`c_{qc} = \sum_j m_{qj}\,[\,\ell_j = c\,]`.
+
+    With ``membership = dknn(query, neighbors, k)`` each row of the result sums to ``k`` and its
+    argmax is the (soft) majority vote among the ``k`` nearest neighbours. Labels outside
+    ``[0, num_classes)`` contribute to no class (no device check, to avoid a host sync).
+
+    Shape:
+        - membership: :math:`(*, M, N)` floating.
+        - labels: :math:`(N,)` or :math:`(*, N)` integer class indices.
+        - output: :math:`(*, M, C)` with ``C = num_classes``; dtype of ``membership``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> m = torch.tensor([[0.9, 0.1, 1.0]])
+        >>> rankwise.dknn_class_scores(m, torch.tensor([2, 0, 2]), 3)
+        tensor([[0.1000, 0.0000, 1.9000]])
+    """
+    check_floating(membership, "membership")
+    check_tensor(labels, "labels")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"`labels` must be an integer tensor, got dtype {labels.dtype}")
+    if membership.dim() < 2:
+        raise ValueError(
+            f"`membership` must have at least 2 dimensions (..., M, N), got shape {tuple(membership.shape)}"
+        )
+    if labels.dim() < 1 or labels.shape[-1] != membership.shape[-1]:
+        raise ValueError(
+            f"`labels` must have shape (..., N) with N = {membership.shape[-1]}, got shape {tuple(labels.shape)}"
+        )
+    c = _check_int(num_classes, "num_classes", low=1)
+    classes = torch.arange(c, device=labels.device)
+    onehot = (labels.unsqueeze(-1) == classes).to(membership.dtype)  # (*, N, C)
+    return membership @ onehot
+
+
+class SoftTopK(nn.Module):
+    """Module twin of :func:`soft_topk` holding ``k`` and its options."""
+
+    def __init__(self, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort") -> None:
+        super().__init__()
+        self.k = _check_int(k, "k", low=1)
+        self.tau = check_positive(tau, "tau")
+        self.dim = dim
+        self.method = check_choice(method, "method", ("neuralsort", "softsort"))
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return soft_topk(scores, self.k, tau=self.tau, dim=self.dim, method=self.method)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, tau={self.tau}, dim={self.dim}, method={self.method!r}"
+
+
+class DKNN(nn.Module):
+    """Module twin of :func:`dknn`: ``DKNN(k, tau=...)(query, neighbors)``."""
+
+    def __init__(
+        self,
+        k: int,
+        *,
+        tau: float = 1.0,
+        method: DKNNMethod = "deterministic",
+        n_samples: int = 1,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.k = _check_int(k, "k", low=1)
+        self.tau = check_positive(tau, "tau")
+        self.method = check_choice(method, "method", ("deterministic", "stochastic"))
+        self.n_samples = _check_int(n_samples, "n_samples", low=1)
+        self.generator = generator
+
+    def forward(self, query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
+        return dknn(
+            query,
+            neighbors,
+            self.k,
+            tau=self.tau,
+            method=self.method,
+            n_samples=self.n_samples,
+            generator=self.generator,
+        )
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, tau={self.tau}, method={self.method!r}, n_samples={self.n_samples}"
+
+
+class DKNNClassScores(nn.Module):
+    """Module twin of :func:`dknn_class_scores` holding ``num_classes``."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = _check_int(num_classes, "num_classes", low=1)
+
+    def forward(self, membership: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return dknn_class_scores(membership, labels, self.num_classes)
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}"
+
+
+# ----------------------------------------------------------------------------------------------
+# registration
+# ----------------------------------------------------------------------------------------------
+def _t(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    fill: float | None = None,
+    grad: bool = True,
+) -> torch.Tensor:
+    if fill is None:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    else:
+        x = torch.full(shape, fill, dtype=torch.float64)
+    return x.to(device=device, dtype=dtype).requires_grad_(grad)
+
+
+def _topk_example(dtype: torch.dtype, device: torch.device) -> Example:
+    return Example((_t((3, 7), dtype, device),), {"k": 3, "tau": 0.7})
+
+
+def _topk_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    return [
+        Example((_t((0, 4), dtype, device, fill=0.0),), {"k": 2}),
+        Example((_t((1,), dtype, device, fill=0.0),), {"k": 1}),
+        Example((_t((2, 1), dtype, device, fill=0.0),), {"k": 1}),
+        Example((_t((2, 5), dtype, device, fill=0.3),), {"k": 2}),  # all ties
+        Example((_t((2, 5), dtype, device, fill=0.3),), {"k": 5}),  # k = n
+    ]
+
+
+def _dknn_kwargs(stochastic: bool) -> dict[str, Any]:
+    return {"method": "stochastic", "n_samples": 3} if stochastic else {}
+
+
+def _dknn_example(stochastic: bool):  # type: ignore[no-untyped-def]
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        q, y = _t((4, 3), dtype, device, seed=1), _t((6, 3), dtype, device, seed=2)
+        return Example((q, y), {"k": 2, "tau": 0.7, **_dknn_kwargs(stochastic)})
+
+    return example
+
+
+def _dknn_degenerate(stochastic: bool):  # type: ignore[no-untyped-def]
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        kw = _dknn_kwargs(stochastic)
+        return [
+            Example((_t((0, 3), dtype, device), _t((4, 3), dtype, device, seed=2)), {"k": 2, **kw}),  # no queries
+            Example((_t((2, 3), dtype, device), _t((1, 3), dtype, device, seed=2)), {"k": 1, **kw}),  # N = 1
+            Example((_t((2, 3), dtype, device), _t((5, 3), dtype, device, fill=1.0)), {"k": 2, **kw}),  # ties
+            Example((_t((2, 0), dtype, device), _t((3, 0), dtype, device)), {"k": 1, **kw}),  # D = 0
+        ]
+
+    return degenerate
+
+
+def _class_example(dtype: torch.dtype, device: torch.device) -> Example:
+    m = torch.rand(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1, 2, 0], device=device)
+    return Example((m.to(device=device, dtype=dtype).requires_grad_(), labels), {"num_classes": 3})
+
+
+def _class_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    lab = torch.tensor([0, 0, 0], device=device)
+    return [
+        Example((_t((0, 3), dtype, device), lab), {"num_classes": 2}),
+        Example((_t((2, 3), dtype, device), lab), {"num_classes": 1}),
+        Example((_t((2, 0), dtype, device), lab[:0]), {"num_classes": 2}),
+    ]
+
+
+register_op("soft_topk", module=SoftTopK, example=_topk_example, degenerate=_topk_degenerate)(soft_topk)
+register_op("dknn", module=DKNN, example=_dknn_example(False), degenerate=_dknn_degenerate(False))(dknn)
+register_op(
+    "dknn.stochastic", module=DKNN, example=_dknn_example(True), degenerate=_dknn_degenerate(True), stochastic=True
+)(dknn)
+register_op("dknn_class_scores", module=DKNNClassScores, example=_class_example, degenerate=_class_degenerate)(
+    dknn_class_scores
+)

@@ -1,0 +1,290 @@
+"""Triplet and N-pairs losses: the special cases of SupCon discussed by Khosla et al."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_positive
+from rankwise.losses._contrastive_common import (
+    _REDUCTIONS,
+    Reduction,
+    as_labels,
+    as_views,
+    reduce,
+    sample_mask,
+    zero_with_graph,
+)
+from rankwise.losses._registry import register_loss
+
+__all__ = ["NPairsLoss", "TripletLoss", "npairs_loss", "triplet_loss"]
+
+Distance = Literal["squared", "euclidean"]
+Mining = Literal["all", "hard"]
+
+
+def _positive_mask(
+    b: int, v: int, labels: torch.Tensor | None, mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """(N, N) positives between the N = B*V views in view-major order, self excluded."""
+    n = b * v
+    sample = torch.arange(n, device=device) % b
+    if mask is not None:
+        pos = sample_mask(mask, b)[sample][:, sample]
+    else:
+        keys = as_labels(labels, b).detach() if labels is not None else torch.arange(b, device=device)
+        keys = keys[sample]
+        pos = keys[:, None] == keys[None, :]
+    return pos & ~torch.eye(n, dtype=torch.bool, device=device)
+
+
+def _sq_dist(z: torch.Tensor) -> torch.Tensor:
+    z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
+    sq = (z * z).sum(-1)
+    return (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+
+
+def triplet_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    *,
+    margin: float = 0.2,
+    distance: Distance = "squared",
+    mining: Mining = "all",
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+) -> torch.Tensor:
+    r"""Triplet margin loss over all views of a batch, with batch-all or batch-hard mining.
+
+    Views, positives and conventions are those of :func:`supcon_loss`: the ``B x V`` views are
+    L2-normalized when ``normalize``; for anchor view :math:`i`, the positives :math:`P(i)` are the
+    other views with the same label (``labels``), of samples marked in ``mask[i, :]``, or — with
+    neither — the other views of the same sample; every other view is a negative :math:`N(i)`.
+    With :math:`d` the squared Euclidean distance (``distance="squared"``; on normalized features
+    :math:`d_{ij} = 2 - 2 z_i \cdot z_j`) or the Euclidean distance (``"euclidean"``):
+
+    .. math::
+        \ell^{all}_i = \frac{1}{|P(i)|\,|N(i)|} \sum_{p \in P(i)} \sum_{n \in N(i)}
+            \max(0,\; d_{ip} - d_{in} + m)
+
+        \ell^{hard}_i = \max\bigl(0,\; \max_{p \in P(i)} d_{ip} - \min_{n \in N(i)} d_{in} + m\bigr)
+
+    (batch-all and batch-hard of Hermans et al. 2017; ``margin`` :math:`m`). With one positive and
+    one negative, SupCon with temperature :math:`\tau` on normalized features behaves like this
+    loss with squared distance and margin :math:`2\tau` (Khosla et al., appendix). ``reduction``:
+    ``"mean"`` over anchors having at least one positive and one negative (the others are excluded;
+    none gives 0 with graph), ``"sum"``, or ``"none"`` (per anchor, view-major order
+    ``[view 0 of all samples, view 1, ...]``, 0 for excluded anchors). The batch-all sum is
+    computed in :math:`O(N^2 \log N)` by sorting each anchor's negative distances (no
+    :math:`N^3` tensor). For explicit (anchor, positive, negative) triplets use
+    ``torch.nn.functional.triplet_margin_loss``.
+
+    Shape:
+        - features: :math:`(B, V, D)` or :math:`(B, D)`; labels :math:`(B,)`; mask :math:`(B, B)`.
+        - output: scalar, or :math:`(B V,)` with ``reduction="none"``; float32 for half input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> emb = torch.randn(6, 16, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.triplet_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2]), mining="hard")
+        >>> loss.backward()
+        >>> emb.grad.shape
+        torch.Size([6, 16])
+    """
+    m = check_positive(margin, "margin", allow_zero=True)
+    check_choice(distance, "distance", ("squared", "euclidean"))
+    check_choice(mining, "mining", ("all", "hard"))
+    check_choice(reduction, "reduction", _REDUCTIONS)
+    if labels is not None and mask is not None:
+        raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither)")
+    x = as_views(features, normalize=normalize)
+    b, v, dd = x.shape
+    n = b * v
+    if n == 0:
+        z0 = zero_with_graph(features)
+        return z0.expand(0) if reduction == "none" else z0
+    z = x.transpose(0, 1).reshape(n, dd)
+    pos = _positive_mask(b, v, labels, mask, x.device)
+    neg = ~pos & ~torch.eye(n, dtype=torch.bool, device=x.device)
+    d = _sq_dist(z)
+    if distance == "euclidean":
+        d = d.clamp_min(1e-12).sqrt()
+    npos, nneg = pos.sum(1), neg.sum(1)
+    valid = (npos > 0) & (nneg > 0)
+    zero = torch.zeros_like(d)
+    if mining == "hard":
+        hardest_pos = torch.where(pos, d, zero).amax(1)  # distances are >= 0
+        big = d.detach().amax() + 1
+        hardest_neg = torch.where(neg, d, big).amin(1)
+        loss = torch.relu(hardest_pos - hardest_neg + m)
+    else:
+        inf = torch.tensor(math.inf, dtype=d.dtype, device=d.device)
+        neg_sorted = torch.where(neg, d, inf).sort(dim=1).values  # finite first, +inf at the end
+        finite = torch.isfinite(neg_sorted)
+        prefix = torch.cat([zero[:, :1], torch.where(finite, neg_sorted, zero).cumsum(1)], dim=1)
+        thr = d + m
+        # number of negatives with d_in < d_ip + m (those with a positive hinge)
+        cnt = torch.searchsorted(neg_sorted.detach().contiguous(), thr.detach().contiguous(), right=False)
+        hinge = cnt.to(d.dtype) * thr - prefix.gather(1, cnt)
+        total = torch.where(pos, hinge, zero).sum(1)
+        loss = total / (npos * nneg).clamp(min=1).to(d.dtype)
+    return reduce(loss, valid, reduction)
+
+
+def npairs_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    normalize: bool = False,
+    reduction: Reduction = "mean",
+) -> torch.Tensor:
+    r"""Multi-class N-pair loss (Sohn, NeurIPS'16): one positive per anchor, softmax over the pairs.
+
+    ``features[:, 0]`` are the anchors :math:`f_i`, ``features[:, 1]`` their positives
+    :math:`f_i^+`. With :math:`s_{ij} = f_i \cdot f_j^+ / \tau`:
+
+    .. math::
+        \ell_i = -\log \frac{e^{s_{ii}}}{\sum_{j \in D(i)} e^{s_{ij}}}
+               = \log\Bigl(1 + \sum_{j \in D(i),\, j \ne i} e^{s_{ij} - s_{ii}}\Bigr)
+
+    where :math:`D(i)` is every pair (Sohn's setting: all samples from distinct classes) or, when
+    ``labels`` are given, :math:`i` plus the pairs with a different label (same-label pairs are not
+    used as negatives). Sohn's loss uses raw inner products (``temperature=1``,
+    ``normalize=False``, the defaults); it is SupCon with a single positive and temperature 1
+    (Khosla et al., appendix), except that the N-pair softmax runs over the other pairs'
+    *positives* only. Sohn's L2 penalty on the embeddings is not included (add it to the loss).
+    ``reduction``: ``"mean"`` over anchors, ``"sum"`` or ``"none"`` (per anchor).
+
+    Shape:
+        - features: :math:`(B, 2, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar, or :math:`(B,)` with ``reduction="none"``; float32 for half input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> pairs = torch.randn(4, 2, 8, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.npairs_loss(pairs)
+        >>> loss.backward()
+        >>> pairs.grad.shape
+        torch.Size([4, 2, 8])
+    """
+    tau = check_positive(temperature, "temperature")
+    check_choice(reduction, "reduction", _REDUCTIONS)
+    x = as_views(features, normalize=normalize)
+    b, v, _ = x.shape
+    if v != 2:
+        raise ValueError(f"`features` must have shape (B, 2, D) (anchor, positive), got shape {tuple(features.shape)}")
+    if b == 0:
+        z0 = zero_with_graph(features)
+        return z0.expand(0) if reduction == "none" else z0
+    logits = (x[:, 0] @ x[:, 1].T) / tau
+    if labels is not None:
+        y = as_labels(labels, b).detach()
+        same = (y[:, None] == y[None, :]) & ~torch.eye(b, dtype=torch.bool, device=x.device)
+        logits_den = logits.masked_fill(same, -math.inf)
+    else:
+        logits_den = logits
+    loss = torch.logsumexp(logits_den, dim=1) - logits.diagonal()
+    return reduce(loss, torch.ones_like(loss, dtype=torch.bool), reduction)
+
+
+class TripletLoss(nn.Module):
+    """Module twin of :func:`triplet_loss` holding its hyperparameters."""
+
+    def __init__(
+        self,
+        *,
+        margin: float = 0.2,
+        distance: Distance = "squared",
+        mining: Mining = "all",
+        normalize: bool = True,
+        reduction: Reduction = "mean",
+    ) -> None:
+        super().__init__()
+        self.margin = check_positive(margin, "margin", allow_zero=True)
+        self.distance = check_choice(distance, "distance", ("squared", "euclidean"))
+        self.mining = check_choice(mining, "mining", ("all", "hard"))
+        self.normalize = normalize
+        self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+
+    def forward(
+        self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return triplet_loss(
+            features,
+            labels,
+            mask,
+            margin=self.margin,
+            distance=self.distance,
+            mining=self.mining,
+            normalize=self.normalize,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"margin={self.margin}, distance={self.distance!r}, mining={self.mining!r}, "
+            f"normalize={self.normalize}, reduction={self.reduction!r}"
+        )
+
+
+class NPairsLoss(nn.Module):
+    """Module twin of :func:`npairs_loss` holding its hyperparameters."""
+
+    def __init__(self, *, temperature: float = 1.0, normalize: bool = False, reduction: Reduction = "mean") -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.normalize = normalize
+        self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return npairs_loss(
+            features, labels, temperature=self.temperature, normalize=self.normalize, reduction=self.reduction
+        )
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, normalize={self.normalize}, reduction={self.reduction!r}"
+
+
+def _feats(dtype: torch.dtype, device: torch.device, *shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
+
+
+def _triplet_example(dtype: torch.dtype, device: torch.device) -> Example:
+    labels = torch.tensor([0, 1, 0, 2, 1, 2], device=device)
+    return Example((_feats(dtype, device, 6, 5), labels), {"margin": 0.5, "mining": "all"})
+
+
+def _triplet_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    return [
+        Example((_feats(dtype, device, 0, 4),)),
+        Example((_feats(dtype, device, 1, 4),)),  # n = 1: no positive
+        Example((_feats(dtype, device, 3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # no negative
+        Example((_feats(dtype, device, 3, 4), torch.arange(3, device=device)), {"mining": "hard"}),  # no positive
+        Example((torch.ones(4, 2, 3, dtype=dtype, device=device).requires_grad_(),), {"distance": "euclidean"}),
+    ]
+
+
+def _npairs_example(dtype: torch.dtype, device: torch.device) -> Example:
+    return Example((_feats(dtype, device, 5, 2, 4), torch.tensor([0, 1, 2, 0, 3], device=device)), {"temperature": 2.0})
+
+
+def _npairs_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    return [
+        Example((_feats(dtype, device, 0, 2, 4),)),
+        Example((_feats(dtype, device, 1, 2, 4),)),
+        Example((_feats(dtype, device, 3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # one label
+        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(),), {"normalize": True}),
+    ]
+
+
+register_loss("triplet", module=TripletLoss, example=_triplet_example, degenerate=_triplet_degenerate)(triplet_loss)
+register_loss("npairs", module=NPairsLoss, example=_npairs_example, degenerate=_npairs_degenerate)(npairs_loss)

@@ -1,0 +1,314 @@
+"""Contrastive losses for regression: Rank-N-Contrast (RnC) and ConR."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, to_compute
+from rankwise.losses._contrastive_common import as_labels, as_views, zero_with_graph
+from rankwise.losses._registry import register_loss
+
+__all__ = ["ConRLoss", "RnCLoss", "conr_loss", "rnc_loss"]
+
+Variant = Literal["in", "out"]
+
+
+def _label_distance(y: torch.Tensor) -> torch.Tensor:
+    """|y_i - y_k| (L1 over label dims for (N, K) labels), exact for integer labels."""
+    y = y.detach()
+    y = y.to(torch.float64) if not y.is_floating_point() else to_compute(y)
+    diff = (y[:, None] - y[None, :]).abs()
+    return diff.sum(-1) if diff.dim() == 3 else diff
+
+
+def _repeat_views(t: torch.Tensor, v: int) -> torch.Tensor:
+    """(B, ...) per-sample values -> (B*V, ...) in view-major order."""
+    return t.repeat(v, *([1] * (t.dim() - 1)))
+
+
+def _l2_dist(z: torch.Tensor) -> torch.Tensor:
+    z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
+    sq = (z * z).sum(-1)
+    d2 = (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    # zero distances (the diagonal) get no gradient instead of 0 * inf
+    return d2.clamp_min(torch.finfo(z.dtype).tiny).sqrt()
+
+
+def rnc_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float = 2.0) -> torch.Tensor:
+    r"""Rank-N-Contrast loss (Zha et al., NeurIPS'23) in :math:`O(N^2 \log N)`.
+
+    The ``N = B V`` views :math:`v_i` (usually ``V = 2`` augmentations) carry their sample's label
+    :math:`y_i`. With :math:`s_{ij} = -\lVert v_i - v_j \rVert_2 / \tau` and, for an anchor
+    :math:`i` and a positive :math:`j \ne i`, the set
+    :math:`S_{ij} = \{k \ne i : |y_i - y_k| \ge |y_i - y_j|\}` (ties included, so :math:`j \in S_{ij}`):
+
+    .. math::
+        \mathcal{L}_{RnC} = \frac{1}{N(N-1)} \sum_{i} \sum_{j \ne i}
+            -\log \frac{e^{s_{ij}}}{\sum_{k \in S_{ij}} e^{s_{ik}}}
+
+    The public code loops over the positives (:math:`O(N^3)`); here every anchor's other views are
+    sorted once by label distance (descending, stable), a cumulative ``logcumsumexp`` gives every
+    denominator, and a positive takes the value at the *last* member of its tie group so that
+    all :math:`k` at the same label distance are included, exactly as the definition says.
+    Multi-dimensional labels :math:`(B, K)` use the L1 label distance (as the public code).
+    Distances are computed through a matrix product (after centring the views), so they agree
+    with a direct norm up to rounding; coincident distinct views get a zero gradient.
+
+    Shape:
+        - features: :math:`(B, V, D)` (typically :math:`V = 2`) or :math:`(B, D)`.
+        - labels: :math:`(B,)`, :math:`(B, 1)` or :math:`(B, K)`.
+        - output: scalar; float32 for half input. Fewer than two views in total give 0 with graph.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> feats = torch.randn(4, 2, 8, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.rnc_loss(feats, torch.tensor([1.0, 3.0, 2.0, 3.0]))
+        >>> loss.backward()
+        >>> feats.grad.shape
+        torch.Size([4, 2, 8])
+    """
+    tau = check_positive(temperature, "temperature")
+    x = as_views(features)
+    b, v, d = x.shape
+    y = as_labels(labels, b, allow_multi=True)
+    n = b * v
+    if n < 2:
+        return zero_with_graph(features)
+    z = x.transpose(0, 1).reshape(n, d)
+    ld = _label_distance(_repeat_views(y, v))
+    eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    ld = ld.masked_fill(eye, -math.inf)  # self sorts last and is dropped
+    order = torch.argsort(ld, dim=1, descending=True, stable=True)[:, : n - 1]
+    ld_s = ld.gather(1, order)
+    s_s = (-_l2_dist(z) / tau).gather(1, order)
+    lcse = torch.logcumsumexp(s_s, dim=1)
+    # last position of each tie group (of equal label distance): next group's start - 1, right to left
+    pos = torch.arange(n - 1, device=z.device).expand(n, n - 1)
+    ends = torch.full_like(pos, n - 2)
+    ends[:, :-1] = torch.where(ld_s[:, 1:] != ld_s[:, :-1], pos[:, :-1], ends[:, :-1])
+    last = ends.flip(1).cummin(1).values.flip(1)
+    return (lcse.gather(1, last) - s_s).sum() / (n * (n - 1))
+
+
+class RnCLoss(nn.Module):
+    """Module twin of :func:`rnc_loss` holding ``temperature``."""
+
+    def __init__(self, *, temperature: float = 2.0) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return rnc_loss(features, labels, temperature=self.temperature)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}"
+
+
+def _per_view(t: torch.Tensor, b: int, v: int, name: str) -> torch.Tensor:
+    """(B,), (B, 1) or (B, V) per-sample/per-view values -> (B*V,) view-major."""
+    if t.dim() == 2 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.dim() == 1 and t.shape[0] == b:
+        return _repeat_views(t, v)
+    if t.dim() == 2 and t.shape == (b, v):
+        return t.T.reshape(b * v)
+    raise ValueError(f"`{name}` must have shape ({b},), ({b}, 1) or ({b}, {v}), got shape {tuple(t.shape)}")
+
+
+def conr_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    preds: torch.Tensor,
+    *,
+    weights: torch.Tensor | None = None,
+    window: float = 1.0,
+    temperature: float = 0.2,
+    eta: float = 0.01,
+    variant: Variant = "in",
+    normalize: bool = True,
+) -> torch.Tensor:
+    r"""ConR contrastive regularizer for imbalanced regression (Keramati et al., ICLR'24).
+
+    The ``N = B V`` views :math:`z_j` (L2-normalized when ``normalize``; two augmentations in the
+    paper, passed as ``(B, 2, D)`` or already concatenated as ``(2B, D)``) carry labels :math:`y`
+    and predictions :math:`\hat y` (per sample, or per view as ``(B, V)``). For an anchor :math:`j`:
+
+    * positives :math:`K^+_j = \{i \ne j : |y_i - y_j| \le \omega\}` (``window`` :math:`\omega`);
+    * negatives :math:`K^-_j = \{q : |y_q - y_j| > \omega,\ |\hat y_q - \hat y_j| \le \omega\}` —
+      dissimilar labels that the model currently confuses;
+    * pushing weights :math:`S_{j,q} = w_j \exp(\eta\,|y_j - y_q|)` (``weights`` :math:`w`, e.g.
+      inverse-frequency / LDS weights, default 1; treated as constants);
+
+    with :math:`s_{ji} = z_j \cdot z_i / \tau` and the denominator
+    :math:`D_j = \sum_{p \in K^+_j} e^{s_{jp}} + \sum_{q \in K^-_j} S_{j,q}\, e^{s_{jq}}`:
+
+    .. math::
+        \ell^{in}_j = -\log \frac{1}{|K^+_j|} \sum_{i \in K^+_j} \frac{e^{s_{ji}}}{D_j}
+        \qquad
+        \ell^{out}_j = -\frac{1}{|K^+_j|} \sum_{i \in K^+_j} \log \frac{e^{s_{ji}}}{D_j}
+
+    ``variant="in"`` is the paper's equation (default); ``"out"`` is the per-positive form the
+    public code computes. Only anchors with at least one negative (and one positive) are selected;
+    the others contribute 0 and the loss is the mean over all :math:`N` anchors,
+    :math:`\frac{1}{N}\sum_j \ell_j` (0 with graph when no anchor is selected). Labels and
+    predictions only select pairs: no gradient flows into them.
+
+    Differences from the public ConR code: it ignores its temperature argument (hard-coded 0.07;
+    here ``temperature`` is used), its denominator also adds :math:`e^0 = 1` for every masked-out
+    entry (here only positives and weighted negatives are summed), it gives NaN for an anchor
+    without positives (here 0), and it multiplies each anchor's loss by its weight once more
+    (here the weight enters through :math:`S_{j,q}` only, as in the paper's formula).
+
+    Shape:
+        - features: :math:`(B, V, D)` or :math:`(B, D)`.
+        - labels: :math:`(B,)` or :math:`(B, 1)`; preds: :math:`(B,)`, :math:`(B, 1)` or :math:`(B, V)`;
+          weights: :math:`(B,)` or :math:`(B, 1)`, non-negative.
+        - output: scalar; float32 for half input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> feats = torch.randn(6, 2, 8, generator=g, requires_grad=True)
+        >>> y = torch.tensor([1.0, 1.5, 4.0, 4.2, 9.0, 2.0])
+        >>> y_hat = torch.tensor([1.2, 3.5, 3.9, 4.0, 8.0, 2.5])
+        >>> loss = rankwise.losses.conr_loss(feats, y, y_hat)
+        >>> loss.backward()
+        >>> feats.grad.shape
+        torch.Size([6, 2, 8])
+    """
+    win = check_positive(window, "window", allow_zero=True)
+    tau = check_positive(temperature, "temperature")
+    e = check_positive(eta, "eta", allow_zero=True)
+    check_choice(variant, "variant", ("in", "out"))
+    x = as_views(features, normalize=normalize)
+    b, v, d = x.shape
+    y = as_labels(labels, b)
+    check_tensor(preds, "preds")
+    yp = _per_view(preds.detach(), b, v, "preds")
+    if weights is not None:
+        check_floating(weights, "weights")
+        w = to_compute(_per_view(weights.detach(), b, v, "weights"))
+    n = b * v
+    if n < 2:
+        return zero_with_graph(features)
+    z = x.transpose(0, 1).reshape(n, d)
+    ld = _label_distance(_repeat_views(y, v))
+    pd = _label_distance(yp)
+    eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    pos = (ld <= win) & ~eye
+    neg = (ld > win) & (pd <= win)
+    npos = pos.sum(1)
+    valid = (npos > 0) & neg.any(1)
+    logits = (z @ z.T) / tau
+    log_push = (e * ld).to(logits.dtype)
+    if weights is not None:
+        log_push = log_push + torch.log(w.to(logits.dtype))[:, None]
+    neg_inf = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
+    keep = valid[:, None]
+    # invalid rows are computed on finite dummies and zeroed afterwards (no NaN in backward)
+    den = torch.where(pos, logits, torch.where(neg, logits + log_push, neg_inf))
+    lse_den = torch.logsumexp(torch.where(keep, den, torch.zeros_like(den)), dim=1)
+    npos_f = npos.clamp(min=1).to(logits.dtype)
+    if variant == "in":
+        num = torch.logsumexp(torch.where(pos | ~keep, logits, neg_inf), dim=1) - torch.log(npos_f)
+    else:
+        num = torch.where(pos, logits, torch.zeros_like(logits)).sum(1) / npos_f
+    loss = torch.where(valid, lse_den - num, torch.zeros_like(lse_den))
+    return loss.sum() / n
+
+
+class ConRLoss(nn.Module):
+    """Module twin of :func:`conr_loss` holding its hyperparameters."""
+
+    def __init__(
+        self,
+        *,
+        window: float = 1.0,
+        temperature: float = 0.2,
+        eta: float = 0.01,
+        variant: Variant = "in",
+        normalize: bool = True,
+    ) -> None:
+        super().__init__()
+        self.window = check_positive(window, "window", allow_zero=True)
+        self.temperature = check_positive(temperature, "temperature")
+        self.eta = check_positive(eta, "eta", allow_zero=True)
+        self.variant = check_choice(variant, "variant", ("in", "out"))
+        self.normalize = normalize
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        preds: torch.Tensor,
+        weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return conr_loss(
+            features,
+            labels,
+            preds,
+            weights=weights,
+            window=self.window,
+            temperature=self.temperature,
+            eta=self.eta,
+            variant=self.variant,
+            normalize=self.normalize,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"window={self.window}, temperature={self.temperature}, eta={self.eta}, "
+            f"variant={self.variant!r}, normalize={self.normalize}"
+        )
+
+
+def _feats(dtype: torch.dtype, device: torch.device, *shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
+
+
+def _rnc_example(dtype: torch.dtype, device: torch.device) -> Example:
+    labels = torch.tensor([3.0, 1.0, 3.0, 0.5, 2.0], device=device, dtype=dtype)
+    return Example((_feats(dtype, device, 5, 2, 4), labels), {"temperature": 2.0})
+
+
+def _rnc_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def lab(*vals: float) -> torch.Tensor:
+        return torch.tensor(vals, device=device, dtype=dtype)
+
+    return [
+        Example((_feats(dtype, device, 0, 2, 4), lab())),
+        Example((_feats(dtype, device, 1, 4), lab(1.0))),  # a single view
+        Example((_feats(dtype, device, 1, 2, 4), lab(1.0))),  # n = 1 sample
+        Example((_feats(dtype, device, 4, 2, 4), lab(2.0, 2.0, 2.0, 2.0))),  # all labels tied
+        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(), lab(0.0, 1.0, 2.0))),
+    ]
+
+
+def _conr_example(dtype: torch.dtype, device: torch.device) -> Example:
+    y = torch.tensor([1.0, 1.5, 4.0, 4.2, 9.0, 2.0], device=device, dtype=dtype)
+    yp = torch.tensor([1.2, 3.5, 3.9, 4.0, 8.0, 2.5], device=device, dtype=dtype)
+    return Example((_feats(dtype, device, 6, 2, 4), y, yp), {"window": 1.0, "temperature": 0.5, "eta": 0.1})
+
+
+def _conr_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def t(*vals: float) -> torch.Tensor:
+        return torch.tensor(vals, device=device, dtype=dtype)
+
+    return [
+        Example((_feats(dtype, device, 0, 2, 4), t(), t())),
+        Example((_feats(dtype, device, 1, 4), t(1.0), t(1.0))),  # a single view
+        Example((_feats(dtype, device, 3, 2, 4), t(1.0, 1.0, 1.0), t(0.0, 5.0, 9.0))),  # no negatives
+        Example((_feats(dtype, device, 3, 4), t(0.0, 5.0, 10.0), t(1.0, 1.0, 1.0))),  # no positives
+        Example((torch.ones(4, 2, 3, dtype=dtype, device=device).requires_grad_(), t(0, 0, 3, 3), t(1, 1, 1, 1))),
+    ]
+
+
+register_loss("rnc", module=RnCLoss, example=_rnc_example, degenerate=_rnc_degenerate)(rnc_loss)
+register_loss("conr", module=ConRLoss, example=_conr_example, degenerate=_conr_degenerate)(conr_loss)

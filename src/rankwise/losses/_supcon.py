@@ -1,0 +1,255 @@
+"""Supervised contrastive loss (SupCon) and SimCLR's NT-Xent, with optional anchor chunking."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_positive
+from rankwise.losses._contrastive_common import as_labels, as_views, sample_mask, zero_with_graph
+from rankwise.losses._registry import register_loss
+
+__all__ = ["SupConLoss", "supcon_loss"]
+
+ContrastMode = Literal["all", "one"]
+Variant = Literal["out", "in"]
+
+
+def _check_chunk(chunk_size: int | None) -> int | None:
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"`chunk_size` must be an int or None, got {type(chunk_size).__name__}")
+    if chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be >= 1, got {chunk_size}")
+    return chunk_size
+
+
+def _supcon_block(
+    anchors: torch.Tensor,
+    contrast: torch.Tensor,
+    anchor_idx: torch.Tensor,
+    keys: torch.Tensor,
+    batch: int,
+    use_mask: bool,
+    temperature: float,
+    variant: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-anchor losses of a block of anchors (rows) against every view (columns).
+
+    anchors (c, D), contrast (N, D) in view-major order (column k is sample ``k % batch``),
+    anchor_idx (c,) column of each anchor itself. ``keys``: a (B, B) bool positive mask when
+    ``use_mask``, else per-sample keys (B,) where equal keys are positives.
+    Memory: O(c * N).
+    """
+    n = contrast.shape[0]
+    cols = torch.arange(n, device=contrast.device)
+    col_sample = cols % batch
+    row_sample = anchor_idx % batch
+    if use_mask:
+        pos = keys[row_sample][:, col_sample]
+    else:
+        pos = keys[row_sample][:, None] == keys[col_sample][None, :]
+    is_self = anchor_idx[:, None] == cols[None, :]
+    pos = pos & ~is_self
+    npos = pos.sum(1)
+    valid = npos > 0
+    logits = (anchors @ contrast.T) / temperature
+    # rows without a positive are computed on harmless finite values and zeroed afterwards
+    neg_inf = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
+    lse = torch.logsumexp(torch.where(is_self & valid[:, None], neg_inf, logits), dim=1)
+    npos_f = npos.clamp(min=1).to(logits.dtype)
+    if variant == "out":
+        pos_mean = torch.where(pos, logits, torch.zeros_like(logits)).sum(1) / npos_f
+        loss = lse - pos_mean
+    else:
+        lse_pos = torch.logsumexp(torch.where(pos | ~valid[:, None], logits, neg_inf), dim=1)
+        loss = lse - lse_pos + torch.log(npos_f)
+    return torch.where(valid, loss, torch.zeros_like(loss)), valid
+
+
+def supcon_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 0.1,
+    base_temperature: float | None = None,
+    contrast_mode: ContrastMode = "all",
+    variant: Variant = "out",
+    normalize: bool = True,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    r"""Supervised contrastive loss (Khosla et al., NeurIPS'20); SimCLR's NT-Xent without labels.
+
+    The ``B x V`` views :math:`z_a` (L2-normalized when ``normalize``) are all contrasted with each
+    other. For an anchor :math:`i`, :math:`A(i)` is every other view and :math:`P(i) \subset A(i)`
+    its positives: views of samples with the same label (``labels``), of samples ``j`` with
+    ``mask[i, j] != 0`` (``mask``, may be asymmetric), or — with neither — the other views of the
+    same sample (SimCLR NT-Xent, Chen et al. 2020). With :math:`s_{ia} = z_i \cdot z_a / \tau`:
+
+    .. math::
+        \ell^{out}_i = -\frac{1}{|P(i)|} \sum_{p \in P(i)}
+            \log \frac{e^{s_{ip}}}{\sum_{a \in A(i)} e^{s_{ia}}} \quad\text{(eq. 2, ``variant="out"``)}
+
+        \ell^{in}_i = -\log \Bigl(\frac{1}{|P(i)|} \sum_{p \in P(i)}
+            \frac{e^{s_{ip}}}{\sum_{a \in A(i)} e^{s_{ia}}}\Bigr) \quad\text{(eq. 3, ``variant="in"``)}
+
+    The loss is :math:`\frac{\tau}{\tau_b}` times the mean of :math:`\ell_i` over the anchors that
+    have at least one positive (``base_temperature`` :math:`\tau_b`, ``None`` = ``temperature``, so
+    the factor is 1 by default). ``contrast_mode="all"`` uses every view as an anchor, ``"one"``
+    only view 0 (the contrast set is always all views). Everything is computed with ``logsumexp``
+    (self excluded by ``-inf`` masking), so large unnormalized features, ``temperature=0.01`` and
+    half precision give finite values.
+
+    Differences from the public SupCon code: features are normalized here by default (the public
+    loss expects normalized input and gives NaN otherwise); anchors without any positive are
+    *excluded* from the mean (the public code averages in zeros, pytorch-metric-learning excludes
+    them); a batch without any positive gives ``0`` that keeps the graph.
+
+    ``chunk_size`` processes anchors in blocks of that many rows, each under activation
+    checkpointing, so that peak memory is :math:`O(\text{chunk\_size} \cdot BV)` instead of
+    :math:`O((BV)^2)` (the logits of a block are recomputed during backward); value and
+    gradient are the same up to floating-point rounding.
+
+    Args:
+        features: (B, V, D) views, or (B, D) for a single view.
+        labels: (B,) or (B, 1) class labels (any dtype comparable with ``==``). Not with ``mask``.
+        mask: (B, B) positives between samples (non-zero = positive). Not with ``labels``.
+        temperature: :math:`\tau > 0` (0.1 for SupCon, 0.5 for SimCLR in the public recipes).
+        base_temperature: :math:`\tau_b > 0` or ``None``.
+        contrast_mode: ``"all"`` or ``"one"``.
+        variant: ``"out"`` (recommended) or ``"in"``.
+        normalize: L2-normalize the features along the last dim first.
+        chunk_size: anchors per block, or ``None`` for a single block.
+
+    Shape:
+        - features: :math:`(B, V, D)` or :math:`(B, D)`.
+        - output: scalar; float32 for float16/bfloat16 input, otherwise the dtype of ``features``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> feats = torch.randn(4, 2, 8, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.supcon_loss(feats, torch.tensor([0, 1, 0, 1]))
+        >>> loss.backward()
+        >>> bool(loss > 0), feats.grad.shape
+        (True, torch.Size([4, 2, 8]))
+        >>> simclr = rankwise.losses.supcon_loss(feats, temperature=0.5)  # no labels: NT-Xent
+    """
+    tau = check_positive(temperature, "temperature")
+    tau_b = tau if base_temperature is None else check_positive(base_temperature, "base_temperature")
+    check_choice(contrast_mode, "contrast_mode", ("all", "one"))
+    check_choice(variant, "variant", ("out", "in"))
+    chunk = _check_chunk(chunk_size)
+    if labels is not None and mask is not None:
+        raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
+    x = as_views(features, normalize=normalize)
+    b, v, d = x.shape
+    if mask is not None:
+        keys, use_mask = sample_mask(mask, b), True
+    elif labels is not None:
+        keys, use_mask = as_labels(labels, b).detach(), False
+    else:
+        keys, use_mask = torch.arange(b, device=x.device), False
+    n = b * v
+    if n == 0:
+        return zero_with_graph(features)
+    contrast = x.transpose(0, 1).reshape(n, d)  # view-major: column k is view k // B of sample k % B
+    n_anchor = n if contrast_mode == "all" else b
+    anchors = contrast[:n_anchor]
+    idx = torch.arange(n_anchor, device=x.device)
+    if chunk is None or chunk >= n_anchor:
+        loss, valid = _supcon_block(anchors, contrast, idx, keys, b, use_mask, tau, variant)
+    else:
+        use_ckpt = torch.is_grad_enabled() and contrast.requires_grad
+        losses, valids = [], []
+        for start in range(0, n_anchor, chunk):
+            sl = slice(start, min(start + chunk, n_anchor))
+            args = (anchors[sl], contrast, idx[sl], keys, b, use_mask, tau, variant)
+            if use_ckpt:
+                out = checkpoint(_supcon_block, *args, use_reentrant=False, preserve_rng_state=False)
+            else:
+                out = _supcon_block(*args)
+            losses.append(out[0])
+            valids.append(out[1])
+        loss, valid = torch.cat(losses), torch.cat(valids)
+    total = loss.sum() / valid.sum().clamp(min=1).to(loss.dtype)
+    return total * (tau / tau_b)
+
+
+class SupConLoss(nn.Module):
+    """Module twin of :func:`supcon_loss` holding its hyperparameters."""
+
+    def __init__(
+        self,
+        *,
+        temperature: float = 0.1,
+        base_temperature: float | None = None,
+        contrast_mode: ContrastMode = "all",
+        variant: Variant = "out",
+        normalize: bool = True,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        if base_temperature is not None:
+            check_positive(base_temperature, "base_temperature")
+        self.base_temperature = base_temperature
+        self.contrast_mode = check_choice(contrast_mode, "contrast_mode", ("all", "one"))
+        self.variant = check_choice(variant, "variant", ("out", "in"))
+        self.normalize = normalize
+        self.chunk_size = _check_chunk(chunk_size)
+
+    def forward(
+        self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return supcon_loss(
+            features,
+            labels,
+            mask,
+            temperature=self.temperature,
+            base_temperature=self.base_temperature,
+            contrast_mode=self.contrast_mode,
+            variant=self.variant,
+            normalize=self.normalize,
+            chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, base_temperature={self.base_temperature}, "
+            f"contrast_mode={self.contrast_mode!r}, variant={self.variant!r}, normalize={self.normalize}, "
+            f"chunk_size={self.chunk_size}"
+        )
+
+
+def _example(dtype: torch.dtype, device: torch.device) -> Example:
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(5, 2, 6, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    labels = torch.tensor([0, 1, 0, 2, 1], device=device)
+    return Example((feats, labels), {"temperature": 0.5, "variant": "out", "chunk_size": 3})
+
+
+def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def f(*shape: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
+
+    return [
+        Example((f(0, 2, 4),)),  # empty batch
+        Example((f(1, 1, 4),)),  # one view of one sample: no positive
+        Example((f(3, 4),)),  # single view, no labels: no positive
+        Example((f(3, 4), torch.tensor([0, 1, 2], device=device))),  # all labels distinct, one view
+        Example((f(3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # a single label
+        Example((f(1, 2, 4),), {"variant": "in"}),  # n = 1 sample, SimCLR
+        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(),)),  # all equal features
+    ]
+
+
+register_loss("supcon", module=SupConLoss, example=_example, degenerate=_degenerate)(supcon_loss)

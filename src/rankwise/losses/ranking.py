@@ -1,3 +1,541 @@
-"""PLACEHOLDER — being implemented."""
+"""Rank-based losses: RankSim, the SoDeep-style Spearman loss, and the age-difference loss.
 
-__all__: list[str] = []
+* :func:`ranksim_loss` — RankSim (Gong et al., ICML'22), a regulariser that makes the ranking of
+  feature similarities follow the ranking of label similarities.
+* :func:`spearman_loss` / :func:`spearman_correlation` — Spearman's rho through a differentiable
+  ranker (SoDeep, Engilberge et al., CVPR'19, with any rankwise ranker in place of the learned sorter).
+* :func:`pairwise_difference_loss` — the age-difference loss :math:`L_d` of Cheng et al. (IEEE TMI 2021).
+
+Every loss is a function plus an ``nn.Module`` twin, registered with ``register_loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rankwise._registry import Example
+from rankwise._validation import check_floating, check_positive, check_tensor, to_compute
+from rankwise.losses._registry import register_loss
+from rankwise.ops.ranking import blackbox_rank, rank
+from rankwise.ops.soft import list_soft_methods, soft_rank
+
+__all__ = [
+    "PairwiseDifferenceLoss",
+    "RankSimLoss",
+    "SpearmanCorrelation",
+    "SpearmanLoss",
+    "list_spearman_rankers",
+    "pairwise_difference_loss",
+    "ranksim_loss",
+    "sample_unique_labels",
+    "spearman_correlation",
+    "spearman_loss",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# RankSim
+# --------------------------------------------------------------------------------------------------
+
+
+def _targets_1d(targets: Any, batch: int, name: str = "targets") -> torch.Tensor:
+    check_tensor(targets, name)
+    y = targets[:, 0] if targets.dim() == 2 and targets.shape[1] == 1 else targets
+    if y.dim() != 1 or y.shape[0] != batch:
+        raise ValueError(
+            f"`{name}` must have shape ({batch},) or ({batch}, 1) to match `features` (batch size {batch}), "
+            f"got shape {tuple(targets.shape)}"
+        )
+    return y
+
+
+def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    r"""Boolean mask keeping one uniformly random example per distinct label (vectorized).
+
+    Every example gets a random priority from ``torch.randperm(B, generator=generator)``; an example
+    is kept when no other example with the same label has a higher priority. Within each label the
+    kept example is therefore uniform, independently across labels, and the draw is reproducible
+    through ``generator`` (or the global torch RNG of the generator's / targets' device). The mask
+    has the full batch shape, so nothing depends on the number of distinct labels and nothing
+    synchronizes with the host; the cost is one :math:`B \times B` boolean comparison.
+
+    Shape:
+        - targets: :math:`(B,)` or :math:`(B, 1)`, any dtype (labels compared with ``==``).
+        - output: :math:`(B,)` bool, ``True`` for kept examples.
+
+    Example:
+        >>> import torch, rankwise
+        >>> y = torch.tensor([3.0, 1.0, 3.0, 2.0, 1.0])
+        >>> keep = rankwise.losses.sample_unique_labels(y, generator=torch.Generator().manual_seed(0))
+        >>> sorted(y[keep].tolist())
+        [1.0, 2.0, 3.0]
+    """
+    check_tensor(targets, "targets")
+    batch = targets.shape[0] if targets.dim() >= 1 else -1
+    y = _targets_1d(targets, max(batch, 0))
+    gen_device = generator.device if generator is not None else y.device
+    prio = torch.randperm(y.shape[0], generator=generator, device=gen_device).to(y.device)
+    same = y.unsqueeze(1) == y.unsqueeze(0)
+    beaten = same & (prio.unsqueeze(0) > prio.unsqueeze(1))  # [i, j]: j has i's label and a higher priority
+    return ~beaten.any(dim=1)
+
+
+def ranksim_loss(
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    interpolation_lambda: float = 2.0,
+    unique_labels: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""RankSim regulariser (Gong et al., ICML'22, eq. 4).
+
+    On the subset :math:`M` of the batch (one random example per distinct label when
+    ``unique_labels``, see :func:`sample_unique_labels`; the whole batch otherwise), with
+    :math:`S^z_{ij} = \cos(z_i, z_j)` on the flattened features and :math:`S^y_{ij} = -|y_i - y_j|`:
+
+    .. math::
+        L_{\mathrm{RankSim}} = \sum_{i \in M} \frac{1}{|M|} \sum_{j \in M}
+        \Bigl(\mathrm{rk}(S^z_{i,:})_j - \mathrm{rk}(S^y_{i,:})_j\Bigr)^2
+
+    where :math:`\mathrm{rk}` are descending ranks divided by :math:`|M|` (largest similarity ->
+    :math:`1/|M|`), i.e. ``rankwise.rank(..., descending=True, normalize=True)`` on the subset. The
+    feature ranks use :func:`rankwise.blackbox_rank` (exact forward, blackbox-differentiation
+    backward with ``interpolation_lambda``), the label ranks are constants. Rows are **summed** and
+    each row's squared error is **averaged** (MSE), exactly as the reference sums ``F.mse_loss``
+    over rows: this is the scale the paper's balancing weight (gamma = 100 on AgeDB / IMDB-WIKI,
+    3e-4 on STS-B) was tuned for, so use ``task_loss + gamma * ranksim_loss(...)``. Each row
+    includes the anchor itself (similarity 1, label distance 0), as in the paper.
+
+    Implementation: all rows are ranked at once with one ``blackbox_rank`` call on the
+    :math:`B \times B` similarity matrix. Examples left out of :math:`M` are masked (their columns
+    set to ``-inf`` so they rank last, their rows and columns excluded from the error) instead of
+    indexed out, which keeps every shape static and avoids a host synchronization; the masked
+    input is scaled by :math:`B/|M|` so that ranks, normalisation and the blackbox perturbation are
+    exactly those of ``blackbox_rank(S_sub, interpolation_lambda, normalize=True)`` on the subset
+    (when no label repeats or ``unique_labels=False`` the scale is exactly 1 and the computation is
+    bit-identical to the unmasked one; otherwise the values are the same and the gradient agrees up
+    to rounding of the scaled similarities).
+
+    Differences from the reference code: the subset is drawn with the torch RNG (reproducible
+    through ``generator``) instead of Python's ``random``; ties are broken stably (lower index
+    first) instead of in ``argsort`` order; ``interpolation_lambda`` must be > 0 instead of having
+    ``1e-8`` added.
+
+    Args:
+        features: :math:`(B, *)` floating features (flattened per example), e.g. the encoder output.
+        targets: :math:`(B,)` or :math:`(B, 1)` labels.
+        interpolation_lambda: blackbox interpolation strength :math:`\lambda` (> 0; paper: 2).
+        unique_labels: keep one random example per distinct label before computing the loss.
+        generator: ``torch.Generator`` for the subset draw (global RNG when ``None``).
+
+    Shape:
+        - features: :math:`(B, *)`; targets: :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar, in the compute dtype (float32 for fp16/bf16 features, else the features' dtype).
+
+    Degenerate inputs: an empty batch, ``B = 1`` or a single distinct label give ``0`` that keeps
+    the graph (zero gradient).
+
+    Example:
+        >>> import torch, rankwise
+        >>> z = torch.randn(8, 16, requires_grad=True)
+        >>> y = torch.tensor([20.0, 25.0, 31.0, 20.0, 47.0, 52.0, 25.0, 60.0])
+        >>> loss = rankwise.losses.ranksim_loss(z, y, generator=torch.Generator().manual_seed(0))
+        >>> loss.backward()
+        >>> loss.shape, z.grad.shape
+        (torch.Size([]), torch.Size([8, 16]))
+    """
+    check_floating(features, "features")
+    lam = check_positive(interpolation_lambda, "interpolation_lambda")
+    if features.dim() < 1:
+        raise ValueError("`features` must have shape (B, *), got a 0-d tensor")
+    batch = features.shape[0]
+    y = to_compute(_targets_1d(targets, batch).detach())
+    x = to_compute(features)
+    if batch == 0:
+        return x.sum() * 0
+    x = F.normalize(x.reshape(batch, -1), dim=1)
+    sim = x @ x.transpose(0, 1)
+    if unique_labels:
+        keep = sample_unique_labels(y, generator=generator)
+    else:
+        keep = torch.ones(batch, dtype=torch.bool, device=x.device)
+    m = keep.sum().to(x.dtype).clamp_min(1)  # |M| as a tensor: no host sync
+    scale = batch / m  # exactly 1 when nothing is masked
+    col = keep.unsqueeze(0)
+    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
+    # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
+    # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
+    feat_rank = blackbox_rank(torch.where(col, sim, neg_inf) * scale, lam, descending=True, normalize=True) * scale
+    label_sim = -(y.unsqueeze(1) - y.unsqueeze(0)).abs()
+    label_rank = rank(torch.where(col, label_sim, neg_inf.to(label_sim.dtype)), descending=True).to(x.dtype) / m
+    pair = keep.unsqueeze(1) & col
+    err = torch.where(pair, (feat_rank - label_rank) ** 2, torch.zeros((), dtype=x.dtype, device=x.device))
+    return err.sum() / m
+
+
+class RankSimLoss(nn.Module):
+    """Module twin of :func:`ranksim_loss` holding ``interpolation_lambda``, ``unique_labels`` and ``generator``."""
+
+    def __init__(
+        self,
+        *,
+        interpolation_lambda: float = 2.0,
+        unique_labels: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.interpolation_lambda = check_positive(interpolation_lambda, "interpolation_lambda")
+        self.unique_labels = unique_labels
+        self.generator = generator
+
+    def forward(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return ranksim_loss(
+            features,
+            targets,
+            interpolation_lambda=self.interpolation_lambda,
+            unique_labels=self.unique_labels,
+            generator=self.generator,
+        )
+
+    def extra_repr(self) -> str:
+        return f"interpolation_lambda={self.interpolation_lambda}, unique_labels={self.unique_labels}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Spearman
+# --------------------------------------------------------------------------------------------------
+
+
+def list_spearman_rankers() -> list[str]:
+    """Rankers accepted by :func:`spearman_loss`: every soft method of ``rankwise.soft_rank`` and ``"blackbox"``."""
+    return sorted({*list_soft_methods(), "blackbox"})
+
+
+def _check_ranker(ranker: Any, ranker_kwargs: dict[str, Any]) -> None:
+    valid = list_spearman_rankers()
+    if ranker not in valid:
+        raise ValueError(f"`ranker` must be one of {', '.join(repr(v) for v in valid)}; got {ranker!r}")
+    if ranker == "blackbox":
+        unknown = sorted(set(ranker_kwargs) - {"lambda_val"})
+        if unknown:
+            raise TypeError(f"ranker 'blackbox' accepts only the option `lambda_val`, got {', '.join(unknown)}")
+        check_positive(ranker_kwargs.get("lambda_val", 2.0), "lambda_val")
+
+
+def _pred_target(pred: Any, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and align ``pred`` / ``target``: a trailing singleton dim is dropped ((B, 1) -> (B,))."""
+    check_floating(pred, "pred")
+    check_tensor(target, "target")
+    p = pred[..., 0] if pred.dim() >= 2 and pred.shape[-1] == 1 else pred
+    t = target[..., 0] if target.dim() >= 2 and target.shape[-1] == 1 else target
+    if p.dim() == 0:
+        raise ValueError("`pred` must have shape (B,), (B, 1) or (*, B), got a 0-d tensor")
+    if p.shape != t.shape:
+        raise ValueError(
+            f"`pred` and `target` must have the same shape (a trailing singleton dim is ignored), "
+            f"got {tuple(pred.shape)} and {tuple(target.shape)}"
+        )
+    p = to_compute(p)
+    return p, _as_dtype(t, p.dtype)
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _soft_ranks(p: torch.Tensor, ranker: str, ranker_kwargs: dict[str, Any]) -> torch.Tensor:
+    """Descending soft ranks of ``p`` along the last dim divided by n (largest -> about 1/n)."""
+    n = p.shape[-1]
+    if ranker == "blackbox":
+        return blackbox_rank(p, ranker_kwargs.get("lambda_val", 2.0), descending=True, normalize=True)
+    return soft_rank(p, method=ranker, descending=True, **ranker_kwargs) / n
+
+
+def spearman_loss(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ranker: str = "isotonic",
+    l1_weight: float = 0.0,
+    **ranker_kwargs: Any,
+) -> torch.Tensor:
+    r"""Spearman loss of SoDeep (Engilberge et al., CVPR'19): MSE between soft and true ranks, plus L1.
+
+    .. math::
+        L = \frac{1}{n} \sum_j \Bigl(\widetilde{\mathrm{rk}}(\hat y)_j - \mathrm{rk}(y)_j\Bigr)^2
+            + w_{\ell_1} \frac{1}{n} \sum_j |\hat y_j - y_j|
+
+    Both ranks are **descending and divided by n** as SoDeep's ``get_rank`` (largest -> ``1/n``);
+    the target ranks average ties (``get_tiedrank``: ``rank(target, descending=True,
+    ties="average", normalize=True)``) and carry no gradient. For distinct values the first term
+    equals :math:`(1 - \rho)\,(n^2 - 1) / (6 n^2)` with :math:`\rho` the Spearman correlation, so
+    minimising it maximises :math:`\rho`.
+
+    The soft ranks come from ``ranker``, which replaces SoDeep's learned sorter:
+
+    * any soft method of ``rankwise.soft_rank`` (``"isotonic"``, ``"neuralsort"``, ``"softsort"``,
+      ``"sodeep"`` once registered; see :func:`list_spearman_rankers`) —
+      ``soft_rank(pred, method=ranker, descending=True, **ranker_kwargs) / n``;
+    * ``"blackbox"`` — ``blackbox_rank(pred, lambda_val, descending=True, normalize=True)``
+      (``ranker_kwargs``: ``lambda_val``, default 2.0).
+
+    ``l1_weight`` is SoDeep's ``lbd``: set it to 1 for a few epochs to initialise the regressor
+    (ranks alone do not fix the scale of the predictions), then to 0.
+
+    Shape:
+        - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (ranked along the last dim;
+          a trailing singleton dim is dropped first).
+        - target: same shape as ``pred`` (up to a trailing singleton dim), any real dtype.
+        - output: scalar (mean over all elements), float32 for fp16/bf16 ``pred``, else ``pred``'s dtype.
+
+    Degenerate inputs: ``B <= 1`` or empty inputs give an MSE term of ``0`` that keeps the graph.
+
+    Example:
+        >>> import torch, rankwise
+        >>> pred = torch.tensor([0.1, 0.4, 0.3, 0.9], requires_grad=True)
+        >>> target = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        >>> rankwise.losses.spearman_loss(pred, target, ranker="blackbox", lambda_val=2.0)
+        tensor(0.0312, grad_fn=<...>)
+    """
+    _check_ranker(ranker, ranker_kwargs)
+    w = check_positive(l1_weight, "l1_weight", allow_zero=True)
+    p, t = _pred_target(pred, target)
+    if p.numel() == 0 or p.shape[-1] <= 1:
+        mse = p.sum() * 0
+    else:
+        t_rank = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
+        mse = ((_soft_ranks(p, ranker, ranker_kwargs) - t_rank) ** 2).mean()
+    if w == 0:
+        return mse
+    l1 = (p - t).abs().mean() if p.numel() else p.sum() * 0
+    return mse + w * l1
+
+
+class SpearmanLoss(nn.Module):
+    """Module twin of :func:`spearman_loss` holding ``ranker``, ``l1_weight`` and the ranker's options."""
+
+    def __init__(self, *, ranker: str = "isotonic", l1_weight: float = 0.0, **ranker_kwargs: Any) -> None:
+        super().__init__()
+        _check_ranker(ranker, ranker_kwargs)
+        self.ranker = ranker
+        self.l1_weight = check_positive(l1_weight, "l1_weight", allow_zero=True)
+        self.ranker_kwargs = dict(ranker_kwargs)
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return spearman_loss(pred, target, ranker=self.ranker, l1_weight=self.l1_weight, **self.ranker_kwargs)
+
+    def extra_repr(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
+        return f"ranker={self.ranker!r}, l1_weight={self.l1_weight}{opts}"
+
+
+def spearman_correlation(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ranker: str = "isotonic",
+    **ranker_kwargs: Any,
+) -> torch.Tensor:
+    r"""Differentiable Spearman correlation: Pearson correlation of soft ranks of ``pred`` with ranks of ``target``.
+
+    .. math::
+        \rho = \frac{\mathrm{cov}(\widetilde{\mathrm{rk}}(\hat y), \mathrm{rk}(y))}
+                    {\sigma_{\widetilde{\mathrm{rk}}(\hat y)}\,\sigma_{\mathrm{rk}(y)}}
+
+    Soft ranks as in :func:`spearman_loss` (``ranker`` and ``ranker_kwargs``); target ranks average
+    ties and carry no gradient. For a small regularisation strength / temperature it equals
+    ``scipy.stats.spearmanr(pred, target)``. Use ``1 - spearman_correlation(...)`` as a loss.
+    Unlike scipy (``nan``), a constant ``pred``/``target`` row or ``n <= 1`` gives ``0`` (with a
+    finite, zero gradient).
+
+    Shape:
+        - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating, correlated along the last dim
+          (a trailing singleton dim is dropped first); target: the same shape.
+        - output: :math:`(*)` — a scalar for 1-d input; float32 for fp16/bf16 ``pred``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> pred = torch.tensor([0.1, 0.4, 0.3, 0.9], requires_grad=True)
+        >>> rankwise.losses.spearman_correlation(pred, torch.tensor([1.0, 2.0, 3.0, 4.0]), ranker="blackbox")
+        tensor(0.8000, grad_fn=<...>)
+    """
+    _check_ranker(ranker, ranker_kwargs)
+    p, t = _pred_target(pred, target)
+    if p.numel() == 0 or p.shape[-1] <= 1:
+        return p.sum(-1) * 0
+    a = _soft_ranks(p, ranker, ranker_kwargs)
+    b = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
+    a = a - a.mean(-1, keepdim=True)
+    b = b - b.mean(-1, keepdim=True)
+    cov = (a * b).sum(-1)
+    den2 = (a * a).sum(-1) * (b * b).sum(-1)
+    ok = den2 > 0
+    safe = torch.where(ok, den2, torch.ones_like(den2))
+    return torch.where(ok, cov / safe.sqrt(), torch.zeros_like(cov))
+
+
+class SpearmanCorrelation(nn.Module):
+    """Module twin of :func:`spearman_correlation` holding ``ranker`` and its options."""
+
+    def __init__(self, *, ranker: str = "isotonic", **ranker_kwargs: Any) -> None:
+        super().__init__()
+        _check_ranker(ranker, ranker_kwargs)
+        self.ranker = ranker
+        self.ranker_kwargs = dict(ranker_kwargs)
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return spearman_correlation(pred, target, ranker=self.ranker, **self.ranker_kwargs)
+
+    def extra_repr(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
+        return f"ranker={self.ranker!r}{opts}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Pairwise (age-)difference loss
+# --------------------------------------------------------------------------------------------------
+
+
+def pairwise_difference_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    r"""Age-difference loss :math:`L_d` of Cheng et al. (IEEE TMI 2021), computed in O(B).
+
+    .. math::
+        L_d = \frac{1}{B(B-1)} \sum_{i \ne j} \bigl((\hat y_i - \hat y_j) - (y_i - y_j)\bigr)^2
+
+    With residuals :math:`r = \hat y - y`, :math:`\sum_{i,j} (r_i - r_j)^2 = 2B \sum_i (r_i - \bar r)^2`,
+    hence :math:`L_d = \frac{2}{B-1} \sum_i (r_i - \bar r)^2 = \frac{2B}{B-1}\,\mathrm{Var}_{pop}(r)`,
+    twice the unbiased variance of the residuals: the loss is blind to a constant offset of the
+    predictions (pair it with an L1/MSE term) and is computed from centred residuals (stable).
+    The mean over ordered and over unordered pairs is the same.
+
+    Shape:
+        - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (pairs along the last dim, a
+          trailing singleton dim dropped first); target: the same shape.
+        - output: scalar (mean over the leading dims), float32 for fp16/bf16 ``pred``.
+
+    Degenerate inputs: ``B < 2`` (no pair) or empty inputs give ``0`` that keeps the graph.
+
+    Example:
+        >>> import torch, rankwise
+        >>> pred = torch.tensor([21.0, 30.0, 44.0], requires_grad=True)
+        >>> rankwise.losses.pairwise_difference_loss(pred, torch.tensor([20.0, 32.0, 40.0]))
+        tensor(18., grad_fn=<...>)
+    """
+    p, t = _pred_target(pred, target)
+    n = p.shape[-1]
+    if p.numel() == 0 or n < 2:
+        return (p - t).sum() * 0
+    r = p - t
+    r = r - r.mean(-1, keepdim=True)
+    return (2.0 / (n - 1)) * (r * r).sum(-1).mean()
+
+
+class PairwiseDifferenceLoss(nn.Module):
+    """Module twin of :func:`pairwise_difference_loss` (no hyperparameters)."""
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return pairwise_difference_loss(pred, target)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _ranksim_example(dtype: torch.dtype, device: torch.device) -> Example:
+    z = torch.randn(10, 6, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
+    y = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0], device=device)
+    return Example((z, y), {"interpolation_lambda": 2.0})
+
+
+def _ranksim_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def z(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
+
+    return [
+        Example((z(0, 4), torch.zeros(0, device=device))),  # empty batch
+        Example((z(1, 4), torch.ones(1, 1, device=device))),  # B = 1, (B, 1) targets
+        Example((z(5, 4), torch.full((5,), 7.0, device=device))),  # one distinct label
+        Example((z(4, 4), torch.arange(4.0, device=device)), {"unique_labels": False}),
+        Example((torch.zeros(3, 4, dtype=dtype, device=device).requires_grad_(), torch.arange(3.0, device=device))),
+    ]
+
+
+def _pt(dtype: torch.dtype, device: torch.device, n: int = 8, lead: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+    g = _gen(1)
+    pred = torch.randn(*lead, n, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    target = torch.randn(*lead, n, generator=g).to(device=device, dtype=dtype)
+    return pred, target
+
+
+def _pt_degenerate(dtype: torch.dtype, device: torch.device, kwargs: dict[str, Any]) -> list[Example]:
+    def p(*shape: int, fill: float | None = None) -> torch.Tensor:
+        x = torch.full(shape, fill) if fill is not None else torch.randn(*shape, generator=_gen(2))
+        return x.to(device=device, dtype=dtype).requires_grad_()
+
+    return [
+        Example((p(0), torch.zeros(0, device=device, dtype=dtype)), kwargs),  # empty
+        Example((p(1), torch.ones(1, device=device, dtype=dtype)), kwargs),  # n = 1
+        Example((p(1, 1), torch.ones(1, 1, device=device, dtype=dtype)), kwargs),  # (B, 1) with B = 1
+        Example((p(5, fill=2.0), torch.full((5,), 3.0, device=device, dtype=dtype)), kwargs),  # all ties
+    ]
+
+
+#: soft-rank options used in the registered examples of each ranker
+_SPEARMAN_EXAMPLES: dict[str, dict[str, Any]] = {
+    "isotonic": {"regularization_strength": 0.1},
+    "neuralsort": {"tau": 1.0},
+    "softsort": {"tau": 1.0},
+    "blackbox": {"lambda_val": 2.0},
+}
+
+
+def _register_spearman(ranker: str, options: dict[str, Any]) -> None:
+    kwargs = {"ranker": ranker, **options}
+    gradient: Literal["exact", "surrogate"] = "surrogate" if ranker == "blackbox" else "exact"
+
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example(_pt(dtype, device), {**kwargs, "l1_weight": 0.5})
+
+    register_loss(
+        f"spearman.{ranker}",
+        module=SpearmanLoss,
+        example=example,
+        degenerate=lambda dt, dev: _pt_degenerate(dt, dev, kwargs),
+        gradient=gradient,
+        description=f"Spearman loss (SoDeep) with the {ranker!r} ranker",
+    )(spearman_loss)
+
+
+for _ranker, _opts in _SPEARMAN_EXAMPLES.items():
+    _register_spearman(_ranker, _opts)
+
+register_loss(
+    "ranksim",
+    module=RankSimLoss,
+    example=_ranksim_example,
+    degenerate=_ranksim_degenerate,
+    gradient="surrogate",
+    stochastic=True,
+)(ranksim_loss)
+register_loss(
+    "spearman_correlation",
+    module=SpearmanCorrelation,
+    example=lambda dt, dev: Example(_pt(dt, dev, lead=(2,)), {"ranker": "isotonic", "regularization_strength": 0.1}),
+    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"ranker": "isotonic", "regularization_strength": 0.1}),
+)(spearman_correlation)
+register_loss(
+    "pairwise_difference",
+    module=PairwiseDifferenceLoss,
+    example=lambda dt, dev: Example(_pt(dt, dev)),
+    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
+)(pairwise_difference_loss)

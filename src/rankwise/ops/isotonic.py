@@ -1,8 +1,448 @@
-"""Isotonic soft sort / rank (Blondel et al., ICML'20).
+"""Isotonic soft sort / soft rank (Blondel et al., ICML'20): projections onto the permutahedron.
 
-PLACEHOLDER — being implemented (see issue "Foundation"). Registers soft method "isotonic".
+Registers the soft method ``"isotonic"`` (``rankwise.soft_rank(x, method="isotonic", ...)``) and the
+operators ``soft_rank.isotonic_l2``, ``soft_rank.isotonic_kl``, ``soft_sort.isotonic_l2`` and
+``soft_sort.isotonic_kl``.
+
+Backends: on CPU a numba pool-adjacent-violators (PAV) kernel (O(n) after the O(n log n) sort);
+on other devices, or when numba cannot be imported, a vectorized PyTorch formulation based on the
+min-max characterization of isotonic regression (O(n^2) time and memory per row, no host sync).
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+import warnings
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_dim, check_floating, check_positive, to_compute
+from rankwise.ops._registry import register_op
+from rankwise.ops.soft import register_soft_method
+
+try:  # pragma: no cover - exercised implicitly
+    from rankwise.ops import _isotonic_numba as _nb
+except Exception as _exc:  # numba missing or broken: fall back to the PyTorch path
+    _nb = None  # type: ignore[assignment]
+    warnings.warn(
+        f"rankwise: numba is unavailable ({_exc!r}); isotonic soft sort/rank use the slower PyTorch path on CPU",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+__all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
+
+Regularization = Literal["l2", "kl"]
+_REGULARIZATIONS = ("l2", "kl")
+
+#: "auto": numba on CPU tensors when available, PyTorch otherwise; "torch" forces the vectorized
+#: PyTorch path (used by the tests to check it against the numba path on CPU).
+_BACKEND: Literal["auto", "torch"] = "auto"
+
+#: element budget (rows * n * n) of one chunk of the O(n^2) PyTorch path
+_MINMAX_BUDGET = 1 << 24
+
+
+# --------------------------------------------------------------------------------------------------
+# segment helpers (blocks are contiguous runs; ``flat`` = block id + row * n)
+# --------------------------------------------------------------------------------------------------
+def _flat_ids(ids: torch.Tensor) -> torch.Tensor:
+    rows, n = ids.shape
+    offs = torch.arange(rows, device=ids.device, dtype=ids.dtype).unsqueeze(-1) * n
+    return (ids + offs).reshape(-1)
+
+
+def _seg_sum(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Per-position sum of ``x`` over its block, shape of ``x``."""
+    sums = torch.zeros(x.numel(), dtype=x.dtype, device=x.device).index_add_(0, flat, x.reshape(-1))
+    return sums.index_select(0, flat).reshape(x.shape)
+
+
+def _seg_logsumexp(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Per-position logsumexp of ``x`` over its block, shape of ``x`` (stable: max-shifted)."""
+    xf = x.reshape(-1)
+    m = torch.full_like(xf, -math.inf).scatter_reduce_(0, flat, xf, reduce="amax", include_self=True)
+    m_pos = m.index_select(0, flat)
+    sums = torch.zeros_like(xf).index_add_(0, flat, torch.exp(xf - m_pos))
+    return (m_pos + torch.log(sums.index_select(0, flat))).reshape(x.shape)
+
+
+def _projection_from_blocks(s: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, reg: str) -> torch.Tensor:
+    """``mu = s - v`` given the block structure of the isotonic solution ``v``, computed in float64."""
+    flat = _flat_ids(ids)
+    s64, w64 = s.double(), w.double().expand_as(s)
+    if reg == "l2":
+        v = _seg_sum(s64 - w64, flat) / _seg_sum(torch.ones_like(s64), flat)
+    else:
+        v = _seg_logsumexp(s64, flat) - _seg_logsumexp(w64, flat)
+    return (s64 - v).to(s.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# block structure of the decreasing isotonic regression
+# --------------------------------------------------------------------------------------------------
+def _suffix_lse(x: torch.Tensor) -> torch.Tensor:
+    """``Q[..., j] = logsumexp(x[..., j:])`` for j = 0..n (``Q[..., n] = -inf``)."""
+    q = torch.logcumsumexp(x.flip(-1), dim=-1).flip(-1)
+    return torch.cat([q, torch.full_like(q[..., :1], -math.inf)], dim=-1)
+
+
+def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tensor:
+    r"""Block index of every position, by the min-max characterization (vectorized, no host sync).
+
+    With :math:`\gamma(j..k)` the value of the pooled block ``j..k`` (mean of ``s - w`` for l2,
+    ``lse(s_{j..k}) - lse(w_{j..k})`` for kl), a block boundary lies between ``k`` and ``k + 1`` iff
+    :math:`\min_{j \le k} \gamma(j..k) > \max_{l > k} \gamma(k+1..l)`; this is the block structure
+    PAV produces when it pools ties. O(n^2) memory per row, processed in chunks of rows.
+    """
+    rows, n = s.shape
+    dev = s.device
+    idx = torch.arange(n, device=dev)
+    upper = idx.unsqueeze(-1) <= idx.unsqueeze(0)  # [j, k]: j <= k
+    length = (idx.unsqueeze(0) - idx.unsqueeze(-1) + 1).clamp_min(1).to(torch.float64)
+    w_full = w.expand(rows, n)
+    chunk = max(1, _MINMAX_BUDGET // max(n * n, 1))
+    parts = []
+    for r0 in range(0, rows, chunk):  # a fixed number of chunks (shape-dependent), not a loop over rows
+        sc = s[r0 : r0 + chunk].double()
+        wc = w_full[r0 : r0 + chunk].double()
+        if reg == "l2":
+            c = torch.nn.functional.pad(torch.cumsum(sc - wc, dim=-1), (1, 0))
+            g = (c[:, None, 1:] - c[:, :n, None]) / length
+        else:
+            # segment logsumexp from suffix sums: stable because s and w are sorted decreasingly
+            qs, qw = _suffix_lse(sc), _suffix_lse(wc)
+            seg_s = qs[:, :n, None] + torch.log1p(-torch.exp(qs[:, None, 1:] - qs[:, :n, None]))
+            seg_w = qw[:, :n, None] + torch.log1p(-torch.exp(qw[:, None, 1:] - qw[:, :n, None]))
+            g = seg_s - seg_w
+        lo = torch.where(upper, g, math.inf).amin(dim=-2)  # min_{j<=k} gamma(j..k), indexed by k
+        hi = torch.where(upper, g, -math.inf).amax(dim=-1)  # max_{l>=j} gamma(j..l), indexed by j
+        start = torch.ones_like(lo, dtype=torch.bool)
+        start[:, 1:] = lo[:, :-1] > hi[:, 1:]
+        parts.append(torch.cumsum(start, dim=-1) - 1)
+    return torch.cat(parts, dim=0)
+
+
+def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
+    if _nb is not None and _BACKEND == "auto" and s.device.type == "cpu":
+        s_np = s.detach().contiguous().numpy()
+        w_np = w.detach().to(s.dtype).contiguous().numpy()
+        mu = torch.empty(s.shape, dtype=s.dtype)
+        ids = torch.empty(s.shape, dtype=torch.int64)
+        kernel = _nb.pav_l2 if reg == "l2" else _nb.pav_kl
+        kernel(s_np, w_np, mu.numpy(), ids.numpy())
+        return mu, ids
+    with torch.no_grad():
+        ids = _block_ids_minmax(s.detach(), w.detach(), reg)
+        return _projection_from_blocks(s.detach(), w.detach(), ids, reg), ids
+
+
+class _PermutahedronProjection(torch.autograd.Function):
+    r"""``mu = s - v(s, w)`` with ``v`` the decreasing isotonic regression (both sorted decreasingly).
+
+    Jacobians are block-diagonal (per PAV block ``B``): l2: :math:`\partial\mu/\partial s = I - M`,
+    :math:`\partial\mu/\partial w = M` with ``M`` the block-averaging matrix; kl:
+    :math:`\partial\mu/\partial s = I - 1_B \mathrm{softmax}_B(s)^\top`,
+    :math:`\partial\mu/\partial w = 1_B \mathrm{softmax}_B(w)^\top`.
+    """
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tensor:  # type: ignore[override]
+        mu, ids = _isotonic(s, w, reg)
+        ctx.reg = reg
+        ctx.w_shared = w.shape[0] != s.shape[0]
+        ctx.save_for_backward(s, w, ids)
+        return mu
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        s, w, ids = ctx.saved_tensors
+        flat = _flat_ids(ids)
+        grad = grad.to(s.dtype)
+        gsum = _seg_sum(grad, flat)
+        grad_s = grad_w = None
+        if ctx.reg == "l2":
+            mean = gsum / _seg_sum(torch.ones_like(grad), flat)
+            if ctx.needs_input_grad[0]:
+                grad_s = grad - mean
+            if ctx.needs_input_grad[1]:
+                grad_w = mean
+        else:
+            if ctx.needs_input_grad[0]:
+                grad_s = grad - torch.exp(s - _seg_logsumexp(s, flat)) * gsum
+            if ctx.needs_input_grad[1]:
+                wf = w.expand_as(s)
+                grad_w = torch.exp(wf - _seg_logsumexp(wf, flat)) * gsum
+        if grad_w is not None and ctx.w_shared:
+            grad_w = grad_w.sum(0, keepdim=True)
+        return grad_s, grad_w, None
+
+
+# --------------------------------------------------------------------------------------------------
+# soft rank / soft sort on the last dim
+# --------------------------------------------------------------------------------------------------
+def _check_options(regularization: str, regularization_strength: float) -> float:
+    check_choice(regularization, "regularization", _REGULARIZATIONS)
+    return check_positive(regularization_strength, "regularization_strength")
+
+
+def _soft_rank_last(
+    x: torch.Tensor,
+    *,
+    descending: bool = False,
+    regularization: Regularization = "l2",
+    regularization_strength: float = 1.0,
+) -> torch.Tensor:
+    eps = _check_options(regularization, regularization_strength)
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return x * 0
+    xc = to_compute(x)
+    z = xc.reshape(-1, n) / eps
+    if descending:
+        z = -z
+    s, perm = torch.sort(z, dim=-1, descending=True)
+    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device).unsqueeze(0)
+    w = rho if regularization == "l2" else torch.log(rho)
+    mu = _PermutahedronProjection.apply(s, w, regularization)
+    out = torch.empty_like(mu).scatter(-1, perm, mu)
+    if regularization == "kl":
+        out = torch.exp(out)
+    return out.reshape(x.shape).to(x.dtype)
+
+
+def _soft_sort_last(
+    x: torch.Tensor,
+    *,
+    descending: bool = False,
+    regularization: Regularization = "l2",
+    regularization_strength: float = 1.0,
+) -> torch.Tensor:
+    eps = _check_options(regularization, regularization_strength)
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return x * 0
+    xc = to_compute(x).reshape(-1, n)
+    if not descending:  # ascending sort = -(descending sort of -x), as torchsort / fast-soft-sort
+        xc = -xc
+    w, _ = torch.sort(xc, dim=-1, descending=True)
+    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device) / eps
+    s = rho.expand(w.shape[0], n).contiguous()
+    mu = _PermutahedronProjection.apply(s, w, regularization)
+    if not descending:
+        mu = -mu
+    return mu.reshape(x.shape).to(x.dtype)
+
+
+def _prepare(x: torch.Tensor, dim: int) -> int:
+    check_floating(x, "x")
+    if x.dim() == 0:
+        raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
+    return check_dim(x, dim)
+
+
+def soft_rank_isotonic(
+    x: torch.Tensor,
+    *,
+    regularization: Regularization = "l2",
+    regularization_strength: float = 1.0,
+    descending: bool = False,
+    dim: int = -1,
+) -> torch.Tensor:
+    r"""Soft ranks by projection onto the permutahedron (Blondel et al., ICML'20).
+
+    With :math:`\rho = (n, n-1, \dots, 1)` and strength :math:`\varepsilon`, the ascending soft rank is
+
+    * ``"l2"``: :math:`r(x) = \arg\min_{\mu \in \mathcal P(\rho)} \tfrac12 \lVert \mu - x/\varepsilon \rVert^2`,
+    * ``"kl"``: :math:`r(x) = \exp P_E(x/\varepsilon, \log\rho)` with
+      :math:`P_E(z, w) = \log \arg\min_{\mu \in \mathcal P(e^w)} \mathrm{KL}(\mu \Vert e^z)`,
+
+    where :math:`\mathcal P(w)` is the permutahedron (convex hull of the permutations of ``w``).
+    Both reduce to a sort plus a decreasing isotonic regression solved by pool-adjacent-violators;
+    the Jacobian is block-constant. ``descending=True`` uses :math:`-x` (the largest value gets the
+    soft rank nearest 1). As :math:`\varepsilon \to 0` the result tends to ``rankwise.rank(x)``; as
+    :math:`\varepsilon \to \infty` it tends to the constant :math:`(n + 1) / 2`. The strength is
+    scale-dependent (it divides ``x``). Ascending values and gradients equal ``torchsort.soft_rank``;
+    KL is computed in log space, so it stays finite at small strengths where torchsort's gives NaN.
+
+    Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere.
+
+    Shape:
+        - x: :math:`(*, n, *)` floating; ranked along ``dim``.
+        - output: same shape and dtype as ``x`` (float16/bfloat16 are computed in float32).
+
+    Example:
+        >>> import torch, rankwise
+        >>> x = torch.tensor([[3.0, 1.0, 2.0]])
+        >>> rankwise.soft_rank_isotonic(x, regularization_strength=0.1)
+        tensor([[3., 1., 2.]])
+        >>> rankwise.soft_rank_isotonic(x, regularization_strength=2.0)
+        tensor([[2.5000, 1.5000, 2.0000]])
+    """
+    d = _prepare(x, dim)
+    out = _soft_rank_last(
+        x.movedim(d, -1),
+        descending=descending,
+        regularization=regularization,
+        regularization_strength=regularization_strength,
+    )
+    return out.movedim(-1, d)
+
+
+def soft_sort_isotonic(
+    x: torch.Tensor,
+    *,
+    regularization: Regularization = "l2",
+    regularization_strength: float = 1.0,
+    descending: bool = False,
+    dim: int = -1,
+) -> torch.Tensor:
+    r"""Soft sort by projection onto the permutahedron (Blondel et al., ICML'20).
+
+    The descending soft sort projects :math:`\rho/\varepsilon` (:math:`\rho = (n, \dots, 1)`) onto
+    the permutahedron of ``x``:
+
+    * ``"l2"``: :math:`s(x) = \arg\min_{\mu \in \mathcal P(x)} \tfrac12 \lVert \mu - \rho/\varepsilon \rVert^2`,
+    * ``"kl"``: :math:`s(x) = P_E(\rho/\varepsilon, x)` (see :func:`soft_rank_isotonic`);
+
+    the ascending one is :math:`-s(-x)` (torchsort's convention). As :math:`\varepsilon \to 0`
+    it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
+    the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
+
+    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``.
+
+    Shape:
+        - x: :math:`(*, n, *)` floating; sorted along ``dim``.
+        - output: same shape and dtype as ``x`` (float16/bfloat16 are computed in float32).
+
+    Example:
+        >>> import torch, rankwise
+        >>> x = torch.tensor([[3.0, 1.0, 2.0]])
+        >>> rankwise.soft_sort_isotonic(x, regularization_strength=0.1)
+        tensor([[1., 2., 3.]])
+        >>> rankwise.soft_sort_isotonic(x, descending=True, regularization_strength=2.0)
+        tensor([[2.5000, 2.0000, 1.5000]])
+    """
+    d = _prepare(x, dim)
+    out = _soft_sort_last(
+        x.movedim(d, -1),
+        descending=descending,
+        regularization=regularization,
+        regularization_strength=regularization_strength,
+    )
+    return out.movedim(-1, d)
+
+
+class IsotonicSoftRank(nn.Module):
+    """Module twin of :func:`soft_rank_isotonic`."""
+
+    def __init__(
+        self,
+        *,
+        regularization: Regularization = "l2",
+        regularization_strength: float = 1.0,
+        descending: bool = False,
+        dim: int = -1,
+    ) -> None:
+        super().__init__()
+        self.regularization_strength = _check_options(regularization, regularization_strength)
+        self.regularization, self.descending, self.dim = regularization, descending, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return soft_rank_isotonic(
+            x,
+            regularization=self.regularization,
+            regularization_strength=self.regularization_strength,
+            descending=self.descending,
+            dim=self.dim,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
+            f"descending={self.descending}, dim={self.dim}"
+        )
+
+
+class IsotonicSoftSort(nn.Module):
+    """Module twin of :func:`soft_sort_isotonic`."""
+
+    def __init__(
+        self,
+        *,
+        regularization: Regularization = "l2",
+        regularization_strength: float = 1.0,
+        descending: bool = False,
+        dim: int = -1,
+    ) -> None:
+        super().__init__()
+        self.regularization_strength = _check_options(regularization, regularization_strength)
+        self.regularization, self.descending, self.dim = regularization, descending, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return soft_sort_isotonic(
+            x,
+            regularization=self.regularization,
+            regularization_strength=self.regularization_strength,
+            descending=self.descending,
+            dim=self.dim,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
+            f"descending={self.descending}, dim={self.dim}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------------------------------
+register_soft_method("isotonic", sort=_soft_sort_last, rank=_soft_rank_last)
+
+
+def _example(reg: str, descending: bool):  # type: ignore[no-untyped-def]
+    def factory(dtype: torch.dtype, device: torch.device) -> Example:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 6, generator=g).to(device=device, dtype=dtype).requires_grad_()
+        return Example((x,), {"regularization": reg, "regularization_strength": 0.5, "descending": descending})
+
+    return factory
+
+
+def _degenerate(reg: str):  # type: ignore[no-untyped-def]
+    def factory(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        kw = {"regularization": reg, "regularization_strength": 1.0}
+        shapes = [(0,), (4, 0), (1,), (2, 1)]
+        out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(),), dict(kw)) for s in shapes]
+        out.append(Example((torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(),), dict(kw)))
+        out.append(
+            Example(
+                (torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(),),
+                {**kw, "regularization_strength": 1e-3, "descending": True},
+            )
+        )
+        return out
+
+    return factory
+
+
+for _reg in _REGULARIZATIONS:
+    register_op(
+        f"soft_rank.isotonic_{_reg}",
+        module=IsotonicSoftRank,
+        example=_example(_reg, False),
+        degenerate=_degenerate(_reg),
+        gradient="exact",
+    )(soft_rank_isotonic)
+    register_op(
+        f"soft_sort.isotonic_{_reg}",
+        module=IsotonicSoftSort,
+        example=_example(_reg, True),
+        degenerate=_degenerate(_reg),
+        gradient="exact",
+    )(soft_sort_isotonic)

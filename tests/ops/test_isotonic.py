@@ -1,0 +1,459 @@
+"""Tests of the isotonic soft sort / soft rank (Blondel et al., ICML'20)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import rankwise
+from rankwise.ops import isotonic as iso
+from tests.conftest import gradcheck, tol
+
+REGS = ["l2", "kl"]
+STRENGTHS = [1e-3, 1e-2, 0.1, 1.0, 10.0]
+
+
+# --------------------------------------------------------------------------------------------------
+# slow references written from the paper (loops; float64 numpy)
+# --------------------------------------------------------------------------------------------------
+def _lse(a: np.ndarray) -> float:
+    m = float(np.max(a))
+    return m + math.log(float(np.sum(np.exp(a - m))))
+
+
+def _pav_decreasing(s: np.ndarray, w: np.ndarray, reg: str) -> np.ndarray:
+    """argmin_{v_1 >= ... >= v_n} sum_i loss_i(v_i): plain pool-adjacent-violators."""
+
+    def value(lo: int, hi: int) -> float:
+        if reg == "l2":
+            return float(np.mean(s[lo:hi] - w[lo:hi]))
+        return _lse(s[lo:hi]) - _lse(w[lo:hi])
+
+    blocks: list[tuple[int, int]] = []
+    for i in range(len(s)):
+        block = (i, i + 1)
+        while blocks and value(*blocks[-1]) <= value(*block):
+            block = (blocks.pop()[0], block[1])
+        blocks.append(block)
+    v = np.empty(len(s))
+    for lo, hi in blocks:
+        v[lo:hi] = value(lo, hi)
+    return v
+
+
+def _project(z: np.ndarray, w: np.ndarray, reg: str) -> np.ndarray:
+    """P(z, w): projection of z onto the permutahedron of w (l2) or its KL analogue (log domain)."""
+    perm = np.argsort(-z, kind="stable")
+    s = z[perm]
+    mu = s - _pav_decreasing(s, np.sort(w)[::-1], reg)
+    out = np.empty_like(mu)
+    out[perm] = mu
+    return out
+
+
+def ref_rank(x: np.ndarray, eps: float, reg: str, descending: bool = False) -> np.ndarray:
+    n = len(x)
+    rho = np.arange(n, 0, -1, dtype=np.float64)
+    z = (-x if descending else x) / eps
+    return _project(z, rho, "l2") if reg == "l2" else np.exp(_project(z, np.log(rho), "kl"))
+
+
+def ref_sort(x: np.ndarray, eps: float, reg: str, descending: bool = False) -> np.ndarray:
+    rho = np.arange(len(x), 0, -1, dtype=np.float64)
+    if descending:
+        return _project(rho / eps, x, reg)
+    return -_project(rho / eps, -x, reg)
+
+
+def _ref_rows(fn, x: torch.Tensor, eps: float, reg: str, descending: bool = False) -> torch.Tensor:
+    rows = x.detach().double().reshape(-1, x.shape[-1]).numpy()
+    out = np.stack([fn(r, eps, reg, descending) for r in rows])
+    return torch.from_numpy(out).reshape(x.shape)
+
+
+def _brute_force_projection(z: np.ndarray, w: np.ndarray, reg: str) -> np.ndarray:
+    """Solve the projection with scipy's SLSQP using all 2^n permutahedron facets (tiny n)."""
+    opt = pytest.importorskip("scipy.optimize")
+    n = len(z)
+    target = w if reg == "l2" else np.exp(w)
+    top = np.cumsum(np.sort(target)[::-1])  # sum of the k largest
+    cons = [{"type": "eq", "fun": lambda m: np.sum(m) - top[-1]}]
+    for k in range(1, n):
+        for subset in itertools.combinations(range(n), k):
+            idx = list(subset)
+            cons.append({"type": "ineq", "fun": lambda m, idx=idx, k=k: top[k - 1] - np.sum(m[idx])})
+    if reg == "l2":
+        res = opt.minimize(
+            lambda m: 0.5 * np.sum((m - z) ** 2),
+            np.full(n, top[-1] / n),
+            constraints=cons,
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
+        return res.x
+    ez = np.exp(z)
+    res = opt.minimize(
+        lambda m: np.sum(m * np.log(m / ez) - m),
+        np.full(n, top[-1] / n),
+        constraints=cons,
+        bounds=[(1e-12, None)] * n,
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    return np.log(res.x)
+
+
+# --------------------------------------------------------------------------------------------------
+# the slow references themselves: checked against a brute-force projection (tiny n)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+def test_reference_matches_brute_force_projection(reg: str) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        z, w = rng.normal(size=4), rng.normal(size=4)
+        np.testing.assert_allclose(_project(z, w, reg), _brute_force_projection(z, w, reg), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# parity: slow reference, torchsort, numba vs PyTorch path
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("eps", STRENGTHS)
+@pytest.mark.parametrize("descending", [False, True])
+def test_matches_slow_reference(reg: str, eps: float, descending: bool, device: torch.device) -> None:
+    x = torch.randn(4, 9, dtype=torch.float64, device=device)
+    kw = {"regularization": reg, "regularization_strength": eps, "descending": descending}
+    r = rankwise.soft_rank(x, method="isotonic", **kw)
+    s = rankwise.soft_sort(x, method="isotonic", **kw)
+    torch.testing.assert_close(r.cpu(), _ref_rows(ref_rank, x.cpu(), eps, reg, descending), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(s.cpu(), _ref_rows(ref_sort, x.cpu(), eps, reg, descending), rtol=1e-9, atol=1e-9)
+
+
+def _value_and_grad(fn, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = x.detach().clone().requires_grad_()
+    y = fn(a)
+    (y * g).sum().backward()
+    assert a.grad is not None
+    return y.detach(), a.grad
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("eps", STRENGTHS)
+@pytest.mark.parametrize("kind", ["rank", "sort"])
+def test_matches_torchsort_float64(reg: str, eps: float, kind: str) -> None:
+    torchsort = pytest.importorskip("torchsort")
+    x = torch.randn(6, 40, dtype=torch.float64) * 2
+    g = torch.randn(6, 40, dtype=torch.float64)
+    ours = rankwise.soft_rank if kind == "rank" else rankwise.soft_sort
+    theirs = torchsort.soft_rank if kind == "rank" else torchsort.soft_sort
+    kw = {"regularization": reg, "regularization_strength": eps}
+    y1, g1 = _value_and_grad(lambda t: ours(t, method="isotonic", **kw), x, g)
+    y2, g2 = _value_and_grad(lambda t: theirs(t, **kw), x, g)
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+    if torch.isfinite(g2).all():  # torchsort's KL backward is NaN at small strengths (its issue #63)
+        torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-5)
+    else:
+        assert reg == "kl" and torch.isfinite(g1).all()
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("eps", [0.1, 1.0, 10.0])
+@pytest.mark.parametrize("kind", ["rank", "sort"])
+def test_matches_torchsort_float32(reg: str, eps: float, kind: str) -> None:
+    """In float32 both implementations are within float32 round-off of the float64 result."""
+    torchsort = pytest.importorskip("torchsort")
+    x = torch.randn(6, 40, dtype=torch.float64)
+    g = torch.randn(6, 40, dtype=torch.float64)
+    ours = rankwise.soft_rank if kind == "rank" else rankwise.soft_sort
+    theirs = torchsort.soft_rank if kind == "rank" else torchsort.soft_sort
+    y1, g1 = _value_and_grad(
+        lambda t: ours(t, method="isotonic", regularization=reg, regularization_strength=eps), x.float(), g.float()
+    )
+    y2, g2 = _value_and_grad(lambda t: theirs(t, regularization=reg, regularization_strength=eps), x.float(), g.float())
+    y64, g64 = _value_and_grad(
+        lambda t: ours(t, method="isotonic", regularization=reg, regularization_strength=eps), x, g
+    )
+    assert y1.dtype == torch.float32
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-3)
+    # ours is at least as close to the float64 result as torchsort (tolerance: float32 round-off)
+    torch.testing.assert_close(y1.double(), y64, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g1.double(), g64, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("eps", STRENGTHS)
+@pytest.mark.parametrize("descending", [False, True])
+def test_torch_path_equals_numba_path(
+    reg: str, eps: float, descending: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = torch.randn(5, 33, dtype=dtype) * 3
+    g = torch.randn(5, 33, dtype=dtype)
+    kw = {"regularization": reg, "regularization_strength": eps, "descending": descending}
+    results = []
+    for backend in ["auto", "torch"]:
+        monkeypatch.setattr(iso, "_BACKEND", backend)
+        results.append(_value_and_grad(lambda t: iso.soft_rank_isotonic(t, **kw), x, g))
+        results.append(_value_and_grad(lambda t: iso.soft_sort_isotonic(t, **kw), x, g))
+    for a, b in zip(results[:2], results[2:]):
+        torch.testing.assert_close(a[0], b[0], **tol(dtype))
+        torch.testing.assert_close(a[1], b[1], **tol(dtype))
+
+
+def test_torch_path_block_ids_match_pav(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The min-max block structure equals PAV's, ties included (all-equal and repeated values)."""
+    if iso._nb is None:
+        pytest.skip("numba is unavailable")
+    base = torch.randn(3, 12, dtype=torch.float64)
+    base[1] = 1.0
+    base[2, ::2] = base[2, 1::2]
+    for reg in REGS:
+        for eps in [0.05, 1.0, 20.0]:
+            for kind in ["rank", "sort"]:
+                z = base / eps if kind == "rank" else base
+                s, _ = torch.sort(z, dim=-1, descending=True)
+                rho = torch.arange(12, 0, -1, dtype=torch.float64).unsqueeze(0)
+                if kind == "rank":
+                    w = rho if reg == "l2" else rho.log()
+                else:
+                    s, w = (rho / eps).expand(3, 12).contiguous(), s
+                monkeypatch.setattr(iso, "_BACKEND", "auto")
+                mu_nb, ids_nb = iso._isotonic(s, w, reg)
+                monkeypatch.setattr(iso, "_BACKEND", "torch")
+                mu_t, ids_t = iso._isotonic(s, w, reg)
+                torch.testing.assert_close(mu_nb, mu_t, rtol=1e-10, atol=1e-10)
+                assert torch.equal(ids_nb, ids_t), (reg, eps, kind)
+
+
+# --------------------------------------------------------------------------------------------------
+# gradients
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("eps", STRENGTHS)
+@pytest.mark.parametrize("descending", [False, True])
+def test_gradcheck(reg: str, eps: float, descending: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, 6, dtype=torch.float64)
+    kw = {"regularization": reg, "regularization_strength": eps, "descending": descending}
+    for backend in ["auto", "torch"]:
+        monkeypatch.setattr(iso, "_BACKEND", backend)
+        assert gradcheck(lambda t: iso.soft_rank_isotonic(t, **kw), x)
+        assert gradcheck(lambda t: iso.soft_sort_isotonic(t, **kw), x)
+
+
+def test_gradcheck_dim0_leading_dims() -> None:
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    assert gradcheck(lambda t: rankwise.soft_rank(t, method="isotonic", regularization="kl", dim=0), x)
+    assert gradcheck(lambda t: rankwise.soft_sort(t, method="isotonic", regularization_strength=0.3, dim=0), x)
+
+
+def test_gradgradcheck_l2() -> None:
+    """The backward is written in differentiable torch ops (the Jacobian is locally constant)."""
+    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: iso.soft_sort_isotonic(t, regularization_strength=0.5), (x,))
+
+
+# --------------------------------------------------------------------------------------------------
+# properties and limits
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+def test_limits(reg: str, dtype: torch.dtype, device: torch.device) -> None:
+    x = torch.randn(3, 10, dtype=dtype, device=device)
+    n = x.shape[-1]
+    small = {"regularization": reg, "regularization_strength": 1e-4}
+    large = {"regularization": reg, "regularization_strength": 1e6}
+    torch.testing.assert_close(rankwise.soft_rank(x, method="isotonic", **small), rankwise.rank(x), **tol(dtype))
+    torch.testing.assert_close(
+        rankwise.soft_rank(x, method="isotonic", descending=True, **small),
+        rankwise.rank(x, descending=True),
+        **tol(dtype),
+    )
+    torch.testing.assert_close(
+        rankwise.soft_rank(x, method="isotonic", **large), torch.full_like(x, (n + 1) / 2), rtol=1e-4, atol=1e-4
+    )
+    torch.testing.assert_close(rankwise.soft_sort(x, method="isotonic", **small), torch.sort(x).values, **tol(dtype))
+    torch.testing.assert_close(
+        rankwise.soft_sort(x, method="isotonic", descending=True, **small),
+        torch.sort(x, descending=True).values,
+        **tol(dtype),
+    )
+    if reg == "l2":
+        torch.testing.assert_close(
+            rankwise.soft_sort(x, method="isotonic", **large),
+            x.mean(-1, keepdim=True).expand_as(x),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_ranks_lie_in_permutahedron(reg: str) -> None:
+    x = torch.randn(4, 8, dtype=torch.float64)
+    r = rankwise.soft_rank(x, method="isotonic", regularization=reg, regularization_strength=0.7)
+    torch.testing.assert_close(r.sum(-1), torch.full((4,), 36.0, dtype=torch.float64))
+    # ordering is preserved: soft ranks are sorted like x
+    assert torch.equal(torch.argsort(r, dim=-1), torch.argsort(x, dim=-1))
+    s = rankwise.soft_sort(x, method="isotonic", regularization=reg, regularization_strength=0.7)
+    assert (s.diff(dim=-1) >= -1e-12).all()
+    if reg == "l2":
+        torch.testing.assert_close(s.sum(-1), x.sum(-1))
+
+
+def test_descending_conventions() -> None:
+    x = torch.randn(3, 7, dtype=torch.float64)
+    kw = {"method": "isotonic", "regularization_strength": 0.8}
+    # l2: descending rank = n + 1 - ascending rank; descending sort = flipped ascending sort
+    torch.testing.assert_close(rankwise.soft_rank(x, descending=True, **kw), 8 - rankwise.soft_rank(x, **kw))
+    torch.testing.assert_close(rankwise.soft_sort(x, descending=True, **kw), rankwise.soft_sort(x, **kw).flip(-1))
+    # both: descending rank of x = ascending rank of -x
+    for reg in REGS:
+        torch.testing.assert_close(
+            rankwise.soft_rank(x, descending=True, regularization=reg, **kw),
+            rankwise.soft_rank(-x, regularization=reg, **kw),
+        )
+
+
+@pytest.mark.parametrize("kind", ["rank", "sort"])
+def test_leading_dims_and_dim(kind: str, device: torch.device) -> None:
+    fn = iso.soft_rank_isotonic if kind == "rank" else iso.soft_sort_isotonic
+    x = torch.randn(2, 3, 6, device=device)
+    flat = fn(x.reshape(6, 6), regularization="kl", regularization_strength=0.5)
+    torch.testing.assert_close(fn(x, regularization="kl", regularization_strength=0.5), flat.reshape(2, 3, 6))
+    y = x.transpose(1, 2)  # ranked dim is 1 (non-contiguous input)
+    out = fn(y, regularization="kl", regularization_strength=0.5, dim=1)
+    torch.testing.assert_close(out, flat.reshape(2, 3, 6).transpose(1, 2))
+    torch.testing.assert_close(out, fn(y, regularization="kl", regularization_strength=0.5, dim=-2))
+    one_d = fn(x[0, 0], regularization="kl", regularization_strength=0.5)
+    torch.testing.assert_close(one_d, flat[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# degenerate inputs and dtypes
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("kind", ["rank", "sort"])
+def test_degenerate(reg: str, kind: str, dtype: torch.dtype, device: torch.device) -> None:
+    fn = iso.soft_rank_isotonic if kind == "rank" else iso.soft_sort_isotonic
+    for shape in [(0,), (3, 0), (0, 4)]:
+        x = torch.zeros(shape, dtype=dtype, device=device, requires_grad=True)
+        y = fn(x, regularization=reg)
+        assert y.shape == x.shape and y.dtype == dtype
+        y.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+    # n = 1
+    x = torch.tensor([[0.3], [-2.0]], dtype=dtype, device=device, requires_grad=True)
+    y = fn(x, regularization=reg, regularization_strength=0.01)
+    torch.testing.assert_close(y, torch.ones_like(x) if kind == "rank" else x.detach())
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.zeros_like(x) if kind == "rank" else torch.ones_like(x))
+    # all ties
+    for eps in [1e-3, 1.0]:
+        x = torch.full((2, 5), 1.5, dtype=dtype, device=device, requires_grad=True)
+        y = fn(x, regularization=reg, regularization_strength=eps)
+        torch.testing.assert_close(y, torch.full_like(x, 3.0) if kind == "rank" else x.detach(), **tol(dtype))
+        (y * torch.arange(5, dtype=dtype, device=device)).sum().backward()
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("reg", REGS)
+def test_half_precision_computed_in_float32(half: torch.dtype, reg: str, device: torch.device) -> None:
+    x = torch.randn(3, 16, device=device).to(half)
+    for fn in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+        xh = x.clone().requires_grad_()
+        y = fn(xh, regularization=reg, regularization_strength=0.3)
+        assert y.dtype == half
+        y.float().pow(2).sum().backward()
+        assert xh.grad is not None and xh.grad.dtype == half and torch.isfinite(xh.grad.float()).all()
+        ref = fn(x.float(), regularization=reg, regularization_strength=0.3)
+        torch.testing.assert_close(y.float(), ref, **tol(half))
+
+
+def test_kl_finite_at_small_strength() -> None:
+    """torchsort's KL backward overflows (NaN) here; ours works in log space."""
+    x = torch.randn(4, 64, dtype=torch.float32) * 5
+    for eps in [1e-3, 1e-4]:
+        for fn in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+            a = x.clone().requires_grad_()
+            y = fn(a, regularization="kl", regularization_strength=eps)
+            (y * torch.randn_like(y)).sum().backward()
+            assert torch.isfinite(y).all() and torch.isfinite(a.grad).all()
+    # large magnitudes (x / eps ~ 1e5) with some merged blocks: values and gradients finite, ranks in [1, n]
+    x = torch.randn(2, 30, dtype=torch.float64) * 100
+    x[:, :10] = x[:, :1]
+    a = x.clone().requires_grad_()
+    r = iso.soft_rank_isotonic(a, regularization="kl", regularization_strength=1e-3)
+    r.sum().backward()
+    assert torch.isfinite(r).all() and torch.isfinite(a.grad).all()
+    torch.testing.assert_close(r, _ref_rows(ref_rank, x, 1e-3, "kl"))
+
+
+def test_torch_path_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunk budget: several chunks of rows give the same result."""
+    x = torch.randn(7, 9, dtype=torch.float64)
+    want = iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.2)
+    monkeypatch.setattr(iso, "_BACKEND", "torch")
+    monkeypatch.setattr(iso, "_MINMAX_BUDGET", 2 * 81)
+    torch.testing.assert_close(iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.2), want)
+
+
+# --------------------------------------------------------------------------------------------------
+# API: dispatch, modules, registry, errors
+# --------------------------------------------------------------------------------------------------
+def test_soft_dispatch_and_module() -> None:
+    x = torch.randn(3, 5)
+    kw = {"regularization": "kl", "regularization_strength": 0.1}
+    want = iso.soft_rank_isotonic(x, **kw)
+    torch.testing.assert_close(rankwise.soft_rank(x, method="isotonic", **kw), want)
+    torch.testing.assert_close(rankwise.SoftRank(method="isotonic", **kw)(x), want)
+    torch.testing.assert_close(iso.IsotonicSoftRank(**kw)(x), want)
+    torch.testing.assert_close(iso.IsotonicSoftSort(**kw)(x), rankwise.soft_sort(x, method="isotonic", **kw))
+    assert "isotonic" in rankwise.list_soft_methods()
+    assert "regularization='kl'" in repr(iso.IsotonicSoftRank(**kw))
+
+
+@pytest.mark.parametrize(
+    "name", ["soft_rank.isotonic_l2", "soft_rank.isotonic_kl", "soft_sort.isotonic_l2", "soft_sort.isotonic_kl"]
+)
+def test_registry_entries(name: str) -> None:
+    assert name in rankwise.list_ops()
+    entry = rankwise.get_op_entry(name)
+    assert entry.module is not None and entry.example is not None and entry.degenerate is not None
+    ex = entry.example(torch.float64, torch.device("cpu"))
+    torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), entry.module(**ex.kwargs)(*ex.args))
+    assert gradcheck(lambda t: entry.fn(t, **ex.kwargs), *ex.args)
+    for deg in entry.degenerate(torch.float32, torch.device("cpu")):
+        y = entry.fn(*deg.args, **deg.kwargs)
+        assert torch.isfinite(y).all()
+        y.sum().backward()
+        assert torch.isfinite(deg.args[0].grad).all()
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(2, 4)
+    for fn in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+        with pytest.raises(ValueError, match=r"`regularization_strength` must be finite and > 0, got 0"):
+            fn(x, regularization_strength=0)
+        with pytest.raises(ValueError, match=r"`regularization_strength` must be finite and > 0, got -1.0"):
+            fn(x, regularization_strength=-1.0)
+        with pytest.raises(ValueError, match=r"`regularization` must be one of 'l2', 'kl'; got 'l1'"):
+            fn(x, regularization="l1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`regularization_strength` must be a real number, got str"):
+            fn(x, regularization_strength="1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`x` must be a floating-point tensor, got dtype torch.int64"):
+            fn(torch.arange(4))
+        with pytest.raises(ValueError, match=r"`x` must have at least 1 dimension"):
+            fn(torch.tensor(1.0))
+        with pytest.raises(ValueError, match=r"`dim` must be in \[-2, 1\]"):
+            fn(x, dim=2)
+    with pytest.raises(ValueError, match=r"`regularization_strength` must be finite and > 0, got 0.0"):
+        rankwise.soft_rank(x, method="isotonic", regularization_strength=0.0)
+    with pytest.raises(ValueError, match=r"`regularization` must be one of 'l2', 'kl'; got 'entropy'"):
+        rankwise.soft_sort(x, method="isotonic", regularization="entropy")
+    with pytest.raises(ValueError, match=r"`regularization_strength` must be finite and > 0, got nan"):
+        iso.IsotonicSoftRank(regularization_strength=float("nan"))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):
+        rankwise.soft_rank(x, method="isotonic", tau=1.0)

@@ -317,7 +317,7 @@ def test_stochastic_errors() -> None:
         stochastic_neural_sort(torch.ones(3), n_samples=0)
     with pytest.raises(TypeError, match="`n_samples` must be an int"):
         stochastic_neural_sort(torch.ones(3), n_samples=2.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="`generator` must be a torch.Generator"):
+    with pytest.raises(TypeError, match=r"`generator` must be a torch\.Generator"):
         stochastic_neural_sort(torch.ones(3), generator=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`generator` is on device cpu but the input is on meta"):
         stochastic_neural_sort(torch.ones(3, device="meta"), log_scores=True, generator=torch.Generator())
@@ -418,9 +418,9 @@ def test_errors(name: str) -> None:
         fn(torch.randn(4), tau=0)
     with pytest.raises(ValueError, match=r"`tau` must be finite and > 0, got -1.0"):
         fn(torch.randn(4), tau=-1.0)
-    with pytest.raises(TypeError, match="`scores` must be a floating-point tensor, got dtype torch.int64"):
+    with pytest.raises(TypeError, match=r"`scores` must be a floating-point tensor, got dtype torch\.int64"):
         fn(torch.tensor([3, 1, 2]))
-    with pytest.raises(TypeError, match="`scores` must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"`scores` must be a torch\.Tensor, got list"):
         fn([1.0, 2.0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`scores` must have at least 1 dimension"):
         fn(torch.tensor(1.0))

@@ -65,7 +65,8 @@ def soft_topk(
         - scores: :math:`(*, n, *)` floating, scored along ``dim``.
         - output: same shape and dtype as ``scores`` (float16/bfloat16 computed in float32).
 
-    Degenerate inputs: ``n = k`` gives all ones; all-equal scores give ``k / n`` everywhere.
+    Degenerate inputs: all-equal scores give ``k / n`` everywhere; ``n = 1`` gives ``[1.]``; ``k = n``
+    gives the column sums of :math:`\hat P` (total ``n``, close to but not exactly all ones).
 
     Example:
         >>> import torch, rankwise

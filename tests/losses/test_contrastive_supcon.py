@@ -1,0 +1,264 @@
+"""SupCon / SimCLR: parity with a slow loop written from eq. 2 / 3, chunking, stability, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rankwise.losses import SupConLoss, get_loss_entry, list_losses, supcon_loss
+from tests.conftest import gradcheck, tol
+
+
+def slow_supcon(
+    features,
+    labels=None,
+    mask=None,
+    *,
+    temperature=0.1,
+    base_temperature=None,
+    contrast_mode="all",
+    variant="out",
+    normalize=True,
+):
+    """Direct transcription of Khosla et al. eq. 2 / 3 with Python loops over anchors."""
+    x = features.to(torch.float64)
+    if x.dim() == 2:
+        x = x[:, None]
+    if normalize:
+        x = F.normalize(x, dim=-1)
+    b, v, _ = x.shape
+    views = [(vi, bi) for vi in range(v) for bi in range(b)]
+    anchors = [(vi, bi) for (vi, bi) in views if contrast_mode == "all" or vi == 0]
+
+    def positive(i, j):
+        if mask is not None:
+            return bool(mask[i, j] != 0)
+        if labels is not None:
+            return bool(labels[i] == labels[j])
+        return i == j
+
+    terms = []
+    for a in anchors:
+        za = x[a[1], a[0]]
+        others = [k for k in views if k != a]
+        pos = [p for p in others if positive(a[1], p[1])]
+        if not pos:
+            continue
+        den = sum(torch.exp(za @ x[k[1], k[0]] / temperature) for k in others)
+        probs = [torch.exp(za @ x[p[1], p[0]] / temperature) / den for p in pos]
+        if variant == "out":
+            terms.append(-sum(torch.log(p) for p in probs) / len(pos))
+        else:
+            terms.append(-torch.log(sum(probs) / len(pos)))
+    if not terms:
+        return x.sum() * 0
+    scale = 1.0 if base_temperature is None else temperature / base_temperature
+    return scale * sum(terms) / len(terms)
+
+
+def plain_supcon(features, labels, temperature):
+    """The textbook masked (B*V)^2 implementation (every anchor must have a positive)."""
+    b, v, d = features.shape
+    z = F.normalize(features, dim=-1).transpose(0, 1).reshape(b * v, d)
+    y = labels.repeat(v)
+    logits = z @ z.T / temperature
+    logits = logits - logits.max(1, keepdim=True).values.detach()
+    not_self = ~torch.eye(b * v, dtype=torch.bool)
+    pos = (y[:, None] == y[None, :]) & not_self
+    log_prob = logits - torch.log((torch.exp(logits) * not_self).sum(1, keepdim=True))
+    return -((pos * log_prob).sum(1) / pos.sum(1)).mean()
+
+
+def _feats(*shape, seed=0, dtype=torch.float64, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_()
+
+
+LABELS = torch.tensor([0, 1, 0, 2, 1, 3])  # label 2 and 3 appear once: single-view anchors have no positive
+
+
+@pytest.mark.parametrize("views", [1, 2, 3])
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+@pytest.mark.parametrize("variant", ["out", "in"])
+@pytest.mark.parametrize("source", ["labels", "mask", "simclr"])
+def test_parity_with_slow_loop(views, contrast_mode, variant, source):
+    x = _feats(6, views, 5, seed=views)
+    g = torch.Generator().manual_seed(3)
+    asym = (torch.rand(6, 6, generator=g) < 0.4).to(torch.float64)
+    kw = {"labels": LABELS} if source == "labels" else {"mask": asym} if source == "mask" else {}
+    opts = {"temperature": 0.3, "contrast_mode": contrast_mode, "variant": variant}
+    got = supcon_loss(x, **kw, **opts)
+    want = slow_supcon(x, **kw, **opts)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    (g1,) = torch.autograd.grad(got, x)
+    (g2,) = torch.autograd.grad(want, x)
+    torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_parity_unnormalized_and_base_temperature(normalize):
+    x = _feats(5, 2, 4, seed=7)
+    y = torch.tensor([1, 1, 2, 3, 3])
+    got = supcon_loss(x, y, temperature=0.7, base_temperature=0.07, normalize=normalize)
+    want = slow_supcon(x, y, temperature=0.7, base_temperature=0.07, normalize=normalize)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, 10 * supcon_loss(x, y, temperature=0.7, normalize=normalize))
+
+
+def test_simclr_is_supcon_with_distinct_labels():
+    x = _feats(5, 2, 4)
+    torch.testing.assert_close(supcon_loss(x, temperature=0.5), supcon_loss(x, torch.arange(5), temperature=0.5))
+    torch.testing.assert_close(supcon_loss(x), supcon_loss(x, mask=torch.eye(5)))
+
+
+def test_matches_plain_masked_implementation_when_every_anchor_has_a_positive(dtype):
+    x = _feats(8, 2, 6, dtype=dtype)
+    y = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    torch.testing.assert_close(supcon_loss(x, y, temperature=0.1), plain_supcon(x, y, 0.1), **tol(dtype))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 5, 11, 100])
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_chunked_equals_unchunked(chunk_size, variant):
+    x = _feats(6, 2, 5)
+    y = LABELS
+    full = supcon_loss(x, y, variant=variant)
+    part = supcon_loss(x, y, variant=variant, chunk_size=chunk_size)
+    torch.testing.assert_close(part, full)
+    (g1,) = torch.autograd.grad(full, x)
+    (g2,) = torch.autograd.grad(part, x)
+    torch.testing.assert_close(g1, g2)
+    m = (torch.rand(6, 6) < 0.5).to(torch.float64)
+    torch.testing.assert_close(
+        supcon_loss(x, mask=m, contrast_mode="one", chunk_size=chunk_size), supcon_loss(x, mask=m, contrast_mode="one")
+    )
+
+
+def test_chunked_saves_no_square_tensor():
+    """With chunking, autograd keeps no (B*V) x (B*V) tensor: the blocks are recomputed in backward."""
+    b, v, chunk = 64, 2, 16
+    n = b * v
+    x = _feats(b, v, 8, dtype=torch.float32)
+    y = torch.arange(b) % 7
+    sizes: list[int] = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    for chunk_size, expect_square in ((None, True), (chunk, False)):
+        sizes.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = supcon_loss(x, y, chunk_size=chunk_size)
+        assert (max(sizes) >= n * n) is expect_square
+        if not expect_square:
+            assert max(sizes) <= chunk * n
+        loss.backward()
+
+
+def test_gradcheck():
+    x = _feats(4, 2, 3)
+    y = torch.tensor([0, 1, 0, 2])
+    assert gradcheck(lambda f: supcon_loss(f, y, temperature=0.5), x)
+    assert gradcheck(lambda f: supcon_loss(f, y, temperature=0.5, variant="in", chunk_size=3), x)
+    assert gradcheck(lambda f: supcon_loss(f, temperature=0.5, contrast_mode="one", normalize=False), x)
+
+
+def test_no_positive_gives_zero_with_graph():
+    x = _feats(4, 6)
+    loss = supcon_loss(x, torch.arange(4))  # one view, distinct labels
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    empty = _feats(0, 2, 3)
+    loss = supcon_loss(empty, chunk_size=2)
+    loss.backward()
+    assert loss.item() == 0.0
+
+
+def test_anchors_without_positive_are_excluded_from_the_mean():
+    x = _feats(3, 4)
+    y = torch.tensor([0, 0, 1])  # anchor 2 has no positive
+    only_pair = supcon_loss(x, y)
+    # the same loss restricted to the two anchors that have positives (sample 2 is still a negative)
+    want = slow_supcon(x, y)
+    torch.testing.assert_close(only_pair, want)
+    loss_01 = torch.stack(
+        [
+            -torch.log_softmax(
+                F.normalize(x, dim=-1)[i] @ F.normalize(x, dim=-1)[[j for j in range(3) if j != i]].T / 0.1, 0
+            )[0]
+            for i in (0, 1)
+        ]
+    ).mean()
+    torch.testing.assert_close(only_pair, loss_01)
+
+
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_finite_for_extreme_inputs(variant):
+    big = _feats(16, 2, 8, scale=1e4, dtype=torch.float32)
+    y = torch.arange(16) % 3
+    for kwargs in ({"normalize": False}, {"temperature": 0.01}, {"normalize": False, "temperature": 0.01}):
+        loss = supcon_loss(big, y, variant=variant, **kwargs)
+        (grad,) = torch.autograd.grad(loss, big)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all(), kwargs
+    half = _feats(16, 2, 8, dtype=torch.float16)
+    loss = supcon_loss(half, y, temperature=0.01, variant=variant)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(half.grad).all()
+    ref = supcon_loss(half.detach().float(), y, temperature=0.01, variant=variant)
+    torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-3)
+    bf = _feats(16, 2, 8, dtype=torch.bfloat16)
+    assert torch.isfinite(supcon_loss(bf, y, variant=variant, chunk_size=7))
+
+
+def test_module_twin_and_registry():
+    assert "supcon" in list_losses()
+    entry = get_loss_entry("supcon")
+    assert entry.fn is supcon_loss and entry.module is SupConLoss
+    x = _feats(5, 2, 4)
+    y = torch.tensor([0, 0, 1, 1, 2])
+    mod = SupConLoss(temperature=0.2, variant="in", chunk_size=4)
+    torch.testing.assert_close(mod(x, y), supcon_loss(x, y, temperature=0.2, variant="in", chunk_size=4))
+    assert "variant='in'" in repr(mod)
+    torch.testing.assert_close(SupConLoss()(x), supcon_loss(x))
+
+
+def test_errors():
+    x = _feats(4, 2, 3)
+    y = torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="`labels` and `mask` cannot both"):
+        supcon_loss(x, y, torch.eye(4))
+    with pytest.raises(ValueError, match=r"`features` must have shape \(B, D\) or \(B, V, D\)"):
+        supcon_loss(x[0, 0], y)
+    with pytest.raises(TypeError, match="`features` must be a floating-point tensor"):
+        supcon_loss(torch.ones(4, 2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="`labels` must have 4 rows"):
+        supcon_loss(x, y[:3])
+    with pytest.raises(ValueError, match=r"`labels` must have shape \(B,\) or \(B, 1\)"):
+        supcon_loss(x, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"`mask` must have shape \(4, 4\)"):
+        supcon_loss(x, mask=torch.eye(3))
+    with pytest.raises(ValueError, match="`temperature` must be finite and > 0, got 0"):
+        supcon_loss(x, y, temperature=0)
+    with pytest.raises(ValueError, match="`base_temperature` must be finite and > 0"):
+        supcon_loss(x, y, base_temperature=-1.0)
+    with pytest.raises(ValueError, match="`contrast_mode` must be one of 'all', 'one'; got 'two'"):
+        supcon_loss(x, y, contrast_mode="two")
+    with pytest.raises(ValueError, match="`variant` must be one of 'out', 'in'"):
+        SupConLoss(variant="mid")
+    with pytest.raises(ValueError, match="`chunk_size` must be >= 1, got 0"):
+        supcon_loss(x, y, chunk_size=0)
+    with pytest.raises(TypeError, match="`chunk_size` must be an int or None, got float"):
+        supcon_loss(x, y, chunk_size=2.0)
+
+
+def test_labels_with_trailing_dim_and_float_labels():
+    x = _feats(4, 2, 3)
+    y = torch.tensor([0.5, 1.0, 0.5, 2.0])
+    torch.testing.assert_close(supcon_loss(x, y[:, None]), supcon_loss(x, y))
+    assert math.isfinite(supcon_loss(x, y).item())

@@ -139,6 +139,14 @@ def test_ranksim_unique_labels_matches_paper_loop_on_the_same_subset(seed: int) 
     assert (z1.grad[~keep] == 0).all()  # examples outside the subset get no gradient
 
 
+def test_ranksim_gram_symmetric_backward_gradcheck() -> None:
+    from rankwise.losses.ranking import _Gram
+
+    x = torch.randn(5, 3, dtype=torch.float64)
+    assert gradcheck(_Gram.apply, x)
+    torch.testing.assert_close(_Gram.apply(x), x @ x.T)
+
+
 def test_ranksim_unique_labels_without_repeats_equals_full_batch() -> None:
     g = torch.Generator().manual_seed(4)
     z = torch.randn(9, 4, generator=g)
@@ -204,11 +212,11 @@ def test_ranksim_gradient_descent_reduces_the_loss() -> None:
     y = torch.randperm(24, generator=g).float()
     opt = torch.optim.SGD([z], lr=0.5)
     first = ranksim_loss(z, y, unique_labels=False).item()
-    for _ in range(40):
+    for _ in range(20):
         opt.zero_grad()
         ranksim_loss(z, y, unique_labels=False).backward()
         opt.step()
-    assert ranksim_loss(z, y, unique_labels=False).item() < 0.7 * first
+    assert ranksim_loss(z, y, unique_labels=False).item() < 0.75 * first
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])

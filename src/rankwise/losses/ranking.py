@@ -84,6 +84,20 @@ def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | 
     return ~beaten.any(dim=1)
 
 
+class _Gram(torch.autograd.Function):
+    """``x @ x.T`` with the symmetric backward ``(G + G.T) @ x`` (one matmul instead of two)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        return x @ x.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        return (grad + grad.transpose(0, 1)) @ x
+
+
 def ranksim_loss(
     features: torch.Tensor,
     targets: torch.Tensor,
@@ -158,8 +172,7 @@ def ranksim_loss(
     x = to_compute(features)
     if batch == 0:
         return x.sum() * 0
-    x = F.normalize(x.reshape(batch, -1), dim=1)
-    sim = x @ x.transpose(0, 1)
+    sim = _Gram.apply(F.normalize(x.reshape(batch, -1), dim=1))
     if unique_labels:
         keep = sample_unique_labels(y, generator=generator)
     else:

@@ -78,8 +78,14 @@ def test_calibration_matches_slow_loop() -> None:
     y[:4] = torch.tensor([2, 3, 4, 5])
     z_before = z.clone()
     out = fds(z, y, epoch=1)
-    expected = slow_calibrate(z, y, fds.running_mean_last_epoch, fds.running_var_last_epoch,
-                              fds.smoothed_mean_last_epoch, fds.smoothed_var_last_epoch)
+    expected = slow_calibrate(
+        z,
+        y,
+        fds.running_mean_last_epoch,
+        fds.running_var_last_epoch,
+        fds.smoothed_mean_last_epoch,
+        fds.smoothed_var_last_epoch,
+    )
     torch.testing.assert_close(out, expected)
     assert torch.equal(z, z_before), "FDS must not modify the caller's features"
     assert out.data_ptr() != z.data_ptr()
@@ -147,8 +153,15 @@ def test_last_epoch_stats_are_smoothed_copies(kernel, ks, sigma) -> None:
     torch.testing.assert_close(fds.running_mean_last_epoch, fds.running_mean)
     torch.testing.assert_close(fds.smoothed_mean_last_epoch, slow_smooth(fds.running_mean, kernel, ks, sigma))
     torch.testing.assert_close(fds.smoothed_var_last_epoch, slow_smooth(fds.running_var, kernel, ks, sigma))
-    frozen = {k: getattr(fds, k).clone() for k in ("running_mean_last_epoch", "running_var_last_epoch",
-                                                    "smoothed_mean_last_epoch", "smoothed_var_last_epoch")}
+    frozen = {
+        k: getattr(fds, k).clone()
+        for k in (
+            "running_mean_last_epoch",
+            "running_var_last_epoch",
+            "smoothed_mean_last_epoch",
+            "smoothed_var_last_epoch",
+        )
+    }
     running_before = fds.running_mean.clone()
     fds.update_running_stats(z * 3 + 2, y, epoch=1)
     assert not torch.equal(fds.running_mean, running_before)
@@ -196,8 +209,16 @@ def test_state_dict_round_trip() -> None:
     for epoch in range(3):
         fds.update(z + epoch, y, epoch)
     sd = fds.state_dict()
-    assert {"epoch", "running_mean", "running_var", "running_mean_last_epoch", "running_var_last_epoch",
-            "smoothed_mean_last_epoch", "smoothed_var_last_epoch", "num_samples_tracked"} <= set(sd)
+    assert {
+        "epoch",
+        "running_mean",
+        "running_var",
+        "running_mean_last_epoch",
+        "running_var_last_epoch",
+        "smoothed_mean_last_epoch",
+        "smoothed_var_last_epoch",
+        "num_samples_tracked",
+    } <= set(sd)
     other = FDS(D, label_range=(0, 12))
     other.load_state_dict(sd)
     assert int(other.epoch) == 2

@@ -29,8 +29,16 @@ def ref_window(kernel: str, ks: int, sigma: float) -> np.ndarray:
     return np.array(lap) / max(lap)
 
 
-def ref_weights(labels, reweight: str, lds: bool, kernel: str = "gaussian", ks: int = 5, sigma: float = 2.0,
-                max_target: int = 121, float32: bool = True) -> np.ndarray:
+def ref_weights(
+    labels,
+    reweight: str,
+    lds: bool,
+    kernel: str = "gaussian",
+    ks: int = 5,
+    sigma: float = 2.0,
+    max_target: int = 121,
+    float32: bool = True,
+) -> np.ndarray:
     """Literal reference: counts per int label clipped to 0..120, transform, smooth, invert, rescale."""
     value_dict = {x: 0 for x in range(max_target)}
     for label in labels:
@@ -42,8 +50,9 @@ def ref_weights(labels, reweight: str, lds: bool, kernel: str = "gaussian", ks: 
     num_per_label = [value_dict[min(max_target - 1, int(label))] for label in labels]
     if lds:
         window = ref_window(kernel, ks, sigma)
-        smoothed = ndimage.convolve1d(np.asarray([v for _, v in value_dict.items()], dtype=float), weights=window,
-                                      mode="constant")
+        smoothed = ndimage.convolve1d(
+            np.asarray([v for _, v in value_dict.items()], dtype=float), weights=window, mode="constant"
+        )
         num_per_label = [smoothed[min(max_target - 1, int(label))] for label in labels]
     cast = np.float32 if float32 else np.float64
     weights = [cast(1 / x) for x in num_per_label]
@@ -95,13 +104,17 @@ def test_smooth_bins_matches_scipy(mode: str) -> None:
     # 1-D input, and fewer bins than the half window (reflection repeated)
     np.testing.assert_allclose(smooth_bins(torch.from_numpy(v[:, 0]), w, mode=mode).numpy(), got[:, 0])
     small = rng.random(2)
-    np.testing.assert_allclose(smooth_bins(torch.from_numpy(small), w, mode=mode).numpy(),
-                               ndimage.convolve1d(small, w.numpy(), mode=scipy_mode), rtol=1e-12)
+    np.testing.assert_allclose(
+        smooth_bins(torch.from_numpy(small), w, mode=mode).numpy(),
+        ndimage.convolve1d(small, w.numpy(), mode=scipy_mode),
+        rtol=1e-12,
+    )
 
 
 # ---------------------------------------------------------------- parity with the reference
-@pytest.mark.parametrize(("reweight", "lds"), [("sqrt_inv", True), ("sqrt_inv", False), ("inverse", True),
-                                               ("inverse", False)])
+@pytest.mark.parametrize(
+    ("reweight", "lds"), [("sqrt_inv", True), ("sqrt_inv", False), ("inverse", True), ("inverse", False)]
+)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_agedb_train_ages_match_reference(shared_dir: Path, reweight: str, lds: bool, kernel: str) -> None:
     ages = agedb_train_ages(shared_dir)

@@ -62,14 +62,16 @@ def test_matches_slow_formula(kind, beta, gamma, activate, huber_beta, weighted,
     target = torch.randn(7, 1, generator=g, dtype=torch.float64)
     weights = torch.rand(7, generator=g, dtype=torch.float64) * 3 if weighted else None
     kw = {"kind": kind, "beta": beta, "gamma": gamma, "activate": activate, "huber_beta": huber_beta}
-    got = regression_loss(pred.to(dtype), target.to(dtype), None if weights is None else weights.to(dtype),
-                          reduction=reduction, **kw)
+    got = regression_loss(
+        pred.to(dtype), target.to(dtype), None if weights is None else weights.to(dtype), reduction=reduction, **kw
+    )
     expected = slow_loss(pred, target, weights, reduction, **kw)
     assert got.dtype == dtype and got.shape == expected.shape
     torch.testing.assert_close(got.double(), expected, **tol(dtype))
     module = RegressionLoss(reduction=reduction, **kw)
-    torch.testing.assert_close(module(pred.to(dtype), target.to(dtype),
-                                      None if weights is None else weights.to(dtype)), got)
+    torch.testing.assert_close(
+        module(pred.to(dtype), target.to(dtype), None if weights is None else weights.to(dtype)), got
+    )
 
 
 def test_unweighted_matches_torch_losses() -> None:
@@ -105,8 +107,9 @@ def test_weights_shapes() -> None:
     out = regression_loss(p, t, w, reduction="none")
     assert out.shape == (5, 1)  # (B,) weights align with the batch dim, never a (B, B) broadcast
     torch.testing.assert_close(out, regression_loss(p, t, w[:, None], reduction="none"))
-    torch.testing.assert_close(regression_loss(p, t, torch.tensor(2.0), reduction="none"),
-                               2 * regression_loss(p, t, reduction="none"))
+    torch.testing.assert_close(
+        regression_loss(p, t, torch.tensor(2.0), reduction="none"), 2 * regression_loss(p, t, reduction="none")
+    )
     with pytest.raises(ValueError, match="`weights` must have the shape of `pred`"):
         regression_loss(p, t, torch.rand(4))
 
@@ -116,8 +119,9 @@ def test_gradcheck(kind: str) -> None:
     g = torch.Generator().manual_seed(3)
     p, t = torch.randn(6, 2, generator=g) * 2, torch.randn(6, 2, generator=g)
     w = torch.rand(6, generator=g) + 0.1
-    assert gradcheck(lambda a, b: regression_loss(a, b, w.double(), kind=kind, gamma=1.5, beta=0.5,
-                                                  huber_beta=0.8), p, t)
+    assert gradcheck(
+        lambda a, b: regression_loss(a, b, w.double(), kind=kind, gamma=1.5, beta=0.5, huber_beta=0.8), p, t
+    )
 
 
 @pytest.mark.parametrize("kind", ["focal_l1", "focal_mse"])
@@ -172,5 +176,5 @@ def test_errors() -> None:
         RegressionLoss(kind="huber", huber_beta=-1.0)
     with pytest.raises(TypeError, match="`pred` must be a floating-point tensor"):
         regression_loss(torch.tensor([1, 2]), torch.tensor([1, 2]))
-    with pytest.raises(TypeError, match="`weights` must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"`weights` must be a torch\.Tensor"):
         regression_loss(p, p, [1.0, 1.0, 1.0, 1.0])  # type: ignore[arg-type]

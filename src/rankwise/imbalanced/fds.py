@@ -156,9 +156,14 @@ class FDS(nn.Module):
         self.register_buffer("edges", edges, persistent=False)
         self.register_buffer("kernel_window", window / window.sum(), persistent=False)
         self.register_buffer("epoch", torch.tensor(start_update, dtype=torch.long))
-        for name, fill in (("running_mean", 0.0), ("running_var", 1.0), ("running_mean_last_epoch", 0.0),
-                           ("running_var_last_epoch", 1.0), ("smoothed_mean_last_epoch", 0.0),
-                           ("smoothed_var_last_epoch", 1.0)):
+        for name, fill in (
+            ("running_mean", 0.0),
+            ("running_var", 1.0),
+            ("running_mean_last_epoch", 0.0),
+            ("running_var_last_epoch", 1.0),
+            ("smoothed_mean_last_epoch", 0.0),
+            ("smoothed_var_last_epoch", 1.0),
+        ):
             self.register_buffer(name, torch.full((nb, feature_dim), fill))
         self.register_buffer("num_samples_tracked", torch.zeros(nb))
 
@@ -211,8 +216,9 @@ class FDS(nn.Module):
         return s, q, c
 
     @torch.no_grad()
-    def update_from_stats(self, feature_sum: torch.Tensor, feature_sumsq: torch.Tensor, count: torch.Tensor,
-                          epoch: int) -> None:
+    def update_from_stats(
+        self, feature_sum: torch.Tensor, feature_sumsq: torch.Tensor, count: torch.Tensor, epoch: int
+    ) -> None:
         """Blend one epoch's per-bin statistics (from :meth:`bin_stats`, summed) into the running ones.
 
         Ignored when ``epoch < start_update`` or ``epoch`` is older than the last refreshed epoch.
@@ -220,8 +226,11 @@ class FDS(nn.Module):
         if epoch < self.start_update or epoch < int(self.epoch):
             return
         k, d = self.num_bins, self.feature_dim
-        for name, t, shape in (("feature_sum", feature_sum, (k, d)), ("feature_sumsq", feature_sumsq, (k, d)),
-                               ("count", count, (k,))):
+        for name, t, shape in (
+            ("feature_sum", feature_sum, (k, d)),
+            ("feature_sumsq", feature_sumsq, (k, d)),
+            ("count", count, (k,)),
+        ):
             check_tensor(t, name)
             if tuple(t.shape) != shape:
                 raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}")
@@ -247,8 +256,9 @@ class FDS(nn.Module):
         self.num_samples_tracked.copy_(tracked)
 
     @torch.no_grad()
-    def update_running_stats(self, features: torch.Tensor, labels: torch.Tensor, epoch: int, *,
-                             sync: bool = False) -> None:
+    def update_running_stats(
+        self, features: torch.Tensor, labels: torch.Tensor, epoch: int, *, sync: bool = False
+    ) -> None:
         """Update the running statistics with (all of) an epoch's ``features`` and ``labels``.
 
         ``sync=True`` all-reduces the per-bin sums over the default process group first (when
@@ -261,7 +271,7 @@ class FDS(nn.Module):
             packed = torch.cat([s.reshape(-1), q.reshape(-1), c])
             torch.distributed.all_reduce(packed)
             kd = self.num_bins * self.feature_dim
-            s, q, c = packed[:kd].view_as(s), packed[kd:2 * kd].view_as(q), packed[2 * kd:]
+            s, q, c = packed[:kd].view_as(s), packed[kd : 2 * kd].view_as(q), packed[2 * kd :]
         self.update_from_stats(s, q, c, epoch)
 
     @torch.no_grad()

@@ -222,8 +222,10 @@ def lds_weights(
     check_choice(reweight, "reweight", _REWEIGHTS)
     check_choice(kernel, "kernel", _KERNELS)
     if lds and reweight == "none":
-        raise ValueError("`reweight` must be 'sqrt_inv' or 'inverse' when `lds=True` (LDS smooths the reweighted "
-                         "label density); got reweight='none' — pass lds=False for uniform weights")
+        raise ValueError(
+            "`reweight` must be 'sqrt_inv' or 'inverse' when `lds=True` (LDS smooths the reweighted "
+            "label density); got reweight='none' — pass lds=False for uniform weights"
+        )
     lo_clip, hi_clip = (float(v) for v in inverse_clip)
     if not 0 < lo_clip <= hi_clip:
         raise ValueError(f"`inverse_clip` must be (low, high) with 0 < low <= high, got {inverse_clip!r}")

@@ -178,8 +178,15 @@ class RegressionLoss(nn.Module):
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         return regression_loss(
-            pred, target, weights, kind=self.kind, beta=self.beta, gamma=self.gamma,  # type: ignore[arg-type]
-            activate=self.activate, huber_beta=self.huber_beta, reduction=self.reduction,  # type: ignore[arg-type]
+            pred,
+            target,
+            weights,
+            kind=self.kind,
+            beta=self.beta,
+            gamma=self.gamma,
+            activate=self.activate,
+            huber_beta=self.huber_beta,
+            reduction=self.reduction,
         )
 
     def extra_repr(self) -> str:

@@ -243,6 +243,8 @@ def test_ranksim_errors() -> None:
         ranksim_loss(z, torch.zeros(4, 2))
     with pytest.raises(TypeError, match=r"`features` must be a floating-point tensor"):
         ranksim_loss(torch.ones(4, 3, dtype=torch.long), torch.arange(4.0))
+    with pytest.raises(ValueError, match=r"`targets` must have shape \(B,\) or \(B, 1\), got a 0-d tensor"):
+        sample_unique_labels(torch.tensor(1.0))
     with pytest.raises(TypeError, match=r"`targets` must be a torch.Tensor, got list"):
         ranksim_loss(z, [0, 1, 2, 3])  # type: ignore[arg-type]
 

@@ -75,8 +75,9 @@ def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | 
         [1.0, 2.0, 3.0]
     """
     check_tensor(targets, "targets")
-    batch = targets.shape[0] if targets.dim() >= 1 else -1
-    y = _targets_1d(targets, max(batch, 0))
+    if targets.dim() == 0:
+        raise ValueError("`targets` must have shape (B,) or (B, 1), got a 0-d tensor")
+    y = _targets_1d(targets, targets.shape[0])
     gen_device = generator.device if generator is not None else y.device
     prio = torch.randperm(y.shape[0], generator=generator, device=gen_device).to(y.device)
     same = y.unsqueeze(1) == y.unsqueeze(0)

@@ -23,26 +23,52 @@ from rankwise.data._base import (
     register_dataset,
     standardize,
 )
+from rankwise.data.images import DIRImageDataset, dir_image_transforms, dir_images, load_agedb_dir, load_imdb_wiki_dir
+from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
+from rankwise.data.text import (
+    TextPairDataset,
+    build_vocab,
+    collate_text_pairs,
+    encode,
+    load_stsb_dir,
+    read_sts_tsv,
+    tokenize,
+)
 
 __all__ = [
     "ABALONE_COLUMNS",
     "DATASETS",
     "ClassificationData",
+    "DIRImageDataset",
     "DataFormatError",
     "LabelHistogram",
     "RegressionData",
     "TensorPairDataset",
+    "TextPairDataset",
     "abalone_path",
+    "build_vocab",
+    "collate_text_pairs",
     "dataset_info",
+    "dir_image_transforms",
+    "dir_images",
     "dir_split",
+    "encode",
     "get_dataset",
     "label_bins",
     "label_histogram",
     "list_datasets",
     "load_abalone",
+    "load_agedb_dir",
     "load_csv",
+    "load_imdb_wiki_dir",
+    "load_mnist5k",
+    "load_mnist5k_arrays",
+    "load_stsb_dir",
+    "mnist5k_path",
     "random_split_indices",
+    "read_sts_tsv",
     "register_dataset",
     "standardize",
+    "tokenize",
 ]

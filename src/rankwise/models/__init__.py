@@ -5,14 +5,23 @@ module and its feature dimension. torchvision is imported only when a ResNet is 
 """
 
 from rankwise.models._registry import BACKBONES, backbone_info, build_backbone, list_backbones, register_backbone
+from rankwise.models.cnn import SmallCNN, small_cnn
 from rankwise.models.mlp import MLPBackbone, mlp_backbone
+from rankwise.models.resnet import RESNET_FEATURE_DIMS, resnet_backbone
+from rankwise.models.text import TextPairEncoder, text_pair_encoder
 
 __all__ = [
     "BACKBONES",
+    "RESNET_FEATURE_DIMS",
     "MLPBackbone",
+    "SmallCNN",
+    "TextPairEncoder",
     "backbone_info",
     "build_backbone",
     "list_backbones",
     "mlp_backbone",
     "register_backbone",
+    "resnet_backbone",
+    "small_cnn",
+    "text_pair_encoder",
 ]

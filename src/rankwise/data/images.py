@@ -1,0 +1,233 @@
+"""DIR image datasets from the user's disk (AgeDB-DIR, IMDB-WIKI-DIR split files + images)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from rankwise.data._base import DataFormatError, RegressionData, register_dataset
+
+__all__ = ["DIRImageDataset", "dir_image_transforms", "dir_images", "load_agedb_dir", "load_imdb_wiki_dir"]
+
+_SPLITS = ("train", "val", "test")
+
+
+def dir_image_transforms(image_size: int = 224) -> tuple[Callable[[Any], torch.Tensor], Callable[[Any], torch.Tensor]]:
+    """The DIR papers' ``(train_transform, eval_transform)`` (torchvision, imported lazily).
+
+    Train: ``Resize((s, s))``, ``RandomCrop(s, padding=16)``, ``RandomHorizontalFlip()``,
+    ``ToTensor()``, ``Normalize(0.5, 0.5)`` per channel; eval: ``Resize((s, s))``, ``ToTensor()``,
+    ``Normalize(0.5, 0.5)``. Output: float32 ``(3, s, s)`` in [-1, 1].
+    """
+    try:
+        from torchvision import transforms as T
+    except ImportError:
+        raise ImportError("DIR image datasets need torchvision: `pip install torchvision`") from None
+    size = (image_size, image_size)
+    norm = T.Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    train = T.Compose(
+        [T.Resize(size), T.RandomCrop(image_size, padding=16), T.RandomHorizontalFlip(), T.ToTensor(), norm]
+    )
+    evaluation = T.Compose([T.Resize(size), T.ToTensor(), norm])
+    return train, evaluation
+
+
+class DIRImageDataset(Dataset):
+    """Images listed in a DIR split file: item ``(transform(PIL RGB image), float32 age)``.
+
+    With ``transform=None`` (``labels_only=True`` loaders) the labels are available but reading
+    an item raises a ``RuntimeError``.
+    """
+
+    def __init__(
+        self,
+        paths: list[Path],
+        labels: np.ndarray,
+        rows: list[int],
+        csv_path: Path,
+        transform: Callable[[Any], torch.Tensor] | None,
+    ) -> None:
+        self.paths = paths
+        self.labels = torch.as_tensor(labels, dtype=torch.float32)
+        self.rows = rows
+        self.csv_path = csv_path
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.transform is None:
+            raise RuntimeError("this dataset was loaded with labels_only=True: images are not available")
+        from PIL import Image
+
+        path = self.paths[index]
+        try:
+            with Image.open(path) as img:
+                image = img.convert("RGB")
+        except (OSError, ValueError) as err:
+            raise DataFormatError(self.csv_path, self.rows[index], f"cannot read image {path}: {err}") from err
+        return self.transform(image), self.labels[index]
+
+
+def dir_images(
+    csv_path: str | Path,
+    root: str | Path | None = None,
+    *,
+    image_size: int = 224,
+    train_transform: Callable[[Any], torch.Tensor] | None = None,
+    eval_transform: Callable[[Any], torch.Tensor] | None = None,
+    labels_only: bool = False,
+    check_files: bool = True,
+    name: str | None = None,
+) -> RegressionData:
+    """A DIR image regression dataset from a split file ``age,path,split`` and an images root.
+
+    ``csv_path`` is exactly the AgeDB-DIR / IMDB-WIKI-DIR split file (columns ``age``, ``path``,
+    ``split`` in any order; ``split`` is ``train``/``val``/``test``); image ``path`` is relative
+    to ``root`` (default: the CSV's folder). Images are read with PIL (RGB) and transformed by
+    ``train_transform`` (train split) / ``eval_transform`` (val, test), by default the papers'
+    transforms from :func:`dir_image_transforms` at ``image_size`` (224). ``labels_only=True``
+    reads the labels only (no torchvision, no image files needed; items cannot be read).
+    ``check_files=True`` checks up front that every image exists (error naming the CSV row).
+    Every row is kept: a bad age, split or empty path raises
+    :class:`~rankwise.data.DataFormatError` naming the file and the row. ``bin_width`` is 1 year.
+    """
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        raise FileNotFoundError(f"DIR split file not found: {csv_path}")
+    root_dir = Path(root) if root is not None else csv_path.parent
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"`image_size` must be a positive int, got {image_size!r}")
+    per: dict[str, tuple[list[Path], list[float], list[int]]] = {s: ([], [], []) for s in _SPLITS}
+    with csv_path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in ("age", "path", "split") if c not in header]
+        if missing:
+            raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; expected a header 'age,path,split'")
+        ia, ip, isp = header.index("age"), header.index("path"), header.index("split")
+        for row_no, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
+            try:
+                age = float(row[ia])
+            except ValueError:
+                raise DataFormatError(csv_path, row_no, f"column 'age': cannot parse {row[ia]!r} as a number") from None
+            if not math.isfinite(age):
+                raise DataFormatError(csv_path, row_no, f"column 'age': value {row[ia]!r} is not finite")
+            split = row[isp].strip()
+            if split not in per:
+                raise DataFormatError(
+                    csv_path, row_no, f"column 'split': expected one of {list(_SPLITS)}, got {split!r}"
+                )
+            rel = row[ip].strip()
+            if not rel:
+                raise DataFormatError(csv_path, row_no, "column 'path' is empty")
+            paths, ages, rows = per[split]
+            paths.append(root_dir / rel)
+            ages.append(age)
+            rows.append(row_no)
+    empty = [s for s in _SPLITS if not per[s][0]]
+    if empty:
+        raise DataFormatError(csv_path, None, f"no rows for split(s) {empty}")
+    if not labels_only and check_files:
+        for s in _SPLITS:
+            paths, _, rows = per[s]
+            for p, r in zip(paths, rows):
+                if not p.is_file():
+                    raise DataFormatError(csv_path, r, f"image file not found: {p}")
+    if labels_only:
+        t_train: Callable[[Any], torch.Tensor] | None = None
+        t_eval: Callable[[Any], torch.Tensor] | None = None
+    else:
+        default_train, default_eval = (None, None)
+        if train_transform is None or eval_transform is None:
+            default_train, default_eval = dir_image_transforms(image_size)
+        t_train = train_transform or default_train
+        t_eval = eval_transform or default_eval
+    labels = {s: np.asarray(per[s][1], dtype=np.float64) for s in _SPLITS}
+    datasets = {
+        s: DIRImageDataset(per[s][0], labels[s], per[s][2], csv_path, t_train if s == "train" else t_eval)
+        for s in _SPLITS
+    }
+    return RegressionData(
+        name=name or csv_path.stem,
+        train=datasets["train"],
+        val=datasets["val"],
+        test=datasets["test"],
+        train_labels=labels["train"],
+        val_labels=labels["val"],
+        test_labels=labels["test"],
+        kind="image",
+        input_dim=None,
+        bin_width=1.0,
+        label_name="age",
+        meta={
+            "csv": str(csv_path),
+            "root": str(root_dir),
+            "image_size": image_size,
+            "image_shape": (3, image_size, image_size),
+            "labels_only": labels_only,
+            "split": "given by the split file",
+        },
+    )
+
+
+def _resolve(csv: str | Path | None, root: str | Path | None, default_name: str) -> tuple[Path, Path | None]:
+    if csv is not None:
+        return Path(csv), Path(root) if root is not None else None
+    if root is None:
+        raise ValueError(f"pass `csv` (the split file, e.g. {default_name}) and `root` (the images folder)")
+    return Path(root) / default_name, Path(root)
+
+
+@register_dataset("agedb_dir")
+def load_agedb_dir(
+    csv: str | Path | None = None,
+    root: str | Path | None = None,
+    *,
+    image_size: int = 224,
+    labels_only: bool = False,
+    check_files: bool = True,
+) -> RegressionData:
+    """AgeDB-DIR (Yang et al. 2021) from the user's disk: split file ``agedb.csv`` + AgeDB images.
+
+    Options: ``csv`` (default ``root/agedb.csv``), ``root`` (images root; paths in the CSV are
+    relative to it, default the CSV's folder), ``image_size`` (224), ``labels_only``,
+    ``check_files``. The official split: 12,208 / 2,140 / 2,140 images, ages 1..101 in train,
+    val/test up to 30 per age; test shots: 51 many-shot ages (1,530 images), 16 medium (448),
+    25 few (162). See :func:`rankwise.data.dir_images`.
+    """
+    c, r = _resolve(csv, root, "agedb.csv")
+    return dir_images(c, r, image_size=image_size, labels_only=labels_only, check_files=check_files, name="agedb_dir")
+
+
+@register_dataset("imdb_wiki_dir")
+def load_imdb_wiki_dir(
+    csv: str | Path | None = None,
+    root: str | Path | None = None,
+    *,
+    image_size: int = 224,
+    labels_only: bool = False,
+    check_files: bool = True,
+) -> RegressionData:
+    """IMDB-WIKI-DIR (Yang et al. 2021) from the user's disk: split file ``imdb_wiki.csv`` + images.
+
+    Options as for ``agedb_dir`` (``csv`` defaults to ``root/imdb_wiki.csv``). The official
+    split: 191,509 / 11,022 / 11,022 images, val/test up to 150 per age.
+    See :func:`rankwise.data.dir_images`.
+    """
+    c, r = _resolve(csv, root, "imdb_wiki.csv")
+    return dir_images(
+        c, r, image_size=image_size, labels_only=labels_only, check_files=check_files, name="imdb_wiki_dir"
+    )

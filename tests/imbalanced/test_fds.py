@@ -249,6 +249,9 @@ def test_bins_and_clipping() -> None:
     fw = FDS(2, label_range=(-1.0, 1.0), bin_width=0.25)
     assert fw.num_bins == 8
     assert fw.bin_index(torch.tensor([-1.0, -0.76, -0.75, 0.99, 3.0])).tolist() == [0, 0, 1, 7, 7]
+    # module.half() casts the statistics but never rounds the bin edges
+    fine = FDS(2, label_range=(0, 1000), bin_width=0.1).half()
+    assert fine.bin_index(torch.tensor([999.95, 0.05])).tolist() == [9999, 0]
     # a single bin: smoothing with reflect padding still works
     one = FDS(2, label_range=(0, 1))
     one.update(torch.randn(5, 2), torch.zeros(5), 0)

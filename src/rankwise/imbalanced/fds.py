@@ -152,9 +152,11 @@ class FDS(nn.Module):
         self.clip = (lo_c, hi_c)
         window = get_lds_kernel_window(kernel, ks, sigma)
         gaps = edges[1:] - edges[:-1]
+        # plain float64 CPU attributes, not buffers: ``module.half()`` must not round the bin edges
         self._uniform = bool(torch.allclose(gaps, gaps[:1].expand_as(gaps)))
-        self.register_buffer("edges", edges, persistent=False)
-        self.register_buffer("kernel_window", window / window.sum(), persistent=False)
+        self._lo, self._width = float(edges[0]), float(gaps[0])
+        self.edges = edges
+        self.kernel_window = window / window.sum()
         self.register_buffer("epoch", torch.tensor(start_update, dtype=torch.long))
         for name, fill in (
             ("running_mean", 0.0),
@@ -179,12 +181,10 @@ class FDS(nn.Module):
         """Bin of every label, ``(B,)`` long, clipped into ``[0, num_bins)``."""
         check_tensor(labels, "labels")
         y = labels.detach().reshape(-1).to(torch.float64)
-        edges = self.edges.to(device=y.device)
         if self._uniform:
-            lo, w = edges[0], edges[1] - edges[0]
-            idx = torch.floor((y - lo) / w + 1e-9).long()
+            idx = torch.floor((y - self._lo) / self._width + 1e-9).long()
         else:
-            idx = torch.bucketize(y, edges, right=True) - 1
+            idx = torch.bucketize(y, self.edges.to(device=y.device), right=True) - 1
         return idx.clamp(0, self.num_bins - 1)
 
     def _check_pair(self, features: torch.Tensor, labels: torch.Tensor) -> None:

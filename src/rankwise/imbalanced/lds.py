@@ -79,7 +79,7 @@ def _as_float64_tensor(x: Any, name: str) -> torch.Tensor:
         t = x.detach()
     else:
         try:
-            t = torch.as_tensor(np.asarray(x))
+            t = torch.from_numpy(np.array(x, dtype=np.float64, copy=True))
         except (TypeError, ValueError):
             raise TypeError(
                 f"`{name}` must be a tensor, array or sequence of numbers, got {type(x).__name__}"
@@ -90,7 +90,7 @@ def _as_float64_tensor(x: Any, name: str) -> torch.Tensor:
 
 
 def bin_labels(
-    labels: torch.Tensor,
+    labels: Any,
     *,
     bin_width: float = 1.0,
     bins: torch.Tensor | np.ndarray | Sequence[float] | None = None,
@@ -107,7 +107,7 @@ def bin_labels(
     Labels outside the bins are clipped into the first/last bin (the DIR reference clips ages to 0..120).
     For integer labels 0..120, ``label_range=(0, 121)`` reproduces the reference's 121 unit bins.
     """
-    y = labels.reshape(-1)
+    y = _as_float64_tensor(labels, "labels").reshape(-1)
     if bins is not None:
         edges = _as_float64_tensor(bins, "bins").reshape(-1).to(y.device)
         if edges.numel() < 2:

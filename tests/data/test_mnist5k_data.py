@@ -26,6 +26,7 @@ def test_mnist5k_sizes_dtypes(mnist: ClassificationData) -> None:
     assert np.bincount(mnist.test_targets).tolist() == [100] * 10  # stratified
     assert np.bincount(mnist.train_targets).tolist() == [400] * 10
     assert mnist.train_targets.dtype == np.int64
+    assert mnist.meta["backbone_options"] == {"in_channels": 1}
 
 
 def test_mnist5k_split_seeded_disjoint(mnist: ClassificationData) -> None:

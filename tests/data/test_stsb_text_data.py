@@ -54,6 +54,10 @@ def test_stsb_tiny(tmp_path) -> None:
     np.testing.assert_allclose(d.train_labels, [3.8, 4.5, 0.0])
     assert d.test_labels.dtype == np.float64
     vocab = d.meta["vocab"]
+    assert (
+        d.meta["backbone_options"] == {"vocab_size": len(vocab), "padding_idx": 0}
+        and len(vocab) == d.meta["vocab_size"]
+    )
     assert vocab["<pad>"] == 0 and vocab["<unk>"] == 1 and vocab['"'] > 1 and "zebra" not in vocab
     (a, b), y = d.train[0]
     assert a.dtype == torch.int64 and y.dtype == torch.float32 and y.shape == ()

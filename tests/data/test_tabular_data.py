@@ -214,7 +214,28 @@ def test_label_histogram() -> None:
 
 def test_registry() -> None:
     names = list_datasets()
-    assert {"abalone", "csv"} <= set(names)
+    assert {"abalone", "csv", "mnist5k", "agedb_dir", "imdb_wiki_dir", "stsb_dir"} <= set(names)
     assert "rings + 1.5" in dataset_info("abalone")
+    assert all(len(dataset_info(n)) > 40 for n in names)
     with pytest.raises(ValueError, match=r"unknown dataset 'nope'; expected one of: .*abalone"):
         get_dataset("nope")
+
+
+def test_abalone_histogram(abalone: RegressionData) -> None:
+    h = label_histogram(abalone.train_labels, abalone.bin_width)
+    assert h.counts.sum() == 3813 and h.edges[0] == 2.0 and h.edges[-1] == 31.0
+    assert h.counts[h.edges[:-1].tolist().index(10.0)] == 669  # age 10.5 (rings 9)
+
+
+def test_import_is_light() -> None:
+    """``import rankwise.data`` / ``rankwise.models`` import no optional dependency."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rankwise.data, rankwise.models; "
+        "heavy = ('torchvision', 'sklearn', 'PIL', 'pandas', 'sklego', 'mlxtend', 'lightning'); "
+        "print([m for m in sys.modules if m.split('.')[0] in heavy])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -142,7 +142,8 @@ def test_text_pipeline_end_to_end(tmp_path) -> None:
     for name in ("train_new.tsv", "dev_new.tsv", "test_new.tsv"):
         (tmp_path / name).write_text("\n".join([header, *rows]) + "\n")
     d = load_stsb_dir(tmp_path)
-    net, dim = build_backbone("text_pair", vocab_size=d.meta["vocab_size"], embed_dim=8, hidden=8, feature_dim=4)
+    net, dim = build_backbone("text_pair", **d.meta["backbone_options"], embed_dim=8, hidden=8, feature_dim=4)
+    assert net.vocab_size == d.meta["vocab_size"]
     head = torch.nn.Linear(dim, 1)
     loader = torch.utils.data.DataLoader(d.train, batch_size=4, collate_fn=collate_text_pairs)
     x, y = next(iter(loader))

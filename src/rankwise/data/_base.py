@@ -58,6 +58,11 @@ class RegressionData:
     (``"text_pair"``, batch them with :func:`rankwise.data.collate_text_pairs`, also in
     ``meta["collate_fn"]``); ``y`` is a float32 scalar tensor. The ``*_labels`` arrays are the
     same labels as float64 numpy arrays (for LDS weights and shot metrics).
+
+    ``meta`` holds loader-specific extras; common keys: ``"split"`` (the split rule),
+    ``"seed"``, ``"source"``, ``"indices"`` (row indices of each split in the source file),
+    ``"collate_fn"`` (text pairs), ``"backbone_options"`` (options the matching backbone needs,
+    e.g. ``vocab_size``), ``"feature_names"`` (tabular), ``"image_size"`` (images).
     """
 
     name: str

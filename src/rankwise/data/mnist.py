@@ -161,5 +161,6 @@ def load_mnist5k(
             "split": f"stratified (test_fraction={test_fraction}, val_fraction={val_fraction})",
             "indices": {"train": train_idx, "val": val_idx, "test": test_idx},
             "val_targets": None if val_idx is None else labels[val_idx].copy(),
+            "backbone_options": {"in_channels": 1},
         },
     )

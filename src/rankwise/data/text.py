@@ -180,8 +180,9 @@ def load_stsb_dir(
     (:func:`tokenize`); the vocabulary (``<pad>`` = 0, ``<unk>`` = 1, then by frequency, tokens
     seen >= ``min_freq`` times, at most ``max_vocab``) is built from the TRAIN sentences only.
     Items ``((ids1, ids2), score)``; batch them with :func:`collate_text_pairs` (also
-    ``meta["collate_fn"]``); ``meta["vocab"]`` / ``meta["vocab_size"]`` size the encoder. No
-    embeddings are downloaded. ``max_len`` truncates sentences (default: keep every token).
+    ``meta["collate_fn"]``); ``meta["vocab"]`` / ``meta["vocab_size"]`` size the encoder (also
+    ``meta["backbone_options"]``). No embeddings are downloaded. ``max_len`` truncates
+    sentences (default: keep every token).
     """
     root = Path(root)
     files = {"train": "train_new.tsv", "val": "dev_new.tsv", "test": "test_new.tsv"}
@@ -219,6 +220,7 @@ def load_stsb_dir(
             "vocab_size": len(vocab),
             "pad_id": 0,
             "collate_fn": collate_text_pairs,
+            "backbone_options": {"vocab_size": len(vocab), "padding_idx": 0},
             "tokenizer": "lowercase; words and punctuation (rankwise.data.text.tokenize)",
             "split": "given by the files",
         },

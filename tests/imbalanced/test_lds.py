@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rankwise.imbalanced import bin_labels, get_lds_kernel_window, lds_weights, smooth_bins
 
@@ -219,3 +221,22 @@ def test_reweight_none_and_errors() -> None:
         lds_weights(object())
     with pytest.raises(ValueError, match="`inverse_clip` must be"):
         lds_weights(y, reweight="inverse", inverse_clip=(10, 5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 135), min_size=1, max_size=60),
+    reweight=st.sampled_from(["sqrt_inv", "inverse"]),
+    lds=st.booleans(),
+    kernel=st.sampled_from(KERNELS),
+    ks=st.sampled_from([1, 3, 5, 7]),
+    sigma=st.sampled_from([0.5, 1.0, 2.0]),
+)
+def test_property_reference_parity(labels, reweight, lds, kernel, ks, sigma) -> None:
+    ref = ref_weights(labels, reweight, lds, kernel, ks, sigma, float32=False)
+    got = lds_weights(labels, reweight=reweight, lds=lds, kernel=kernel, ks=ks, sigma=sigma, label_range=(0, 121))
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    if reweight == "sqrt_inv" and max(labels) <= 120:  # data-driven bins give the same numbers
+        np.testing.assert_allclose(
+            lds_weights(labels, reweight=reweight, lds=lds, kernel=kernel, ks=ks, sigma=sigma), ref, rtol=1e-12
+        )

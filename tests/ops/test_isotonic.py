@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -206,7 +207,7 @@ def test_torch_path_equals_numba_path(
 
 def test_torch_path_block_ids_match_pav(monkeypatch: pytest.MonkeyPatch) -> None:
     """The min-max block structure equals PAV's, ties included (all-equal and repeated values)."""
-    if iso._nb is None:
+    if iso._numba_kernels() is None:
         pytest.skip("numba is unavailable")
     base = torch.randn(3, 12, dtype=torch.float64)
     base[1] = 1.0
@@ -389,6 +390,20 @@ def test_kl_finite_at_small_strength() -> None:
     r.sum().backward()
     assert torch.isfinite(r).all() and torch.isfinite(a.grad).all()
     torch.testing.assert_close(r, _ref_rows(ref_rank, x, 1e-3, "kl"))
+
+
+def test_falls_back_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If numba fails to import, one RuntimeWarning and the PyTorch path give the same result."""
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    want = iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.3)
+    monkeypatch.setattr(iso, "_nb", iso._UNSET)
+    monkeypatch.setitem(sys.modules, "rankwise.ops._isotonic_numba", None)  # makes the import fail
+    monkeypatch.delattr(rankwise.ops, "_isotonic_numba", raising=False)
+    with pytest.warns(RuntimeWarning, match="numba is unavailable"):
+        got = iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.3)
+    assert iso._nb is None
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
 
 
 def test_torch_path_chunks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -22,16 +22,6 @@ from rankwise._registry import Example
 from rankwise._validation import check_choice, check_dim, check_floating, check_positive, to_compute
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
-
-try:  # pragma: no cover - exercised implicitly
-    from rankwise.ops import _isotonic_numba as _nb
-except Exception as _exc:  # numba missing or broken: fall back to the PyTorch path
-    _nb = None  # type: ignore[assignment]
-    warnings.warn(
-        f"rankwise: numba is unavailable ({_exc!r}); isotonic soft sort/rank use the slower PyTorch path on CPU",
-        RuntimeWarning,
-        stacklevel=2,
-    )
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
 
@@ -44,6 +34,28 @@ _BACKEND: Literal["auto", "torch"] = "auto"
 
 #: element budget (rows * n * n) of one chunk of the O(n^2) PyTorch path
 _MINMAX_BUDGET = 1 << 24
+
+_UNSET: Any = object()
+_nb: Any = _UNSET  # the numba kernels module, imported on first CPU use (keeps `import rankwise` fast)
+
+
+def _numba_kernels() -> Any:
+    """The numba PAV kernels, or ``None`` (with one warning) when numba cannot be imported."""
+    global _nb
+    if _nb is _UNSET:
+        try:
+            from rankwise.ops import _isotonic_numba
+
+            _nb = _isotonic_numba
+        except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
+            _nb = None
+            warnings.warn(
+                f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
+                "O(n^2)-memory PyTorch path on CPU",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _nb
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,12 +140,13 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
 
 def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
-    if _nb is not None and _BACKEND == "auto" and s.device.type == "cpu":
+    nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" else None
+    if nb is not None:
         s_np = s.detach().contiguous().numpy()
         w_np = w.detach().to(s.dtype).contiguous().numpy()
         mu = torch.empty(s.shape, dtype=s.dtype)
         ids = torch.empty(s.shape, dtype=torch.int64)
-        kernel = _nb.pav_l2 if reg == "l2" else _nb.pav_kl
+        kernel = nb.pav_l2 if reg == "l2" else nb.pav_kl
         kernel(s_np, w_np, mu.numpy(), ids.numpy())
         return mu, ids
     with torch.no_grad():

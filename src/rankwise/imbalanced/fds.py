@@ -53,7 +53,16 @@ class FDS(nn.Module):
       identity (it returns its input) in eval mode and before ``start_smooth``; gradients flow to the
       features (statistics are buffers, never differentiated); device and dtype follow the module/inputs
       (fp16/bf16 features are calibrated in float32 and returned in their dtype).
-    * All statistics are registered buffers, saved in ``state_dict`` (``epoch`` included).
+    * All statistics are registered buffers, saved in ``state_dict`` (``epoch`` included); bin edges and
+      the kernel are float64 attributes that ``module.half()`` does not round.
+
+    Schedule (same as the reference): ``epoch`` starts at ``start_update``; the last-epoch copies are
+    refreshed at the end of epochs ``start_update + 1, ...``, so with the defaults the calibration uses
+    the initial ``(0, 1)`` statistics (identity) during epoch 1, and during epoch ``e >= 2`` the running
+    statistics as they stood after epoch ``e - 2`` (mean, variance and their smoothed versions all from
+    that same snapshot, which the reference's aliasing breaks). Instead of collecting all
+    features, sum :meth:`bin_stats` over the epoch's batches and call :meth:`update_last_epoch_stats`
+    and :meth:`update_from_stats`. ``clip`` is the variance-ratio range ``(0.1, 10)``.
 
     Bins: ``bins`` edges, or ``label_range=(lo, hi)`` cut into ``bin_width`` bins (default ``(0, 121)``
     with unit bins: ages 0..120 as in the reference's AgeDB/IMDB-WIKI setup); labels outside are clipped

@@ -438,3 +438,9 @@ def test_errors(name: str) -> None:
         softsort_matrix(torch.randn(3), power=0)
     with pytest.raises(ValueError, match="`tau` must be finite and > 0"):
         NeuralSort(tau=-2)
+
+
+def test_second_derivatives() -> None:
+    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda s: neural_sort(s, tau=0.5), (x,))
+    assert torch.autograd.gradgradcheck(lambda s: rankwise.soft_topk(s, 2, tau=0.5), (x,))

@@ -82,9 +82,38 @@ def _neural_sort_rows(s: torch.Tensor, tau: float, rows: int | None = None) -> t
     if n > 0:
         s = s - s.detach().mean(dim=-1, keepdim=True)
     b = _abs_row_sum(s)
-    coef = (n + 1 - 2 * torch.arange(1, m + 1, device=s.device, dtype=s.dtype)) / tau  # (m,)
-    logits = coef.unsqueeze(-1) * s.unsqueeze(-2) - (b / tau).unsqueeze(-2)  # (..., m, n)
-    return torch.softmax(logits, dim=-1)
+    coef = n + 1 - 2 * torch.arange(1, m + 1, device=s.device, dtype=s.dtype)  # (m,)
+    out: torch.Tensor = _RankOneSoftmax.apply(s / tau, b / tau, coef)
+    return out
+
+
+class _RankOneSoftmax(torch.autograd.Function):
+    """``softmax(c u^T - 1 w^T)`` row-wise, i.e. ``P[..., i, j] = softmax_j(c_i u_j - w_j)``.
+
+    A fused version of what autograd would do: one ``m x n`` temporary in the forward pass, and a
+    backward pass that saves only ``P`` and reduces with one matrix product. ``c`` gets no gradient.
+    Second derivatives work (the backward is written with differentiable ops when grad mode is on).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, u: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        logits = torch.addcmul(w.neg().unsqueeze(-2), c.unsqueeze(-1), u.unsqueeze(-2))  # (..., m, n)
+        p = torch.softmax(logits, dim=-1)
+        ctx.save_for_backward(p, c)
+        return p
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        p, c = ctx.saved_tensors
+        gp = grad * p
+        if torch.is_grad_enabled():  # double backward: stay out-of-place
+            dl = gp - p * gp.sum(dim=-1, keepdim=True)
+        else:
+            dl = gp.addcmul_(p, gp.sum(dim=-1, keepdim=True), value=-1.0)
+        # one product gives both reductions over rows: [c; -1] @ dl
+        weights = torch.stack([c, torch.full_like(c, -1.0)])  # (2, m)
+        red = torch.matmul(weights, dl)  # (..., 2, n)
+        return red[..., 0, :], red[..., 1, :], None
 
 
 def _hard_rows(order_by: torch.Tensor, rows: int | None = None) -> torch.Tensor:

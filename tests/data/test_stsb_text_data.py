@@ -11,6 +11,7 @@ from rankwise.data import (
     build_vocab,
     collate_text_pairs,
     get_dataset,
+    label_bins,
     load_stsb_dir,
     read_sts_tsv,
     tokenize,
@@ -114,5 +115,8 @@ def test_stsb_dir_shared(shared_dir) -> None:
     for lab in (d.train_labels, d.val_labels, d.test_labels):
         assert lab.min() >= 0.0 and lab.max() <= 5.0
     assert d.meta["vocab_size"] > 5000
+    for lab in (d.val_labels, d.test_labels):  # balanced: 50 pairs per 0.25-wide bin (5.0 in the last)
+        bins = np.minimum(label_bins(lab, 0.25), 19)
+        assert np.bincount(bins).tolist() == [50] * 20
     (a, _b), _y = d.test[0]
     assert a.dtype == torch.int64 and a.numel() > 0

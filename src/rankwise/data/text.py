@@ -175,8 +175,10 @@ def load_stsb_dir(
     """STS-B-DIR (Yang et al. 2021) from ``root/{train_new,dev_new,test_new}.tsv`` (GLUE format).
 
     Sentence-pair similarity regression, score 0..5; the official split has 5,249 / 1,000 /
-    1,000 pairs (val/test: 50 pairs per 0.25-wide score bin); ``bin_width`` is 0.1 (the
-    reference's 50 bins). Text is lowercased and split into words and punctuation
+    1,000 pairs (val/test: 50 pairs per 0.25-wide score bin, 5.0 counted in the last one);
+    ``bin_width`` is 0.1 (the reference's 50 bins; :func:`rankwise.data.label_bins` puts a score
+    of exactly 5.0 in bin 50, the reference in bin 49; both give the same test shot groups:
+    775 many-shot, 202 medium, 23 few-shot pairs). Text is lowercased and split into words and punctuation
     (:func:`tokenize`); the vocabulary (``<pad>`` = 0, ``<unk>`` = 1, then by frequency, tokens
     seen >= ``min_freq`` times, at most ``max_vocab``) is built from the TRAIN sentences only.
     Items ``((ids1, ids2), score)``; batch them with :func:`collate_text_pairs` (also

@@ -100,3 +100,52 @@ def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
             for i in range(starts[b], starts[b + 1]):
                 out_mu[r, i] = np.float64(s[r, i]) - val
                 out_ids[r, i] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def pav_backward(g, s, w, ids, kl, need_s, need_w, grad_s, grad_w):  # type: ignore[no-untyped-def]
+    """Vector-Jacobian product of ``mu = s - v(s, w)`` for every row, block by block.
+
+    l2: ``grad_s = g - mean_B(g)``, ``grad_w = mean_B(g)``; kl: ``grad_s = g - softmax_B(s) sum_B(g)``,
+    ``grad_w = softmax_B(w) sum_B(g)``. ``grad_w`` has the shape of ``w``; a shared ``(1, n)`` ``w``
+    accumulates over rows, so it must be zero-initialized.
+    """
+    rows, n = g.shape
+    shared_w = w.shape[0] == 1
+    for r in range(rows):
+        wr = 0 if shared_w else r
+        lo = 0
+        while lo < n:
+            hi = lo + 1
+            while hi < n and ids[r, hi] == ids[r, lo]:
+                hi += 1
+            gsum = 0.0
+            for i in range(lo, hi):
+                gsum += np.float64(g[r, i])
+            if not kl:
+                mean = gsum / (hi - lo)
+                for i in range(lo, hi):
+                    if need_s:
+                        grad_s[r, i] = np.float64(g[r, i]) - mean
+                    if need_w:
+                        grad_w[wr, i] += mean
+            else:
+                if need_s:
+                    m = -np.inf
+                    for i in range(lo, hi):
+                        m = max(m, np.float64(s[r, i]))
+                    tot = 0.0
+                    for i in range(lo, hi):
+                        tot += math.exp(np.float64(s[r, i]) - m)
+                    for i in range(lo, hi):
+                        grad_s[r, i] = np.float64(g[r, i]) - math.exp(np.float64(s[r, i]) - m) / tot * gsum
+                if need_w:
+                    m = -np.inf
+                    for i in range(lo, hi):
+                        m = max(m, np.float64(w[wr, i]))
+                    tot = 0.0
+                    for i in range(lo, hi):
+                        tot += math.exp(np.float64(w[wr, i]) - m)
+                    for i in range(lo, hi):
+                        grad_w[wr, i] += math.exp(np.float64(w[wr, i]) - m) / tot * gsum
+            lo = hi

@@ -174,20 +174,39 @@ class _PermutahedronProjection(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         s, w, ids = ctx.saved_tensors
-        flat = _flat_ids(ids)
         grad = grad.to(s.dtype)
+        need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad else None
+        if nb is not None:  # CPU: one pass over the blocks in the JIT
+            g_np = grad.detach().contiguous()
+            gs_buf = torch.empty_like(g_np) if need_s else torch.empty((1, 1), dtype=s.dtype)
+            gw_buf = torch.zeros(w.shape, dtype=s.dtype) if need_w else torch.empty((1, 1), dtype=s.dtype)
+            nb.pav_backward(
+                g_np.numpy(),
+                s.detach().contiguous().numpy(),
+                w.detach().to(s.dtype).contiguous().numpy(),
+                ids.numpy(),
+                ctx.reg == "kl",
+                need_s,
+                need_w,
+                gs_buf.numpy(),
+                gw_buf.numpy(),
+            )
+            return (gs_buf if need_s else None), (gw_buf if need_w else None), None
+        flat = _flat_ids(ids)
         gsum = _seg_sum(grad, flat)
-        grad_s = grad_w = None
+        grad_s: torch.Tensor | None = None
+        grad_w: torch.Tensor | None = None
         if ctx.reg == "l2":
             mean = gsum / _seg_sum(torch.ones_like(grad), flat)
-            if ctx.needs_input_grad[0]:
+            if need_s:
                 grad_s = grad - mean
-            if ctx.needs_input_grad[1]:
+            if need_w:
                 grad_w = mean
         else:
-            if ctx.needs_input_grad[0]:
+            if need_s:
                 grad_s = grad - torch.exp(s - _seg_logsumexp(s, flat)) * gsum
-            if ctx.needs_input_grad[1]:
+            if need_w:
                 wf = w.expand_as(s)
                 grad_w = torch.exp(wf - _seg_logsumexp(wf, flat)) * gsum
         if grad_w is not None and ctx.w_shared:

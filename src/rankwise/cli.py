@@ -1,0 +1,397 @@
+"""The ``rankwise`` command line (typer + rich).
+
+::
+
+    rankwise demo                                   # abalone: L1 vs +LDS vs +RankSim vs +RankSim+LDS
+    rankwise train abalone_ranksim --set trainer.max_epochs=50 --set loss.regularizers.ranksim.weight=1
+    rankwise train my.yaml --resume --out runs/my   # continue a killed run from its last checkpoint
+    rankwise evaluate runs/abalone_ranksim
+    rankwise compare abalone_vanilla abalone_lds --seeds 0,1,2 --out runs/cmp
+    rankwise data list | rankwise data show abalone
+    rankwise presets
+    rankwise sodeep train --seq-len 64 --model gru
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="rankwise",
+    help="Train and compare deep imbalanced regression / ranking / contrastive recipes (rankwise).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+#: env var switching ``rankwise demo`` to its reduced (test) mode
+ENV_DEMO_QUICK = "RANKWISE_DEMO_QUICK"
+
+DEMO_METHODS = {
+    "L1 (vanilla)": "abalone_vanilla",
+    "+LDS (sqrt_inv)": "abalone_lds",
+    "+RankSim": "abalone_ranksim",
+    "+RankSim+LDS": "abalone_ranksim_lds",
+}
+
+
+def _mount_sodeep() -> None:
+    try:
+        from rankwise.sodeep.cli import app as sodeep_app
+    except Exception as exc:  # pragma: no cover - only when the SoDeep package is broken/absent
+        err = f"{type(exc).__name__}: {exc}"
+        fallback = typer.Typer(help="SoDeep learned sorters (unavailable in this installation).")
+
+        @fallback.callback(invoke_without_command=True)
+        def _unavailable() -> None:
+            typer.echo(f"rankwise sodeep is unavailable: {err}", err=True)
+            raise typer.Exit(1)
+
+        app.add_typer(fallback, name="sodeep")
+        return
+    app.add_typer(sodeep_app, name="sodeep", help="SoDeep learned differentiable sorters: train and evaluate.")
+
+
+_mount_sodeep()
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    _console().print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _parse_devices(devices: str | None) -> Any:
+    if devices is None:
+        return None
+    d = devices.strip()
+    if d.isdigit() or (d.startswith("-") and d[1:].isdigit()):
+        return int(d)
+    if "," in d:
+        return [int(v) for v in d.split(",") if v.strip()]
+    return d
+
+
+def _print_table(results: dict[str, list[dict[str, Any]]], title: str) -> None:
+    """Two compact tables (MAE, GM) of the shot groups: mean ± std over the runs of each method."""
+    from rich.table import Table
+
+    from rankwise.recipes.reports import GROUPS, aggregate, format_cell
+
+    con = _console()
+    con.print(title, highlight=False)
+    for key, label in (("mae", "MAE"), ("gmean", "GM")):
+        table = Table(title_justify="left")
+        table.add_column(label, no_wrap=True)
+        table.add_column("n", justify="right")
+        for g in GROUPS:
+            table.add_column(g, justify="right", no_wrap=True)
+        if key == "mae":
+            table.add_column("Pearson", justify="right", no_wrap=True)
+        for method, runs in results.items():
+            agg = aggregate(runs)
+            row = [method, str(len(runs)), *[format_cell(agg[g][key]) for g in GROUPS]]
+            if key == "mae":
+                row.append(format_cell(agg["corr"]["pearson"], 3))
+            table.add_row(*row)
+        con.print(table)
+
+
+def _run_guarded(fn: Any) -> Any:
+    from rankwise.recipes.config import ConfigError
+
+    try:
+        return fn()
+    except ConfigError as e:
+        _fail(str(e))
+    except Exception as e:
+        from rankwise.recipes.modules import NonFiniteLossError
+
+        if isinstance(e, NonFiniteLossError):
+            _fail(str(e), code=1)
+        raise
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+@app.command()
+def train(
+    config: Annotated[str, typer.Argument(help="YAML config file or preset name (see `rankwise presets`)")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="override: key.sub=value (YAML value)")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the run directory from its last checkpoint")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="run directory (default: run.out_dir/run.name)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing run directory")] = False,
+    devices: Annotated[str | None, typer.Option(help="Lightning devices: auto, N or a list 0,1")] = None,
+    accelerator: Annotated[str | None, typer.Option(help="cpu, gpu, cuda, mps, auto")] = None,
+    strategy: Annotated[str | None, typer.Option(help="Lightning strategy, e.g. ddp")] = None,
+    num_nodes: Annotated[int | None, typer.Option("--num-nodes", help="number of nodes")] = None,
+    precision: Annotated[str | None, typer.Option(help="32-true, 16-mixed, bf16-mixed, ...")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")] = True,
+) -> None:
+    """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory."""
+    from rankwise.recipes.config import load_config
+    from rankwise.recipes.runner import train as run_train
+
+    overrides = list(set_ or [])
+    for key, value in (
+        ("devices", _parse_devices(devices)),
+        ("accelerator", accelerator),
+        ("strategy", strategy),
+        ("num_nodes", num_nodes),
+        ("precision", precision),
+    ):
+        if value is not None:
+            overrides.append(f"trainer.{key}={value}")
+
+    def go() -> Any:
+        cfg = load_config(config, overrides)
+        return run_train(cfg, out=out, resume=resume, overwrite=overwrite, progress=progress)
+
+    res = _run_guarded(go)
+    if not res.metrics:
+        return
+    _print_table({res.config.run.name: [res.metrics]}, f"test metrics: {res.run_dir}")
+    _console().print(f"run directory: [bold]{res.run_dir}[/]")
+
+
+@app.command()
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory written by `rankwise train`")],
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+    checkpoint: Annotated[str, typer.Option(help="best or last")] = "best",
+) -> None:
+    """Re-evaluate a run's best checkpoint on its test set (rewrites metrics.json and plots)."""
+    from rankwise.recipes.runner import evaluate as run_eval
+
+    metrics = _run_guarded(lambda: run_eval(run_dir, plots=plots, checkpoint=checkpoint))
+    _print_table({run_dir.name: [metrics]}, f"test metrics: {run_dir}")
+
+
+def _parse_seeds(seeds: str) -> list[int]:
+    try:
+        if "-" in seeds and "," not in seeds:
+            lo, hi = seeds.split("-")
+            return list(range(int(lo), int(hi) + 1))
+        return [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--seeds expects e.g. 0,1,2 or 0-4, got {seeds!r}")
+        raise
+
+
+@app.command()
+def compare(
+    sources: Annotated[list[str], typer.Argument(help="configs / presets (trained per seed) or run directories")],
+    seeds: Annotated[str, typer.Option(help="seeds, e.g. 0,1,2 or 0-4")] = "0,1,2",
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="override applied to every config")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder (runs/ + report.md)")] = Path("runs/compare"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="retrain runs that already finished")] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = False,
+) -> None:
+    """Several methods x seeds: mean ± std shot table and a markdown report (OUT/report.md)."""
+    from rankwise.recipes.runner import compare as run_compare
+
+    seed_list = _parse_seeds(seeds)
+    t0 = time.perf_counter()
+
+    def on_run(method: str, seed: int, res: Any) -> None:
+        mae = res.metrics["test"]["all"]["mae"]
+        _console().print(f"  {method} seed {seed}: test MAE {mae:.3f}  ({res.run_dir})", highlight=False)
+
+    res = _run_guarded(
+        lambda: run_compare(
+            sources,
+            seeds=seed_list,
+            out=out,
+            overrides=list(set_ or []),
+            progress=progress,
+            overwrite=overwrite,
+            on_run=on_run,
+        )
+    )
+    _print_table(res.results, f"test metrics, mean ± std over seeds ({time.perf_counter() - t0:.0f} s)")
+    _console().print(f"report: [bold]{res.report}[/]")
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/demo"),
+    seeds: Annotated[int, typer.Option(help="number of seeds per method")] = 3,
+    quick: Annotated[
+        bool, typer.Option("--quick", help=f"tiny smoke-test version (also env {ENV_DEMO_QUICK}=1)")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite/--reuse", help="retrain runs already in OUT")] = True,
+) -> None:
+    """Abalone ages (real data, DIR split): vanilla L1, +LDS, +RankSim, +RankSim+LDS over several seeds.
+
+    Prints the many/medium/few-shot table (MAE and GM, mean ± std) and writes OUT/report.md + plots.
+    """
+    from rankwise.recipes.runner import compare as run_compare
+
+    quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
+    overrides = ["trainer.enable_progress_bar=false"]
+    if quick:
+        overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "run.tsne=false"]
+        seeds = min(seeds, 1)
+    con = _console()
+    con.print(
+        f"[bold]rankwise demo[/]: abalone age regression, {len(DEMO_METHODS)} methods x {seeds} seed(s)"
+        + (" (quick mode)" if quick else "")
+    )
+    t0 = time.perf_counter()
+    done: dict[str, float] = {}
+
+    def on_run(method: str, seed: int, res: Any) -> None:
+        m = res.metrics["test"]
+        label = {v: k for k, v in DEMO_METHODS.items()}[method]
+        con.print(
+            f"  {label:<18} seed {seed}: MAE all {m['all']['mae']:.3f} | few {m['few']['mae']:.3f}  "
+            f"[{time.perf_counter() - t0:.0f} s]",
+            highlight=False,
+        )
+        done[method] = time.perf_counter() - t0
+
+    def go() -> Any:
+        res = run_compare(
+            list(DEMO_METHODS.values()),
+            seeds=list(range(seeds)),
+            out=out,
+            overrides=overrides,
+            overwrite=overwrite,
+            on_run=on_run,
+            plot_first_seed_only=True,
+            title="rankwise demo: abalone age (DIR split)",
+            extra="Methods: " + ", ".join(f"`{v}` = {k}" for k, v in DEMO_METHODS.items()),
+        )
+        return res
+
+    res = _run_guarded(go)
+    elapsed = time.perf_counter() - t0
+    pretty = {label: res.results[preset] for label, preset in DEMO_METHODS.items() if preset in res.results}
+    _print_table(
+        pretty,
+        f"abalone test set (age in years), mean ± std over {seeds} seed(s); many > 100, "
+        f"few < 20 training shells per age",
+    )
+    with open(res.report, "a") as fh:
+        fh.write(f"\nTotal demo time: {elapsed:.1f} s ({seeds} seed(s), {len(DEMO_METHODS)} methods).\n")
+    con.print(f"report: [bold]{res.report}[/]  (total {elapsed:.1f} s)")
+
+
+@app.command()
+def presets() -> None:
+    """List the bundled presets (YAML files in rankwise/recipes/presets)."""
+    from rich.table import Table
+
+    from rankwise.recipes.config import PRESET_DIR, list_presets
+
+    table = Table(title=f"presets ({PRESET_DIR})", title_justify="left")
+    table.add_column("preset", no_wrap=True)
+    table.add_column("description")
+    for name, desc in list_presets().items():
+        table.add_row(name, desc)
+    _console().print(table)
+
+
+@data_app.command("list")
+def data_list() -> None:
+    """List the registered datasets."""
+    from rich.table import Table
+
+    from rankwise.data import dataset_info, list_datasets
+
+    table = Table(title="datasets", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    table.add_column("description")
+    for name in list_datasets():
+        table.add_row(name, dataset_info(name).splitlines()[0])
+    _console().print(table)
+
+
+@data_app.command("show")
+def data_show(
+    name: Annotated[str, typer.Argument(help="dataset name (see `rankwise data list`)")],
+    option: Annotated[list[str] | None, typer.Option("--option", "-O", help="loader option key=value")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write the label histogram PNG here")] = None,
+    info_only: Annotated[bool, typer.Option("--info-only", help="print the description without loading")] = False,
+) -> None:
+    """Describe a dataset, load it and print split sizes and the training label histogram."""
+    import yaml
+
+    from rankwise.data import dataset_info, label_histogram
+
+    con = _console()
+    try:
+        con.print(dataset_info(name), highlight=False)
+    except ValueError as e:
+        _fail(str(e))
+    if info_only:
+        return
+    opts: dict[str, Any] = {}
+    for item in option or []:
+        if "=" not in item:
+            _fail(f"--option expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        opts[k.strip()] = yaml.safe_load(v)
+    from rankwise.data import get_dataset
+
+    try:
+        data = get_dataset(name, **opts)
+    except (OSError, ValueError, TypeError) as e:
+        _fail(f"cannot load dataset {name!r}: {e}")
+    if not hasattr(data, "train_labels"):
+        con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
+        return
+    con.print(
+        f"\n[bold]{data.name}[/]: kind {data.kind}, input_dim {data.input_dim}, label '{data.label_name}', "
+        f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
+    )
+    hist = label_histogram(data.train_labels, data.bin_width)
+    counts = hist.counts
+    top = max(int(counts.max()) if counts.size else 1, 1)
+    step = max(1, len(counts) // 60)
+    for i in range(0, len(counts), step):
+        c = int(counts[i : i + step].sum())
+        shot = "many" if c > 100 else "few" if c < 20 else "med"
+        bar = "#" * max(0, round(40 * c / (top * step)))
+        con.print(f"{hist.edges[i]:>9.3g} {c:>6d} {shot:>4} {bar}", highlight=False)
+    if plot is not None:
+        from rankwise.recipes.reports import plot_label_histogram
+
+        plot_label_histogram(
+            data.train_labels,
+            data.bin_width,
+            plot,
+            test_labels=data.test_labels,
+            title=f"{data.name}: {data.label_name}",
+        )
+        con.print(f"histogram: {plot}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``rankwise``)."""
+    app(args=argv if argv is not None else sys.argv[1:], prog_name="rankwise")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

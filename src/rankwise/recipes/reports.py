@@ -1,0 +1,369 @@
+"""Plots, tables and markdown reports of runs (matplotlib with the Agg backend, sklearn t-SNE).
+
+Plots of one run (``RUN_DIR/plots``): label histogram with the shot regions, per-label MAE curve,
+feature-similarity heatmap ordered by label (RankSim's Figure 3), t-SNE of the features coloured by
+label. :func:`aggregate` and :func:`markdown_table` build the mean ± std table of ``compare``/``demo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "GROUPS",
+    "aggregate",
+    "format_cell",
+    "markdown_table",
+    "plot_compare_per_label_mae",
+    "plot_compare_shots",
+    "plot_label_histogram",
+    "plot_per_label_mae",
+    "plot_similarity_heatmap",
+    "plot_tsne",
+    "shot_groups",
+    "write_compare_report",
+]
+
+GROUPS = ("all", "many", "medium", "few")
+_SHOT_COLORS = {"many": "#4c72b0", "medium": "#dd8452", "few": "#c44e52"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
+    return np.floor(np.asarray(labels, dtype=np.float64) / bin_width + 1e-9).astype(np.int64)
+
+
+def shot_groups(
+    train_labels: np.ndarray, bin_width: float, *, many_shot: int = 100, few_shot: int = 20
+) -> dict[int, str]:
+    """Bin -> ``"many"``/``"medium"``/``"few"`` from the training count of each bin."""
+    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    return {int(k): ("many" if n > many_shot else "few" if n < few_shot else "medium") for k, n in zip(b, c)}
+
+
+def plot_label_histogram(
+    train_labels: np.ndarray,
+    bin_width: float,
+    path: str | Path,
+    *,
+    many_shot: int = 100,
+    few_shot: int = 20,
+    test_labels: np.ndarray | None = None,
+    title: str = "",
+) -> Path:
+    """Training label histogram, bars coloured by shot group (many > ``many_shot`` > medium >= ``few_shot`` > few)."""
+    plt = _plt()
+    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    groups = shot_groups(train_labels, bin_width, many_shot=many_shot, few_shot=few_shot)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    colors = [_SHOT_COLORS[groups[int(k)]] for k in b]
+    ax.bar(b * bin_width, c, width=bin_width * 0.9, color=colors, align="edge")
+    if test_labels is not None and len(test_labels):
+        tb, tc = np.unique(_bins(test_labels, bin_width), return_counts=True)
+        ax.step(tb * bin_width + bin_width / 2, tc, where="mid", color="k", lw=1, label="test count")
+    ax.axhline(many_shot, color="grey", ls="--", lw=0.8)
+    ax.axhline(few_shot, color="grey", ls=":", lw=0.8)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=v, label=f"{k}-shot") for k, v in _SHOT_COLORS.items()]
+    ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=8)
+    ax.set_xlabel("label")
+    ax.set_ylabel("training count")
+    ax.set_title(title or "label distribution (train) and shot regions")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def per_label_mae(preds: np.ndarray, labels: np.ndarray, bin_width: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(bin centres, MAE in each bin)`` of a test set."""
+    b = _bins(labels, bin_width)
+    ub, inv = np.unique(b, return_inverse=True)
+    err = np.abs(np.asarray(preds, dtype=np.float64) - np.asarray(labels, dtype=np.float64))
+    mae = np.bincount(inv, weights=err) / np.bincount(inv)
+    return (ub + 0.5) * bin_width, mae
+
+
+def plot_per_label_mae(
+    preds: np.ndarray,
+    labels: np.ndarray,
+    train_labels: np.ndarray,
+    bin_width: float,
+    path: str | Path,
+    *,
+    title: str = "",
+) -> Path:
+    return plot_compare_per_label_mae({"": (preds, labels)}, train_labels, bin_width, path, title=title)
+
+
+def plot_compare_per_label_mae(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    train_labels: np.ndarray,
+    bin_width: float,
+    path: str | Path,
+    *,
+    title: str = "",
+) -> Path:
+    """Per-label test MAE of one or several methods, over the training histogram (grey)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax2 = ax.twinx()
+    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    ax2.bar(b * bin_width, c, width=bin_width * 0.9, color="0.85", align="edge", zorder=0)
+    ax2.set_ylabel("training count", color="0.5")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for name, (preds, labels) in series.items():
+        x, mae = per_label_mae(preds, labels, bin_width)
+        ax.plot(x, mae, marker="o", ms=3, label=name or None)
+    if any(series):
+        ax.legend(fontsize=8)
+    ax.set_xlabel("label")
+    ax.set_ylabel("test MAE")
+    ax.set_title(title or "per-label test MAE")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str | Path, *, title: str = "") -> Path:
+    """Cosine-similarity matrix of the features with examples ordered by label (RankSim Fig. 3)."""
+    plt = _plt()
+    f = np.asarray(features, dtype=np.float64)
+    order = np.argsort(np.asarray(labels), kind="stable")
+    f = f[order]
+    f = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
+    sim = f @ f.T
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    im = ax.imshow(sim, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    lab = np.asarray(labels)[order]
+    ticks = np.linspace(0, len(lab) - 1, num=min(6, len(lab))).astype(int) if len(lab) else []
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
+    ax.set_title(title or "feature cosine similarity (ordered by label)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_tsne(features: np.ndarray, labels: np.ndarray, path: str | Path, *, seed: int = 0, title: str = "") -> Path:
+    """2-D t-SNE (scikit-learn) of the features coloured by label."""
+    from sklearn.manifold import TSNE
+
+    plt = _plt()
+    f = np.asarray(features, dtype=np.float64)
+    n = f.shape[0]
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    if n >= 5:
+        from threadpoolctl import threadpool_limits
+
+        # one thread: sklearn's OpenMP Barnes-Hut is ~10x slower when the CPUs are oversubscribed
+        with threadpool_limits(1):
+            emb = TSNE(
+                n_components=2,
+                perplexity=float(min(30, max(2, (n - 1) // 3))),
+                init="pca",
+                random_state=seed,
+                max_iter=500,
+            ).fit_transform(f)
+        sc = ax.scatter(emb[:, 0], emb[:, 1], c=labels, cmap="viridis", s=8)
+        fig.colorbar(sc, ax=ax, fraction=0.046, label="label")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or "t-SNE of features", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v) if v is not None else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _get(metrics: Mapping[str, Any], group: str, key: str) -> float:
+    v = metrics.get(group, {})
+    return _num(v.get(key)) if isinstance(v, Mapping) else float("nan")
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Mean, std (ddof=0) and number of runs of each test metric: ``out[group][key] = (mean, std, n)``.
+
+    ``runs`` are ``metrics.json`` contents (``{"test": regression_metrics(...)}``).
+    """
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    keys = {g: ("mae", "mse", "gmean", "count") for g in GROUPS}
+    for g, ks in keys.items():
+        out[g] = {}
+        for k in ks:
+            vals = np.array([_get(r["test"], g, k) for r in runs], dtype=np.float64)
+            vals = vals[np.isfinite(vals)]
+            out[g][k] = (
+                (float(vals.mean()), float(vals.std()), int(vals.size))
+                if vals.size
+                else (float("nan"), float("nan"), 0)
+            )
+    for k in ("pearson", "spearman"):
+        vals = np.array([_num(r["test"].get(k)) for r in runs], dtype=np.float64)
+        vals = vals[np.isfinite(vals)]
+        out.setdefault("corr", {})[k] = (
+            (float(vals.mean()), float(vals.std()), int(vals.size)) if vals.size else (float("nan"), float("nan"), 0)
+        )
+    return out
+
+
+def format_cell(stat: tuple[float, float, int], digits: int = 2) -> str:
+    mean, std, n = stat
+    if n == 0 or not np.isfinite(mean):
+        return "–"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
+def table_rows(
+    results: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = "mae"
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows ``method | n | MAE all/many/medium/few | GM all/many/medium/few | Pearson``."""
+    name = metric.upper()
+    header = ["method", "seeds", *[f"{name} {g}" for g in GROUPS], *[f"GM {g}" for g in GROUPS], "Pearson"]
+    rows = []
+    for method, runs in results.items():
+        agg = aggregate(runs)
+        rows.append(
+            [
+                method,
+                str(len(runs)),
+                *[format_cell(agg[g][metric]) for g in GROUPS],
+                *[format_cell(agg[g]["gmean"]) for g in GROUPS],
+                format_cell(agg["corr"]["pearson"], 3),
+            ]
+        )
+    return header, rows
+
+
+def markdown_table(results: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = "mae") -> str:
+    header, rows = table_rows(results, metric)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot_compare_shots(
+    results: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, metric: str = "mae"
+) -> Path:
+    """Grouped bar chart of the shot-group test metric (mean ± std over seeds) of every method."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    methods = list(results)
+    width = 0.8 / max(len(methods), 1)
+    x = np.arange(len(GROUPS))
+    for i, m in enumerate(methods):
+        agg = aggregate(results[m])
+        means = [agg[g][metric][0] for g in GROUPS]
+        stds = [agg[g][metric][1] for g in GROUPS]
+        ax.bar(x + i * width, means, width, yerr=stds, label=m, capsize=2)
+    ax.set_xticks(x + width * (len(methods) - 1) / 2)
+    ax.set_xticklabels(GROUPS)
+    ax.set_ylabel(f"test {metric.upper()}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_compare_report(
+    out_dir: str | Path,
+    results: Mapping[str, Sequence[Mapping[str, Any]]],
+    run_dirs: Mapping[str, Sequence[str | Path]],
+    *,
+    title: str = "rankwise comparison",
+    metric: str = "mae",
+    extra: str = "",
+) -> Path:
+    """``OUT/report.md``: the mean ± std table, shot bar chart, per-label MAE overlay and per-run plots."""
+    out = Path(out_dir)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    plot_compare_shots(results, out / "plots" / "shots.png", metric=metric)
+    series = {}
+    train_labels = None
+    bin_width = 1.0
+    for method, dirs in run_dirs.items():
+        if not dirs:
+            continue
+        pred_file = Path(dirs[0]) / "predictions.npz"
+        if pred_file.is_file():
+            z = np.load(pred_file)
+            series[method] = (z["pred"], z["label"])
+            train_labels = z["train_labels"]
+            bin_width = float(z["bin_width"])
+    lines = [f"# {title}", ""]
+    if extra:
+        lines += [extra, ""]
+    lines += [
+        f"Test {metric.upper()} and GM (geometric mean of |error|) per shot group: mean ± std over seeds "
+        "(many > 100, few < 20 training examples per label).",
+        "",
+        markdown_table(results, metric),
+        "",
+        "![shot groups](plots/shots.png)",
+        "",
+    ]
+    if series and train_labels is not None:
+        plot_compare_per_label_mae(series, train_labels, bin_width, out / "plots" / "per_label_mae.png")
+        plot_label_histogram(train_labels, bin_width, out / "plots" / "label_histogram.png")
+        lines += ["![per-label MAE](plots/per_label_mae.png)", "", "![label histogram](plots/label_histogram.png)", ""]
+    lines += ["## Runs", ""]
+    for method, dirs in run_dirs.items():
+        lines.append(f"### {method}")
+        lines.append("")
+        for d in dirs:
+            rel = _rel(Path(d), out)
+            lines.append(f"- [{rel}]({rel})")
+        if dirs:
+            first = Path(dirs[0]) / "plots"
+            imgs = [p for p in ("similarity.png", "tsne.png", "per_label_mae.png") if (first / p).is_file()]
+            if imgs:
+                lines.append("")
+                lines.append(" ".join(f"![{p}]({_rel(first / p, out)})" for p in imgs))
+        lines.append("")
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _rel(p: Path, base: Path) -> str:
+    import os
+
+    try:
+        return os.path.relpath(p.resolve(), base.resolve())
+    except ValueError:
+        return str(p)

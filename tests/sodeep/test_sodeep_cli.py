@@ -1,0 +1,72 @@
+"""The ``rankwise sodeep`` typer app: a tiny training run and an evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+typer_testing = pytest.importorskip("typer.testing")
+
+from rankwise.sodeep.cli import app  # noqa: E402
+from rankwise.sodeep.weights_io import load_sorter  # noqa: E402
+
+
+def test_cli_train_writes_checkpoint_and_weights(tmp_path) -> None:
+    runner = typer_testing.CliRunner()
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--seq-len",
+        "8",
+        "--model",
+        "gru",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--seed",
+        "1",
+        "--hidden-size",
+        "8",
+        "--num-layers",
+        "1",
+        "--eval-num",
+        "4",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "families_mean" in res.output
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+    weights = out / "gru_8.pt"
+    payload = torch.load(weights, weights_only=True)
+    assert payload["train"]["steps"] == 3 and payload["train"]["seed"] == 1
+    assert "families_mean" in payload["metrics"]
+    sorter = load_sorter(weights)
+    assert sorter(torch.randn(2, 8)).shape == (2, 8)
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["report"]) >= {"uniform", "ties", "families_mean"}
+
+    # the same seed gives the same weights (reproducible training)
+    out2 = tmp_path / "run2"
+    res2 = runner.invoke(app, [*args[:-1], str(out2)])
+    assert res2.exit_code == 0, res2.output
+    s2 = torch.load(out2 / "gru_8.pt", weights_only=True)["state_dict"]
+    for k, v in payload["state_dict"].items():
+        torch.testing.assert_close(s2[k], v, rtol=0, atol=0)
+
+    res3 = runner.invoke(app, ["evaluate", "--weights", str(weights), "--num", "4", "--no-real", "--json"])
+    assert res3.exit_code == 0, res3.output
+    assert "families_mean" in json.loads(res3.output)
+
+
+def test_cli_rejects_bad_model(tmp_path) -> None:
+    runner = typer_testing.CliRunner()
+    res = runner.invoke(app, ["train", "--model", "exact", "--steps", "1", "--out", str(tmp_path)])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, ValueError) and "`model` must be one of" in str(res.exception)

@@ -444,3 +444,5 @@ def test_second_derivatives() -> None:
     x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda s: neural_sort(s, tau=0.5), (x,))
     assert torch.autograd.gradgradcheck(lambda s: rankwise.soft_topk(s, 2, tau=0.5), (x,))
+    for power in (1.0, 2.0, 1.5):
+        assert torch.autograd.gradgradcheck(lambda s, p=power: softsort_matrix(s, tau=0.5, power=p), (x,))

@@ -276,14 +276,46 @@ def stochastic_neural_sort(
 # ----------------------------------------------------------------------------------------------
 # SoftSort
 # ----------------------------------------------------------------------------------------------
-def _safe_pow(a: torch.Tensor, power: float) -> torch.Tensor:
-    """``a ** power`` for ``a >= 0`` with a finite gradient at 0 (also for power < 1)."""
+def _dist_derivative(d: torch.Tensor, power: float, inplace: bool) -> torch.Tensor:
+    """d/dd of ``|d| ** power``, with the value 0 at ``d = 0`` (also for power < 1)."""
     if power == 1.0:
-        return a
+        return d.sign_() if inplace else d.sign()
     if power == 2.0:
-        return a * a
-    pos = a > 0
-    return torch.where(pos, torch.where(pos, a, torch.ones_like(a)).pow(power), torch.zeros_like(a))
+        return d.mul_(2.0) if inplace else d * 2.0
+    a = d.abs()
+    nz = a > 0
+    mag = torch.where(nz, a, torch.ones_like(a)).pow(power - 1.0) * power
+    return torch.where(nz, mag * d.sign(), torch.zeros_like(a))
+
+
+class _SoftSortSoftmax(torch.autograd.Function):
+    """``P[..., i, j] = softmax_j(-|v_i - s_j| ** power / tau)``, fused (saves ``P``, ``v``, ``s``)."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor, s: torch.Tensor, tau: float, power: float) -> torch.Tensor:
+        dist = (v.unsqueeze(-1) - s.unsqueeze(-2)).abs_()  # (..., m, n)
+        if power == 2.0:
+            dist.square_()
+        elif power != 1.0:
+            dist.pow_(power)  # 0 ** power = 0 for power > 0
+        p = torch.softmax(dist.mul_(-1.0 / tau), dim=-1)
+        ctx.save_for_backward(p, v, s)
+        ctx.tau, ctx.power = tau, power
+        return p
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        p, v, s = ctx.saved_tensors
+        inplace = not torch.is_grad_enabled()  # double backward: stay out-of-place
+        gp = grad * p
+        if inplace:
+            dl = gp.addcmul_(p, gp.sum(dim=-1, keepdim=True), value=-1.0)
+        else:
+            dl = gp - p * gp.sum(dim=-1, keepdim=True)
+        deriv = _dist_derivative(v.unsqueeze(-1) - s.unsqueeze(-2), ctx.power, inplace)
+        h = dl.mul_(deriv) if inplace else dl * deriv  # dL/d(dist) = -h / tau
+        scale = -1.0 / ctx.tau
+        return h.sum(dim=-1) * scale, h.sum(dim=-2) * (-scale), None, None
 
 
 def _softsort_rows(s: torch.Tensor, tau: float, power: float, rows: int | None = None) -> torch.Tensor:
@@ -293,8 +325,8 @@ def _softsort_rows(s: torch.Tensor, tau: float, power: float, rows: int | None =
         v = torch.sort(s, dim=-1, descending=True).values
     else:
         v = torch.topk(s, m, dim=-1).values
-    dist = _safe_pow((v.unsqueeze(-1) - s.unsqueeze(-2)).abs(), power)  # (..., m, n)
-    return torch.softmax(dist * (-1.0 / tau), dim=-1)
+    out: torch.Tensor = _SoftSortSoftmax.apply(v, s, tau, power)
+    return out
 
 
 def softsort_matrix(

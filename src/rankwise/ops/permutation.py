@@ -169,7 +169,7 @@ def neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, d
     O(n³) product with :math:`\mathbf 1 \mathbf 1^\top` of the reference code; the whole operator is
     O(n²) time and memory (the size of its output).
 
-    Properties: entries are > 0, every row sums to 1, the row argmaxes form the sorting
+    Properties: entries are >= 0 (> 0 up to underflow), every row sums to 1, the row argmaxes form the sorting
     permutation whenever the scores are distinct, and :math:`\hat P \to P` as ``tau → 0``.
     Columns do **not** sum to 1 in general (:math:`\hat P` is not doubly stochastic): the column
     sums average exactly 1 and tend to 1 as ``tau → 0`` or ``tau → ∞``.

@@ -55,7 +55,7 @@ def soft_topk(
     with :math:`\hat P` NeuralSort's matrix (:func:`rankwise.neural_sort`, default) or SoftSort's
     (``method="softsort"``). Only the first ``k`` rows are built: O(k n) time and memory.
 
-    Properties: :math:`m_j > 0` and :math:`\sum_j m_j = k` exactly; as ``tau → 0`` ``m`` tends to the
+    Properties: :math:`m_j \ge 0` and :math:`\sum_j m_j = k` exactly; as ``tau → 0`` ``m`` tends to the
     0/1 indicator of the ``k`` largest scores. Because :math:`\hat P` is not doubly stochastic,
     an entry can exceed 1 slightly at moderate ``tau`` (by at most the column-sum excess of
     :math:`\hat P`; typically a few percent to ~15% for close scores); clamp it if you need a
@@ -110,7 +110,7 @@ def dknn(
     (:math:`s_{qj} = 2 x_q^\top y_j - \lVert y_j\rVert^2`): :math:`\hat P` and the Plackett-Luce law
     are invariant to it, and it only costs precision.
 
-    Rows sum to ``k`` exactly and are > 0; as ``tau → 0`` (deterministic) they tend to the 0/1
+    Rows sum to ``k`` exactly and are >= 0; as ``tau → 0`` (deterministic) they tend to the 0/1
     indicator of the ``k`` nearest neighbours (ties broken by the relaxation, i.e. shared). As for
     :func:`soft_topk`, an entry may exceed 1 slightly at moderate ``tau``. Use
     :func:`dknn_class_scores` to turn memberships into class scores (the paper's loss is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -404,6 +405,37 @@ def test_falls_back_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     assert iso._nb is None
     torch.testing.assert_close(got, want)
     got.sum().backward()
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_non_cpu_path_needs_no_host_values(reg: str) -> None:
+    """Non-CPU tensors take the vectorized path; it runs on the meta device, so no op reads data on the host."""
+    for fn in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+        x = torch.randn(3, 7, device="meta", requires_grad=True)
+        y = fn(x, regularization=reg, regularization_strength=0.5, descending=True)
+        assert y.device.type == "meta" and y.shape == x.shape
+        y.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("reg", REGS)
+def test_cuda_no_sync_and_matches_cpu(reg: str) -> None:
+    x = torch.randn(4, 50, dtype=torch.float64)
+    g = torch.randn(4, 50, dtype=torch.float64)
+    for op in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+        fn = functools.partial(op, regularization=reg, regularization_strength=0.3)
+        want = _value_and_grad(fn, x, g)
+        xc, gc = x.cuda(), g.cuda()
+        fn(xc)  # warm-up outside the sync check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = _value_and_grad(fn, xc, gc)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1])
 
 
 def test_torch_path_chunks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -303,6 +303,10 @@ def soft_rank_isotonic(
 
     Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere.
 
+    Cost: CPU tensors use a numba PAV kernel, O(n log n) time and O(n) memory per row; other devices
+    (CUDA) use a vectorized PyTorch min-max formulation, O(n^2) time and memory per row (rows are
+    processed in chunks), without host synchronization.
+
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.
         - output: same shape and dtype as ``x`` (float16/bfloat16 are computed in float32).
@@ -345,7 +349,8 @@ def soft_sort_isotonic(
     it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
     the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
 
-    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``.
+    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``. Cost as in
+    :func:`soft_rank_isotonic`.
 
     Shape:
         - x: :math:`(*, n, *)` floating; sorted along ``dim``.

@@ -262,3 +262,27 @@ def test_labels_with_trailing_dim_and_float_labels():
     y = torch.tensor([0.5, 1.0, 0.5, 2.0])
     torch.testing.assert_close(supcon_loss(x, y[:, None]), supcon_loss(x, y))
     assert math.isfinite(supcon_loss(x, y).item())
+
+
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_chunked_gradcheck_and_extremes(variant):
+    x = _feats(4, 2, 3)
+    m = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
+    assert gradcheck(lambda f: supcon_loss(f, mask=m, temperature=0.5, variant=variant, chunk_size=3), x)
+    assert gradcheck(lambda f: supcon_loss(f, temperature=0.5, contrast_mode="one", variant=variant, chunk_size=1), x)
+    big = _feats(12, 2, 8, scale=1e4, dtype=torch.float32)
+    y = torch.arange(12) % 5
+    for kw in ({"normalize": False}, {"temperature": 0.01}):
+        full = supcon_loss(big, y, variant=variant, **kw)
+        part = supcon_loss(big, y, variant=variant, chunk_size=5, **kw)
+        (g1,) = torch.autograd.grad(full, big)
+        (g2,) = torch.autograd.grad(part, big)
+        assert torch.isfinite(part) and torch.isfinite(g2).all()
+        torch.testing.assert_close(part, full, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(g2, g1, rtol=1e-4, atol=1e-3)
+    half = _feats(12, 2, 8, dtype=torch.float16)
+    loss = supcon_loss(half, y, variant=variant, chunk_size=4)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(half.grad).all()
+    with torch.no_grad():
+        torch.testing.assert_close(supcon_loss(half, y, variant=variant, chunk_size=4), loss.detach())

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_positive
@@ -30,25 +29,16 @@ def _check_chunk(chunk_size: int | None) -> int | None:
     return chunk_size
 
 
-def _supcon_block(
-    anchors: torch.Tensor,
-    contrast: torch.Tensor,
-    anchor_idx: torch.Tensor,
-    keys: torch.Tensor,
-    batch: int,
-    use_mask: bool,
-    temperature: float,
-    variant: str,
+def _block_masks(
+    anchor_idx: torch.Tensor, n: int, keys: torch.Tensor, batch: int, use_mask: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-anchor losses of a block of anchors (rows) against every view (columns).
+    """(c, N) positives (self excluded) and self masks of a block of anchors, in O(c * N) memory.
 
-    anchors (c, D), contrast (N, D) in view-major order (column k is sample ``k % batch``),
-    anchor_idx (c,) column of each anchor itself. ``keys``: a (B, B) bool positive mask when
-    ``use_mask``, else per-sample keys (B,) where equal keys are positives.
-    Memory: O(c * N).
+    Columns are views in view-major order (column k is sample ``k % batch``); ``anchor_idx`` is the
+    column of each anchor itself. ``keys``: a (B, B) bool positive mask when ``use_mask``, else
+    per-sample keys (B,) where equal keys are positives.
     """
-    n = contrast.shape[0]
-    cols = torch.arange(n, device=contrast.device)
+    cols = torch.arange(n, device=anchor_idx.device)
     col_sample = cols % batch
     row_sample = anchor_idx % batch
     if use_mask:
@@ -56,7 +46,18 @@ def _supcon_block(
     else:
         pos = keys[row_sample][:, None] == keys[col_sample][None, :]
     is_self = anchor_idx[:, None] == cols[None, :]
-    pos = pos & ~is_self
+    return pos & ~is_self, is_self
+
+
+def _block_stats(
+    anchors: torch.Tensor,
+    contrast: torch.Tensor,
+    pos: torch.Tensor,
+    is_self: torch.Tensor,
+    temperature: float,
+    variant: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-anchor loss, validity, lse over A(i), lse over P(i) (``"in"``) and |P(i)| (differentiable)."""
     npos = pos.sum(1)
     valid = npos > 0
     logits = (anchors @ contrast.T) / temperature
@@ -66,11 +67,70 @@ def _supcon_block(
     npos_f = npos.clamp(min=1).to(logits.dtype)
     if variant == "out":
         pos_mean = torch.where(pos, logits, torch.zeros_like(logits)).sum(1) / npos_f
+        lse_pos = pos_mean  # unused by the backward of the "out" variant
         loss = lse - pos_mean
     else:
         lse_pos = torch.logsumexp(torch.where(pos | ~valid[:, None], logits, neg_inf), dim=1)
         loss = lse - lse_pos + torch.log(npos_f)
-    return torch.where(valid, loss, torch.zeros_like(loss)), valid
+    return torch.where(valid, loss, torch.zeros_like(loss)), valid, lse, lse_pos, npos_f
+
+
+class _ChunkedSupCon(torch.autograd.Function):
+    r"""Per-anchor SupCon losses computed block by block, with an analytic blockwise backward.
+
+    Only O(N) statistics per anchor are saved; backward recomputes each block's logits, so the
+    peak memory is O(chunk * N) for forward and backward alike. With :math:`P_{ia}` the softmax of
+    the logits over :math:`A(i)`, :math:`\partial \ell_i / \partial s_{ia} = P_{ia} - q_{ia}`
+    where :math:`q_{ia} = [a \in P(i)] / |P(i)|` (``"out"``) or the softmax over :math:`P(i)` (``"in"``).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        anchors: torch.Tensor,
+        contrast: torch.Tensor,
+        keys: torch.Tensor,
+        batch: int,
+        use_mask: bool,
+        temperature: float,
+        variant: str,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_anchor, n = anchors.shape[0], contrast.shape[0]
+        outs = []
+        for start in range(0, n_anchor, chunk):
+            idx = torch.arange(start, min(start + chunk, n_anchor), device=anchors.device)
+            pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
+            outs.append(_block_stats(anchors[start : start + chunk], contrast, pos, is_self, temperature, variant))
+        loss, valid, lse, lse_pos, npos = (torch.cat(t) for t in zip(*outs))
+        ctx.save_for_backward(anchors, contrast, keys, valid, lse, lse_pos, npos)
+        ctx.cfg = (batch, use_mask, temperature, variant, chunk)
+        ctx.mark_non_differentiable(valid)
+        return loss, valid
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_valid: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        anchors, contrast, keys, valid, lse, lse_pos, npos = ctx.saved_tensors
+        batch, use_mask, temperature, variant, chunk = ctx.cfg
+        n_anchor, n = anchors.shape[0], contrast.shape[0]
+        grad_anchors = torch.zeros_like(anchors)
+        grad_contrast = torch.zeros_like(contrast)
+        g_all = torch.where(valid, grad_loss.to(anchors.dtype), torch.zeros_like(lse)) / temperature
+        for start in range(0, n_anchor, chunk):
+            sl = slice(start, min(start + chunk, n_anchor))
+            idx = torch.arange(sl.start, sl.stop, device=anchors.device)
+            pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
+            a = anchors[sl]
+            logits = (a @ contrast.T) / temperature
+            if variant == "out":
+                q = pos.to(logits.dtype) / npos[sl, None]
+            else:
+                q = torch.exp(logits - lse_pos[sl, None]).masked_fill_(~pos, 0)
+            g = torch.exp_(logits.sub_(lse[sl, None])).masked_fill_(is_self, 0).sub_(q).mul_(g_all[sl, None])
+            grad_anchors[sl] = g @ contrast
+            grad_contrast.addmm_(g.T, a)
+        return grad_anchors, grad_contrast, None, None, None, None, None, None
 
 
 def supcon_loss(
@@ -112,10 +172,11 @@ def supcon_loss(
     *excluded* from the mean (the public code averages in zeros, pytorch-metric-learning excludes
     them); a batch without any positive gives ``0`` that keeps the graph.
 
-    ``chunk_size`` processes anchors in blocks of that many rows, each under activation
-    checkpointing, so that peak memory is :math:`O(\text{chunk\_size} \cdot BV)` instead of
-    :math:`O((BV)^2)` (the logits of a block are recomputed during backward); value and
-    gradient are the same up to floating-point rounding.
+    ``chunk_size`` processes anchors in blocks of that many rows with a custom autograd function
+    that saves only per-anchor statistics and recomputes each block's logits in backward (with
+    the analytic gradient ``softmax - target``), so that peak memory is
+    :math:`O(\text{chunk\_size} \cdot BV)` instead of :math:`O((BV)^2)`; value and gradient are
+    the same up to floating-point rounding (first-order gradients only).
 
     Args:
         features: (B, V, D) views, or (B, D) for a single view.
@@ -165,20 +226,10 @@ def supcon_loss(
     anchors = contrast[:n_anchor]
     idx = torch.arange(n_anchor, device=x.device)
     if chunk is None or chunk >= n_anchor:
-        loss, valid = _supcon_block(anchors, contrast, idx, keys, b, use_mask, tau, variant)
+        pos, is_self = _block_masks(idx, n, keys, b, use_mask)
+        loss, valid = _block_stats(anchors, contrast, pos, is_self, tau, variant)[:2]
     else:
-        use_ckpt = torch.is_grad_enabled() and contrast.requires_grad
-        losses, valids = [], []
-        for start in range(0, n_anchor, chunk):
-            sl = slice(start, min(start + chunk, n_anchor))
-            args = (anchors[sl], contrast, idx[sl], keys, b, use_mask, tau, variant)
-            if use_ckpt:
-                out = checkpoint(_supcon_block, *args, use_reentrant=False, preserve_rng_state=False)
-            else:
-                out = _supcon_block(*args)
-            losses.append(out[0])
-            valids.append(out[1])
-        loss, valid = torch.cat(losses), torch.cat(valids)
+        loss, valid = _ChunkedSupCon.apply(anchors, contrast, keys, b, use_mask, tau, variant, chunk)
     total = loss.sum() / valid.sum().clamp(min=1).to(loss.dtype)
     return total * (tau / tau_b)
 

@@ -163,6 +163,22 @@ def test_matches_torchsort_float64(reg: str, eps: float, kind: str) -> None:
 
 
 @pytest.mark.parametrize("reg", REGS)
+def test_matches_torchsort_on_integer_ties(reg: str) -> None:
+    """Exactly tied block values (integer inputs) are pooled like torchsort pools them: same gradients."""
+    torchsort = pytest.importorskip("torchsort")
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        x = torch.randint(-3, 4, (3, 9), generator=gen).double()
+        g = torch.randn(3, 9, dtype=torch.float64, generator=gen)
+        kw = {"regularization": reg, "regularization_strength": [0.5, 1.0, 2.0][trial % 3]}
+        for ours, theirs in ((rankwise.soft_rank, torchsort.soft_rank), (rankwise.soft_sort, torchsort.soft_sort)):
+            y1, g1 = _value_and_grad(functools.partial(ours, method="isotonic", **kw), x, g)
+            y2, g2 = _value_and_grad(functools.partial(theirs, **kw), x, g)
+            torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reg", REGS)
 @pytest.mark.parametrize("eps", [0.1, 1.0, 10.0])
 @pytest.mark.parametrize("kind", ["rank", "sort"])
 def test_matches_torchsort_float32(reg: str, eps: float, kind: str) -> None:
@@ -229,6 +245,31 @@ def test_torch_path_block_ids_match_pav(monkeypatch: pytest.MonkeyPatch) -> None
                 mu_t, ids_t = iso._isotonic(s, w, reg)
                 torch.testing.assert_close(mu_nb, mu_t, rtol=1e-10, atol=1e-10)
                 assert torch.equal(ids_nb, ids_t), (reg, eps, kind)
+
+
+def test_paths_agree_on_integer_ties(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integer inputs create exact ties between block values; both paths pool them (same gradients)."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(24):
+        x = torch.randint(-3, 4, (3, 9), generator=gen).double()
+        g = torch.arange(27, dtype=torch.float64).reshape(3, 9)
+        kw = {
+            "regularization": REGS[trial % 2],
+            "regularization_strength": [0.5, 1.0, 2.0][trial % 3],
+            "descending": trial % 4 < 2,
+        }
+        for op in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
+            fn = functools.partial(op, **kw)
+            monkeypatch.setattr(iso, "_BACKEND", "auto")
+            want = _value_and_grad(fn, x, g)
+            monkeypatch.setattr(iso, "_BACKEND", "torch")
+            got = _value_and_grad(fn, x, g)
+            torch.testing.assert_close(got[0], want[0])
+            torch.testing.assert_close(got[1], want[1])
+            ref = ref_rank if op is iso.soft_rank_isotonic else ref_sort
+            torch.testing.assert_close(
+                want[0], _ref_rows(ref, x, kw["regularization_strength"], kw["regularization"], kw["descending"])
+            )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ Both kernels solve, for every row ``r`` of ``s`` (shape ``(R, n)``) and ``w`` (s
 
 with ``l2``: :math:`\ell = \tfrac12 (v_i - (s_i - w_i))^2` (block value: mean of ``s - w``) and
 ``kl``: :math:`\ell = e^{s_i - v_i} + e^{w_i} v_i` (block value: ``logsumexp(s_B) - logsumexp(w_B)``).
-Adjacent blocks are pooled while the left value is ``<=`` the right one, so the returned blocks
-have strictly decreasing values. Rows are processed inside the JIT; accumulation is in float64.
+Adjacent blocks are pooled while the left value is ``<=`` the right one plus a round-off tolerance
+(:func:`tie_tolerance`, shared with the PyTorch path so that both pool exact ties alike), so the
+returned blocks have decreasing values. Rows are processed inside the JIT; accumulation is in float64.
 The kernels write ``mu = s - v`` (computed in float64, stored in the dtype of ``s``) into ``out_mu``
 and the 0-based block index of every position into ``out_ids`` (int64); blocks are contiguous runs.
 
@@ -24,7 +25,22 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["pav_kl", "pav_l2"]
+__all__ = ["pav_backward", "pav_kl", "pav_l2", "tie_tolerance"]
+
+#: relative tolerance (times n and the row's magnitude) under which two block values count as tied
+TIE_RTOL = 8 * float(np.finfo(np.float64).eps)
+
+
+@numba.njit(cache=True, nogil=True)
+def tie_tolerance(s_row, w_row):  # type: ignore[no-untyped-def]
+    """``TIE_RTOL * n * (max|s| + max|w| + 1)`` for one row."""
+    ms = 0.0
+    for i in range(s_row.shape[0]):
+        ms = max(ms, abs(np.float64(s_row[i])))
+    mw = 0.0
+    for i in range(w_row.shape[0]):
+        mw = max(mw, abs(np.float64(w_row[i])))
+    return TIE_RTOL * s_row.shape[0] * (ms + mw + 1.0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -36,13 +52,14 @@ def pav_l2(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     counts = np.empty(n, np.float64)
     for r in range(rows):
         wr = 0 if shared_w else r
+        tol = tie_tolerance(s[r], w[wr])
         nb = 0
         for i in range(n):
             acc = np.float64(s[r, i]) - np.float64(w[wr, i])
             cnt = 1.0
             start = i
-            # pool while the previous block's mean <= the current block's mean
-            while nb > 0 and sums[nb - 1] * cnt <= acc * counts[nb - 1]:
+            # pool while the previous block's mean <= the current block's mean (+ tolerance)
+            while nb > 0 and sums[nb - 1] / counts[nb - 1] <= acc / cnt + tol:
                 nb -= 1
                 acc += sums[nb]
                 cnt += counts[nb]
@@ -79,13 +96,14 @@ def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     lse_w = np.empty(n, np.float64)
     for r in range(rows):
         wr = 0 if shared_w else r
+        tol = tie_tolerance(s[r], w[wr])
         nb = 0
         for i in range(n):
             a = np.float64(s[r, i])
             c = np.float64(w[wr, i])
             start = i
-            # pool while the previous block's value <= the current block's value
-            while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c:
+            # pool while the previous block's value <= the current block's value (+ tolerance)
+            while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + tol:
                 nb -= 1
                 a = _logaddexp(a, lse_s[nb])
                 c = _logaddexp(c, lse_w[nb])

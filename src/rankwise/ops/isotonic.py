@@ -32,6 +32,10 @@ _REGULARIZATIONS = ("l2", "kl")
 #: PyTorch path (used by the tests to check it against the numba path on CPU).
 _BACKEND: Literal["auto", "torch"] = "auto"
 
+#: two block values closer than ``_TIE_RTOL * n * (max|s| + max|w| + 1)`` count as tied (and are pooled);
+#: the same rule as the numba kernels' ``tie_tolerance``
+_TIE_RTOL = 8 * torch.finfo(torch.float64).eps
+
 #: element budget (rows * n * n) of one chunk of the O(n^2) PyTorch path
 _MINMAX_BUDGET = 1 << 24
 
@@ -107,8 +111,8 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
 
     With :math:`\gamma(j..k)` the value of the pooled block ``j..k`` (mean of ``s - w`` for l2,
     ``lse(s_{j..k}) - lse(w_{j..k})`` for kl), a block boundary lies between ``k`` and ``k + 1`` iff
-    :math:`\min_{j \le k} \gamma(j..k) > \max_{l > k} \gamma(k+1..l)`; this is the block structure
-    PAV produces when it pools ties. O(n^2) memory per row, processed in chunks of rows.
+    :math:`\min_{j \le k} \gamma(j..k) > \max_{l > k} \gamma(k+1..l)` (beyond a round-off tolerance);
+    this is the block structure PAV produces when it pools ties. O(n^2) memory per row, processed in chunks of rows.
     """
     rows, n = s.shape
     dev = s.device
@@ -133,7 +137,9 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
         lo = torch.where(upper, g, math.inf).amin(dim=-2)  # min_{j<=k} gamma(j..k), indexed by k
         hi = torch.where(upper, g, -math.inf).amax(dim=-1)  # max_{l>=j} gamma(j..l), indexed by j
         start = torch.ones_like(lo, dtype=torch.bool)
-        start[:, 1:] = lo[:, :-1] > hi[:, 1:]
+        # pool exact ties as the PAV kernel does: a gap within round-off is not a boundary
+        tol = _TIE_RTOL * n * (sc.abs().amax(-1, keepdim=True) + wc.abs().amax(-1, keepdim=True) + 1.0)
+        start[:, 1:] = lo[:, :-1] - hi[:, 1:] > tol
         parts.append(torch.cumsum(start, dim=-1) - 1)
     return torch.cat(parts, dim=0)
 

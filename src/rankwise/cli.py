@@ -102,13 +102,9 @@ def _print_table(results: dict[str, list[dict[str, Any]]], title: str) -> None:
         table.add_column("n", justify="right")
         for g in GROUPS:
             table.add_column(g, justify="right", no_wrap=True)
-        if key == "mae":
-            table.add_column("Pearson", justify="right", no_wrap=True)
         for method, runs in results.items():
             agg = aggregate(runs)
             row = [method, str(len(runs)), *[format_cell(agg[g][key]) for g in GROUPS]]
-            if key == "mae":
-                row.append(format_cell(agg["corr"]["pearson"], 3))
             table.add_row(*row)
         con.print(table)
 

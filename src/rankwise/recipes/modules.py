@@ -35,9 +35,14 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or inf; the run stops and keeps its last good checkpoint."""
 
 
-def reseed(seed: int, epoch: int) -> None:
-    """Seed every RNG from ``(seed, epoch)`` so an epoch replays identically after a resume."""
-    s = (int(seed) * 1_000_003 + int(epoch) * 7919) % (2**31 - 1)
+def reseed(seed: int, step: int, rank: int = 0) -> None:
+    """Seed every RNG from ``(seed, step, rank)`` so a step replays identically after a resume.
+
+    The recipes call it before every training step (with the global step), so random choices in
+    the losses (e.g. RankSim's one-example-per-label draw), dropout and augmentations do not depend
+    on how many random numbers Lightning's loops consumed before (which differs after a restart).
+    """
+    s = (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 104_729) % (2**31 - 1)
     random.seed(s)
     np.random.seed(s)  # noqa: NPY002 - user code (e.g. augmentations) may use the legacy global RNG
     torch.manual_seed(s)
@@ -201,8 +206,10 @@ class DIRRegressor(L.LightningModule):
             self.head.bias.fill_(self._label_mean)
 
     # ------------------------------------------------------------------ training
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
     def on_train_epoch_start(self) -> None:
-        reseed(self.cfg.run.seed, self.current_epoch)
         if self.freeze_backbone:
             self.backbone.eval()
         self._fds_feats, self._fds_labels = [], []
@@ -310,8 +317,8 @@ class RnCPretrainer(L.LightningModule):
             x = x * keep
         return x
 
-    def on_train_epoch_start(self) -> None:
-        reseed(self.cfg.run.seed + 17, self.current_epoch)
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed + 17, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -75,6 +75,31 @@ def _block_stats(
     return torch.where(valid, loss, torch.zeros_like(loss)), valid, lse, lse_pos, npos_f
 
 
+def _block_stats_inplace(
+    anchors: torch.Tensor,
+    contrast: torch.Tensor,
+    pos: torch.Tensor,
+    is_self: torch.Tensor,
+    temperature: float,
+    variant: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same values as :func:`_block_stats` (no autograd), reusing one (c, N) buffer in place."""
+    npos = pos.sum(1)
+    valid = npos > 0
+    npos_f = npos.clamp(min=1).to(anchors.dtype)
+    logits = torch.mm(anchors, contrast.T).div_(temperature)
+    if variant == "out":
+        lse_pos = logits.mul(pos).sum(1).div_(npos_f)  # mean positive logit
+    logits.masked_fill_(is_self & valid[:, None], -math.inf)
+    lse = torch.logsumexp(logits, dim=1)
+    if variant == "out":
+        loss = lse - lse_pos
+    else:
+        lse_pos = torch.logsumexp(logits.masked_fill_(~pos & valid[:, None], -math.inf), dim=1)
+        loss = lse - lse_pos + torch.log(npos_f)
+    return torch.where(valid, loss, torch.zeros_like(loss)), valid, lse, lse_pos, npos_f
+
+
 class _ChunkedSupCon(torch.autograd.Function):
     r"""Per-anchor SupCon losses computed block by block, with an analytic blockwise backward.
 
@@ -101,7 +126,9 @@ class _ChunkedSupCon(torch.autograd.Function):
         for start in range(0, n_anchor, chunk):
             idx = torch.arange(start, min(start + chunk, n_anchor), device=anchors.device)
             pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
-            outs.append(_block_stats(anchors[start : start + chunk], contrast, pos, is_self, temperature, variant))
+            outs.append(
+                _block_stats_inplace(anchors[start : start + chunk], contrast, pos, is_self, temperature, variant)
+            )
         loss, valid, lse, lse_pos, npos = (torch.cat(t) for t in zip(*outs))
         ctx.save_for_backward(anchors, contrast, keys, valid, lse, lse_pos, npos)
         ctx.cfg = (batch, use_mask, temperature, variant, chunk)

@@ -178,15 +178,15 @@ def blackbox_rank(
 class Rank(nn.Module):
     """Module twin of :func:`rank`."""
 
-    def __init__(self, *, dim: int = -1, descending: bool = False, ties: Ties = "ordinal",
-                 normalize: bool = False) -> None:
+    def __init__(
+        self, *, dim: int = -1, descending: bool = False, ties: Ties = "ordinal", normalize: bool = False
+    ) -> None:
         super().__init__()
         check_choice(ties, "ties", _TIES)
         self.dim, self.descending, self.ties, self.normalize = dim, descending, ties, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rank(x, dim=self.dim, descending=self.descending, ties=self.ties,
-                    normalize=self.normalize)
+        return rank(x, dim=self.dim, descending=self.descending, ties=self.ties, normalize=self.normalize)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, descending={self.descending}, ties={self.ties!r}, normalize={self.normalize}"
@@ -195,15 +195,15 @@ class Rank(nn.Module):
 class BlackboxRank(nn.Module):
     """Module twin of :func:`blackbox_rank` holding ``lambda_val``."""
 
-    def __init__(self, lambda_val: float = 2.0, *, dim: int = -1, descending: bool = False,
-                 normalize: bool = False) -> None:
+    def __init__(
+        self, lambda_val: float = 2.0, *, dim: int = -1, descending: bool = False, normalize: bool = False
+    ) -> None:
         super().__init__()
         self.lambda_val = check_positive(lambda_val, "lambda_val")
         self.dim, self.descending, self.normalize = dim, descending, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return blackbox_rank(x, self.lambda_val, dim=self.dim, descending=self.descending,
-                             normalize=self.normalize)
+        return blackbox_rank(x, self.lambda_val, dim=self.dim, descending=self.descending, normalize=self.normalize)
 
     def extra_repr(self) -> str:
         return f"lambda_val={self.lambda_val}, dim={self.dim}, descending={self.descending}, normalize={self.normalize}"
@@ -211,8 +211,10 @@ class BlackboxRank(nn.Module):
 
 def _rank_example(dtype: torch.dtype, device: torch.device) -> Example:
     g = torch.Generator().manual_seed(0)
-    return Example((torch.randn(3, 7, generator=g).to(device=device, dtype=dtype),),
-                   {"descending": True, "ties": "average", "normalize": True})
+    return Example(
+        (torch.randn(3, 7, generator=g).to(device=device, dtype=dtype),),
+        {"descending": True, "ties": "average", "normalize": True},
+    )
 
 
 def _bb_example(dtype: torch.dtype, device: torch.device) -> Example:
@@ -228,8 +230,13 @@ def _degenerate(dtype: torch.dtype, device: torch.device, grad: bool) -> list[Ex
     return out
 
 
-register_op("rank", module=Rank, example=_rank_example,
-            degenerate=lambda dt, dev: _degenerate(dt, dev, False), gradient="none")(rank)
-register_op("blackbox_rank", module=BlackboxRank, example=_bb_example,
-            degenerate=lambda dt, dev: [Example(e.args, {"lambda_val": 1.0}) for e in _degenerate(dt, dev, True)],
-            gradient="surrogate")(blackbox_rank)
+register_op(
+    "rank", module=Rank, example=_rank_example, degenerate=lambda dt, dev: _degenerate(dt, dev, False), gradient="none"
+)(rank)
+register_op(
+    "blackbox_rank",
+    module=BlackboxRank,
+    example=_bb_example,
+    degenerate=lambda dt, dev: [Example(e.args, {"lambda_val": 1.0}) for e in _degenerate(dt, dev, True)],
+    gradient="surrogate",
+)(blackbox_rank)

@@ -73,7 +73,7 @@ def _console() -> Any:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    _console().print(f"[bold red]error:[/] {msg}", highlight=False)
+    _console().print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -351,6 +351,7 @@ def data_show(
         opts[k.strip()] = yaml.safe_load(v)
     from rankwise.data import get_dataset
 
+    data: Any
     try:
         data = get_dataset(name, **opts)
     except (OSError, ValueError, TypeError) as e:

@@ -50,7 +50,7 @@ def regression_loss(
 ) -> torch.Tensor:
     from rankwise.imbalanced import regression_loss as fn
 
-    return fn(pred, target, weights, kind=kind, reduction="mean", **options)
+    return fn(pred, target, weights, kind=kind, reduction="mean", **options)  # type: ignore[arg-type]
 
 
 def lds_weight_table(
@@ -64,7 +64,15 @@ def lds_weight_table(
     from rankwise.imbalanced import lds_weights
 
     labels = np.asarray(train_labels, dtype=np.float64).reshape(-1)
-    w = lds_weights(labels, bin_width=bin_width, reweight=reweight, lds=lds, kernel=kernel, ks=ks, sigma=sigma)
+    w = lds_weights(
+        labels,
+        bin_width=bin_width,
+        reweight=reweight,  # type: ignore[arg-type]
+        lds=lds,
+        kernel=kernel,  # type: ignore[arg-type]
+        ks=ks,
+        sigma=sigma,
+    )
     w = w.detach().cpu().numpy() if isinstance(w, torch.Tensor) else np.asarray(w)
     w = np.asarray(w, dtype=np.float64).reshape(-1)
     bins = np.floor(labels / bin_width + 1e-9).astype(np.int64)
@@ -93,7 +101,7 @@ def make_fds(
         feature_dim,
         bin_width=bin_width,
         label_range=(float(lo), float(hi)),
-        kernel=kernel,
+        kernel=kernel,  # type: ignore[arg-type]
         ks=ks,
         sigma=sigma,
         momentum=momentum,

@@ -188,10 +188,12 @@ class DIRRegressor(L.LightningModule):
         """LDS/reweighting weight of each label (table lookup by bin ``floor(y / bin_width)``)."""
         if not self.use_weights:
             return None
+        bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
+        table: torch.Tensor = self.lds_table  # type: ignore[assignment]
         b = torch.floor(y.detach().double() / self.bin_width + 1e-9).long()
-        idx = torch.searchsorted(self.lds_bins, b).clamp_(max=self.lds_bins.numel() - 1)
-        w = self.lds_table[idx]
-        return torch.where(self.lds_bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
+        idx = torch.searchsorted(bins, b).clamp_(max=bins.numel() - 1)
+        w = table[idx]
+        return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
 
     def features(self, x: Any) -> torch.Tensor:
         f = self.backbone(x)

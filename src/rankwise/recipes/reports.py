@@ -154,7 +154,7 @@ def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str 
     im = ax.imshow(sim, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=0.046)
     lab = np.asarray(labels)[order]
-    ticks = np.linspace(0, len(lab) - 1, num=min(6, len(lab))).astype(int) if len(lab) else []
+    ticks: Any = np.linspace(0, len(lab) - 1, num=min(6, len(lab))).astype(int) if len(lab) else []
     ax.set_xticks(ticks)
     ax.set_xticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
     ax.set_yticks(ticks)

@@ -490,7 +490,7 @@ def evaluate(
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        precision=cfg.trainer.precision,
+        precision=cfg.trainer.precision,  # type: ignore[arg-type]
     )
     test = _predict(module, test_dl, trainer)
     val = _predict(module, val_dl, trainer)

@@ -1,0 +1,134 @@
+"""The ``rankwise`` command line, through typer's CliRunner (tiny abalone runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("typer")
+pytest.importorskip("lightning")
+pytest.importorskip("sklego")
+
+from typer.testing import CliRunner
+
+from rankwise.cli import ENV_DEMO_QUICK, app
+from rankwise.recipes.modules import ENV_NAN_AT_STEP
+
+TINY = [
+    "model.options.hidden=[16]",
+    "model.options.feature_dim=8",
+    "data.batch_size=128",
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=3",
+    "trainer.num_threads=1",
+    "run.plots=false",
+]
+
+
+def _sets(extra=()):
+    out = []
+    for s in [*TINY, *extra]:
+        out += ["--set", s]
+    return out
+
+
+runner = CliRunner()
+
+
+def invoke(args, **kw):
+    return runner.invoke(app, args, catch_exceptions=False, **kw)
+
+
+def test_help_lists_every_command():
+    r = invoke(["--help"])
+    assert r.exit_code == 0
+    for cmd in ["demo", "train", "evaluate", "compare", "data", "presets", "sodeep"]:
+        assert cmd in r.output
+    r = invoke(["train", "--help"])
+    for opt in ["--set", "--resume", "--devices", "--accelerator", "--strategy", "--num-nodes", "--out"]:
+        assert opt in r.output
+    assert invoke(["sodeep", "--help"]).exit_code == 0
+
+
+def test_console_script_entry_point():
+    r = subprocess.run(
+        [sys.executable, "-c", "from rankwise.cli import main; main(['presets'])"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "abalone_vanilla" in r.stdout
+
+
+def test_presets_and_data_commands(tmp_path):
+    r = invoke(["presets"])
+    assert r.exit_code == 0 and "agedb_dir_ranksim" in r.output and "abalone_lds" in r.output
+    r = invoke(["data", "list"])
+    assert r.exit_code == 0 and "abalone" in r.output
+    png = tmp_path / "hist.png"
+    r = invoke(["data", "show", "abalone", "--option", "per_label=10", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "train/val/test" in r.output and "many" in r.output and "few" in r.output
+    assert png.is_file() and png.stat().st_size > 1000
+    r = invoke(["data", "show", "abalon"])
+    assert r.exit_code == 2 and "abalone" in r.output
+
+
+def test_train_evaluate_compare(tmp_path):
+    run = tmp_path / "run"
+    r = invoke(["train", "abalone_ranksim", *_sets(), "--out", str(run), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "MAE" in r.output and "few" in r.output
+    m = json.loads((run / "metrics.json").read_text())
+    cfg_text = (run / "config.yaml").read_text()
+    assert "max_epochs: 2" in cfg_text and "ranksim" in cfg_text
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "completed" and "git_hash" in meta
+
+    r = invoke(["evaluate", str(run), "--no-plots"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((run / "metrics.json").read_text())["test"] == m["test"]
+
+    # existing run dirs are compared as they are; presets are trained per seed
+    out = tmp_path / "cmp"
+    r = invoke(["compare", str(run), "abalone_vanilla", "--seeds", "0", *_sets(), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    report = (out / "report.md").read_text()
+    assert "| method |" in report and "abalone_vanilla" in report and "run" in report
+    assert (out / "plots" / "shots.png").is_file()
+    assert (out / "runs" / "abalone_vanilla" / "seed0" / "metrics.json").is_file()
+
+
+def test_bad_config_exits_with_a_named_key(tmp_path):
+    r = invoke(["train", "abalone_vanilla", "--set", "optimizer.lrr=0.1", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2
+    assert "optimizer.lrr" in r.output and "did you mean 'lr'" in r.output
+    r = invoke(["train", "no_such_preset"])
+    assert r.exit_code == 2 and "rankwise presets" in r.output
+    r = invoke(["evaluate", str(tmp_path)])
+    assert r.exit_code == 2 and "not a run directory" in r.output
+
+
+def test_nan_loss_exits_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_NAN_AT_STEP, "1")
+    r = invoke(["train", "abalone_vanilla", *_sets(), "--out", str(tmp_path / "nan"), "--no-progress"])
+    assert r.exit_code == 1
+    assert "training loss became nan" in " ".join(r.output.split())
+
+
+def test_demo_quick_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_DEMO_QUICK, "1")
+    out = tmp_path / "demo"
+    r = invoke(["demo", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for label in ["L1 (vanilla)", "+LDS (sqrt_inv)", "+RankSim", "+RankSim+LDS"]:
+        assert label in r.output
+    for col in ["MAE", "GM", "many", "medium", "few"]:
+        assert col in r.output
+    report = (out / "report.md").read_text()
+    assert "Total demo time" in report and "abalone_ranksim_lds" in report
+    assert (out / "plots" / "per_label_mae.png").is_file()
+    assert (out / "runs" / "abalone_vanilla" / "seed0" / "plots" / "similarity.png").is_file()

@@ -172,9 +172,10 @@ def _cli(args, env_extra=None, cwd=None):
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, abalone):
     sets = [*TINY, "trainer.max_epochs=3", "loss.regularizers.ranksim.weight=1.0", "run.seed=3"]
-    ref = train(load_config("abalone_lds", sets), out=tmp_path / "ref", progress=False, verbose=False, data=abalone)
+    # LDS weights + FDS (smoothing from epoch 1, statistics refreshed every epoch) + RankSim's random draws
+    ref = train(load_config("abalone_lds_fds", sets), out=tmp_path / "ref", progress=False, verbose=False, data=abalone)
 
-    args = ["train", "abalone_lds", "--out", str(tmp_path / "killed"), "--no-progress"]
+    args = ["train", "abalone_lds_fds", "--out", str(tmp_path / "killed"), "--no-progress"]
     for s in sets:
         args += ["--set", s]
     killed = _cli(args, {ENV_KILL_AT_STEP: "4"})  # mid-epoch 1 (3 steps per epoch)
@@ -183,7 +184,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, abalone):
     assert ck["epoch"] == 0
     assert not (tmp_path / "killed" / "metrics.json").exists()
 
-    resumed = _cli(["train", "abalone_lds", "--out", str(tmp_path / "killed"), "--resume", "--no-progress"])
+    resumed = _cli(["train", "abalone_lds_fds", "--out", str(tmp_path / "killed"), "--resume", "--no-progress"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
     assert got["test"] == ref.metrics["test"]
@@ -201,3 +202,27 @@ def test_run_dir_protection(tmp_path, abalone):
         train(cfg, out=tmp_path / "r", progress=False, verbose=False, data=abalone)
     with pytest.raises(ConfigError, match="cannot --resume"):
         train(cfg, out=tmp_path / "nothing", resume=True, progress=False, verbose=False, data=abalone)
+
+
+def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
+    from rankwise.recipes.runner import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "c" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
+    assert io.load_checkpoint(path)["epoch"] == 1
+
+    real_save = torch.save
+
+    def crash(obj, f, *a, **k):  # write half a file, then die
+        real_save(obj, f, *a, **k)
+        f.truncate(10)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "epoch": 2}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left
+    ck = io.load_checkpoint(path)  # the previous checkpoint is intact
+    assert ck["epoch"] == 1 and torch.equal(ck["state_dict"]["w"], torch.ones(3))

@@ -246,7 +246,7 @@ class DIRRegressor(L.LightningModule):
                 "The last good checkpoint is kept; try a smaller learning rate or regularizer weight."
             )
         logs["train/loss"] = total.detach()
-        self.log_dict(logs, on_step=True, on_epoch=True, prog_bar=False, batch_size=y.numel())
+        self.log_dict(logs, on_step=True, on_epoch=True, prog_bar=False, batch_size=y.numel(), sync_dist=True)
         return total
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -337,7 +337,7 @@ class RnCPretrainer(L.LightningModule):
                 f"the Rank-N-Contrast loss became {loss.detach().item()} at epoch {self.current_epoch}, "
                 f"global step {self.global_step}; stopping. The last good checkpoint is kept."
             )
-        self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel())
+        self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
         return loss
 
     def configure_optimizers(self) -> Any:

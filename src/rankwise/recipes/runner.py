@@ -88,11 +88,15 @@ def _atomic_checkpoint_io() -> Any:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            with open(tmp, "wb") as fh:
-                torch.save(checkpoint, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as fh:
+                    torch.save(checkpoint, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
 
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None
@@ -268,9 +272,16 @@ def _update_meta(run_dir: Path, **fields: Any) -> None:
     _write_json(p, meta)
 
 
+def _is_launched_worker() -> bool:
+    """True in the extra processes Lightning's DDP launcher starts (they re-run the same command)."""
+    return any(int(os.environ.get(v, "0") or 0) != 0 for v in ("LOCAL_RANK", "NODE_RANK"))
+
+
 def resolve_run_dir(cfg: Config, out: str | Path | None, *, resume: bool, overwrite: bool) -> Path:
     """``out`` or ``{run.out_dir}/{run.name}``; refuses to reuse a finished/started run unless asked."""
     run_dir = Path(out) if out is not None else Path(cfg.run.out_dir) / cfg.run.name
+    if _is_launched_worker():
+        return run_dir  # rank > 0 of a multi-process launch: rank 0 owns the directory
     if resume:
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"cannot --resume: {run_dir} is not a run directory (no config.yaml)")
@@ -352,7 +363,8 @@ def train(
         cfg = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = run_dir / "checkpoints"
-    if not resume:
+    worker = _is_launched_worker()
+    if not resume and not worker:
         from rankwise import __version__
 
         _save_config(cfg, run_dir)
@@ -364,7 +376,8 @@ def train(
             torch_version=torch.__version__,
             started=time.strftime("%Y-%m-%dT%H:%M:%S"),
         )
-    _update_meta(run_dir, status="running")
+    if not worker:
+        _update_meta(run_dir, status="running")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     t0 = time.perf_counter()

@@ -1,0 +1,102 @@
+"""The DIR recipe on image (generated AgeDB-style split file) and sentence-pair (STS-B-DIR) data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("torchvision")
+PIL = pytest.importorskip("PIL.Image")
+
+from rankwise.recipes.config import load_config  # noqa: E402
+from rankwise.recipes.runner import train  # noqa: E402
+
+FAST = [
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.num_threads=1",
+    "trainer.enable_progress_bar=false",
+    "run.plots=false",
+    "data.num_workers=0",
+]
+
+
+def _finite(m):
+    assert math.isfinite(m["test"]["all"]["mae"])
+
+
+@pytest.fixture
+def image_split(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = ["age,path,split"]
+    (tmp_path / "img").mkdir()
+    i = 0
+    for split, n in (("train", 24), ("val", 6), ("test", 6)):
+        for _ in range(n):
+            age = int(rng.integers(10, 20))
+            arr = (rng.random((20, 20, 3)) * 255).astype(np.uint8)
+            PIL.fromarray(arr).save(tmp_path / "img" / f"{i}.png")
+            rows.append(f"{age},img/{i}.png,{split}")
+            i += 1
+    (tmp_path / "agedb.csv").write_text("\n".join(rows) + "\n")
+    return tmp_path
+
+
+def test_image_recipe_resnet18_with_lds_fds_ranksim(image_split, tmp_path):
+    cfg = load_config(
+        "agedb_dir_lds_fds_ranksim",
+        [
+            *FAST,
+            f"data.options.root={image_split}",
+            f"data.options.csv={image_split / 'agedb.csv'}",
+            "data.options.image_size=32",
+            "data.batch_size=8",
+            "model.backbone=resnet18",
+        ],
+    )
+    res = train(cfg, out=tmp_path / "img_run", progress=False, verbose=False)
+    _finite(res.metrics)
+    assert res.metrics["test"]["all"]["count"] == 6
+
+
+def test_image_rnc_two_views(image_split, tmp_path):
+    cfg = load_config(
+        "agedb_dir_rnc",
+        [
+            *FAST,
+            f"data.options.root={image_split}",
+            f"data.options.csv={image_split / 'agedb.csv'}",
+            "data.options.image_size=32",
+            "data.batch_size=8",
+            "rnc.pretrain_epochs=1",
+            "optimizer.lr=0.01",
+            "rnc.lr=0.01",
+        ],
+    )
+    res = train(cfg, out=tmp_path / "rnc_run", progress=False, verbose=False)
+    _finite(res.metrics)
+
+
+def test_text_pair_recipe_on_sts_b(shared_dir, tmp_path):
+    root = shared_dir / "data" / "sts-b-dir"
+    if not (root / "train_new.tsv").is_file():
+        pytest.skip("STS-B-DIR TSVs absent")
+    cfg = load_config(
+        "sts_b_dir_ranksim",
+        [
+            *FAST,
+            f"data.options.root={root}",
+            "data.options.max_len=24",
+            "data.batch_size=32",
+            "data.eval_batch_size=500",
+            "model.options={embed_dim: 16, hidden: 16, feature_dim: 16}",
+            "loss.lds={reweight: inverse, lds: true}",
+        ],
+    )
+    res = train(cfg, out=tmp_path / "sts_run", progress=False, verbose=False)
+    _finite(res.metrics)
+    assert res.metrics["test"]["all"]["count"] == 1000
+    assert res.metrics["test"]["pearson"] is None or -1 <= res.metrics["test"]["pearson"] <= 1

@@ -166,3 +166,23 @@ def test_lr_schedule_multistep_and_warmup():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.5, 1.0, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_options_are_checked_against_the_library():
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown option `loss\.regularizers\.ranksim\.options\.interp_lambda`; "
+        r"did you mean 'interpolation_lambda'",
+    ):
+        load_config("abalone_ranksim", ["loss.regularizers.ranksim.options.interp_lambda=2"])
+    with pytest.raises(ConfigError, match=r"unknown option `model\.options\.hiden`; did you mean 'hidden'"):
+        load_config("abalone_vanilla", ["model.options.hiden=[8]"])
+    with pytest.raises(ConfigError, match=r"unknown option `data\.options\.perlabel`; did you mean 'per_label'"):
+        load_config("abalone_vanilla", ["data.options.perlabel=3"])
+    with pytest.raises(ConfigError, match=r"unknown option `loss\.options\.betta`; did you mean 'beta'"):
+        load_config("abalone_vanilla", ["loss.options.betta=3"])
+    with pytest.raises(ConfigError, match=r"`data\.name`: unknown dataset 'abalon'"):
+        load_config("abalone_vanilla", ["data.name=abalon"])
+    with pytest.raises(ConfigError, match=r"`model\.backbone`: unknown backbone"):
+        load_config("abalone_vanilla", ["model.backbone=resnet5"])
+    assert load_config("abalone_vanilla", ["loss.options.beta=0.3", "loss.kind=focal_l1"]).loss.options["beta"] == 0.3

@@ -1,1 +1,42 @@
-"""rankwise.recipes"""
+"""Training recipes: typed config + presets, Lightning modules, run directories, reports.
+
+Public API (imported lazily, so ``import rankwise.recipes`` does not import Lightning)::
+
+    from rankwise.recipes import load_config, train, evaluate, compare
+    cfg = load_config("abalone_ranksim_lds", overrides=["trainer.max_epochs=50"])
+    result = train(cfg, out="runs/my_run")       # RunResult(run_dir, metrics, config)
+    evaluate("runs/my_run")                      # metrics dict, rewrites metrics.json + plots
+    compare(["abalone_vanilla", "abalone_lds"], seeds=[0, 1, 2], out="runs/cmp")
+
+The command line (``rankwise ...``) in :mod:`rankwise.cli` is a thin layer over these.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Config": "config",
+    "ConfigError": "config",
+    "config_from_dict": "config",
+    "config_to_dict": "config",
+    "list_presets": "config",
+    "load_config": "config",
+    "DIRRegressor": "modules",
+    "RnCPretrainer": "modules",
+    "NonFiniteLossError": "modules",
+    "RunResult": "runner",
+    "CompareResult": "runner",
+    "train": "runner",
+    "evaluate": "runner",
+    "compare": "runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"rankwise.recipes.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'rankwise.recipes' has no attribute {name!r}")

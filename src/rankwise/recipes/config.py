@@ -333,11 +333,66 @@ def _check_semantics(cfg: Config) -> None:
         raise ConfigError(f"`schedule.milestones` must be increasing, got {ms}")
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a raw (YAML) mapping and return the typed :class:`Config`."""
+def _check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:
+    """Every key of ``options`` must be a parameter of ``fn`` (unless it takes ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in supplied]
+    for name in options:
+        if name not in valid:
+            raise ConfigError(f"unknown option `{key}.{name}`; " + _suggest(str(name), valid))
+
+
+def _check_registry(getter: Any, name: str, key: str) -> Any:
+    try:
+        return getter(name)
+    except ValueError as e:
+        raise ConfigError(f"`{key}`: {e}") from None
+
+
+def _check_options(cfg: Config) -> None:
+    """Check names and options against the registries and the library signatures."""
+    from rankwise import data, losses, models
+    from rankwise.imbalanced import regression_loss
+
+    loader = _check_registry(data.DATASETS.get, cfg.data.name, "data.name")
+    _check_kwargs(loader, cfg.data.options, "data.options")
+    factory = _check_registry(models.BACKBONES.get, cfg.model.backbone, "model.backbone")
+    _check_kwargs(factory, cfg.model.options, "model.options")
+    _check_kwargs(
+        regression_loss, cfg.loss.options, "loss.options", supplied=("pred", "target", "weights", "kind", "reduction")
+    )
+    fns = {
+        "ranksim": ("ranksim_loss", ("features", "targets")),
+        "conr": ("conr_loss", ("features", "labels", "preds", "weights")),
+        "spearman": ("spearman_loss", ("pred", "target")),
+        "pairwise": ("pairwise_difference_loss", ("pred", "target")),
+    }
+    for name, reg in cfg.loss.regularizers.items():
+        fn_name, supplied = fns[name]
+        fn = getattr(losses, fn_name, None)
+        if fn is not None:
+            _check_kwargs(fn, reg.options, f"loss.regularizers.{name}.options", supplied=supplied)
+
+
+def config_from_dict(raw: dict[str, Any], *, check_options: bool = True) -> Config:
+    """Validate a raw (YAML) mapping and return the typed :class:`Config`.
+
+    Besides types and values, the dataset / backbone names and every ``options`` mapping are
+    checked against the registries and the signatures of the functions they are passed to
+    (``check_options=False`` skips that part).
+    """
     raw = {k: v for k, v in (raw or {}).items() if k != "extends"}
     cfg = _build(Config, raw, "")
     _check_semantics(cfg)
+    if check_options:
+        _check_options(cfg)
     return cfg
 
 

@@ -202,3 +202,29 @@ def test_updater_bad_inputs() -> None:
         SorterUpdater(build_sorter("gru", 8), buffer_size=0)
     with pytest.raises(TypeError, match=r"`sorter` must be a rankwise.sodeep Sorter"):
         SorterUpdater(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def test_metrics_of_exact_sorter_are_perfect() -> None:
+    from rankwise.sodeep.train import evaluate_sorter, sorter_metrics
+
+    x = generate("normal", 16, 12, seed=0)
+    m = sorter_metrics(ExactSorter(12, temperature=1e-4), x)
+    assert m["spearman"] == pytest.approx(1.0) and m["exact_order"] == 1.0
+    assert m["mae_rank"] < 1e-3
+    rep = evaluate_sorter(ExactSorter(12, temperature=1e-4), num=4, real=False)
+    assert set(rep) == {*FAMILIES, "families_mean"}
+    assert rep["families_mean"]["spearman"] == pytest.approx(1.0)
+
+
+def test_real_score_sequences() -> None:
+    pytest.importorskip("sklearn")
+    from rankwise.sodeep.train import real_score_sequences
+
+    seqs = real_score_sequences(32, 5, seed=0)
+    assert "diabetes_ridge" in seqs
+    for x in seqs.values():
+        assert x.shape == (5, 32) and torch.isfinite(x).all()
+    again = real_score_sequences(32, 5, seed=0)
+    for k in seqs:
+        torch.testing.assert_close(seqs[k], again[k])

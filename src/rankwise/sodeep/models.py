@@ -112,7 +112,7 @@ class RNNSorter(Sorter):
 
     Each standardized element ``z_i`` is expanded into ``[z_i, s_1(z_i), ..., s_K(z_i)]`` with
     ``K = num_features`` fixed soft thresholds ``s_k(z) = sigmoid((z - c_k) / w)`` (centers ``c_k``
-    evenly spaced on ``[-2.5, 2.5]``, ``w`` their spacing; ``K = 0`` feeds ``z`` alone, as the
+    evenly spaced on ``[-2.5, 2.5]``, ``w`` their spacing; ``K = 0`` feeds ``z`` alone, as in the
     paper). A ``num_layers``-layer bidirectional recurrent net reads the sequence; a small head maps
     ``[h_i^fwd, h_i^bwd, features_i]`` to the element's ascending fractional position. The threshold
     features let the recurrent state accumulate a soft histogram of the sequence, which is what
@@ -123,9 +123,9 @@ class RNNSorter(Sorter):
         self,
         seq_len: int,
         *,
-        hidden_size: int = 96,
-        num_layers: int = 2,
-        num_features: int = 0,
+        hidden_size: int = 64,
+        num_layers: int = 1,
+        num_features: int = 16,
         cell: Literal["gru", "lstm"] = "gru",
     ) -> None:
         super().__init__(seq_len)

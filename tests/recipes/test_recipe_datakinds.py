@@ -100,3 +100,25 @@ def test_text_pair_recipe_on_sts_b(shared_dir, tmp_path):
     _finite(res.metrics)
     assert res.metrics["test"]["all"]["count"] == 1000
     assert res.metrics["test"]["pearson"] is None or -1 <= res.metrics["test"]["pearson"] <= 1
+
+
+def test_generic_csv_recipe(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 3))
+    y = np.round(10 + 3 * x[:, 0] + rng.normal(scale=0.5, size=200), 1)
+    rows = ["a,b,c,target"] + [f"{r[0]:.4f},{r[1]:.4f},{r[2]:.4f},{t}" for r, t in zip(x, y)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    cfg = load_config(
+        "abalone_ranksim_lds",
+        [
+            *FAST,
+            "data.name=csv",
+            f"data.options={{path: {tmp_path / 't.csv'}, target: target}}",
+            "data.batch_size=32",
+            "model.options.hidden=[8]",
+            "model.options.feature_dim=4",
+        ],
+    )
+    res = train(cfg, out=tmp_path / "csv_run", progress=False, verbose=False)
+    _finite(res.metrics)
+    assert res.metrics["test"]["all"]["count"] == 40

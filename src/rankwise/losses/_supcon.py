@@ -49,32 +49,6 @@ def _block_masks(
     return pos & ~is_self, is_self
 
 
-def _block_stats(
-    anchors: torch.Tensor,
-    contrast: torch.Tensor,
-    pos: torch.Tensor,
-    is_self: torch.Tensor,
-    temperature: float,
-    variant: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-anchor loss, validity, lse over A(i), lse over P(i) (``"in"``) and |P(i)| (differentiable)."""
-    npos = pos.sum(1)
-    valid = npos > 0
-    logits = (anchors @ contrast.T) / temperature
-    # rows without a positive are computed on harmless finite values and zeroed afterwards
-    neg_inf = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
-    lse = torch.logsumexp(torch.where(is_self & valid[:, None], neg_inf, logits), dim=1)
-    npos_f = npos.clamp(min=1).to(logits.dtype)
-    if variant == "out":
-        pos_mean = torch.where(pos, logits, torch.zeros_like(logits)).sum(1) / npos_f
-        lse_pos = pos_mean  # unused by the backward of the "out" variant
-        loss = lse - pos_mean
-    else:
-        lse_pos = torch.logsumexp(torch.where(pos | ~valid[:, None], logits, neg_inf), dim=1)
-        loss = lse - lse_pos + torch.log(npos_f)
-    return torch.where(valid, loss, torch.zeros_like(loss)), valid, lse, lse_pos, npos_f
-
-
 def _block_stats_inplace(
     anchors: torch.Tensor,
     contrast: torch.Tensor,
@@ -83,7 +57,9 @@ def _block_stats_inplace(
     temperature: float,
     variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same values as :func:`_block_stats` (no autograd), reusing one (c, N) buffer in place."""
+    """Per-anchor loss, validity, lse over A(i), lse over P(i) (mean positive logit for ``"out"``)
+    and |P(i)| of a block of anchors (no autograd), reusing one (c, N) buffer in place. Rows without
+    a positive are computed on finite values (self not masked) and zeroed."""
     npos = pos.sum(1)
     valid = npos > 0
     npos_f = npos.clamp(min=1).to(anchors.dtype)
@@ -199,11 +175,13 @@ def supcon_loss(
     *excluded* from the mean (the public code averages in zeros, pytorch-metric-learning excludes
     them); a batch without any positive gives ``0`` that keeps the graph.
 
-    ``chunk_size`` processes anchors in blocks of that many rows with a custom autograd function
-    that saves only per-anchor statistics and recomputes each block's logits in backward (with
-    the analytic gradient ``softmax - target``), so that peak memory is
-    :math:`O(\text{chunk\_size} \cdot BV)` instead of :math:`O((BV)^2)`; value and gradient are
-    the same up to floating-point rounding (first-order gradients only).
+    The loss is a custom autograd function that saves only per-anchor statistics and computes
+    the analytic gradient (``softmax - target`` on the logits) in backward, recomputing the
+    logits: about half the time and a fraction of the memory of autograd through the masked
+    formula. Only first-order gradients are supported (double backward raises). ``chunk_size``
+    processes the anchors in blocks of that many rows, forward and backward, so that peak memory
+    is :math:`O(\text{chunk\_size} \cdot BV)` instead of :math:`O((BV)^2)`; the value and gradient
+    are the same as without chunking up to floating-point rounding.
 
     Args:
         features: (B, V, D) views, or (B, D) for a single view.
@@ -251,12 +229,8 @@ def supcon_loss(
     contrast = x.transpose(0, 1).reshape(n, d)  # view-major: column k is view k // B of sample k % B
     n_anchor = n if contrast_mode == "all" else b
     anchors = contrast[:n_anchor]
-    idx = torch.arange(n_anchor, device=x.device)
-    if chunk is None or chunk >= n_anchor:
-        pos, is_self = _block_masks(idx, n, keys, b, use_mask)
-        loss, valid = _block_stats(anchors, contrast, pos, is_self, tau, variant)[:2]
-    else:
-        loss, valid = _ChunkedSupCon.apply(anchors, contrast, keys, b, use_mask, tau, variant, chunk)
+    block = n_anchor if chunk is None else min(chunk, n_anchor)
+    loss, valid = _ChunkedSupCon.apply(anchors, contrast, keys, b, use_mask, tau, variant, block)
     total = loss.sum() / valid.sum().clamp(min=1).to(loss.dtype)
     return total * (tau / tau_b)
 

@@ -79,12 +79,28 @@ def test_presets_and_data_commands(tmp_path):
 
 def test_train_evaluate_compare(tmp_path):
     run = tmp_path / "run"
-    r = invoke(["train", "abalone_ranksim", *_sets(), "--out", str(run), "--no-progress"])
+    r = invoke(
+        [
+            "train",
+            "abalone_ranksim",
+            *_sets(),
+            "--out",
+            str(run),
+            "--no-progress",
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "1",
+            "--precision",
+            "32-true",
+        ]
+    )
     assert r.exit_code == 0, r.output
     assert "MAE" in r.output and "few" in r.output
     m = json.loads((run / "metrics.json").read_text())
     cfg_text = (run / "config.yaml").read_text()
     assert "max_epochs: 2" in cfg_text and "ranksim" in cfg_text
+    assert "accelerator: cpu" in cfg_text and "devices: 1" in cfg_text
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "completed" and "git_hash" in meta
 

@@ -160,8 +160,16 @@ def train(
         if value is not None:
             overrides.append(f"trainer.{key}={value}")
 
+    if resume and overrides:
+        _console().print(
+            "[yellow]warning:[/] --resume continues with the config saved in the run directory; "
+            f"ignoring {', '.join(overrides)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
     def go() -> Any:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, [] if resume else overrides)
         return run_train(cfg, out=out, resume=resume, overwrite=overwrite, progress=progress)
 
     res = _run_guarded(go)

@@ -70,3 +70,29 @@ def test_cli_rejects_bad_model(tmp_path) -> None:
     res = runner.invoke(app, ["train", "--model", "exact", "--steps", "1", "--out", str(tmp_path)])
     assert res.exit_code != 0
     assert isinstance(res.exception, ValueError) and "`model` must be one of" in str(res.exception)
+
+
+def test_train_sorter_function_mlp(tmp_path) -> None:
+    from rankwise.sodeep import train_sorter
+
+    res = train_sorter(
+        6,
+        "mlp",
+        steps=2,
+        batch_size=4,
+        seed=0,
+        out=tmp_path,
+        hidden_size=8,
+        num_layers=1,
+        eval_num=2,
+        progress_bar=False,
+    )
+    assert res["weights"].name == "mlp_6.pt"
+    s = load_sorter(res["weights"])
+    assert s.model_name == "mlp" and s(torch.randn(3, 6)).shape == (3, 6)
+    assert 0.0 <= res["report"]["families_mean"]["mae_rank"] <= 6
+
+
+def test_cli_help_lists_commands() -> None:
+    res = typer_testing.CliRunner().invoke(app, ["--help"])
+    assert res.exit_code == 0 and "train" in res.output and "evaluate" in res.output

@@ -30,6 +30,7 @@ TINY = [
     "trainer.max_epochs=2",
     "trainer.limit_train_batches=3",
     "trainer.num_threads=1",
+    "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
     "run.plots=false",
 ]

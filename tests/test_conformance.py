@@ -19,9 +19,7 @@ from rankwise.losses import LOSSES
 from rankwise.ops import OPS
 from tests.conftest import DEVICES
 
-ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [
-    ("loss", e) for e in LOSSES.entries()
-]
+ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 
@@ -108,8 +106,11 @@ def test_module_equals_function(kind: str, entry: RegistryEntry) -> None:
         torch.testing.assert_close(x, y)
 
 
-@pytest.mark.parametrize(("kind", "entry"), [(k, e) for k, e in ENTRIES if e.gradient == "exact"],
-                         ids=[i for i, (_, e) in zip(IDS, ENTRIES) if e.gradient == "exact"])
+@pytest.mark.parametrize(
+    ("kind", "entry"),
+    [(k, e) for k, e in ENTRIES if e.gradient == "exact"],
+    ids=[i for i, (_, e) in zip(IDS, ENTRIES) if e.gradient == "exact"],
+)
 def test_gradcheck_float64(kind: str, entry: RegistryEntry) -> None:
     assert entry.example is not None
     ex = entry.example(torch.float64, torch.device("cpu"))

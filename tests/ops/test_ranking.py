@@ -36,7 +36,9 @@ def test_rank_matches_scipy_rankdata(ties: str, descending: bool, device: torch.
 def test_rank_property_scipy(values: list[int], ties: str, descending: bool) -> None:
     x = torch.tensor(values, dtype=torch.float64)
     src = -np.asarray(values, float) if descending else np.asarray(values, float)
-    np.testing.assert_allclose(rank(x, ties=ties, descending=descending).numpy(), scipy_stats.rankdata(src, method=ties))
+    np.testing.assert_allclose(
+        rank(x, ties=ties, descending=descending).numpy(), scipy_stats.rankdata(src, method=ties)
+    )
 
 
 def test_rank_reference_conventions() -> None:
@@ -149,7 +151,35 @@ def test_blackbox_errors() -> None:
 
 
 def test_blackbox_degenerate_keeps_graph() -> None:
-    for x in (torch.zeros(0, requires_grad=True), torch.zeros(1, requires_grad=True), torch.ones(4, requires_grad=True)):
+    for x in (
+        torch.zeros(0, requires_grad=True),
+        torch.zeros(1, requires_grad=True),
+        torch.ones(4, requires_grad=True),
+    ):
         r = blackbox_rank(x, 1.0)
         r.sum().backward()
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("ties", TIES)
+def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str) -> None:
+    """The float32 CPU fast path (flat int64-key radix sort) equals the stable torch.sort path."""
+    from rankwise.ops import ranking
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 97, generator=g)
+    x[:, ::7] = x[:, 3:4]  # ties within rows
+    x[0, :5] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-42])  # zeros, infinities, subnormal
+    x[1, 4] = float("nan")
+    x[2, :] = 2.5  # a constant row
+    assert x.numel() >= ranking._RADIX_MIN_NUMEL
+    _, perm = ranking._sort_last(x, descending)
+    ref = torch.sort(x, dim=-1, descending=descending, stable=True)
+    finite_rows = torch.isfinite(x).all(-1)
+    torch.testing.assert_close(perm[finite_rows], ref.indices[finite_rows])
+    # rows with infinities and NaN: same order of values
+    torch.testing.assert_close(x.gather(-1, perm), ref.values, equal_nan=True)
+    fast = rank(x[finite_rows], ties=ties, descending=descending)
+    slow = ranking._rank_last(x[finite_rows].double(), descending, ties).float()
+    torch.testing.assert_close(fast, slow)

@@ -21,18 +21,58 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
-def _rank_last(x: torch.Tensor, descending: bool, ties: str) -> torch.Tensor:
-    """Ranks (1..n, float) along the last dim of ``x`` (any leading dims)."""
+_RADIX_MIN_NUMEL = 2048
+
+
+def _sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Stable sort along the last dim: ``(sorted values or None, permutation)``.
+
+    On CPU, float32 rows are sorted as ONE flat array of int64 keys ``row * 2^32 + v(x)``, where
+    ``v`` maps float32 bits to int32 monotonically (negatives' magnitude bits inverted, -0.0 equal
+    to +0.0, NaN above +inf as ``torch.sort`` orders them). torch sorts integer
+    arrays with a stable radix sort, about 2.5x faster than its row-wise comparison sort of floats
+    (the floor of every ranking op). The sorted values are not gathered here (``None``): callers
+    that need them gather them. Other dtypes/devices use ``torch.sort(stable=True)``.
+    """
+    n = x.shape[-1]
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() < _RADIX_MIN_NUMEL:
+        vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
+        return vals, perm
+    flat = (x.reshape(-1, n) + 0.0).contiguous()  # + 0.0 turns -0.0 into +0.0 (they tie in torch.sort)
+    rows = flat.shape[0]
+    bits = flat.view(torch.int32)
+    # signed-int32 key with the order of the floats: negatives get their magnitude bits inverted
+    v = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    v = torch.where(torch.isnan(flat), torch.full_like(v, 2**31 - 1), v)  # NaN above +inf
+    if descending:
+        v = torch.bitwise_not(v)
+    offsets = torch.arange(rows, dtype=torch.int64, device=x.device).unsqueeze(1)
+    key = (v.to(torch.int64) + (offsets << 32)).view(-1)  # row r occupies [r 2^32 - 2^31, r 2^32 + 2^31)
+    idx = torch.sort(key, stable=True).indices.view(rows, n)
+    perm = (idx - offsets * n).view(x.shape)
+    return None, perm
+
+
+def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = False) -> torch.Tensor:
+    """Ranks (1..n, float; divided by n when ``normalize``) along the last dim of ``x`` (any leading dims)."""
     n = x.shape[-1]
     out_dtype = _out_dtype(x)
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=out_dtype, device=x.device)
     # stable sort: among ties the earlier index comes first in both orders
-    sorted_vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
-    pos = torch.arange(n, device=x.device).expand_as(perm)
+    sorted_vals, perm = _sort_last(x, descending)
     if ties == "ordinal":
-        ranks_sorted = pos.to(out_dtype) + 1
+        # the ordinal ranks of the sorted positions are the same for every row: one (n,) vector
+        ranks_sorted = torch.arange(1, n + 1, dtype=out_dtype, device=x.device)
+        if normalize:
+            ranks_sorted = ranks_sorted / n
+        return torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(
+            -1, perm, ranks_sorted.expand_as(perm)
+        )
     else:
+        if sorted_vals is None:
+            sorted_vals = x.gather(-1, perm)
+        pos = torch.arange(n, device=x.device).expand_as(perm)
         new_group = torch.ones_like(perm, dtype=torch.bool)
         new_group[..., 1:] = sorted_vals[..., 1:] != sorted_vals[..., :-1]
         if ties == "dense":
@@ -50,6 +90,8 @@ def _rank_last(x: torch.Tensor, descending: bool, ties: str) -> torch.Tensor:
                 ranks_sorted = last.to(out_dtype) + 1
             else:  # average
                 ranks_sorted = (first + last).to(out_dtype) / 2 + 1
+    if normalize:
+        ranks_sorted = ranks_sorted / n
     return torch.empty_like(ranks_sorted).scatter_(-1, perm, ranks_sorted)
 
 
@@ -98,18 +140,13 @@ def rank(
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
     xt = x.detach().movedim(d, -1)
-    r = _rank_last(xt, descending, ties)
-    if normalize and xt.shape[-1] > 0:
-        r = r / xt.shape[-1]
-    return r.movedim(-1, d)
+    return _rank_last(xt, descending, ties, normalize).movedim(-1, d)
 
 
 class _BlackboxRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool):  # type: ignore[override]
-        r = _rank_last(x, descending, "ordinal")
-        if normalize:
-            r = r / x.shape[-1]
+        r = _rank_last(x, descending, "ordinal", normalize)
         ctx.lambda_val = lambda_val
         ctx.descending = descending
         ctx.normalize = normalize
@@ -121,10 +158,8 @@ class _BlackboxRank(torch.autograd.Function):
         x, r = ctx.saved_tensors
         lam = ctx.lambda_val
         x_prime = x + lam * grad_output.to(x.dtype)
-        r_prime = _rank_last(x_prime, ctx.descending, "ordinal")
-        if ctx.normalize:
-            r_prime = r_prime / x.shape[-1]
-        return -(r - r_prime) / lam, None, None, None
+        r_prime = _rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize)
+        return (r_prime - r).mul_(1.0 / lam), None, None, None
 
 
 def blackbox_rank(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-import rankwise  # noqa: F401  (registers everything)
+import rankwise
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS

@@ -81,7 +81,7 @@ def test_rank_errors() -> None:
         rank(torch.randn(3), ties="first")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`dim` must be in"):
         rank(torch.randn(3), dim=1)
-    with pytest.raises(TypeError, match="`x` must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"`x` must be a torch\.Tensor"):
         rank([1.0, 2.0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="0-d"):
         rank(torch.tensor(1.0))
@@ -144,7 +144,7 @@ def test_blackbox_errors() -> None:
         blackbox_rank(torch.randn(3), 0)
     with pytest.raises(ValueError, match="`lambda_val` must be finite and > 0"):
         blackbox_rank(torch.randn(3), -1.0)
-    with pytest.raises(TypeError, match="`x` must be a floating-point tensor, got dtype torch.int64"):
+    with pytest.raises(TypeError, match=r"`x` must be a floating-point tensor, got dtype torch\.int64"):
         blackbox_rank(torch.tensor([1, 2, 3]), 1.0)
     with pytest.raises(TypeError, match="`lambda_val` must be a real number"):
         blackbox_rank(torch.randn(3), "1")  # type: ignore[arg-type]

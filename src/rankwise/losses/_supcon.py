@@ -16,6 +16,7 @@ from rankwise.losses._registry import register_loss
 __all__ = ["SupConLoss", "supcon_loss"]
 
 ContrastMode = Literal["all", "one"]
+_AUTO_BLOCK_ELEMENTS = 1 << 22
 Variant = Literal["out", "in"]
 
 
@@ -181,7 +182,9 @@ def supcon_loss(
     formula. Only first-order gradients are supported (double backward raises). ``chunk_size``
     processes the anchors in blocks of that many rows, forward and backward, so that peak memory
     is :math:`O(\text{chunk\_size} \cdot BV)` instead of :math:`O((BV)^2)`; the value and gradient
-    are the same as without chunking up to floating-point rounding.
+    are the same for every block size up to floating-point rounding. ``chunk_size=None`` picks
+    blocks of about :math:`2^{22}` logits (``2**22 // (B V)`` anchors; a single block for
+    ``B V <= 2048``), which is also faster than one huge block.
 
     Args:
         features: (B, V, D) views, or (B, D) for a single view.
@@ -192,7 +195,7 @@ def supcon_loss(
         contrast_mode: ``"all"`` or ``"one"``.
         variant: ``"out"`` (recommended) or ``"in"``.
         normalize: L2-normalize the features along the last dim first.
-        chunk_size: anchors per block, or ``None`` for a single block.
+        chunk_size: anchors per block, or ``None`` for automatic blocks of about ``2**22`` logits.
 
     Shape:
         - features: :math:`(B, V, D)` or :math:`(B, D)`.
@@ -229,7 +232,9 @@ def supcon_loss(
     contrast = x.transpose(0, 1).reshape(n, d)  # view-major: column k is view k // B of sample k % B
     n_anchor = n if contrast_mode == "all" else b
     anchors = contrast[:n_anchor]
-    block = n_anchor if chunk is None else min(chunk, n_anchor)
+    # default: blocks of about 4M logits (one block for smaller problems) -- cache/memory friendly
+    block = max(1, _AUTO_BLOCK_ELEMENTS // n) if chunk is None else chunk
+    block = min(block, n_anchor)
     loss, valid = _ChunkedSupCon.apply(anchors, contrast, keys, b, use_mask, tau, variant, block)
     total = loss.sum() / valid.sum().clamp(min=1).to(loss.dtype)
     return total * (tau / tau_b)

@@ -165,7 +165,7 @@ def test_blackbox_degenerate_keeps_graph() -> None:
 @pytest.mark.parametrize("ties", TIES)
 def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str) -> None:
     """The float32 CPU fast path (flat int64-key radix sort) equals the stable torch.sort path."""
-    from rankwise.ops import ranking
+    from rankwise.ops import _sort, ranking
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(40, 97, generator=g)
@@ -173,8 +173,8 @@ def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str) -> None:
     x[0, :5] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-42])  # zeros, infinities, subnormal
     x[1, 4] = float("nan")
     x[2, :] = 2.5  # a constant row
-    assert x.numel() >= ranking._RADIX_MIN_NUMEL
-    _, perm = ranking._sort_last(x, descending)
+    assert x.numel() >= _sort._RADIX_MIN_NUMEL
+    _, perm = _sort.sort_last(x, descending)
     ref = torch.sort(x, dim=-1, descending=descending, stable=True)
     finite_rows = torch.isfinite(x).all(-1)
     torch.testing.assert_close(perm[finite_rows], ref.indices[finite_rows])

@@ -21,6 +21,7 @@ from torch import nn
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_dim, check_floating, check_positive, to_compute
 from rankwise.ops._registry import register_op
+from rankwise.ops._sort import sorted_values_last
 from rankwise.ops.soft import register_soft_method
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
@@ -243,7 +244,7 @@ def _soft_rank_last(
     z = xc.reshape(-1, n) / eps
     if descending:
         z = -z
-    s, perm = torch.sort(z, dim=-1, descending=True)
+    s, perm = sorted_values_last(z, descending=True)
     rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device).unsqueeze(0)
     w = rho if regularization == "l2" else torch.log(rho)
     mu = _PermutahedronProjection.apply(s, w, regularization)
@@ -267,7 +268,7 @@ def _soft_sort_last(
     xc = to_compute(x).reshape(-1, n)
     if not descending:  # ascending sort = -(descending sort of -x), as torchsort / fast-soft-sort
         xc = -xc
-    w, _ = torch.sort(xc, dim=-1, descending=True)
+    w, _ = sorted_values_last(xc, descending=True)
     rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device) / eps
     s = rho.expand(w.shape[0], n).contiguous()
     mu = _PermutahedronProjection.apply(s, w, regularization)

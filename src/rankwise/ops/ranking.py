@@ -10,6 +10,7 @@ from torch import nn
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_dim, check_floating, check_positive, check_tensor
 from rankwise.ops._registry import register_op
+from rankwise.ops._sort import sort_last as _sort_last
 
 __all__ = ["BlackboxRank", "Rank", "blackbox_rank", "rank"]
 
@@ -19,38 +20,6 @@ _TIES = ("ordinal", "average", "min", "max", "dense")
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
-
-
-_RADIX_MIN_NUMEL = 2048
-
-
-def _sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Stable sort along the last dim: ``(sorted values or None, permutation)``.
-
-    On CPU, float32 rows are sorted as ONE flat array of int64 keys ``row * 2^32 + v(x)``, where
-    ``v`` maps float32 bits to int32 monotonically (negatives' magnitude bits inverted, -0.0 equal
-    to +0.0, NaN above +inf as ``torch.sort`` orders them). torch sorts integer
-    arrays with a stable radix sort, about 2.5x faster than its row-wise comparison sort of floats
-    (the floor of every ranking op). The sorted values are not gathered here (``None``): callers
-    that need them gather them. Other dtypes/devices use ``torch.sort(stable=True)``.
-    """
-    n = x.shape[-1]
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() < _RADIX_MIN_NUMEL:
-        vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
-        return vals, perm
-    flat = (x.reshape(-1, n) + 0.0).contiguous()  # + 0.0 turns -0.0 into +0.0 (they tie in torch.sort)
-    rows = flat.shape[0]
-    bits = flat.view(torch.int32)
-    # signed-int32 key with the order of the floats: negatives get their magnitude bits inverted
-    v = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    v = torch.where(torch.isnan(flat), torch.full_like(v, 2**31 - 1), v)  # NaN above +inf
-    if descending:
-        v = torch.bitwise_not(v)
-    offsets = torch.arange(rows, dtype=torch.int64, device=x.device).unsqueeze(1)
-    key = (v.to(torch.int64) + (offsets << 32)).view(-1)  # row r occupies [r 2^32 - 2^31, r 2^32 + 2^31)
-    idx = torch.sort(key, stable=True).indices.view(rows, n)
-    perm = (idx - offsets * n).view(x.shape)
-    return None, perm
 
 
 def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = False) -> torch.Tensor:

@@ -96,6 +96,17 @@ def _print_table(results: dict[str, list[dict[str, Any]]], title: str) -> None:
 
     con = _console()
     con.print(title, highlight=False)
+    from rankwise.recipes.reproduce import is_repro_metrics, table_rows
+
+    if any(is_repro_metrics(m) for runs in results.values() for m in runs):  # supcon / sort / median / dknn
+        header, rows = table_rows(results)
+        table = Table(title_justify="left")
+        for h in header:
+            table.add_column(h, no_wrap=True)
+        for r in rows:
+            table.add_row(*r)
+        con.print(table)
+        return
     for key, label in (("mae", "MAE"), ("gmean", "GM")):
         table = Table(title_justify="left")
         table.add_column(label, no_wrap=True)
@@ -219,6 +230,11 @@ def compare(
     t0 = time.perf_counter()
 
     def on_run(method: str, seed: int, res: Any) -> None:
+        from rankwise.recipes.reproduce import format_summary, is_repro_metrics
+
+        if is_repro_metrics(res.metrics):
+            _console().print(f"  {method} seed {seed}: {format_summary(res.metrics)}  ({res.run_dir})", highlight=False)
+            return
         mae = res.metrics["test"]["all"]["mae"]
         _console().print(f"  {method} seed {seed}: test MAE {mae:.3f}  ({res.run_dir})", highlight=False)
 

@@ -175,7 +175,7 @@ class RnCConfig:
 @dataclass
 class RunConfig:
     name: str = "run"
-    recipe: Literal["dir", "rrt", "rnc"] = "dir"
+    recipe: Literal["dir", "rrt", "rnc", "supcon", "sort", "median", "dknn"] = "dir"
     seed: int = 0
     out_dir: str = "runs"
     #: RRT: run directory or ``.ckpt`` whose encoder is frozen and whose head is re-trained
@@ -200,6 +200,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     rnc: RnCConfig = field(default_factory=RnCConfig)
+    #: options of the reproduction recipes supcon / sort / median / dknn (see ``rankwise.recipes.reproduce``)
+    task: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,6 +393,9 @@ def config_from_dict(raw: dict[str, Any], *, check_options: bool = True) -> Conf
     raw = {k: v for k, v in (raw or {}).items() if k != "extends"}
     cfg = _build(Config, raw, "")
     _check_semantics(cfg)
+    from rankwise.recipes.reproduce import check_task
+
+    check_task(cfg)
     if check_options:
         _check_options(cfg)
     return cfg

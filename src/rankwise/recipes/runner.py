@@ -352,8 +352,13 @@ def train(
     """
     import lightning as L
 
+    from rankwise.recipes import reproduce
     from rankwise.recipes.modules import NonFiniteLossError, RnCPretrainer
 
+    if cfg.run.recipe in reproduce.RECIPES:
+        return reproduce.train(
+            cfg, out=out, resume=resume, overwrite=overwrite, progress=progress, data=data, verbose=verbose
+        )
     if not verbose:
         _quiet_lightning()
     run_dir = resolve_run_dir(cfg, out, resume=resume, overwrite=overwrite)
@@ -480,6 +485,11 @@ def evaluate(
         if not cfg_file.is_file():
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
         cfg = config_from_dict(yaml.safe_load(cfg_file.read_text()))
+    if cfg.run.recipe in ("supcon", "sort", "median", "dknn"):  # reproduction recipes: metrics of the run
+        metrics_file = run_dir / "metrics.json"
+        if not metrics_file.is_file():
+            raise ConfigError(f"{run_dir} has no metrics.json (recipe {cfg.run.recipe!r} is evaluated when trained)")
+        return dict(json.loads(metrics_file.read_text()))
     if data is None:
         data = _deps.get_dataset(cfg.data.name, **cfg.data.options)
     if module is None:
@@ -622,7 +632,14 @@ def compare(
             run_dirs.setdefault(method, []).append(res.run_dir)
             if on_run is not None:
                 on_run(method, seed, res)
-    report = reports.write_compare_report(out, results, run_dirs, title=title, extra=extra)
+    from rankwise.recipes import reproduce
+
+    writer = (
+        reproduce.write_compare_report
+        if any(reproduce.is_repro_metrics(m) for runs in results.values() for m in runs)
+        else reports.write_compare_report
+    )
+    report = writer(out, results, run_dirs, title=title, extra=extra)
     _write_json(
         out / "results.json", {"results": results, "run_dirs": {k: [str(p) for p in v] for k, v in run_dirs.items()}}
     )

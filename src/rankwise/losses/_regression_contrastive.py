@@ -10,6 +10,15 @@ from torch import nn
 
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, to_compute
+from rankwise.distributed import (
+    BatchLayout,
+    DistributedFlag,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    batch_layout,
+    get_world_size,
+    resolve_distributed,
+)
 from rankwise.losses._contrastive_common import as_labels, as_views, zero_with_graph
 from rankwise.losses._registry import register_loss
 
@@ -31,15 +40,39 @@ def _repeat_views(t: torch.Tensor, v: int) -> torch.Tensor:
     return t.repeat(v, *([1] * (t.dim() - 1)))
 
 
-def _l2_dist(z: torch.Tensor) -> torch.Tensor:
+def _l2_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Euclidean distances of the views ``rows`` (all when ``None``) to every view."""
     z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
     sq = (z * z).sum(-1)
-    d2 = (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    if rows is None:
+        d2 = (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    else:
+        d2 = (sq[rows][:, None] + sq[None, :] - 2 * (z[rows] @ z.T)).clamp_min(0)
     # zero distances (the diagonal) get no gradient instead of 0 * inf
     return d2.clamp_min(torch.finfo(z.dtype).tiny).sqrt()
 
 
-def rnc_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float = 2.0) -> torch.Tensor:
+def _global_views(x: torch.Tensor, distributed: DistributedFlag) -> tuple[torch.Tensor, BatchLayout | None]:
+    """Gather the (B, V, D) views of every rank (with gradient) when ``distributed`` resolves to on."""
+    if not (resolve_distributed(distributed) and get_world_size() > 1):
+        return x, None
+    layout = batch_layout(x.shape[0], device=x.device)
+    return all_gather_with_grad(x, sizes=layout), layout
+
+
+def _local_rows(layout: BatchLayout, v: int, device: torch.device) -> torch.Tensor:
+    """View-major row indices (view ``k`` of sample ``s`` is row ``k * B + s``) of this rank's samples."""
+    samples = torch.arange(layout.start, layout.stop, device=device)
+    return (torch.arange(v, device=device)[:, None] * layout.total + samples[None, :]).reshape(-1)
+
+
+def rnc_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 2.0,
+    distributed: DistributedFlag = False,
+) -> torch.Tensor:
     r"""Rank-N-Contrast loss (Zha et al., NeurIPS'23) in :math:`O(N^2 \log N)`.
 
     The ``N = B V`` views :math:`v_i` (usually ``V = 2`` augmentations) carry their sample's label
@@ -59,6 +92,13 @@ def rnc_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float
     Distances are computed through a matrix product (after centring the views), so they agree
     with a direct norm up to rounding; coincident distinct views get a zero gradient.
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views and labels of
+    all ranks are gathered (views with gradient), the anchors :math:`i` are this rank's views and
+    :math:`j, k` range over the **global** batch (``N`` = global number of views), and the rank
+    returns ``world_size / (N (N - 1))`` times the sum of its anchors' terms: the mean over ranks
+    of the returned values is the single-process loss on the concatenated batch, and DDP's
+    gradient averaging gives the single-process gradient.
+
     Shape:
         - features: :math:`(B, V, D)` (typically :math:`V = 2`) or :math:`(B, D)`.
         - labels: :math:`(B,)`, :math:`(B, 1)` or :math:`(B, K)`.
@@ -77,34 +117,47 @@ def rnc_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float
     x = as_views(features)
     b, v, d = x.shape
     y = as_labels(labels, b, allow_multi=True)
+    x, layout = _global_views(x, distributed)
+    rows: torch.Tensor | None = None
+    scale = 1.0
+    if layout is not None:
+        y = all_gather_no_grad(y, sizes=layout)
+        b, rows, scale = layout.total, _local_rows(layout, v, x.device), float(layout.world_size)
     n = b * v
-    if n < 2:
-        return zero_with_graph(features)
+    if n < 2 or (rows is not None and rows.numel() == 0):
+        return zero_with_graph(features if layout is None else x)
     z = x.transpose(0, 1).reshape(n, d)
     ld = _label_distance(_repeat_views(y, v))
-    eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    if rows is None:
+        eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    else:
+        ld = ld[rows]
+        eye = rows[:, None] == torch.arange(n, device=z.device)[None, :]
+    m = ld.shape[0]
     ld = ld.masked_fill(eye, -math.inf)  # self sorts last and is dropped
     order = torch.argsort(ld, dim=1, descending=True, stable=True)[:, : n - 1]
     ld_s = ld.gather(1, order)
-    s_s = (-_l2_dist(z) / tau).gather(1, order)
+    s_s = (-_l2_dist(z, rows) / tau).gather(1, order)
     lcse = torch.logcumsumexp(s_s, dim=1)
     # last position of each tie group (of equal label distance): next group's start - 1, right to left
-    pos = torch.arange(n - 1, device=z.device).expand(n, n - 1)
+    pos = torch.arange(n - 1, device=z.device).expand(m, n - 1)
     ends = torch.full_like(pos, n - 2)
     ends[:, :-1] = torch.where(ld_s[:, 1:] != ld_s[:, :-1], pos[:, :-1], ends[:, :-1])
     last = ends.flip(1).cummin(1).values.flip(1)
-    return (lcse.gather(1, last) - s_s).sum() / (n * (n - 1))
+    out = (lcse.gather(1, last) - s_s).sum() / (n * (n - 1))
+    return out * scale if layout is not None else out
 
 
 class RnCLoss(nn.Module):
-    """Module twin of :func:`rnc_loss` holding ``temperature``."""
+    """Module twin of :func:`rnc_loss` holding ``temperature`` and ``distributed``."""
 
-    def __init__(self, *, temperature: float = 2.0) -> None:
+    def __init__(self, *, temperature: float = 2.0, distributed: DistributedFlag = False) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
+        self.distributed = distributed
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return rnc_loss(features, labels, temperature=self.temperature)
+        return rnc_loss(features, labels, temperature=self.temperature, distributed=self.distributed)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}"
@@ -132,6 +185,7 @@ def conr_loss(
     eta: float = 0.01,
     variant: Variant = "in",
     normalize: bool = True,
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""ConR contrastive regularizer for imbalanced regression (Keramati et al., ICLR'24).
 
@@ -165,6 +219,13 @@ def conr_loss(
     without positives (here 0), and it multiplies each anchor's loss by its weight once more
     (here the weight enters through :math:`S_{j,q}` only, as in the paper's formula).
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): features (with gradient),
+    labels, predictions and weights of all ranks are gathered; the anchors :math:`j` are this
+    rank's views, positives and negatives range over the **global** batch (``N`` = global number
+    of views), and the rank returns ``world_size / N`` times the sum of its anchors' losses: the
+    mean over ranks of the returned values is the single-process loss on the concatenated batch,
+    and DDP's gradient averaging gives the single-process gradient.
+
     Shape:
         - features: :math:`(B, V, D)` or :math:`(B, D)`.
         - labels: :math:`(B,)` or :math:`(B, 1)`; preds: :math:`(B,)`, :math:`(B, 1)` or :math:`(B, V)`;
@@ -194,21 +255,36 @@ def conr_loss(
     if weights is not None:
         check_floating(weights, "weights")
         w = to_compute(_per_view(weights.detach(), b, v, "weights"))
+    x, layout = _global_views(x, distributed)
+    rows: torch.Tensor | None = None
+    if layout is not None:
+        y = all_gather_no_grad(y, sizes=layout)
+        p_loc = preds.detach()
+        yp = _per_view(all_gather_no_grad(p_loc, sizes=layout), layout.total, v, "preds")
+        if weights is not None:
+            w = to_compute(_per_view(all_gather_no_grad(weights.detach(), sizes=layout), layout.total, v, "weights"))
+        b, rows = layout.total, _local_rows(layout, v, x.device)
     n = b * v
-    if n < 2:
-        return zero_with_graph(features)
+    if n < 2 or (rows is not None and rows.numel() == 0):
+        return zero_with_graph(features if layout is None else x)
     z = x.transpose(0, 1).reshape(n, d)
     ld = _label_distance(_repeat_views(y, v))
     pd = _label_distance(yp)
-    eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    if rows is None:
+        eye = torch.eye(n, dtype=torch.bool, device=z.device)
+        za = z
+    else:
+        ld, pd, za = ld[rows], pd[rows], z[rows]
+        eye = rows[:, None] == torch.arange(n, device=z.device)[None, :]
     pos = (ld <= win) & ~eye
     neg = (ld > win) & (pd <= win)
     npos = pos.sum(1)
     valid = (npos > 0) & neg.any(1)
-    logits = (z @ z.T) / tau
+    logits = (za @ z.T) / tau
     log_push = (e * ld).to(logits.dtype)
     if weights is not None:
-        log_push = log_push + torch.log(w.to(logits.dtype))[:, None]
+        wa = w if rows is None else w[rows]
+        log_push = log_push + torch.log(wa.to(logits.dtype))[:, None]
     neg_inf = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
     keep = valid[:, None]
     # invalid rows are computed on finite dummies and zeroed afterwards (no NaN in backward)
@@ -220,7 +296,8 @@ def conr_loss(
     else:
         num = torch.where(pos, logits, torch.zeros_like(logits)).sum(1) / npos_f
     loss = torch.where(valid, lse_den - num, torch.zeros_like(lse_den))
-    return loss.sum() / n
+    out = loss.sum() / n
+    return out * layout.world_size if layout is not None else out
 
 
 class ConRLoss(nn.Module):
@@ -234,6 +311,7 @@ class ConRLoss(nn.Module):
         eta: float = 0.01,
         variant: Variant = "in",
         normalize: bool = True,
+        distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.window = check_positive(window, "window", allow_zero=True)
@@ -241,6 +319,7 @@ class ConRLoss(nn.Module):
         self.eta = check_positive(eta, "eta", allow_zero=True)
         self.variant = check_choice(variant, "variant", ("in", "out"))
         self.normalize = normalize
+        self.distributed = distributed
 
     def forward(
         self,
@@ -259,6 +338,7 @@ class ConRLoss(nn.Module):
             eta=self.eta,
             variant=self.variant,
             normalize=self.normalize,
+            distributed=self.distributed,
         )
 
     def extra_repr(self) -> str:

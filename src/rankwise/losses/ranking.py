@@ -11,6 +11,7 @@ Every loss is a function plus an ``nn.Module`` twin, registered with ``register_
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -19,6 +20,16 @@ from torch import nn
 
 from rankwise._registry import Example
 from rankwise._validation import check_floating, check_positive, check_tensor, to_compute
+from rankwise.distributed import (
+    DistributedFlag,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    batch_layout,
+    broadcast,
+    get_world_size,
+    resolve_distributed,
+    scale_grad,
+)
 from rankwise.losses._registry import register_loss
 from rankwise.ops.ranking import blackbox_rank, rank
 from rankwise.ops.soft import list_soft_methods, soft_rank
@@ -80,6 +91,11 @@ def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | 
     y = _targets_1d(targets, targets.shape[0])
     gen_device = generator.device if generator is not None else y.device
     prio = torch.randperm(y.shape[0], generator=generator, device=gen_device).to(y.device)
+    return _unique_by_priority(y, prio)
+
+
+def _unique_by_priority(y: torch.Tensor, prio: torch.Tensor) -> torch.Tensor:
+    """Keep, per distinct label, the example of highest priority ``prio`` (a permutation)."""
     same = y.unsqueeze(1) == y.unsqueeze(0)
     beaten = same & (prio.unsqueeze(0) > prio.unsqueeze(1))  # [i, j]: j has i's label and a higher priority
     return ~beaten.any(dim=1)
@@ -106,6 +122,7 @@ def ranksim_loss(
     interpolation_lambda: float = 2.0,
     unique_labels: bool = True,
     generator: torch.Generator | None = None,
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""RankSim regulariser (Gong et al., ICML'22, eq. 4).
 
@@ -147,6 +164,15 @@ def ranksim_loss(
         interpolation_lambda: blackbox interpolation strength :math:`\lambda` (> 0; paper: 2).
         unique_labels: keep one random example per distinct label before computing the loss.
         generator: ``torch.Generator`` for the subset draw (global RNG when ``None``).
+        distributed: ``True`` / ``"auto"`` (on when a process group with world size > 1 exists):
+            compute RankSim on the **global** batch of all ranks, see :mod:`rankwise.distributed`.
+            Features are gathered with gradient, targets without; the unique-label subset
+            :math:`M` is drawn on the global batch by rank 0 (with ``generator`` or its global RNG)
+            and broadcast, so all ranks use the same subset; each rank computes the rows
+            :math:`i \in M` of its own examples against all of :math:`M` and returns
+            ``world_size * (sum of its rows) / |M|``. The mean of the returned values over ranks is
+            the single-process loss on the concatenated batch, and after DDP's gradient averaging
+            the parameters get the single-process gradient. Default ``False``: local batch only.
 
     Shape:
         - features: :math:`(B, *)`; targets: :math:`(B,)` or :math:`(B, 1)`.
@@ -171,6 +197,8 @@ def ranksim_loss(
     batch = features.shape[0]
     y = to_compute(_targets_1d(targets, batch).detach())
     x = to_compute(features)
+    if resolve_distributed(distributed) and get_world_size() > 1:
+        return _ranksim_global(x, y, lam, unique_labels, generator)
     if batch == 0:
         return x.sum() * 0
     sim = _Gram.apply(F.normalize(x.reshape(batch, -1), dim=1))
@@ -178,6 +206,20 @@ def ranksim_loss(
         keep = sample_unique_labels(y, generator=generator)
     else:
         keep = torch.ones(batch, dtype=torch.bool, device=x.device)
+    return _ranksim_rows(sim, y, keep, keep, lam)
+
+
+def _ranksim_rows(
+    sim: torch.Tensor,
+    y: torch.Tensor,
+    keep: torch.Tensor,
+    row_keep: torch.Tensor,
+    lam: float,
+    rows: slice = slice(None),
+) -> torch.Tensor:
+    """Sum of RankSim rows ``rows`` (``sim``: those rows against all B columns) divided by |M|."""
+    x = sim
+    batch = keep.shape[0]
     m = keep.sum().to(x.dtype).clamp_min(1)  # |M| as a tensor: no host sync
     scale = batch / m  # exactly 1 when nothing is masked
     col = keep.unsqueeze(0)
@@ -185,11 +227,40 @@ def ranksim_loss(
     # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
     # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
     feat_rank = blackbox_rank(torch.where(col, sim, neg_inf) * scale, lam, descending=True, normalize=True) * scale
-    label_sim = -(y.unsqueeze(1) - y.unsqueeze(0)).abs()
+    label_sim = -(y[rows].unsqueeze(1) - y.unsqueeze(0)).abs()
     label_rank = rank(torch.where(col, label_sim, neg_inf.to(label_sim.dtype)), descending=True).to(x.dtype) / m
-    pair = keep.unsqueeze(1) & col
+    pair = row_keep.unsqueeze(1) & col
     err = torch.where(pair, (feat_rank - label_rank) ** 2, torch.zeros((), dtype=x.dtype, device=x.device))
     return err.sum() / m
+
+
+def _ranksim_global(
+    x: torch.Tensor, y: torch.Tensor, lam: float, unique_labels: bool, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Distributed RankSim: local rows against the gathered batch, scaled by the world size."""
+    world = get_world_size()
+    layout = batch_layout(x.shape[0], device=x.device)
+    # the world-size factor goes on the gradient of the gathered features (not on the loss
+    # value upstream of blackbox_rank, whose surrogate gradient is not linear in its input gradient)
+    flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    zg = scale_grad(all_gather_with_grad(flat, sizes=layout), world)
+    yg = all_gather_no_grad(y, sizes=layout)
+    total = layout.total
+    if total == 0:
+        return zg.sum() * 0
+    if unique_labels:  # a collective: before any rank-dependent early return
+        gen_device = generator.device if generator is not None else yg.device
+        prio = broadcast(torch.randperm(total, generator=generator, device=gen_device).to(yg.device), 0)
+        keep = _unique_by_priority(yg, prio)
+    else:
+        keep = torch.ones(total, dtype=torch.bool, device=yg.device)
+    rows = layout.local
+    if layout.sizes[layout.rank] == 0:
+        return zg.sum() * 0
+    zn = F.normalize(zg, dim=1)
+    sim = zn[rows] @ zn.transpose(0, 1)
+    share = _ranksim_rows(sim, yg, keep, keep[rows], lam, rows)
+    return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
 
 
 class RankSimLoss(nn.Module):
@@ -201,11 +272,13 @@ class RankSimLoss(nn.Module):
         interpolation_lambda: float = 2.0,
         unique_labels: bool = True,
         generator: torch.Generator | None = None,
+        distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.interpolation_lambda = check_positive(interpolation_lambda, "interpolation_lambda")
         self.unique_labels = unique_labels
         self.generator = generator
+        self.distributed = distributed
 
     def forward(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return ranksim_loss(
@@ -214,6 +287,7 @@ class RankSimLoss(nn.Module):
             interpolation_lambda=self.interpolation_lambda,
             unique_labels=self.unique_labels,
             generator=self.generator,
+            distributed=self.distributed,
         )
 
     def extra_repr(self) -> str:
@@ -276,6 +350,7 @@ def spearman_loss(
     *,
     ranker: str = "isotonic",
     l1_weight: float = 0.0,
+    distributed: DistributedFlag = False,
     **ranker_kwargs: Any,
 ) -> torch.Tensor:
     r"""Spearman loss of SoDeep (Engilberge et al., CVPR'19): MSE between soft and true ranks, plus L1.
@@ -301,6 +376,15 @@ def spearman_loss(
     ``l1_weight`` is SoDeep's ``lbd``: set it to 1 for a few epochs to initialise the regressor
     (ranks alone do not fix the scale of the predictions), then to 0.
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`) ranks over the **global**
+    batch: ``pred`` (with gradient) and ``target`` are gathered from all ranks along the last dim
+    and every rank returns the loss of the whole gathered batch (the same value on every rank;
+    ranking is :math:`O(n \log n)`, cheap next to the model). Every rank backpropagates it through
+    the differentiable gather, so each rank's ``pred`` receives ``world_size`` times the
+    single-process gradient, which DDP's gradient averaging cancels; the soft ranker sees exactly
+    the single-process upstream gradient (this matters for ``"blackbox"``, whose surrogate
+    gradient is not linear in it).
+
     Shape:
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (ranked along the last dim;
           a trailing singleton dim is dropped first).
@@ -319,6 +403,8 @@ def spearman_loss(
     _check_ranker(ranker, ranker_kwargs)
     w = check_positive(l1_weight, "l1_weight", allow_zero=True)
     p, t = _pred_target(pred, target)
+    if resolve_distributed(distributed) and get_world_size() > 1:
+        return _spearman_global(p, t, ranker, w, ranker_kwargs)
     if p.numel() == 0 or p.shape[-1] <= 1:
         mse = p.sum() * 0
     else:
@@ -330,18 +416,48 @@ def spearman_loss(
     return mse + w * l1
 
 
+def _gather_last(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """Gather ``p`` (with grad) and ``t`` along the last dim; return them and this rank's columns."""
+    layout = batch_layout(p.shape[-1], device=p.device)
+    pg = all_gather_with_grad(p, dim=-1, sizes=layout)
+    tg = all_gather_no_grad(t, dim=-1, sizes=layout)
+    return pg, tg, layout.local
+
+
+def _spearman_global(
+    p: torch.Tensor, t: torch.Tensor, ranker: str, w: float, ranker_kwargs: dict[str, Any]
+) -> torch.Tensor:
+    pg, tg, _ = _gather_last(p, t)
+    return spearman_loss(pg, tg, ranker=ranker, l1_weight=w, **ranker_kwargs)
+
+
 class SpearmanLoss(nn.Module):
     """Module twin of :func:`spearman_loss` holding ``ranker``, ``l1_weight`` and the ranker's options."""
 
-    def __init__(self, *, ranker: str = "isotonic", l1_weight: float = 0.0, **ranker_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        ranker: str = "isotonic",
+        l1_weight: float = 0.0,
+        distributed: DistributedFlag = False,
+        **ranker_kwargs: Any,
+    ) -> None:
         super().__init__()
         _check_ranker(ranker, ranker_kwargs)
         self.ranker = ranker
         self.l1_weight = check_positive(l1_weight, "l1_weight", allow_zero=True)
+        self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_loss(pred, target, ranker=self.ranker, l1_weight=self.l1_weight, **self.ranker_kwargs)
+        return spearman_loss(
+            pred,
+            target,
+            ranker=self.ranker,
+            l1_weight=self.l1_weight,
+            distributed=self.distributed,
+            **self.ranker_kwargs,
+        )
 
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
@@ -353,6 +469,7 @@ def spearman_correlation(
     target: torch.Tensor,
     *,
     ranker: str = "isotonic",
+    distributed: DistributedFlag = False,
     **ranker_kwargs: Any,
 ) -> torch.Tensor:
     r"""Differentiable Spearman correlation: Pearson correlation of soft ranks of ``pred`` with ranks of ``target``.
@@ -367,6 +484,12 @@ def spearman_correlation(
     Unlike scipy (``nan``), a constant ``pred``/``target`` row or ``n <= 1`` gives ``0`` (with a
     finite, zero gradient).
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): ``pred`` and ``target``
+    are gathered from all ranks along the last dim and every rank returns the correlation of the
+    **global** batch (the same value on every rank; it is not a sum over examples). Because every
+    rank backpropagates it through the differentiable gather, each rank's ``pred`` receives
+    ``world_size`` times the single-process gradient, which DDP's gradient averaging cancels.
+
     Shape:
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating, correlated along the last dim
           (a trailing singleton dim is dropped first); target: the same shape.
@@ -380,6 +503,8 @@ def spearman_correlation(
     """
     _check_ranker(ranker, ranker_kwargs)
     p, t = _pred_target(pred, target)
+    if resolve_distributed(distributed) and get_world_size() > 1:
+        p, t, _ = _gather_last(p, t)
     if p.numel() == 0 or p.shape[-1] <= 1:
         return p.sum(-1) * 0
     a = _soft_ranks(p, ranker, ranker_kwargs)
@@ -396,14 +521,17 @@ def spearman_correlation(
 class SpearmanCorrelation(nn.Module):
     """Module twin of :func:`spearman_correlation` holding ``ranker`` and its options."""
 
-    def __init__(self, *, ranker: str = "isotonic", **ranker_kwargs: Any) -> None:
+    def __init__(self, *, ranker: str = "isotonic", distributed: DistributedFlag = False, **ranker_kwargs: Any) -> None:
         super().__init__()
         _check_ranker(ranker, ranker_kwargs)
         self.ranker = ranker
+        self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_correlation(pred, target, ranker=self.ranker, **self.ranker_kwargs)
+        return spearman_correlation(
+            pred, target, ranker=self.ranker, distributed=self.distributed, **self.ranker_kwargs
+        )
 
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
@@ -415,7 +543,9 @@ class SpearmanCorrelation(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
-def pairwise_difference_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def pairwise_difference_loss(
+    pred: torch.Tensor, target: torch.Tensor, *, distributed: DistributedFlag = False
+) -> torch.Tensor:
     r"""Age-difference loss :math:`L_d` of Cheng et al. (IEEE TMI 2021), computed in O(B).
 
     .. math::
@@ -426,6 +556,11 @@ def pairwise_difference_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.
     twice the unbiased variance of the residuals: the loss is blind to a constant offset of the
     predictions (pair it with an L1/MSE term) and is computed from centred residuals (stable).
     The mean over ordered and over unordered pairs is the same.
+
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the pairs range over the
+    **global** batch (``pred`` gathered with gradient, ``target`` without, along the last dim);
+    each rank returns ``world_size * 2 / (n - 1) * (sum of its own centred squared residuals)``
+    (averaged over leading dims), whose mean over ranks is the single-process loss.
 
     Shape:
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (pairs along the last dim, a
@@ -441,19 +576,29 @@ def pairwise_difference_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.
         tensor(18., grad_fn=<...>)
     """
     p, t = _pred_target(pred, target)
+    cols: slice = slice(None)
+    world = 1
+    if resolve_distributed(distributed) and get_world_size() > 1:
+        world = get_world_size()
+        p, t, cols = _gather_last(p, t)
     n = p.shape[-1]
     if p.numel() == 0 or n < 2:
         return (p - t).sum() * 0
     r = p - t
     r = r - r.mean(-1, keepdim=True)
-    return (2.0 / (n - 1)) * (r * r).sum(-1).mean()
+    out = (2.0 / (n - 1)) * (r * r)[..., cols].sum(-1).mean()
+    return out * world if world > 1 else out
 
 
 class PairwiseDifferenceLoss(nn.Module):
-    """Module twin of :func:`pairwise_difference_loss` (no hyperparameters)."""
+    """Module twin of :func:`pairwise_difference_loss` (holds only ``distributed``)."""
+
+    def __init__(self, *, distributed: DistributedFlag = False) -> None:
+        super().__init__()
+        self.distributed = distributed
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return pairwise_difference_loss(pred, target)
+        return pairwise_difference_loss(pred, target, distributed=self.distributed)
 
 
 # --------------------------------------------------------------------------------------------------

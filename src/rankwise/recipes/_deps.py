@@ -115,7 +115,8 @@ def fds_smooth(fds: nn.Module, features: torch.Tensor, labels: torch.Tensor, epo
 
 
 def fds_update(fds: nn.Module, features: torch.Tensor, labels: torch.Tensor, epoch: int) -> None:
-    fds.update(features, labels, epoch)  # type: ignore[operator]
+    # sync: per-bin sums are all-reduced over the ranks of a DDP run (no-op in a single process)
+    fds.update(features, labels, epoch, sync=True)  # type: ignore[operator]
 
 
 def regression_metrics(
@@ -150,29 +151,35 @@ def _to_builtin(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------- regularizers
 # each adapter: (features, preds, targets, weights, **options) -> scalar
+# batch-level losses default to distributed="auto": under DDP they are computed on the global batch
+# (see rankwise.distributed); a config may still set `distributed: false` in the options.
 
 
 def _ranksim(features, preds, targets, weights, **opts):
     from rankwise.losses import ranksim_loss
 
+    opts.setdefault("distributed", "auto")
     return ranksim_loss(features, targets, **opts)
 
 
 def _conr(features, preds, targets, weights, **opts):
     from rankwise.losses import conr_loss
 
+    opts.setdefault("distributed", "auto")
     return conr_loss(features, targets, preds, weights=weights, **opts)
 
 
 def _spearman(features, preds, targets, weights, **opts):
     from rankwise.losses import spearman_loss
 
+    opts.setdefault("distributed", "auto")
     return spearman_loss(preds, targets, **opts)
 
 
 def _pairwise(features, preds, targets, weights, **opts):
     from rankwise.losses import pairwise_difference_loss
 
+    opts.setdefault("distributed", "auto")
     return pairwise_difference_loss(preds, targets, **opts)
 
 

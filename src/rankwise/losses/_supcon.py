@@ -10,6 +10,15 @@ from torch import nn
 
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_positive
+from rankwise.distributed import (
+    DistributedFlag,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    all_reduce_sum,
+    batch_layout,
+    get_world_size,
+    resolve_distributed,
+)
 from rankwise.losses._contrastive_common import as_labels, as_views, sample_mask, zero_with_graph
 from rankwise.losses._registry import register_loss
 
@@ -97,11 +106,12 @@ class _ChunkedSupCon(torch.autograd.Function):
         temperature: float,
         variant: str,
         chunk: int,
+        anchor_cols: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_anchor, n = anchors.shape[0], contrast.shape[0]
         outs = []
         for start in range(0, n_anchor, chunk):
-            idx = torch.arange(start, min(start + chunk, n_anchor), device=anchors.device)
+            idx = _cols(anchor_cols, start, min(start + chunk, n_anchor), anchors.device)
             pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
             outs.append(
                 _block_stats_inplace(anchors[start : start + chunk], contrast, pos, is_self, temperature, variant)
@@ -109,6 +119,7 @@ class _ChunkedSupCon(torch.autograd.Function):
         loss, valid, lse, lse_pos, npos = (torch.cat(t) for t in zip(*outs))
         ctx.save_for_backward(anchors, contrast, keys, valid, lse, lse_pos, npos)
         ctx.cfg = (batch, use_mask, temperature, variant, chunk)
+        ctx.anchor_cols = anchor_cols
         ctx.mark_non_differentiable(valid)
         return loss, valid
 
@@ -123,7 +134,7 @@ class _ChunkedSupCon(torch.autograd.Function):
         g_all = torch.where(valid, grad_loss.to(anchors.dtype), torch.zeros_like(lse)) / temperature
         for start in range(0, n_anchor, chunk):
             sl = slice(start, min(start + chunk, n_anchor))
-            idx = torch.arange(sl.start, sl.stop, device=anchors.device)
+            idx = _cols(ctx.anchor_cols, sl.start, sl.stop, anchors.device)
             pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
             a = anchors[sl]
             logits = (a @ contrast.T) / temperature
@@ -134,7 +145,14 @@ class _ChunkedSupCon(torch.autograd.Function):
             g = torch.exp_(logits.sub_(lse[sl, None])).masked_fill_(is_self, 0).sub_(q).mul_(g_all[sl, None])
             grad_anchors[sl] = g @ contrast
             grad_contrast.addmm_(g.T, a)
-        return grad_anchors, grad_contrast, None, None, None, None, None, None
+        return grad_anchors, grad_contrast, None, None, None, None, None, None, None
+
+
+def _cols(anchor_cols: torch.Tensor | None, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """Columns of anchors ``start:stop`` (anchor ``a`` is column ``a`` unless ``anchor_cols`` maps it)."""
+    if anchor_cols is None:
+        return torch.arange(start, stop, device=device)
+    return anchor_cols[start:stop]
 
 
 def supcon_loss(
@@ -148,6 +166,7 @@ def supcon_loss(
     variant: Variant = "out",
     normalize: bool = True,
     chunk_size: int | None = None,
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Supervised contrastive loss (Khosla et al., NeurIPS'20); SimCLR's NT-Xent without labels.
 
@@ -186,6 +205,15 @@ def supcon_loss(
     blocks of about :math:`2^{22}` logits (``2**22 // (B V)`` anchors; a single block for
     ``B V <= 2048``), which is also faster than one huge block.
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
+    and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,
+    :math:`P(i)` range over the **global** batch (without labels, the positives are the other
+    views of the same sample, as in a single process). With :math:`V_g` the number of anchors
+    with a positive over all ranks (an ``all_reduce``, no host sync), each rank returns
+    ``world_size * (tau / tau_b) * (sum of its anchors' losses) / V_g``: the mean over ranks of
+    the returned values is the single-process loss on the concatenated batch, and DDP's gradient
+    averaging gives the single-process gradient. ``mask`` is not supported then (pass labels).
+
     Args:
         features: (B, V, D) views, or (B, D) for a single view.
         labels: (B,) or (B, 1) class labels (any dtype comparable with ``==``). Not with ``mask``.
@@ -196,6 +224,7 @@ def supcon_loss(
         variant: ``"out"`` (recommended) or ``"in"``.
         normalize: L2-normalize the features along the last dim first.
         chunk_size: anchors per block, or ``None`` for automatic blocks of about ``2**22`` logits.
+        distributed: ``False`` (local batch), ``True`` or ``"auto"`` (global batch under DDP).
 
     Shape:
         - features: :math:`(B, V, D)` or :math:`(B, D)`.
@@ -220,6 +249,11 @@ def supcon_loss(
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
     x = as_views(features, normalize=normalize)
     b, v, d = x.shape
+    if resolve_distributed(distributed) and get_world_size() > 1:
+        if mask is not None:
+            raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither for SimCLR)")
+        y = None if labels is None else as_labels(labels, b).detach()
+        return _supcon_global(x, y, tau, tau_b, contrast_mode, variant, chunk)
     if mask is not None:
         keys, use_mask = sample_mask(mask, b), True
     elif labels is not None:
@@ -240,6 +274,40 @@ def supcon_loss(
     return total * (tau / tau_b)
 
 
+def _supcon_global(
+    x: torch.Tensor,
+    labels: torch.Tensor | None,
+    tau: float,
+    tau_b: float,
+    contrast_mode: str,
+    variant: str,
+    chunk: int | None,
+) -> torch.Tensor:
+    """Distributed SupCon: this rank's anchors against the gathered views of all ranks."""
+    world = get_world_size()
+    b, v, d = x.shape
+    layout = batch_layout(b, device=x.device)
+    xg = all_gather_with_grad(x, sizes=layout)
+    bg = layout.total
+    keys = torch.arange(bg, device=x.device) if labels is None else all_gather_no_grad(labels, sizes=layout)
+    n = bg * v
+    if n == 0:
+        return zero_with_graph(xg)
+    contrast = xg.transpose(0, 1).reshape(n, d)
+    samples = torch.arange(layout.start, layout.stop, device=x.device)
+    n_views = v if contrast_mode == "all" else 1
+    rows = (torch.arange(n_views, device=x.device)[:, None] * bg + samples[None, :]).reshape(-1)
+    n_anchor = rows.numel()
+    if n_anchor == 0:
+        all_reduce_sum(torch.zeros((), dtype=contrast.dtype, device=x.device))  # keep the collectives aligned
+        return zero_with_graph(xg)
+    block = max(1, _AUTO_BLOCK_ELEMENTS // n) if chunk is None else chunk
+    block = min(block, n_anchor)
+    loss, valid = _ChunkedSupCon.apply(contrast[rows], contrast, keys, bg, False, tau, variant, block, rows)
+    n_valid = all_reduce_sum(valid.sum().to(loss.dtype))
+    return loss.sum() / n_valid.clamp(min=1) * (world * tau / tau_b)
+
+
 class SupConLoss(nn.Module):
     """Module twin of :func:`supcon_loss` holding its hyperparameters."""
 
@@ -252,6 +320,7 @@ class SupConLoss(nn.Module):
         variant: Variant = "out",
         normalize: bool = True,
         chunk_size: int | None = None,
+        distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
@@ -262,6 +331,7 @@ class SupConLoss(nn.Module):
         self.variant = check_choice(variant, "variant", ("out", "in"))
         self.normalize = normalize
         self.chunk_size = _check_chunk(chunk_size)
+        self.distributed = distributed
 
     def forward(
         self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
@@ -276,6 +346,7 @@ class SupConLoss(nn.Module):
             variant=self.variant,
             normalize=self.normalize,
             chunk_size=self.chunk_size,
+            distributed=self.distributed,
         )
 
     def extra_repr(self) -> str:

@@ -157,31 +157,37 @@ def train(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")] = True,
 ) -> None:
     """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory."""
+    from rankwise.distributed import torchrun_trainer_defaults
     from rankwise.recipes.config import load_config
     from rankwise.recipes.runner import train as run_train
 
     overrides = list(set_ or [])
-    for key, value in (
-        ("devices", _parse_devices(devices)),
-        ("accelerator", accelerator),
-        ("strategy", strategy),
-        ("num_nodes", num_nodes),
-        ("precision", precision),
-    ):
+    # under torchrun: devices / num_nodes / strategy="ddp" from its environment unless given
+    launch = torchrun_trainer_defaults()
+    hardware = {
+        "devices": _parse_devices(devices) if devices is not None else launch.get("devices"),
+        "accelerator": accelerator,
+        "strategy": strategy if strategy is not None else launch.get("strategy"),
+        "num_nodes": num_nodes if num_nodes is not None else launch.get("num_nodes"),
+    }
+    hardware = {k: v for k, v in hardware.items() if v is not None}
+    for key, value in (*hardware.items(), ("precision", precision)):
         if value is not None:
             overrides.append(f"trainer.{key}={value}")
 
-    if resume and overrides:
+    if resume and set_:
         _console().print(
             "[yellow]warning:[/] --resume continues with the config saved in the run directory; "
-            f"ignoring {', '.join(overrides)}",
+            f"ignoring {', '.join(set_)} (--devices/--accelerator/--strategy/--num-nodes still apply)",
             highlight=False,
             soft_wrap=True,
         )
 
     def go() -> Any:
         cfg = load_config(config, [] if resume else overrides)
-        return run_train(cfg, out=out, resume=resume, overwrite=overwrite, progress=progress)
+        return run_train(
+            cfg, out=out, resume=resume, overwrite=overwrite, progress=progress, trainer_overrides=hardware
+        )
 
     res = _run_guarded(go)
     if not res.metrics:

@@ -33,7 +33,8 @@ the collectives run on the input's device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ __all__ = [
     "local_slice",
     "resolve_distributed",
     "scale_grad",
+    "torchrun_trainer_defaults",
 ]
 
 DistributedFlag = bool | Literal["auto"]
@@ -318,3 +320,30 @@ def broadcast(x: torch.Tensor, src: int = 0, *, group: Any = None) -> torch.Tens
     if get_world_size(group) > 1:
         _dist().broadcast(out, src=src, group=group)
     return out
+
+
+def torchrun_trainer_defaults(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Lightning ``Trainer`` options matching a ``torchrun`` launch, ``{}`` outside one.
+
+    Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` set) with ``WORLD_SIZE > 1``, Lightning must be told
+    ``devices = LOCAL_WORLD_SIZE``, ``num_nodes = WORLD_SIZE / LOCAL_WORLD_SIZE`` and a DDP
+    strategy, otherwise every process trains alone. ``rankwise train`` fills these in for the
+    options not given on its command line.
+
+    Example:
+        >>> from rankwise.distributed import torchrun_trainer_defaults
+        >>> env = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+        >>> torchrun_trainer_defaults(env)
+        {'devices': 4, 'num_nodes': 2, 'strategy': 'ddp'}
+    """
+    e = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in e:
+        return {}
+    try:
+        world = int(e.get("WORLD_SIZE", "1"))
+        local = int(e.get("LOCAL_WORLD_SIZE", str(world)))
+    except ValueError:
+        return {}
+    if world <= 1 or local < 1:
+        return {}
+    return {"devices": local, "num_nodes": max(1, world // local), "strategy": "ddp"}

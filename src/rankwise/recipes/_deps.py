@@ -220,4 +220,4 @@ def regularizer_signature_names(name: str) -> list[str] | None:
 def rnc_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float) -> torch.Tensor:
     from rankwise.losses import rnc_loss as fn
 
-    return fn(features, labels, temperature=temperature)
+    return fn(features, labels, temperature=temperature, distributed="auto")

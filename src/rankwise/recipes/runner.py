@@ -274,7 +274,9 @@ def _update_meta(run_dir: Path, **fields: Any) -> None:
 
 def _is_launched_worker() -> bool:
     """True in the extra processes Lightning's DDP launcher starts (they re-run the same command)."""
-    return any(int(os.environ.get(v, "0") or 0) != 0 for v in ("LOCAL_RANK", "NODE_RANK"))
+    # RANK / GROUP_RANK: torchrun (other nodes' local rank 0 too); SLURM_PROCID: srun tasks
+    names = ("LOCAL_RANK", "NODE_RANK", "RANK", "GROUP_RANK", "SLURM_PROCID")
+    return any(int(os.environ.get(v, "0") or 0) != 0 for v in names)
 
 
 def resolve_run_dir(cfg: Config, out: str | Path | None, *, resume: bool, overwrite: bool) -> Path:
@@ -343,11 +345,14 @@ def train(
     plots: bool | None = None,
     data: Any = None,
     verbose: bool = True,
+    trainer_overrides: dict[str, Any] | None = None,
 ) -> RunResult:
     """Train one run of ``cfg`` (recipe ``dir``, ``rrt`` or ``rnc``), then evaluate its best checkpoint.
 
     ``resume=True`` continues ``RUN_DIR`` from ``checkpoints/last.ckpt`` (the config saved in the
-    run directory is used). Raises :class:`~rankwise.recipes.modules.NonFiniteLossError` when the
+    run directory is used; ``trainer_overrides`` -- hardware options such as ``devices``,
+    ``strategy``, ``num_nodes``, ``accelerator`` -- are applied on top, so a DDP run can be
+    resumed on one process and vice versa). Raises :class:`~rankwise.recipes.modules.NonFiniteLossError` when the
     loss becomes NaN/inf (the last good checkpoint stays on disk).
     """
     import lightning as L
@@ -366,6 +371,10 @@ def train(
         import yaml
 
         cfg = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        if trainer_overrides:
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **trainer_overrides))
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = run_dir / "checkpoints"
     worker = _is_launched_worker()

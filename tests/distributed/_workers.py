@@ -91,6 +91,14 @@ def _loss_cases(sizes: tuple[int, ...]) -> dict[str, Callable[[], dict[str, floa
             losses.supcon_loss, views, [ints], sizes, kwargs=lambda: {"contrast_mode": "one", "chunk_size": 2}
         ),
         "rnc": lambda: _compare(losses.rnc_loss, views, [reg_y], sizes),
+        "triplet_all": lambda: _compare(losses.triplet_loss, views, [ints], sizes, kwargs=lambda: {"margin": 0.5}),
+        "triplet_hard_sum": lambda: _compare(
+            losses.triplet_loss, views, [ints], sizes, kwargs=lambda: {"mining": "hard", "reduction": "sum"}
+        ),
+        "npairs": lambda: _compare(losses.npairs_loss, views, [ints], sizes, kwargs=lambda: {"temperature": 2.0}),
+        "npairs_sum_nolabels": lambda: _compare(
+            losses.npairs_loss, views, [], sizes, kwargs=lambda: {"reduction": "sum"}
+        ),
         "conr": lambda: _compare(
             losses.conr_loss,
             views,

@@ -30,6 +30,10 @@ LOSS_NAMES = [
     "supcon_simclr_in",
     "supcon_one_chunked",
     "rnc",
+    "triplet_all",
+    "triplet_hard_sum",
+    "npairs",
+    "npairs_sum_nolabels",
     "conr",
     "conr_out",
     "conr_weights",
@@ -138,6 +142,8 @@ def test_resolve_distributed_errors() -> None:
     "call",
     [
         lambda d: rankwise.losses.supcon_loss(torch.randn(4, 2, 3, generator=_g()), torch.tensor([0, 1, 0, 1]), **d),
+        lambda d: rankwise.losses.triplet_loss(torch.randn(4, 2, 3, generator=_g()), torch.tensor([0, 1, 0, 1]), **d),
+        lambda d: rankwise.losses.npairs_loss(torch.randn(4, 2, 3, generator=_g()), torch.tensor([0, 1, 0, 1]), **d),
         lambda d: rankwise.losses.rnc_loss(torch.randn(4, 2, 3, generator=_g()), torch.arange(4.0), **d),
         lambda d: rankwise.losses.conr_loss(
             torch.randn(4, 2, 3, generator=_g()), torch.arange(4.0), torch.tensor([0.0, 2.0, 1.5, 3.0]), **d

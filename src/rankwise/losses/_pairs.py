@@ -10,6 +10,16 @@ from torch import nn
 
 from rankwise._registry import Example
 from rankwise._validation import check_choice, check_positive
+from rankwise.distributed import (
+    BatchLayout,
+    DistributedFlag,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    all_reduce_sum,
+    batch_layout,
+    get_world_size,
+    resolve_distributed,
+)
 from rankwise.losses._contrastive_common import (
     _REDUCTIONS,
     Reduction,
@@ -42,10 +52,28 @@ def _positive_mask(
     return pos & ~torch.eye(n, dtype=torch.bool, device=device)
 
 
-def _sq_dist(z: torch.Tensor) -> torch.Tensor:
+def _sq_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
     sq = (z * z).sum(-1)
-    return (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    if rows is None:
+        return (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    return (sq[rows][:, None] + sq[None, :] - 2 * (z[rows] @ z.T)).clamp_min(0)
+
+
+def _dist_on(distributed: DistributedFlag) -> bool:
+    return resolve_distributed(distributed) and get_world_size() > 1
+
+
+def _dist_reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str, layout: BatchLayout) -> torch.Tensor:
+    """Distributed reduction of this rank's anchors: ``"mean"`` over the valid anchors of ALL ranks
+    (an ``all_reduce``) times the world size, ``"sum"`` times the world size, ``"none"`` unscaled."""
+    if reduction == "none":
+        return reduce(loss, valid, "none")
+    total = reduce(loss, valid, "sum")
+    if reduction == "sum":
+        return total * layout.world_size
+    n_valid = all_reduce_sum(valid.sum().to(total.dtype))
+    return total / n_valid.clamp(min=1) * layout.world_size
 
 
 def triplet_loss(
@@ -58,6 +86,7 @@ def triplet_loss(
     mining: Mining = "all",
     normalize: bool = True,
     reduction: Reduction = "mean",
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Triplet margin loss over all views of a batch, with batch-all or batch-hard mining.
 
@@ -84,6 +113,14 @@ def triplet_loss(
     :math:`N^3` tensor). For explicit (anchor, positive, negative) triplets use
     ``torch.nn.functional.triplet_margin_loss``.
 
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): views (with gradient) and
+    labels of all ranks are gathered, the anchors are this rank's views and positives / negatives
+    range over the **global** batch. ``"mean"`` returns ``world_size * (sum over this rank's valid
+    anchors) / (valid anchors over all ranks)``, ``"sum"`` ``world_size *`` this rank's sum (the
+    mean over ranks of the returned values is the single-process loss; DDP's gradient averaging
+    gives the single-process gradient); ``"none"`` returns this rank's anchors' losses, unscaled.
+    ``mask`` is not supported then (pass labels).
+
     Shape:
         - features: :math:`(B, V, D)` or :math:`(B, D)`; labels :math:`(B,)`; mask :math:`(B, B)`.
         - output: scalar, or :math:`(B V,)` with ``reduction="none"``; float32 for half input.
@@ -105,14 +142,28 @@ def triplet_loss(
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither)")
     x = as_views(features, normalize=normalize)
     b, v, dd = x.shape
+    layout: BatchLayout | None = None
+    rows: torch.Tensor | None = None
+    if _dist_on(distributed):
+        if mask is not None:
+            raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither)")
+        layout = batch_layout(b, device=x.device)
+        if labels is not None:
+            labels = all_gather_no_grad(as_labels(labels, b).detach(), sizes=layout)
+        x = all_gather_with_grad(x, sizes=layout)
+        b = layout.total
+        samples = torch.arange(layout.start, layout.stop, device=x.device)
+        rows = (torch.arange(v, device=x.device)[:, None] * b + samples[None, :]).reshape(-1)
     n = b * v
     if n == 0:
-        z0 = zero_with_graph(features)
+        z0 = zero_with_graph(features if layout is None else x)
         return z0.expand(0) if reduction == "none" else z0
     z = x.transpose(0, 1).reshape(n, dd)
     pos = _positive_mask(b, v, labels, mask, x.device)
     neg = ~pos & ~torch.eye(n, dtype=torch.bool, device=x.device)
-    d = _sq_dist(z)
+    if rows is not None:
+        pos, neg = pos[rows], neg[rows]
+    d = _sq_dist(z, rows)
     if distance == "euclidean":
         d = d.clamp_min(1e-12).sqrt()
     npos, nneg = pos.sum(1), neg.sum(1)
@@ -120,7 +171,7 @@ def triplet_loss(
     zero = torch.zeros_like(d)
     if mining == "hard":
         hardest_pos = torch.where(pos, d, zero).amax(1)  # distances are >= 0
-        big = d.detach().amax() + 1
+        big = d.detach().amax() + 1 if d.numel() else d.new_ones(())
         hardest_neg = torch.where(neg, d, big).amin(1)
         loss = torch.relu(hardest_pos - hardest_neg + m)
     else:
@@ -134,6 +185,8 @@ def triplet_loss(
         hinge = cnt.to(d.dtype) * thr - prefix.gather(1, cnt)
         total = torch.where(pos, hinge, zero).sum(1)
         loss = total / (npos * nneg).clamp(min=1).to(d.dtype)
+    if layout is not None:
+        return _dist_reduce(loss, valid, reduction, layout)
     return reduce(loss, valid, reduction)
 
 
@@ -144,6 +197,7 @@ def npairs_loss(
     temperature: float = 1.0,
     normalize: bool = False,
     reduction: Reduction = "mean",
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Multi-class N-pair loss (Sohn, NeurIPS'16): one positive per anchor, softmax over the pairs.
 
@@ -161,6 +215,12 @@ def npairs_loss(
     (Khosla et al., appendix), except that the N-pair softmax runs over the other pairs'
     *positives* only. Sohn's L2 penalty on the embeddings is not included (add it to the loss).
     ``reduction``: ``"mean"`` over anchors, ``"sum"`` or ``"none"`` (per anchor).
+
+    ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): pairs (with gradient) and
+    labels of all ranks are gathered; this rank's anchors are contrasted with the positives of the
+    **global** batch. ``"mean"`` / ``"sum"`` return ``world_size / B_global`` / ``world_size`` times
+    the sum over this rank's anchors (mean over ranks = single-process loss; DDP's gradient
+    averaging gives the single-process gradient); ``"none"`` this rank's anchors' losses, unscaled.
 
     Shape:
         - features: :math:`(B, 2, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
@@ -181,6 +241,8 @@ def npairs_loss(
     b, v, _ = x.shape
     if v != 2:
         raise ValueError(f"`features` must have shape (B, 2, D) (anchor, positive), got shape {tuple(features.shape)}")
+    if _dist_on(distributed):
+        return _npairs_global(x, labels, tau, reduction)
     if b == 0:
         z0 = zero_with_graph(features)
         return z0.expand(0) if reduction == "none" else z0
@@ -195,6 +257,30 @@ def npairs_loss(
     return reduce(loss, torch.ones_like(loss, dtype=torch.bool), reduction)
 
 
+def _npairs_global(x: torch.Tensor, labels: torch.Tensor | None, tau: float, reduction: str) -> torch.Tensor:
+    """Distributed N-pairs: this rank's anchors against the positives of all ranks."""
+    b = x.shape[0]
+    layout = batch_layout(b, device=x.device)
+    y = None if labels is None else all_gather_no_grad(as_labels(labels, b).detach(), sizes=layout)
+    xg = all_gather_with_grad(x, sizes=layout)
+    if layout.total == 0:
+        z0 = zero_with_graph(xg)
+        return z0.expand(0) if reduction == "none" else z0
+    own = torch.arange(layout.start, layout.stop, device=x.device)
+    logits = (xg[layout.local, 0] @ xg[:, 1].T) / tau
+    self_col = own[:, None] == torch.arange(layout.total, device=x.device)[None, :]
+    if y is not None:
+        same = (y[own][:, None] == y[None, :]) & ~self_col
+        logits_den = logits.masked_fill(same, -math.inf)
+    else:
+        logits_den = logits
+    loss = torch.logsumexp(logits_den, dim=1) - logits[self_col]
+    if reduction == "none":
+        return loss
+    total = loss.sum() * layout.world_size
+    return total if reduction == "sum" else total / layout.total
+
+
 class TripletLoss(nn.Module):
     """Module twin of :func:`triplet_loss` holding its hyperparameters."""
 
@@ -206,6 +292,7 @@ class TripletLoss(nn.Module):
         mining: Mining = "all",
         normalize: bool = True,
         reduction: Reduction = "mean",
+        distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.margin = check_positive(margin, "margin", allow_zero=True)
@@ -213,6 +300,7 @@ class TripletLoss(nn.Module):
         self.mining = check_choice(mining, "mining", ("all", "hard"))
         self.normalize = normalize
         self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+        self.distributed = distributed
 
     def forward(
         self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
@@ -226,6 +314,7 @@ class TripletLoss(nn.Module):
             mining=self.mining,
             normalize=self.normalize,
             reduction=self.reduction,
+            distributed=self.distributed,
         )
 
     def extra_repr(self) -> str:
@@ -238,15 +327,28 @@ class TripletLoss(nn.Module):
 class NPairsLoss(nn.Module):
     """Module twin of :func:`npairs_loss` holding its hyperparameters."""
 
-    def __init__(self, *, temperature: float = 1.0, normalize: bool = False, reduction: Reduction = "mean") -> None:
+    def __init__(
+        self,
+        *,
+        temperature: float = 1.0,
+        normalize: bool = False,
+        reduction: Reduction = "mean",
+        distributed: DistributedFlag = False,
+    ) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.normalize = normalize
         self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+        self.distributed = distributed
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         return npairs_loss(
-            features, labels, temperature=self.temperature, normalize=self.normalize, reduction=self.reduction
+            features,
+            labels,
+            temperature=self.temperature,
+            normalize=self.normalize,
+            reduction=self.reduction,
+            distributed=self.distributed,
         )
 
     def extra_repr(self) -> str:

@@ -52,8 +52,11 @@ def _ckpt(run: Path) -> dict:
 
 def test_ddp_train_then_resume_on_one_process(tmp_path: Path) -> None:
     run = tmp_path / "ddp"
-    cli = [sys.executable, "-m", "rankwise.cli", "train", "abalone_ranksim_lds", "--out", str(run)]
-    proc = _run([*cli, "--devices", "2", "--strategy", "ddp", *TINY], tmp_path)
+    cli = [sys.executable, "-m", "rankwise.cli", "train", "abalone_lds_fds", "--out", str(run)]
+    # LDS + FDS (statistics all-reduced) + three global-batch regularizers
+    regs = ["ranksim.weight=0.03", "conr.weight=0.1", "spearman.weight=0.1"]
+    extra = [a for r in regs for a in ("--set", f"loss.regularizers.{r}")]
+    proc = _run([*cli, "--devices", "2", "--strategy", "ddp", *TINY, *extra], tmp_path)
     assert proc.stdout.count("run directory:") == 1  # only rank 0 evaluates and reports
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["trainer"]["devices"] == 2 and cfg["trainer"]["strategy"] == "ddp"
@@ -74,7 +77,7 @@ def test_ddp_train_then_resume_on_one_process(tmp_path: Path) -> None:
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     _run([*cli, "--resume", "--devices", "1", "--strategy", "auto", "--accelerator", "cpu", "--no-progress"], tmp_path)
     second = _ckpt(run)
-    assert second["epoch"] == 1 and second["global_step"] == 6
+    assert second["global_step"] == 6, (second["epoch"], second["global_step"])  # 3 steps per epoch, 2 epochs
     assert "completed" in (run / "meta.json").read_text()
 
 
@@ -85,8 +88,9 @@ def test_ddp_train_then_resume_on_one_process(tmp_path: Path) -> None:
 def test_torchrun_launch(tmp_path: Path) -> None:
     run = tmp_path / "trun"
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
-    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rankwise.cli", "train", "abalone_ranksim"]
-    proc = _run([*cmd, "--out", str(run), *TINY], tmp_path)
+    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rankwise.cli", "train", "abalone_rnc"]
+    # two stages: RnC pretraining (global-batch rnc_loss), then the regressor
+    proc = _run([*cmd, "--out", str(run), *TINY, "--set", "rnc.pretrain_epochs=1"], tmp_path)
     # devices / strategy come from torchrun's environment: one DDP run, reported once by rank 0
     assert proc.stdout.count("run directory:") == 1, proc.stdout[-3000:]
     cfg = yaml.safe_load((run / "config.yaml").read_text())

@@ -45,7 +45,9 @@ def shared_dir() -> Path:
 def gradcheck(fn, *inputs: torch.Tensor, **kwargs) -> bool:
     """float64 ``torch.autograd.gradcheck`` on ``fn`` (inputs are cast to float64 + requires_grad)."""
     xs = tuple(
-        x.detach().to(torch.float64).requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        x.detach().to(torch.float64).requires_grad_(True)
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else x
         for x in inputs
     )
     kwargs.setdefault("eps", 1e-6)

@@ -5,8 +5,17 @@ from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
 from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
+
 from rankwise.imbalanced.losses import *  # noqa: F403  isort: skip
 from rankwise.imbalanced.losses import __all__ as _imb_all  # isort: skip
 
-__all__ = ["LOSSES", "get_loss", "get_loss_entry", "list_losses", "register_loss",
-           *_ranking_all, *_contrastive_all, *_imb_all]
+__all__ = [
+    "LOSSES",
+    "get_loss",
+    "get_loss_entry",
+    "list_losses",
+    "register_loss",
+    *_ranking_all,
+    *_contrastive_all,
+    *_imb_all,
+]

@@ -35,30 +35,29 @@ def check_floating(x: Any, name: str) -> torch.Tensor:
     check_tensor(x, name)
     if not (x.is_floating_point()):
         raise TypeError(
-            f"`{name}` must be a floating-point tensor, got dtype {x.dtype}; "
-            f"convert it with `{name}.float()`"
+            f"`{name}` must be a floating-point tensor, got dtype {x.dtype}; convert it with `{name}.float()`"
         )
     return x
 
 
-def check_ndim(x: torch.Tensor, name: str, *, min_ndim: int = 1, max_ndim: int | None = None,
-               ndim: int | Iterable[int] | None = None) -> None:
+def check_ndim(
+    x: torch.Tensor,
+    name: str,
+    *,
+    min_ndim: int = 1,
+    max_ndim: int | None = None,
+    ndim: int | Iterable[int] | None = None,
+) -> None:
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in allowed:
             want = " or ".join(str(a) for a in allowed)
-            raise ValueError(
-                f"`{name}` must have {want} dimensions, got shape {tuple(x.shape)} ({x.dim()} dims)"
-            )
+            raise ValueError(f"`{name}` must have {want} dimensions, got shape {tuple(x.shape)} ({x.dim()} dims)")
         return
     if x.dim() < min_ndim:
-        raise ValueError(
-            f"`{name}` must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"`{name}` must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}")
     if max_ndim is not None and x.dim() > max_ndim:
-        raise ValueError(
-            f"`{name}` must have at most {max_ndim} dimension(s), got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"`{name}` must have at most {max_ndim} dimension(s), got shape {tuple(x.shape)}")
 
 
 def check_dim(x: torch.Tensor, dim: Any, name: str = "dim") -> int:

@@ -11,6 +11,7 @@ from rankwise._registry import Example
 from rankwise._validation import check_choice, check_dim, check_floating, check_positive, check_tensor
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sort_last as _sort_last
+from rankwise.ops._sort import sorted_values_last as _sorted_values_last
 
 __all__ = ["BlackboxRank", "Rank", "blackbox_rank", "rank"]
 
@@ -29,18 +30,12 @@ def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = F
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=out_dtype, device=x.device)
     # stable sort: among ties the earlier index comes first in both orders
-    sorted_vals, perm = _sort_last(x, descending)
     if ties == "ordinal":
+        _, perm = _sort_last(x, descending)
         # the ordinal ranks of the sorted positions are the same for every row: one (n,) vector
         ranks_sorted = torch.arange(1, n + 1, dtype=out_dtype, device=x.device)
-        if normalize:
-            ranks_sorted = ranks_sorted / n
-        return torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(
-            -1, perm, ranks_sorted.expand_as(perm)
-        )
     else:
-        if sorted_vals is None:
-            sorted_vals = x.gather(-1, perm)
+        sorted_vals, perm = _sorted_values_last(x, descending)
         pos = torch.arange(n, device=x.device).expand_as(perm)
         new_group = torch.ones_like(perm, dtype=torch.bool)
         new_group[..., 1:] = sorted_vals[..., 1:] != sorted_vals[..., :-1]
@@ -61,7 +56,7 @@ def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = F
                 ranks_sorted = (first + last).to(out_dtype) / 2 + 1
     if normalize:
         ranks_sorted = ranks_sorted / n
-    return torch.empty_like(ranks_sorted).scatter_(-1, perm, ranks_sorted)
+    return torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(-1, perm, ranks_sorted.expand_as(perm))
 
 
 def rank(

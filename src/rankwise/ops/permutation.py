@@ -18,6 +18,7 @@ from torch import nn
 from rankwise._registry import Example
 from rankwise._validation import check_dim, check_floating, check_positive, to_compute
 from rankwise.ops._registry import register_op
+from rankwise.ops._sort import sort_last
 from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
 
 __all__ = [
@@ -120,7 +121,7 @@ def _hard_rows(order_by: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """Exact permutation matrix rows (descending, stable: among ties the earlier index first)."""
     n = order_by.shape[-1]
     m = n if rows is None else rows
-    perm = torch.sort(order_by.detach(), dim=-1, descending=True, stable=True).indices[..., :m]
+    perm = sort_last(order_by.detach(), descending=True)[1][..., :m]
     shape = (*order_by.shape[:-1], m, n)
     hard = torch.zeros(shape, dtype=order_by.dtype, device=order_by.device)
     return hard.scatter(-1, perm.unsqueeze(-1), 1.0)

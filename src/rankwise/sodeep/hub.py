@@ -89,8 +89,9 @@ def _resolve(n: int, sorter: nn.Module | None, model: str, device: torch.device,
     cached = _CACHE.get((model, n, device, dtype))
     if cached is not None:
         return cached
-    if (model, n) not in available_sorters():
-        lens = sorted(k for m, k in available_sorters() if m == model)
+    bundled = available_sorters()
+    if (model, n) not in bundled:
+        lens = sorted(k for m, k in bundled if m == model)
         raise ValueError(
             f"no bundled SoDeep {model!r} sorter for sequences of length n={n} (x.shape[-1]); bundled seq_lens: "
             f"{lens}. Pass `sorter=` (e.g. a sorter trained with `rankwise sodeep train --seq-len {n}`)"

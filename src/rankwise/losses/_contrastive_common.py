@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rankwise._validation import check_choice, check_floating, check_tensor, to_compute
+from rankwise.distributed import BatchLayout
 
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
@@ -51,6 +52,21 @@ def sample_mask(mask: torch.Tensor, batch: int, name: str = "mask") -> torch.Ten
     if mask.shape != (batch, batch):
         raise ValueError(f"`{name}` must have shape ({batch}, {batch}) (B x B), got shape {tuple(mask.shape)}")
     return mask.detach() != 0
+
+
+def sq_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared Euclidean distances (>= 0) of the rows ``rows`` of ``z`` (all when ``None``) to every row."""
+    z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
+    sq = (z * z).sum(-1)
+    if rows is None:
+        return (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
+    return (sq[rows][:, None] + sq[None, :] - 2 * (z[rows] @ z.T)).clamp_min(0)
+
+
+def local_view_rows(layout: BatchLayout, v: int, device: torch.device) -> torch.Tensor:
+    """View-major row indices (view ``k`` of sample ``s`` is row ``k * total + s``) of this rank's samples."""
+    samples = torch.arange(layout.start, layout.stop, device=device)
+    return (torch.arange(v, device=device)[:, None] * layout.total + samples[None, :]).reshape(-1)
 
 
 def reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:

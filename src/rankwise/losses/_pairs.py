@@ -13,20 +13,21 @@ from rankwise._validation import check_choice, check_positive
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
+    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
-    get_world_size,
-    resolve_distributed,
 )
 from rankwise.losses._contrastive_common import (
     _REDUCTIONS,
     Reduction,
     as_labels,
     as_views,
+    local_view_rows,
     reduce,
     sample_mask,
+    sq_dist,
     zero_with_graph,
 )
 from rankwise.losses._registry import register_loss
@@ -50,18 +51,6 @@ def _positive_mask(
         keys = keys[sample]
         pos = keys[:, None] == keys[None, :]
     return pos & ~torch.eye(n, dtype=torch.bool, device=device)
-
-
-def _sq_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
-    sq = (z * z).sum(-1)
-    if rows is None:
-        return (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
-    return (sq[rows][:, None] + sq[None, :] - 2 * (z[rows] @ z.T)).clamp_min(0)
-
-
-def _dist_on(distributed: DistributedFlag) -> bool:
-    return resolve_distributed(distributed) and get_world_size() > 1
 
 
 def _dist_reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str, layout: BatchLayout) -> torch.Tensor:
@@ -144,7 +133,7 @@ def triplet_loss(
     b, v, dd = x.shape
     layout: BatchLayout | None = None
     rows: torch.Tensor | None = None
-    if _dist_on(distributed):
+    if _global_batch_on(distributed):
         if mask is not None:
             raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither)")
         layout = batch_layout(b, device=x.device)
@@ -152,8 +141,7 @@ def triplet_loss(
             labels = all_gather_no_grad(as_labels(labels, b).detach(), sizes=layout)
         x = all_gather_with_grad(x, sizes=layout)
         b = layout.total
-        samples = torch.arange(layout.start, layout.stop, device=x.device)
-        rows = (torch.arange(v, device=x.device)[:, None] * b + samples[None, :]).reshape(-1)
+        rows = local_view_rows(layout, v, x.device)
     n = b * v
     if n == 0:
         z0 = zero_with_graph(features if layout is None else x)
@@ -163,7 +151,7 @@ def triplet_loss(
     neg = ~pos & ~torch.eye(n, dtype=torch.bool, device=x.device)
     if rows is not None:
         pos, neg = pos[rows], neg[rows]
-    d = _sq_dist(z, rows)
+    d = sq_dist(z, rows)
     if distance == "euclidean":
         d = d.clamp_min(1e-12).sqrt()
     npos, nneg = pos.sum(1), neg.sum(1)
@@ -241,7 +229,7 @@ def npairs_loss(
     b, v, _ = x.shape
     if v != 2:
         raise ValueError(f"`features` must have shape (B, 2, D) (anchor, positive), got shape {tuple(features.shape)}")
-    if _dist_on(distributed):
+    if _global_batch_on(distributed):
         return _npairs_global(x, labels, tau, reduction)
     if b == 0:
         z0 = zero_with_graph(features)

@@ -13,13 +13,12 @@ from rankwise._validation import check_choice, check_floating, check_positive, c
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
+    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
-    get_world_size,
-    resolve_distributed,
 )
-from rankwise.losses._contrastive_common import as_labels, as_views, zero_with_graph
+from rankwise.losses._contrastive_common import as_labels, as_views, local_view_rows, sq_dist, zero_with_graph
 from rankwise.losses._registry import register_loss
 
 __all__ = ["ConRLoss", "RnCLoss", "conr_loss", "rnc_loss"]
@@ -42,28 +41,17 @@ def _repeat_views(t: torch.Tensor, v: int) -> torch.Tensor:
 
 def _l2_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Euclidean distances of the views ``rows`` (all when ``None``) to every view."""
-    z = z - z.mean(0, keepdim=True).detach()  # translation-invariant; reduces cancellation
-    sq = (z * z).sum(-1)
-    if rows is None:
-        d2 = (sq[:, None] + sq[None, :] - 2 * (z @ z.T)).clamp_min(0)
-    else:
-        d2 = (sq[rows][:, None] + sq[None, :] - 2 * (z[rows] @ z.T)).clamp_min(0)
     # zero distances (the diagonal) get no gradient instead of 0 * inf
-    return d2.clamp_min(torch.finfo(z.dtype).tiny).sqrt()
+    d2 = sq_dist(z, rows)
+    return d2.clamp_min(torch.finfo(d2.dtype).tiny).sqrt()
 
 
 def _global_views(x: torch.Tensor, distributed: DistributedFlag) -> tuple[torch.Tensor, BatchLayout | None]:
     """Gather the (B, V, D) views of every rank (with gradient) when ``distributed`` resolves to on."""
-    if not (resolve_distributed(distributed) and get_world_size() > 1):
+    if not _global_batch_on(distributed):
         return x, None
     layout = batch_layout(x.shape[0], device=x.device)
     return all_gather_with_grad(x, sizes=layout), layout
-
-
-def _local_rows(layout: BatchLayout, v: int, device: torch.device) -> torch.Tensor:
-    """View-major row indices (view ``k`` of sample ``s`` is row ``k * B + s``) of this rank's samples."""
-    samples = torch.arange(layout.start, layout.stop, device=device)
-    return (torch.arange(v, device=device)[:, None] * layout.total + samples[None, :]).reshape(-1)
 
 
 def rnc_loss(
@@ -122,7 +110,7 @@ def rnc_loss(
     scale = 1.0
     if layout is not None:
         y = all_gather_no_grad(y, sizes=layout)
-        b, rows, scale = layout.total, _local_rows(layout, v, x.device), float(layout.world_size)
+        b, rows, scale = layout.total, local_view_rows(layout, v, x.device), float(layout.world_size)
     n = b * v
     if n < 2 or (rows is not None and rows.numel() == 0):
         return zero_with_graph(features if layout is None else x)
@@ -263,7 +251,7 @@ def conr_loss(
         yp = _per_view(all_gather_no_grad(p_loc, sizes=layout), layout.total, v, "preds")
         if weights is not None:
             w = to_compute(_per_view(all_gather_no_grad(weights.detach(), sizes=layout), layout.total, v, "weights"))
-        b, rows = layout.total, _local_rows(layout, v, x.device)
+        b, rows = layout.total, local_view_rows(layout, v, x.device)
     n = b * v
     if n < 2 or (rows is not None and rows.numel() == 0):
         return zero_with_graph(features if layout is None else x)

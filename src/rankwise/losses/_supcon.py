@@ -12,14 +12,14 @@ from rankwise._registry import Example
 from rankwise._validation import check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
+    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
     get_world_size,
-    resolve_distributed,
 )
-from rankwise.losses._contrastive_common import as_labels, as_views, sample_mask, zero_with_graph
+from rankwise.losses._contrastive_common import as_labels, as_views, local_view_rows, sample_mask, zero_with_graph
 from rankwise.losses._registry import register_loss
 
 __all__ = ["SupConLoss", "supcon_loss"]
@@ -249,7 +249,7 @@ def supcon_loss(
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
     x = as_views(features, normalize=normalize)
     b, v, d = x.shape
-    if resolve_distributed(distributed) and get_world_size() > 1:
+    if _global_batch_on(distributed):
         if mask is not None:
             raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither for SimCLR)")
         y = None if labels is None else as_labels(labels, b).detach()
@@ -294,9 +294,7 @@ def _supcon_global(
     if n == 0:
         return zero_with_graph(xg)
     contrast = xg.transpose(0, 1).reshape(n, d)
-    samples = torch.arange(layout.start, layout.stop, device=x.device)
-    n_views = v if contrast_mode == "all" else 1
-    rows = (torch.arange(n_views, device=x.device)[:, None] * bg + samples[None, :]).reshape(-1)
+    rows = local_view_rows(layout, v if contrast_mode == "all" else 1, x.device)
     n_anchor = rows.numel()
     if n_anchor == 0:
         all_reduce_sum(torch.zeros((), dtype=contrast.dtype, device=x.device))  # keep the collectives aligned

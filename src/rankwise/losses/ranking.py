@@ -22,12 +22,12 @@ from rankwise._registry import Example
 from rankwise._validation import check_floating, check_positive, check_tensor, to_compute
 from rankwise.distributed import (
     DistributedFlag,
+    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
     broadcast,
     get_world_size,
-    resolve_distributed,
     scale_grad,
 )
 from rankwise.losses._registry import register_loss
@@ -197,7 +197,7 @@ def ranksim_loss(
     batch = features.shape[0]
     y = to_compute(_targets_1d(targets, batch).detach())
     x = to_compute(features)
-    if resolve_distributed(distributed) and get_world_size() > 1:
+    if _global_batch_on(distributed):
         return _ranksim_global(x, y, lam, unique_labels, generator)
     if batch == 0:
         return x.sum() * 0
@@ -403,7 +403,7 @@ def spearman_loss(
     _check_ranker(ranker, ranker_kwargs)
     w = check_positive(l1_weight, "l1_weight", allow_zero=True)
     p, t = _pred_target(pred, target)
-    if resolve_distributed(distributed) and get_world_size() > 1:
+    if _global_batch_on(distributed):
         return _spearman_global(p, t, ranker, w, ranker_kwargs)
     if p.numel() == 0 or p.shape[-1] <= 1:
         mse = p.sum() * 0
@@ -503,7 +503,7 @@ def spearman_correlation(
     """
     _check_ranker(ranker, ranker_kwargs)
     p, t = _pred_target(pred, target)
-    if resolve_distributed(distributed) and get_world_size() > 1:
+    if _global_batch_on(distributed):
         p, t, _ = _gather_last(p, t)
     if p.numel() == 0 or p.shape[-1] <= 1:
         return p.sum(-1) * 0
@@ -578,7 +578,7 @@ def pairwise_difference_loss(
     p, t = _pred_target(pred, target)
     cols: slice = slice(None)
     world = 1
-    if resolve_distributed(distributed) and get_world_size() > 1:
+    if _global_batch_on(distributed):
         world = get_world_size()
         p, t, cols = _gather_last(p, t)
     n = p.shape[-1]

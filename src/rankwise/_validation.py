@@ -16,6 +16,7 @@ __all__ = [
     "check_choice",
     "check_dim",
     "check_floating",
+    "check_floating_nd",
     "check_ndim",
     "check_positive",
     "check_tensor",
@@ -37,6 +38,14 @@ def check_floating(x: Any, name: str) -> torch.Tensor:
         raise TypeError(
             f"`{name}` must be a floating-point tensor, got dtype {x.dtype}; convert it with `{name}.float()`"
         )
+    return x
+
+
+def check_floating_nd(x: Any, name: str) -> torch.Tensor:
+    """``x`` must be a floating-point tensor with at least one dimension (the input of a ranking op)."""
+    check_floating(x, name)
+    if x.dim() == 0:
+        raise ValueError(f"`{name}` must have at least 1 dimension, got a 0-d tensor")
     return x
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating, check_positive, to_compute
+from rankwise._validation import check_choice, check_dim, check_floating_nd, check_positive, to_compute
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sorted_values_last
 from rankwise.ops.soft import register_soft_method
@@ -278,9 +278,7 @@ def _soft_sort_last(
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:
-    check_floating(x, "x")
-    if x.dim() == 0:
-        raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
+    check_floating_nd(x, "x")
     return check_dim(x, dim)
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example
-from rankwise._validation import check_dim, check_floating, check_positive, to_compute
+from rankwise._validation import check_dim, check_floating_nd, check_positive, to_compute
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sort_last
 from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
@@ -34,13 +34,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # helpers (shared with rankwise.ops.topk)
 # ----------------------------------------------------------------------------------------------
-def _check_scores(scores: Any, name: str = "scores") -> torch.Tensor:
-    check_floating(scores, name)
-    if scores.dim() == 0:
-        raise ValueError(f"`{name}` must have at least 1 dimension, got a 0-d tensor")
-    return scores
-
-
 def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
@@ -199,7 +192,7 @@ def neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, d
         >>> (rankwise.neural_sort(s, tau=0.01) @ s).round(decimals=3)
         tensor([ 2.0000,  0.1000, -1.0000])
     """
-    _check_scores(scores)
+    check_floating_nd(scores, "scores")
     t = check_positive(tau, "tau")
     _check_bool(hard, "hard")
     d = check_dim(scores, dim)
@@ -252,7 +245,7 @@ def stochastic_neural_sort(
         >>> torch.allclose(p.sum(-1), torch.ones(4, 3))
         True
     """
-    _check_scores(scores)
+    check_floating_nd(scores, "scores")
     t = check_positive(tau, "tau")
     _check_bool(hard, "hard")
     _check_bool(log_scores, "log_scores")
@@ -359,7 +352,7 @@ def softsort_matrix(
         >>> (rankwise.softsort_matrix(s, tau=0.01) @ s).round(decimals=3)
         tensor([ 2.0000,  0.1000, -1.0000])
     """
-    _check_scores(scores)
+    check_floating_nd(scores, "scores")
     t = check_positive(tau, "tau")
     pw = check_positive(power, "power")
     _check_bool(hard, "hard")

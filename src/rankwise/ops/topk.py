@@ -16,6 +16,7 @@ from rankwise._validation import (
     check_choice,
     check_dim,
     check_floating,
+    check_floating_nd,
     check_positive,
     check_tensor,
     compute_dtype,
@@ -24,7 +25,6 @@ from rankwise.ops._registry import register_op
 from rankwise.ops.permutation import (
     _check_generator,
     _check_int,
-    _check_scores,
     _gumbel,
     _neural_sort_rows,
     _softsort_rows,
@@ -76,7 +76,7 @@ def soft_topk(
         >>> float(rankwise.soft_topk(s, 2).sum())
         2.0
     """
-    _check_scores(scores)
+    check_floating_nd(scores, "scores")
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("neuralsort", "softsort"))
     d = check_dim(scores, dim)

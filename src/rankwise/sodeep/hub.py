@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating, compute_dtype
+from rankwise._validation import check_choice, check_dim, check_floating_nd, compute_dtype
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
 from rankwise.sodeep.models import SORTER_MODELS, Sorter
@@ -140,9 +140,7 @@ def sodeep_rank(
         (torch.Size([4, 32]), True)
         >>> r.sum().backward()
     """
-    check_floating(x, "x")
-    if x.dim() == 0:
-        raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
+    check_floating_nd(x, "x")
     d = check_dim(x, dim)
     return _soft_rank_impl(x.movedim(d, -1), descending=descending, sorter=sorter, model=model).movedim(-1, d)
 

@@ -435,7 +435,8 @@ def train(
             if cfg.model.weights:
                 _load_backbone_weights(module, cfg.model.weights)
             if recipe == "rrt":
-                assert cfg.run.init_checkpoint is not None  # checked by the config validation
+                if not cfg.run.init_checkpoint:  # also checked by the config validation
+                    raise ConfigError("`run.init_checkpoint` is required when `run.recipe` is 'rrt'")
                 src = _resolve_ckpt(cfg.run.init_checkpoint)
                 state = load_state_dict(src)
                 module.load_state_dict({k: v for k, v in state.items() if not k.startswith("lds_")}, strict=False)

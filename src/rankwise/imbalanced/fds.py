@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise._validation import check_choice, check_floating, check_positive, check_tensor
+from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, to_compute
+from rankwise.distributed import all_reduce_sum
 from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, get_lds_kernel_window, smooth_bins
 
 __all__ = ["FDS"]
@@ -276,9 +277,8 @@ class FDS(nn.Module):
         if epoch < self.start_update or epoch < int(self.epoch):
             return
         s, q, c = self.bin_stats(features, labels)
-        if sync and torch.distributed.is_available() and torch.distributed.is_initialized():
-            packed = torch.cat([s.reshape(-1), q.reshape(-1), c])
-            torch.distributed.all_reduce(packed)
+        if sync:
+            packed = all_reduce_sum(torch.cat([s.reshape(-1), q.reshape(-1), c]))
             kd = self.num_bins * self.feature_dim
             s, q, c = packed[:kd].view_as(s), packed[kd : 2 * kd].view_as(q), packed[2 * kd :]
         self.update_from_stats(s, q, c, epoch)
@@ -316,7 +316,7 @@ class FDS(nn.Module):
         """The calibration with the frozen last-epoch statistics, regardless of mode and epoch."""
         self._check_pair(features, labels)
         out_dtype = features.dtype
-        z = features.float() if features.dtype in (torch.float16, torch.bfloat16) else features
+        z = to_compute(features)
         idx = self.bin_index(labels).to(z.device)
         m1 = self.running_mean_last_epoch.to(device=z.device, dtype=z.dtype)[idx]
         v1 = self.running_var_last_epoch.to(device=z.device, dtype=z.dtype)[idx]

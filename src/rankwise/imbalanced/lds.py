@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rankwise._validation import check_choice, check_positive
+from rankwise._validation import check_choice, check_positive, compute_dtype
 
 __all__ = ["bin_labels", "get_lds_kernel_window", "lds_weights", "smooth_bins"]
 
@@ -233,8 +233,7 @@ def lds_weights(
     is_tensor = isinstance(labels, torch.Tensor)
     y = _as_float64_tensor(labels, "labels").reshape(-1)
     if is_tensor:
-        out_dtype = labels.dtype if labels.is_floating_point() else torch.get_default_dtype()
-        out_dtype = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+        out_dtype = compute_dtype(labels.dtype)
     n = y.numel()
     if n == 0:
         return torch.zeros(0, dtype=out_dtype, device=labels.device) if is_tensor else np.zeros(0)

@@ -41,6 +41,15 @@ def _plt():
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (100 dpi) and close it."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
     return np.floor(np.asarray(labels, dtype=np.float64) / bin_width + 1e-9).astype(np.int64)
 
@@ -82,11 +91,7 @@ def plot_label_histogram(
     ax.set_xlabel("label")
     ax.set_ylabel("training count")
     ax.set_title(title or "label distribution (train) and shot regions")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def per_label_mae(preds: np.ndarray, labels: np.ndarray, bin_width: float) -> tuple[np.ndarray, np.ndarray]:
@@ -135,11 +140,7 @@ def plot_compare_per_label_mae(
     ax.set_xlabel("label")
     ax.set_ylabel("test MAE")
     ax.set_title(title or "per-label test MAE")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str | Path, *, title: str = "") -> Path:
@@ -160,11 +161,7 @@ def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str 
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
     ax.set_title(title or "feature cosine similarity (ordered by label)", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_tsne(features: np.ndarray, labels: np.ndarray, path: str | Path, *, seed: int = 0, title: str = "") -> Path:
@@ -192,11 +189,7 @@ def plot_tsne(features: np.ndarray, labels: np.ndarray, path: str | Path, *, see
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title or "t-SNE of features", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -293,11 +286,7 @@ def plot_compare_shots(
     ax.set_xticklabels(GROUPS)
     ax.set_ylabel(f"test {metric.upper()}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_compare_report(

@@ -164,16 +164,22 @@ def _log(progress: bool, what: str, step: int, steps: int, loss: torch.Tensor, t
         )
 
 
-def _train_sort(cfg: Config, t: SortTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any]]:
+def _lists_and_backbone(cfg: Config, t: SortTask, data: Any) -> tuple[ListSampler, ListSampler, nn.Module, int]:
+    """Train/test list samplers of ``t.n`` numbers and the seeded backbone ``(module, feature dim)``."""
     from rankwise.models import build_backbone
 
-    device = device_of(cfg)
     xtr, ytr, xte, yte, data = _pools(cfg, data)
     train_lists = ListSampler(xtr, ytr, t.n, t.digits)
     test_lists = ListSampler(xte, yte, t.n, t.digits)
     opts = {**data.meta.get("backbone_options", {}), **cfg.model.options}
     torch.manual_seed(cfg.run.seed)
     backbone, dim = build_backbone(cfg.model.backbone, **opts)
+    return train_lists, test_lists, backbone, dim
+
+
+def _train_sort(cfg: Config, t: SortTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    device = device_of(cfg)
+    train_lists, test_lists, backbone, dim = _lists_and_backbone(cfg, t, data)
     scorer = NumberScorer(backbone, dim, t.downsample)
     model: nn.Module = VanillaRanker(scorer, dim, t.n) if t.method == "vanilla" else scorer
     model.to(device)
@@ -218,15 +224,8 @@ class MedianRegressor(nn.Module):
 
 
 def _train_median(cfg: Config, t: SortTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any]]:
-    from rankwise.models import build_backbone
-
     device = device_of(cfg)
-    xtr, ytr, xte, yte, data = _pools(cfg, data)
-    train_lists = ListSampler(xtr, ytr, t.n, t.digits)
-    test_lists = ListSampler(xte, yte, t.n, t.digits)
-    opts = {**data.meta.get("backbone_options", {}), **cfg.model.options}
-    torch.manual_seed(cfg.run.seed)
-    backbone, dim = build_backbone(cfg.model.backbone, **opts)
+    train_lists, test_lists, backbone, dim = _lists_and_backbone(cfg, t, data)
     model = MedianRegressor(NumberScorer(backbone, dim, t.downsample), dim).to(device)
     opt = _optimizer(model, cfg)
     gen = torch.Generator().manual_seed(cfg.run.seed)

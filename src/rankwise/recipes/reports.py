@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from rankwise.data import label_bins
+
 __all__ = [
     "GROUPS",
     "aggregate",
@@ -50,15 +52,11 @@ def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     return path
 
 
-def _bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
-    return np.floor(np.asarray(labels, dtype=np.float64) / bin_width + 1e-9).astype(np.int64)
-
-
 def shot_groups(
     train_labels: np.ndarray, bin_width: float, *, many_shot: int = 100, few_shot: int = 20
 ) -> dict[int, str]:
     """Bin -> ``"many"``/``"medium"``/``"few"`` from the training count of each bin."""
-    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
     return {int(k): ("many" if n > many_shot else "few" if n < few_shot else "medium") for k, n in zip(b, c)}
 
 
@@ -74,13 +72,13 @@ def plot_label_histogram(
 ) -> Path:
     """Training label histogram, bars coloured by shot group (many > ``many_shot`` > medium >= ``few_shot`` > few)."""
     plt = _plt()
-    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
     groups = shot_groups(train_labels, bin_width, many_shot=many_shot, few_shot=few_shot)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     colors = [_SHOT_COLORS[groups[int(k)]] for k in b]
     ax.bar(b * bin_width, c, width=bin_width * 0.9, color=colors, align="edge")
     if test_labels is not None and len(test_labels):
-        tb, tc = np.unique(_bins(test_labels, bin_width), return_counts=True)
+        tb, tc = np.unique(label_bins(test_labels, bin_width), return_counts=True)
         ax.step(tb * bin_width + bin_width / 2, tc, where="mid", color="k", lw=1, label="test count")
     ax.axhline(many_shot, color="grey", ls="--", lw=0.8)
     ax.axhline(few_shot, color="grey", ls=":", lw=0.8)
@@ -96,7 +94,7 @@ def plot_label_histogram(
 
 def per_label_mae(preds: np.ndarray, labels: np.ndarray, bin_width: float) -> tuple[np.ndarray, np.ndarray]:
     """``(bin centres, MAE in each bin)`` of a test set."""
-    b = _bins(labels, bin_width)
+    b = label_bins(labels, bin_width)
     ub, inv = np.unique(b, return_inverse=True)
     err = np.abs(np.asarray(preds, dtype=np.float64) - np.asarray(labels, dtype=np.float64))
     mae = np.bincount(inv, weights=err) / np.bincount(inv)
@@ -127,7 +125,7 @@ def plot_compare_per_label_mae(
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax2 = ax.twinx()
-    b, c = np.unique(_bins(train_labels, bin_width), return_counts=True)
+    b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
     ax2.bar(b * bin_width, c, width=bin_width * 0.9, color="0.85", align="edge", zorder=0)
     ax2.set_ylabel("training count", color="0.5")
     ax.set_zorder(ax2.get_zorder() + 1)

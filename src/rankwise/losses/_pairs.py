@@ -30,6 +30,9 @@ from rankwise.losses._contrastive_common import (
     sq_dist,
     zero_with_graph,
 )
+from rankwise.losses._contrastive_common import (
+    random_features as _feats,
+)
 from rankwise.losses._registry import register_loss
 
 __all__ = ["NPairsLoss", "TripletLoss", "npairs_loss", "triplet_loss"]
@@ -341,11 +344,6 @@ class NPairsLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, normalize={self.normalize}, reduction={self.reduction!r}"
-
-
-def _feats(dtype: torch.dtype, device: torch.device, *shape: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
 
 
 def _triplet_example(dtype: torch.dtype, device: torch.device) -> Example:

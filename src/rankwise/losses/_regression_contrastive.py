@@ -18,7 +18,16 @@ from rankwise.distributed import (
     all_gather_with_grad,
     batch_layout,
 )
-from rankwise.losses._contrastive_common import as_labels, as_views, local_view_rows, sq_dist, zero_with_graph
+from rankwise.losses._contrastive_common import (
+    as_labels,
+    as_views,
+    local_view_rows,
+    sq_dist,
+    zero_with_graph,
+)
+from rankwise.losses._contrastive_common import (
+    random_features as _feats,
+)
 from rankwise.losses._registry import register_loss
 
 __all__ = ["ConRLoss", "RnCLoss", "conr_loss", "rnc_loss"]
@@ -334,11 +343,6 @@ class ConRLoss(nn.Module):
             f"window={self.window}, temperature={self.temperature}, eta={self.eta}, "
             f"variant={self.variant!r}, normalize={self.normalize}"
         )
-
-
-def _feats(dtype: torch.dtype, device: torch.device, *shape: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
 
 
 def _rnc_example(dtype: torch.dtype, device: torch.device) -> Example:

@@ -19,7 +19,14 @@ from rankwise.distributed import (
     batch_layout,
     get_world_size,
 )
-from rankwise.losses._contrastive_common import as_labels, as_views, local_view_rows, sample_mask, zero_with_graph
+from rankwise.losses._contrastive_common import (
+    as_labels,
+    as_views,
+    local_view_rows,
+    random_features,
+    sample_mask,
+    zero_with_graph,
+)
 from rankwise.losses._registry import register_loss
 
 __all__ = ["SupConLoss", "supcon_loss"]
@@ -356,16 +363,14 @@ class SupConLoss(nn.Module):
 
 
 def _example(dtype: torch.dtype, device: torch.device) -> Example:
-    g = torch.Generator().manual_seed(0)
-    feats = torch.randn(5, 2, 6, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    feats = random_features(dtype, device, 5, 2, 6)
     labels = torch.tensor([0, 1, 0, 2, 1], device=device)
     return Example((feats, labels), {"temperature": 0.5, "variant": "out", "chunk_size": 3})
 
 
 def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
     def f(*shape: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(1)
-        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
+        return random_features(dtype, device, *shape, seed=1)
 
     return [
         Example((f(0, 2, 4),)),  # empty batch

@@ -114,7 +114,7 @@ def AtomicCheckpointIO() -> Any:
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The model ``state_dict`` of a Lightning checkpoint, loaded with ``weights_only=True``."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return ckpt["state_dict"] if "state_dict" in ckpt else ckpt
+    return ckpt["state_dict"] if isinstance(ckpt, dict) and "state_dict" in ckpt else ckpt
 
 
 def git_hash() -> str | None:
@@ -315,9 +315,7 @@ def build_module(cfg: Config, data: Any, *, freeze_backbone: bool = False) -> An
 
 
 def _load_backbone_weights(module: Any, path: str) -> None:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and "state_dict" in state:
-        state = state["state_dict"]
+    state = load_state_dict(path)
     missing, _ = module.backbone.load_state_dict(state, strict=False)
     if len(missing) == len(module.backbone.state_dict()):
         raise ConfigError(f"`model.weights` {path}: no parameter matches the backbone (first keys: {list(state)[:3]})")

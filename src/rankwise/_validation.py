@@ -19,6 +19,7 @@ __all__ = [
     "check_floating_nd",
     "check_ndim",
     "check_positive",
+    "check_positive_int",
     "check_tensor",
     "compute_dtype",
     "to_compute",
@@ -87,6 +88,13 @@ def check_positive(value: Any, name: str, *, allow_zero: bool = False) -> float:
         op = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"`{name}` must be finite and {op}, got {value!r}")
     return v
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """``value`` must be an ``int`` (not ``bool``) >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+    return value
 
 
 def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:

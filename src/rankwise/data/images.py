@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rankwise._validation import check_positive_int
 from rankwise.data._base import DataFormatError, RegressionData, register_dataset
 
 __all__ = ["DIRImageDataset", "dir_image_transforms", "dir_images", "load_agedb_dir", "load_imdb_wiki_dir"]
@@ -104,8 +105,7 @@ def dir_images(
     if not csv_path.is_file():
         raise FileNotFoundError(f"DIR split file not found: {csv_path}")
     root_dir = Path(root) if root is not None else csv_path.parent
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise ValueError(f"`image_size` must be a positive int, got {image_size!r}")
+    check_positive_int(image_size, "image_size")
     per: dict[str, tuple[list[Path], list[float], list[int]]] = {s: ([], [], []) for s in _SPLITS}
     with csv_path.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)

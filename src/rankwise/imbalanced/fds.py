@@ -8,7 +8,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, to_compute
+from rankwise._validation import (
+    check_choice,
+    check_floating,
+    check_positive,
+    check_positive_int,
+    check_tensor,
+    to_compute,
+)
 from rankwise.distributed import all_reduce_sum
 from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, get_lds_kernel_window, smooth_bins
 
@@ -127,8 +134,7 @@ class FDS(nn.Module):
         clip: tuple[float, float] = (0.1, 10.0),
     ) -> None:
         super().__init__()
-        if isinstance(feature_dim, bool) or not isinstance(feature_dim, int) or feature_dim < 1:
-            raise ValueError(f"`feature_dim` must be a positive int, got {feature_dim!r}")
+        check_positive_int(feature_dim, "feature_dim")
         check_choice(kernel, "kernel", _KERNELS)
         if momentum is not None and not 0.0 <= float(momentum) <= 1.0:
             raise ValueError(f"`momentum` must be in [0, 1] or None, got {momentum!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
 __all__ = ["SmallCNN", "small_cnn"]
@@ -33,8 +34,7 @@ class SmallCNN(nn.Module):
     ) -> None:
         super().__init__()
         for name, v in (("in_channels", in_channels), ("feature_dim", feature_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {v!r}")
+            check_positive_int(v, name)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {dropout!r}")
         self.in_channels = in_channels

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
 __all__ = ["MLPBackbone", "mlp_backbone"]
@@ -41,8 +42,7 @@ class MLPBackbone(nn.Module):
     ) -> None:
         super().__init__()
         for name, v in (("in_dim", in_dim), ("feature_dim", feature_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {v!r}")
+            check_positive_int(v, name)
         hidden = tuple(hidden)
         if any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in hidden):
             raise ValueError(f"`hidden` must be a sequence of positive ints, got {hidden!r}")

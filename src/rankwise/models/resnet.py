@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
 __all__ = ["RESNET_FEATURE_DIMS", "resnet_backbone"]
@@ -49,8 +50,7 @@ def resnet_backbone(
     """
     if name not in RESNET_FEATURE_DIMS:
         raise ValueError(f"`name` must be one of {sorted(RESNET_FEATURE_DIMS)}; got {name!r}")
-    if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
-        raise ValueError(f"`in_channels` must be a positive int, got {in_channels!r}")
+    check_positive_int(in_channels, "in_channels")
     try:
         from torchvision import models
     except ImportError:

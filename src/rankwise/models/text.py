@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
 __all__ = ["TextPairEncoder", "text_pair_encoder"]
@@ -56,8 +57,7 @@ class TextPairEncoder(nn.Module):
             ("feature_dim", feature_dim),
             ("num_layers", num_layers),
         ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {v!r}")
+            check_positive_int(v, name)
         if rnn not in ("lstm", "gru"):
             raise ValueError(f"`rnn` must be one of 'lstm', 'gru'; got {rnn!r}")
         if not 0.0 <= dropout < 1.0:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._validation import check_choice, check_floating, check_positive, to_compute
+from rankwise._validation import check_choice, check_floating, check_positive, check_positive_int, to_compute
 
 __all__ = [
     "SORTER_MODELS",
@@ -72,8 +72,7 @@ class Sorter(nn.Module):
 
     def __init__(self, seq_len: int) -> None:
         super().__init__()
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"`seq_len` must be a positive int, got {seq_len!r}")
+        check_positive_int(seq_len, "seq_len")
         self.seq_len = seq_len
 
     def hparams(self) -> dict[str, Any]:

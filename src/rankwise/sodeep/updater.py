@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rankwise._validation import check_floating
+from rankwise._validation import check_floating, check_positive_int
 from rankwise.sodeep.models import Sorter
 
 __all__ = ["SorterUpdater"]
@@ -44,8 +44,7 @@ class SorterUpdater(nn.Module):
         super().__init__()
         if not isinstance(sorter, Sorter):
             raise TypeError(f"`sorter` must be a rankwise.sodeep Sorter, got {type(sorter).__name__}")
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"`buffer_size` must be a positive int, got {buffer_size!r}")
+        check_positive_int(buffer_size, "buffer_size")
         self.sorter = sorter
         self.buffer_size, self.lr, self.record = buffer_size, lr, record
         self._buffer: torch.Tensor | None = None

@@ -379,66 +379,50 @@ def soft_sort_isotonic(
     return out.movedim(-1, d)
 
 
-class IsotonicSoftRank(nn.Module):
+class _IsotonicModule(nn.Module):
+    """Shared module twin: holds the options of an isotonic soft operator."""
+
+    _fn: Any
+
+    def __init__(
+        self,
+        *,
+        regularization: Regularization = "l2",
+        regularization_strength: float = 1.0,
+        descending: bool = False,
+        dim: int = -1,
+    ) -> None:
+        super().__init__()
+        self.regularization_strength = _check_options(regularization, regularization_strength)
+        self.regularization, self.descending, self.dim = regularization, descending, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = type(self)._fn(
+            x,
+            regularization=self.regularization,
+            regularization_strength=self.regularization_strength,
+            descending=self.descending,
+            dim=self.dim,
+        )
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
+            f"descending={self.descending}, dim={self.dim}"
+        )
+
+
+class IsotonicSoftRank(_IsotonicModule):
     """Module twin of :func:`soft_rank_isotonic`."""
 
-    def __init__(
-        self,
-        *,
-        regularization: Regularization = "l2",
-        regularization_strength: float = 1.0,
-        descending: bool = False,
-        dim: int = -1,
-    ) -> None:
-        super().__init__()
-        self.regularization_strength = _check_options(regularization, regularization_strength)
-        self.regularization, self.descending, self.dim = regularization, descending, dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_rank_isotonic(
-            x,
-            regularization=self.regularization,
-            regularization_strength=self.regularization_strength,
-            descending=self.descending,
-            dim=self.dim,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
-            f"descending={self.descending}, dim={self.dim}"
-        )
+    _fn = staticmethod(soft_rank_isotonic)
 
 
-class IsotonicSoftSort(nn.Module):
+class IsotonicSoftSort(_IsotonicModule):
     """Module twin of :func:`soft_sort_isotonic`."""
 
-    def __init__(
-        self,
-        *,
-        regularization: Regularization = "l2",
-        regularization_strength: float = 1.0,
-        descending: bool = False,
-        dim: int = -1,
-    ) -> None:
-        super().__init__()
-        self.regularization_strength = _check_options(regularization, regularization_strength)
-        self.regularization, self.descending, self.dim = regularization, descending, dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_sort_isotonic(
-            x,
-            regularization=self.regularization,
-            regularization_strength=self.regularization_strength,
-            descending=self.descending,
-            dim=self.dim,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
-            f"descending={self.descending}, dim={self.dim}"
-        )
+    _fn = staticmethod(soft_sort_isotonic)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -96,3 +96,26 @@ def test_torchrun_launch(tmp_path: Path) -> None:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["trainer"]["devices"] == 2 and cfg["trainer"]["strategy"] == "ddp"
     assert _ckpt(run)["global_step"] == 3
+
+
+@pytest.mark.parametrize(
+    "preset,sets,steps",
+    [
+        # 4 batches of lists per epoch split over 2 ranks: 2 optimizer steps per epoch, 2 epochs
+        ("large_mnist_neuralsort", ["task.steps=8", "task.steps_per_epoch=4", "task.lists_per_batch=4"], 4),
+        # 64 images, batch 16 per rank: 2 steps per epoch, 1 epoch; then the probe on rank 0
+        ("mnist5k_supcon", ["task.train_subset=64", "data.batch_size=16", "task.probe_epochs=1"], 2),
+    ],
+)
+def test_ddp_reproduction_recipes(tmp_path: Path, preset: str, sets: list[str], steps: int) -> None:
+    run = tmp_path / "ddp"
+    cli = [sys.executable, "-m", "rankwise.cli", "train", preset, "--out", str(run)]
+    extra = ["task.test_lists=20", "model.options.feature_dim=16", "data.options.test_fraction=0.05", *sets]
+    extra = [s for s in extra if preset.startswith("large") or not s.startswith("task.test_lists")]
+    args = [a for s in extra for a in ("--set", s)]
+    proc = _run([*cli, "--devices", "2", "--strategy", "ddp", *TINY, *args], tmp_path)
+    assert proc.stdout.count("run directory:") == 1, proc.stdout[-3000:]
+    assert _ckpt(run)["global_step"] == steps
+    metrics = yaml.safe_load((run / "metrics.json").read_text())
+    assert metrics["recipe"] in ("sort", "supcon") and metrics["test"]
+    assert "completed" in (run / "meta.json").read_text()

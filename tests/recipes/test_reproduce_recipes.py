@@ -19,7 +19,7 @@ pytest.importorskip("typer")
 
 from rankwise.data import ClassificationData, TensorPairDataset, get_dataset, load_mnist5k_arrays
 from rankwise.recipes import ConfigError, load_config
-from rankwise.recipes.runner import compare, evaluate, train
+from rankwise.recipes.runner import compare, evaluate, load_state_dict, train
 from rankwise.recipes.sorting import ListSampler, sort_loss, true_permutation
 
 
@@ -85,8 +85,10 @@ def test_supcon_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     assert 0.0 <= m["test"]["probe_acc"] <= 100.0
     assert m["recipe"] == "supcon" and m["method"] == cfg.task.get("method", "supcon")
     assert evaluate(res.run_dir)["test"] == m["test"]
-    state = torch.load(res.run_dir / "checkpoints" / "last.pt", weights_only=True)
+    state = load_state_dict(res.run_dir / "checkpoints" / "last.ckpt")
     assert any(k.startswith("encoder.") for k in state)
+    assert (res.run_dir / "probe" / "last.ckpt").is_file()
+    assert (res.run_dir / "logs" / "metrics.csv").is_file()
 
 
 def _png_folder(root, classes=3, per_class=5, size=12):

@@ -25,7 +25,15 @@ from torch import nn
 from rankwise.recipes import _deps
 from rankwise.recipes.config import Config, config_from_dict
 
-__all__ = ["DIRRegressor", "EpochShuffleSampler", "NonFiniteLossError", "RnCPretrainer", "reseed"]
+__all__ = [
+    "DIRRegressor",
+    "EpochIndexSampler",
+    "EpochShuffleSampler",
+    "NonFiniteLossError",
+    "RnCPretrainer",
+    "item_seed",
+    "reseed",
+]
 
 #: fault injection for the reliability tests: make the loss NaN at this global step
 ENV_NAN_AT_STEP = "RANKWISE_FAULT_NAN_AT_STEP"
@@ -65,6 +73,31 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+class EpochIndexSampler(EpochShuffleSampler):
+    """Indices ``epoch * n + i`` (``i`` shuffled by ``(seed, epoch)`` when ``shuffle``): fresh every epoch.
+
+    For datasets whose items are random draws seeded by the index (``dataset[g]`` uses item
+    ``g % n`` and the seed :func:`item_seed` ``(seed, g)``): every epoch sees new draws (new
+    augmentations, new random lists), and a run resumed from an end-of-epoch checkpoint replays
+    exactly the draws of an uninterrupted run, whatever the number of processes or workers.
+    """
+
+    def __init__(self, n: int, seed: int, *, shuffle: bool = True) -> None:
+        super().__init__(n, seed)
+        self.shuffle = bool(shuffle)
+
+    def __iter__(self):
+        base = self.epoch * self.n
+        if not self.shuffle:
+            return iter(range(base, base + self.n))
+        return iter((base + torch.as_tensor(list(super().__iter__()))).tolist())
+
+
+def item_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for random item ``index`` of a run seeded ``seed`` (see :class:`EpochIndexSampler`)."""
+    return (int(seed) * 0x9E3779B97F4A7C15 + int(index) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (2**63 - 1)
 
 
 def _configure_optimizers(

@@ -1,8 +1,10 @@
 """Shared plumbing of the paper-reproduction recipes (``run.recipe``: supcon, sort, median, dknn).
 
-These recipes are small self-contained PyTorch loops (no Lightning): each writes a run directory
-with ``config.yaml``, ``meta.json``, ``metrics.json`` (``{"recipe", "method", "test": {metric:
-value}, ...}``) and ``checkpoints/last.pt`` (the final ``state_dict``). ``rankwise train`` /
+Each recipe is a set of LightningModules trained by Lightning's Trainer (devices, DDP, precision,
+progress bar, CSV/TensorBoard logs, end-of-epoch checkpoints, ``--resume``), see
+:mod:`rankwise.recipes.supcon` and :mod:`rankwise.recipes.sorting`. A run directory holds
+``config.yaml``, ``meta.json``, ``logs/`` + ``tb/``, ``checkpoints/last.ckpt`` and ``metrics.json``
+(``{"recipe", "method", "test": {metric: value}, ...}``). ``rankwise train`` /
 ``rankwise compare`` dispatch here through :func:`train`; :func:`write_compare_report` writes the
 mean ± std table of ``compare``. The recipe options live in the config's ``task:`` mapping and are
 validated by :func:`check_task` against the dataclass of the recipe (:class:`SupConTask`,
@@ -22,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rankwise.recipes.config import Config, ConfigError, _build
+from rankwise.recipes.config import Config, ConfigError, _build, config_from_dict
 
 __all__ = [
     "RECIPES",
@@ -73,7 +75,9 @@ class SortTask:
     n_samples: int = 5
     #: SoftSort's distance power
     power: float = 1.0
+    #: training batches, in epochs of at most ``steps_per_epoch`` (a checkpoint after each; see recipes.sorting)
     steps: int = 300
+    steps_per_epoch: int = 100
     lists_per_batch: int = 16
     test_lists: int = 1000
     digits: int = 4
@@ -92,7 +96,9 @@ class DKNNTask:
     #: relaxation: deterministic NeuralSort or stochastic (Gumbel) samples
     relaxation: Literal["deterministic", "stochastic"] = "deterministic"
     n_samples: int = 5
+    #: training episodes, in epochs of at most ``steps_per_epoch`` (a checkpoint after each)
     steps: int = 300
+    steps_per_epoch: int = 100
     queries: int = 100
     neighbors: int = 100
     embedding_dim: int = 64
@@ -155,55 +161,67 @@ def train(
     progress: bool = True,
     data: Any = None,
     verbose: bool = True,
+    trainer_overrides: Mapping[str, Any] | None = None,
     **_: Any,
 ) -> Any:
-    """Run the reproduction recipe ``cfg.run.recipe`` and return a ``RunResult`` (see module doc).
+    """Run the reproduction recipe ``cfg.run.recipe`` with Lightning and return a ``RunResult``.
 
-    ``resume`` is not supported by these short recipes: the run is restarted from scratch.
+    ``resume=True`` continues ``RUN_DIR`` from ``checkpoints/last.ckpt`` with the config saved
+    there (``trainer_overrides`` -- ``devices``, ``strategy``, ... -- applied on top). On rank > 0
+    of a distributed run the result has empty metrics (rank 0 evaluates and writes them).
     """
-    import logging
+    import lightning as L
 
+    from rankwise import __version__
     from rankwise.recipes import runner
 
+    if not verbose:
+        runner._quiet_lightning()
+    run_dir = runner.resolve_run_dir(cfg, out, resume=resume, overwrite=overwrite)
     if resume:
-        logging.getLogger("rankwise").warning("recipe %r does not resume: training from scratch", cfg.run.recipe)
-        overwrite = True
-    run_dir = runner.resolve_run_dir(cfg, out, resume=False, overwrite=overwrite)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    from rankwise import __version__
+        import yaml
 
-    runner._save_config(cfg, run_dir)
-    runner._update_meta(
-        run_dir,
-        rankwise_version=__version__,
-        git_hash=runner.git_hash(),
-        command=" ".join(sys.argv),
-        torch_version=torch.__version__,
-        started=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        status="running",
-        threads=torch.get_num_threads(),
-    )
+        cfg = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        if trainer_overrides:
+            cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **trainer_overrides))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    worker = runner._is_launched_worker()
+    if not resume and not worker:
+        runner._save_config(cfg, run_dir)
+        runner._update_meta(
+            run_dir,
+            rankwise_version=__version__,
+            git_hash=runner.git_hash(),
+            command=" ".join(sys.argv),
+            torch_version=torch.__version__,
+            started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            threads=torch.get_num_threads(),
+        )
+    if not worker:
+        runner._update_meta(run_dir, status="running")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    torch.manual_seed(cfg.run.seed)
+    L.seed_everything(cfg.run.seed, workers=True, verbose=False)
     t0 = time.perf_counter()
-    state: dict[str, Any] | None
     try:
         if cfg.run.recipe == "supcon":
             from rankwise.recipes import supcon
 
-            test, state = supcon.run(cfg, data=data, progress=progress and verbose)
+            test = supcon.fit(cfg, run_dir, data=data, resume=resume, progress=progress and verbose)
         else:
             from rankwise.recipes import sorting
 
-            test, state = sorting.run(cfg, data=data, progress=progress and verbose)
+            test = sorting.fit(cfg, run_dir, data=data, resume=resume, progress=progress and verbose)
     except BaseException as e:
-        runner._update_meta(run_dir, status=f"failed: {type(e).__name__}", error=str(e))
+        if not worker:
+            from rankwise.recipes.modules import NonFiniteLossError
+
+            status = "non-finite loss" if isinstance(e, NonFiniteLossError) else type(e).__name__
+            runner._update_meta(run_dir, status=f"failed: {status}", error=str(e))
         raise
+    if test is None:  # rank > 0 of a distributed run
+        return runner.RunResult(run_dir, {}, cfg)
     seconds = time.perf_counter() - t0
-    if state is not None:
-        (run_dir / "checkpoints").mkdir(exist_ok=True)
-        torch.save(state, run_dir / "checkpoints" / "last.pt")
     metrics = {
         "recipe": cfg.run.recipe,
         "method": method_name(cfg),

@@ -186,19 +186,22 @@ def _trainer(
     progress: bool,
     loggers: bool = True,
     log_name: str = "",
+    max_steps: int = -1,
 ) -> Any:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     t = cfg.trainer
     callbacks: list[Any] = [
+        # with a monitor: best.ckpt + last.ckpt; without: last.ckpt only (written as the "top-1" file,
+        # since Lightning >= 2.6 writes save_last only when a top-k checkpoint was saved too)
         ModelCheckpoint(
             dirpath=ckpt_dir,
-            filename="best",
+            filename="best" if monitor else "last",
             monitor=monitor,
             mode="min",
-            save_last=True,
-            save_top_k=1 if monitor else 0,
+            save_last=bool(monitor),
+            save_top_k=1,
             auto_insert_metric_name=False,
             enable_version_counter=False,
         )
@@ -221,6 +224,7 @@ def _trainer(
     kwargs: dict[str, Any] = {
         "default_root_dir": str(run_dir),
         "max_epochs": max_epochs,
+        "max_steps": max_steps,
         "accelerator": t.accelerator,
         "devices": t.devices,
         "strategy": t.strategy,
@@ -241,6 +245,20 @@ def _trainer(
     if t.limit_val_batches is not None:
         kwargs["limit_val_batches"] = t.limit_val_batches
     return L.Trainer(**kwargs)
+
+
+def eval_trainer(cfg: Config) -> Any:
+    """A quiet single-device Lightning Trainer (``predict`` / ``test`` on rank 0 after a possibly distributed fit)."""
+    import lightning as L
+
+    return L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        precision=cfg.trainer.precision,  # type: ignore[arg-type]
+    )
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -360,7 +378,14 @@ def train(
 
     if cfg.run.recipe in reproduce.RECIPES:
         return reproduce.train(
-            cfg, out=out, resume=resume, overwrite=overwrite, progress=progress, data=data, verbose=verbose
+            cfg,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            data=data,
+            verbose=verbose,
+            trainer_overrides=trainer_overrides,
         )
     if not verbose:
         _quiet_lightning()
@@ -513,16 +538,7 @@ def evaluate(
         _, val_dl, test_dl = _loaders(data, cfg)
     r = cfg.run
     kw = {"many_shot": r.many_shot, "few_shot": r.few_shot, "bin_width": data.bin_width}
-    import lightning as L
-
-    trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        precision=cfg.trainer.precision,  # type: ignore[arg-type]
-    )
+    trainer = eval_trainer(cfg)
     test = _predict(module, test_dl, trainer)
     val = _predict(module, val_dl, trainer)
     metrics = {

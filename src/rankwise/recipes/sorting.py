@@ -29,25 +29,51 @@ median value, scaled to [0, 1] (``value / (10**digits - 1)``); loss = MSE. Test:
 ``task.neighbors`` random training candidates); test accuracy of a hard kNN
 (scikit-learn ``KNeighborsClassifier``, ``task.k`` neighbours) in the learned space, the training
 split being the neighbours. ``knn_pixels``: the same kNN on raw pixels (no training).
+
+**Training** is Lightning's: :class:`SortingModule` (sort, median) and :class:`DKNNModule` are
+LightningModules fitted by a Trainer on ``trainer.devices`` / ``strategy`` (DDP included) for
+``E = ceil(task.steps / task.steps_per_epoch)`` epochs of ``ceil(task.steps / E)`` batches (so
+``task.steps`` batches, rounded up to a multiple of ``E``; with ``W`` DDP processes each rank takes
+``1 / W`` of every epoch's batches, i.e. the same lists in ``W``-times larger global batches). The
+training data are random draws seeded by their index (:class:`RandomLists`, :class:`Episodes`
+with :class:`~rankwise.recipes.modules.EpochIndexSampler`: fresh every epoch, identical after a
+resume). Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/last.ckpt``
+is written at the end of every epoch and ``rankwise train ... --resume`` continues from it. The
+test evaluation runs on one device of rank 0.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from typing import Any
+import math
+from pathlib import Path
+from typing import Any, cast
 
+import lightning as L
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise.recipes.config import Config
-from rankwise.recipes.reproduce import DKNNTask, SortTask, device_of, task_options
-from rankwise.recipes.supcon import features, tensors
+from rankwise.recipes.config import Config, config_from_dict, config_to_dict
+from rankwise.recipes.modules import EpochIndexSampler, NonFiniteLossError, _configure_optimizers, item_seed, reseed
+from rankwise.recipes.reproduce import DKNNTask, SortTask, task_options
+from rankwise.recipes.supcon import encode, tensors
 
-__all__ = ["ListSampler", "NumberScorer", "VanillaRanker", "run", "sort_loss", "true_permutation"]
+__all__ = [
+    "DKNNModule",
+    "Episodes",
+    "ListSampler",
+    "MedianRegressor",
+    "NumberScorer",
+    "RandomLists",
+    "SortingModule",
+    "VanillaRanker",
+    "fit",
+    "sort_loss",
+    "true_permutation",
+]
 
-log = logging.getLogger("rankwise")
+#: seed of the fixed test lists (the same for every run and method)
+TEST_SEED = 12345
 
 
 class ListSampler:
@@ -81,6 +107,39 @@ class ListSampler:
         return strip, values.double()
 
 
+class RandomLists(torch.utils.data.Dataset):
+    """Item ``g``: one random list of :class:`ListSampler` drawn with the seed ``item_seed(seed, g)``.
+
+    Returns ``(images (n, C, 28, 28 * digits), values (n,) float32)``; ``len`` = ``length`` (any
+    index is valid: pair with :class:`~rankwise.recipes.modules.EpochIndexSampler` for fresh lists).
+    """
+
+    def __init__(self, sampler: ListSampler, length: int, seed: int) -> None:
+        self.sampler, self.length, self.seed = sampler, int(length), int(seed)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, v = self.sampler.sample(1, torch.Generator().manual_seed(item_seed(self.seed, int(g))))
+        return x[0], v[0].float()
+
+
+class Episodes(torch.utils.data.Dataset):
+    """Item ``g``: ``size`` distinct random training images and labels (seed ``item_seed(seed, g)``)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, size: int, length: int, seed: int) -> None:
+        self.x, self.y, self.size, self.length, self.seed = x, y, int(size), int(length), int(seed)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(item_seed(self.seed, int(g)))
+        idx = torch.randperm(self.x.shape[0], generator=gen)[: self.size]
+        return self.x[idx], self.y[idx]
+
+
 def true_permutation(values: torch.Tensor) -> torch.Tensor:
     """Descending permutation matrix: row ``i`` has its 1 at the index of the ``i``-th largest value."""
     order = values.argsort(dim=-1, descending=True)
@@ -89,7 +148,7 @@ def true_permutation(values: torch.Tensor) -> torch.Tensor:
 
 def sort_loss(p_hat: torch.Tensor, p_true: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
     """Row-wise cross-entropy :math:`-\\frac1n\\sum_{ij} P_{ij}\\log\\hat P_{ij}`, averaged over lists (and samples)."""
-    return -(p_true * torch.log(p_hat.clamp_min(eps))).sum(-1).mean()
+    return -(p_true * torch.log(p_hat.float().clamp_min(eps))).sum(-1).mean()
 
 
 class NumberScorer(nn.Module):
@@ -124,6 +183,15 @@ class VanillaRanker(nn.Module):
         return self.mlp(e.flatten(1)).view(-1, self.n, self.n)
 
 
+class MedianRegressor(nn.Module):
+    """Scores + embeddings of the images; the relaxed sort's middle row picks the embedding to regress."""
+
+    def __init__(self, scorer: NumberScorer, dim: int) -> None:
+        super().__init__()
+        self.scorer = scorer
+        self.regress = nn.Linear(dim, 1)
+
+
 def _relaxed(scores: torch.Tensor, t: SortTask) -> torch.Tensor:
     """``(B, n, n)`` or ``(S, B, n, n)`` relaxed permutations of the scores."""
     from rankwise.ops import neural_sort, softsort_matrix, stochastic_neural_sort
@@ -133,6 +201,139 @@ def _relaxed(scores: torch.Tensor, t: SortTask) -> torch.Tensor:
     if t.method == "softsort":
         return softsort_matrix(scores, tau=t.tau, power=t.power)
     return neural_sort(scores, tau=t.tau)
+
+
+def _check_finite(module: L.LightningModule, loss: torch.Tensor, what: str) -> None:
+    if not bool(torch.isfinite(loss.detach())):
+        raise NonFiniteLossError(
+            f"the {what} loss became {loss.detach().item()} at global step {module.global_step}; stopping. "
+            "The last good checkpoint is kept; try a smaller learning rate."
+        )
+
+
+class SortingModule(L.LightningModule):
+    """Large-MNIST sorting (``run.recipe: sort``) or median regression (``median``) of :class:`SortTask`.
+
+    ``batch`` = ``(images (B, n, C, H, W), values (B, n))``. ``test_step`` logs ``test/all_correct``
+    and ``test/rank_correct`` (sort) or ``test/mse_1e4`` (median).
+    """
+
+    def __init__(self, config: dict[str, Any], *, meta: dict[str, Any] | None = None) -> None:
+        from rankwise.models import build_backbone
+
+        super().__init__()
+        self.hparams.update({"config": config})
+        self.cfg = config_from_dict(config)
+        self.task: SortTask = task_options(self.cfg)
+        self.median = self.cfg.run.recipe == "median"
+        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
+        backbone, dim = build_backbone(self.cfg.model.backbone, **opts)
+        scorer = NumberScorer(backbone, dim, self.task.downsample)
+        self.model: nn.Module
+        if self.median:
+            self.model = MedianRegressor(scorer, dim)
+        elif self.task.method == "vanilla":
+            self.model = VanillaRanker(scorer, dim, self.task.n)
+        else:
+            self.model = scorer
+        self.scale, self.mid = float(10**self.task.digits - 1), self.task.n // 2
+
+    def _median_model(self) -> MedianRegressor:
+        return cast(MedianRegressor, self.model)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, v = batch
+        t = self.task
+        if self.median:
+            target = v.float().median(-1).values / self.scale
+            model = self._median_model()
+            e = model.scorer.embed(x)  # (B, n, D)
+            p_hat = _relaxed(model.scorer.score(e).squeeze(-1), t)  # (B, n, n) or (S, B, n, n)
+            soft_median = p_hat[..., self.mid, :].unsqueeze(-2).to(e.dtype) @ e  # (..., B, 1, D)
+            pred = model.regress(soft_median).squeeze(-1).squeeze(-1).float()
+            loss = F.mse_loss(pred, target.expand_as(pred))
+        else:
+            p_true = true_permutation(v)
+            out = self.model(x)
+            if t.method == "vanilla":
+                loss = F.cross_entropy(out.float().flatten(0, 1), p_true.argmax(-1).flatten())
+            else:
+                loss = sort_loss(_relaxed(out.float(), t), p_true)
+        _check_finite(self, loss, f"{self.cfg.run.recipe} {t.method}")
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)
+        return loss
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, v = batch
+        b = x.shape[0]
+        if self.median:
+            model = self._median_model()
+            e = model.scorer.embed(x)
+            order = model.scorer.score(e).squeeze(-1).argsort(-1, descending=True)
+            med = e.gather(1, order[:, self.mid, None, None].expand(-1, 1, e.shape[-1])).squeeze(1)
+            pred = model.regress(med).squeeze(-1).float()
+            err = (pred - v.float().median(-1).values / self.scale) ** 2 * 1e4
+            self.log("test/mse_1e4", err.mean(), batch_size=b)
+            return
+        out = self.model(x)
+        pred = out.argmax(-1) if self.task.method == "vanilla" else out.argsort(-1, descending=True)
+        ok = pred == v.argsort(-1, descending=True)
+        self.log("test/all_correct", ok.all(-1).float().mean(), batch_size=b)
+        self.log("test/rank_correct", ok.float().mean(), batch_size=b)
+
+    def configure_optimizers(self) -> Any:
+        return _configure_optimizers(self, self.cfg)
+
+
+class DKNNModule(L.LightningModule):
+    """Differentiable-kNN embedding (:class:`DKNNTask`): ``batch`` = one episode ``(images (Q+M, ...), labels)``.
+
+    The first ``task.queries`` images are queries, the rest candidate neighbours; loss
+    :math:`-\\frac1k \\sum_j m_{qj} [\\ell_j = y_q]`. ``predict_step`` returns L2-normalized embeddings.
+    """
+
+    def __init__(
+        self, config: dict[str, Any], *, num_classes: int, queries: int, meta: dict[str, Any] | None = None
+    ) -> None:
+        from rankwise.models import build_backbone
+
+        super().__init__()
+        self.hparams.update({"config": config, "num_classes": int(num_classes), "queries": int(queries)})
+        self.cfg = config_from_dict(config)
+        self.task: DKNNTask = task_options(self.cfg)
+        self.num_classes, self.queries = int(num_classes), int(queries)
+        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
+        opts.setdefault("feature_dim", self.task.embedding_dim)
+        self.net, _ = build_backbone(self.cfg.model.backbone, **opts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.net(x).float(), dim=-1)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        from rankwise.ops import dknn, dknn_class_scores
+
+        x, y = batch
+        t, nq = self.task, self.queries
+        k = min(t.k, x.shape[0] - nq)
+        emb = self(x)
+        m = dknn(emb[:nq], emb[nq:], k, tau=t.tau, method=t.relaxation, n_samples=t.n_samples)
+        scores = dknn_class_scores(m, y[nq:], self.num_classes)
+        loss = -(scores.gather(-1, y[:nq, None]) / k).mean()
+        _check_finite(self, loss, "dkNN")
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=nq, sync_dist=True)
+        return loss
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        return self(batch[0] if isinstance(batch, (list, tuple)) else batch)
+
+    def configure_optimizers(self) -> Any:
+        return _configure_optimizers(self, self.cfg)
 
 
 def _pools(cfg: Config, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
@@ -149,161 +350,51 @@ def _pools(cfg: Config, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return xtr, ytr, xte, yte, data
 
 
-def _optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
-    o = cfg.optimizer
-    if o.name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-
-
-def _log(progress: bool, what: str, step: int, steps: int, loss: torch.Tensor, t0: float) -> None:
-    if progress and (step + 1) % max(1, steps // 10) == 0:
-        log.warning(
-            "%s step %d/%d loss %.4f (%.0f s)", what, step + 1, steps, float(loss.detach()), time.perf_counter() - t0
-        )
-
-
-def _lists_and_backbone(cfg: Config, t: SortTask, data: Any) -> tuple[ListSampler, ListSampler, nn.Module, int]:
-    """Train/test list samplers of ``t.n`` numbers and the seeded backbone ``(module, feature dim)``."""
-    from rankwise.models import build_backbone
-
-    xtr, ytr, xte, yte, data = _pools(cfg, data)
-    train_lists = ListSampler(xtr, ytr, t.n, t.digits)
-    test_lists = ListSampler(xte, yte, t.n, t.digits)
-    opts = {**data.meta.get("backbone_options", {}), **cfg.model.options}
-    torch.manual_seed(cfg.run.seed)
-    backbone, dim = build_backbone(cfg.model.backbone, **opts)
-    return train_lists, test_lists, backbone, dim
-
-
-def _train_sort(cfg: Config, t: SortTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any]]:
-    device = device_of(cfg)
-    train_lists, test_lists, backbone, dim = _lists_and_backbone(cfg, t, data)
-    scorer = NumberScorer(backbone, dim, t.downsample)
-    model: nn.Module = VanillaRanker(scorer, dim, t.n) if t.method == "vanilla" else scorer
-    model.to(device)
-    opt = _optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(cfg.run.seed)
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(t.steps):
-        x, v = train_lists.sample(t.lists_per_batch, gen)
-        x, p_true = x.to(device), true_permutation(v).to(device)
-        out = model(x)
-        if t.method == "vanilla":
-            loss = F.cross_entropy(out.flatten(0, 1), p_true.argmax(-1).flatten())
-        else:
-            loss = sort_loss(_relaxed(out, t), p_true)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        _log(progress, f"sort {t.method} n={t.n}", step, t.steps, loss, t0)
-    model.eval()
-    test_gen = torch.Generator().manual_seed(12345)
-    right_lists, right_ranks, total = 0.0, 0.0, 0
-    with torch.no_grad():
-        for i in range(0, t.test_lists, 100):
-            x, v = test_lists.sample(min(100, t.test_lists - i), test_gen)
-            out = model(x.to(device)).cpu()
-            pred = out.argmax(-1) if t.method == "vanilla" else out.argsort(-1, descending=True)
-            ok = pred == v.argsort(-1, descending=True)
-            right_lists += float(ok.all(-1).sum())
-            right_ranks += float(ok.float().mean(-1).sum())
-            total += x.shape[0]
-    return {"all_correct": right_lists / total, "rank_correct": right_ranks / total}, model.state_dict()
-
-
-class MedianRegressor(nn.Module):
-    """Scores + embeddings of the images; the relaxed sort's middle row picks the embedding to regress."""
-
-    def __init__(self, scorer: NumberScorer, dim: int) -> None:
-        super().__init__()
-        self.scorer = scorer
-        self.regress = nn.Linear(dim, 1)
-
-
-def _train_median(cfg: Config, t: SortTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any]]:
-    device = device_of(cfg)
-    train_lists, test_lists, backbone, dim = _lists_and_backbone(cfg, t, data)
-    model = MedianRegressor(NumberScorer(backbone, dim, t.downsample), dim).to(device)
-    opt = _optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(cfg.run.seed)
-    scale, mid = float(10**t.digits - 1), t.n // 2
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(t.steps):
-        x, v = train_lists.sample(t.lists_per_batch, gen)
-        x = x.to(device)
-        target = (v.median(-1).values / scale).float().to(device)
-        e = model.scorer.embed(x)  # (B, n, D)
-        p_hat = _relaxed(model.scorer.score(e).squeeze(-1), t)  # (B, n, n) or (S, B, n, n)
-        soft_median = p_hat[..., mid, :].unsqueeze(-2) @ e  # (..., B, 1, D)
-        pred = model.regress(soft_median).squeeze(-1).squeeze(-1)
-        loss = F.mse_loss(pred, target.expand_as(pred))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        _log(progress, f"median {t.method} n={t.n}", step, t.steps, loss, t0)
-    model.eval()
-    test_gen = torch.Generator().manual_seed(12345)
-    sq, total = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, t.test_lists, 100):
-            x, v = test_lists.sample(min(100, t.test_lists - i), test_gen)
-            e = model.scorer.embed(x.to(device))
-            order = model.scorer.score(e).squeeze(-1).argsort(-1, descending=True)
-            med = e.gather(1, order[:, mid, None, None].expand(-1, 1, e.shape[-1])).squeeze(1)
-            pred = model.regress(med).squeeze(-1).cpu().double()
-            sq += float(((pred - v.median(-1).values / scale) ** 2).sum())
-            total += x.shape[0]
-    return {"mse_1e4": sq / total * 1e4}, model.state_dict()
-
-
-def _train_dknn(cfg: Config, t: DKNNTask, data: Any, progress: bool) -> tuple[dict[str, float], dict[str, Any] | None]:
+def _knn_accuracy(ftr: Any, ytr: torch.Tensor, fte: Any, yte: torch.Tensor, k: int) -> float:
     from sklearn.neighbors import KNeighborsClassifier
 
-    from rankwise.models import build_backbone
-    from rankwise.ops import dknn, dknn_class_scores
-
-    device = device_of(cfg)
-    xtr, ytr, xte, yte, data = _pools(cfg, data)
-    if t.method == "knn_pixels":
-        knn = KNeighborsClassifier(n_neighbors=t.k).fit(xtr.flatten(1).numpy(), ytr.numpy())
-        return {"accuracy": float((knn.predict(xte.flatten(1).numpy()) == yte.numpy()).mean()) * 100.0}, None
-    opts = {**data.meta.get("backbone_options", {}), **cfg.model.options}
-    opts.setdefault("feature_dim", t.embedding_dim)
-    torch.manual_seed(cfg.run.seed)
-    net, _ = build_backbone(cfg.model.backbone, **opts)
-    net.to(device)
-    opt = _optimizer(net, cfg)
-    gen = torch.Generator().manual_seed(cfg.run.seed)
-    nq, nn_ = min(t.queries, xtr.shape[0] // 2), min(t.neighbors, xtr.shape[0] // 2)
-    k = min(t.k, nn_)
-    t0 = time.perf_counter()
-    net.train()
-    for step in range(t.steps):
-        idx = torch.randperm(xtr.shape[0], generator=gen)[: nq + nn_]
-        emb = F.normalize(net(xtr[idx].to(device)), dim=-1)
-        y = ytr[idx].to(device)
-        m = dknn(emb[:nq], emb[nq:], k, tau=t.tau, method=t.relaxation, n_samples=t.n_samples)
-        scores = dknn_class_scores(m, y[nq:], int(data.num_classes))
-        loss = -(scores.gather(-1, y[:nq, None]) / k).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        _log(progress, "dknn", step, t.steps, loss, t0)
-    ftr = F.normalize(features(net, xtr, device), dim=-1).numpy()
-    fte = F.normalize(features(net, xte, device), dim=-1).numpy()
-    knn = KNeighborsClassifier(n_neighbors=t.k).fit(ftr, ytr.numpy())
-    return {"accuracy": float((knn.predict(fte) == yte.numpy()).mean()) * 100.0}, net.state_dict()
+    knn = KNeighborsClassifier(n_neighbors=k).fit(ftr, ytr.numpy())
+    return float((knn.predict(fte) == yte.numpy()).mean()) * 100.0
 
 
-def run(cfg: Config, *, data: Any = None, progress: bool = False) -> tuple[dict[str, float], dict[str, Any] | None]:
-    """Run the ``sort`` / ``median`` / ``dknn`` recipe of ``cfg``; returns ``(test metrics, state_dict)``."""
+def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, progress: bool = False) -> Any:
+    """Train and test the ``sort`` / ``median`` / ``dknn`` recipe of ``cfg`` with Lightning.
+
+    Returns the test metrics (``None`` on rank > 0 of a distributed run).
+    """
+    from torch.utils.data import DataLoader
+
+    from rankwise.recipes import runner
+
     t = task_options(cfg)
-    if cfg.run.recipe == "sort":
-        return _train_sort(cfg, t, data, progress)
-    if cfg.run.recipe == "median":
-        return _train_median(cfg, t, data, progress)
-    return _train_dknn(cfg, t, data, progress)
+    epochs = math.ceil(t.steps / t.steps_per_epoch)
+    per_epoch = math.ceil(t.steps / epochs)
+    xtr, ytr, xte, yte, data = _pools(cfg, data)
+    if isinstance(t, DKNNTask) and t.method == "knn_pixels":
+        return {"accuracy": _knn_accuracy(xtr.flatten(1).numpy(), ytr, xte.flatten(1).numpy(), yte, t.k)}
+    torch.manual_seed(cfg.run.seed)
+    ds: Any
+    kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
+    module: L.LightningModule
+    if isinstance(t, DKNNTask):
+        nq, nn_ = min(t.queries, xtr.shape[0] // 2), min(t.neighbors, xtr.shape[0] // 2)
+        module = DKNNModule(config_to_dict(cfg), num_classes=int(data.num_classes), queries=nq, meta=data.meta)
+        ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
+        loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
+    else:
+        module = SortingModule(config_to_dict(cfg), meta=data.meta)
+        ds = RandomLists(ListSampler(xtr, ytr, t.n, t.digits), per_epoch * t.lists_per_batch, cfg.run.seed)
+        sampler = EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False)
+        loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    trainer = runner._trainer(cfg, run_dir, ckpt_dir, max_epochs=epochs, monitor=None, progress=progress)
+    trainer.fit(module, loader, ckpt_path=str(last) if resume and last.is_file() else None, weights_only=True)
+    if trainer.global_rank != 0:
+        return None
+    if isinstance(module, DKNNModule):
+        ftr, fte = encode(module, xtr, cfg).numpy(), encode(module, xte, cfg).numpy()
+        return {"accuracy": _knn_accuracy(ftr, ytr, fte, yte, t.k)}
+    test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
+    out = runner.eval_trainer(cfg).test(module, DataLoader(test, batch_size=100), verbose=False)[0]
+    return {k.removeprefix("test/"): float(v) for k, v in out.items()}

@@ -9,7 +9,8 @@ Stage 1 trains an encoder (``model.backbone``, e.g. ``small_cnn``) for ``trainer
 * ``ce`` — a linear classifier with cross-entropy on one augmented view.
 
 Stage 2 freezes the encoder, extracts features of the un-augmented train/test images and trains a
-linear probe (Adam, ``task.probe_epochs``, features standardized with the training statistics).
+linear probe (:class:`LinearProbe`: Adam, ``task.probe_epochs``, features standardized with the
+training statistics).
 The reported metric is the probe's test accuracy in percent (``probe_acc``) — for every method, so
 the three encoders are compared alike.
 
@@ -20,27 +21,43 @@ transforms applied per image: ``digits`` = RandomResizedCrop(scale 0.6-1) + Rand
 10 % shift, shear 10), ``digits_elastic`` adds ElasticTransform, ``autoaugment`` / ``randaugment``
 use torchvision's policies followed by RandomResizedCrop.
 
+Both stages are LightningModules (:class:`ContrastivePretrainer`, :class:`LinearProbe`) trained by
+Lightning's Trainer: stage 1 runs on ``trainer.devices`` / ``strategy`` (DDP included), logs to
+``RUN_DIR/logs`` and ``RUN_DIR/tb``, writes ``RUN_DIR/checkpoints/last.ckpt`` after every epoch and
+resumes from it (``rankwise train ... --resume``); the augmentations of item ``i`` in epoch ``e`` are
+seeded by ``(run.seed, e, i)`` (:class:`~rankwise.recipes.modules.EpochIndexSampler`), so a resumed
+run replays the same views. Stage 2 (cheap) runs on one device of rank 0 and is redone on resume;
+its log and checkpoint are in ``RUN_DIR/probe``.
+
 Data: any :class:`~rankwise.data.ClassificationData` — ``mnist5k`` (held-out stratified test
 split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` (CIFAR pickles).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import time
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
+import lightning as L
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise.recipes.config import Config
-from rankwise.recipes.reproduce import SupConTask, device_of, task_options
+from rankwise.recipes.config import Config, config_from_dict, config_to_dict
+from rankwise.recipes.modules import EpochIndexSampler, EpochShuffleSampler, NonFiniteLossError, item_seed, reseed
+from rankwise.recipes.reproduce import SupConTask, task_options
 
-__all__ = ["TwoViewDataset", "build_augmentation", "linear_probe", "run"]
-
-log = logging.getLogger("rankwise")
+__all__ = [
+    "ContrastivePretrainer",
+    "LinearProbe",
+    "TwoViewDataset",
+    "build_augmentation",
+    "encode",
+    "fit",
+    "linear_probe",
+    "tensors",
+]
 
 
 def build_augmentation(kind: str, image_shape: tuple[int, int, int]) -> Any:
@@ -61,16 +78,25 @@ def build_augmentation(kind: str, image_shape: tuple[int, int, int]) -> Any:
 
 
 class TwoViewDataset(torch.utils.data.Dataset):
-    """``(views, y)`` with ``views`` = ``n_views`` independent augmentations of ``x``: ``(V, C, H, W)``."""
+    """``(views, y)`` with ``views`` = ``n_views`` augmentations of image ``i % len``: ``(V, C, H, W)``.
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform: Any, n_views: int = 2) -> None:
-        self.x, self.y, self.transform, self.n_views = x, y, transform, n_views
+    The augmentations of index ``i`` are drawn from the seed ``item_seed(seed, i)`` (torch's global
+    RNG is forked, so the caller's state is untouched): pair it with
+    :class:`~rankwise.recipes.modules.EpochIndexSampler` for fresh, reproducible views every epoch.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform: Any, n_views: int = 2, seed: int = 0) -> None:
+        self.x, self.y, self.transform, self.n_views, self.seed = x, y, transform, n_views, seed
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.stack([self.transform(self.x[i]) for _ in range(self.n_views)]), self.y[i]
+        j = int(i) % len(self)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(item_seed(self.seed, int(i)))
+            views = torch.stack([self.transform(self.x[j]) for _ in range(self.n_views)])
+        return views, self.y[j]
 
 
 def tensors(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,10 +107,135 @@ def tensors(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(xs), torch.as_tensor(ys)
 
 
-@torch.no_grad()
-def features(encoder: nn.Module, x: torch.Tensor, device: torch.device, batch: int = 512) -> torch.Tensor:
-    encoder.eval()
-    return torch.cat([encoder(x[i : i + batch].to(device)).float().cpu() for i in range(0, x.shape[0], batch)])
+def _lr_factor(step: int, total: int, warmup: int, kind: str) -> float:
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if kind == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, total - warmup) / max(1, total - warmup)))
+    return 1.0
+
+
+class ContrastivePretrainer(L.LightningModule):
+    """Stage 1: encoder + projection head (SupCon / SimCLR) or linear classifier (CE).
+
+    Args:
+        config: the run's :class:`~rankwise.recipes.config.Config` as a dict (``task`` = :class:`SupConTask`).
+        num_classes: classes of the dataset (the CE head's width).
+        meta: the dataset's ``meta`` (``backbone_options``, e.g. ``in_channels``).
+
+    ``batch`` = ``(views (B, V, C, H, W), labels (B,))``; ``predict_step`` returns encoder features.
+    """
+
+    def __init__(self, config: dict[str, Any], *, num_classes: int, meta: dict[str, Any] | None = None) -> None:
+        from rankwise.models import build_backbone
+
+        super().__init__()
+        self.hparams.update({"config": config, "num_classes": int(num_classes)})
+        self.cfg = config_from_dict(config)
+        self.task: SupConTask = task_options(self.cfg)
+        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
+        self.encoder, dim = build_backbone(self.cfg.model.backbone, **opts)
+        self.feature_dim = int(dim)
+        self.head: nn.Module
+        if self.task.method == "ce":
+            self.head = nn.Linear(dim, num_classes)
+        else:
+            self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.task.projection_dim))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        from rankwise.losses import supcon_loss
+
+        v, y = batch
+        t, bsz, views = self.task, v.shape[0], v.shape[1]
+        h = self.encoder(v.flatten(0, 1))
+        if t.method == "ce":
+            loss = F.cross_entropy(self.head(h), y)
+        else:
+            z = F.normalize(self.head(h).float(), dim=-1).view(bsz, views, -1)
+            loss = supcon_loss(z, y if t.method == "supcon" else None, temperature=t.temperature, variant=t.variant)
+        if not bool(torch.isfinite(loss.detach())):
+            raise NonFiniteLossError(
+                f"the stage-1 {t.method} loss became {loss.detach().item()} at epoch {self.current_epoch}, global "
+                f"step {self.global_step}; stopping. The last good checkpoint is kept; try a smaller learning rate."
+            )
+        self.log(f"train/{t.method}_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=bsz, sync_dist=True)
+        return loss
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        f = self.encoder(x)
+        return (f.flatten(1) if f.dim() > 2 else f).float()
+
+    def configure_optimizers(self) -> Any:
+        o, t, s = self.cfg.optimizer, self.task, self.cfg.schedule
+        opt: torch.optim.Optimizer
+        if t.optimizer == "lars":
+            from timm.optim import Lars
+
+            opt = Lars(self.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        elif t.optimizer == "adam":
+            opt = torch.optim.Adam(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        else:
+            opt = torch.optim.SGD(self.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = s.warmup_epochs * max(1, total // max(1, self.trainer.max_epochs or 1))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _lr_factor(step, total, warmup, s.kind))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class LinearProbe(L.LightningModule):
+    """Stage 2: a linear classifier on frozen features, standardized with the training mean / std.
+
+    ``batch`` = ``(features (B, D), labels (B,))``; ``test_step`` logs ``test/acc`` in percent.
+    """
+
+    def __init__(
+        self,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+        num_classes: int,
+        *,
+        lr: float = 0.01,
+        weight_decay: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        self.lr, self.weight_decay = float(lr), float(weight_decay)
+        self.register_buffer("mean", mean.detach().float().clone())
+        self.register_buffer("std", std.detach().float().clamp_min(1e-6).clone())
+        self.linear = nn.Linear(int(mean.numel()), int(num_classes))
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        mean, std = cast(torch.Tensor, self.mean), cast(torch.Tensor, self.std)
+        return self.linear((f - mean) / std)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        f, y = batch
+        loss = F.cross_entropy(self(f), y)
+        self.log("probe/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=y.numel())
+        return loss
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        f, y = batch
+        acc = (self(f).argmax(-1) == y).float().mean() * 100.0
+        self.log("test/acc", acc, on_epoch=True, batch_size=y.numel())
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+def _quiet_trainer(**kwargs: Any) -> L.Trainer:
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return L.Trainer(**{**defaults, **kwargs})
 
 
 def linear_probe(
@@ -98,56 +249,61 @@ def linear_probe(
     lr: float = 0.01,
     seed: int = 0,
     batch: int = 256,
+    root_dir: str | Path | None = None,
+    accelerator: str = "cpu",
 ) -> float:
-    """Test accuracy (%) of a linear classifier trained with Adam on standardized frozen features."""
-    g = torch.Generator().manual_seed(seed)
-    mu, sd = ftr.mean(0), ftr.std(0).clamp_min(1e-6)
-    ftr, fte = (ftr - mu) / sd, (fte - mu) / sd
-    clf = nn.Linear(ftr.shape[1], num_classes)
-    with torch.random.fork_rng():
+    """Test accuracy (%) of a :class:`LinearProbe` trained by Lightning (Adam) on frozen features.
+
+    With ``root_dir``, the probe's CSV log (``root_dir/logs``) and last checkpoint
+    (``root_dir/last.ckpt``) are written there; otherwise nothing is written.
+    """
+    from torch.utils.data import DataLoader, TensorDataset
+
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        clf.reset_parameters()
-    opt = torch.optim.Adam(clf.parameters(), lr=lr, weight_decay=1e-4)
-    n = ftr.shape[0]
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=g)
-        for i in range(0, n, batch):
-            idx = perm[i : i + batch]
-            loss = F.cross_entropy(clf(ftr[idx]), ytr[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        return float((clf(fte).argmax(1) == yte).float().mean()) * 100.0
+        probe = LinearProbe(ftr.mean(0), ftr.std(0), num_classes, lr=lr)
+    train_dl = DataLoader(
+        TensorDataset(ftr.float(), ytr.long()), batch_size=batch, sampler=EpochShuffleSampler(len(ytr), seed)
+    )
+    test_dl = DataLoader(TensorDataset(fte.float(), yte.long()), batch_size=1024)
+    kw: dict[str, Any] = {"max_epochs": epochs, "accelerator": accelerator}
+    if root_dir is not None:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.loggers import CSVLogger
+
+        from rankwise.recipes.runner import AtomicCheckpointIO
+
+        kw |= {
+            "default_root_dir": str(root_dir),
+            "logger": CSVLogger(root_dir, name="logs", version=""),
+            "enable_checkpointing": True,
+            "callbacks": [ModelCheckpoint(dirpath=root_dir, save_top_k=0, save_last=True)],
+            "plugins": [AtomicCheckpointIO()],
+            "log_every_n_steps": 1,
+        }
+    trainer = _quiet_trainer(**kw)
+    trainer.fit(probe, train_dl)
+    out = trainer.test(probe, test_dl, verbose=False)
+    return float(out[0]["test/acc"])
 
 
-def _optimizer(params: Any, t: SupConTask, cfg: Config) -> torch.optim.Optimizer:
-    o = cfg.optimizer
-    if t.optimizer == "lars":
-        from timm.optim import Lars
+def encode(module: L.LightningModule, x: torch.Tensor, cfg: Config, batch: int = 512) -> torch.Tensor:
+    """Features ``module.predict_step`` of images ``x`` (CPU float32), on one device (``trainer.accelerator``)."""
+    from torch.utils.data import DataLoader, TensorDataset
 
-        return Lars(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)  # type: ignore[no-any-return]
-    if t.optimizer == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    from rankwise.recipes.runner import eval_trainer
 
-
-def _lr_factor(step: int, total: int, warmup: int, kind: str) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if kind == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-    return 1.0
+    out = eval_trainer(cfg).predict(module, DataLoader(TensorDataset(x), batch_size=batch))
+    return torch.cat([o.cpu().float() for o in out])  # type: ignore[union-attr]
 
 
-def run(cfg: Config, *, data: Any = None, progress: bool = False) -> tuple[dict[str, float], dict[str, Any]]:
-    """Stage 1 + linear probe; returns ``({"probe_acc": %}, state_dict)`` (see module doc)."""
-    from rankwise.losses import supcon_loss
-    from rankwise.models import build_backbone
-    from rankwise.recipes import _deps
+def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, progress: bool = False) -> Any:
+    """Stage 1 (Lightning, resumable, DDP) + linear probe; returns ``{"probe_acc": %}`` (``None`` on rank > 0)."""
+    from torch.utils.data import DataLoader
+
+    from rankwise.recipes import _deps, runner
 
     t: SupConTask = task_options(cfg)
-    device = device_of(cfg)
     if data is None:
         data = _deps.get_dataset(cfg.data.name, **cfg.data.options)
     if not hasattr(data, "num_classes"):
@@ -157,67 +313,38 @@ def run(cfg: Config, *, data: Any = None, progress: bool = False) -> tuple[dict[
     if t.train_subset is not None and t.train_subset < xtr.shape[0]:
         keep = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(cfg.run.seed))[: t.train_subset]
         xtr, ytr = xtr[keep], ytr[keep]
-    opts = {**data.meta.get("backbone_options", {}), **cfg.model.options}
     torch.manual_seed(cfg.run.seed)
-    encoder, dim = build_backbone(cfg.model.backbone, **opts)
-    head: nn.Module
-    if t.method == "ce":
-        head = nn.Linear(dim, data.num_classes)
-    else:
-        head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, t.projection_dim))
-    model = nn.ModuleDict({"encoder": encoder, "head": head}).to(device)
+    module = ContrastivePretrainer(config_to_dict(cfg), num_classes=int(data.num_classes), meta=data.meta)
     aug = build_augmentation(t.augment, (int(xtr.shape[1]), int(xtr.shape[2]), int(xtr.shape[3])))
-    views = 1 if t.method == "ce" else 2
-    ds = TwoViewDataset(xtr, ytr, aug, n_views=views)
-    g = torch.Generator().manual_seed(cfg.run.seed)
+    ds = TwoViewDataset(xtr, ytr, aug, n_views=1 if t.method == "ce" else 2, seed=cfg.run.seed)
     bs = min(cfg.data.batch_size, len(ds))
-    loader = torch.utils.data.DataLoader(
-        ds, batch_size=bs, shuffle=True, drop_last=len(ds) > bs, generator=g, num_workers=cfg.data.num_workers
+    loader = DataLoader(
+        ds,
+        batch_size=bs,
+        sampler=EpochIndexSampler(len(ds), cfg.run.seed),
+        drop_last=len(ds) > bs,
+        num_workers=cfg.data.num_workers,
+        persistent_workers=cfg.data.num_workers > 0,
     )
-    opt = _optimizer(model.parameters(), t, cfg)
-    epochs = cfg.trainer.max_epochs
-    limit = cfg.trainer.limit_train_batches
-    per_epoch = len(loader) if not isinstance(limit, int) else min(len(loader), limit)
-    total = epochs * per_epoch
-    warmup = cfg.schedule.warmup_epochs * per_epoch
-    base = [pg["lr"] for pg in opt.param_groups]
-    step, t0, loss = 0, time.perf_counter(), torch.zeros(())
-    model.train()
-    for epoch in range(epochs):
-        for b, (v, y) in enumerate(loader):
-            if b >= per_epoch:
-                break
-            for pg, lr in zip(opt.param_groups, base, strict=True):
-                pg["lr"] = lr * _lr_factor(step, total, warmup, cfg.schedule.kind)
-            v, y = v.to(device), y.to(device)
-            bsz = v.shape[0]
-            h = model["encoder"](v.flatten(0, 1))
-            if t.method == "ce":
-                loss = F.cross_entropy(model["head"](h), y)
-            else:
-                z = F.normalize(model["head"](h), dim=-1).view(bsz, views, -1)
-                labels = y if t.method == "supcon" else None
-                loss = supcon_loss(z, labels, temperature=t.temperature, variant=t.variant)
-            if not torch.isfinite(loss):
-                from rankwise.recipes.modules import NonFiniteLossError
-
-                raise NonFiniteLossError(f"non-finite stage-1 loss {float(loss)} at step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-        if progress:
-            log.warning(
-                "supcon %s epoch %d/%d loss %.4f (%.0f s)",
-                t.method,
-                epoch + 1,
-                epochs,
-                float(loss.detach()),
-                time.perf_counter() - t0,
-            )
-    ftr = features(model["encoder"], xtr, device)
-    fte = features(model["encoder"], xte, device)
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    trainer = runner._trainer(
+        cfg, run_dir, ckpt_dir, max_epochs=cfg.trainer.max_epochs, monitor=None, progress=progress
+    )
+    trainer.fit(module, loader, ckpt_path=str(last) if resume and last.is_file() else None, weights_only=True)
+    if trainer.global_rank != 0:
+        return None
+    ftr, fte = encode(module, xtr, cfg), encode(module, xte, cfg)
     acc = linear_probe(
-        ftr, ytr.cpu(), fte, yte.cpu(), data.num_classes, epochs=t.probe_epochs, lr=t.probe_lr, seed=cfg.run.seed
+        ftr,
+        ytr.cpu(),
+        fte,
+        yte.cpu(),
+        int(data.num_classes),
+        epochs=t.probe_epochs,
+        lr=t.probe_lr,
+        seed=cfg.run.seed,
+        root_dir=run_dir / "probe",
+        accelerator=str(cfg.trainer.accelerator),
     )
-    return {"probe_acc": acc}, model.state_dict()
+    return {"probe_acc": acc}

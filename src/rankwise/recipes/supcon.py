@@ -3,7 +3,8 @@
 Stage 1 trains an encoder (``model.backbone``, e.g. ``small_cnn``) for ``trainer.max_epochs`` epochs:
 
 * ``task.method: supcon`` — a projection head (Linear-ReLU-Linear to ``task.projection_dim``) on two
-  augmented views of every image, :func:`rankwise.losses.supcon_loss` with the labels
+  augmented views of every image, :func:`rankwise.losses.supcon_loss` with the labels (over the
+  global batch of all processes under DDP)
   (``task.temperature``, ``task.variant`` = L_out or L_in);
 * ``simclr`` — the same with ``labels=None`` (NT-Xent: the other view is the only positive);
 * ``ce`` — a linear classifier with cross-entropy on one augmented view.
@@ -155,7 +156,10 @@ class ContrastivePretrainer(L.LightningModule):
             loss = F.cross_entropy(self.head(h), y)
         else:
             z = F.normalize(self.head(h).float(), dim=-1).view(bsz, views, -1)
-            loss = supcon_loss(z, y if t.method == "supcon" else None, temperature=t.temperature, variant=t.variant)
+            labels = y if t.method == "supcon" else None
+            # distributed="auto": under DDP every anchor is contrasted with the GLOBAL batch (as the paper's
+            # large batches), with gradients flowing back to each rank's own views
+            loss = supcon_loss(z, labels, temperature=t.temperature, variant=t.variant, distributed="auto")
         if not bool(torch.isfinite(loss.detach())):
             raise NonFiniteLossError(
                 f"the stage-1 {t.method} loss became {loss.detach().item()} at epoch {self.current_epoch}, global "

@@ -180,6 +180,26 @@ def test_true_permutation_and_loss():
     assert float(sort_loss(uniform, p)) == pytest.approx(np.log(4), rel=1e-5)
 
 
+@pytest.mark.parametrize("method", ["neuralsort", "stochastic", "softsort"])
+def test_relaxed_straight_through_is_exact_forward_with_relaxed_gradients(method):
+    from rankwise.recipes.reproduce import SortTask
+    from rankwise.recipes.sorting import _relaxed
+
+    scores = torch.tensor([[0.3, -1.2, 2.0, 0.9, 0.1]], requires_grad=True)
+    soft = _relaxed(scores, SortTask(method=method, n_samples=3))
+    hard = _relaxed(scores, SortTask(method=method, n_samples=3, hard=True))
+    assert hard.shape == soft.shape
+    # forward: exact permutation matrices (0/1 entries, one 1 per row and column)
+    assert torch.all((hard == 0) | (hard == 1))
+    assert torch.all(hard.sum(-1) == 1) and torch.all(hard.sum(-2) == 1)
+    if method != "stochastic":  # the unperturbed scores' descending order
+        assert hard[0].argmax(-1).tolist() == [2, 3, 0, 4, 1]
+        assert not torch.all((soft == 0) | (soft == 1))
+    # backward: the relaxation's gradients (non-zero, finite)
+    (hard * torch.arange(25.0).view(5, 5)).sum().backward()
+    assert scores.grad is not None and torch.isfinite(scores.grad).all() and scores.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize(
     "preset,extra",
     [
@@ -187,6 +207,8 @@ def test_true_permutation_and_loss():
         ("large_mnist_stochastic", ["task.n_samples=2"]),
         ("large_mnist_softsort", ["task.n=7"]),
         ("large_mnist_vanilla", []),
+        ("large_mnist_neuralsort", ["task.hard=true"]),
+        ("large_mnist_softsort", ["task.hard=true"]),
     ],
 )
 def test_sort_recipe_tiny(tmp_path, tiny_digits, preset, extra):
@@ -197,8 +219,9 @@ def test_sort_recipe_tiny(tmp_path, tiny_digits, preset, extra):
 
 
 @pytest.mark.parametrize("preset", ["large_mnist_median_neuralsort", "large_mnist_median_stochastic"])
-def test_median_recipe_tiny(tmp_path, tiny_digits, preset):
-    cfg = load_config(preset, [*TINY_SORT, "task.n_samples=2"])
+@pytest.mark.parametrize("hard", [False, True])
+def test_median_recipe_tiny(tmp_path, tiny_digits, preset, hard):
+    cfg = load_config(preset, [*TINY_SORT, "task.n_samples=2", f"task.hard={str(hard).lower()}"])
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     m = _check_run(res, ["mse_1e4"])
     assert 0 <= m["test"]["mse_1e4"] < 1e4
@@ -230,6 +253,7 @@ def test_dknn_recipe_tiny(tmp_path, tiny_digits, preset, extra):
         ("large_mnist_neuralsort", ["task.tau=0"], r"`task.tau` must be > 0"),
         ("large_mnist_neuralsort", ["task.n=1"], r"`task.n` must be >= 2"),
         ("large_mnist_median_neuralsort", ["task.method=vanilla"], "for the median task"),
+        ("large_mnist_vanilla", ["task.hard=true"], "`task.hard` .* does not apply to `task.method` 'vanilla'"),
         ("mnist5k_supcon", ["task.optimizer=lamb"], r"`task.optimizer` must be one of"),
         ("abalone_vanilla", ["task.n=3"], "`task` options are only used by the recipes"),
     ],

@@ -75,6 +75,9 @@ class SortTask:
     n_samples: int = 5
     #: SoftSort's distance power
     power: float = 1.0
+    #: straight-through training: the forward pass uses the exact permutation (row-wise argmax of the
+    #: relaxation), gradients are those of the relaxation (NeuralSort paper, sec. 3; not for ``vanilla``)
+    hard: bool = False
     #: training batches, in epochs of at most ``steps_per_epoch`` (a checkpoint after each; see recipes.sorting)
     steps: int = 300
     steps_per_epoch: int = 100
@@ -130,6 +133,8 @@ def check_task(cfg: Config) -> None:
             raise ConfigError(
                 f"`task.method` must be 'neuralsort' or 'stochastic' for the median task, got {t.method!r}"
             )
+        if t.hard and t.method == "vanilla":
+            raise ConfigError("`task.hard` (straight-through relaxation) does not apply to `task.method` 'vanilla'")
     if isinstance(t, SupConTask) and t.train_subset is not None and t.train_subset < 2:
         raise ConfigError(f"`task.train_subset` must be >= 2 or null, got {t.train_subset}")
 

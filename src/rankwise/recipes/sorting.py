@@ -11,7 +11,9 @@ Methods (``task.method``): ``neuralsort`` (deterministic, :func:`rankwise.neural
 ``stochastic`` (:func:`rankwise.stochastic_neural_sort` on the scores as log-scores, loss averaged
 over ``task.n_samples`` samples), ``softsort`` (:func:`rankwise.softsort_matrix`) and ``vanilla``
 (the paper's "vanilla RS": an MLP over the concatenated image embeddings outputs ``n x n`` logits,
-row ``i`` = which item is the ``i``-th largest, trained with cross-entropy). At test time the
+row ``i`` = which item is the ``i``-th largest, trained with cross-entropy). With ``task.hard: true`` the
+relaxed methods train straight-through: the forward pass uses the exact permutation of the
+(perturbed) scores, the backward pass the relaxation's gradients. At test time the
 predicted order is the argsort of the scores (argmax of each row for ``vanilla``). Metrics on
 ``task.test_lists`` fixed test lists: ``all_correct`` (fraction of lists entirely correct) and
 ``rank_correct`` (fraction of positions correct).
@@ -197,10 +199,10 @@ def _relaxed(scores: torch.Tensor, t: SortTask) -> torch.Tensor:
     from rankwise.ops import neural_sort, softsort_matrix, stochastic_neural_sort
 
     if t.method == "stochastic":
-        return stochastic_neural_sort(scores, tau=t.tau, n_samples=t.n_samples, log_scores=True)
+        return stochastic_neural_sort(scores, tau=t.tau, n_samples=t.n_samples, log_scores=True, hard=t.hard)
     if t.method == "softsort":
-        return softsort_matrix(scores, tau=t.tau, power=t.power)
-    return neural_sort(scores, tau=t.tau)
+        return softsort_matrix(scores, tau=t.tau, power=t.power, hard=t.hard)
+    return neural_sort(scores, tau=t.tau, hard=t.hard)
 
 
 def _check_finite(module: L.LightningModule, loss: torch.Tensor, what: str) -> None:

@@ -218,6 +218,49 @@ def test_sort_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     assert 0 <= m["test"]["all_correct"] <= m["test"]["rank_correct"] <= 1
 
 
+@pytest.mark.parametrize("preset", ["large_mnist_median_neuralsort", "large_mnist_neuralsort", "large_mnist_vanilla"])
+def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, preset):
+    from torch import nn
+
+    from rankwise.recipes.config import config_to_dict
+    from rankwise.recipes.reproduce import task_options
+    from rankwise.recipes.sorting import ListSampler, RandomLists, SortingModule, recalibrate_bn
+
+    cfg = load_config(preset, ["task.bn_recalibration=1", "task.lists_per_batch=4", "task.n=3"])
+    t = task_options(cfg)
+    module = SortingModule(config_to_dict(cfg), meta=tiny_digits.meta).eval()
+    bns = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
+    for bn in bns:  # stale statistics, as after fast-moving training
+        bn.running_mean.fill_(5.0)
+        bn.running_var.fill_(7.0)
+    weights = {k: v.clone() for k, v in module.state_dict().items() if "running" not in k and "num_batches" not in k}
+    x, y = tiny_digits.train.x, tiny_digits.train.y
+    sampler = ListSampler(x, y, t.n, t.digits)
+    assert recalibrate_bn(module, sampler, t, cfg.run.seed)
+    # the first BatchNorm now holds the statistics of its input on the one recalibration batch
+    from rankwise.recipes.sorting import _BN_SEED_OFFSET
+
+    images = torch.stack([RandomLists(sampler, 4, cfg.run.seed + _BN_SEED_OFFSET)[i][0] for i in range(4)])
+    conv_in = nn.functional.avg_pool2d(images.flatten(0, 1), t.downsample)
+    first = (
+        module.model.scorer.backbone.features[0]
+        if preset != "large_mnist_neuralsort"
+        else module.model.backbone.features[0]
+    )
+    act = first(conv_in)
+    torch.testing.assert_close(bns[0].running_mean, act.mean((0, 2, 3)), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(bns[0].running_var, act.var((0, 2, 3)), rtol=1e-4, atol=1e-5)
+    assert not module.training  # mode restored
+    for k, v in module.state_dict().items():  # weights untouched
+        if k in weights:
+            assert torch.equal(v, weights[k]), k
+    # 0 = off: statistics untouched
+    off = load_config(preset, ["task.bn_recalibration=0", "task.n=3"])
+    bns[0].running_mean.fill_(5.0)
+    assert not recalibrate_bn(module, sampler, task_options(off), 0)
+    assert torch.all(bns[0].running_mean == 5.0)
+
+
 @pytest.mark.parametrize("preset", ["large_mnist_median_neuralsort", "large_mnist_median_stochastic"])
 @pytest.mark.parametrize("hard", [False, True])
 def test_median_recipe_tiny(tmp_path, tiny_digits, preset, hard):
@@ -254,6 +297,7 @@ def test_dknn_recipe_tiny(tmp_path, tiny_digits, preset, extra):
         ("large_mnist_neuralsort", ["task.n=1"], r"`task.n` must be >= 2"),
         ("large_mnist_median_neuralsort", ["task.method=vanilla"], "for the median task"),
         ("large_mnist_vanilla", ["task.hard=true"], "`task.hard` .* does not apply to `task.method` 'vanilla'"),
+        ("large_mnist_neuralsort", ["task.bn_recalibration=-1"], r"`task.bn_recalibration` must be >= 0"),
         ("mnist5k_supcon", ["task.optimizer=lamb"], r"`task.optimizer` must be one of"),
         ("abalone_vanilla", ["task.n=3"], "`task` options are only used by the recipes"),
     ],

@@ -78,6 +78,9 @@ class SortTask:
     #: straight-through training: the forward pass uses the exact permutation (row-wise argmax of the
     #: relaxation), gradients are those of the relaxation (NeuralSort paper, sec. 3; not for ``vanilla``)
     hard: bool = False
+    #: before testing, re-estimate the BatchNorm running statistics with the final weights over this many
+    #: batches of training lists (``torch.optim.swa_utils.update_bn``); 0 keeps the training-time running averages
+    bn_recalibration: int = 50
     #: training batches, in epochs of at most ``steps_per_epoch`` (a checkpoint after each; see recipes.sorting)
     steps: int = 300
     steps_per_epoch: int = 100
@@ -107,6 +110,8 @@ class DKNNTask:
     embedding_dim: int = 64
 
 
+#: task options for which 0 (or None) is valid
+_MAY_BE_ZERO = ("train_subset", "bn_recalibration")
 _TASKS: dict[str, Any] = {"supcon": SupConTask, "sort": SortTask, "median": SortTask, "dknn": DKNNTask}
 
 
@@ -124,9 +129,11 @@ def check_task(cfg: Config) -> None:
     t = task_options(cfg)
     for f in dataclasses.fields(t):
         v = getattr(t, f.name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 and f.name != "train_subset":
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 and f.name not in _MAY_BE_ZERO:
             raise ConfigError(f"`task.{f.name}` must be > 0, got {v!r}")
     if isinstance(t, SortTask):
+        if t.bn_recalibration < 0:
+            raise ConfigError(f"`task.bn_recalibration` must be >= 0 (batches; 0 = off), got {t.bn_recalibration!r}")
         if t.n < 2:
             raise ConfigError(f"`task.n` must be >= 2, got {t.n}")
         if cfg.run.recipe == "median" and t.method not in ("neuralsort", "stochastic"):

@@ -39,7 +39,9 @@ LightningModules fitted by a Trainer on ``trainer.devices`` / ``strategy`` (DDP 
 ``1 / W`` of every epoch's batches, i.e. the same lists in ``W``-times larger global batches). The
 training data are random draws seeded by their index (:class:`RandomLists`, :class:`Episodes`
 with :class:`~rankwise.recipes.modules.EpochIndexSampler`: fresh every epoch, identical after a
-resume). Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/last.ckpt``
+resume). Before the test, the BatchNorm running statistics are re-estimated with the final
+weights over ``task.bn_recalibration`` batches of training lists (:func:`recalibrate_bn`; 0 = off).
+Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/last.ckpt``
 is written at the end of every epoch and ``rankwise train ... --resume`` continues from it. The
 test evaluation runs on one device of rank 0.
 """
@@ -70,12 +72,15 @@ __all__ = [
     "SortingModule",
     "VanillaRanker",
     "fit",
+    "recalibrate_bn",
     "sort_loss",
     "true_permutation",
 ]
 
 #: seed of the fixed test lists (the same for every run and method)
 TEST_SEED = 12345
+#: the BatchNorm recalibration lists use the seed ``run.seed + _BN_SEED_OFFSET``
+_BN_SEED_OFFSET = 1_000_003
 
 
 class ListSampler:
@@ -338,6 +343,27 @@ class DKNNModule(L.LightningModule):
         return _configure_optimizers(self, self.cfg)
 
 
+def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortTask, seed: int) -> bool:
+    """Re-estimate the BatchNorm running statistics of ``module`` with its final weights (before testing).
+
+    During training, BatchNorm's running averages (momentum 0.1) mix the statistics of the last ~10-20
+    steps' weights; when the weights still move fast (short budgets), the lag makes eval-mode outputs
+    differ from the trained ones (docs/results.md, median regression, measures it). This runs
+    :func:`torch.optim.swa_utils.update_bn` (a cumulative average, weights untouched) over
+    ``t.bn_recalibration`` batches of fresh training lists. Returns whether anything was recalibrated.
+    """
+    from torch.optim.swa_utils import update_bn
+    from torch.utils.data import DataLoader
+
+    net = module.model.scorer if isinstance(module.model, MedianRegressor) else module.model
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+    if t.bn_recalibration <= 0 or not has_bn:
+        return False
+    lists = RandomLists(sampler, t.bn_recalibration * t.lists_per_batch, seed + _BN_SEED_OFFSET)
+    update_bn(DataLoader(lists, batch_size=t.lists_per_batch), net, device=next(net.parameters()).device)
+    return True
+
+
 def _pools(cfg: Config, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
     from rankwise.recipes import _deps
 
@@ -397,6 +423,7 @@ def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, p
     if isinstance(module, DKNNModule):
         ftr, fte = encode(module, xtr, cfg).numpy(), encode(module, xte, cfg).numpy()
         return {"accuracy": _knn_accuracy(ftr, ytr, fte, yte, t.k)}
+    recalibrate_bn(module, ListSampler(xtr, ytr, t.n, t.digits), t, cfg.run.seed)
     test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
     out = runner.eval_trainer(cfg).test(module, DataLoader(test, batch_size=100), verbose=False)[0]
     return {k.removeprefix("test/"): float(v) for k, v in out.items()}

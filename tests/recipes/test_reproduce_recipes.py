@@ -224,7 +224,7 @@ def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, prese
 
     from rankwise.recipes.config import config_to_dict
     from rankwise.recipes.reproduce import task_options
-    from rankwise.recipes.sorting import ListSampler, RandomLists, SortingModule, recalibrate_bn
+    from rankwise.recipes.sorting import _BN_SEED_OFFSET, ListSampler, RandomLists, SortingModule, recalibrate_bn
 
     cfg = load_config(preset, ["task.bn_recalibration=1", "task.lists_per_batch=4", "task.n=3"])
     t = task_options(cfg)
@@ -238,15 +238,9 @@ def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, prese
     sampler = ListSampler(x, y, t.n, t.digits)
     assert recalibrate_bn(module, sampler, t, cfg.run.seed)
     # the first BatchNorm now holds the statistics of its input on the one recalibration batch
-    from rankwise.recipes.sorting import _BN_SEED_OFFSET
-
     images = torch.stack([RandomLists(sampler, 4, cfg.run.seed + _BN_SEED_OFFSET)[i][0] for i in range(4)])
     conv_in = nn.functional.avg_pool2d(images.flatten(0, 1), t.downsample)
-    first = (
-        module.model.scorer.backbone.features[0]
-        if preset != "large_mnist_neuralsort"
-        else module.model.backbone.features[0]
-    )
+    first = getattr(module.model, "scorer", module.model).backbone.features[0]  # the scorer's first conv
     act = first(conv_in)
     torch.testing.assert_close(bns[0].running_mean, act.mean((0, 2, 3)), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(bns[0].running_var, act.var((0, 2, 3)), rtol=1e-4, atol=1e-5)

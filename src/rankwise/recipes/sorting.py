@@ -356,8 +356,7 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortTask, see
     from torch.utils.data import DataLoader
 
     net = module.model.scorer if isinstance(module.model, MedianRegressor) else module.model
-    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
-    if t.bn_recalibration <= 0 or not has_bn:
+    if t.bn_recalibration <= 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules()):
         return False
     lists = RandomLists(sampler, t.bn_recalibration * t.lists_per_batch, seed + _BN_SEED_OFFSET)
     update_bn(DataLoader(lists, batch_size=t.lists_per_batch), net, device=next(net.parameters()).device)
@@ -423,7 +422,7 @@ def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, p
     if isinstance(module, DKNNModule):
         ftr, fte = encode(module, xtr, cfg).numpy(), encode(module, xte, cfg).numpy()
         return {"accuracy": _knn_accuracy(ftr, ytr, fte, yte, t.k)}
-    recalibrate_bn(module, ListSampler(xtr, ytr, t.n, t.digits), t, cfg.run.seed)
+    recalibrate_bn(module, ds.sampler, t, cfg.run.seed)  # the training lists' sampler
     test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
     out = runner.eval_trainer(cfg).test(module, DataLoader(test, batch_size=100), verbose=False)[0]
     return {k.removeprefix("test/"): float(v) for k, v in out.items()}

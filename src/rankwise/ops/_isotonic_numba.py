@@ -9,8 +9,10 @@ Both kernels solve, for every row ``r`` of ``s`` (shape ``(R, n)``) and ``w`` (s
 with ``l2``: :math:`\ell = \tfrac12 (v_i - (s_i - w_i))^2` (block value: mean of ``s - w``) and
 ``kl``: :math:`\ell = e^{s_i - v_i} + e^{w_i} v_i` (block value: ``logsumexp(s_B) - logsumexp(w_B)``).
 Adjacent blocks are pooled while the left value is ``<=`` the right one plus a round-off tolerance
-(:func:`tie_tolerance`, shared with the PyTorch path so that both pool exact ties alike), so the
-returned blocks have decreasing values. Rows are processed inside the JIT; accumulation is in float64.
+(:data:`TIE_ULPS` float64 ulps of the magnitudes the two values are computed from: the blocks' largest
+``|s|`` and ``|w|``, plus the block log-sum-exps for ``kl``; local, independent of n), so the returned
+blocks have decreasing values and exact ties computed with different round-off are pooled alike on
+the numba and the PyTorch path. Rows are processed inside the JIT; accumulation is in float64.
 The kernels write ``mu = s - v`` (computed in float64, stored in the dtype of ``s``) into ``out_mu``
 and the 0-based block index of every position into ``out_ids`` (int64); blocks are contiguous runs.
 
@@ -25,22 +27,14 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["pav_backward", "pav_kl", "pav_l2", "tie_tolerance"]
+__all__ = ["TIE_ULPS", "pav_backward", "pav_kl", "pav_l2"]
 
-#: relative tolerance (times n and the row's magnitude) under which two block values count as tied
-TIE_RTOL = 8 * float(np.finfo(np.float64).eps)
-
-
-@numba.njit(cache=True, nogil=True)
-def tie_tolerance(s_row, w_row):  # type: ignore[no-untyped-def]
-    """``TIE_RTOL * n * (max|s| + max|w| + 1)`` for one row."""
-    ms = 0.0
-    for i in range(s_row.shape[0]):
-        ms = max(ms, abs(np.float64(s_row[i])))
-    mw = 0.0
-    for i in range(w_row.shape[0]):
-        mw = max(mw, abs(np.float64(w_row[i])))
-    return TIE_RTOL * s_row.shape[0] * (ms + mw + 1.0)
+#: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
+#: ``TIE_ULPS * eps * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|``
+#: (``kl``: plus ``|lse(s_B)| + |lse(w_B)| + 1``); the PyTorch path uses the same rule
+TIE_ULPS = 4.0
+_EPS = float(np.finfo(np.float64).eps)
+_TOL = TIE_ULPS * _EPS
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,23 +44,34 @@ def pav_l2(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     starts = np.empty(n + 1, np.int64)
     sums = np.empty(n, np.float64)
     counts = np.empty(n, np.float64)
+    max_s = np.empty(n, np.float64)  # largest |s| in the block
+    max_w = np.empty(n, np.float64)  # largest |w| in the block
     for r in range(rows):
         wr = 0 if shared_w else r
-        tol = tie_tolerance(s[r], w[wr])
         nb = 0
         for i in range(n):
-            acc = np.float64(s[r, i]) - np.float64(w[wr, i])
+            si = np.float64(s[r, i])
+            wi = np.float64(w[wr, i])
+            acc = si - wi
             cnt = 1.0
+            ms = abs(si)
+            mw = abs(wi)
             start = i
-            # pool while the previous block's mean <= the current block's mean (+ tolerance)
-            while nb > 0 and sums[nb - 1] / counts[nb - 1] <= acc / cnt + tol:
+            # pool while the previous block's mean <= the current block's mean (+ local round-off)
+            while nb > 0 and sums[nb - 1] / counts[nb - 1] <= acc / cnt + _TOL * (
+                max_s[nb - 1] + max_w[nb - 1] + ms + mw
+            ):
                 nb -= 1
                 acc += sums[nb]
                 cnt += counts[nb]
+                ms = max(ms, max_s[nb])
+                mw = max(mw, max_w[nb])
                 start = starts[nb]
             starts[nb] = start
             sums[nb] = acc
             counts[nb] = cnt
+            max_s[nb] = ms
+            max_w[nb] = mw
             nb += 1
         starts[nb] = n
         for b in range(nb):
@@ -94,23 +99,33 @@ def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     starts = np.empty(n + 1, np.int64)
     lse_s = np.empty(n, np.float64)
     lse_w = np.empty(n, np.float64)
+    max_s = np.empty(n, np.float64)  # largest |s| in the block
+    max_w = np.empty(n, np.float64)  # largest |w| in the block
     for r in range(rows):
         wr = 0 if shared_w else r
-        tol = tie_tolerance(s[r], w[wr])
         nb = 0
         for i in range(n):
             a = np.float64(s[r, i])
             c = np.float64(w[wr, i])
+            ms = abs(a)
+            mw = abs(c)
             start = i
-            # pool while the previous block's value <= the current block's value (+ tolerance)
-            while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + tol:
+            # pool while the previous block's value <= the current block's value (+ local round-off)
+            while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + _TOL * (
+                (max_s[nb - 1] + max_w[nb - 1] + abs(lse_s[nb - 1]) + abs(lse_w[nb - 1]) + 1.0)
+                + (ms + mw + abs(a) + abs(c) + 1.0)
+            ):
                 nb -= 1
                 a = _logaddexp(a, lse_s[nb])
                 c = _logaddexp(c, lse_w[nb])
+                ms = max(ms, max_s[nb])
+                mw = max(mw, max_w[nb])
                 start = starts[nb]
             starts[nb] = start
             lse_s[nb] = a
             lse_w[nb] = c
+            max_s[nb] = ms
+            max_w[nb] = mw
             nb += 1
         starts[nb] = n
         for b in range(nb):

@@ -33,9 +33,12 @@ _REGULARIZATIONS = ("l2", "kl")
 #: PyTorch path (used by the tests to check it against the numba path on CPU).
 _BACKEND: Literal["auto", "torch"] = "auto"
 
-#: two block values closer than ``_TIE_RTOL * n * (max|s| + max|w| + 1)`` count as tied (and are pooled);
-#: the same rule as the numba kernels' ``tie_tolerance``
-_TIE_RTOL = 8 * torch.finfo(torch.float64).eps
+#: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
+#: ``_TIE_TOL * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|`` (``kl``: plus
+#: ``|lse(s_B)| + |lse(w_B)| + 1``): a few ulps of the local magnitudes, never growing with n; the same
+#: rule as the numba kernels (``_isotonic_numba.TIE_ULPS``)
+_TIE_ULPS = 4.0
+_TIE_TOL = _TIE_ULPS * torch.finfo(torch.float64).eps
 
 #: element budget (rows * n * n) of one chunk of the O(n^2) PyTorch path
 _MINMAX_BUDGET = 1 << 24
@@ -101,24 +104,30 @@ def _projection_from_blocks(s: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
 # --------------------------------------------------------------------------------------------------
 # block structure of the decreasing isotonic regression
 # --------------------------------------------------------------------------------------------------
-def _suffix_lse(x: torch.Tensor) -> torch.Tensor:
-    """``Q[..., j] = logsumexp(x[..., j:])`` for j = 0..n (``Q[..., n] = -inf``)."""
-    q = torch.logcumsumexp(x.flip(-1), dim=-1).flip(-1)
-    return torch.cat([q, torch.full_like(q[..., :1], -math.inf)], dim=-1)
+def _segment_magnitude(s: torch.Tensor, w: torch.Tensor, j: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """``max |s_{j..l}| + max |w_{j..l}|`` for sorted ``s``, ``w`` (the largest magnitude sits at an end)."""
+    abs_s, abs_w = s.abs(), w.abs()
+    return torch.maximum(abs_s.gather(-1, j), abs_s.gather(-1, l)) + torch.maximum(
+        abs_w.gather(-1, j), abs_w.gather(-1, l)
+    )
 
 
 def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tensor:
     r"""Block index of every position, by the min-max characterization (vectorized, no host sync).
 
-    With :math:`\gamma(j..k)` the value of the pooled block ``j..k`` (mean of ``s - w`` for l2,
-    ``lse(s_{j..k}) - lse(w_{j..k})`` for kl), a block boundary lies between ``k`` and ``k + 1`` iff
-    :math:`\min_{j \le k} \gamma(j..k) > \max_{l > k} \gamma(k+1..l)` (beyond a round-off tolerance);
-    this is the block structure PAV produces when it pools ties. O(n^2) memory per row, processed in chunks of rows.
+    With :math:`\gamma(j..l)` the value of the pooled block ``j..l`` (mean of ``s - w`` for l2,
+    ``lse(s_{j..l}) - lse(w_{j..l})`` for kl), a block boundary lies between ``k`` and ``k + 1`` iff
+    :math:`\min_{j \le k} \gamma(j..k) > \max_{l > k} \gamma(k+1..l)` beyond the tie tolerance of the
+    two minimizing/maximizing segments (the rule the PAV kernel applies to the blocks it compares).
+    Every :math:`\gamma(j..l)` is accumulated from its own first element (a cumulative sum along ``l``
+    for each ``j``), so its round-off is local to the segment, as in PAV; kl uses
+    :math:`\mathrm{lse}(s_{j..l}) = s_j + \log\sum_{i=j}^{l} e^{s_i - s_j}` (terms <= 1: ``s`` and ``w``
+    are sorted decreasingly). O(n^2) time and memory per row, processed in chunks of rows.
     """
     rows, n = s.shape
     dev = s.device
     idx = torch.arange(n, device=dev)
-    upper = idx.unsqueeze(-1) <= idx.unsqueeze(0)  # [j, k]: j <= k
+    upper = idx.unsqueeze(-1) <= idx.unsqueeze(0)  # [j, l]: j <= l
     length = (idx.unsqueeze(0) - idx.unsqueeze(-1) + 1).clamp_min(1).to(torch.float64)
     w_full = w.expand(rows, n)
     chunk = max(1, _MINMAX_BUDGET // max(n * n, 1))
@@ -126,21 +135,33 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
     for r0 in range(0, rows, chunk):  # a fixed number of chunks (shape-dependent), not a loop over rows
         sc = s[r0 : r0 + chunk].double()
         wc = w_full[r0 : r0 + chunk].double()
+        zero = sc.new_zeros(())
         if reg == "l2":
-            c = torch.nn.functional.pad(torch.cumsum(sc - wc, dim=-1), (1, 0))
-            g = (c[:, None, 1:] - c[:, :n, None]) / length
+            g = torch.where(upper, (sc - wc).unsqueeze(-2), zero).cumsum(-1) / length  # [r, j, l]
+            lse_s = lse_w = None
         else:
-            # segment logsumexp from suffix sums: stable because s and w are sorted decreasingly
-            qs, qw = _suffix_lse(sc), _suffix_lse(wc)
-            seg_s = qs[:, :n, None] + torch.log1p(-torch.exp(qs[:, None, 1:] - qs[:, :n, None]))
-            seg_w = qw[:, :n, None] + torch.log1p(-torch.exp(qw[:, None, 1:] - qw[:, :n, None]))
-            g = seg_s - seg_w
-        lo = torch.where(upper, g, math.inf).amin(dim=-2)  # min_{j<=k} gamma(j..k), indexed by k
-        hi = torch.where(upper, g, -math.inf).amax(dim=-1)  # max_{l>=j} gamma(j..l), indexed by j
+            es = torch.where(upper, torch.exp(sc.unsqueeze(-2) - sc.unsqueeze(-1)), zero).cumsum(-1)
+            ew = torch.where(upper, torch.exp(wc.unsqueeze(-2) - wc.unsqueeze(-1)), zero).cumsum(-1)
+            lse_s = sc.unsqueeze(-1) + torch.log(es)
+            lse_w = wc.unsqueeze(-1) + torch.log(ew)
+            del es, ew
+            g = lse_s - lse_w
+        # lo[k] = min_{j<=k} gamma(j..k) (segment j_lo[k]..k); hi[j] = max_{l>=j} gamma(j..l) (segment j..l_hi[j])
+        lo, j_lo = torch.where(upper, g, math.inf).min(dim=-2)
+        hi, l_hi = torch.where(upper, g, -math.inf).max(dim=-1)
+        # tolerance: local magnitudes of the two segments
+        k = idx.expand_as(lo)
+        m_left = _segment_magnitude(sc, wc, j_lo, k)  # segment j_lo[k]..k
+        m_right = _segment_magnitude(sc, wc, k, l_hi)  # segment j..l_hi[j]
+        if lse_s is not None and lse_w is not None:
+            flat_l = lse_s.flatten(-2)
+            flat_w = lse_w.flatten(-2)
+            at_left = j_lo * n + k
+            at_right = k * n + l_hi
+            m_left = m_left + flat_l.gather(-1, at_left).abs() + flat_w.gather(-1, at_left).abs() + 1.0
+            m_right = m_right + flat_l.gather(-1, at_right).abs() + flat_w.gather(-1, at_right).abs() + 1.0
         start = torch.ones_like(lo, dtype=torch.bool)
-        # pool exact ties as the PAV kernel does: a gap within round-off is not a boundary
-        tol = _TIE_RTOL * n * (sc.abs().amax(-1, keepdim=True) + wc.abs().amax(-1, keepdim=True) + 1.0)
-        start[:, 1:] = lo[:, :-1] - hi[:, 1:] > tol
+        start[:, 1:] = lo[:, :-1] - hi[:, 1:] > _TIE_TOL * (m_left[:, :-1] + m_right[:, 1:])
         parts.append(torch.cumsum(start, dim=-1) - 1)
     return torch.cat(parts, dim=0)
 

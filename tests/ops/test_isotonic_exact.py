@@ -107,13 +107,17 @@ CASES = [  # (kind, reg, strength): strengths give many non-trivial blocks at th
 ]
 
 
-@pytest.mark.parametrize(("kind", "reg", "eps"), CASES)
-@pytest.mark.parametrize("n", [1000, 10000, pytest.param(100000, marks=pytest.mark.slow)])
+BIG = [("rank", "l2", 1e-3), ("rank", "l2", 1e-4), ("rank", "kl", 1.0), ("sort", "l2", 1.0), ("sort", "kl", 1e-3)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "reg", "eps", "n"),
+    [(*c, n) for n in (1000, 10000) for c in CASES]
+    + [pytest.param(*c, 100000, marks=pytest.mark.slow) for c in BIG],  # exact KL at 1e5 takes seconds
+)
 def test_numba_blocks_equal_exact_pav(kind: str, reg: str, eps: float, n: int) -> None:
     if iso._numba_kernels() is None:
         pytest.skip("numba is unavailable")
-    if n == 100000 and reg == "kl" and eps != 1.0 and kind == "rank":
-        pytest.skip("one n = 1e5 KL rank case is enough (the exact KL reference takes seconds)")
     gen = torch.Generator().manual_seed(n + len(kind) + len(reg))
     x = torch.randn(1, n, dtype=torch.float64, generator=gen)
     if kind == "sort":

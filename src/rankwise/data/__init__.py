@@ -9,6 +9,7 @@ scikit-lego / mlxtend, the DIR image and text datasets are read from the user's 
 from rankwise.data._base import (
     DATASETS,
     ClassificationData,
+    DataFileNotFoundError,
     DataFormatError,
     LabelHistogram,
     RegressionData,
@@ -42,6 +43,7 @@ __all__ = [
     "DATASETS",
     "ClassificationData",
     "DIRImageDataset",
+    "DataFileNotFoundError",
     "DataFormatError",
     "LabelHistogram",
     "RegressionData",

@@ -7,6 +7,7 @@ Only ``numpy`` and ``torch`` are imported here; every loader that needs an optio
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from rankwise._registry import Registry
 __all__ = [
     "DATASETS",
     "ClassificationData",
+    "DataFileNotFoundError",
     "DataFormatError",
     "LabelHistogram",
     "RegressionData",
@@ -40,13 +42,40 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DataFormatError(ValueError):
-    """Bad data in a file: the message names the file and the (1-based, header = line 1) row."""
+    """Bad data in a file: the message names the file and the (1-based, header = line 1) row.
 
-    def __init__(self, path: str | Path, row: int | None, message: str) -> None:
+    ``DataFormatError(path, row, message)`` reads ``"{path}, row {row}: {message}"`` (``row``
+    None: ``"{path}: {message}"``); ``path`` and ``row`` are kept as attributes. Every loader
+    in :mod:`rankwise.data` raises it (or :class:`DataFileNotFoundError`) for a bad data file,
+    with a one-line message.
+
+    A single argument is taken as the whole message (``path`` and ``row`` are then None). That is
+    how torch's ``DataLoader`` re-raises an error from a worker process (``type(err)(traceback)``):
+    the one-line message is recovered from the traceback's last line and the traceback text is
+    kept in ``worker_traceback``.
+    """
+
+    def __init__(self, path: str | Path, row: int | None = None, message: str | None = None) -> None:
+        self.worker_traceback: str | None = None
+        if message is None:
+            text = str(path)
+            if text.startswith("Caught ") and "Traceback" in text:  # re-raised from a DataLoader worker
+                self.worker_traceback = text
+                last = text.rstrip().splitlines()[-1]
+                found = re.match(rf"[\w.]*{type(self).__name__}: (.*)", last)
+                text = found.group(1) if found else last
+            super().__init__(text)
+            self.path: str | None = None
+            self.row = row
+            return
         where = f"{path}" if row is None else f"{path}, row {row}"
         super().__init__(f"{where}: {message}")
         self.path = str(path)
         self.row = row
+
+
+class DataFileNotFoundError(DataFormatError, FileNotFoundError):
+    """A data file or folder that does not exist (also a :class:`FileNotFoundError`)."""
 
 
 @dataclass

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,8 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise._validation import check_positive_int
-from rankwise.data._base import DataFormatError, RegressionData, register_dataset
+from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
+from rankwise.data._files import check_dir, check_header, csv_records, parse_number, read_text
 
 __all__ = ["DIRImageDataset", "dir_image_transforms", "dir_images", "load_agedb_dir", "load_imdb_wiki_dir"]
 
@@ -67,15 +66,26 @@ class DIRImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
             raise RuntimeError("this dataset was loaded with labels_only=True: images are not available")
-        from PIL import Image
-
-        path = self.paths[index]
-        try:
-            with Image.open(path) as img:
-                image = img.convert("RGB")
-        except (OSError, ValueError) as err:
-            raise DataFormatError(self.csv_path, self.rows[index], f"cannot read image {path}: {err}") from err
+        image = _open_rgb_image(self.paths[index], self.csv_path, self.rows[index])
         return self.transform(image), self.labels[index]
+
+
+def _open_rgb_image(path: str | Path, listed_in: Path | None = None, row: int | None = None) -> Any:
+    """The image at ``path`` as an RGB PIL image; an unreadable, truncated or empty file raises
+    :class:`~rankwise.data.DataFormatError` naming it (and the split file row that lists it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except FileNotFoundError as err:
+        if listed_in is None:
+            raise DataFileNotFoundError(path, None, "image file not found") from err
+        raise DataFileNotFoundError(listed_in, row, f"image file not found: {path}") from err
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
+        if listed_in is None:
+            raise DataFormatError(path, None, f"cannot read the image: {err}") from err
+        raise DataFormatError(listed_in, row, f"cannot read image {path}: {err}") from err
 
 
 def dir_images(
@@ -98,45 +108,43 @@ def dir_images(
     transforms from :func:`dir_image_transforms` at ``image_size`` (224). ``labels_only=True``
     reads the labels only (no torchvision, no image files needed; items cannot be read).
     ``check_files=True`` checks up front that every image exists (error naming the CSV row).
-    Every row is kept: a bad age, split or empty path raises
-    :class:`~rankwise.data.DataFormatError` naming the file and the row. ``bin_width`` is 1 year.
+    Every row is kept: a bad age (not a plain decimal number, not finite, beyond float32), split
+    or empty path, a repeated column name, a non-UTF-8 or empty file raises
+    :class:`~rankwise.data.DataFormatError` naming the file and the row; a missing split file,
+    ``root`` or image raises :class:`~rankwise.data.DataFileNotFoundError`. An image that cannot
+    be decoded raises :class:`~rankwise.data.DataFormatError` naming the split file, the row and
+    the image when the item is read (also from a ``DataLoader`` worker). ``bin_width`` is 1 year.
     """
     csv_path = Path(csv_path)
-    if not csv_path.is_file():
-        raise FileNotFoundError(f"DIR split file not found: {csv_path}")
+    text = read_text(csv_path, "DIR split file")
     root_dir = Path(root) if root is not None else csv_path.parent
     check_positive_int(image_size, "image_size")
+    if root is not None and not labels_only:
+        check_dir(root_dir)
     per: dict[str, tuple[list[Path], list[float], list[int]]] = {s: ([], [], []) for s in _SPLITS}
-    with csv_path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in ("age", "path", "split") if c not in header]
-        if missing:
-            raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; expected a header 'age,path,split'")
-        ia, ip, isp = header.index("age"), header.index("path"), header.index("split")
-        for row_no, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
-            try:
-                age = float(row[ia])
-            except ValueError:
-                raise DataFormatError(csv_path, row_no, f"column 'age': cannot parse {row[ia]!r} as a number") from None
-            if not math.isfinite(age):
-                raise DataFormatError(csv_path, row_no, f"column 'age': value {row[ia]!r} is not finite")
-            split = row[isp].strip()
-            if split not in per:
-                raise DataFormatError(
-                    csv_path, row_no, f"column 'split': expected one of {list(_SPLITS)}, got {split!r}"
-                )
-            rel = row[ip].strip()
-            if not rel:
-                raise DataFormatError(csv_path, row_no, "column 'path' is empty")
-            paths, ages, rows = per[split]
-            paths.append(root_dir / rel)
-            ages.append(age)
-            rows.append(row_no)
+    records = csv_records(text, csv_path)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(csv_path, None, "the file is empty")
+    header = check_header(first[1], csv_path)
+    missing = [c for c in ("age", "path", "split") if c not in header]
+    if missing:
+        raise DataFormatError(csv_path, first[0], f"missing column(s) {missing}; expected a header 'age,path,split'")
+    ia, ip, isp = header.index("age"), header.index("path"), header.index("split")
+    for row_no, row in records:
+        if len(row) != len(header):
+            raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
+        age = parse_number(row[ia], csv_path, row_no, "age")
+        split = row[isp].strip()
+        if split not in per:
+            raise DataFormatError(csv_path, row_no, f"column 'split': expected one of {list(_SPLITS)}, got {split!r}")
+        rel = row[ip].strip()
+        if not rel:
+            raise DataFormatError(csv_path, row_no, "column 'path' is empty")
+        paths, ages, rows = per[split]
+        paths.append(root_dir / rel)
+        ages.append(age)
+        rows.append(row_no)
     empty = [s for s in _SPLITS if not per[s][0]]
     if empty:
         raise DataFormatError(csv_path, None, f"no rows for split(s) {empty}")
@@ -145,7 +153,7 @@ def dir_images(
             paths, _, rows = per[s]
             for p, r in zip(paths, rows):
                 if not p.is_file():
-                    raise DataFormatError(csv_path, r, f"image file not found: {p}")
+                    raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
     if labels_only:
         t_train: Callable[[Any], torch.Tensor] | None = None
         t_eval: Callable[[Any], torch.Tensor] | None = None

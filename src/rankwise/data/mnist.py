@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import io
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from rankwise.data._base import ClassificationData, DataFormatError, TensorPairDataset, register_dataset
+from rankwise.data._files import check_file, is_integer_text, read_text
 
 __all__ = ["load_mnist5k", "load_mnist5k_arrays", "mnist5k_path"]
 
@@ -29,6 +29,7 @@ def mnist5k_path() -> Path | None:
 
 def _read_mnist_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Rows of 784 pixel values (0..255) followed by the label (0..9); no header."""
+    check_file(path, "MNIST CSV file")
     key = (str(path), path.stat().st_mtime_ns)
     if key not in _CACHE:
         _CACHE.clear()
@@ -41,9 +42,7 @@ _CACHE: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _parse_mnist_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as fh:  # type: ignore[operator]
-        lines = fh.read().splitlines()
+    lines = read_text(path, "MNIST CSV file").splitlines()
     numbered = [(i, ln) for i, ln in enumerate(lines, start=1) if ln.strip()]
     if not numbered:
         raise DataFormatError(path, None, "no data rows")
@@ -52,14 +51,12 @@ def _parse_mnist_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise DataFormatError(path, i, f"expected 785 fields (784 pixels + label), got {ln.count(',') + 1}")
     try:  # the values are integers: an integer parse is ~6x faster than a float one
         arr = np.loadtxt(io.StringIO("\n".join(ln for _, ln in numbered)), delimiter=",", dtype=np.int64, ndmin=2)
-    except ValueError:
+    except (ValueError, OverflowError):
         for i, ln in numbered:  # find the offending row for the message
             for j, f in enumerate(ln.split(",")):
-                try:
-                    int(f)
-                except ValueError:
+                if not is_integer_text(f):
                     raise DataFormatError(path, i, f"field {j + 1}: expected an integer, got {f!r}") from None
-        raise
+        raise DataFormatError(path, None, "values out of range: expected pixels 0..255 and labels 0..9") from None
     if arr.shape[1] != 785:
         raise DataFormatError(path, 1, f"expected 785 fields (784 pixels + label), got {arr.shape[1]}")
     pixels, labels = arr[:, :784], arr[:, 784]
@@ -142,6 +139,14 @@ def load_mnist5k(
     rest = np.setdiff1d(np.arange(len(labels)), test_idx)
     val_idx = rest[_stratified_split(labels[rest], val_fraction / (1.0 - test_fraction), rng)] if val_fraction else None
     train_idx = rest if val_idx is None else np.setdiff1d(rest, val_idx)
+    sizes = {"train": len(train_idx), "test": len(test_idx)} | ({} if val_idx is None else {"val": len(val_idx)})
+    if min(sizes.values()) == 0:
+        raise DataFormatError(
+            path if path is not None else "mnist5k",
+            None,
+            f"{len(labels)} digit(s) are too few: test_fraction={test_fraction}, val_fraction={val_fraction} "
+            f"give split sizes {sizes}, and every split needs at least one digit",
+        )
     x = torch.from_numpy(images).unsqueeze(1)
     y = torch.from_numpy(labels)
     h, w = images.shape[1:]

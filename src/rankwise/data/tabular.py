@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import importlib.util
-import io
-import math
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +20,7 @@ from rankwise.data._base import (
     register_dataset,
     standardize,
 )
+from rankwise.data._files import check_file, check_header, csv_records, decode_text, parse_number, read_bytes
 
 __all__ = ["ABALONE_COLUMNS", "abalone_path", "load_abalone", "load_csv"]
 
@@ -40,30 +38,35 @@ ABALONE_COLUMNS = (
 _SEXES = ("F", "I", "M")
 
 
-def _parse_number(value: str, path: str | Path, row: int, column: str) -> float:
-    text = value.strip()
-    if text == "":
-        raise DataFormatError(path, row, f"missing value in column {column!r}")
-    try:
-        v = float(text)
-    except ValueError:
-        raise DataFormatError(path, row, f"column {column!r}: cannot parse {value!r} as a number") from None
-    if not math.isfinite(v):
-        raise DataFormatError(path, row, f"column {column!r}: value {value!r} is not finite")
-    return v
-
-
 def _read_text(path: Path) -> tuple[str, str]:
-    """Text of a CSV file, or of the single CSV member of a zip archive; and a display name."""
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+    """Text of a CSV file, or of the single CSV member of a zip archive; and a display name.
+
+    UTF-8 only (a byte-order mark is dropped); every error is a DataFormatError naming the file.
+    """
+    check_file(path)
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            members = [m for m in zf.namelist() if not m.endswith("/")]
-            if len(members) != 1:
-                raise DataFormatError(path, None, f"expected one file in the archive, found {members}")
-            return zf.read(members[0]).decode("utf-8"), f"{path}::{members[0]}"
-    return path.read_text(encoding="utf-8"), str(path)
+        try:
+            with zipfile.ZipFile(path) as zf:
+                members = [m for m in zf.namelist() if not m.endswith("/")]
+                if len(members) != 1:
+                    raise DataFormatError(path, None, f"expected one file in the archive, found {members}")
+                display = f"{path}::{members[0]}"
+                data = zf.read(members[0])
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as err:
+            raise DataFormatError(path, None, f"cannot read the zip archive: {err}") from err
+        return decode_text(data, display), display
+    return decode_text(read_bytes(path), path), str(path)
+
+
+def _check_splits(display: str, sizes: tuple[int, int, int], rule: str) -> None:
+    """Regression recipes need a non-empty train, val and test split."""
+    if min(sizes) == 0:
+        raise DataFormatError(
+            display,
+            None,
+            f"{sum(sizes)} data row(s) are too few: the {rule} split gives train/val/test sizes "
+            f"{sizes[0]}/{sizes[1]}/{sizes[2]}, and every split needs at least one row",
+        )
 
 
 def _to_tensors(x: np.ndarray, y: np.ndarray) -> TensorPairDataset:
@@ -110,27 +113,25 @@ def load_abalone(
     """
     src = Path(path) if path is not None else abalone_path()
     text, display = _read_text(src)
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    if header is None:
+    records = csv_records(text, display)
+    first = next(records, None)
+    if first is None:
         raise DataFormatError(display, None, "the file is empty")
-    header = [h.strip() for h in header]
+    header = check_header(first[1], display)
     missing = [c for c in ABALONE_COLUMNS if c not in header]
     if missing:
         raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(ABALONE_COLUMNS)}")
     col = {c: header.index(c) for c in ABALONE_COLUMNS}
     sexes: list[int] = []
     numeric: list[list[float]] = []
-    for row_no, row in enumerate(reader, start=2):
-        if not row:
-            continue  # a blank line is not a record
+    for row_no, row in records:
         if len(row) != len(header):
             raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
         sex = row[col["sex"]].strip()
         if sex not in _SEXES:
             raise DataFormatError(display, row_no, f"column 'sex': expected one of {list(_SEXES)}, got {sex!r}")
         sexes.append(_SEXES.index(sex))
-        numeric.append([_parse_number(row[col[c]], display, row_no, c) for c in ABALONE_COLUMNS[1:]])
+        numeric.append([parse_number(row[col[c]], display, row_no, c) for c in ABALONE_COLUMNS[1:]])
     if not numeric:
         raise DataFormatError(display, None, "no data rows")
     num = np.asarray(numeric, dtype=np.float64)
@@ -138,6 +139,7 @@ def load_abalone(
     onehot = np.eye(len(_SEXES))[np.asarray(sexes)]
     x = np.concatenate([onehot, num[:, :-1]], axis=1)
     train_idx, val_idx, test_idx = dir_split(age, per_label=per_label, seed=seed)
+    _check_splits(display, (len(train_idx), len(val_idx), len(test_idx)), f"DIR (per_label={per_label})")
     mean = np.zeros(x.shape[1])
     std = np.ones(x.shape[1])
     if standardize_features:
@@ -197,11 +199,11 @@ def load_csv(
     """
     src = Path(path)
     text, display = _read_text(src)
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    header = next(reader, None)
-    if header is None:
+    records = csv_records(text, display, delimiter=delimiter)
+    first = next(records, None)
+    if first is None:
         raise DataFormatError(display, None, "the file is empty")
-    header = [h.strip() for h in header]
+    header = check_header(first[1], display)
     if target not in header:
         raise ValueError(f"`target` must be a column of {display}; got {target!r}, columns are {header}")
     feats = [c for c in header if c != target] if features is None else list(features)
@@ -216,15 +218,13 @@ def load_csv(
     tidx = header.index(target)
     xs: list[list[float]] = []
     ys: list[float] = []
-    for row_no, row in enumerate(reader, start=2):
-        if not row:
-            continue
+    for row_no, row in records:
         if len(row) != len(header):
             raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
         if row[tidx].strip() == "":
             raise DataFormatError(display, row_no, f"missing target value in column {target!r}")
-        ys.append(_parse_number(row[tidx], display, row_no, target))
-        xs.append([_parse_number(row[i], display, row_no, c) for i, c in zip(fidx, feats)])
+        ys.append(parse_number(row[tidx], display, row_no, target))
+        xs.append([parse_number(row[i], display, row_no, c) for i, c in zip(fidx, feats)])
     if not ys:
         raise DataFormatError(display, None, "no data rows")
     x = np.asarray(xs, dtype=np.float64)
@@ -239,6 +239,7 @@ def load_csv(
         rule = f"dir (per_label={per_label}, bin_width={bin_width})"
     else:
         raise ValueError(f"`split` must be one of 'random', 'dir'; got {split!r}")
+    _check_splits(display, (len(train_idx), len(val_idx), len(test_idx)), rule)
     mean = np.zeros(x.shape[1])
     std = np.ones(x.shape[1])
     if standardize_features:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFormatError, RegressionData, register_dataset
+from rankwise.data._files import check_header, csv_records, parse_number, read_text
 
 __all__ = [
     "PAD",
@@ -122,43 +122,35 @@ def collate_text_pairs(
 def read_sts_tsv(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
     """``(sentence1, sentence2, score)`` of a GLUE STS-B TSV (header with those columns; no quoting).
 
-    Quotes are literal characters (``csv.QUOTE_NONE``). A row with the wrong number of fields or
-    a missing / non-numeric / out-of-range (0..5) score raises
-    :class:`~rankwise.data.DataFormatError` naming the file and the row.
+    Quotes are literal characters (``csv.QUOTE_NONE``). The file must be UTF-8 (a byte-order mark
+    is dropped). A row with the wrong number of fields or a missing / non-numeric / out-of-range
+    (0..5) score, a repeated column name, an empty file or one without data rows raises
+    :class:`~rankwise.data.DataFormatError` naming the file (and the row); a missing file raises
+    :class:`~rankwise.data.DataFileNotFoundError`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"STS-B file not found: {path}")
+    text = read_text(path, "STS-B file")
     s1: list[str] = []
     s2: list[str] = []
     scores: list[float] = []
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None:
-            raise DataFormatError(path, None, "the file is empty")
-        header = [h.strip() for h in header]
-        missing = [c for c in ("sentence1", "sentence2", "score") if c not in header]
-        if missing:
-            raise DataFormatError(path, 1, f"missing column(s) {missing}; columns are {header}")
-        i1, i2, isc = header.index("sentence1"), header.index("sentence2"), header.index("score")
-        for row_no, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataFormatError(path, row_no, f"expected {len(header)} tab-separated fields, got {len(row)}")
-            raw = row[isc].strip()
-            if raw == "":
-                raise DataFormatError(path, row_no, "missing value in column 'score'")
-            try:
-                score = float(raw)
-            except ValueError:
-                raise DataFormatError(path, row_no, f"column 'score': cannot parse {raw!r} as a number") from None
-            if not (math.isfinite(score) and 0.0 <= score <= 5.0):
-                raise DataFormatError(path, row_no, f"column 'score': expected a value in [0, 5], got {raw!r}")
-            s1.append(row[i1])
-            s2.append(row[i2])
-            scores.append(score)
+    records = csv_records(text, path, delimiter="\t", quoting=csv.QUOTE_NONE)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(path, None, "the file is empty")
+    header = check_header(first[1], path)
+    missing = [c for c in ("sentence1", "sentence2", "score") if c not in header]
+    if missing:
+        raise DataFormatError(path, first[0], f"missing column(s) {missing}; columns are {header}")
+    i1, i2, isc = header.index("sentence1"), header.index("sentence2"), header.index("score")
+    for row_no, row in records:
+        if len(row) != len(header):
+            raise DataFormatError(path, row_no, f"expected {len(header)} tab-separated fields, got {len(row)}")
+        score = parse_number(row[isc], path, row_no, "score")
+        if not 0.0 <= score <= 5.0:
+            raise DataFormatError(path, row_no, f"column 'score': expected a value in [0, 5], got {row[isc].strip()!r}")
+        s1.append(row[i1])
+        s2.append(row[i2])
+        scores.append(score)
     if not scores:
         raise DataFormatError(path, None, "no data rows")
     return s1, s2, np.asarray(scores, dtype=np.float64)

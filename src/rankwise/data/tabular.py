@@ -192,6 +192,14 @@ def load_csv(
     naming the file, the row and the column; nothing is dropped). Features are standardized with
     TRAIN statistics unless ``standardize_features=False``.
 
+    File rules: UTF-8 text (a byte-order mark is dropped; Latin-1 or UTF-16 files are refused
+    with the line of the first bad byte, re-save them as UTF-8); column names non-empty and
+    distinct; numbers are plain decimals (``12``, ``-0.5``, ``.5``, ``3e-2``): ``1_000``,
+    ``nan``, ``inf`` and values beyond the float32 range (``|v| > 3.4e38``, e.g. ``1e39``)
+    are refused; every split must get at least one row. Each problem raises
+    :class:`~rankwise.data.DataFormatError` naming the file (and row and column); a missing
+    file raises :class:`~rankwise.data.DataFileNotFoundError` (also a ``FileNotFoundError``).
+
     Split: ``"random"`` (default; ``val_fraction`` 0.1 and ``test_fraction`` 0.2 of the rows,
     seeded) or ``"dir"`` (balanced val/test with ``min(per_label, count // 3)`` rows per label
     bin of width ``bin_width``, as for abalone). ``bin_width`` is also the bin width used for

@@ -136,6 +136,7 @@ def test_nan_loss_exits_with_a_clear_message(tmp_path, monkeypatch):
     assert "training loss became nan" in " ".join(r.output.split())
 
 
+@pytest.mark.slow
 def test_demo_quick_mode(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_DEMO_QUICK, "1")
     out = tmp_path / "demo"

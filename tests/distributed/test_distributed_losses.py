@@ -80,6 +80,7 @@ def misc_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     return _spawn("misc", tmp_path_factory.mktemp("dist_misc"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", ["uneq", "empty"])
 @pytest.mark.parametrize("name", LOSS_NAMES)
 def test_loss_matches_single_process(loss_results: list[dict[str, Any]], name: str, sizes: str) -> None:
@@ -96,6 +97,7 @@ def test_loss_matches_single_process(loss_results: list[dict[str, Any]], name: s
         assert sum(shares) / WORLD == pytest.approx(loss_results[0][f"{name}[{sizes}]"]["ref"], rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_all_gather_uneven_sizes_and_gradient(misc_results: list[dict[str, Any]]) -> None:
     for res in misc_results:
         assert "error" not in res, res.get("error")
@@ -104,11 +106,13 @@ def test_all_gather_uneven_sizes_and_gradient(misc_results: list[dict[str, Any]]
         assert g["dim1_ok"] == 1 and g["bool_ok"] == 1 and g["layout_ok"] == 1
 
 
+@pytest.mark.slow
 def test_fds_statistics_all_reduced(misc_results: list[dict[str, Any]]) -> None:
     for res in misc_results:
         assert res["fds"]["max_err"] < 1e-6
 
 
+@pytest.mark.slow
 def test_auto_turns_on_in_a_process_group(misc_results: list[dict[str, Any]]) -> None:
     assert all(res["auto"]["on"] == 1 for res in misc_results)
 

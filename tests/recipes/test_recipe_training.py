@@ -171,6 +171,7 @@ def _cli(args, env_extra=None, cwd=None):
     )
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, abalone):
     sets = [*TINY, "trainer.max_epochs=3", "loss.regularizers.ranksim.weight=1.0", "run.seed=3"]
     # LDS weights + FDS (smoothing from epoch 1, statistics refreshed every epoch) + RankSim's random draws

@@ -92,6 +92,7 @@ SORT_SETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["large_mnist_stochastic", "large_mnist_median_stochastic"])
 def test_sort_resume_after_sigkill_matches_uninterrupted_run(tmp_path, preset):
     ref = train(load_config(preset, SORT_SETS), out=tmp_path / "ref", progress=False, verbose=False)
@@ -118,6 +119,7 @@ def test_sort_resume_after_sigkill_matches_uninterrupted_run(tmp_path, preset):
     assert ck["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_supcon_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     sets = [
         "task.train_subset=48",

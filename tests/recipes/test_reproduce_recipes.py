@@ -301,6 +301,7 @@ def test_task_config_errors(preset, overrides, match):
         load_config(preset, overrides)
 
 
+@pytest.mark.slow
 def test_compare_report(tmp_path, tiny_digits, monkeypatch):
     from rankwise.recipes import _deps
 

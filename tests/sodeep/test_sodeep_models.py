@@ -173,6 +173,7 @@ def test_save_load_roundtrip(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ updater
+@pytest.mark.slow
 def test_updater_collects_and_refines() -> None:
     torch.manual_seed(0)
     s = build_sorter("gru", 8, hidden_size=8, num_layers=1).requires_grad_(False)

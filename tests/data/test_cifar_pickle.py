@@ -188,3 +188,24 @@ def test_bad_batches_name_the_file(tmp_path) -> None:
         (tmp_path / "test_batch").write_bytes(content)
         with pytest.raises(DataFormatError, match=message):
             load_cifar_dir(root=tmp_path)
+
+
+def test_cli_data_show_refuses_a_crafted_pickle(tmp_path) -> None:
+    """``rankwise data show cifar_dir -O root=DIR`` (the probe of issue 12): one error line, no code run."""
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    marker = tmp_path / "marker.txt"
+    _good_layout(tmp_path)
+    evil = _cifar_dict(*_batch(3))
+    evil[b"data"] = _Payload(marker)
+    _dump(tmp_path / "data_batch_1", evil)
+    r = CliRunner().invoke(app, ["data", "show", "cifar_dir", "-O", f"root={tmp_path}"])
+    assert r.exit_code == 2, r.output
+    assert not marker.exists()
+    out = " ".join(r.output.split())
+    assert "data_batch_1: not a CIFAR pickle: refusing to load" in out and "Traceback" not in out
+    _good_layout(tmp_path)
+    r = CliRunner().invoke(app, ["data", "show", "cifar_dir", "-O", f"root={tmp_path}"])
+    assert r.exit_code == 0 and "classification data: 3 classes, train 3, test 3" in r.output

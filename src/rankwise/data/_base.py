@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rankwise._binning import check_bin_span, label_bins_np
 from rankwise._registry import Registry
 
 __all__ = [
@@ -182,14 +183,23 @@ def dataset_info(name: str) -> str:
 
 
 def label_bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
-    """Integer bin index ``floor(label / bin_width)`` of each label (robust to float round-off).
+    """Integer bin index ``floor(label / bin_width)`` of each label, the same for every label dtype.
 
-    ``0.3`` with ``bin_width=0.1`` is bin 3 (plain ``floor(0.3 / 0.1)`` would give 2).
+    A label less than ``bin_width / 1024`` below a bin edge counts as lying on it, so ``0.3`` with
+    ``bin_width=0.1`` is bin 3 (plain ``floor(0.3 / 0.1)`` gives 2) and a float32 ``0.7``
+    (``0.699999988``) is bin 7 like the float64 ``0.7``. This is the one rule of every rankwise
+    binning (LDS weights, FDS buckets, shot groups); see ``rankwise._binning``.
+
+    Raises ``ValueError`` for NaN/inf labels and for labels ``2**53`` or more bin widths from 0.
+
+    Example:
+        >>> import numpy as np
+        >>> label_bins(np.float32([0.7, 3.8, 4.6]), 0.1).tolist()
+        [7, 38, 46]
     """
     if not bin_width > 0 or not math.isfinite(bin_width):
         raise ValueError(f"`bin_width` must be finite and > 0, got {bin_width!r}")
-    lab = np.asarray(labels, dtype=np.float64)
-    return np.floor(lab / bin_width + 1e-9).astype(np.int64)
+    return label_bins_np(labels, float(bin_width))
 
 
 class LabelHistogram(NamedTuple):
@@ -219,6 +229,7 @@ def label_histogram(labels: np.ndarray | Sequence[float], bin_width: float) -> L
     if bins.size == 0:
         return LabelHistogram(np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64))
     lo, hi = int(bins.min()), int(bins.max())
+    check_bin_span(lo, hi, what=f"`labels` with `bin_width`={bin_width!r}")
     counts = np.bincount(bins - lo, minlength=hi - lo + 1).astype(np.int64)
     edges = np.arange(lo, hi + 2, dtype=np.float64) * bin_width
     return LabelHistogram(edges, counts)

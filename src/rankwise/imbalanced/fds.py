@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from rankwise._binning import snap_bucketize, snap_floor
 from rankwise._validation import (
     check_choice,
     check_floating,
@@ -17,11 +19,14 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.distributed import all_reduce_sum
-from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, get_lds_kernel_window, smooth_bins
+from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, get_lds_kernel_window, range_num_bins, smooth_bins
 
 __all__ = ["FDS"]
 
 _KERNELS = ("gaussian", "triang", "laplace")
+
+#: the most per-bin statistics (bins x feature_dim) one buffer may hold: 2**26 float32 = 256 MiB, six buffers
+_MAX_STAT_ELEMENTS = 2**26
 
 
 class FDS(nn.Module):
@@ -63,6 +68,12 @@ class FDS(nn.Module):
       (fp16/bf16 features are calibrated in float32 and returned in their dtype).
     * All statistics are registered buffers, saved in ``state_dict`` (``epoch`` included); bin edges and
       the kernel are float64 attributes that ``module.half()`` does not round.
+    * **Non-finite inputs.** A NaN/inf feature or label never enters the statistics: the update raises
+      ``ValueError`` naming ``features`` or ``labels`` (the reference keeps NaN statistics forever).
+      The check costs one host sync per update (once per epoch); :meth:`bin_stats` (per batch) and the
+      calibration have none. Calibration propagates NaN features, and a NaN/inf label gives a NaN row.
+    * **Binning.** Labels are binned by the rule of :func:`rankwise.data.label_bins` (the same bin for
+      float32 and float64 labels), vectorized on the features' device.
 
     Schedule (same as the reference): ``epoch`` starts at ``start_update``; the last-epoch copies are
     refreshed at the end of epochs ``start_update + 1, ...``, so with the defaults the calibration uses
@@ -153,14 +164,22 @@ class FDS(nn.Module):
             edges = _as_float64_tensor(bins, "bins").reshape(-1)
             if edges.numel() < 2 or not bool((edges[1:] > edges[:-1]).all()):
                 raise ValueError("`bins` must be at least 2 strictly increasing edges")
+            if not bool(torch.isfinite(edges).all()):
+                raise ValueError("`bins` must be finite edges, got NaN or inf")
         else:
             w = check_positive(bin_width, "bin_width")
             lo, hi = (float(v) for v in label_range)
             if not hi > lo:
                 raise ValueError(f"`label_range` must be (low, high) with high > low, got {label_range!r}")
-            nb = max(1, int(np.ceil((hi - lo) / w - 1e-9)))
+            nb = range_num_bins(lo, hi, w)
             edges = lo + w * torch.arange(nb + 1, dtype=torch.float64)
         nb = edges.numel() - 1
+        if nb * feature_dim > _MAX_STAT_ELEMENTS:
+            raise ValueError(
+                f"`feature_dim`={feature_dim} times {nb:,} bins (from `bins` / `label_range` and `bin_width`) "
+                f"gives {nb * feature_dim:,} statistics per buffer; at most {_MAX_STAT_ELEMENTS:,} are allowed: "
+                "use fewer bins"
+            )
         self.feature_dim, self.num_bins = feature_dim, nb
         self.kernel, self.ks, self.sigma = kernel, ks, float(sigma)
         self.momentum = None if momentum is None else float(momentum)
@@ -194,14 +213,22 @@ class FDS(nn.Module):
 
     # ------------------------------------------------------------------ binning and statistics
     def bin_index(self, labels: torch.Tensor) -> torch.Tensor:
-        """Bin of every label, ``(B,)`` long, clipped into ``[0, num_bins)``."""
+        """Bin of every label, ``(B,)`` long, clipped into ``[0, num_bins)``; no host sync.
+
+        Labels are binned from their float64 value by the rule of :func:`rankwise.data.label_bins`
+        (a label less than 1/1024 of a bin width below an edge counts as lying on it): float32 and float64
+        labels get the same bins. A NaN label gets bin 0 here; :meth:`bin_stats` and :meth:`calibrate`
+        treat non-finite labels separately.
+        """
         check_tensor(labels, "labels")
         y = labels.detach().reshape(-1).to(torch.float64)
         if self._uniform:
-            idx = torch.floor((y - self._lo) / self._width + 1e-9).long()
+            k = snap_floor(y, self._width, self._lo)
         else:
-            idx = torch.bucketize(y, self.edges.to(device=y.device), right=True) - 1
-        return idx.clamp(0, self.num_bins - 1)
+            k = snap_bucketize(y, self.edges.to(device=y.device)).to(torch.float64)
+        # clamp in float64 before the integer conversion (far-away labels cannot overflow int64)
+        k = torch.nan_to_num(k, nan=0.0).clamp(0, self.num_bins - 1)
+        return k.long()
 
     def _check_pair(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         check_floating(features, "features")
@@ -224,11 +251,16 @@ class FDS(nn.Module):
         """
         self._check_pair(features, labels)
         z = features.detach().to(torch.float64)
-        idx = self.bin_index(labels).to(z.device)
+        y = labels.detach().reshape(-1).to(z.device)
+        idx = self.bin_index(y)
         k, d = self.num_bins, self.feature_dim
         s = torch.zeros(k, d, dtype=torch.float64, device=z.device).index_add_(0, idx, z)
         q = torch.zeros(k, d, dtype=torch.float64, device=z.device).index_add_(0, idx, z * z)
-        c = torch.zeros(k, dtype=torch.float64, device=z.device).index_add_(0, idx, torch.ones_like(z[:, 0]))
+        # a non-finite label counts NaN (no host sync here): update_from_stats then rejects the stats
+        one = torch.where(torch.isfinite(y), 1.0, math.nan).to(torch.float64) if y.is_floating_point() else None
+        c = torch.zeros(k, dtype=torch.float64, device=z.device).index_add_(
+            0, idx, torch.ones_like(z[:, 0]) if one is None else one
+        )
         return s, q, c
 
     @torch.no_grad()
@@ -238,9 +270,17 @@ class FDS(nn.Module):
         """Blend one epoch's per-bin statistics (from :meth:`bin_stats`, summed) into the running ones.
 
         Ignored when ``epoch < start_update`` or ``epoch`` is older than the last refreshed epoch.
+
+        Non-finite statistics (a NaN/inf feature or label reached :meth:`bin_stats`) raise ``ValueError``
+        naming ``features`` or ``labels`` and leave every statistic unchanged; the check reads two flags
+        on the host (one sync per call, i.e. per epoch, never per training step).
         """
         if epoch < self.start_update or epoch < int(self.epoch):
             return
+        self._check_stats(feature_sum, feature_sumsq, count)
+        self._blend(feature_sum, feature_sumsq, count, epoch)
+
+    def _check_stats(self, feature_sum: torch.Tensor, feature_sumsq: torch.Tensor, count: torch.Tensor) -> None:
         k, d = self.num_bins, self.feature_dim
         for name, t, shape in (
             ("feature_sum", feature_sum, (k, d)),
@@ -250,6 +290,22 @@ class FDS(nn.Module):
             check_tensor(t, name)
             if tuple(t.shape) != shape:
                 raise ValueError(f"`{name}` must have shape {shape}, got {tuple(t.shape)}")
+        finite = torch.stack(
+            [torch.isfinite(count).all(), torch.isfinite(feature_sum).all() & torch.isfinite(feature_sumsq).all()]
+        )
+        labels_ok, features_ok = finite.tolist()  # the one host sync of an update
+        if not labels_ok:
+            raise ValueError(
+                "`labels` must be finite, got NaN or inf (the per-bin `count` is not finite); "
+                "FDS statistics were not updated"
+            )
+        if not features_ok:
+            raise ValueError(
+                "`features` must be finite, got NaN or inf (the per-bin `feature_sum`/`feature_sumsq` are not "
+                "finite); FDS statistics were not updated"
+            )
+
+    def _blend(self, feature_sum: torch.Tensor, feature_sumsq: torch.Tensor, count: torch.Tensor, epoch: int) -> None:
         dev = self.running_mean.device
         s, q, c = (t.to(device=dev, dtype=torch.float64) for t in (feature_sum, feature_sumsq, count))
         seen = c > 0
@@ -282,12 +338,17 @@ class FDS(nn.Module):
         """
         if epoch < self.start_update or epoch < int(self.epoch):
             return
+        self.update_from_stats(*self._epoch_stats(features, labels, sync), epoch)
+
+    def _epoch_stats(
+        self, features: torch.Tensor, labels: torch.Tensor, sync: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, q, c = self.bin_stats(features, labels)
         if sync:
             packed = all_reduce_sum(torch.cat([s.reshape(-1), q.reshape(-1), c]))
             kd = self.num_bins * self.feature_dim
             s, q, c = packed[:kd].view_as(s), packed[kd : 2 * kd].view_as(q), packed[2 * kd :]
-        self.update_from_stats(s, q, c, epoch)
+        return s, q, c
 
     @torch.no_grad()
     def smoothed_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,13 +374,23 @@ class FDS(nn.Module):
         self.smoothed_var_last_epoch.copy_(var)
 
     def update(self, features: torch.Tensor, labels: torch.Tensor, epoch: int, *, sync: bool = False) -> None:
-        """End-of-epoch refresh: :meth:`update_last_epoch_stats` then :meth:`update_running_stats`."""
+        """End-of-epoch refresh: :meth:`update_last_epoch_stats` then :meth:`update_running_stats`.
+
+        NaN/inf ``features`` or ``labels`` raise ``ValueError`` naming the argument and leave the running
+        statistics unchanged (see :meth:`update_from_stats`; one host sync per call). The epoch's
+        last-epoch refresh has happened by then (it only copies the statistics gathered before), so a
+        loop that catches the error and goes on keeps the schedule.
+        """
         self.update_last_epoch_stats(epoch)
         self.update_running_stats(features, labels, epoch, sync=sync)
 
     # ------------------------------------------------------------------ calibration
     def calibrate(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The calibration with the frozen last-epoch statistics, regardless of mode and epoch."""
+        """The calibration with the frozen last-epoch statistics, regardless of mode and epoch.
+
+        NaN propagates (a NaN feature gives NaN in its row); a row whose label is NaN or inf (it has no
+        bin) comes out all NaN. No host sync.
+        """
         self._check_pair(features, labels)
         out_dtype = features.dtype
         z = to_compute(features)
@@ -332,6 +403,9 @@ class FDS(nn.Module):
         v1_safe = torch.where(ok, v1, torch.ones_like(v1))
         scale = (v2 / v1_safe).clamp(self.clip[0], self.clip[1]).sqrt()
         out = torch.where(ok, (z - m1) * scale + m2, z)
+        if labels.is_floating_point():  # a NaN/inf label has no bin: its row is NaN (NaN policy)
+            finite = torch.isfinite(labels.detach().reshape(-1, 1)).to(z.device)
+            out = torch.where(finite, out, torch.full((), math.nan, dtype=out.dtype, device=out.device))
         return out.to(out_dtype)
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor, epoch: int) -> torch.Tensor:

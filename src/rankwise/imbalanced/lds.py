@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rankwise._binning import MAX_BINS, SNAP, check_bin_span, snap_bucketize, snap_floor
 from rankwise._validation import check_choice, check_positive, compute_dtype
 
 __all__ = ["bin_labels", "get_lds_kernel_window", "lds_weights", "smooth_bins"]
@@ -104,10 +105,19 @@ def bin_labels(
       holding the largest, i.e. bin of ``y`` is ``floor(y / bin_width)`` shifted to start at 0 (this
       needs the labels' min/max, a host sync).
 
-    Labels outside the bins are clipped into the first/last bin (the DIR reference clips ages to 0..120).
-    For integer labels 0..120, ``label_range=(0, 121)`` reproduces the reference's 121 unit bins.
+    Every label is binned from its float64 value by the rule of :func:`rankwise.data.label_bins`: a label
+    less than 1/1024 of a bin width below an edge counts as lying on it, so float32 and float64 labels get
+    the same bins (``0.7`` is bin 7 of width 0.1 in both). Labels outside the bins are clipped into the
+    first/last bin (the DIR reference clips ages to 0..120). For integer labels 0..120,
+    ``label_range=(0, 121)`` reproduces the reference's 121 unit bins.
+
+    ``ValueError`` for NaN/inf labels (checking them is a host sync: this is a data-preparation step),
+    when the bins would number more than ``2**24`` (e.g. labels spanning ``1e10`` with ``bin_width=1``)
+    or when a label lies ``2**53`` or more bin widths from 0 (data-driven bins).
     """
     y = _as_float64_tensor(labels, "labels").reshape(-1)
+    if y.numel() and not bool(torch.isfinite(y).all()):
+        raise ValueError("`labels` must be finite, got NaN or inf")
     if bins is not None:
         edges = _as_float64_tensor(bins, "bins").reshape(-1).to(y.device)
         if edges.numel() < 2:
@@ -115,22 +125,37 @@ def bin_labels(
         if not bool((edges[1:] > edges[:-1]).all()):
             raise ValueError("`bins` must be strictly increasing edges")
         nb = edges.numel() - 1
-        idx = torch.bucketize(y.to(torch.float64), edges, right=True) - 1
-        return idx.clamp(0, nb - 1), nb
+        if nb > MAX_BINS:
+            raise ValueError(f"`bins` must define at most {MAX_BINS:,} bins, got {nb:,}")
+        return snap_bucketize(y, edges).clamp(0, nb - 1), nb
     w = check_positive(bin_width, "bin_width")
-    yd = y.to(torch.float64)
     if label_range is not None:
         lo, hi = (float(v) for v in label_range)
         if not hi > lo:
             raise ValueError(f"`label_range` must be (low, high) with high > low, got {label_range!r}")
-        nb = max(1, math.ceil((hi - lo) / w - 1e-9))
-        idx = torch.floor((yd - lo) / w + 1e-9).long()
-        return idx.clamp(0, nb - 1), nb
+        nb = range_num_bins(lo, hi, w)
+        # clamp in float64 before the integer conversion: far-away labels cannot overflow int64
+        return snap_floor(y, w, lo).clamp(0, nb - 1).long(), nb
     if y.numel() == 0:
         return torch.zeros(0, dtype=torch.long, device=y.device), 0
-    k = torch.floor(yd / w + 1e-9).long()
-    k0, k1 = int(k.min()), int(k.max())
-    return k - k0, k1 - k0 + 1
+    k = snap_floor(y, w)
+    k0, k1 = torch.aminmax(k)
+    span = check_bin_span(float(k0), float(k1), what=f"`labels` with `bin_width`={bin_width!r}")
+    return (k - k0).long(), span
+
+
+def range_num_bins(lo: float, hi: float, width: float) -> int:
+    """Number of ``width`` bins covering ``label_range=(lo, hi)`` (the last one may stick out).
+
+    ``ValueError`` naming ``label_range`` and ``bin_width`` beyond ``2**24`` bins.
+    """
+    q = (hi - lo) / width
+    if not q < MAX_BINS:  # also catches inf
+        raise ValueError(
+            f"`label_range`=({lo!r}, {hi!r}) with `bin_width`={width!r} makes {q:,.0f} bins; at most "
+            f"{MAX_BINS:,} bins are allowed: use a larger `bin_width` or explicit `bins`"
+        )
+    return max(1, math.ceil(q - SNAP))
 
 
 def smooth_bins(values: torch.Tensor, window: torch.Tensor, *, mode: Literal["constant", "reflect"]) -> torch.Tensor:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rankwise._binning import label_bins_np
 from rankwise._validation import check_positive
 
 __all__ = ["regression_metrics", "shot_groups"]
@@ -27,10 +28,26 @@ def _to_numpy(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def _keys(labels: np.ndarray, bin_width: float | None) -> np.ndarray:
-    if bin_width is None:
+#: floating dtypes from the most to the least precise (exact label matching uses the coarsest of the two)
+_PRECISION = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def _label_dtype(x: Any) -> torch.dtype:
+    """The floating dtype a label container was stored in (float64 for Python numbers and integers)."""
+    if isinstance(x, torch.Tensor) and x.dtype in _PRECISION:
+        return x.dtype
+    if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16):
+        return torch.float32 if x.dtype == np.float32 else torch.float16
+    return torch.float64
+
+
+def _keys(labels: np.ndarray, bin_width: float | None, dtype: torch.dtype) -> np.ndarray:
+    if bin_width is not None:
+        return label_bins_np(labels, bin_width).astype(np.float64)
+    if dtype == torch.float64:
         return labels
-    return np.floor(labels / bin_width + 1e-9)
+    # exact matching across dtypes: round both sides to the coarser dtype (float32 0.7 == float64 0.7)
+    return torch.from_numpy(labels).to(dtype).to(torch.float64).numpy()
 
 
 def _check_thresholds(many_shot: Any, few_shot: Any) -> tuple[float, float]:
@@ -54,7 +71,10 @@ def shot_groups(
     A sample's label (or its bin ``floor(label / bin_width)`` when ``bin_width`` is given, the same bins
     for train and test) is many-shot if it occurs more than ``many_shot`` times in ``train_labels``,
     few-shot if fewer than ``few_shot`` times (absent from training: 0, few-shot), medium otherwise.
-    Without ``bin_width`` labels are compared exactly (integer ages, as the DIR reference).
+    Bins follow :func:`rankwise.data.label_bins` (the same bin whatever the labels' dtype: a float32
+    ``0.7`` is bin 7 of width 0.1, as the float64 one). Without ``bin_width`` labels are compared
+    exactly (integer ages, as the DIR reference), after rounding both sides to the coarser of their
+    two dtypes (so float32 test labels match float64 training labels of the same decimal value).
 
     Example:
         >>> from rankwise.imbalanced import shot_groups
@@ -65,8 +85,9 @@ def shot_groups(
     many, few = _check_thresholds(many_shot, few_shot)
     if bin_width is not None:
         bin_width = check_positive(bin_width, "bin_width")
-    y = _keys(_to_numpy(labels, "labels"), bin_width)
-    tr = np.sort(_keys(_to_numpy(train_labels, "train_labels"), bin_width))
+    coarse = max(_label_dtype(labels), _label_dtype(train_labels), key=_PRECISION.index)
+    y = _keys(_to_numpy(labels, "labels"), bin_width, coarse)
+    tr = np.sort(_keys(_to_numpy(train_labels, "train_labels"), bin_width, coarse))
     counts = np.searchsorted(tr, y, side="right") - np.searchsorted(tr, y, side="left")
     return {"many": counts > many, "medium": (counts >= few) & (counts <= many), "few": counts < few}
 

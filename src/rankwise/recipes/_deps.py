@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rankwise._binning import label_bins_np, snap_floor_np
+
 __all__ = [
     "REGULARIZER_FNS",
     "build_backbone",
@@ -75,7 +77,7 @@ def lds_weight_table(
     )
     w = w.detach().cpu().numpy() if isinstance(w, torch.Tensor) else np.asarray(w)
     w = np.asarray(w, dtype=np.float64).reshape(-1)
-    bins = np.floor(labels / bin_width + 1e-9).astype(np.int64)
+    bins = label_bins_np(labels, bin_width)  # the binning rule of lds_weights / FDS / shot metrics
     ubins, inv = np.unique(bins, return_inverse=True)
     table = np.bincount(inv, weights=w) / np.bincount(inv)
     return ubins, table
@@ -95,8 +97,8 @@ def make_fds(
 ) -> nn.Module:
     from rankwise.imbalanced import FDS
 
-    lo = np.floor(label_range[0] / bin_width + 1e-9) * bin_width
-    hi = (np.floor(label_range[1] / bin_width + 1e-9) + 1) * bin_width
+    lo = snap_floor_np(np.array(label_range[0]), bin_width) * bin_width
+    hi = (snap_floor_np(np.array(label_range[1]), bin_width) + 1) * bin_width
     return FDS(
         feature_dim,
         bin_width=bin_width,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rankwise._binning import snap_floor
 from rankwise.recipes import _deps
 from rankwise.recipes.config import Config, config_from_dict
 
@@ -223,7 +224,7 @@ class DIRRegressor(L.LightningModule):
             return None
         bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
         table: torch.Tensor = self.lds_table  # type: ignore[assignment]
-        b = torch.floor(y.detach().double() / self.bin_width + 1e-9).long()
+        b = snap_floor(y.detach(), self.bin_width).long()  # the binning rule of lds_weights (any dtype)
         idx = torch.searchsorted(bins, b).clamp_(max=bins.numel() - 1)
         w = table[idx]
         return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)

@@ -12,6 +12,8 @@ from rankwise.ops.topk import *  # noqa: F403  isort: skip
 from rankwise.ops.topk import __all__ as _topk_all  # isort: skip
 from rankwise.ops.isotonic import *  # noqa: F403  isort: skip
 from rankwise.ops.isotonic import __all__ as _iso_all  # isort: skip
+from rankwise.ops.sinkhorn import *  # noqa: F403  isort: skip
+from rankwise.ops.sinkhorn import __all__ as _sinkhorn_all  # isort: skip
 
 __all__ = [
     "OPS",
@@ -32,4 +34,5 @@ __all__ = [
     *_perm_all,
     *_topk_all,
     *_iso_all,
+    *_sinkhorn_all,
 ]

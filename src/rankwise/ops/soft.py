@@ -75,6 +75,9 @@ def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
     * ``"neuralsort"`` — Grover et al. (ICLR'19): ``P̂ x`` with NeuralSort's relaxed permutation
       matrix; option ``tau``.
     * ``"softsort"`` — Prillo & Eisenschlos (ICML'20); options ``tau``, ``power``.
+    * ``"sinkhorn"`` — Cuturi, Teboul & Vert (NeurIPS'19): optimal transport onto sorted targets;
+      options ``epsilon`` (default 1e-2), ``p``, ``num_targets`` (the output then has that length
+      along ``dim``), ``tol``, ``max_iter``; see :func:`rankwise.soft_sort_sinkhorn`.
 
     As the strength / temperature goes to 0 the result tends to ``torch.sort(x).values``.
 

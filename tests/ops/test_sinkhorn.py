@@ -1,0 +1,398 @@
+"""Tests of the optimal-transport soft sort / rank (Cuturi, Teboul & Vert, NeurIPS 2019)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import rankwise
+from rankwise.ops import sinkhorn as sk
+from tests.conftest import DEVICES, gradcheck
+
+
+# --------------------------------------------------------------------------------------------------
+# independent slow reference, written from the paper's formulas: probability-domain Sinkhorn
+# (u = a / K v, v = b / K^T u) in float64, iterated until the marginals hold to 1e-13; its autograd
+# gradients are those of the unrolled iterations
+# --------------------------------------------------------------------------------------------------
+def ref_plan(x: torch.Tensor, eps: float, p: float = 2.0, m: int | None = None, descending: bool = False):
+    x = x.double()
+    n = x.shape[-1]
+    m = n if m is None else m
+    mu = x.mean(-1, keepdim=True)
+    std = torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True)).clamp_min(1e-6)  # population std
+    xs = torch.sigmoid((x - mu) / (std * math.sqrt(3.0) / math.pi))
+    y = torch.tensor([j / max(1, m - 1) for j in range(m)], dtype=torch.float64)
+    if descending:
+        y = y.flip(0)
+    kernel = torch.exp(-((xs.unsqueeze(-1) - y).abs() ** p) / eps)
+    a, b = 1.0 / n, 1.0 / m
+    v = torch.ones(*x.shape[:-1], m, dtype=torch.float64)
+    for it in range(200_000):
+        u = a / (kernel @ v.unsqueeze(-1)).squeeze(-1)
+        v = b / (kernel.mT @ u.unsqueeze(-1)).squeeze(-1)
+        if it % 50 == 0:
+            u = a / (kernel @ v.unsqueeze(-1)).squeeze(-1)
+            plan = u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+            if float((plan.detach().sum(-2) / b - 1).abs().max()) < 1e-13:
+                return plan
+    raise AssertionError("reference did not converge")
+
+
+def ref_rank(x: torch.Tensor, eps: float, **kw) -> torch.Tensor:
+    plan = ref_plan(x, eps, **kw)
+    n, m = plan.shape[-2:]
+    cdf = (plan @ (torch.arange(1, m + 1, dtype=torch.float64) / m)) * n  # P cumsum(b) / a
+    return cdf * n
+
+
+def ref_sort(x: torch.Tensor, eps: float, **kw) -> torch.Tensor:
+    plan = ref_plan(x, eps, **kw)
+    return (plan.mT @ x.double().unsqueeze(-1)).squeeze(-1) * plan.shape[-1]  # P^T x / b
+
+
+def _unrolled_log_plan(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, int]:
+    """The authors' iteration (log-domain sweeps, epsilon decaying from 0.1 by 0.95 per sweep) run until
+    the marginals hold to 1e-13, differentiated by autograd through every sweep; returns the plan and the
+    number of sweeps."""
+    n = x.shape[-1]
+    cost = sk._cost(sk._squash(x), sk._targets(n, False, x), 2.0)
+    g = torch.zeros(x.shape[0], n, dtype=x.dtype)
+    e = 0.1
+    for it in range(1, 20_000):
+        g = sk._sweep(g, cost, e)
+        e = max(e * 0.95, eps)
+        if it % 100 == 0 and float(sk._col_error(sk._log_plan(g.detach(), cost.detach(), eps)).max()) < 1e-13:
+            return sk._log_plan(g, cost, eps).exp(), it
+    raise AssertionError("unrolled sweeps did not converge")
+
+
+CASES = [  # (epsilon, p, num_targets, descending)
+    (0.5, 2.0, None, False),
+    (0.1, 2.0, None, True),
+    (0.1, 1.0, 4, True),
+    (0.05, 1.5, 10, False),
+    (0.03, 2.0, None, False),
+    (0.01, 2.0, 5, False),
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# parity with the reference: values and gradients
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("eps", "p", "m", "descending"), CASES)
+def test_matches_reference_values_and_gradients(eps: float, p: float, m: int | None, descending: bool) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    kw = {"epsilon": eps, "p": p, "num_targets": m, "descending": descending}
+    rkw = {"p": p, "m": m, "descending": descending}
+    pairs = [
+        (rankwise.sinkhorn_transport, ref_plan),
+        (rankwise.soft_rank_sinkhorn, ref_rank),
+        (rankwise.soft_sort_sinkhorn, ref_sort),
+    ]
+    for fn, ref in pairs:
+        xa = x.clone().requires_grad_()
+        xb = x.clone().requires_grad_()
+        got, want = fn(xa, **kw), ref(xb, eps, **rkw)
+        assert got.shape == want.shape
+        assert (got - want).abs().max() < 1e-10
+        w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+        (ga,) = torch.autograd.grad((got * w).sum(), xa)
+        (gb,) = torch.autograd.grad((want * w).sum(), xb)
+        assert (ga - gb).abs().max() < 1e-8 * max(1.0, float(gb.abs().max()))
+
+
+def test_implicit_gradient_matches_unrolled_log_domain_at_small_epsilon() -> None:
+    """At epsilon = 5e-3 (where the probability-domain kernel nearly underflows) against unrolled sweeps."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 16, 16, generator=g, dtype=torch.float64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = rankwise.sinkhorn_transport(xa, epsilon=5e-3)
+    want, sweeps = _unrolled_log_plan(xb, 5e-3)
+    assert sweeps >= 1000  # the authors' iteration needs ~1,500 sweeps here; the solver ~70 and a few Newton steps
+    assert sk._LAST[0].newton_steps <= 5 and sk._LAST[0].sweeps < 100
+    assert (got - want).abs().max() < 1e-10
+    (ga,) = torch.autograd.grad((got * w).sum(), xa)
+    (gb,) = torch.autograd.grad((want * w).sum(), xb)
+    assert (ga - gb).abs().max() < 1e-6 * float(gb.abs().max())
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"epsilon": 0.1}, {"epsilon": 0.01, "descending": True}, {"epsilon": 0.05, "num_targets": 4}, {"epsilon": 1e-3}],
+)
+def test_gradcheck(kw: dict) -> None:
+    x = torch.randn(2, 5, dtype=torch.float64)
+    fns = [rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn]
+    if kw["epsilon"] == 0.05:
+        fns.append(rankwise.sinkhorn_transport)
+    for fn in fns:
+        assert gradcheck(lambda t, fn=fn: fn(t, **kw), x)
+
+
+def test_gradcheck_dim0_leading_dims() -> None:
+    x = torch.randn(4, 2, 2, dtype=torch.float64)
+    assert gradcheck(lambda t: rankwise.soft_rank_sinkhorn(t, epsilon=0.1, dim=0), x)
+    assert gradcheck(lambda t: rankwise.soft_sort_sinkhorn(t, epsilon=0.1, dim=0, num_targets=3), x)
+
+
+def test_float32_agrees_with_float64() -> None:
+    x = torch.randn(8, 32, dtype=torch.float64)
+    w = torch.randn(8, 32, dtype=torch.float64)
+    for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn):
+        x64, x32 = x.clone().requires_grad_(), x.float().requires_grad_()
+        o64, o32 = fn(x64, epsilon=1e-2), fn(x32, epsilon=1e-2)
+        assert o32.dtype == torch.float32
+        (g64,) = torch.autograd.grad((o64 * w).sum(), x64)
+        (g32,) = torch.autograd.grad((o32 * w.float()).sum(), x32)
+        assert (o32.double() - o64).abs().max() < 1e-4 * float(o64.abs().max())
+        assert (g32.double() - g64).abs().max() < 1e-4 * float(g64.abs().max())
+
+
+# --------------------------------------------------------------------------------------------------
+# convergence and stability
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps", [0.1, 1e-2, 1e-3, 1e-4])
+@pytest.mark.parametrize("n", [16, 32])
+def test_solver_converges_in_few_newton_steps(eps: float, n: int) -> None:
+    x = torch.randn(16, n, dtype=torch.float64)
+    cost = sk._cost(sk._squash(x), sk._targets(n, False, x), 2.0)
+    g, info = sk._solve(cost, eps, 1e-10, 50)
+    assert info.converged and info.error <= 1e-10
+    assert info.newton_steps <= 6
+    assert info.sweeps == (6 if eps >= 0.1 else 1 + math.ceil(math.log(eps / 0.1) / math.log(0.95)) + 5)
+    plan = sk._log_plan(g, cost, eps).exp()
+    torch.testing.assert_close(plan.sum(-1), torch.full((16, n), 1 / n, dtype=torch.float64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(plan.sum(-2), torch.full((16, n), 1 / n, dtype=torch.float64), rtol=1e-10, atol=0)
+
+
+def test_plan_is_the_converged_one_where_the_authors_stopping_rule_is_not() -> None:
+    """The authors' default rule (relative error 1e-2) stops far from the plan at epsilon = 1e-2."""
+    x = torch.randn(4, 32, dtype=torch.float64)
+    want = ref_plan(x, 1e-2)
+    got = rankwise.sinkhorn_transport(x, epsilon=1e-2)
+    assert (got - want).abs().max() < 1e-12
+    assert sk._LAST[0].error < 1e-10
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.type)
+def test_float32_stable_at_epsilon_1e_3(device: torch.device) -> None:
+    gen = torch.Generator().manual_seed(3)
+    xs = [
+        torch.randn(64, 32, generator=gen),
+        torch.randn(2, 128, generator=gen) * 1e4,
+        torch.randn(16, 7, generator=gen) * 1e-3 + 5.0,
+        torch.randint(0, 3, (16, 24), generator=gen).float(),  # many exact ties
+        torch.cat([torch.zeros(4, 10), torch.full((4, 1), 1e-5)], dim=-1),  # one outlier
+        torch.randn(4, 2, generator=gen),
+    ]
+    for x in xs:
+        for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn, rankwise.sinkhorn_transport):
+            xi = x.to(device).requires_grad_()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # converges to the default float32 tolerance: no warning
+                out = fn(xi, epsilon=1e-3)
+            assert out.dtype == torch.float32 and torch.isfinite(out).all()
+            (out * torch.randn_like(out)).sum().backward()
+            assert xi.grad is not None and torch.isfinite(xi.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("spread", [True, False], ids=["separated", "gaussian"])
+def test_tends_to_hard_sort_and_rank(dtype: torch.dtype, spread: bool) -> None:
+    gen = torch.Generator().manual_seed(4)
+    if spread:  # shuffled 0..11 plus noise: squashed values at least ~0.03 apart
+        x = torch.stack([torch.randperm(12, generator=gen) for _ in range(6)]).double()
+        x = x + 0.1 * torch.rand(6, 12, generator=gen, dtype=torch.float64)
+    else:  # gaussian draws: some squashed values nearly tie, so the limit is reached at smaller epsilon
+        x = torch.randn(6, 12, generator=gen, dtype=torch.float64)
+    x = x.to(dtype)
+    hard_rank = rankwise.rank(x).double()
+    hard_sort = torch.sort(x, dim=-1).values.double()
+    rank_err, sort_err = [], []
+    epsilons = (1e-1, 1e-2, 1e-3, 1e-4) if spread else (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+    for eps in epsilons:
+        rank_err.append(float((rankwise.soft_rank_sinkhorn(x, epsilon=eps).double() - hard_rank).abs().max()))
+        sort_err.append(float((rankwise.soft_sort_sinkhorn(x, epsilon=eps).double() - hard_sort).abs().max()))
+    assert rank_err == sorted(rank_err, reverse=True) and sort_err == sorted(sort_err, reverse=True)
+    assert rank_err[0] > 0.1 and rank_err[-1] < 1e-3 and sort_err[-1] < 1e-3
+    plan = rankwise.sinkhorn_transport(x, epsilon=epsilons[-1]).double() * 12
+    perm = torch.zeros(6, 12, 12, dtype=torch.float64).scatter(-1, (hard_rank.long() - 1).unsqueeze(-1), 1.0)
+    assert (plan - perm).abs().max() < 1e-3
+
+
+def test_ties_average_in_the_limit() -> None:
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0]], dtype=torch.float64)
+    torch.testing.assert_close(
+        rankwise.soft_rank_sinkhorn(x, epsilon=1e-4), torch.tensor([[3.5, 1.0, 3.5, 2.0]]).double()
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# conventions
+# --------------------------------------------------------------------------------------------------
+def test_conventions() -> None:
+    x = torch.randn(5, 9, dtype=torch.float64)
+    # ascending ranks 1..n, descending = reversed; soft ranks lie in [n/m, n]
+    r = rankwise.soft_rank_sinkhorn(x, epsilon=0.05)
+    rd = rankwise.soft_rank_sinkhorn(x, epsilon=0.05, descending=True)
+    torch.testing.assert_close(r + rd, torch.full_like(r, 10.0))
+    rq = rankwise.soft_rank_sinkhorn(x, epsilon=0.05, num_targets=3)
+    assert rq.min() >= 3.0 - 1e-12 and rq.max() <= 9.0 + 1e-12
+    torch.testing.assert_close(r.sum(-1), torch.full((5,), 45.0, dtype=torch.float64))
+    # the soft sort is sorted, keeps the mean, and reverses when descending
+    s = rankwise.soft_sort_sinkhorn(x, epsilon=0.05)
+    assert (s.diff(dim=-1) > 0).all()
+    torch.testing.assert_close(s.mean(-1), x.mean(-1))
+    torch.testing.assert_close(rankwise.soft_sort_sinkhorn(x, epsilon=0.05, descending=True), s.flip(-1))
+    # squashing makes the operator invariant to shifting and positive scaling of x
+    torch.testing.assert_close(rankwise.soft_rank_sinkhorn(3.0 * x - 7.0, epsilon=0.05), r)
+    torch.testing.assert_close(rankwise.soft_sort_sinkhorn(3.0 * x - 7.0, epsilon=0.05), 3.0 * s - 7.0)
+    # the plan is doubly stochastic with weights 1/n and 1/m
+    plan = rankwise.sinkhorn_transport(x, epsilon=0.05, num_targets=4)
+    torch.testing.assert_close(plan.sum(-1), torch.full((5, 9), 1 / 9, dtype=torch.float64))
+    torch.testing.assert_close(plan.sum(-2), torch.full((5, 4), 1 / 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.type)
+def test_degenerate(device: torch.device) -> None:
+    # all ties: every input squashes to 1/2, P = a b^T, rank n (m + 1) / (2 m), sort = x
+    x = torch.full((2, 5), 0.7, device=device, requires_grad=True)
+    for m in (None, 3):
+        torch.testing.assert_close(
+            rankwise.soft_rank_sinkhorn(x, num_targets=m),
+            torch.full((2, 5), 5 * ((m or 5) + 1) / (2 * (m or 5)), device=device),
+        )
+        out = rankwise.soft_sort_sinkhorn(x, num_targets=m)
+        torch.testing.assert_close(out, torch.full((2, m or 5), 0.7, device=device))
+        out.sum().backward()
+        assert torch.isfinite(x.grad).all()
+    # n = 1
+    one = torch.tensor([[2.5]], device=device, requires_grad=True)
+    torch.testing.assert_close(rankwise.soft_rank_sinkhorn(one), torch.ones(1, 1, device=device))
+    torch.testing.assert_close(rankwise.soft_sort_sinkhorn(one, num_targets=3), torch.full((1, 3), 2.5, device=device))
+    # empty
+    for shape in [(0,), (3, 0), (0, 4)]:
+        e = torch.zeros(shape, device=device, requires_grad=True)
+        assert rankwise.soft_rank_sinkhorn(e).shape == shape
+        assert rankwise.soft_sort_sinkhorn(e).shape == shape
+        assert rankwise.sinkhorn_transport(e).shape == (*shape[:-1], shape[-1], shape[-1])
+        rankwise.soft_rank_sinkhorn(e).sum().backward()
+    assert rankwise.soft_sort_sinkhorn(torch.zeros(0, 4, device=device), num_targets=2).shape == (0, 2)
+
+
+def test_nan_rows_stay_local() -> None:
+    x = torch.randn(3, 6, dtype=torch.float64)
+    x[1, 2] = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = rankwise.soft_rank_sinkhorn(x, epsilon=0.05)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
+    torch.testing.assert_close(out[[0, 2]], rankwise.soft_rank_sinkhorn(x[[0, 2]], epsilon=0.05))
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_computed_in_float32(half: torch.dtype) -> None:
+    x = torch.randn(3, 8)
+    for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn):
+        got = fn(x.to(half), epsilon=0.05)
+        assert got.dtype == half
+        torch.testing.assert_close(got.float(), fn(x.to(half).float(), epsilon=0.05).to(half).float())
+
+
+def test_leading_dims_and_dim() -> None:
+    x = torch.randn(4, 6, 3, dtype=torch.float64)
+    for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn):
+        got = fn(x, epsilon=0.05, dim=1)
+        want = fn(x.movedim(1, -1).reshape(-1, 6), epsilon=0.05).reshape(4, 3, 6).movedim(-1, 1)
+        torch.testing.assert_close(got, want)
+    assert rankwise.soft_sort_sinkhorn(x, epsilon=0.05, dim=1, num_targets=2).shape == (4, 2, 3)
+    assert rankwise.sinkhorn_transport(x, epsilon=0.05, dim=1, num_targets=2).shape == (4, 3, 6, 2)
+
+
+def test_warns_when_not_converged() -> None:
+    x = torch.randn(4, 16, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"did not reach tol=1e-14 at epsilon=0.001 within max_iter=0"):
+        out = rankwise.soft_rank_sinkhorn(x, epsilon=1e-3, tol=1e-14, max_iter=0)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    x = torch.randn(4, 20, dtype=torch.float64)
+    w = torch.randn(4, 20, dtype=torch.float64)
+    for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn):
+        outs = []
+        for dev in ("cpu", "cuda"):
+            xi = x.to(dev).requires_grad_()
+            o = fn(xi, epsilon=1e-2)
+            (o * w.to(dev)).sum().backward()
+            outs.append((o.detach().cpu(), xi.grad.cpu()))
+        torch.testing.assert_close(outs[0][0], outs[1][0])
+        torch.testing.assert_close(outs[0][1], outs[1][1])
+
+
+# --------------------------------------------------------------------------------------------------
+# API: dispatch, modules, registry, errors
+# --------------------------------------------------------------------------------------------------
+def test_soft_dispatch_and_modules() -> None:
+    x = torch.randn(3, 5)
+    kw = {"epsilon": 0.05, "p": 1.0, "num_targets": 4, "descending": True}
+    torch.testing.assert_close(rankwise.soft_rank(x, method="sinkhorn", **kw), rankwise.soft_rank_sinkhorn(x, **kw))
+    torch.testing.assert_close(rankwise.soft_sort(x, method="sinkhorn", **kw), rankwise.soft_sort_sinkhorn(x, **kw))
+    torch.testing.assert_close(rankwise.SoftRank(method="sinkhorn", **kw)(x), rankwise.soft_rank_sinkhorn(x, **kw))
+    torch.testing.assert_close(rankwise.SinkhornSoftRank(**kw)(x), rankwise.soft_rank_sinkhorn(x, **kw))
+    torch.testing.assert_close(rankwise.SinkhornSoftSort(**kw)(x), rankwise.soft_sort_sinkhorn(x, **kw))
+    torch.testing.assert_close(rankwise.SinkhornTransport(**kw)(x), rankwise.sinkhorn_transport(x, **kw))
+    assert "sinkhorn" in rankwise.list_soft_methods()
+    assert "epsilon=0.05" in repr(rankwise.SinkhornSoftRank(**kw))
+    # the default epsilon is 1e-2
+    torch.testing.assert_close(rankwise.soft_rank(x, method="sinkhorn"), rankwise.soft_rank_sinkhorn(x, epsilon=1e-2))
+
+
+@pytest.mark.parametrize(
+    "name", ["sinkhorn_transport", "soft_rank.sinkhorn", "soft_sort.sinkhorn", "soft_sort.sinkhorn_quantized"]
+)
+def test_registry_entries(name: str) -> None:
+    assert name in rankwise.list_ops()
+    entry = rankwise.get_op_entry(name)
+    assert entry.module is not None and entry.example is not None and entry.degenerate is not None
+    assert entry.gradient == "exact"
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(2, 4)
+    for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn, rankwise.sinkhorn_transport):
+        with pytest.raises(ValueError, match=r"`epsilon` must be finite and > 0, got 0"):
+            fn(x, epsilon=0)
+        with pytest.raises(ValueError, match=r"`p` must be >= 1 .* got 0.5"):
+            fn(x, p=0.5)
+        with pytest.raises(ValueError, match=r"`num_targets` must be >= 1 or None, got 0"):
+            fn(x, num_targets=0)
+        with pytest.raises(TypeError, match=r"`num_targets` must be an int or None, got bool"):
+            fn(x, num_targets=True)
+        with pytest.raises(ValueError, match=r"`tol` must be finite and > 0, got -1.0"):
+            fn(x, tol=-1.0)
+        with pytest.raises(TypeError, match=r"`max_iter` must be an int, got float"):
+            fn(x, max_iter=10.0)
+        with pytest.raises(ValueError, match=r"`max_iter` must be >= 0, got -1"):
+            fn(x, max_iter=-1)
+        with pytest.raises(TypeError, match=r"`descending` must be a bool, got int"):
+            fn(x, descending=1)
+        with pytest.raises(TypeError, match=r"`x` must be a floating-point tensor, got dtype torch.int64"):
+            fn(torch.arange(4))
+        with pytest.raises(ValueError, match=r"`x` must have at least 1 dimension"):
+            fn(torch.tensor(1.0))
+        with pytest.raises(ValueError, match=r"`dim` must be in \[-2, 1\]"):
+            fn(x, dim=2)
+        with pytest.raises(ValueError, match=r"`x` has no entries along `dim`.*num_targets=3"):
+            fn(torch.zeros(2, 0), num_targets=3)
+    with pytest.raises(ValueError, match=r"`epsilon` must be finite and > 0, got nan"):
+        rankwise.SinkhornSoftRank(epsilon=float("nan"))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):
+        rankwise.soft_rank(x, method="sinkhorn", tau=1.0)

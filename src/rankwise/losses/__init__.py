@@ -1,6 +1,8 @@
 """Rank-based, contrastive and imbalanced-regression losses."""
 
 from rankwise.losses._registry import LOSSES, get_loss, get_loss_entry, list_losses, register_loss
+from rankwise.losses.balanced_mse import *  # noqa: F403
+from rankwise.losses.balanced_mse import __all__ as _bmse_all
 from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
 from rankwise.losses.ranking import *  # noqa: F403
@@ -18,4 +20,5 @@ __all__ = [
     *_ranking_all,
     *_contrastive_all,
     *_imb_all,
+    *_bmse_all,
 ]

@@ -111,12 +111,20 @@ class SolveInfo:
 # problem set-up
 # --------------------------------------------------------------------------------------------------
 def _squash(x: torch.Tensor) -> torch.Tensor:
-    """Sigmoid of the standardized rows (population std floored at 1e-6), scaled by sqrt(3)/pi."""
-    mu = x.mean(dim=-1, keepdim=True)
-    var = (x - mu).square().mean(dim=-1, keepdim=True)
-    # sqrt(max(var, min_std^2)) == max(std, min_std), with a finite gradient when all entries tie
-    std = var.clamp_min(_MIN_STD**2).sqrt()
-    return torch.sigmoid((x - mu) / (std * (math.sqrt(3.0) / math.pi)))
+    """Sigmoid of the standardized rows (population std floored at 1e-6), scaled by sqrt(3)/pi.
+
+    Computed on ``x / c`` with ``c = max|x|`` per row (detached): standardization is invariant to that
+    scaling (the floor becomes ``1e-6 / c``), so values and gradients are unchanged while large inputs
+    (float32 beyond ~1e19) no longer overflow in the variance.
+    """
+    c = x.detach().abs().amax(dim=-1, keepdim=True)
+    c = torch.where(c > 0, c, torch.ones_like(c))
+    xs = x / c
+    mu = xs.mean(dim=-1, keepdim=True)
+    var = (xs - mu).square().mean(dim=-1, keepdim=True)
+    # sqrt(max(var, floor^2)) == max(std, floor), with a finite gradient when all entries tie
+    std = torch.maximum(var, (_MIN_STD / c).square()).sqrt()
+    return torch.sigmoid((xs - mu) / (std * (math.sqrt(3.0) / math.pi)))
 
 
 def _targets(m: int, descending: bool, like: torch.Tensor) -> torch.Tensor:

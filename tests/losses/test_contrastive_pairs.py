@@ -157,7 +157,11 @@ def test_modules_registry_and_errors():
     with pytest.raises(ValueError, match="`reduction` must be one of 'mean', 'sum', 'none'"):
         triplet_loss(x, y, reduction="max")
     with pytest.raises(ValueError, match="`labels` and `mask` cannot both"):
-        triplet_loss(x, y, torch.eye(4))
+        triplet_loss(x, y, mask=torch.eye(4))
+    with pytest.raises(TypeError, match=r"triplet_loss\(\) takes from 1 to 2 positional arguments but 3 were given"):
+        triplet_loss(x, y, 0.5)  # options are keyword-only: 0.5 is not taken as `mask`
+    with pytest.raises(TypeError, match=r"npairs_loss\(\) takes from 1 to 2 positional arguments"):
+        npairs_loss(x, y, 0.5)
     with pytest.raises(ValueError, match=r"`features` must have shape \(B, 2, D\)"):
         npairs_loss(_feats(4, 3, 2))
     with pytest.raises(ValueError, match="`temperature` must be finite and > 0"):

@@ -234,3 +234,8 @@ def test_modules_registry_and_errors():
         ConRLoss(variant="both")
     with pytest.raises(TypeError, match=r"`preds` must be a torch\.Tensor"):
         conr_loss(x, Y, [1.0] * 7)
+    # options are keyword-only (ConR's predictions are data: the third positional argument)
+    with pytest.raises(TypeError, match=r"rnc_loss\(\) takes 2 positional arguments but 3 were given"):
+        rnc_loss(x, Y, 2.0)
+    with pytest.raises(TypeError, match=r"conr_loss\(\) takes 3 positional arguments but 4 were given"):
+        conr_loss(x, Y, YHAT, torch.ones(7))

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rankwise.losses import SupConLoss, get_loss_entry, list_losses, supcon_loss
+from rankwise.losses import SupConLoss, _supcon, get_loss_entry, list_losses, supcon_loss
 from tests.conftest import gradcheck, tol
 
 
@@ -80,6 +80,14 @@ def _feats(*shape, seed=0, dtype=torch.float64, scale=1.0):
 LABELS = torch.tensor([0, 1, 0, 2, 1, 3])  # label 2 and 3 appear once: single-view anchors have no positive
 
 
+@pytest.fixture(params=["mask", "groups"])
+def label_path(request, monkeypatch):
+    """Labels become a (B, B) mask for small batches and sorted group ids for large ones: test both."""
+    if request.param == "groups":
+        monkeypatch.setattr(_supcon, "_MASK_MAX_SAMPLES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("views", [1, 2, 3])
 @pytest.mark.parametrize("contrast_mode", ["all", "one"])
 @pytest.mark.parametrize("variant", ["out", "in"])
@@ -92,6 +100,22 @@ def test_parity_with_slow_loop(views, contrast_mode, variant, source):
     opts = {"temperature": 0.3, "contrast_mode": contrast_mode, "variant": variant}
     got = supcon_loss(x, **kw, **opts)
     want = slow_supcon(x, **kw, **opts)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    (g1,) = torch.autograd.grad(got, x)
+    (g2,) = torch.autograd.grad(want, x)
+    torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("views", [1, 2, 3])
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_parity_with_slow_loop_label_groups(views, contrast_mode, variant, monkeypatch):
+    """Large batches turn labels into sorted group ids instead of a (B, B) mask."""
+    monkeypatch.setattr(_supcon, "_MASK_MAX_SAMPLES", 0)
+    x = _feats(6, views, 5, seed=views)
+    opts = {"temperature": 0.3, "contrast_mode": contrast_mode, "variant": variant}
+    got = supcon_loss(x, LABELS, **opts)
+    want = slow_supcon(x, LABELS, **opts)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     (g1,) = torch.autograd.grad(got, x)
     (g2,) = torch.autograd.grad(want, x)
@@ -137,24 +161,43 @@ def test_chunked_equals_unchunked(chunk_size, variant):
     )
 
 
-def test_saves_no_square_tensor():
-    """Autograd keeps only O(B*V*D) inputs and per-anchor statistics, never a (B*V) x (B*V) tensor."""
-    b, v, d = 64, 2, 8
-    n = b * v
-    x = _feats(b, v, d, dtype=torch.float32)
-    y = torch.arange(b) % 7
+def _saved_sizes(*args, **kwargs):
+    """Sizes of the tensors autograd saves for backward in ``supcon_loss(*args, **kwargs)``."""
     sizes: list[int] = []
 
     def pack(t):
         sizes.append(t.numel())
         return t
 
-    for chunk_size in (None, 16):
-        sizes.clear()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = supcon_loss(x, y, chunk_size=chunk_size)
-        assert max(sizes) <= n * d < n * n
-        loss.backward()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = supcon_loss(*args, **kwargs)
+    loss.backward()
+    return sizes
+
+
+def test_blockwise_saves_no_square_tensor(monkeypatch):
+    """Blockwise, autograd keeps only O(B*V*D) inputs, per-anchor statistics and (small batches) the
+    (B, B) label mask, never a (B*V) x (B*V) tensor; automatic blocking goes blockwise exactly when
+    the logits exceed the memory budget."""
+    b, v, d = 64, 2, 8
+    n = b * v
+    x = _feats(b, v, d, dtype=torch.float32)
+    y = torch.arange(b) % 7
+    for variant in ("out", "in"):
+        assert max(_saved_sizes(x, y, chunk_size=16, variant=variant)) <= b * b < n * n
+        assert max(_saved_sizes(x, chunk_size=16, variant=variant)) <= n * d
+        # within the budget: one block, the softmax is kept for backward instead of recomputed
+        assert max(_saved_sizes(x, y, variant=variant)) == n * n
+    monkeypatch.setattr(_supcon, "_DENSE_MAX_ELEMENTS", n * n - 1)
+    monkeypatch.setattr(_supcon, "_AUTO_BLOCK_ELEMENTS", 16 * n)
+    assert max(_saved_sizes(x, y)) <= b * b
+    big_b = _supcon._MASK_MAX_SAMPLES + 1  # labels as group ids: nothing quadratic at all
+    xb, yb = _feats(big_b, 2, 4, dtype=torch.float32), torch.arange(big_b) % 7
+    assert max(_saved_sizes(xb, yb, chunk_size=16)) <= 2 * big_b * 4
+    assert _supcon._block_size(None, n, n) == 16
+    monkeypatch.setattr(_supcon, "_DENSE_MAX_ELEMENTS", n * n)
+    assert _supcon._block_size(None, n, n) == n
+    assert _supcon._block_size(1000, n, n) == n
 
 
 def test_gradcheck():
@@ -230,7 +273,12 @@ def test_errors():
     x = _feats(4, 2, 3)
     y = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="`labels` and `mask` cannot both"):
-        supcon_loss(x, y, torch.eye(4))
+        supcon_loss(x, y, mask=torch.eye(4))
+    # options are keyword-only: a third positional argument is not silently taken as `mask`
+    with pytest.raises(TypeError, match=r"supcon_loss\(\) takes from 1 to 2 positional arguments but 3 were given"):
+        supcon_loss(x, y, 0.1)
+    with pytest.raises(TypeError, match="positional arguments but 4 were given"):
+        SupConLoss()(x, y, torch.eye(4))
     with pytest.raises(ValueError, match=r"`features` must have shape \(B, D\) or \(B, V, D\)"):
         supcon_loss(x[0, 0], y)
     with pytest.raises(TypeError, match="`features` must be a floating-point tensor"):
@@ -253,6 +301,55 @@ def test_errors():
         supcon_loss(x, y, chunk_size=0)
     with pytest.raises(TypeError, match="`chunk_size` must be an int or None, got float"):
         supcon_loss(x, y, chunk_size=2.0)
+
+
+@pytest.mark.parametrize("variant", ["out", "in"])
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_nan_bool_and_signed_zero_labels(variant, chunk_size, label_path):
+    """Labels are compared with ``==``: a NaN label is nobody's positive (not even its other views'),
+    -0.0 equals 0.0, bool labels work."""
+    x = _feats(6, 2, 5, seed=11)
+    opts = {"temperature": 0.4, "variant": variant}
+    for y in (
+        torch.tensor([0.0, math.nan, 1.0, math.nan, 1.0, -0.0]),
+        torch.tensor([True, False, True, True, False, False]),
+        torch.tensor([math.nan] * 6),
+    ):
+        got = supcon_loss(x, y, chunk_size=chunk_size, **opts)
+        want = slow_supcon(x, y, **opts)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        (g1,) = torch.autograd.grad(got, x)
+        (g2,) = torch.autograd.grad(want, x) if want.requires_grad else (torch.zeros_like(x),)
+        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("variant", ["out", "in"])
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+@pytest.mark.parametrize("block", [1, 3, 100])
+def test_anchor_subsets_add_up(variant, contrast_mode, block, label_path):
+    """The anchors of samples s0..s1 (what one rank computes under DDP) against all views: the
+    parts of a partition of the batch add up to the loss and gradient of the whole batch."""
+    x = _feats(7, 3, 4, seed=5)
+    y = torch.tensor([0, 1, 0, 2, 1, 3, 0])
+    pos = _supcon._Positives.from_keys(y, x.dtype)
+    va = 3 if contrast_mode == "all" else 1
+    n = 21
+    full = supcon_loss(x, y, temperature=0.3, variant=variant, contrast_mode=contrast_mode)
+    (g_full,) = torch.autograd.grad(full, x)
+    valid_total = 7 * va  # every view has a positive (the other views of its sample)
+    parts = []
+    for s0, s1 in ((0, 2), (2, 3), (3, 7)):
+        anchors = _supcon._Anchors(s0, s1, va, 3, n)
+        blk = min(block, anchors.m)
+        parts.append(
+            _supcon._SupCon.apply(
+                x, True, anchors, pos, 0.3, variant, blk, 1.0, lambda c: torch.full_like(c, valid_total)
+            )
+        )
+    total = sum(parts)
+    torch.testing.assert_close(total, full)
+    (g_parts,) = torch.autograd.grad(total, x)
+    torch.testing.assert_close(g_parts, g_full)
 
 
 def test_labels_with_trailing_dim_and_float_labels():

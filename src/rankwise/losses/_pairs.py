@@ -71,8 +71,8 @@ def _dist_reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str, layout
 def triplet_loss(
     features: torch.Tensor,
     labels: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
     *,
+    mask: torch.Tensor | None = None,
     margin: float = 0.2,
     distance: Distance = "squared",
     mining: Mining = "all",
@@ -294,12 +294,12 @@ class TripletLoss(nn.Module):
         self.distributed = distributed
 
     def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
+        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         return triplet_loss(
             features,
             labels,
-            mask,
+            mask=mask,
             margin=self.margin,
             distance=self.distance,
             mining=self.mining,

@@ -22,7 +22,6 @@ from rankwise.distributed import (
 from rankwise.losses._contrastive_common import (
     as_labels,
     as_views,
-    local_view_rows,
     random_features,
     sample_mask,
     zero_with_graph,
@@ -32,8 +31,17 @@ from rankwise.losses._registry import register_loss
 __all__ = ["SupConLoss", "supcon_loss"]
 
 ContrastMode = Literal["all", "one"]
-_AUTO_BLOCK_ELEMENTS = 1 << 22
 Variant = Literal["out", "in"]
+# Automatic blocking: the anchors x contrast logits are computed in one piece (and kept for
+# backward) when they have at most this many elements (2**26 float32 = 256 MiB, B = 4096 with
+# two views); larger problems go blockwise, in blocks of about _AUTO_BLOCK_ELEMENTS logits that
+# are recomputed in backward.
+_DENSE_MAX_ELEMENTS = 1 << 26
+_NORM_EPS = 1e-12  # F.normalize's default
+_AUTO_BLOCK_ELEMENTS = 1 << 22
+# Up to this many views, backward with all views as anchors forms W + W^T (two passes over the
+# (N, N) softmax) and does one matmul instead of two.
+_SYMMETRIC_MAX_N = 1024
 
 
 def _check_chunk(chunk_size: int | None) -> int | None:
@@ -46,127 +54,289 @@ def _check_chunk(chunk_size: int | None) -> int | None:
     return chunk_size
 
 
-def _block_masks(
-    anchor_idx: torch.Tensor, n: int, keys: torch.Tensor, batch: int, use_mask: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c, N) positives (self excluded) and self masks of a block of anchors, in O(c * N) memory.
+def _block_size(chunk: int | None, n_anchor: int, n: int) -> int:
+    """Anchors per block: all of them when the logits fit the budget (or ``chunk`` covers them)."""
+    if chunk is None:
+        chunk = n_anchor if n_anchor * n <= _DENSE_MAX_ELEMENTS else max(1, _AUTO_BLOCK_ELEMENTS // n)
+    return max(1, min(chunk, n_anchor))
 
-    Columns are views in view-major order (column k is sample ``k % batch``); ``anchor_idx`` is the
-    column of each anchor itself. ``keys``: a (B, B) bool positive mask when ``use_mask``, else
-    per-sample keys (B,) where equal keys are positives.
+
+_MASK_MAX_SAMPLES = 256  # up to this many samples, label positives are a (B, B) matrix (fewer, larger ops)
+
+
+class _Positives:
+    """Which samples are positives of which, without a (B V) x (B V) mask.
+
+    Either ``mask`` (B, B) (sample ``t`` is a positive of ``s`` when ``mask[s, t]``; from a user
+    mask or, for small batches, from label equality), or ``group`` (B,) int64 ids, samples being
+    positives when their ids are equal and ``self_pos`` holds (labels), or neither (SimCLR: each
+    sample is its own only positive sample). ``self_pos``
+    (B,) is 1 where the other views of the same sample are positives (the diagonal of the mask; 0
+    for a NaN label, which equals nothing) and ``count`` (B,) is the number of positive samples
+    (the sample itself included when ``self_pos``). A view is never its own positive.
     """
-    cols = torch.arange(n, device=anchor_idx.device)
-    col_sample = cols % batch
-    row_sample = anchor_idx % batch
-    if use_mask:
-        pos = keys[row_sample][:, col_sample]
-    else:
-        pos = keys[row_sample][:, None] == keys[col_sample][None, :]
-    is_self = anchor_idx[:, None] == cols[None, :]
-    return pos & ~is_self, is_self
+
+    def __init__(
+        self, mask: torch.Tensor | None, group: torch.Tensor | None, self_pos: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        self.mask, self.group, self.self_pos, self.count = mask, group, self_pos, count
+
+    @classmethod
+    def from_keys(cls, keys: torch.Tensor, dtype: torch.dtype) -> _Positives:
+        """Per-sample keys compared with ``==``; large batches get group ids from one sort (no host sync)."""
+        b = keys.shape[0]
+        if b <= _MASK_MAX_SAMPLES:
+            return cls.from_mask(keys[:, None] == keys[None, :], dtype)
+        if keys.dtype == torch.bool:
+            keys = keys.to(torch.uint8)
+        sorted_keys, perm = torch.sort(keys)
+        new = torch.ones(b, dtype=torch.bool, device=keys.device)
+        new[1:] = sorted_keys[1:] != sorted_keys[:-1]  # NaN != NaN: every NaN starts its own group
+        group = torch.empty_like(perm).scatter_(0, perm, new.cumsum(0) - 1)
+        self_pos = (keys == keys).to(dtype)
+        count = torch.zeros(b, dtype=dtype, device=keys.device).index_add_(0, group, self_pos)[group] * self_pos
+        return cls(None, group, self_pos, count)
+
+    @classmethod
+    def simclr(cls, b: int, dtype: torch.dtype, device: torch.device) -> _Positives:
+        ones = torch.ones(b, dtype=dtype, device=device)
+        return cls(None, None, ones, ones)
+
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor, dtype: torch.dtype) -> _Positives:
+        m = mask.to(dtype)
+        return cls(m, None, m.diagonal(), m.sum(1))
+
+    def sample_sums(self, per_sample: torch.Tensor, *, transpose: bool = False) -> torch.Tensor:
+        """(B, D) -> (B, D): for each sample, the sum of ``per_sample`` over its positive samples
+        (``transpose``: over the samples it is a positive of; the same except for a user mask)."""
+        if self.mask is not None:
+            return (self.mask.T if transpose else self.mask) @ per_sample
+        group = self.group
+        if group is None:
+            return per_sample
+        return torch.zeros_like(per_sample).index_add_(0, group, per_sample)[group] * self.self_pos[:, None]
+
+    def block(self, samples: torch.Tensor, col_samples: torch.Tensor) -> torch.Tensor:
+        """(c, N) bool: sample ``samples[r]`` has the sample of column ``k`` as a positive (self included)."""
+        if self.mask is not None:
+            return self.mask[samples][:, col_samples] != 0
+        group = self.group
+        if group is None:
+            return samples[:, None] == col_samples[None, :]
+        same = group[samples][:, None] == group[col_samples][None, :]
+        return same & (self.self_pos[samples] != 0)[:, None]
 
 
-def _block_stats_inplace(
-    anchors: torch.Tensor,
-    contrast: torch.Tensor,
-    pos: torch.Tensor,
-    is_self: torch.Tensor,
-    temperature: float,
-    variant: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-anchor loss, validity, lse over A(i), lse over P(i) (mean positive logit for ``"out"``)
-    and |P(i)| of a block of anchors (no autograd), reusing one (c, N) buffer in place. Rows without
-    a positive are computed on finite values (self not masked) and zeroed."""
-    npos = pos.sum(1)
-    valid = npos > 0
-    npos_f = npos.clamp(min=1).to(anchors.dtype)
-    logits = torch.mm(anchors, contrast.T).div_(temperature)
-    if variant == "out":
-        lse_pos = logits.mul(pos).sum(1).div_(npos_f)  # mean positive logit
-    logits.masked_fill_(is_self & valid[:, None], -math.inf)
-    lse = torch.logsumexp(logits, dim=1)
-    if variant == "out":
-        loss = lse - lse_pos
-    else:
-        lse_pos = torch.logsumexp(logits.masked_fill_(~pos & valid[:, None], -math.inf), dim=1)
-        loss = lse - lse_pos + torch.log(npos_f)
-    return torch.where(valid, loss, torch.zeros_like(loss)), valid, lse, lse_pos, npos_f
+class _Anchors:
+    """The anchors: views ``0 .. va - 1`` (all views, or view 0) of samples ``s0 .. s1 - 1``.
+
+    The views are laid out sample-major, column ``k`` of the contrast set being view ``k % V`` of
+    sample ``k // V``, so the anchors of a sample are consecutive rows and per-anchor values are
+    (samples, va) arrays over which per-sample values broadcast. Anchor ``r`` (row-major over
+    (sample, view)) is column ``(s0 + r // va) V + r % va``: for ``va = V`` column ``s0 V + r``,
+    for ``va = 1`` column ``(s0 + r) V``, so the anchors' own columns form a strided diagonal of
+    any block of rows of the logits.
+    """
+
+    def __init__(self, s0: int, s1: int, va: int, v: int, n: int) -> None:
+        self.s0, self.s1, self.va, self.v, self.n = s0, s1, va, v, n
+        self.b = s1 - s0
+        self.m = self.b * va
+
+    def own_columns(self, block: torch.Tensor, start: int) -> torch.Tensor:
+        """The anchors' own entries of ``block`` (rows ``start ..`` of an (m, N) matrix), as a strided view."""
+        step = 1 if self.va == self.v else self.v  # va is V or 1
+        first = (self.s0 + start // self.va) * self.v + start % self.va
+        return block.reshape(-1)[first :: self.n + step]
+
+    def samples(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """(stop - start,) sample of anchors ``start .. stop - 1``."""
+        return self.s0 + torch.arange(start, stop, device=device) // self.va
+
+    def per_anchor(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """(b,) per local sample -> (m,) per anchor."""
+        return per_sample[:, None].expand(self.b, self.va).reshape(self.m)
 
 
-class _ChunkedSupCon(torch.autograd.Function):
-    r"""Per-anchor SupCon losses computed block by block, with an analytic blockwise backward.
+def _positive_block(positives: _Positives, anchors: _Anchors, valid: torch.Tensor, device: torch.device) -> Any:
+    """``(start, stop) -> (c, N)`` bool positives of anchors ``start .. stop - 1`` (never the anchor
+    itself; every column for anchors without a positive, whose finite dummy values are discarded)."""
+    col_samples = torch.arange(anchors.n, device=device) // anchors.v
 
-    Only O(N) statistics per anchor are saved; backward recomputes each block's logits, so the
-    peak memory is O(chunk * N) for forward and backward alike. With :math:`P_{ia}` the softmax of
-    the logits over :math:`A(i)`, :math:`\partial \ell_i / \partial s_{ia} = P_{ia} - q_{ia}`
-    where :math:`q_{ia} = [a \in P(i)] / |P(i)|` (``"out"``) or the softmax over :math:`P(i)` (``"in"``).
+    def block(start: int, stop: int) -> torch.Tensor:
+        pos = positives.block(anchors.samples(start, stop, device), col_samples)
+        anchors.own_columns(pos, start).fill_(False)
+        return pos | ~valid[start:stop, None]
+
+    return block
+
+
+def _softmax_lse(logits: torch.Tensor, lse_out: torch.Tensor) -> torch.Tensor:
+    """Row softmax of ``logits`` (returned) and its log-sum-exp (written to ``lse_out``).
+
+    The largest probability of a row is ``1 / sum(exp(logits - max))``, so
+    ``lse = max - log(max(prob))``: two cheap row maxima around one fused softmax, about twice as
+    fast as ``torch.logsumexp`` (and ``exp(logits - lse)`` after it).
+    """
+    top = logits.amax(dim=1)
+    prob = torch.softmax(logits, dim=1)
+    torch.sub(top, prob.amax(dim=1).log_(), out=lse_out)
+    return prob
+
+
+class _SupCon(torch.autograd.Function):
+    r"""SupCon as one autograd node: (B, V, D) views -> the scalar loss, with an analytic backward.
+
+    The views ``x`` are flattened sample-major to the contrast set (N, D) (L2-normalized when
+    ``normalize``); the anchors are described by :class:`_Anchors`. With
+    :math:`s_{ia} = z_i \cdot z_a / \tau`, :math:`P_{ia}` the softmax of :math:`s_{i,:}` over
+    :math:`A(i)` (the anchor's own column set to ``-inf``) and :math:`q_{ia}` the target weights,
+    :math:`\partial \ell_i / \partial s_{ia} = P_{ia} - q_{ia}`: :math:`q_{ia} = [a \in P(i)] / |P(i)|`
+    for ``"out"``, the softmax over :math:`P(i)` for ``"in"``.
+
+    ``"out"`` needs no (m, N) positive mask at all: the positives of a view are the views of its
+    positive samples but itself, so :math:`\sum_{p \in P(i)} z_p` is a per-sample sum (of the
+    positive samples' summed views) minus the anchor itself, and the :math:`q` part of the
+    gradient is a per-sample sum too. With ``block >= m`` the logits are computed in one piece and
+    the softmax is kept for backward; otherwise ``block`` anchors at a time, recomputed in
+    backward, so that only O(N D) values are saved and the peak memory is O(block N). Anchors
+    without a positive are computed on finite values (needs N >= 2; every column a "positive" for
+    ``"in"``) and contribute 0. The result is ``scale`` times the sum of the
+    per-anchor losses over the number of anchors with a positive (after ``reduce_count``, the
+    all-reduce of the distributed case).
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any,
-        anchors: torch.Tensor,
-        contrast: torch.Tensor,
-        keys: torch.Tensor,
-        batch: int,
-        use_mask: bool,
-        temperature: float,
+        x: torch.Tensor,
+        normalize: bool,
+        anchors: _Anchors,
+        positives: _Positives,
+        tau: float,
         variant: str,
-        chunk: int,
-        anchor_cols: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        n_anchor, n = anchors.shape[0], contrast.shape[0]
-        outs = []
-        for start in range(0, n_anchor, chunk):
-            idx = _cols(anchor_cols, start, min(start + chunk, n_anchor), anchors.device)
-            pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
-            outs.append(
-                _block_stats_inplace(anchors[start : start + chunk], contrast, pos, is_self, temperature, variant)
-            )
-        loss, valid, lse, lse_pos, npos = (torch.cat(t) for t in zip(*outs))
-        ctx.save_for_backward(anchors, contrast, keys, valid, lse, lse_pos, npos)
-        ctx.cfg = (batch, use_mask, temperature, variant, chunk)
-        ctx.anchor_cols = anchor_cols
-        ctx.mark_non_differentiable(valid)
-        return loss, valid
+        block: int,
+        scale: float,
+        reduce_count: Any,
+    ) -> torch.Tensor:
+        n_samples, v, d = x.shape
+        b, va, m = anchors.b, anchors.va, anchors.m
+        contrast = x.reshape(n_samples * v, d)
+        norm = radial = None
+        if normalize:  # as F.normalize: z = x / max(|x|, eps)
+            raw_norm = torch.linalg.vector_norm(contrast, dim=1, keepdim=True)
+            radial = raw_norm >= _NORM_EPS  # where the norm's own gradient flows (clamp_min's rule)
+            norm = raw_norm.clamp_min_(_NORM_EPS)
+            contrast = contrast / norm
+        own = contrast.view(n_samples, v, d)[anchors.s0 : anchors.s1, :va]  # (b, va, D)
+        scaled = own * (1.0 / tau)
+        flat = scaled.view(m, d)
+        self_pos = positives.self_pos[anchors.s0 : anchors.s1]
+        npos = positives.count[anchors.s0 : anchors.s1] * v - self_pos  # per local sample
+        invalid = npos <= 0
+        npos.clamp_(min=1)
+        dense = block >= m
+        lse = x.new_empty(m)
+        pos_block = None
+        if variant == "in":
+            lse_pos = x.new_empty(m)
+            pos_block = _positive_block(positives, anchors, ~anchors.per_anchor(invalid), x.device)
+        probs: list[torch.Tensor] = []
+        for start in range(0, m, block):
+            stop = min(start + block, m)
+            logits = flat[start:stop] @ contrast.T
+            anchors.own_columns(logits, start).fill_(-math.inf)  # N >= 2: every row keeps a finite entry
+            if pos_block is not None:
+                prob_pos = _softmax_lse(logits.masked_fill(~pos_block(start, stop), -math.inf), lse_pos[start:stop])
+                if dense:
+                    probs.append(prob_pos)
+            prob = _softmax_lse(logits, lse[start:stop])
+            if dense:
+                probs.insert(0, prob)
+        if variant == "out":
+            per_sample = positives.sample_sums(contrast.view(n_samples, v, d).sum(1))[anchors.s0 : anchors.s1]
+            pos_sum = per_sample[:, None, :] - own * self_pos[:, None, None]  # (b, va, D)
+            loss = lse.view(b, va) - (scaled * pos_sum).sum(2) / npos[:, None]
+        else:
+            pos_sum = lse_pos  # saved in the same slot
+            loss = (lse - lse_pos).view(b, va) + torch.log(npos)[:, None]
+        count = (b - invalid.sum()).to(x.dtype) * va
+        if reduce_count is not None:
+            count = reduce_count(count)
+        factor = scale / count.clamp(min=1)
+        total = loss.masked_fill(invalid[:, None], 0).sum() * factor
+        ctx.save_for_backward(contrast, norm, radial, scaled, self_pos, npos, invalid, lse, pos_sum, factor, *probs)
+        ctx.cfg = (anchors, positives, pos_block, tau, block, dense)
+        return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_valid: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        anchors, contrast, keys, valid, lse, lse_pos, npos = ctx.saved_tensors
-        batch, use_mask, temperature, variant, chunk = ctx.cfg
-        n_anchor, n = anchors.shape[0], contrast.shape[0]
-        grad_anchors = torch.zeros_like(anchors)
-        grad_contrast = torch.zeros_like(contrast)
-        g_all = torch.where(valid, grad_loss.to(anchors.dtype), torch.zeros_like(lse)) / temperature
-        for start in range(0, n_anchor, chunk):
-            sl = slice(start, min(start + chunk, n_anchor))
-            idx = _cols(ctx.anchor_cols, sl.start, sl.stop, anchors.device)
-            pos, is_self = _block_masks(idx, n, keys, batch, use_mask)
-            a = anchors[sl]
-            logits = (a @ contrast.T) / temperature
-            if variant == "out":
-                q = pos.to(logits.dtype) / npos[sl, None]
+    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        saved = ctx.saved_tensors
+        contrast, norm, radial, scaled, self_pos, npos, invalid, lse, pos_sum, factor = saved[:10]
+        probs = saved[10:]
+        anchors, positives, pos_block, tau, block, dense = ctx.cfg
+        b, va, m, v = anchors.b, anchors.va, anchors.m, anchors.v
+        n_samples, d = contrast.shape[0] // v, contrast.shape[1]
+        g = (~invalid).to(contrast.dtype) * (grad_total * factor)  # per local sample: d total / d loss_i
+        flat = scaled.view(m, d)
+        if dense:
+            p = probs[0]
+            if pos_block is None and m == contrast.shape[0] and m <= _SYMMETRIC_MAX_N:
+                # every view is an anchor, in column order: one matmul with W + W^T (W = g P)
+                w = p * anchors.per_anchor(g / tau)[:, None]
+                grad_contrast = (w + w.T) @ contrast
+                grad_own = torch.zeros_like(scaled)
+            elif pos_block is None:  # the per-anchor factor goes on the (m, D) operands, not on the (m, N) softmax
+                grad_own = (p @ contrast).view(b, va, d).mul_((g / tau)[:, None, None])
+                grad_contrast = p.T @ (scaled * g[:, None, None]).view(m, d)
             else:
-                q = torch.exp(logits - lse_pos[sl, None]).masked_fill_(~pos, 0)
-            g = torch.exp_(logits.sub_(lse[sl, None])).masked_fill_(is_self, 0).sub_(q).mul_(g_all[sl, None])
-            grad_anchors[sl] = g @ contrast
-            grad_contrast.addmm_(g.T, a)
-        return grad_anchors, grad_contrast, None, None, None, None, None, None, None
-
-
-def _cols(anchor_cols: torch.Tensor | None, start: int, stop: int, device: torch.device) -> torch.Tensor:
-    """Columns of anchors ``start:stop`` (anchor ``a`` is column ``a`` unless ``anchor_cols`` maps it)."""
-    if anchor_cols is None:
-        return torch.arange(start, stop, device=device)
-    return anchor_cols[start:stop]
+                w = (p - probs[1]).mul_(anchors.per_anchor(g)[:, None])
+                grad_own = (w @ contrast).div_(tau).view(b, va, d)
+                grad_contrast = w.T @ flat
+        else:
+            g_anchor = anchors.per_anchor(g)
+            grad_own = torch.empty_like(scaled)
+            grad_flat = grad_own.view(m, d)
+            grad_contrast = torch.zeros_like(contrast)
+            for start in range(0, m, block):
+                stop = min(start + block, m)
+                logits = flat[start:stop] @ contrast.T
+                anchors.own_columns(logits, start).fill_(-math.inf)
+                if pos_block is not None:
+                    q = logits.masked_fill(~pos_block(start, stop), -math.inf).sub_(pos_sum[start:stop, None])
+                    w = logits.sub_(lse[start:stop, None]).exp_().sub_(q.exp_())
+                else:
+                    w = logits.sub_(lse[start:stop, None]).exp_()
+                w.mul_(g_anchor[start:stop, None])
+                torch.mm(w, contrast, out=grad_flat[start:stop])
+                grad_contrast.addmm_(w.T, flat[start:stop])
+            grad_own.div_(tau)
+        grad_views = grad_contrast.view(n_samples, v, d)
+        if pos_block is None:  # "out": minus the mean positive logit, through per-sample sums
+            w_pos = g / npos
+            grad_own.sub_(pos_sum * (w_pos / tau)[:, None, None])
+            weighted = scaled * w_pos[:, None, None]
+            per_sample = weighted.sum(1)
+            if b != n_samples:
+                per_sample = per_sample.new_zeros(n_samples, d).index_copy_(
+                    0, torch.arange(anchors.s0, anchors.s1, device=per_sample.device), per_sample
+                )
+            grad_views.sub_(positives.sample_sums(per_sample, transpose=True)[:, None, :])
+            grad_own.add_(weighted.mul_(self_pos[:, None, None]))  # a view is not its own positive
+        grad_views[anchors.s0 : anchors.s1, :va] += grad_own
+        if norm is not None:  # through z = x / max(|x|, eps): (g - z (z . g) [|x| >= eps]) / max(|x|, eps)
+            along = (contrast * grad_contrast).sum(1, keepdim=True).mul_(radial)
+            grad_contrast.sub_(contrast * along).div_(norm)
+        return grad_views, *[None] * 9
 
 
 def supcon_loss(
     features: torch.Tensor,
     labels: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
     *,
+    mask: torch.Tensor | None = None,
     temperature: float = 0.1,
     base_temperature: float | None = None,
     contrast_mode: ContrastMode = "all",
@@ -202,15 +372,17 @@ def supcon_loss(
     *excluded* from the mean (the public code averages in zeros, pytorch-metric-learning excludes
     them); a batch without any positive gives ``0`` that keeps the graph.
 
-    The loss is a custom autograd function that saves only per-anchor statistics and computes
-    the analytic gradient (``softmax - target`` on the logits) in backward, recomputing the
-    logits: about half the time and a fraction of the memory of autograd through the masked
-    formula. Only first-order gradients are supported (double backward raises). ``chunk_size``
-    processes the anchors in blocks of that many rows, forward and backward, so that peak memory
-    is :math:`O(\text{chunk\_size} \cdot BV)` instead of :math:`O((BV)^2)`; the value and gradient
-    are the same for every block size up to floating-point rounding. ``chunk_size=None`` picks
-    blocks of about :math:`2^{22}` logits (``2**22 // (B V)`` anchors; a single block for
-    ``B V <= 2048``), which is also faster than one huge block.
+    The loss is one custom autograd node with the analytic gradient (``softmax - target`` on the
+    logits, then through the normalization): the positives' mean logit comes from per-sample
+    feature sums, so no :math:`(BV)^2` positive mask is ever built for ``variant="out"``. Only
+    first-order gradients are supported (double backward raises). With ``chunk_size=None`` the
+    :math:`BV \times BV` logits are computed in one piece and their softmax is kept for backward
+    when they have at most :math:`2^{26}` elements (256 MiB in float32: ``B = 4096`` with two
+    views); larger batches are processed in blocks of about :math:`2^{22}` logits
+    (``2**22 // (B V)`` anchors), recomputed in backward, so that peak memory is
+    :math:`O(\text{block} \cdot BV)` instead of :math:`O((BV)^2)`. ``chunk_size`` forces blocks of
+    that many anchors. The value and gradient are the same for every block size up to
+    floating-point rounding.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
     and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,
@@ -230,7 +402,7 @@ def supcon_loss(
         contrast_mode: ``"all"`` or ``"one"``.
         variant: ``"out"`` (recommended) or ``"in"``.
         normalize: L2-normalize the features along the last dim first.
-        chunk_size: anchors per block, or ``None`` for automatic blocks of about ``2**22`` logits.
+        chunk_size: anchors per block, or ``None``: one block up to ``2**26`` logits, else blocks of ``2**22``.
         distributed: ``False`` (local batch), ``True`` or ``"auto"`` (global batch under DDP).
 
     Shape:
@@ -254,31 +426,25 @@ def supcon_loss(
     chunk = _check_chunk(chunk_size)
     if labels is not None and mask is not None:
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
-    x = as_views(features, normalize=normalize)
-    b, v, d = x.shape
+    x = as_views(features)
+    b, v, _ = x.shape
     if _global_batch_on(distributed):
         if mask is not None:
             raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither for SimCLR)")
         y = None if labels is None else as_labels(labels, b).detach()
-        return _supcon_global(x, y, tau, tau_b, contrast_mode, variant, chunk)
-    if mask is not None:
-        keys, use_mask = sample_mask(mask, b), True
-    elif labels is not None:
-        keys, use_mask = as_labels(labels, b).detach(), False
-    else:
-        keys, use_mask = torch.arange(b, device=x.device), False
+        return _supcon_global(x, y, tau, tau_b, contrast_mode, variant, chunk, normalize)
     n = b * v
-    if n == 0:
+    if mask is not None:
+        positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
+    elif labels is not None:
+        positives = _Positives.from_keys(as_labels(labels, b).detach(), x.dtype)
+    else:
+        positives = _Positives.simclr(b, x.dtype, x.device)
+    if n < 2:  # no anchor can have a positive
         return zero_with_graph(features)
-    contrast = x.transpose(0, 1).reshape(n, d)  # view-major: column k is view k // B of sample k % B
-    n_anchor = n if contrast_mode == "all" else b
-    anchors = contrast[:n_anchor]
-    # default: blocks of about 4M logits (one block for smaller problems) -- cache/memory friendly
-    block = max(1, _AUTO_BLOCK_ELEMENTS // n) if chunk is None else chunk
-    block = min(block, n_anchor)
-    loss, valid = _ChunkedSupCon.apply(anchors, contrast, keys, b, use_mask, tau, variant, block)
-    total = loss.sum() / valid.sum().clamp(min=1).to(loss.dtype)
-    return total * (tau / tau_b)
+    anchors = _Anchors(0, b, v if contrast_mode == "all" else 1, v, n)
+    block = _block_size(chunk, anchors.m, n)
+    return _SupCon.apply(x, normalize, anchors, positives, tau, variant, block, tau / tau_b, None)
 
 
 def _supcon_global(
@@ -289,28 +455,28 @@ def _supcon_global(
     contrast_mode: str,
     variant: str,
     chunk: int | None,
+    normalize: bool,
 ) -> torch.Tensor:
     """Distributed SupCon: this rank's anchors against the gathered views of all ranks."""
     world = get_world_size()
-    b, v, d = x.shape
+    b, v, _ = x.shape
     layout = batch_layout(b, device=x.device)
     xg = all_gather_with_grad(x, sizes=layout)
     bg = layout.total
-    keys = torch.arange(bg, device=x.device) if labels is None else all_gather_no_grad(labels, sizes=layout)
+    if labels is None:
+        positives = _Positives.simclr(bg, x.dtype, x.device)
+    else:
+        positives = _Positives.from_keys(all_gather_no_grad(labels, sizes=layout), x.dtype)
     n = bg * v
-    if n == 0:
+    if n < 2:  # no anchor can have a positive (the same on every rank)
         return zero_with_graph(xg)
-    contrast = xg.transpose(0, 1).reshape(n, d)
-    rows = local_view_rows(layout, v if contrast_mode == "all" else 1, x.device)
-    n_anchor = rows.numel()
-    if n_anchor == 0:
-        all_reduce_sum(torch.zeros((), dtype=contrast.dtype, device=x.device))  # keep the collectives aligned
+    anchors = _Anchors(layout.start, layout.stop, v if contrast_mode == "all" else 1, v, n)
+    if anchors.m == 0:
+        all_reduce_sum(torch.zeros((), dtype=xg.dtype, device=x.device))  # keep the collectives aligned
         return zero_with_graph(xg)
-    block = max(1, _AUTO_BLOCK_ELEMENTS // n) if chunk is None else chunk
-    block = min(block, n_anchor)
-    loss, valid = _ChunkedSupCon.apply(contrast[rows], contrast, keys, bg, False, tau, variant, block, rows)
-    n_valid = all_reduce_sum(valid.sum().to(loss.dtype))
-    return loss.sum() / n_valid.clamp(min=1) * (world * tau / tau_b)
+    block = _block_size(chunk, anchors.m, n)
+    scale = world * tau / tau_b
+    return _SupCon.apply(xg, normalize, anchors, positives, tau, variant, block, scale, all_reduce_sum)
 
 
 class SupConLoss(nn.Module):
@@ -339,12 +505,12 @@ class SupConLoss(nn.Module):
         self.distributed = distributed
 
     def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
+        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         return supcon_loss(
             features,
             labels,
-            mask,
+            mask=mask,
             temperature=self.temperature,
             base_temperature=self.base_temperature,
             contrast_mode=self.contrast_mode,

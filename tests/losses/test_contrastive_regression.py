@@ -113,6 +113,59 @@ def test_rnc_larger_batch_parity_with_column_loop():
     torch.testing.assert_close(rnc_loss(x, y), total / (48 * 47))
 
 
+def _rnc_label_cases(g):
+    b = 13
+    special = torch.randint(-2, 3, (b,), generator=g).double()
+    special[[1, 4, 7, 8]] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
+    return [
+        torch.randint(0, 4, (b,), generator=g),  # integer labels: many ties
+        torch.randn(b, generator=g),
+        1e6 + torch.rand(b, generator=g) * 1e-3,  # float32 distances that collide
+        special,
+        torch.full((b,), 1.5),
+        torch.randint(0, 3, (b, 2), generator=g).double(),  # two label dims (L1 distance): sorted rows
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rnc_cpu_kernels_match_the_pytorch_path(dtype, monkeypatch):
+    """On CPU the prefix log-sum-exps and their gradient come from numba kernels (the label order
+    from merging two label-sorted runs); on other devices from sorts and logcumsumexp: same values
+    and gradients, also for the anchor subsets of the distributed case."""
+    from rankwise.losses import _regression_contrastive as rc
+
+    g = torch.Generator().manual_seed(0)
+    x = _feats(13, 2, 5, seed=4, dtype=dtype)
+    for y in _rnc_label_cases(g):
+        for rows in (None, torch.tensor([3, 20, 0, 25, 7])):
+
+            def run(use_kernels, y=y, rows=rows):
+                monkeypatch.setattr(rc, "_rnc_kernels_cache", None if use_kernels else False)
+                if rows is None:
+                    loss = rnc_loss(x, y, temperature=0.6)
+                else:  # what one rank computes: its anchors against every view
+                    monkeypatch.setattr(rc, "_global_views", lambda t, _: (t, _FakeLayout(rows)))
+                    monkeypatch.setattr(rc, "all_gather_no_grad", lambda t, sizes: t)
+                    monkeypatch.setattr(rc, "local_view_rows", lambda layout, v, dev: rows)
+                    loss = rnc_loss(x, y, temperature=0.6, distributed=True)
+                (grad,) = torch.autograd.grad(loss, x)
+                return loss, grad
+
+            fast, g_fast = run(True)
+            assert rc._rnc_kernels_cache, "the numba kernels ran"
+            slow, g_slow = run(False)
+            if torch.isnan(slow):
+                assert torch.isnan(fast)
+                continue
+            torch.testing.assert_close(fast, slow)
+            torch.testing.assert_close(g_fast, g_slow)
+
+
+class _FakeLayout:
+    def __init__(self, rows):
+        self.total, self.world_size, self.rows = 13, 1, rows
+
+
 def slow_conr(
     features, labels, preds, weights=None, *, window=1.0, temperature=0.2, eta=0.01, variant="in", normalize=True
 ):

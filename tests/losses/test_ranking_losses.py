@@ -8,6 +8,7 @@ where the gradient is exact, on degenerate batches and on bad inputs.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -137,6 +138,43 @@ def test_ranksim_unique_labels_matches_paper_loop_on_the_same_subset(seed: int) 
     slow.backward()
     torch.testing.assert_close(z1.grad, z2.grad)
     assert (z1.grad[~keep] == 0).all()  # examples outside the subset get no gradient
+
+
+def _label_cases(g: torch.Generator, dtype: torch.dtype) -> list[torch.Tensor]:
+    b = 23
+    special = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0], dtype=dtype)
+    with_special = torch.randint(-3, 4, (b,), generator=g).to(dtype)
+    with_special[torch.randint(0, b, (6,), generator=g)] = special[torch.randint(0, 5, (6,), generator=g)]
+    return [
+        torch.randint(0, 6, (b,), generator=g).to(dtype),  # repeats and mirrored pairs (ties)
+        torch.randn(b, generator=g, dtype=dtype),
+        1e6 + torch.rand(b, generator=g, dtype=dtype) * 1e-3,  # distinct labels whose float32 distances collide
+        with_special,
+        torch.full((b,), 2.5, dtype=dtype),
+        torch.tensor([1e38, -1e38, 0.0, 3e38, -3e38], dtype=dtype),  # distances that overflow to inf
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ranksim_label_ranks_kernel_matches_sorting_every_row(dtype: torch.dtype) -> None:
+    """The numba merge gives exactly the ranks of sorting -|y_i - y| per row (stable ties, NaN first,
+    masked columns and infinite distances last in column order)."""
+    from rankwise.losses import ranking
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        for y in _label_cases(g, dtype):
+            b = y.shape[0]
+            keep = torch.rand(b, generator=g) < (1.0 if trial == 0 else 0.7)
+            rows = torch.randint(0, b, (min(b, 7),), generator=g)
+            fast = ranking._label_ranks(y[rows], y, keep)
+            label_sim = torch.where(keep, -(y[rows, None] - y[None, :]).abs(), -math.inf)
+            torch.testing.assert_close(fast, rankwise.rank(label_sim, descending=True), rtol=0, atol=0)
+            if trial == 0:  # and the slow counting definition
+                for r in range(rows.shape[0]):
+                    want = _slow_desc_ranks(torch.nan_to_num(label_sim[r].double(), nan=math.inf))
+                    torch.testing.assert_close(fast[r].double(), want, rtol=0, atol=0)
+    assert ranking._label_kernel  # the kernel ran (numba is a core dependency)
 
 
 def test_ranksim_gram_symmetric_backward_gradcheck() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,10 +36,15 @@ __all__ = ["ConRLoss", "RnCLoss", "conr_loss", "rnc_loss"]
 Variant = Literal["in", "out"]
 
 
+def _label_values(y: torch.Tensor) -> torch.Tensor:
+    """Labels as the floats their distances are computed in: float64 for integers (exact), else the compute dtype."""
+    y = y.detach()
+    return y.to(torch.float64) if not y.is_floating_point() else to_compute(y)
+
+
 def _label_distance(y: torch.Tensor) -> torch.Tensor:
     """|y_i - y_k| (L1 over label dims for (N, K) labels), exact for integer labels."""
-    y = y.detach()
-    y = y.to(torch.float64) if not y.is_floating_point() else to_compute(y)
+    y = _label_values(y)
     diff = (y[:, None] - y[None, :]).abs()
     return diff.sum(-1) if diff.dim() == 3 else diff
 
@@ -82,9 +88,13 @@ def rnc_loss(
             -\log \frac{e^{s_{ij}}}{\sum_{k \in S_{ij}} e^{s_{ik}}}
 
     The public code loops over the positives (:math:`O(N^3)`); here every anchor's other views are
-    sorted once by label distance (descending, stable), a cumulative ``logcumsumexp`` gives every
+    ordered once by label distance (descending, stable), a cumulative log-sum-exp gives every
     denominator, and a positive takes the value at the *last* member of its tie group so that
-    all :math:`k` at the same label distance are included, exactly as the definition says.
+    all :math:`k` at the same label distance are included, exactly as the definition says. On CPU
+    the order comes from merging, per anchor, the two label-sorted runs on either side of its
+    label (one label sort, no per-anchor sort; multi-dimensional labels sort each row), and the
+    running log-sum-exp and its analytic gradient are numba kernels (one pass per row each);
+    elsewhere rows are sorted and ``torch.logcumsumexp`` is differentiated by autograd.
     Multi-dimensional labels :math:`(B, K)` use the L1 label distance (as the public code).
     Distances are computed through a matrix product (after centring the views), so they agree
     with a direct norm up to rounding; coincident distinct views get a zero gradient.
@@ -124,25 +134,124 @@ def rnc_loss(
     if n < 2 or (rows is not None and rows.numel() == 0):
         return zero_with_graph(features if layout is None else x)
     z = x.transpose(0, 1).reshape(n, d)
-    ld = _label_distance(_repeat_views(y, v))
+    yv = _repeat_views(y, v)
+    kernels = _rnc_kernels() if z.device.type == "cpu" else None
+    if kernels is not None:
+        order_np, gend_np = _rnc_order(kernels, yv, rows, n)
+        return _RnC.apply(z, rows, order_np, gend_np, tau, scale / (n * (n - 1)), kernels)
+    ld = _label_distance(yv)
     if rows is None:
         eye = torch.eye(n, dtype=torch.bool, device=z.device)
     else:
         ld = ld[rows]
         eye = rows[:, None] == torch.arange(n, device=z.device)[None, :]
-    m = ld.shape[0]
+    order, last = _descending_order(ld, eye)
+    s_s = (-_l2_dist(z, rows) / tau).gather(1, order)
+    lcse = torch.logcumsumexp(s_s, dim=1)
+    out = (lcse.gather(1, last) - s_s).sum() / (n * (n - 1))
+    return out * scale if layout is not None else out
+
+
+def _descending_order(ld: torch.Tensor, eye: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each anchor's other columns by decreasing label distance (stable), and for every position the
+    last position of its group of equal distances."""
+    m, n = ld.shape
     ld = ld.masked_fill(eye, -math.inf)  # self sorts last and is dropped
     order = torch.argsort(ld, dim=1, descending=True, stable=True)[:, : n - 1]
     ld_s = ld.gather(1, order)
-    s_s = (-_l2_dist(z, rows) / tau).gather(1, order)
-    lcse = torch.logcumsumexp(s_s, dim=1)
     # last position of each tie group (of equal label distance): next group's start - 1, right to left
-    pos = torch.arange(n - 1, device=z.device).expand(m, n - 1)
+    pos = torch.arange(n - 1, device=ld.device).expand(m, n - 1)
     ends = torch.full_like(pos, n - 2)
     ends[:, :-1] = torch.where(ld_s[:, 1:] != ld_s[:, :-1], pos[:, :-1], ends[:, :-1])
-    last = ends.flip(1).cummin(1).values.flip(1)
-    out = (lcse.gather(1, last) - s_s).sum() / (n * (n - 1))
-    return out * scale if layout is not None else out
+    return order, ends.flip(1).cummin(1).values.flip(1)
+
+
+_rnc_kernels_cache: Any = None  # the numba kernels module, imported on first CPU use (False: unavailable)
+
+
+def _rnc_kernels() -> Any:
+    global _rnc_kernels_cache
+    if _rnc_kernels_cache is None:
+        try:
+            from rankwise.losses import _numba_kernels
+
+            _rnc_kernels_cache = _numba_kernels
+        except Exception:  # numba missing or broken: the PyTorch path
+            _rnc_kernels_cache = False
+    return _rnc_kernels_cache or None
+
+
+def _rnc_order(kernels: Any, yv: torch.Tensor, rows: torch.Tensor | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(m, n - 1) order of every anchor's other views by decreasing label distance and group ends."""
+    m = n if rows is None else rows.shape[0]
+    if yv.dim() == 1:  # one label: merge the two label-sorted runs of every row, no per-row sort
+        y = _label_values(yv).numpy()
+        srt = np.argsort(y, kind="stable")  # NaN last
+        self_cols = np.arange(n) if rows is None else rows.numpy()
+        order = np.empty((m, n - 1), np.int64)
+        gend = np.empty((m, n - 1), np.int64)
+        kernels.rnc_order(y if rows is None else y[self_cols], y, self_cols, srt, order, gend)
+        return order, gend
+    ld = _label_distance(yv)
+    if rows is None:
+        eye = torch.eye(n, dtype=torch.bool)
+    else:
+        ld = ld[rows]
+        eye = rows[:, None] == torch.arange(n)[None, :]
+    order_t, last = _descending_order(ld, eye)
+    return order_t.numpy(), last.numpy()
+
+
+class _RnC(torch.autograd.Function):
+    r"""RnC on CPU: the sorted-prefix log-sum-exps and their gradient in numba kernels.
+
+    ``s = -dist / tau`` (anchors ``rows`` x all views) comes from one matrix product. Forward walks
+    each anchor's views in decreasing label distance with a running log-sum-exp; backward gives
+    :math:`\partial L / \partial s_{ik} = e^{s_{ik}} \sum_{j: k \in S_{ij}} e^{-\mathrm{lse}_{ij}} - 1`
+    (a running log-sum-exp over the groups from the last), then
+    :math:`W = G / (\tau d)` and :math:`\partial L / \partial z` from two matrix products.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        z: torch.Tensor,
+        rows: torch.Tensor | None,
+        order: np.ndarray,
+        gend: np.ndarray,
+        tau: float,
+        scale: float,
+        kernels: Any,
+    ) -> torch.Tensor:
+        d2 = sq_dist(z, rows)
+        tiny = torch.finfo(d2.dtype).tiny
+        dist = d2.clamp_min(tiny).sqrt_()
+        s = dist / -tau
+        lcse = np.empty(order.shape, np.float64)
+        total = kernels.rnc_forward(s.numpy(), order, gend, lcse)
+        ctx.save_for_backward(z, rows, s, dist, d2 >= tiny)  # distances at 0 get no gradient
+        ctx.arrays = (order, gend, lcse)
+        ctx.cfg = (tau, scale, kernels)
+        return torch.tensor(total * scale, dtype=z.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        z, rows, s, dist, flows = ctx.saved_tensors
+        order, gend, lcse = ctx.arrays
+        tau, scale, kernels = ctx.cfg
+        g = torch.empty_like(s)
+        kernels.rnc_backward(s.numpy(), order, gend, lcse, g.numpy())
+        # W = dL/ds / (tau d); ds_ik/dz_i = -(z_i - z_k) / (tau d_ik), ds_ik/dz_k = -ds_ik/dz_i
+        w = g.mul_(flows).div_(dist).mul_(grad_out * (scale / tau))
+        za = z if rows is None else z[rows]
+        grad_anchor = w @ z - w.sum(1, keepdim=True) * za
+        grad = w.T @ za - w.sum(0)[:, None] * z
+        if rows is None:
+            grad += grad_anchor
+        else:
+            grad.index_add_(0, rows, grad_anchor)
+        return grad, None, None, None, None, None, None
 
 
 class RnCLoss(nn.Module):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -227,11 +228,40 @@ def _ranksim_rows(
     # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
     # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
     feat_rank = blackbox_rank(torch.where(col, sim, neg_inf) * scale, lam, descending=True, normalize=True) * scale
-    label_sim = -(y[rows].unsqueeze(1) - y.unsqueeze(0)).abs()
-    label_rank = rank(torch.where(col, label_sim, neg_inf.to(label_sim.dtype)), descending=True).to(x.dtype) / m
+    label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
     err = torch.where(pair, (feat_rank - label_rank) ** 2, torch.zeros((), dtype=x.dtype, device=x.device))
     return err.sum() / m
+
+
+_label_kernel: Any = None  # the numba label-rank kernel, imported on first CPU use (False: unavailable)
+
+
+def _label_ranks(y_rows: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``rank(where(keep, -|y_rows[:, None] - y|, -inf), descending=True)`` (ordinal, stable ties).
+
+    On CPU a numba kernel merges, per row, the two label-sorted runs left and right of the row's
+    label (O(B) per row after one O(B log B) sort of the labels) instead of sorting every row;
+    elsewhere, or without numba, the rows are sorted.
+    """
+    global _label_kernel
+    if y.device.type == "cpu" and _label_kernel is None:
+        try:
+            from rankwise.losses._numba_kernels import label_distance_ranks
+
+            _label_kernel = label_distance_ranks
+        except Exception:  # numba missing or broken: sort the rows with torch
+            _label_kernel = False
+    if y.device.type == "cpu" and _label_kernel:
+        yn, kn = y.detach().contiguous().numpy(), keep.contiguous().numpy()
+        kept = np.flatnonzero(kn)
+        order = kept[np.argsort(yn[kept], kind="stable")]  # NaN labels last
+        out = np.empty((y_rows.shape[0], yn.shape[0]), dtype=yn.dtype)
+        _label_kernel(y_rows.detach().contiguous().numpy(), yn, kn, order, out)
+        return torch.from_numpy(out)
+    label_sim = -(y_rows.unsqueeze(1) - y.unsqueeze(0)).abs()
+    neg_inf = torch.tensor(float("-inf"), dtype=label_sim.dtype, device=label_sim.device)
+    return rank(torch.where(keep.unsqueeze(0), label_sim, neg_inf), descending=True)
 
 
 def _ranksim_global(

@@ -1,0 +1,80 @@
+"""Timing helpers shared by the benchmark scripts (side-by-side medians on a shared machine)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Case = Callable[[], Any]
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``uptime``), or [] where unavailable."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def time_cases(
+    cases: dict[str, Case], repeats: int, *, warmup: int = 1, budget_s: float | None = None
+) -> dict[str, dict[str, float]]:
+    """Median / quartiles (ms) of every case; one repeat runs every case once, in a fresh random
+    order, so that load from other jobs hits all of them alike. ``budget_s`` stops early (after at
+    least 3 repeats) once that much time has been spent."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    start = time.perf_counter()
+    for rep in range(repeats):
+        order = list(cases)
+        random.shuffle(order)
+        for name in order:
+            t0 = time.perf_counter()
+            cases[name]()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+        if budget_s is not None and rep >= 2 and time.perf_counter() - start > budget_s:
+            break
+    out = {}
+    for name, ts in times.items():
+        q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
+        out[name] = {"median_ms": statistics.median(ts), "q1_ms": q[0], "q3_ms": q[2], "repeats": len(ts)}
+    return out
+
+
+def fwd_bwd(loss_fn: Callable[[], torch.Tensor], *leaves: torch.Tensor) -> Case:
+    """A case that runs ``loss_fn().backward()`` after clearing the leaves' gradients."""
+
+    def run() -> None:
+        for t in leaves:
+            t.grad = None
+        loss_fn().backward()
+
+    return run
+
+
+def row(section: str, size: str, threads: int, ref_name: str, ref_ms: float, ours_ms: float) -> str:
+    """One printed line: reference ms, rankwise ms, ratio (reference / rankwise), threads, load."""
+    load = loadavg()
+    return (
+        f"{section:9s} {size:18s} threads={threads}  {ref_name}: {ref_ms:10.2f} ms  rankwise: {ours_ms:10.2f} ms"
+        f"  ratio {ref_ms / ours_ms:6.2f}x  load {load[0] if load else float('nan'):.2f}"
+    )

@@ -7,13 +7,17 @@ forward, backward, finite gradients, module == function and degenerate batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-__all__ = ["Example", "Registry", "RegistryEntry"]
+__all__ = ["INPUT_ROLES", "Example", "Registry", "RegistryEntry"]
+
+#: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
+#: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``
+INPUT_ROLES = ("features", "predictions", "targets", "weights")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,6 +53,11 @@ class RegistryEntry:
     #: stochastic items use the global torch RNG; the conformance test reseeds before each call.
     stochastic: bool = False
     description: str = ""
+    #: for training recipes (losses): parameter name -> batch tensor role (one of ``INPUT_ROLES``), e.g.
+    #: ``{"features": "features", "targets": "targets"}`` for RankSim. A loss with ``inputs`` can be a
+    #: recipe's regularizer or task loss: the recipe calls it (or its module twin, whose ``forward``
+    #: takes the same tensor parameters) with those tensors by keyword. ``None``: not usable there.
+    inputs: Mapping[str, str] | None = field(default=None, hash=False)
 
 
 class Registry(Generic[F]):
@@ -68,10 +77,15 @@ class Registry(Generic[F]):
         gradient: Literal["exact", "surrogate", "none"] = "exact",
         stochastic: bool = False,
         description: str = "",
+        inputs: Mapping[str, str] | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}")
+        if inputs is not None:
+            bad = {k: v for k, v in inputs.items() if v not in INPUT_ROLES}
+            if bad:
+                raise ValueError(f"`inputs` roles must be among {INPUT_ROLES}, got {bad}")
 
         def decorator(fn: F) -> F:
             if name in self._entries and self._entries[name].fn is not fn:
@@ -86,6 +100,7 @@ class Registry(Generic[F]):
                 gradient=gradient,
                 stochastic=stochastic,
                 description=doc,
+                inputs=dict(inputs) if inputs is not None else None,
             )
             return fn
 

@@ -10,6 +10,7 @@ from rankwise.losses.ranking import __all__ as _ranking_all
 
 from rankwise.imbalanced.losses import *  # noqa: F403  isort: skip
 from rankwise.imbalanced.losses import __all__ as _imb_all  # isort: skip
+from rankwise.losses import _regression  # noqa: F401  registers regression_* (isort: skip)
 
 __all__ = [
     "LOSSES",

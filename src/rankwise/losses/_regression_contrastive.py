@@ -492,4 +492,10 @@ def _conr_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
 
 
 register_loss("rnc", module=RnCLoss, example=_rnc_example, degenerate=_rnc_degenerate)(rnc_loss)
-register_loss("conr", module=ConRLoss, example=_conr_example, degenerate=_conr_degenerate)(conr_loss)
+register_loss(
+    "conr",
+    module=ConRLoss,
+    example=_conr_example,
+    degenerate=_conr_degenerate,
+    inputs={"features": "features", "labels": "targets", "preds": "predictions", "weights": "weights"},
+)(conr_loss)

@@ -715,7 +715,16 @@ register_loss(
     degenerate=_ranksim_degenerate,
     gradient="surrogate",
     stochastic=True,
+    inputs={"features": "features", "targets": "targets"},
 )(ranksim_loss)
+register_loss(
+    "spearman",
+    module=SpearmanLoss,
+    example=lambda dt, dev: Example(_pt(dt, dev), {**_SPEARMAN_EXAMPLES["isotonic"], "l1_weight": 0.5}),
+    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
+    description="Spearman loss (SoDeep), any ranker (option `ranker`, default 'isotonic')",
+    inputs={"pred": "predictions", "target": "targets"},
+)(spearman_loss)
 register_loss(
     "spearman_correlation",
     module=SpearmanCorrelation,
@@ -727,4 +736,5 @@ register_loss(
     module=PairwiseDifferenceLoss,
     example=lambda dt, dev: Example(_pt(dt, dev)),
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
+    inputs={"pred": "predictions", "target": "targets"},
 )(pairwise_difference_loss)

@@ -15,7 +15,6 @@ pytest.importorskip("sklego")
 from typer.testing import CliRunner
 
 from rankwise.cli import ENV_DEMO_QUICK, app
-from rankwise.recipes.modules import ENV_NAN_AT_STEP
 
 TINY = [
     "model.options.hidden=[16]",
@@ -100,7 +99,7 @@ def test_train_evaluate_compare(tmp_path):
     assert "MAE" in r.output and "few" in r.output
     m = json.loads((run / "metrics.json").read_text())
     cfg_text = (run / "config.yaml").read_text()
-    assert "max_epochs: 2" in cfg_text and "ranksim" in cfg_text
+    assert "max_epochs: 2" in cfg_text and "ranksim" in cfg_text and "recipe: dir" in cfg_text
     assert "accelerator: cpu" in cfg_text and "devices: 1" in cfg_text
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "completed" and "git_hash" in meta
@@ -129,11 +128,15 @@ def test_bad_config_exits_with_a_named_key(tmp_path):
     assert r.exit_code == 2 and "not a run directory" in r.output
 
 
-def test_nan_loss_exits_with_a_clear_message(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_NAN_AT_STEP, "1")
-    r = invoke(["train", "abalone_vanilla", *_sets(), "--out", str(tmp_path / "nan"), "--no-progress"])
+def test_nan_loss_exits_with_a_clear_message(tmp_path):
+    # a learning rate that makes the weights overflow after the first step: the loss becomes inf/nan
+    r = invoke(
+        ["train", "abalone_vanilla", *_sets(["optimizer.lr=1e30"]), "--out", str(tmp_path / "nan"), "--no-progress"]
+    )
     assert r.exit_code == 1
-    assert "training loss became nan" in " ".join(r.output.split())
+    text = " ".join(r.output.split())
+    assert "error: the training loss became" in text and "Traceback" not in text
+    assert json.loads((tmp_path / "nan" / "meta.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.slow

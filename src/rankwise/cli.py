@@ -4,8 +4,14 @@
 
     rankwise demo                                   # abalone: L1 vs +LDS vs +RankSim vs +RankSim+LDS
     rankwise train abalone_ranksim --set trainer.max_epochs=50 --set loss.regularizers.ranksim.weight=1
+
+Expected user errors (bad config, data file, run directory, checkpoint, unwritable output, full
+disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits 1; SIGTERM exits
+143 (the run is marked ``failed`` in its meta.json); ``--debug`` shows tracebacks. Heavy packages
+(Lightning, torchvision, matplotlib) are imported only by the commands that use them.
     rankwise train my.yaml --resume --out runs/my   # continue a killed run from its last checkpoint
     rankwise evaluate runs/abalone_ranksim
+    rankwise --debug train ...                      # show the traceback of an error (or RANKWISE_DEBUG=1)
     rankwise compare abalone_vanilla abalone_lds --seeds 0,1,2 --out runs/cmp
     rankwise data list | rankwise data show abalone
     rankwise presets
@@ -37,6 +43,21 @@ app.add_typer(data_app, name="data")
 
 #: env var switching ``rankwise demo`` to its reduced (test) mode
 ENV_DEMO_QUICK = "RANKWISE_DEMO_QUICK"
+#: env var equivalent of ``rankwise --debug`` (tracebacks instead of one-line errors)
+ENV_DEBUG = "RANKWISE_DEBUG"
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help=f"show the traceback of an error (also env {ENV_DEBUG}=1)")
+    ] = False,
+) -> None:
+    """Train and compare deep imbalanced regression / ranking / contrastive recipes (rankwise)."""
+    _state["debug"] = debug or os.environ.get(ENV_DEBUG, "") not in ("", "0")
+
 
 DEMO_METHODS = {
     "L1 (vanilla)": "abalone_vanilla",
@@ -73,8 +94,55 @@ def _console() -> Any:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    _console().print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    _console().print(f"[bold red]error:[/] {' '.join(str(msg).split())}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
+
+
+def _error_code(e: BaseException) -> tuple[int, str] | None:
+    """(exit status, one-line message) of an expected error, ``None`` for an unexpected one."""
+    import signal
+
+    from rankwise.data import DataFormatError
+    from rankwise.recipes.common import NonFiniteLossError
+    from rankwise.recipes.config import UserError
+    from rankwise.recipes.rundir import RunTerminated
+
+    if isinstance(e, (UserError, DataFormatError)):
+        return 2, str(e)
+    if isinstance(e, NonFiniteLossError):
+        return 1, str(e)
+    if isinstance(e, RunTerminated):
+        return 128 + e.signum, f"{e}; the run is marked failed in its meta.json (continue it with --resume)"
+    if isinstance(e, KeyboardInterrupt):
+        return 130, "interrupted; the run is marked failed in its meta.json (continue it with --resume)"
+    if isinstance(e, SystemExit) and type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM stop
+        return 128 + signal.SIGTERM, "terminated by signal SIGTERM; the run is marked failed in its meta.json"
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename else ""
+        return 2, f"{e.strerror or e}{where}"
+    if isinstance(e, MemoryError):
+        return 1, "out of memory; try a smaller data.batch_size or model"
+    return None
+
+
+def _run_guarded(fn: Any) -> Any:
+    """Run ``fn``; an expected error becomes one ``error: ...`` line and an exit status (see module doc)."""
+    try:
+        return fn()
+    except typer.Exit:
+        raise
+    except BaseException as e:
+        if _state["debug"]:
+            raise
+        known = _error_code(e)
+        if known is None:
+            if isinstance(e, SystemExit):
+                raise
+            _fail(f"unexpected {type(e).__name__}: {e} (run with --debug for the traceback)", code=1)
+            raise
+        code, msg = known
+        _fail(msg, code=code)
+        raise
 
 
 def _parse_devices(devices: str | None) -> Any:
@@ -88,51 +156,19 @@ def _parse_devices(devices: str | None) -> Any:
     return d
 
 
-def _print_table(results: dict[str, list[dict[str, Any]]], title: str) -> None:
-    """Two compact tables (MAE, GM) of the shot groups: mean ± std over the runs of each method."""
+def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -> None:
+    """Print the ``(header, rows)`` tables a recipe makes of its results (``Recipe.tables``)."""
     from rich.table import Table
-
-    from rankwise.recipes.reports import GROUPS, aggregate, format_cell
 
     con = _console()
     con.print(title, highlight=False)
-    from rankwise.recipes.reproduce import is_repro_metrics, table_rows
-
-    if any(is_repro_metrics(m) for runs in results.values() for m in runs):  # supcon / sort / median / dknn
-        header, rows = table_rows(results)
+    for header, rows in tables:
         table = Table(title_justify="left")
-        for h in header:
-            table.add_column(h, no_wrap=True)
+        for i, h in enumerate(header):
+            table.add_column(h, no_wrap=True, justify="left" if i == 0 else "right")
         for r in rows:
             table.add_row(*r)
         con.print(table)
-        return
-    for key, label in (("mae", "MAE"), ("gmean", "GM")):
-        table = Table(title_justify="left")
-        table.add_column(label, no_wrap=True)
-        table.add_column("n", justify="right")
-        for g in GROUPS:
-            table.add_column(g, justify="right", no_wrap=True)
-        for method, runs in results.items():
-            agg = aggregate(runs)
-            row = [method, str(len(runs)), *[format_cell(agg[g][key]) for g in GROUPS]]
-            table.add_row(*row)
-        con.print(table)
-
-
-def _run_guarded(fn: Any) -> Any:
-    from rankwise.recipes.config import ConfigError
-
-    try:
-        return fn()
-    except ConfigError as e:
-        _fail(str(e))
-    except Exception as e:
-        from rankwise.recipes.modules import NonFiniteLossError
-
-        if isinstance(e, NonFiniteLossError):
-            _fail(str(e), code=1)
-        raise
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -148,18 +184,18 @@ def train(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="run directory (default: run.out_dir/run.name)")
     ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing run directory")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing rankwise run directory")] = False,
     devices: Annotated[str | None, typer.Option(help="Lightning devices: auto, N or a list 0,1")] = None,
     accelerator: Annotated[str | None, typer.Option(help="cpu, gpu, cuda, mps, auto")] = None,
     strategy: Annotated[str | None, typer.Option(help="Lightning strategy, e.g. ddp")] = None,
     num_nodes: Annotated[int | None, typer.Option("--num-nodes", help="number of nodes")] = None,
     precision: Annotated[str | None, typer.Option(help="32-true, 16-mixed, bf16-mixed, ...")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="progress bar, or one line per epoch")
+    ] = True,
 ) -> None:
     """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory."""
     from rankwise.distributed import torchrun_trainer_defaults
-    from rankwise.recipes.config import load_config
-    from rankwise.recipes.runner import train as run_train
 
     overrides = list(set_ or [])
     # under torchrun: devices / num_nodes / strategy="ddp" from its environment unless given
@@ -182,31 +218,55 @@ def train(
             highlight=False,
             soft_wrap=True,
         )
+    con = _console()
 
     def go() -> Any:
+        from rankwise.recipes.config import load_config
+        from rankwise.recipes.runner import train as run_train
+
         cfg = load_config(config, [] if resume else overrides)
         return run_train(
-            cfg, out=out, resume=resume, overwrite=overwrite, progress=progress, trainer_overrides=hardware
+            cfg,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            trainer_overrides=hardware,
+            log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 
     res = _run_guarded(go)
-    if not res.metrics:
+    if not res.metrics:  # rank > 0 of a distributed run
         return
-    _print_table({res.config.run.name: [res.metrics]}, f"test metrics: {res.run_dir}")
-    _console().print(f"run directory: [bold]{res.run_dir}[/]")
+    from rankwise.recipes.registry import get_recipe
+
+    recipe = get_recipe(res.config.recipe)
+    _print_tables(recipe.tables({res.config.run.name: [res.metrics]}), f"test metrics: {res.run_dir}")
+    con.print(f"run directory: [bold]{res.run_dir}[/]")
 
 
 @app.command()
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by `rankwise train`")],
     plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
-    checkpoint: Annotated[str, typer.Option(help="best or last")] = "best",
+    checkpoint: Annotated[
+        str | None, typer.Option(help="best or last (default: the one the recipe evaluates after training)")
+    ] = None,
 ) -> None:
-    """Re-evaluate a run's best checkpoint on its test set (rewrites metrics.json and plots)."""
-    from rankwise.recipes.runner import evaluate as run_eval
+    """Re-evaluate a run's checkpoint on its test set (rewrites metrics.json and plots)."""
+    if checkpoint is not None and checkpoint not in ("best", "last"):
+        _fail(f"--checkpoint must be 'best' or 'last', got {checkpoint!r}")
 
-    metrics = _run_guarded(lambda: run_eval(run_dir, plots=plots, checkpoint=checkpoint))
-    _print_table({run_dir.name: [metrics]}, f"test metrics: {run_dir}")
+    def go() -> Any:
+        from rankwise.recipes.registry import get_recipe
+        from rankwise.recipes.runner import evaluate as run_eval
+        from rankwise.recipes.runner import load_run_config
+
+        recipe = get_recipe(load_run_config(run_dir).recipe)
+        return recipe, run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+
+    recipe, metrics = _run_guarded(go)
+    _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")
 
 
 def _parse_seeds(seeds: str) -> list[int]:
@@ -214,10 +274,12 @@ def _parse_seeds(seeds: str) -> list[int]:
         if "-" in seeds and "," not in seeds:
             lo, hi = seeds.split("-")
             return list(range(int(lo), int(hi) + 1))
-        return [int(s) for s in seeds.split(",") if s.strip()]
+        out = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
-        _fail(f"--seeds expects e.g. 0,1,2 or 0-4, got {seeds!r}")
-        raise
+        out = []
+    if not out or any(s < 0 for s in out):
+        _fail(f"--seeds expects e.g. 0,1,2 or 0-4 (seeds >= 0), got {seeds!r}")
+    return out
 
 
 @app.command()
@@ -229,23 +291,20 @@ def compare(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="retrain runs that already finished")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = False,
 ) -> None:
-    """Several methods x seeds: mean ± std shot table and a markdown report (OUT/report.md)."""
-    from rankwise.recipes.runner import compare as run_compare
-
+    """Several methods x seeds: mean ± std table of their recipe and a markdown report (OUT/report.md)."""
     seed_list = _parse_seeds(seeds)
     t0 = time.perf_counter()
 
     def on_run(method: str, seed: int, res: Any) -> None:
-        from rankwise.recipes.reproduce import format_summary, is_repro_metrics
+        from rankwise.recipes.registry import get_recipe
 
-        if is_repro_metrics(res.metrics):
-            _console().print(f"  {method} seed {seed}: {format_summary(res.metrics)}  ({res.run_dir})", highlight=False)
-            return
-        mae = res.metrics["test"]["all"]["mae"]
-        _console().print(f"  {method} seed {seed}: test MAE {mae:.3f}  ({res.run_dir})", highlight=False)
+        line = get_recipe(res.config.recipe).summary(res.metrics)
+        _console().print(f"  {method} seed {seed}: {line}  ({res.run_dir})", highlight=False)
 
-    res = _run_guarded(
-        lambda: run_compare(
+    def go() -> Any:
+        from rankwise.recipes.runner import compare as run_compare
+
+        return run_compare(
             sources,
             seeds=seed_list,
             out=out,
@@ -254,8 +313,11 @@ def compare(
             overwrite=overwrite,
             on_run=on_run,
         )
+
+    res = _run_guarded(go)
+    _print_tables(
+        res.recipe.tables(res.results), f"test metrics, mean ± std over seeds ({time.perf_counter() - t0:.0f} s)"
     )
-    _print_table(res.results, f"test metrics, mean ± std over seeds ({time.perf_counter() - t0:.0f} s)")
     _console().print(f"report: [bold]{res.report}[/]")
 
 
@@ -272,9 +334,9 @@ def demo(
 
     Prints the many/medium/few-shot table (MAE and GM, mean ± std) and writes OUT/report.md + plots.
     """
-    from rankwise.recipes.runner import compare as run_compare
-
     quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
+    if seeds < 1:
+        _fail(f"--seeds must be >= 1, got {seeds}")
     overrides = ["trainer.enable_progress_bar=false"]
     if quick:
         overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "run.tsne=false"]
@@ -285,7 +347,6 @@ def demo(
         + (" (quick mode)" if quick else "")
     )
     t0 = time.perf_counter()
-    done: dict[str, float] = {}
 
     def on_run(method: str, seed: int, res: Any) -> None:
         m = res.metrics["test"]
@@ -295,10 +356,11 @@ def demo(
             f"[{time.perf_counter() - t0:.0f} s]",
             highlight=False,
         )
-        done[method] = time.perf_counter() - t0
 
     def go() -> Any:
-        res = run_compare(
+        from rankwise.recipes.runner import compare as run_compare
+
+        return run_compare(
             list(DEMO_METHODS.values()),
             seeds=list(range(seeds)),
             out=out,
@@ -309,13 +371,12 @@ def demo(
             title="rankwise demo: abalone age (DIR split)",
             extra="Methods: " + ", ".join(f"`{v}` = {k}" for k, v in DEMO_METHODS.items()),
         )
-        return res
 
     res = _run_guarded(go)
     elapsed = time.perf_counter() - t0
     pretty = {label: res.results[preset] for label, preset in DEMO_METHODS.items() if preset in res.results}
-    _print_table(
-        pretty,
+    _print_tables(
+        res.recipe.tables(pretty),
         f"abalone test set (age in years), mean ± std over {seeds} seed(s); many > 100, "
         f"few < 20 training shells per age",
     )
@@ -326,16 +387,17 @@ def demo(
 
 @app.command()
 def presets() -> None:
-    """List the bundled presets (YAML files in rankwise/recipes/presets)."""
+    """List the bundled presets (YAML files in rankwise/recipes/presets) and their recipes."""
     from rich.table import Table
 
-    from rankwise.recipes.config import PRESET_DIR, list_presets
+    from rankwise.recipes.config import PRESET_DIR, list_presets, load_raw
 
     table = Table(title=f"presets ({PRESET_DIR})", title_justify="left")
     table.add_column("preset", no_wrap=True)
+    table.add_column("recipe", no_wrap=True)
     table.add_column("description")
     for name, desc in list_presets().items():
-        table.add_row(name, desc)
+        table.add_row(name, str(load_raw(name).get("recipe", "dir")), desc)
     _console().print(table)
 
 
@@ -381,11 +443,19 @@ def data_show(
         opts[k.strip()] = yaml.safe_load(v)
     from rankwise.data import get_dataset
 
-    data: Any
-    try:
-        data = get_dataset(name, **opts)
-    except (OSError, ValueError, TypeError) as e:
-        _fail(f"cannot load dataset {name!r}: {e}")
+    def load() -> Any:
+        from rankwise.data import DataFormatError
+
+        try:
+            return get_dataset(name, **opts)
+        except DataFormatError:
+            raise
+        except (ValueError, TypeError) as e:
+            from rankwise.recipes.config import ConfigError
+
+            raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
+
+    data: Any = _run_guarded(load)
     if not hasattr(data, "train_labels"):
         con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
         return

@@ -64,12 +64,13 @@ def test_ddp_train_then_resume_on_one_process(tmp_path: Path) -> None:
     assert first["epoch"] == 0 and first["global_step"] == 3
 
     # LDS weights come from the FULL training set (not a rank's shard): same table as a 1-process build
-    from rankwise.recipes import _deps
+    from rankwise.data import get_dataset
     from rankwise.recipes.config import config_from_dict
-    from rankwise.recipes.runner import build_module
+    from rankwise.recipes.dir import DIRRegressor
 
     c = config_from_dict(cfg)
-    module = build_module(c, _deps.get_dataset(c.data.name, **c.data.options))
+    d = get_dataset(c.data.name, **c.data.options)
+    module = DIRRegressor(c, input_dim=d.input_dim, bin_width=d.bin_width, train_labels=d.train_labels, meta=d.meta)
     assert torch.equal(first["state_dict"]["lds_table"], module.lds_table)
 
     # resume on ONE process for a second epoch (hardware flags apply on --resume)
@@ -90,7 +91,7 @@ def test_torchrun_launch(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rankwise.cli", "train", "abalone_rnc"]
     # two stages: RnC pretraining (global-batch rnc_loss), then the regressor
-    proc = _run([*cmd, "--out", str(run), *TINY, "--set", "rnc.pretrain_epochs=1"], tmp_path)
+    proc = _run([*cmd, "--out", str(run), *TINY, "--set", "task.pretrain_epochs=1"], tmp_path)
     # devices / strategy come from torchrun's environment: one DDP run, reported once by rank 0
     assert proc.stdout.count("run directory:") == 1, proc.stdout[-3000:]
     cfg = yaml.safe_load((run / "config.yaml").read_text())

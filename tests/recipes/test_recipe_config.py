@@ -1,6 +1,9 @@
-"""Config schema: parsing, validation messages with suggestions, --set overrides, presets."""
+"""Config schema: one typed pass, validation messages with suggestions and ranges, --set, presets, paths."""
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import pytest
 
@@ -10,18 +13,20 @@ from rankwise.recipes.config import (
     Config,
     ConfigError,
     apply_overrides,
+    config_fields,
     config_from_dict,
     config_to_dict,
     list_presets,
     load_config,
+    upgrade_legacy,
 )
-from rankwise.recipes.modules import _configure_optimizers
+from rankwise.recipes.registry import get_recipe, list_recipes
 
 
 def test_defaults_roundtrip():
     cfg = config_from_dict({})
     assert isinstance(cfg, Config)
-    assert cfg.data.name == "abalone" and cfg.loss.kind == "l1" and cfg.run.recipe == "dir"
+    assert cfg.data.name == "abalone" and cfg.loss.kind == "l1" and cfg.recipe == "dir"
     assert config_from_dict(config_to_dict(cfg)) == cfg
 
 
@@ -45,14 +50,91 @@ def test_bad_values_name_the_key():
         config_from_dict({"loss": {"lds": {"lds": True}}})
     with pytest.raises(ConfigError, match=r"`loss\.lds\.ks` must be odd"):
         config_from_dict({"loss": {"lds": {"ks": 4}}})
-    with pytest.raises(ConfigError, match=r"unknown regularizer `loss\.regularizers\.ranksin`; did you mean 'ranksim'"):
-        config_from_dict({"loss": {"regularizers": {"ranksin": {"weight": 1}}}})
-    with pytest.raises(ConfigError, match=r"`run\.init_checkpoint` is required"):
-        config_from_dict({"run": {"recipe": "rrt"}})
+    with pytest.raises(
+        ConfigError, match=r"`loss\.regularizers\.ranksin\.name`: unknown loss 'ranksin'; did you mean 'ranksim'"
+    ):
+        config_from_dict({"loss": {"regularizers": [{"name": "ranksin", "weight": 1}]}})
+    with pytest.raises(ConfigError, match=r"`loss\.regularizers\[0\]\.name` is required"):
+        config_from_dict({"loss": {"regularizers": [{"weight": 1}]}})
+    with pytest.raises(ConfigError, match=r"`task\.init_checkpoint` is required"):
+        config_from_dict({"recipe": "rrt"})
     with pytest.raises(ConfigError, match=r"`schedule\.milestones` must be increasing"):
         config_from_dict({"schedule": {"kind": "multistep", "milestones": [80, 60]}})
     with pytest.raises(ConfigError, match=r"`data` must be a mapping"):
         config_from_dict({"data": 3})
+    with pytest.raises(ConfigError, match=r"`recipe`: unknown recipe 'sortt'; did you mean 'sort'"):
+        config_from_dict({"recipe": "sortt"})
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [  # issue 12, item 16: every field's range is checked where the config is read
+        ("schedule.gamma=-1", r"`schedule\.gamma` must be > 0, got -1\.0"),
+        ("schedule.gamma=2", r"`schedule\.gamma` must be <= 1"),
+        ("optimizer.lr=.nan", r"`optimizer\.lr` must be a finite number, got nan"),
+        ("optimizer.lr=.inf", r"`optimizer\.lr` must be a finite number"),
+        ("optimizer.momentum=1.5", r"`optimizer\.momentum` must be < 1"),
+        ("trainer.num_threads=-1", r"`trainer\.num_threads` must be >= 1, got -1"),
+        ("trainer.precision=bogus", r"`trainer\.precision` must be one of"),
+        ("trainer.devices=-3", r"`trainer\.devices` must be 'auto', a count"),
+        ("trainer.limit_train_batches=1.5", r"`trainer\.limit_train_batches` as a fraction must be in \[0, 1\]"),
+        ("trainer.limit_train_batches=0", r"`trainer\.limit_train_batches` must be > 0"),
+        ("trainer.deterministic=maybe", r"`trainer\.deterministic` must be true, false or 'warn'"),
+        ("loss.fds.momentum=5", r"`loss\.fds\.momentum` must be <= 1, got 5\.0"),
+        ("loss.fds.sigma=0", r"`loss\.fds\.sigma` must be > 0"),
+        ("loss.regularizers.ranksim.weight=-1", r"`loss\.regularizers\.ranksim\.weight` must be >= 0"),
+        ("run.few_shot=-1", r"`run\.few_shot` must be >= 0, got -1"),
+        ("run.few_shot=200", r"`run\.few_shot` \(200\) must be <= `run\.many_shot` \(100\)"),
+        ("run.plot_samples=-5", r"`run\.plot_samples` must be >= 1, got -5"),
+        ("run.seed=-2", r"`run\.seed` must be >= 0"),
+        ("data.batch_size=0", r"`data\.batch_size` must be >= 1"),
+        ("schedule.warmup_epochs=-1", r"`schedule\.warmup_epochs` must be >= 0"),
+        ("schedule.milestones=[0, 3]", r"`schedule\.milestones\[0\]` must be >= 1, got 0"),
+    ],
+)
+def test_field_ranges(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("abalone_vanilla", [override])
+
+
+@pytest.mark.parametrize(
+    "preset,override,match",
+    [
+        ("abalone_rnc", "task.feature_dropout=2", r"`task\.feature_dropout` must be < 1, got 2\.0"),
+        ("abalone_rnc", "task.temperature=0", r"`task\.temperature` must be > 0"),
+        ("mnist5k_supcon", "task.train_subset=1", r"`task\.train_subset` must be >= 2"),
+        ("large_mnist_neuralsort", "task.steps=0", r"`task\.steps` must be >= 1"),
+        ("mnist5k_dknn", "task.k=0", r"`task\.k` must be >= 1"),
+    ],
+)
+def test_task_ranges(preset, override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(preset, [override])
+
+
+def test_run_name_is_one_path_component():
+    for bad in ("../escaped", "a/b", "..", "."):
+        with pytest.raises(ConfigError, match=r"`run\.name` must be a single path component"):
+            load_config("abalone_vanilla", [f"run.name={bad}"])
+    assert load_config("abalone_vanilla", ["run.name=my-run_1.b"]).run.name == "my-run_1.b"
+
+
+def test_preset_names_come_from_the_registry(tmp_path, monkeypatch):
+    # issue 12, item 17: a preset name never resolves to a file outside the presets folder
+    outside = tmp_path / "x.yaml"
+    outside.write_text("optimizer: {lr: 0.5}\n")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    with pytest.raises(ConfigError, match=r"config file \.\./\.\./x does not exist"):
+        load_config("../../x")
+    with pytest.raises(ConfigError, match="neither a config file nor a preset"):
+        load_config("x")
+    # an explicit YAML path is a path
+    assert load_config("../../x.yaml").optimizer.lr == 0.5
+    assert load_config(outside).optimizer.lr == 0.5
+    with pytest.raises(ConfigError, match=r"config file .*missing\.yaml does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
 
 
 def test_set_overrides_are_yaml_typed():
@@ -70,7 +152,7 @@ def test_set_overrides_are_yaml_typed():
     cfg = config_from_dict(raw)
     assert cfg.trainer.max_epochs == 7
     assert cfg.optimizer.lr == pytest.approx(1e-4)
-    assert cfg.loss.regularizers["ranksim"].weight == 100.0
+    assert [(r.name, r.weight) for r in cfg.loss.regularizers] == [("ranksim", 100.0)]
     assert cfg.schedule.milestones == [60, 80]
     assert cfg.run.tsne is False
     assert cfg.data.options == {"per_label": 5}
@@ -78,6 +160,20 @@ def test_set_overrides_are_yaml_typed():
         apply_overrides({}, ["trainer.max_epochs"])
     with pytest.raises(ConfigError, match=r"unknown config key `trainer\.max_epoch`"):
         load_config("abalone_vanilla", ["trainer.max_epoch=3"])
+
+
+def test_set_addresses_list_entries_by_name_or_index():
+    cfg = load_config(
+        "abalone_ranksim",
+        ["loss.regularizers.ranksim.options.interpolation_lambda=3", "loss.regularizers.conr.weight=0.5"],
+    )
+    assert [r.name for r in cfg.loss.regularizers] == ["ranksim", "conr"]
+    assert cfg.loss.regularizers[0].options == {"interpolation_lambda": 3}
+    assert cfg.loss.regularizers[0].weight == pytest.approx(0.03)
+    assert load_config("abalone_ranksim", ["loss.regularizers.0.weight=2"]).loss.regularizers[0].weight == 2.0
+    with pytest.raises(ConfigError, match="no entry 3"):
+        load_config("abalone_ranksim", ["loss.regularizers.3.weight=2"])
+    assert load_config("abalone_ranksim", ["loss.regularizers=[]"]).loss.regularizers == []
 
 
 def test_yaml_file_with_extends(tmp_path):
@@ -100,6 +196,48 @@ def test_yaml_file_with_extends(tmp_path):
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match=r"neither a config file nor a preset; did you mean 'abalone_lds'"):
         load_config("abalone_ldss")
+
+
+def test_sections_a_recipe_does_not_read_are_refused():
+    with pytest.raises(ConfigError, match=r"`loss` is not used by recipe 'sort'"):
+        load_config("large_mnist_neuralsort", ["loss.kind=mse"])
+    assert "loss" not in config_to_dict(load_config("large_mnist_neuralsort"))
+    assert "loss" in config_to_dict(load_config("abalone_vanilla"))
+
+
+def test_legacy_layout_is_upgraded():
+    """Configs saved in run directories before the recipe registry still load (and mean the same)."""
+    old_dir = {
+        "run": {"name": "r", "recipe": "dir", "init_checkpoint": None, "reset_head": True},
+        "rnc": {"pretrain_epochs": 20},
+        "loss": {
+            "regularizers": {"ranksim": {"weight": 0.03, "options": {"interpolation_lambda": 2.0}}, "pairwise": {}}
+        },
+        "task": {},
+    }
+    cfg = config_from_dict(upgrade_legacy(old_dir))
+    assert cfg.recipe == "dir"
+    assert [(r.name, r.weight) for r in cfg.loss.regularizers] == [("ranksim", 0.03), ("pairwise_difference", 1.0)]
+    old_supcon = {
+        "run": {"recipe": "supcon"},
+        "loss": {"kind": "l1", "regularizers": {}},
+        "optimizer": {"name": "adam", "lr": 1.0},
+        "schedule": {"kind": "cosine", "warmup_epochs": 1},
+        "task": {"optimizer": "lars", "method": "simclr"},
+    }
+    cfg = config_from_dict(upgrade_legacy(old_supcon))
+    assert (cfg.recipe, cfg.optimizer.name, cfg.schedule.interval, cfg.task.method) == (
+        "supcon",
+        "lars",
+        "step",
+        "simclr",
+    )
+    old_rrt = {"run": {"recipe": "rrt", "init_checkpoint": "runs/x", "reset_head": False}}
+    cfg = config_from_dict(upgrade_legacy(old_rrt))
+    assert (cfg.task.init_checkpoint, cfg.task.reset_head) == ("runs/x", False)
+    old_rnc = {"run": {"recipe": "rnc"}, "rnc": {"pretrain_epochs": 3, "lr": 0.5}}
+    cfg = config_from_dict(upgrade_legacy(old_rnc))
+    assert (cfg.task.pretrain_epochs, cfg.task.lr) == (3, 0.5)
 
 
 PRESETS = sorted(list_presets())
@@ -132,40 +270,32 @@ def test_preset_list_covers_the_papers():
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_loads_and_validates(name):
+    import yaml
+
+    from rankwise.recipes.config import PRESET_DIR
+
     cfg = load_config(name)
     assert config_from_dict(config_to_dict(cfg)) == cfg
-    for reg in cfg.loss.regularizers.values():
+    assert isinstance(cfg.task, get_recipe(cfg.recipe).options)
+    for reg in cfg.loss.regularizers:
         assert reg.weight >= 0
+    raw = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+    assert "recipe" in raw or "extends" in raw, "a preset names its recipe (or inherits it)"
 
 
 def test_paper_recipes():
     a = load_config("agedb_dir_ranksim")
     assert (a.data.batch_size, a.optimizer.lr, a.model.backbone, a.optimizer.name) == (64, 2.5e-4, "resnet50", "adam")
-    assert a.loss.regularizers["ranksim"].weight == 100
-    assert a.loss.regularizers["ranksim"].options["interpolation_lambda"] == 2
+    (r,) = a.loss.regularizers
+    assert (r.name, r.weight, r.options["interpolation_lambda"]) == ("ranksim", 100, 2)
     i = load_config("imdb_wiki_dir_lds_fds")
     assert (i.data.batch_size, i.optimizer.lr, i.trainer.max_epochs) == (256, 1e-3, 90)
     assert i.schedule.kind == "multistep" and i.schedule.milestones == [60, 80] and i.schedule.gamma == 0.1
     assert i.loss.lds.reweight == "sqrt_inv" and i.loss.lds.lds and i.loss.fds.enabled
     s = load_config("sts_b_dir_ranksim")
-    assert s.loss.regularizers["ranksim"].weight == pytest.approx(3e-4)
-
-
-def test_lr_schedule_multistep_and_warmup():
-    import torch
-
-    cfg = load_config(
-        None, ["schedule.kind=multistep", "schedule.milestones=[2, 4]", "optimizer.lr=1.0", "schedule.warmup_epochs=1"]
-    )
-    m = torch.nn.Linear(2, 1)
-    out = _configure_optimizers(m, cfg)  # type: ignore[arg-type]
-    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
-    lrs = []
-    for _ in range(6):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == pytest.approx([0.5, 1.0, 0.1, 0.1, 0.01, 0.01])
+    assert s.loss.regularizers[0].weight == pytest.approx(3e-4)
+    lars = load_config("mnist5k_supcon_lars")
+    assert (lars.optimizer.name, lars.optimizer.lr, lars.schedule.interval) == ("lars", 1.0, "step")
 
 
 def test_options_are_checked_against_the_library():
@@ -175,6 +305,14 @@ def test_options_are_checked_against_the_library():
         r"did you mean 'interpolation_lambda'",
     ):
         load_config("abalone_ranksim", ["loss.regularizers.ranksim.options.interp_lambda=2"])
+    with pytest.raises(
+        ConfigError, match=r"`loss\.regularizers\.ranksim\.options\.features` is supplied by the recipe"
+    ):
+        load_config("abalone_ranksim", ["loss.regularizers.ranksim.options.features=2"])
+    with pytest.raises(ConfigError, match=r"`loss\.regularizers\.spearman\.options`: .*ranker"):
+        load_config("abalone_spearman", ["loss.regularizers.spearman.options.ranker=bogus"])
+    with pytest.raises(ConfigError, match=r"loss 'supcon' declares no recipe inputs"):
+        load_config("abalone_vanilla", ["loss.regularizers.supcon.weight=1"])
     with pytest.raises(ConfigError, match=r"unknown option `model\.options\.hiden`; did you mean 'hidden'"):
         load_config("abalone_vanilla", ["model.options.hiden=[8]"])
     with pytest.raises(ConfigError, match=r"unknown option `data\.options\.perlabel`; did you mean 'per_label'"):
@@ -185,4 +323,44 @@ def test_options_are_checked_against_the_library():
         load_config("abalone_vanilla", ["data.name=abalon"])
     with pytest.raises(ConfigError, match=r"`model\.backbone`: unknown backbone"):
         load_config("abalone_vanilla", ["model.backbone=resnet5"])
+    with pytest.raises(ConfigError, match=r"`loss\.lr` applies to a task loss from the registry"):
+        load_config("abalone_vanilla", ["loss.lr=0.1"])
     assert load_config("abalone_vanilla", ["loss.options.beta=0.3", "loss.kind=focal_l1"]).loss.options["beta"] == 0.3
+
+
+def test_every_field_is_documented():
+    """Each field of every section and recipe option carries a one-line description (docs are generated)."""
+    for recipe in list_recipes():
+        fields = config_fields(recipe)
+        assert fields, recipe
+        for f in fields:
+            assert f.doc and "\n" not in f.doc, f"{recipe}: `{f.key}` has no one-line description"
+        keys = {f.key for f in fields}
+        assert {"optimizer.lr", "run.seed", "trainer.max_epochs"} <= keys
+        assert ("loss.kind" in keys) == ("loss" in get_recipe(recipe).uses)
+        task = get_recipe(recipe).options
+        assert {f"task.{f.name}" for f in dataclasses.fields(task)} <= keys
+    lr = next(f for f in config_fields() if f.key == "optimizer.lr")
+    assert (lr.type, lr.default, lr.range) == ("float", 1e-3, "> 0")
+    assert any(f.key == "loss.regularizers[].weight" for f in config_fields("dir"))
+
+
+def test_lr_schedule_formula():
+    from rankwise.recipes.config import ScheduleConfig
+    from rankwise.recipes.optim import lr_factor
+
+    # multistep in epochs (4 steps per epoch), 1 epoch of per-step warm-up
+    s = ScheduleConfig(kind="multistep", milestones=[2, 4], gamma=0.1, warmup_epochs=1)
+    f = [lr_factor(step, s, total_steps=24, epochs=6) for step in range(24)]
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4:8] == pytest.approx([1.0] * 4) and f[8:16] == pytest.approx([0.1] * 8)
+    assert f[16:] == pytest.approx([0.01] * 8)
+    # cosine per epoch over the ACTUAL number of epochs (no warm-up): the formula of the DIR recipes
+    c = ScheduleConfig(kind="cosine")
+    got = [lr_factor(step, c, total_steps=12, epochs=4) for step in range(0, 12, 3)]
+    assert got == [0.5 * (1 + math.cos(math.pi * e / 4)) for e in range(4)]
+    # per step after a warm-up (the SupCon presets)
+    st = ScheduleConfig(kind="cosine", warmup_epochs=1, interval="step")
+    got = [lr_factor(step, st, total_steps=10, epochs=5) for step in range(10)]
+    assert got[:2] == [0.5, 1.0]
+    assert got[2:] == [0.5 * (1 + math.cos(math.pi * min(s - 2, 8) / 8)) for s in range(2, 10)]

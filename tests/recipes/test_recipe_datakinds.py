@@ -71,9 +71,9 @@ def test_image_rnc_two_views(image_split, tmp_path):
             f"data.options.csv={image_split / 'agedb.csv'}",
             "data.options.image_size=32",
             "data.batch_size=8",
-            "rnc.pretrain_epochs=1",
+            "task.pretrain_epochs=1",
             "optimizer.lr=0.01",
-            "rnc.lr=0.01",
+            "task.lr=0.01",
         ],
     )
     res = train(cfg, out=tmp_path / "rnc_run", progress=False, verbose=False)

@@ -1,10 +1,9 @@
-"""Lightning recipes on tiny abalone runs: DIR stack, RRT, RnC, FDS; resume after SIGKILL; NaN stop."""
+"""Lightning recipes on tiny abalone runs: DIR stack, RRT, RnC, FDS; resume after SIGKILL; NaN stop; run dirs."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +15,11 @@ pytest.importorskip("sklego")
 
 import torch
 
+from rankwise.recipes.common import NonFiniteLossError
 from rankwise.recipes.config import load_config
-from rankwise.recipes.modules import ENV_NAN_AT_STEP, NonFiniteLossError
-from rankwise.recipes.runner import ENV_KILL_AT_STEP, evaluate, load_state_dict, train
+from rankwise.recipes.rundir import load_state_dict
+from rankwise.recipes.runner import evaluate, train
+from tests.recipes._faults import NaNAtStep
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,7 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
             *TINY,
             "run.plots=true",
             "run.plot_samples=40",
-            "loss.regularizers.pairwise.weight=0.1",
+            "loss.regularizers.pairwise_difference.weight=0.1",
             "loss.regularizers.spearman.weight=0.5",
             "loss.regularizers.conr.weight=0.5",
             "loss.kind=focal_l1",
@@ -76,6 +77,7 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
         "plots/per_label_mae.png",
         "plots/similarity.png",
         "plots/tsne.png",
+        "plots/training_curves.png",
     ]:
         assert (d / f).is_file(), f
     assert list((d / "tb").glob("events.out.tfevents.*"))
@@ -83,9 +85,11 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
     assert meta["status"] == "completed" and meta["rankwise_version"]
     m = json.loads((d / "metrics.json").read_text())
     _check_metrics(m)
+    assert m["recipe"] == "dir" and m["method"] == "dir"
     assert m == res.metrics
     csv_text = (d / "logs" / "metrics.csv").read_text()
     assert "train/ranksim" in csv_text and "val/mae" in csv_text and "train/conr" in csv_text
+    assert "train/pairwise_difference" in csv_text and "train/spearman" in csv_text
     # checkpoints are plain state: loadable with weights_only=True
     ckpt = torch.load(d / "checkpoints" / "best.ckpt", weights_only=True)
     assert "state_dict" in ckpt and "lds_table" in "".join(ckpt["state_dict"])
@@ -95,13 +99,10 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
 
 
 def test_lds_weights_follow_the_label_table(abalone):
-    from rankwise.recipes.config import config_to_dict
-    from rankwise.recipes.modules import DIRRegressor
+    from rankwise.recipes.dir import DIRRegressor
 
     cfg = load_config("abalone_lds", TINY)
-    mod = DIRRegressor(
-        config_to_dict(cfg), input_dim=abalone.input_dim, bin_width=1.0, train_labels=abalone.train_labels
-    )
+    mod = DIRRegressor(cfg, input_dim=abalone.input_dim, bin_width=1.0, train_labels=abalone.train_labels)
     y = torch.tensor(abalone.train_labels, dtype=torch.float32)
     w = mod.sample_weights(y)
     assert w is not None and w.shape == y.shape
@@ -117,7 +118,7 @@ def test_fds_rrt_and_rnc_recipes(tmp_path, abalone):
     assert float(state["fds.num_samples_tracked"].sum()) > 0
     # RRT: only the head changes
     rrt = train(
-        load_config("abalone_rrt", [*TINY, f"run.init_checkpoint={fds.run_dir}"]),
+        load_config("abalone_rrt", [*TINY, f"task.init_checkpoint={fds.run_dir}"]),
         out=tmp_path / "rrt",
         progress=False,
         verbose=False,
@@ -130,7 +131,7 @@ def test_fds_rrt_and_rnc_recipes(tmp_path, abalone):
     assert not torch.equal(state["head.weight"], s2["head.weight"])
     # Rank-N-Contrast two-stage: pretrained encoder is frozen in stage 2
     rnc = train(
-        load_config("abalone_rnc", [*TINY, "rnc.pretrain_epochs=1"]),
+        load_config("abalone_rnc", [*TINY, "task.pretrain_epochs=1"]),
         out=tmp_path / "rnc",
         progress=False,
         verbose=False,
@@ -142,32 +143,32 @@ def test_fds_rrt_and_rnc_recipes(tmp_path, abalone):
     assert all(torch.equal(pre[k], fin[k]) for k in pre if k.startswith("backbone."))
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, abalone, monkeypatch):
-    monkeypatch.setenv(ENV_NAN_AT_STEP, "4")  # epoch 0 = steps 0..2, NaN in epoch 1
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, abalone):
     cfg = load_config("abalone_vanilla", [*TINY, "trainer.max_epochs=3"])
     with pytest.raises(NonFiniteLossError, match=r"the training loss became nan at epoch 1, global step 4"):
-        train(cfg, out=tmp_path / "nan", progress=False, verbose=False, data=abalone)
+        # epoch 0 = steps 0..2, the weights diverge in epoch 1
+        train(cfg, out=tmp_path / "nan", progress=False, verbose=False, data=abalone, callbacks=[NaNAtStep(4)])
     d = tmp_path / "nan"
     meta = json.loads((d / "meta.json").read_text())
-    assert meta["status"] == "failed: non-finite loss" and "nan" in meta["error"]
+    assert meta["status"] == "failed" and meta["failure"] == "NonFiniteLossError" and "nan" in meta["error"]
     ckpt = torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["epoch"] == 0 and ckpt["global_step"] == 3
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     assert not list((d / "checkpoints").glob(".*tmp*")), "no temporary checkpoint left behind"
 
 
-def _cli(args, env_extra=None, cwd=None):
-    env = {**os.environ, **(env_extra or {})}
-    env.pop(ENV_NAN_AT_STEP, None)
-    if not env_extra:
-        env.pop(ENV_KILL_AT_STEP, None)
+def _cli(args, cwd=None):
+    """``rankwise ARGS`` in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "rankwise.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd or ROOT,
-        timeout=300,
+        [sys.executable, "-m", "rankwise.cli", *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300
+    )
+
+
+def _cli_with_fault(kind, step, preset, out, sets):
+    """``rankwise train PRESET --out OUT --set ...`` in a subprocess that SIGKILLs/SIGTERMs itself at ``step``."""
+    args = [kind, str(step), preset, str(out)] + [a for s in sets for a in ("--set", s)]
+    return subprocess.run(
+        [sys.executable, "-m", "tests.recipes._faults", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
     )
 
 
@@ -177,10 +178,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, abalone):
     # LDS weights + FDS (smoothing from epoch 1, statistics refreshed every epoch) + RankSim's random draws
     ref = train(load_config("abalone_lds_fds", sets), out=tmp_path / "ref", progress=False, verbose=False, data=abalone)
 
-    args = ["train", "abalone_lds_fds", "--out", str(tmp_path / "killed"), "--no-progress"]
-    for s in sets:
-        args += ["--set", s]
-    killed = _cli(args, {ENV_KILL_AT_STEP: "4"})  # mid-epoch 1 (3 steps per epoch)
+    killed = _cli_with_fault("kill", 4, "abalone_lds_fds", tmp_path / "killed", sets)  # mid-epoch 1 (3 steps/epoch)
     assert killed.returncode == -9, killed.stderr[-2000:]
     ck = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ck["epoch"] == 0
@@ -196,18 +194,22 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, abalone):
 
 
 def test_run_dir_protection(tmp_path, abalone):
-    from rankwise.recipes.config import ConfigError
+    from rankwise.recipes.rundir import RunDirError
 
     cfg = load_config("abalone_vanilla", [*TINY, "trainer.max_epochs=1"])
     train(cfg, out=tmp_path / "r", progress=False, verbose=False, data=abalone)
-    with pytest.raises(ConfigError, match="already exists; pass --resume"):
+    with pytest.raises(RunDirError, match="already exists; pass --resume"):
         train(cfg, out=tmp_path / "r", progress=False, verbose=False, data=abalone)
-    with pytest.raises(ConfigError, match="cannot --resume"):
+    with pytest.raises(RunDirError, match="cannot --resume"):
         train(cfg, out=tmp_path / "nothing", resume=True, progress=False, verbose=False, data=abalone)
+    # --overwrite replaces a rankwise run directory (and keeps nothing of the old run)
+    (tmp_path / "r" / "stale.txt").write_text("old")
+    train(cfg, out=tmp_path / "r", overwrite=True, progress=False, verbose=False, data=abalone)
+    assert not (tmp_path / "r" / "stale.txt").exists() and (tmp_path / "r" / "metrics.json").is_file()
 
 
 def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
-    from rankwise.recipes.runner import AtomicCheckpointIO
+    from rankwise.recipes.rundir import AtomicCheckpointIO
 
     io = AtomicCheckpointIO()
     path = tmp_path / "c" / "last.ckpt"

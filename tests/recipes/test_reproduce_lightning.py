@@ -1,4 +1,4 @@
-"""The reproduction recipes run on Lightning: index-seeded data, checkpoints, resume after SIGKILL."""
+"""Every recipe on Lightning: index-seeded data, checkpoints, resume after SIGKILL equals the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ pytest.importorskip("torchvision")
 pytest.importorskip("sklearn")
 pytest.importorskip("typer")
 
+from rankwise.recipes.common import EpochIndexSampler, item_seed
 from rankwise.recipes.config import load_config
-from rankwise.recipes.modules import EpochIndexSampler, item_seed
-from rankwise.recipes.runner import ENV_KILL_AT_STEP, load_state_dict, train
-from rankwise.recipes.sorting import Episodes, ListSampler, RandomLists
+from rankwise.recipes.dknn import Episodes
+from rankwise.recipes.rundir import load_state_dict
+from rankwise.recipes.runner import train
+from rankwise.recipes.sorting import ListSampler, RandomLists
 from rankwise.recipes.supcon import TwoViewDataset, build_augmentation
-from tests.recipes.test_recipe_training import _cli
+from tests.recipes.test_recipe_training import TINY, _cli, _cli_with_fault
 
 
 def test_epoch_index_sampler_fresh_indices_every_epoch():
@@ -90,57 +92,75 @@ SORT_SETS = [
     "trainer.log_every_n_steps=1",
     "data.options.test_fraction=0.05",
 ]
+SUPCON_SETS = [
+    "task.train_subset=48",
+    "data.batch_size=16",  # 3 steps per epoch
+    "trainer.max_epochs=2",
+    "task.probe_epochs=2",
+    "model.options.feature_dim=16",
+    "trainer.num_threads=1",
+    "data.options.test_fraction=0.05",
+]
+DKNN_SETS = [
+    "task.steps=6",
+    "task.steps_per_epoch=2",
+    "task.queries=10",
+    "task.neighbors=10",
+    "model.options.feature_dim=16",
+    "trainer.num_threads=1",
+    "data.options.test_fraction=0.05",
+]
+ABALONE = [*TINY, "trainer.max_epochs=3"]  # 3 steps per epoch
+
+
+@pytest.fixture(scope="module")
+def rrt_source(tmp_path_factory):
+    """A tiny trained abalone run whose encoder the RRT recipe re-uses."""
+    out = tmp_path_factory.mktemp("rrt_src") / "vanilla"
+    train(load_config("abalone_vanilla", [*TINY, "trainer.max_epochs=1"]), out=out, progress=False, verbose=False)
+    return out
+
+
+RESUME_CASES = {
+    # recipe: (preset, --set overrides, kill at this global step, (epoch, step) of last.ckpt when killed)
+    "sort": ("large_mnist_stochastic", SORT_SETS, 3, (0, 2)),
+    "median": ("large_mnist_median_stochastic", SORT_SETS, 3, (0, 2)),
+    "supcon": ("mnist5k_supcon", SUPCON_SETS, 4, (0, 3)),
+    "simclr": ("mnist5k_simclr", SUPCON_SETS, 4, (0, 3)),
+    "dknn": ("mnist5k_dknn", DKNN_SETS, 3, (0, 2)),
+    "rnc": ("abalone_rnc", [*ABALONE, "task.pretrain_epochs=2"], 4, None),  # killed in the pretraining stage
+    "rrt": ("abalone_rrt", ABALONE, 4, (0, 3)),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["large_mnist_stochastic", "large_mnist_median_stochastic"])
-def test_sort_resume_after_sigkill_matches_uninterrupted_run(tmp_path, preset):
-    ref = train(load_config(preset, SORT_SETS), out=tmp_path / "ref", progress=False, verbose=False)
+@pytest.mark.parametrize("recipe", sorted(RESUME_CASES))
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, recipe, request):
+    preset, sets, step, at_kill = RESUME_CASES[recipe]
+    if recipe == "rrt":
+        sets = [*sets, f"task.init_checkpoint={request.getfixturevalue('rrt_source')}"]
+    ref = train(load_config(preset, sets), out=tmp_path / "ref", progress=False, verbose=False)
     ref_state = load_state_dict(tmp_path / "ref" / "checkpoints" / "last.ckpt")
     assert (tmp_path / "ref" / "logs" / "metrics.csv").is_file()
 
-    args = ["train", preset, "--out", str(tmp_path / "killed"), "--no-progress"]
-    for s in SORT_SETS:
-        args += ["--set", s]
-    killed = _cli(args, {ENV_KILL_AT_STEP: "3"})  # mid-epoch 1 (2 steps per epoch)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    ck = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ck["epoch"] == 0 and ck["global_step"] == 2
+    killed = _cli_with_fault("kill", step, preset, tmp_path / "killed", sets)
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
     assert not (tmp_path / "killed" / "metrics.json").exists()
+    assert json.loads((tmp_path / "killed" / "meta.json").read_text())["status"] == "running"
+    if at_kill is None:  # rnc: killed in stage 1
+        ck = torch.load(tmp_path / "killed" / "pretrain" / "last.ckpt", weights_only=True)
+        assert (ck["epoch"], ck["global_step"]) == (0, 3)
+        assert not (tmp_path / "killed" / "checkpoints").exists()
+    else:
+        ck = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
+        assert (ck["epoch"], ck["global_step"]) == at_kill
 
     resumed = _cli(["train", preset, "--out", str(tmp_path / "killed"), "--resume", "--no-progress"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
     assert got["test"] == ref.metrics["test"]
+    assert got.get("val") == ref.metrics.get("val")
     state = load_state_dict(tmp_path / "killed" / "checkpoints" / "last.ckpt")
     assert state.keys() == ref_state.keys()
     assert all(torch.equal(state[k], ref_state[k]) for k in state)
-    ck = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ck["global_step"] == 6
-
-
-@pytest.mark.slow
-def test_supcon_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    sets = [
-        "task.train_subset=48",
-        "data.batch_size=16",  # 3 steps per epoch
-        "trainer.max_epochs=2",
-        "task.probe_epochs=2",
-        "model.options.feature_dim=16",
-        "trainer.num_threads=1",
-        "data.options.test_fraction=0.05",
-    ]
-    ref = train(load_config("mnist5k_supcon", sets), out=tmp_path / "ref", progress=False, verbose=False)
-    args = ["train", "mnist5k_supcon", "--out", str(tmp_path / "killed"), "--no-progress"]
-    for s in sets:
-        args += ["--set", s]
-    killed = _cli(args, {ENV_KILL_AT_STEP: "4"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    assert torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
-    resumed = _cli(["train", "mnist5k_supcon", "--out", str(tmp_path / "killed"), "--resume", "--no-progress"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    got = json.loads((tmp_path / "killed" / "metrics.json").read_text())
-    assert got["test"] == ref.metrics["test"]
-    a = load_state_dict(tmp_path / "killed" / "checkpoints" / "last.ckpt")
-    b = load_state_dict(tmp_path / "ref" / "checkpoints" / "last.ckpt")
-    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert json.loads((tmp_path / "killed" / "meta.json").read_text())["status"] == "completed"

@@ -1,4 +1,4 @@
-"""Reproduction recipes (issue 6) on tiny budgets: SupCon two-stage, large-MNIST sorting, median, dkNN.
+"""The reproduction recipes on tiny budgets: SupCon two-stage, large-MNIST sorting, median, dkNN.
 
 Every recipe runs a few steps so that it cannot rot; the full tables come from the commands in
 docs/results.md.
@@ -19,7 +19,8 @@ pytest.importorskip("typer")
 
 from rankwise.data import ClassificationData, TensorPairDataset, get_dataset, load_mnist5k_arrays
 from rankwise.recipes import ConfigError, load_config
-from rankwise.recipes.runner import compare, evaluate, load_state_dict, train
+from rankwise.recipes.rundir import load_state_dict
+from rankwise.recipes.runner import compare, evaluate, train
 from rankwise.recipes.sorting import ListSampler, sort_loss, true_permutation
 
 
@@ -45,6 +46,8 @@ def tiny_digits() -> ClassificationData:
 
 
 TINY_SUPCON = [
+    "run.tsne=true",
+    "run.plot_samples=30",
     "data.batch_size=32",
     "trainer.max_epochs=1",
     "trainer.limit_train_batches=2",
@@ -60,7 +63,11 @@ def _check_run(res, keys):
     assert set(m["test"]) == set(keys)
     assert all(np.isfinite(v) for v in m["test"].values())
     assert json.loads((res.run_dir / "meta.json").read_text())["status"] == "completed"
-    assert (res.run_dir / "config.yaml").is_file()
+    # the same run directory layout for every recipe (a kNN on raw pixels trains nothing: no checkpoint or log)
+    trained = getattr(res.config.task, "method", "") != "knn_pixels"
+    for f in ("config.yaml", "meta.json", "checkpoints/best.ckpt", "checkpoints/last.ckpt", "logs/metrics.csv"):
+        assert (res.run_dir / f).is_file() or (not trained and "/" in f), f
+    assert (res.run_dir / "plots" / "training_curves.png").is_file() or not trained
     return m
 
 
@@ -74,7 +81,7 @@ def _check_run(res, keys):
         ("mnist5k_simclr", []),
         ("mnist5k_ce", []),
         ("mnist5k_supcon_lars", ["task.variant=in", "task.augment=digits_elastic"]),
-        ("mnist5k_supcon", ["task.augment=randaugment", "task.optimizer=adam", "optimizer.lr=0.001"]),
+        ("mnist5k_supcon", ["task.augment=randaugment", "optimizer.name=adam", "optimizer.lr=0.001"]),
         ("mnist5k_supcon", ["task.augment=autoaugment"]),
     ],
 )
@@ -83,8 +90,11 @@ def test_supcon_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     m = _check_run(res, ["probe_acc"])
     assert 0.0 <= m["test"]["probe_acc"] <= 100.0
-    assert m["recipe"] == "supcon" and m["method"] == cfg.task.get("method", "supcon")
-    assert evaluate(res.run_dir)["test"] == m["test"]
+    assert m["recipe"] == "supcon" and m["method"] == cfg.task.method
+    assert (res.run_dir / "plots" / "tsne.png").is_file()
+    assert (
+        evaluate(res.run_dir, data=tiny_digits)["test"] == m["test"]
+    )  # probe re-trained from the checkpoint: the same accuracy
     state = load_state_dict(res.run_dir / "checkpoints" / "last.ckpt")
     assert any(k.startswith("encoder.") for k in state)
     assert (res.run_dir / "probe" / "last.ckpt").is_file()
@@ -182,12 +192,11 @@ def test_true_permutation_and_loss():
 
 @pytest.mark.parametrize("method", ["neuralsort", "stochastic", "softsort"])
 def test_relaxed_straight_through_is_exact_forward_with_relaxed_gradients(method):
-    from rankwise.recipes.reproduce import SortTask
-    from rankwise.recipes.sorting import _relaxed
+    from rankwise.recipes.sorting import SortOptions, relaxed_permutation
 
     scores = torch.tensor([[0.3, -1.2, 2.0, 0.9, 0.1]], requires_grad=True)
-    soft = _relaxed(scores, SortTask(method=method, n_samples=3))
-    hard = _relaxed(scores, SortTask(method=method, n_samples=3, hard=True))
+    soft = relaxed_permutation(scores, SortOptions(method=method, n_samples=3))
+    hard = relaxed_permutation(scores, SortOptions(method=method, n_samples=3, hard=True))
     assert hard.shape == soft.shape
     # forward: exact permutation matrices (0/1 entries, one 1 per row and column)
     assert torch.all((hard == 0) | (hard == 1))
@@ -216,19 +225,18 @@ def test_sort_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     m = _check_run(res, ["all_correct", "rank_correct"])
     assert 0 <= m["test"]["all_correct"] <= m["test"]["rank_correct"] <= 1
+    assert evaluate(res.run_dir, data=tiny_digits)["test"] == m["test"]
 
 
 @pytest.mark.parametrize("preset", ["large_mnist_median_neuralsort", "large_mnist_neuralsort", "large_mnist_vanilla"])
 def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, preset):
     from torch import nn
 
-    from rankwise.recipes.config import config_to_dict
-    from rankwise.recipes.reproduce import task_options
     from rankwise.recipes.sorting import _BN_SEED_OFFSET, ListSampler, RandomLists, SortingModule, recalibrate_bn
 
     cfg = load_config(preset, ["task.bn_recalibration=1", "task.lists_per_batch=4", "task.n=3"])
-    t = task_options(cfg)
-    module = SortingModule(config_to_dict(cfg), meta=tiny_digits.meta).eval()
+    t = cfg.task
+    module = SortingModule(cfg, meta=tiny_digits.meta).eval()
     bns = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
     for bn in bns:  # stale statistics, as after fast-moving training
         bn.running_mean.fill_(5.0)
@@ -251,7 +259,7 @@ def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, prese
     # 0 = off: statistics untouched
     off = load_config(preset, ["task.bn_recalibration=0", "task.n=3"])
     bns[0].running_mean.fill_(5.0)
-    assert not recalibrate_bn(module, sampler, task_options(off), 0)
+    assert not recalibrate_bn(module, sampler, off.task, 0)
     assert torch.all(bns[0].running_mean == 5.0)
 
 
@@ -286,14 +294,17 @@ def test_dknn_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     "preset,overrides,match",
     [
         ("large_mnist_neuralsort", ["task.nn=3"], "unknown config key `task.nn`.*did you mean 'n'"),
-        ("large_mnist_neuralsort", ["task.method=neural"], r"`task.method` must be one of"),
+        ("large_mnist_neuralsort", ["task.method=neural"], r"`task.method` must be one of .*did you mean 'neuralsort'"),
         ("large_mnist_neuralsort", ["task.tau=0"], r"`task.tau` must be > 0"),
         ("large_mnist_neuralsort", ["task.n=1"], r"`task.n` must be >= 2"),
+        ("large_mnist_neuralsort", ["task.options.iters=3"], r"unknown option `task.options.iters` for relaxation"),
         ("large_mnist_median_neuralsort", ["task.method=vanilla"], "for the median task"),
         ("large_mnist_vanilla", ["task.hard=true"], "`task.hard` .* does not apply to `task.method` 'vanilla'"),
         ("large_mnist_neuralsort", ["task.bn_recalibration=-1"], r"`task.bn_recalibration` must be >= 0"),
-        ("mnist5k_supcon", ["task.optimizer=lamb"], r"`task.optimizer` must be one of"),
-        ("abalone_vanilla", ["task.n=3"], "`task` options are only used by the recipes"),
+        ("mnist5k_supcon", ["optimizer.name=lamb"], r"`optimizer.name` must be one of"),
+        ("mnist5k_supcon", ["task.optimizer=lars"], r"unknown config key `task.optimizer`"),
+        ("abalone_vanilla", ["task.n=3"], r"unknown config key `task.n`"),
+        ("large_mnist_neuralsort", ["loss.kind=mse"], r"`loss` is not used by recipe 'sort'"),
     ],
 )
 def test_task_config_errors(preset, overrides, match):
@@ -303,9 +314,9 @@ def test_task_config_errors(preset, overrides, match):
 
 @pytest.mark.slow
 def test_compare_report(tmp_path, tiny_digits, monkeypatch):
-    from rankwise.recipes import _deps
+    from rankwise import data
 
-    monkeypatch.setattr(_deps, "get_dataset", lambda name, **kw: tiny_digits)
+    monkeypatch.setattr(data, "get_dataset", lambda name, **kw: tiny_digits)
     res = compare(
         ["large_mnist_neuralsort", "large_mnist_vanilla"], seeds=[0, 1], out=tmp_path / "cmp", overrides=TINY_SORT
     )
@@ -313,6 +324,9 @@ def test_compare_report(tmp_path, tiny_digits, monkeypatch):
     assert "| method | seeds | all_correct | rank_correct | train s |" in text
     assert "large_mnist_vanilla | 2 |" in text
     assert len(res.results["large_mnist_neuralsort"]) == 2
+    assert res.recipe is not None and res.recipe.name == "sort"
+    with pytest.raises(ConfigError, match="cannot compare recipes with different metrics"):
+        compare(["large_mnist_neuralsort", "abalone_vanilla"], out=tmp_path / "mixed")
 
 
 def test_cli_train_and_compare(tmp_path):
@@ -356,6 +370,7 @@ def test_abalone_spearman_presets_tiny(tmp_path, preset, ranker):
         "trainer.enable_progress_bar=false",
     ]
     cfg = load_config(preset, tiny)
-    assert cfg.loss.regularizers["spearman"].options["ranker"] == ranker
+    (reg,) = cfg.loss.regularizers
+    assert (reg.name, reg.options["ranker"]) == ("spearman", ranker)
     res = train(cfg, out=tmp_path / "run", progress=False, verbose=False)
     assert np.isfinite(res.metrics["test"]["all"]["mae"]) and "spearman" in res.metrics["test"]

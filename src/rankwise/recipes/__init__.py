@@ -1,4 +1,4 @@
-"""Training recipes: typed config + presets, Lightning modules, run directories, reports.
+"""Training recipes: a recipe registry, typed configs + presets, one run lifecycle, reports.
 
 Public API (imported lazily, so ``import rankwise.recipes`` does not import Lightning)::
 
@@ -8,7 +8,10 @@ Public API (imported lazily, so ``import rankwise.recipes`` does not import Ligh
     evaluate("runs/my_run")                      # metrics dict, rewrites metrics.json + plots
     compare(["abalone_vanilla", "abalone_lds"], seeds=[0, 1, 2], out="runs/cmp")
 
-The command line (``rankwise ...``) in :mod:`rankwise.cli` is a thin layer over these.
+A config names its recipe (``recipe: sort``); :func:`get_recipe` / :func:`list_recipes` /
+:func:`register_recipe` manage the registry (see :mod:`rankwise.recipes.registry` and
+docs/recipes.md). The command line (``rankwise ...``) in :mod:`rankwise.cli` is a thin layer over
+these.
 """
 
 from __future__ import annotations
@@ -19,13 +22,20 @@ from typing import Any
 _EXPORTS = {
     "Config": "config",
     "ConfigError": "config",
+    "UserError": "config",
+    "config_fields": "config",
     "config_from_dict": "config",
     "config_to_dict": "config",
     "list_presets": "config",
     "load_config": "config",
-    "DIRRegressor": "modules",
-    "RnCPretrainer": "modules",
-    "NonFiniteLossError": "modules",
+    "Recipe": "registry",
+    "get_recipe": "registry",
+    "list_recipes": "registry",
+    "register_recipe": "registry",
+    "NonFiniteLossError": "common",
+    "CheckpointError": "rundir",
+    "RunDirError": "rundir",
+    "RunTerminated": "rundir",
     "RunResult": "runner",
     "CompareResult": "runner",
     "train": "runner",

@@ -1,8 +1,12 @@
 """Plots, tables and markdown reports of runs (matplotlib with the Agg backend, sklearn t-SNE).
 
-Plots of one run (``RUN_DIR/plots``): label histogram with the shot regions, per-label MAE curve,
+Plots of one run (``RUN_DIR/plots``): training curves from the CSV log (every recipe); for the
+regression recipes the label histogram with the shot regions, per-label MAE curve,
 feature-similarity heatmap ordered by label (RankSim's Figure 3), t-SNE of the features coloured by
-label. :func:`aggregate` and :func:`markdown_table` build the mean ± std table of ``compare``/``demo``.
+label; for the classification recipes a t-SNE coloured by class. :func:`aggregate` and
+:func:`markdown_table` build the mean ± std shot table of ``compare``/``demo``;
+:func:`scalar_table_rows` / :func:`write_scalar_report` the table of recipes whose ``test``
+metrics are plain numbers.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ __all__ = [
     "plot_label_histogram",
     "plot_per_label_mae",
     "plot_similarity_heatmap",
+    "plot_training_curves",
     "plot_tsne",
+    "scalar_summary",
+    "scalar_table_rows",
     "shot_groups",
     "write_compare_report",
+    "write_scalar_report",
 ]
 
 GROUPS = ("all", "many", "medium", "few")
@@ -159,6 +167,42 @@ def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str 
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
     ax.set_title(title or "feature cosine similarity (ordered by label)", fontsize=9)
+    return _save(plt, fig, path)
+
+
+def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str = "") -> Path | None:
+    """Every metric of a Lightning CSV log against the epoch (``*_step`` columns skipped; the last value per epoch).
+
+    Returns ``None`` (and writes nothing) when the log has no metric.
+    """
+    import csv
+
+    with open(csv_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    series: dict[str, dict[int, float]] = {}
+    for r in rows:
+        ep = r.get("epoch")
+        if ep in (None, ""):
+            continue
+        for k, v in r.items():
+            if k in ("epoch", "step") or v in (None, "") or k.endswith("_step"):
+                continue
+            try:
+                series.setdefault(k.removesuffix("_epoch"), {})[int(float(ep))] = float(v)
+            except ValueError:
+                continue
+    if not series:
+        return None
+    plt = _plt()
+    keys = sorted(series)
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys) + 0.5, 3.0), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        ep = sorted(series[k])
+        ax.plot([e + 1 for e in ep], [series[k][e] for e in ep], marker="o", ms=3)
+        ax.set_xlabel("epoch")
+        ax.set_title(k, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return _save(plt, fig, path)
 
 
@@ -354,3 +398,64 @@ def _rel(p: Path, base: Path) -> str:
         return os.path.relpath(p.resolve(), base.resolve())
     except ValueError:
         return str(p)
+
+
+# ---------------------------------------------------------------------------------------------- scalar metrics
+
+
+def _stat(vals: Sequence[float]) -> tuple[float, float, int]:
+    a = np.asarray([v for v in vals if v is not None and np.isfinite(v)], dtype=np.float64)
+    return (float(a.mean()), float(a.std()), int(a.size)) if a.size else (float("nan"), float("nan"), 0)
+
+
+def _cell(stat: tuple[float, float, int], digits: int = 3) -> str:
+    m, s, n = stat
+    if n == 0:
+        return "–"
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+
+
+def scalar_table_rows(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[list[str], list[list[str]]]:
+    """``method | seeds | <every test metric> mean ± std (ddof=0) | train s`` of runs with scalar test metrics."""
+    keys: list[str] = []
+    for runs in results.values():
+        for r in runs:
+            keys += [k for k in r.get("test", {}) if k not in keys]
+    header = ["method", "seeds", *keys, "train s"]
+    rows = []
+    for method, runs in results.items():
+        cells = [_cell(_stat([_num(r["test"].get(k)) for r in runs])) for k in keys]
+        wall = _cell(_stat([_num(r.get("train_seconds")) for r in runs]), 1)
+        rows.append([method, str(len(runs)), *cells, wall])
+    return header, rows
+
+
+def scalar_summary(metrics: Mapping[str, Any]) -> str:
+    """One line ``key value, ...`` of a run's scalar test metrics."""
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.get("test", {}).items())
+
+
+def write_scalar_report(
+    out_dir: str | Path,
+    results: Mapping[str, Sequence[Mapping[str, Any]]],
+    run_dirs: Mapping[str, Sequence[str | Path]],
+    *,
+    title: str = "rankwise comparison",
+    extra: str = "",
+) -> Path:
+    """``OUT/report.md``: the mean ± std table of every scalar test metric, and links to the runs."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    header, rows = scalar_table_rows(results)
+    lines = [f"# {title}", ""]
+    if extra:
+        lines += [extra, ""]
+    lines += ["Test metrics, mean ± std (ddof=0) over seeds; `train s` = wall time of one run.", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", "## Runs", ""]
+    for method, dirs in run_dirs.items():
+        lines += [f"### {method}", ""] + [f"- [{_rel(Path(d), out)}]({_rel(Path(d), out)})" for d in dirs] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

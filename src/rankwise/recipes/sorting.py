@@ -1,15 +1,16 @@
-"""NeuralSort's experiments (Grover et al., ICLR'19) on mnist5k: large-MNIST sorting, median regression, dkNN.
+"""NeuralSort's experiments (Grover et al., ICLR'19) on mnist5k: large-MNIST sorting and median regression.
 
-**Sorting** (``run.recipe: sort``). A list holds ``task.n`` numbers of ``task.digits`` (4) digits;
+**Sorting** (``recipe: sort``). A list holds ``task.n`` numbers of ``task.digits`` (4) digits;
 each number is drawn as that many MNIST digits side by side (28 x 112 for 4 digits). Digit images
 come from DISJOINT pools: training lists use mnist5k's training split, test lists its held-out
 test split; lists containing a tied number are resampled. A CNN (``model.backbone``, e.g.
 ``small_cnn``; images average-pooled by ``task.downsample``) scores each image and the loss is the
 row-wise cross-entropy between the relaxed permutation :math:`\\hat P` of the scores and the true
 (descending) permutation :math:`P`: :math:`-\\frac1n \\sum_{i,j} P_{ij} \\log \\hat P_{ij}`.
-Methods (``task.method``): ``neuralsort`` (deterministic, :func:`rankwise.neural_sort`),
-``stochastic`` (:func:`rankwise.stochastic_neural_sort` on the scores as log-scores, loss averaged
-over ``task.n_samples`` samples), ``softsort`` (:func:`rankwise.softsort_matrix`) and ``vanilla``
+Methods (``task.method``): a relaxation from :data:`RELAXATIONS` -- ``neuralsort`` (deterministic,
+:func:`rankwise.neural_sort`), ``stochastic`` (:func:`rankwise.stochastic_neural_sort` on the scores
+as log-scores, loss averaged over ``task.n_samples`` samples), ``softsort``
+(:func:`rankwise.softsort_matrix`), or any relaxation added with :func:`register_relaxation` -- and ``vanilla``
 (the paper's "vanilla RS": an MLP over the concatenated image embeddings outputs ``n x n`` logits,
 row ``i`` = which item is the ``i``-th largest, trained with cross-entropy). With ``task.hard: true`` the
 relaxed methods train straight-through: the forward pass uses the exact permutation of the
@@ -18,38 +19,34 @@ predicted order is the argsort of the scores (argmax of each row for ``vanilla``
 ``task.test_lists`` fixed test lists: ``all_correct`` (fraction of lists entirely correct) and
 ``rank_correct`` (fraction of positions correct).
 
-**Median regression** (``run.recipe: median``, n = 5 by default). The CNN embeds each image, a
+**Median regression** (``recipe: median``, n = 5 by default). The CNN embeds each image, a
 linear layer scores it, :math:`\\hat P` of the scores softly selects the median row
 (:math:`\\hat P_{\\lceil n/2 \\rceil} \\cdot E`) and a linear regressor maps that embedding to the
 median value, scaled to [0, 1] (``value / (10**digits - 1)``); loss = MSE. Test: the hard median
 (argsort of the scores) is regressed; reported ``mse_1e4`` = test MSE of the scaled values x 1e4
 (our reading of the paper's "x 1e-4" unit).
 
-**Differentiable kNN** (``run.recipe: dknn``). ``dknn``: a CNN embedding (L2-normalized, dimension
-``task.embedding_dim``) trained with the dkNN loss :math:`-\\frac1k \\sum_j m_{qj} [\\ell_j = y_q]`
-(:func:`rankwise.dknn` memberships of ``task.queries`` random training queries among
-``task.neighbors`` random training candidates); test accuracy of a hard kNN
-(scikit-learn ``KNeighborsClassifier``, ``task.k`` neighbours) in the learned space, the training
-split being the neighbours. ``knn_pixels``: the same kNN on raw pixels (no training).
-
-**Training** is Lightning's: :class:`SortingModule` (sort, median) and :class:`DKNNModule` are
-LightningModules fitted by a Trainer on ``trainer.devices`` / ``strategy`` (DDP included) for
+**Training** is Lightning's: :class:`SortingModule` (sort, median) is a
+LightningModule fitted through the run lifecycle on ``trainer.devices`` / ``strategy`` (DDP included) for
 ``E = ceil(task.steps / task.steps_per_epoch)`` epochs of ``ceil(task.steps / E)`` batches (so
 ``task.steps`` batches, rounded up to a multiple of ``E``; with ``W`` DDP processes each rank takes
 ``1 / W`` of every epoch's batches, i.e. the same lists in ``W``-times larger global batches). The
-training data are random draws seeded by their index (:class:`RandomLists`, :class:`Episodes`
-with :class:`~rankwise.recipes.modules.EpochIndexSampler`: fresh every epoch, identical after a
+training data are random draws seeded by their index (:class:`RandomLists` with
+:class:`~rankwise.recipes.common.EpochIndexSampler`: fresh every epoch, identical after a
 resume). Before the test, the BatchNorm running statistics are re-estimated with the final
 weights over ``task.bn_recalibration`` batches of training lists (:func:`recalibrate_bn`; 0 = off).
-Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/last.ckpt``
-is written at the end of every epoch and ``rankwise train ... --resume`` continues from it. The
-test evaluation runs on one device of rank 0.
+Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/{best,last}.ckpt``
+are written at the end of every epoch (no validation split: best = the evaluated last epoch) and
+``rankwise train ... --resume`` continues from last. A ``schedule`` spans the ``E`` epochs actually
+trained. The
+test evaluation runs on one device of rank 0; ``rankwise evaluate`` repeats it from the checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import lightning as L
@@ -57,22 +54,37 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise.recipes.config import Config, config_from_dict, config_to_dict
-from rankwise.recipes.modules import EpochIndexSampler, NonFiniteLossError, _configure_optimizers, item_seed, reseed
-from rankwise.recipes.reproduce import DKNNTask, SortTask, task_options
-from rankwise.recipes.supcon import encode, tensors
+from rankwise.recipes.base import RecipeBase
+from rankwise.recipes.common import (
+    EpochIndexSampler,
+    build_backbone,
+    check_finite,
+    device_name,
+    item_seed,
+    reseed,
+    tensors,
+)
+from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_state_dict
 
 __all__ = [
-    "DKNNModule",
-    "Episodes",
+    "RELAXATIONS",
     "ListSampler",
+    "MedianRecipe",
     "MedianRegressor",
     "NumberScorer",
     "RandomLists",
+    "Relaxation",
+    "SortOptions",
+    "SortRecipe",
     "SortingModule",
     "VanillaRanker",
-    "fit",
     "recalibrate_bn",
+    "register_relaxation",
+    "relaxation_options",
+    "relaxed_permutation",
     "sort_loss",
     "true_permutation",
 ]
@@ -81,6 +93,107 @@ __all__ = [
 TEST_SEED = 12345
 #: the BatchNorm recalibration lists use the seed ``run.seed + _BN_SEED_OFFSET``
 _BN_SEED_OFFSET = 1_000_003
+
+
+@dataclasses.dataclass
+class SortOptions:
+    """NeuralSort's large-MNIST tasks (Grover et al. 2019): sort lists of 4-digit numbers / regress their median."""
+
+    n: int = opt(5, doc="numbers per list", ge=2)
+    method: str = opt(
+        "neuralsort", doc="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, ...) or vanilla (sort only)"
+    )
+    tau: float = opt(1.0, doc="temperature of the relaxation", gt=0)
+    n_samples: int = opt(5, doc="relaxed samples per list (stochastic relaxations)", ge=1)
+    power: float = opt(1.0, doc="SoftSort's distance power", gt=0)
+    options: dict[str, Any] = opt(
+        factory=dict, doc="extra options of a relaxation registered with its own (see register_relaxation)"
+    )
+    hard: bool = opt(
+        False, doc="straight-through: exact permutation forward, the relaxation's gradients backward (not vanilla)"
+    )
+    bn_recalibration: int = opt(
+        50, doc="before testing, re-estimate BatchNorm statistics over this many training batches (0 = off)", ge=0
+    )
+    steps: int = opt(300, doc="training batches, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = opt(100, doc="batches per epoch (a checkpoint after each)", ge=1)
+    lists_per_batch: int = opt(16, doc="lists per training batch", ge=1)
+    test_lists: int = opt(1000, doc="fixed test lists", ge=1)
+    digits: int = opt(4, doc="digits per number", ge=1)
+    downsample: int = opt(2, doc="average-pool the images by this factor before the CNN (1 = full resolution)", ge=1)
+
+
+# ------------------------------------------------------------------------------------------ relaxations
+
+
+@dataclasses.dataclass(frozen=True)
+class Relaxation:
+    """A relaxed sorting operator for the sort / median recipes.
+
+    ``fn(scores (B, n), t) -> P̂`` of shape ``(B, n, n)`` or ``(S, B, n, n)`` (S samples), row ``i``
+    softly selecting the ``i``-th LARGEST score; ``t`` is the :class:`SortOptions` (``tau``,
+    ``n_samples``, ``power``, ``hard``); the extra ``options`` it declares (name -> default) are read
+    with :func:`relaxation_options` (``task.options`` overrides the defaults).
+    """
+
+    fn: Callable[[torch.Tensor, SortOptions], torch.Tensor]
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+
+#: relaxations by name (``task.method``); extend with :func:`register_relaxation`
+RELAXATIONS: dict[str, Relaxation] = {}
+
+
+def register_relaxation(
+    name: str,
+    fn: Callable[[torch.Tensor, SortOptions], torch.Tensor],
+    *,
+    options: Mapping[str, Any] | None = None,
+    description: str = "",
+) -> None:
+    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation`)."""
+    if name == "vanilla" or name in RELAXATIONS:
+        raise ValueError(f"relaxation {name!r} is already defined")
+    RELAXATIONS[name] = Relaxation(fn, dict(options or {}), description)
+
+
+def _neuralsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import neural_sort
+
+    return neural_sort(scores, tau=t.tau, hard=t.hard)
+
+
+def _stochastic(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import stochastic_neural_sort
+
+    return stochastic_neural_sort(scores, tau=t.tau, n_samples=t.n_samples, log_scores=True, hard=t.hard)
+
+
+def _softsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import softsort_matrix
+
+    return softsort_matrix(scores, tau=t.tau, power=t.power, hard=t.hard)
+
+
+register_relaxation("neuralsort", _neuralsort, description="deterministic NeuralSort (rankwise.neural_sort)")
+register_relaxation(
+    "stochastic", _stochastic, description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores"
+)
+register_relaxation("softsort", _softsort, description="SoftSort (rankwise.softsort_matrix), distance power `power`")
+
+
+def relaxation_options(t: SortOptions) -> dict[str, Any]:
+    """The extra options of the relaxation ``t.method``: its declared defaults updated by ``task.options``."""
+    return {**RELAXATIONS[t.method].options, **t.options}
+
+
+def relaxed_permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    """``(B, n, n)`` or ``(S, B, n, n)`` relaxed permutations of the scores by the relaxation ``t.method``."""
+    return RELAXATIONS[t.method].fn(scores, t)
+
+
+# ------------------------------------------------------------------------------------------ data
 
 
 class ListSampler:
@@ -118,7 +231,7 @@ class RandomLists(torch.utils.data.Dataset):
     """Item ``g``: one random list of :class:`ListSampler` drawn with the seed ``item_seed(seed, g)``.
 
     Returns ``(images (n, C, 28, 28 * digits), values (n,) float32)``; ``len`` = ``length`` (any
-    index is valid: pair with :class:`~rankwise.recipes.modules.EpochIndexSampler` for fresh lists).
+    index is valid: pair with :class:`~rankwise.recipes.common.EpochIndexSampler` for fresh lists).
     """
 
     def __init__(self, sampler: ListSampler, length: int, seed: int) -> None:
@@ -130,21 +243,6 @@ class RandomLists(torch.utils.data.Dataset):
     def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, v = self.sampler.sample(1, torch.Generator().manual_seed(item_seed(self.seed, int(g))))
         return x[0], v[0].float()
-
-
-class Episodes(torch.utils.data.Dataset):
-    """Item ``g``: ``size`` distinct random training images and labels (seed ``item_seed(seed, g)``)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, size: int, length: int, seed: int) -> None:
-        self.x, self.y, self.size, self.length, self.seed = x, y, int(size), int(length), int(seed)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(item_seed(self.seed, int(g)))
-        idx = torch.randperm(self.x.shape[0], generator=gen)[: self.size]
-        return self.x[idx], self.y[idx]
 
 
 def true_permutation(values: torch.Tensor) -> torch.Tensor:
@@ -199,42 +297,19 @@ class MedianRegressor(nn.Module):
         self.regress = nn.Linear(dim, 1)
 
 
-def _relaxed(scores: torch.Tensor, t: SortTask) -> torch.Tensor:
-    """``(B, n, n)`` or ``(S, B, n, n)`` relaxed permutations of the scores."""
-    from rankwise.ops import neural_sort, softsort_matrix, stochastic_neural_sort
-
-    if t.method == "stochastic":
-        return stochastic_neural_sort(scores, tau=t.tau, n_samples=t.n_samples, log_scores=True, hard=t.hard)
-    if t.method == "softsort":
-        return softsort_matrix(scores, tau=t.tau, power=t.power, hard=t.hard)
-    return neural_sort(scores, tau=t.tau, hard=t.hard)
-
-
-def _check_finite(module: L.LightningModule, loss: torch.Tensor, what: str) -> None:
-    if not bool(torch.isfinite(loss.detach())):
-        raise NonFiniteLossError(
-            f"the {what} loss became {loss.detach().item()} at global step {module.global_step}; stopping. "
-            "The last good checkpoint is kept; try a smaller learning rate."
-        )
-
-
 class SortingModule(L.LightningModule):
-    """Large-MNIST sorting (``run.recipe: sort``) or median regression (``median``) of :class:`SortTask`.
+    """Large-MNIST sorting (``recipe: sort``) or median regression (``median``) of :class:`SortOptions`.
 
     ``batch`` = ``(images (B, n, C, H, W), values (B, n))``. ``test_step`` logs ``test/all_correct``
     and ``test/rank_correct`` (sort) or ``test/mse_1e4`` (median).
     """
 
-    def __init__(self, config: dict[str, Any], *, meta: dict[str, Any] | None = None) -> None:
-        from rankwise.models import build_backbone
-
+    def __init__(self, cfg: Config, *, meta: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.hparams.update({"config": config})
-        self.cfg = config_from_dict(config)
-        self.task: SortTask = task_options(self.cfg)
-        self.median = self.cfg.run.recipe == "median"
-        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
-        backbone, dim = build_backbone(self.cfg.model.backbone, **opts)
+        self.cfg = cfg
+        self.task: SortOptions = cfg.task
+        self.median = cfg.recipe == "median"
+        backbone, dim = build_backbone(cfg.model, meta=meta)
         scorer = NumberScorer(backbone, dim, self.task.downsample)
         self.model: nn.Module
         if self.median:
@@ -258,7 +333,7 @@ class SortingModule(L.LightningModule):
             target = v.float().median(-1).values / self.scale
             model = self._median_model()
             e = model.scorer.embed(x)  # (B, n, D)
-            p_hat = _relaxed(model.scorer.score(e).squeeze(-1), t)  # (B, n, n) or (S, B, n, n)
+            p_hat = relaxed_permutation(model.scorer.score(e).squeeze(-1), t)  # (B, n, n) or (S, B, n, n)
             soft_median = p_hat[..., self.mid, :].unsqueeze(-2).to(e.dtype) @ e  # (..., B, 1, D)
             pred = model.regress(soft_median).squeeze(-1).squeeze(-1).float()
             loss = F.mse_loss(pred, target.expand_as(pred))
@@ -268,8 +343,8 @@ class SortingModule(L.LightningModule):
             if t.method == "vanilla":
                 loss = F.cross_entropy(out.float().flatten(0, 1), p_true.argmax(-1).flatten())
             else:
-                loss = sort_loss(_relaxed(out.float(), t), p_true)
-        _check_finite(self, loss, f"{self.cfg.run.recipe} {t.method}")
+                loss = sort_loss(relaxed_permutation(out.float(), t), p_true)
+        check_finite(loss, self, f"{self.cfg.recipe} {t.method}")
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)
         return loss
 
@@ -292,58 +367,10 @@ class SortingModule(L.LightningModule):
         self.log("test/rank_correct", ok.float().mean(), batch_size=b)
 
     def configure_optimizers(self) -> Any:
-        return _configure_optimizers(self, self.cfg)
+        return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
-class DKNNModule(L.LightningModule):
-    """Differentiable-kNN embedding (:class:`DKNNTask`): ``batch`` = one episode ``(images (Q+M, ...), labels)``.
-
-    The first ``task.queries`` images are queries, the rest candidate neighbours; loss
-    :math:`-\\frac1k \\sum_j m_{qj} [\\ell_j = y_q]`. ``predict_step`` returns L2-normalized embeddings.
-    """
-
-    def __init__(
-        self, config: dict[str, Any], *, num_classes: int, queries: int, meta: dict[str, Any] | None = None
-    ) -> None:
-        from rankwise.models import build_backbone
-
-        super().__init__()
-        self.hparams.update({"config": config, "num_classes": int(num_classes), "queries": int(queries)})
-        self.cfg = config_from_dict(config)
-        self.task: DKNNTask = task_options(self.cfg)
-        self.num_classes, self.queries = int(num_classes), int(queries)
-        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
-        opts.setdefault("feature_dim", self.task.embedding_dim)
-        self.net, _ = build_backbone(self.cfg.model.backbone, **opts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.net(x).float(), dim=-1)
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.ops import dknn, dknn_class_scores
-
-        x, y = batch
-        t, nq = self.task, self.queries
-        k = min(t.k, x.shape[0] - nq)
-        emb = self(x)
-        m = dknn(emb[:nq], emb[nq:], k, tau=t.tau, method=t.relaxation, n_samples=t.n_samples)
-        scores = dknn_class_scores(m, y[nq:], self.num_classes)
-        loss = -(scores.gather(-1, y[:nq, None]) / k).mean()
-        _check_finite(self, loss, "dkNN")
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=nq, sync_dist=True)
-        return loss
-
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
-        return self(batch[0] if isinstance(batch, (list, tuple)) else batch)
-
-    def configure_optimizers(self) -> Any:
-        return _configure_optimizers(self, self.cfg)
-
-
-def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortTask, seed: int) -> bool:
+def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortOptions, seed: int) -> bool:
     """Re-estimate the BatchNorm running statistics of ``module`` with its final weights (before testing).
 
     During training, BatchNorm's running averages (momentum 0.1) mix the statistics of the last ~10-20
@@ -363,66 +390,91 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortTask, see
     return True
 
 
-def _pools(cfg: Config, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-    from rankwise.recipes import _deps
-
-    if data is None:
-        data = _deps.get_dataset(cfg.data.name, **cfg.data.options)
-    if not hasattr(data, "num_classes"):
-        raise ValueError(
-            f"recipe {cfg.run.recipe!r} needs a digit classification dataset (mnist5k), got {cfg.data.name!r}"
-        )
-    xtr, ytr = tensors(data.train)
-    xte, yte = tensors(data.test)
-    return xtr, ytr, xte, yte, data
-
-
-def _knn_accuracy(ftr: Any, ytr: torch.Tensor, fte: Any, yte: torch.Tensor, k: int) -> float:
-    from sklearn.neighbors import KNeighborsClassifier
-
-    knn = KNeighborsClassifier(n_neighbors=k).fit(ftr, ytr.numpy())
-    return float((knn.predict(fte) == yte.numpy()).mean()) * 100.0
-
-
-def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, progress: bool = False) -> Any:
-    """Train and test the ``sort`` / ``median`` / ``dknn`` recipe of ``cfg`` with Lightning.
-
-    Returns the test metrics (``None`` on rank > 0 of a distributed run).
-    """
-    from torch.utils.data import DataLoader
-
-    from rankwise.recipes import runner
-
-    t = task_options(cfg)
+def epochs_and_batches(t: Any) -> tuple[int, int]:
+    """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
     epochs = math.ceil(t.steps / t.steps_per_epoch)
-    per_epoch = math.ceil(t.steps / epochs)
-    xtr, ytr, xte, yte, data = _pools(cfg, data)
-    if isinstance(t, DKNNTask) and t.method == "knn_pixels":
-        return {"accuracy": _knn_accuracy(xtr.flatten(1).numpy(), ytr, xte.flatten(1).numpy(), yte, t.k)}
-    torch.manual_seed(cfg.run.seed)
-    ds: Any
-    kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
-    module: L.LightningModule
-    if isinstance(t, DKNNTask):
-        nq, nn_ = min(t.queries, xtr.shape[0] // 2), min(t.neighbors, xtr.shape[0] // 2)
-        module = DKNNModule(config_to_dict(cfg), num_classes=int(data.num_classes), queries=nq, meta=data.meta)
-        ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
-        loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
-    else:
-        module = SortingModule(config_to_dict(cfg), meta=data.meta)
+    return epochs, math.ceil(t.steps / epochs)
+
+
+def digit_pools(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training and test digit images and labels of the run's classification dataset."""
+    xtr, ytr = tensors(run.data.train)
+    xte, yte = tensors(run.data.test)
+    return xtr, ytr, xte, yte
+
+
+class SortRecipe(RecipeBase):
+    """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
+
+    name = "sort"
+    description = "NeuralSort large-MNIST sorting: lists of multi-digit numbers, relaxed-sort supervision"
+    options: type = SortOptions
+
+    def check(self, cfg: Config) -> None:
+        t: SortOptions = cfg.task
+        valid = sorted(RELAXATIONS) + ([] if self.name == "median" else ["vanilla"])
+        if t.method not in valid:
+            if self.name == "median" and t.method == "vanilla":
+                raise ConfigError(
+                    f"`task.method` must be a relaxation ({', '.join(valid)}) for the median task, got 'vanilla'"
+                )
+            import difflib
+
+            close = difflib.get_close_matches(t.method, valid, n=2, cutoff=0.4)
+            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
+        if t.hard and t.method == "vanilla":
+            raise ConfigError("`task.hard` (straight-through relaxation) does not apply to `task.method` 'vanilla'")
+        extra = RELAXATIONS[t.method].options if t.method in RELAXATIONS else {}
+        for k in t.options:
+            if k not in extra:
+                takes = sorted(extra) or "none"
+                raise ConfigError(f"unknown option `task.options.{k}` for relaxation {t.method!r}; it takes: {takes}")
+        if 10**t.digits < t.n:
+            raise ConfigError(f"`task.n` ({t.n}) distinct numbers need more than `task.digits` = {t.digits} digits")
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        from torch.utils.data import DataLoader
+
+        cfg, t = run.cfg, run.cfg.task
+        epochs, per_epoch = epochs_and_batches(t)
+        xtr, ytr, _, _ = digit_pools(run)
+        torch.manual_seed(cfg.run.seed)
+        module = SortingModule(cfg, meta=run.data.meta)
         ds = RandomLists(ListSampler(xtr, ytr, t.n, t.digits), per_epoch * t.lists_per_batch, cfg.run.seed)
         sampler = EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False)
+        kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
         loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
-    ckpt_dir = run_dir / "checkpoints"
-    last = ckpt_dir / "last.ckpt"
-    trainer = runner._trainer(cfg, run_dir, ckpt_dir, max_epochs=epochs, monitor=None, progress=progress)
-    trainer.fit(module, loader, ckpt_path=str(last) if resume and last.is_file() else None, weights_only=True)
-    if trainer.global_rank != 0:
-        return None
-    if isinstance(module, DKNNModule):
-        ftr, fte = encode(module, xtr, cfg).numpy(), encode(module, xte, cfg).numpy()
-        return {"accuracy": _knn_accuracy(ftr, ytr, fte, yte, t.k)}
-    recalibrate_bn(module, ds.sampler, t, cfg.run.seed)  # the training lists' sampler
-    test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
-    out = runner.eval_trainer(cfg).test(module, DataLoader(test, batch_size=100), verbose=False)[0]
-    return {k.removeprefix("test/"): float(v) for k, v in out.items()}
+        trainer = run.trainer(max_epochs=epochs)
+        run.fit(trainer, module, loader)
+        if run.global_rank != 0:
+            return {}
+        return self._test(run, module, ds.sampler)
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        t = run.cfg.task
+        xtr, ytr, _, _ = digit_pools(run)
+        module = SortingModule(run.cfg, meta=run.data.meta)
+        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
+
+    def _test(self, run: Run, module: SortingModule, sampler: ListSampler) -> dict[str, Any]:
+        from torch.utils.data import DataLoader
+
+        cfg, t = run.cfg, run.cfg.task
+        recalibrate_bn(module, sampler, t, cfg.run.seed)  # the training lists' sampler
+        _, _, xte, yte = digit_pools(run)
+        test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
+        out = run.local_trainer().test(module, DataLoader(test, batch_size=100), verbose=False)[0]
+        return {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}, "device": device_name(cfg)}
+
+
+class MedianRecipe(SortRecipe):
+    """Regress the median of a list of multi-digit numbers through the relaxed sort's middle row."""
+
+    name = "median"
+    description = "NeuralSort median regression: the relaxed sort's middle row selects the embedding to regress"
+
+
+register_recipe(SortRecipe())
+register_recipe(MedianRecipe())

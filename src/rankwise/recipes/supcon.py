@@ -15,20 +15,22 @@ training statistics).
 The reported metric is the probe's test accuracy in percent (``probe_acc``) — for every method, so
 the three encoders are compared alike.
 
-Optimizer (``task.optimizer``): SGD, LARS from ``timm.optim.Lars`` (as the paper) or Adam, with
-``optimizer.lr``/``momentum``/``weight_decay``; ``schedule.kind: cosine`` anneals per step after
-``schedule.warmup_epochs`` of linear warm-up. Augmentations (``task.augment``) are torchvision
-transforms applied per image: ``digits`` = RandomResizedCrop(scale 0.6-1) + RandomAffine(±15°,
-10 % shift, shear 10), ``digits_elastic`` adds ElasticTransform, ``autoaugment`` / ``randaugment``
-use torchvision's policies followed by RandomResizedCrop.
+Optimizer (``optimizer.name``): SGD, LARS from ``timm.optim.Lars`` (as the paper), Adam or AdamW,
+with ``optimizer.lr``/``momentum``/``weight_decay``; the presets anneal with ``schedule.kind:
+cosine`` per step (``schedule.interval: step``) after ``schedule.warmup_epochs`` of linear warm-up.
+Augmentations (``task.augment``) are torchvision transforms applied per image: ``digits`` =
+RandomResizedCrop(scale 0.6-1) + RandomAffine(±15°, 10 % shift, shear 10), ``digits_elastic`` adds
+ElasticTransform, ``autoaugment`` / ``randaugment`` use torchvision's policies followed by RandomResizedCrop.
 
-Both stages are LightningModules (:class:`ContrastivePretrainer`, :class:`LinearProbe`) trained by
-Lightning's Trainer: stage 1 runs on ``trainer.devices`` / ``strategy`` (DDP included), logs to
-``RUN_DIR/logs`` and ``RUN_DIR/tb``, writes ``RUN_DIR/checkpoints/last.ckpt`` after every epoch and
-resumes from it (``rankwise train ... --resume``); the augmentations of item ``i`` in epoch ``e`` are
-seeded by ``(run.seed, e, i)`` (:class:`~rankwise.recipes.modules.EpochIndexSampler`), so a resumed
-run replays the same views. Stage 2 (cheap) runs on one device of rank 0 and is redone on resume;
-its log and checkpoint are in ``RUN_DIR/probe``.
+Both stages are LightningModules (:class:`ContrastivePretrainer`, :class:`LinearProbe`) trained
+through the run lifecycle (:mod:`rankwise.recipes.rundir`): stage 1 runs on ``trainer.devices`` /
+``strategy`` (DDP included), logs to ``RUN_DIR/logs`` and ``RUN_DIR/tb``, writes
+``RUN_DIR/checkpoints/{best,last}.ckpt`` after every epoch (no validation split: best = the
+evaluated last epoch) and resumes from ``last.ckpt``; the augmentations of item ``i`` in epoch
+``e`` are seeded by ``(run.seed, e, i)`` (:class:`~rankwise.recipes.common.EpochIndexSampler`), so a
+resumed run replays the same views. Stage 2 (cheap) runs on one device of rank 0 and is redone on
+resume (and by ``rankwise evaluate``); its log and checkpoint are in ``RUN_DIR/probe``. Plots:
+training curves and a t-SNE of the test digits' encoder features coloured by class.
 
 Data: any :class:`~rankwise.data.ClassificationData` — ``mnist5k`` (held-out stratified test
 split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` (CIFAR pickles).
@@ -36,29 +38,60 @@ split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` 
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-from typing import Any, cast
+import dataclasses
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise.recipes.config import Config, config_from_dict, config_to_dict
-from rankwise.recipes.modules import EpochIndexSampler, EpochShuffleSampler, NonFiniteLossError, item_seed, reseed
-from rankwise.recipes.reproduce import SupConTask, task_options
+from rankwise.recipes.base import RecipeBase
+from rankwise.recipes.common import (
+    EpochIndexSampler,
+    EpochShuffleSampler,
+    build_backbone,
+    check_finite,
+    device_name,
+    encode,
+    item_seed,
+    plot_embedding,
+    reseed,
+    tensors,
+)
+from rankwise.recipes.config import Config, opt
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_state_dict
 
 __all__ = [
     "ContrastivePretrainer",
     "LinearProbe",
+    "SupConOptions",
+    "SupConRecipe",
     "TwoViewDataset",
     "build_augmentation",
-    "encode",
-    "fit",
     "linear_probe",
-    "tensors",
 ]
+
+
+@dataclasses.dataclass
+class SupConOptions:
+    """Two-stage contrastive recipe (Khosla et al. 2020) and its baselines; ``trainer.max_epochs`` = stage-1 epochs."""
+
+    method: Literal["supcon", "simclr", "ce"] = opt(
+        "supcon", doc="supcon (labels), simclr (labels=None, NT-Xent) or ce (cross-entropy on one augmented view)"
+    )
+    temperature: float = opt(0.1, doc="supcon_loss temperature", gt=0)
+    variant: Literal["out", "in"] = opt("out", doc="L_out (sum over positives outside the log) or L_in")
+    augment: Literal["digits", "digits_elastic", "autoaugment", "randaugment", "none"] = opt(
+        "digits",
+        doc="per-image augmentation (digits: RandomResizedCrop + RandomAffine; +Elastic; torchvision policies)",
+    )
+    projection_dim: int = opt(64, doc="output width of the projection head", ge=1)
+    train_subset: int | None = opt(None, doc="use only this many training images (seeded subset); null = all", ge=2)
+    probe_epochs: int = opt(30, doc="epochs of the linear probe (stage 2)", ge=1)
+    probe_lr: float = opt(0.01, doc="Adam learning rate of the linear probe", gt=0)
 
 
 def build_augmentation(kind: str, image_shape: tuple[int, int, int]) -> Any:
@@ -83,7 +116,7 @@ class TwoViewDataset(torch.utils.data.Dataset):
 
     The augmentations of index ``i`` are drawn from the seed ``item_seed(seed, i)`` (torch's global
     RNG is forked, so the caller's state is untouched): pair it with
-    :class:`~rankwise.recipes.modules.EpochIndexSampler` for fresh, reproducible views every epoch.
+    :class:`~rankwise.recipes.common.EpochIndexSampler` for fresh, reproducible views every epoch.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, transform: Any, n_views: int = 2, seed: int = 0) -> None:
@@ -100,42 +133,23 @@ class TwoViewDataset(torch.utils.data.Dataset):
         return views, self.y[j]
 
 
-def tensors(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, y)`` tensors of a dataset of ``(x, y)`` items (fast path for ``TensorPairDataset``)."""
-    if hasattr(ds, "x") and hasattr(ds, "y"):
-        return ds.x, ds.y
-    xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
-    return torch.stack(xs), torch.as_tensor(ys)
-
-
-def _lr_factor(step: int, total: int, warmup: int, kind: str) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if kind == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, total - warmup) / max(1, total - warmup)))
-    return 1.0
-
-
 class ContrastivePretrainer(L.LightningModule):
     """Stage 1: encoder + projection head (SupCon / SimCLR) or linear classifier (CE).
 
     Args:
-        config: the run's :class:`~rankwise.recipes.config.Config` as a dict (``task`` = :class:`SupConTask`).
+        cfg: the run's typed config (``task`` = :class:`SupConOptions`).
         num_classes: classes of the dataset (the CE head's width).
         meta: the dataset's ``meta`` (``backbone_options``, e.g. ``in_channels``).
 
     ``batch`` = ``(views (B, V, C, H, W), labels (B,))``; ``predict_step`` returns encoder features.
     """
 
-    def __init__(self, config: dict[str, Any], *, num_classes: int, meta: dict[str, Any] | None = None) -> None:
-        from rankwise.models import build_backbone
-
+    def __init__(self, cfg: Config, *, num_classes: int, meta: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.hparams.update({"config": config, "num_classes": int(num_classes)})
-        self.cfg = config_from_dict(config)
-        self.task: SupConTask = task_options(self.cfg)
-        opts = {**(meta or {}).get("backbone_options", {}), **self.cfg.model.options}
-        self.encoder, dim = build_backbone(self.cfg.model.backbone, **opts)
+        self.hparams.update({"num_classes": int(num_classes)})
+        self.cfg = cfg
+        self.task: SupConOptions = cfg.task
+        self.encoder, dim = build_backbone(cfg.model, meta=meta)
         self.feature_dim = int(dim)
         self.head: nn.Module
         if self.task.method == "ce":
@@ -160,11 +174,7 @@ class ContrastivePretrainer(L.LightningModule):
             # distributed="auto": under DDP every anchor is contrasted with the GLOBAL batch (as the paper's
             # large batches), with gradients flowing back to each rank's own views
             loss = supcon_loss(z, labels, temperature=t.temperature, variant=t.variant, distributed="auto")
-        if not bool(torch.isfinite(loss.detach())):
-            raise NonFiniteLossError(
-                f"the stage-1 {t.method} loss became {loss.detach().item()} at epoch {self.current_epoch}, global "
-                f"step {self.global_step}; stopping. The last good checkpoint is kept; try a smaller learning rate."
-            )
+        check_finite(loss, self, f"stage-1 {t.method}")
         self.log(f"train/{t.method}_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=bsz, sync_dist=True)
         return loss
 
@@ -174,20 +184,7 @@ class ContrastivePretrainer(L.LightningModule):
         return (f.flatten(1) if f.dim() > 2 else f).float()
 
     def configure_optimizers(self) -> Any:
-        o, t, s = self.cfg.optimizer, self.task, self.cfg.schedule
-        opt: torch.optim.Optimizer
-        if t.optimizer == "lars":
-            from timm.optim import Lars
-
-            opt = Lars(self.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-        elif t.optimizer == "adam":
-            opt = torch.optim.Adam(self.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-        else:
-            opt = torch.optim.SGD(self.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = s.warmup_epochs * max(1, total // max(1, self.trainer.max_epochs or 1))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _lr_factor(step, total, warmup, s.kind))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
 class LinearProbe(L.LightningModule):
@@ -227,22 +224,12 @@ class LinearProbe(L.LightningModule):
         self.log("test/acc", acc, on_epoch=True, batch_size=y.numel())
 
     def configure_optimizers(self) -> Any:
+        # the probe's own small Adam (not the recipe's optimizer: stage 2 is the fixed linear evaluation protocol)
         return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
 
-def _quiet_trainer(**kwargs: Any) -> L.Trainer:
-    defaults: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-    }
-    return L.Trainer(**{**defaults, **kwargs})
-
-
 def linear_probe(
+    run: Run,
     ftr: torch.Tensor,
     ytr: torch.Tensor,
     fte: torch.Tensor,
@@ -253,13 +240,10 @@ def linear_probe(
     lr: float = 0.01,
     seed: int = 0,
     batch: int = 256,
-    root_dir: str | Path | None = None,
-    accelerator: str = "cpu",
 ) -> float:
-    """Test accuracy (%) of a :class:`LinearProbe` trained by Lightning (Adam) on frozen features.
+    """Test accuracy (%) of a :class:`LinearProbe` trained (Adam) on frozen features, on one device.
 
-    With ``root_dir``, the probe's CSV log (``root_dir/logs``) and last checkpoint
-    (``root_dir/last.ckpt``) are written there; otherwise nothing is written.
+    Its CSV log (``RUN_DIR/probe/logs``) and last checkpoint (``RUN_DIR/probe/last.ckpt``) are written.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -270,85 +254,75 @@ def linear_probe(
         TensorDataset(ftr.float(), ytr.long()), batch_size=batch, sampler=EpochShuffleSampler(len(ytr), seed)
     )
     test_dl = DataLoader(TensorDataset(fte.float(), yte.long()), batch_size=1024)
-    kw: dict[str, Any] = {"max_epochs": epochs, "accelerator": accelerator}
-    if root_dir is not None:
-        from lightning.pytorch.callbacks import ModelCheckpoint
-        from lightning.pytorch.loggers import CSVLogger
-
-        from rankwise.recipes.runner import AtomicCheckpointIO
-
-        kw |= {
-            "default_root_dir": str(root_dir),
-            "logger": CSVLogger(root_dir, name="logs", version=""),
-            "enable_checkpointing": True,
-            "callbacks": [ModelCheckpoint(dirpath=root_dir, save_top_k=0, save_last=True)],
-            "plugins": [AtomicCheckpointIO()],
-            "log_every_n_steps": 1,
-        }
-    trainer = _quiet_trainer(**kw)
+    trainer = run.local_trainer(max_epochs=epochs, root=run.dir / "probe", checkpoint=True, precision=False)
     trainer.fit(probe, train_dl)
     out = trainer.test(probe, test_dl, verbose=False)
     return float(out[0]["test/acc"])
 
 
-def encode(module: L.LightningModule, x: torch.Tensor, cfg: Config, batch: int = 512) -> torch.Tensor:
-    """Features ``module.predict_step`` of images ``x`` (CPU float32), on one device (``trainer.accelerator``)."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from rankwise.recipes.runner import eval_trainer
-
-    out = eval_trainer(cfg).predict(module, DataLoader(TensorDataset(x), batch_size=batch))
-    return torch.cat([o.cpu().float() for o in out])  # type: ignore[union-attr]
-
-
-def fit(cfg: Config, run_dir: Path, *, data: Any = None, resume: bool = False, progress: bool = False) -> Any:
-    """Stage 1 (Lightning, resumable, DDP) + linear probe; returns ``{"probe_acc": %}`` (``None`` on rank > 0)."""
-    from torch.utils.data import DataLoader
-
-    from rankwise.recipes import _deps, runner
-
-    t: SupConTask = task_options(cfg)
-    if data is None:
-        data = _deps.get_dataset(cfg.data.name, **cfg.data.options)
-    if not hasattr(data, "num_classes"):
-        raise ValueError(f"recipe 'supcon' needs a classification dataset, got `data.name` {cfg.data.name!r}")
-    xtr, ytr = tensors(data.train)
-    xte, yte = tensors(data.test)
+def _train_images(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
+    t: SupConOptions = run.cfg.task
+    xtr, ytr = tensors(run.data.train)
     if t.train_subset is not None and t.train_subset < xtr.shape[0]:
-        keep = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(cfg.run.seed))[: t.train_subset]
+        keep = torch.randperm(xtr.shape[0], generator=torch.Generator().manual_seed(run.cfg.run.seed))[: t.train_subset]
         xtr, ytr = xtr[keep], ytr[keep]
-    torch.manual_seed(cfg.run.seed)
-    module = ContrastivePretrainer(config_to_dict(cfg), num_classes=int(data.num_classes), meta=data.meta)
-    aug = build_augmentation(t.augment, (int(xtr.shape[1]), int(xtr.shape[2]), int(xtr.shape[3])))
-    ds = TwoViewDataset(xtr, ytr, aug, n_views=1 if t.method == "ce" else 2, seed=cfg.run.seed)
-    bs = min(cfg.data.batch_size, len(ds))
-    loader = DataLoader(
-        ds,
-        batch_size=bs,
-        sampler=EpochIndexSampler(len(ds), cfg.run.seed),
-        drop_last=len(ds) > bs,
-        num_workers=cfg.data.num_workers,
-        persistent_workers=cfg.data.num_workers > 0,
-    )
-    ckpt_dir = run_dir / "checkpoints"
-    last = ckpt_dir / "last.ckpt"
-    trainer = runner._trainer(
-        cfg, run_dir, ckpt_dir, max_epochs=cfg.trainer.max_epochs, monitor=None, progress=progress
-    )
-    trainer.fit(module, loader, ckpt_path=str(last) if resume and last.is_file() else None, weights_only=True)
-    if trainer.global_rank != 0:
-        return None
-    ftr, fte = encode(module, xtr, cfg), encode(module, xte, cfg)
-    acc = linear_probe(
-        ftr,
-        ytr.cpu(),
-        fte,
-        yte.cpu(),
-        int(data.num_classes),
-        epochs=t.probe_epochs,
-        lr=t.probe_lr,
-        seed=cfg.run.seed,
-        root_dir=run_dir / "probe",
-        accelerator=str(cfg.trainer.accelerator),
-    )
-    return {"probe_acc": acc}
+    return xtr, ytr
+
+
+class SupConRecipe(RecipeBase):
+    """SupCon / SimCLR / cross-entropy encoder (stage 1), then a linear probe on its frozen features (stage 2)."""
+
+    name = "supcon"
+    description = "two-stage contrastive learning (SupCon / SimCLR / CE) + linear probe accuracy"
+    options: type = SupConOptions
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        from torch.utils.data import DataLoader
+
+        cfg, t = run.cfg, run.cfg.task
+        xtr, ytr = _train_images(run)
+        torch.manual_seed(cfg.run.seed)
+        module = ContrastivePretrainer(cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
+        aug = build_augmentation(t.augment, (int(xtr.shape[1]), int(xtr.shape[2]), int(xtr.shape[3])))
+        ds = TwoViewDataset(xtr, ytr, aug, n_views=1 if t.method == "ce" else 2, seed=cfg.run.seed)
+        bs = min(cfg.data.batch_size, len(ds))
+        loader = DataLoader(
+            ds,
+            batch_size=bs,
+            sampler=EpochIndexSampler(len(ds), cfg.run.seed),
+            drop_last=len(ds) > bs,
+            num_workers=cfg.data.num_workers,
+            persistent_workers=cfg.data.num_workers > 0,
+        )
+        trainer = run.trainer(max_epochs=cfg.trainer.max_epochs)
+        run.fit(trainer, module, loader)
+        if run.global_rank != 0:
+            return {}
+        return self._test(run, module, xtr, ytr)
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        xtr, ytr = _train_images(run)
+        module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
+        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        return self._test(run, module, xtr, ytr)
+
+    def _test(self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor) -> dict[str, Any]:
+        cfg, t = run.cfg, run.cfg.task
+        xte, yte = tensors(run.data.test)
+        ftr, fte = encode(run, module, xtr), encode(run, module, xte)
+        acc = linear_probe(
+            run,
+            ftr,
+            ytr.cpu(),
+            fte,
+            yte.cpu(),
+            int(run.data.num_classes),
+            epochs=t.probe_epochs,
+            lr=t.probe_lr,
+            seed=cfg.run.seed,
+        )
+        plot_embedding(run, fte, yte)
+        return {"test": {"probe_acc": acc}, "device": device_name(cfg)}
+
+
+register_recipe(SupConRecipe())

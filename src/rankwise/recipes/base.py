@@ -1,0 +1,108 @@
+"""Base classes implementing the reporting half of the :class:`~rankwise.recipes.registry.Recipe` protocol.
+
+* :class:`RecipeBase` -- recipes whose ``test`` metrics are plain numbers (accuracy, MSE, ...):
+  a mean ± std table of every metric and a markdown report (``report_kind = "scalar"``);
+* :class:`RegressionRecipe` -- recipes evaluated with the deep-imbalanced-regression shot table
+  (``test``: ``{all, many, medium, few} x {mae, mse, gmean, count}`` + Pearson/Spearman): MAE and
+  GM tables, shot bar chart and per-label MAE plots (``report_kind = "regression"``).
+
+A recipe subclasses one of them and implements ``fit`` and ``evaluate`` (and ``check`` if it has
+cross-field constraints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from rankwise.recipes.config import Config
+
+__all__ = ["RecipeBase", "RegressionRecipe"]
+
+Table = tuple[list[str], list[list[str]]]
+
+
+class RecipeBase:
+    """Defaults of the Recipe protocol for recipes with scalar test metrics."""
+
+    name: str = ""
+    description: str = ""
+    options: type = object
+    uses: frozenset[str] = frozenset()
+    data_kind: Literal["regression", "classification"] = "classification"
+    report_kind: str = "scalar"
+
+    def check(self, cfg: Config) -> None:
+        """No cross-field constraint by default."""
+
+    def method(self, cfg: Config) -> str:
+        return str(getattr(cfg.task, "method", self.name))
+
+    def fit(self, run: Any) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def evaluate(self, run: Any, checkpoint: str | None) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def summary(self, metrics: Mapping[str, Any]) -> str:
+        from rankwise.recipes.reports import scalar_summary
+
+        return scalar_summary(metrics)
+
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
+        from rankwise.recipes.reports import scalar_table_rows
+
+        return [scalar_table_rows(results)]
+
+    def write_report(
+        self,
+        out_dir: Path,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        run_dirs: Mapping[str, Sequence[Path]],
+        *,
+        title: str,
+        extra: str,
+    ) -> Path:
+        from rankwise.recipes.reports import write_scalar_report
+
+        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra)
+
+
+class RegressionRecipe(RecipeBase):
+    """Recipes reported with the many/medium/few-shot table of ``rankwise.imbalanced.regression_metrics``."""
+
+    uses = frozenset({"loss"})
+    data_kind: Literal["regression", "classification"] = "regression"
+    report_kind = "regression"
+
+    def method(self, cfg: Config) -> str:
+        return self.name
+
+    def summary(self, metrics: Mapping[str, Any]) -> str:
+        return f"test MAE {metrics['test']['all']['mae']:.3f}"
+
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
+        from rankwise.recipes.reports import GROUPS, aggregate, format_cell
+
+        out = []
+        for key, label in (("mae", "MAE"), ("gmean", "GM")):
+            rows = []
+            for method, runs in results.items():
+                agg = aggregate(runs)
+                rows.append([method, str(len(runs)), *[format_cell(agg[g][key]) for g in GROUPS]])
+            out.append(([label, "n", *GROUPS], rows))
+        return out
+
+    def write_report(
+        self,
+        out_dir: Path,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        run_dirs: Mapping[str, Sequence[Path]],
+        *,
+        title: str,
+        extra: str,
+    ) -> Path:
+        from rankwise.recipes.reports import write_compare_report
+
+        return write_compare_report(out_dir, results, run_dirs, title=title, extra=extra)

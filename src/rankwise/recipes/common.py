@@ -1,0 +1,201 @@
+"""Pieces every recipe shares: reproducible sampling and seeding, the backbone, the NaN/inf stop.
+
+* :func:`reseed` -- seed every RNG from ``(seed, step, rank)`` before each training step, so a run
+  resumed after a kill replays the same random draws;
+* :class:`EpochShuffleSampler` / :class:`EpochIndexSampler` + :func:`item_seed` -- data order and
+  random items that depend only on ``(seed, epoch, index)``;
+* :func:`build_backbone` -- ``rankwise.models.build_backbone`` with the dataset's options and the
+  optional local ``model.weights``;
+* :func:`check_finite` -- raise :class:`NonFiniteLossError` (the run stops, its last good
+  checkpoint stays) when a training loss is NaN/inf;
+* :func:`tensors`, :func:`to_builtin` -- small conversions.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rankwise.recipes.config import ConfigError, ModelConfig
+
+__all__ = [
+    "EpochIndexSampler",
+    "EpochShuffleSampler",
+    "NonFiniteLossError",
+    "build_backbone",
+    "check_finite",
+    "device_name",
+    "encode",
+    "item_seed",
+    "plot_embedding",
+    "reseed",
+    "tensors",
+    "to_builtin",
+]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or inf; the run stops and keeps its last good checkpoint."""
+
+
+def check_finite(loss: torch.Tensor, module: Any, what: str, hint: str = "try a smaller learning rate") -> None:
+    """Raise :class:`NonFiniteLossError` naming the epoch and step when ``loss`` is NaN/inf."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise NonFiniteLossError(
+            f"the {what} loss became {loss.detach().item()} at epoch {module.current_epoch}, global step "
+            f"{module.global_step}; stopping. The last good checkpoint is kept; {hint}."
+        )
+
+
+def reseed(seed: int, step: int, rank: int = 0) -> None:
+    """Seed every RNG from ``(seed, step, rank)`` so a step replays identically after a resume.
+
+    The recipes call it before every training step (with the global step), so random choices in
+    the losses (e.g. RankSim's one-example-per-label draw), dropout and augmentations do not depend
+    on how many random numbers Lightning's loops consumed before (which differs after a restart).
+    """
+    s = (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 104_729) % (2**31 - 1)
+    random.seed(s)
+    np.random.seed(s)  # noqa: NPY002 - user code (e.g. augmentations) may use the legacy global RNG
+    torch.manual_seed(s)
+
+
+class EpochShuffleSampler(torch.utils.data.Sampler[int]):
+    """Random permutation that depends only on ``(seed, epoch)`` (Lightning calls ``set_epoch``)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = int(n)
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        # a generator: the order is drawn at the first ``next``, i.e. after Lightning's ``set_epoch``, also when
+        # the DataLoader iterator was created before it (``batch_size=None`` loaders of a resumed run)
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        yield from torch.randperm(self.n, generator=g).tolist()
+
+
+class EpochIndexSampler(EpochShuffleSampler):
+    """Indices ``epoch * n + i`` (``i`` shuffled by ``(seed, epoch)`` when ``shuffle``): fresh every epoch.
+
+    For datasets whose items are random draws seeded by the index (``dataset[g]`` uses item
+    ``g % n`` and the seed :func:`item_seed` ``(seed, g)``): every epoch sees new draws (new
+    augmentations, new random lists), and a run resumed from an end-of-epoch checkpoint replays
+    exactly the draws of an uninterrupted run, whatever the number of processes or workers.
+    """
+
+    def __init__(self, n: int, seed: int, *, shuffle: bool = True) -> None:
+        super().__init__(n, seed)
+        self.shuffle = bool(shuffle)
+
+    def __iter__(self):
+        base = self.epoch * self.n
+        if not self.shuffle:
+            yield from range(base, base + self.n)
+            return
+        yield from (base + torch.as_tensor(list(super().__iter__()))).tolist()
+
+
+def item_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for random item ``index`` of a run seeded ``seed`` (see :class:`EpochIndexSampler`)."""
+    return (int(seed) * 0x9E3779B97F4A7C15 + int(index) * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (2**63 - 1)
+
+
+def build_backbone(
+    m: ModelConfig, *, meta: dict[str, Any] | None = None, input_dim: int | None = None, **defaults: Any
+) -> tuple[nn.Module, int]:
+    """``rankwise.models.build_backbone(m.backbone, ...)`` and its feature dimension.
+
+    Options, lowest priority first: ``defaults`` (set by the recipe, e.g. an embedding size), the
+    dataset's ``meta["backbone_options"]`` (e.g. ``vocab_size``), ``m.options``; an ``mlp`` gets
+    ``in_dim = input_dim``. ``m.weights`` (a local file) is loaded into the backbone.
+    """
+    from rankwise import models
+
+    opts = {**defaults, **dict((meta or {}).get("backbone_options", {}) or {}), **m.options}
+    if m.backbone == "mlp" and "in_dim" not in opts and input_dim is not None:
+        opts["in_dim"] = input_dim
+    module, feature_dim = models.build_backbone(m.backbone, **opts)
+    if m.weights:
+        load_backbone_weights(module, m.weights)
+    return module, int(feature_dim)
+
+
+def load_backbone_weights(backbone: nn.Module, path: str) -> None:
+    """Load a local state dict (or a Lightning checkpoint's ``backbone.*`` keys) into ``backbone``."""
+    from rankwise.recipes.rundir import load_state_dict
+
+    state = load_state_dict(path)
+    if any(k.startswith("backbone.") for k in state):
+        state = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+    missing, _ = backbone.load_state_dict(state, strict=False)
+    if len(missing) == len(backbone.state_dict()):
+        raise ConfigError(f"`model.weights` {path}: no parameter matches the backbone (first keys: {list(state)[:3]})")
+
+
+def device_name(cfg: Any) -> str:
+    """The device ``trainer.accelerator`` resolves to: cuda (auto with CUDA available, gpu, cuda), mps or cpu."""
+    acc = str(cfg.trainer.accelerator)
+    if acc in ("gpu", "cuda") or (acc == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "mps" if acc == "mps" else "cpu"
+
+
+def tensors(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` tensors of a dataset of ``(x, y)`` items (fast path for ``TensorPairDataset``)."""
+    if hasattr(ds, "x") and hasattr(ds, "y"):
+        return ds.x, ds.y
+    xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
+    return torch.stack(xs), torch.as_tensor(ys)
+
+
+def to_builtin(obj: Any) -> Any:
+    """Tensors / numpy values inside dicts and lists -> plain Python (JSON-serializable)."""
+    if isinstance(obj, dict):
+        return {str(k): to_builtin(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_builtin(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.item() if obj.numel() == 1 else obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj
+
+
+def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    """``module.predict_step`` outputs (e.g. features) of images ``x``, CPU float32, on one device."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    out = run.local_trainer().predict(module, DataLoader(TensorDataset(x), batch_size=batch))
+    return torch.cat([o.cpu().float() for o in out])
+
+
+def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> None:
+    """``plots/tsne.png``: t-SNE of (at most ``run.plot_samples``) test features coloured by class."""
+    pdir = run.plots_dir
+    if pdir is None or not run.cfg.run.tsne:
+        return
+    from rankwise.recipes import reports
+
+    r = run.cfg.run
+    n = int(features.shape[0])
+    idx = np.sort(np.random.default_rng(0).choice(n, size=min(n, r.plot_samples), replace=False))
+    reports.plot_tsne(
+        features[idx].numpy(),
+        labels.cpu().numpy()[idx],
+        pdir / "tsne.png",
+        seed=r.seed,
+        title=f"t-SNE of test features: {r.name} (seed {r.seed})",
+    )

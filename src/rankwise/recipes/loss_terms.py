@@ -1,0 +1,158 @@
+"""Task loss and regularizers of the regression recipes, built from the loss registry.
+
+A config lists ``loss.regularizers: [{name, weight, options}]`` (and may name the task loss with
+``loss.name``); each ``name`` is looked up with :func:`rankwise.losses.get_loss_entry`. The registry
+entry declares which batch tensors the loss takes (``inputs``: parameter name -> role among
+``features``, ``predictions``, ``targets``, ``weights``), so the recipe knows, without any table of
+its own, whether a loss applies to the backbone features (RankSim, ConR) or to the predictions
+(Spearman, pairwise difference). When the config is read, the options are checked against the
+signature of what is built with them -- the loss's ``nn.Module`` twin (whose keyword arguments are
+the function's hyperparameters), or the function when there is no twin; the recipe then builds the
+twin (batch-level losses get ``distributed="auto"``: under DDP they see the global batch). A loss
+module with parameters (e.g. a learnable noise scale) is a submodule of the recipe's
+LightningModule: trained, checkpointed, and with ``loss.lr`` its own optimizer parameter group.
+
+Adding a loss usable as a regularizer = the loss function + its registry entry with ``inputs`` +
+its test (see docs/recipes.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from rankwise.recipes.config import ConfigError, LossConfig, RegularizerConfig, _suggest, check_kwargs
+
+__all__ = ["LossTerm", "build_regularizers", "build_task_loss", "check_loss_config", "usable_losses"]
+
+_REGRESSION_LOSS_SUPPLIED = ("pred", "target", "weights", "kind", "reduction")
+
+
+def usable_losses() -> list[str]:
+    """Registered losses a recipe can call (their registry entry declares ``inputs``)."""
+    from rankwise.losses import LOSSES
+
+    return [e.name for e in LOSSES.entries() if e.inputs]
+
+
+def _entry(name: str, key: str) -> Any:
+    from rankwise.losses import get_loss_entry
+
+    usable = usable_losses()
+    try:
+        entry = get_loss_entry(name)
+    except ValueError:
+        raise ConfigError(
+            f"`{key}`: unknown loss {name!r}; " + _suggest(name, usable).replace("keys", "losses")
+        ) from None
+    if not entry.inputs:
+        raise ConfigError(
+            f"`{key}`: loss {name!r} declares no recipe inputs in its registry entry, so a recipe cannot call it; "
+            f"usable losses: {', '.join(usable)}"
+        )
+    return entry
+
+
+def _check_kwargs(fn: Any, options: Mapping[str, Any], key: str, supplied: tuple[str, ...]) -> None:
+    check_kwargs(fn, dict(options), key, supplied=supplied)
+
+
+def _built(entry: Any) -> Any:
+    """What the recipe constructs with the options: the module twin (its ``__init__``), else the function."""
+    return entry.module if entry.module is not None else entry.fn
+
+
+def _kwargs(entry: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    kw = dict(options)
+    params = inspect.signature(_built(entry)).parameters
+    if "distributed" in params and "distributed" not in kw:
+        kw["distributed"] = "auto"  # batch-level losses see the global batch under DDP
+    return kw
+
+
+class _FunctionLoss(nn.Module):
+    """A registered loss without a module twin, with its options bound."""
+
+    def __init__(self, fn: Any, **options: Any) -> None:
+        super().__init__()
+        self.fn, self.options = fn, options
+
+    def forward(self, **tensors: Any) -> torch.Tensor:
+        return self.fn(**tensors, **self.options)
+
+
+def _module(entry: Any, options: Mapping[str, Any], key: str) -> nn.Module:
+    kw = _kwargs(entry, options)
+    try:
+        return entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"`{key}`: {e}") from None
+
+
+def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
+    """Check names and options of the task loss and the regularizers against the registry and signatures."""
+    if loss.name is None:
+        from rankwise.imbalanced import regression_loss
+
+        _check_kwargs(regression_loss, loss.options, f"{key}.options", _REGRESSION_LOSS_SUPPLIED)
+        if loss.lr is not None:
+            raise ConfigError(
+                f"`{key}.lr` applies to a task loss from the registry (`{key}.name`), not to `{key}.kind`"
+            )
+    else:
+        entry = _entry(loss.name, f"{key}.name")
+        roles = set(entry.inputs.values())
+        if not {"predictions", "targets"} <= roles:
+            raise ConfigError(
+                f"`{key}.name`: loss {loss.name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
+            )
+        _check_kwargs(_built(entry), loss.options, f"{key}.options", tuple(entry.inputs))
+        _module(entry, loss.options, f"{key}.options")
+    for reg in loss.regularizers:
+        k = f"{key}.regularizers.{reg.name}"
+        entry = _entry(reg.name, f"{k}.name")
+        _check_kwargs(_built(entry), reg.options, f"{k}.options", tuple(entry.inputs))
+        _module(entry, reg.options, f"{k}.options")
+
+
+class LossTerm(nn.Module):
+    """A registered loss bound to its options and its batch inputs: ``term(tensors) -> scalar``.
+
+    ``tensors`` maps roles (``features``, ``predictions``, ``targets``, ``weights``) to tensors;
+    the term passes each declared input by its parameter name.
+    """
+
+    def __init__(self, name: str, loss: nn.Module, inputs: Mapping[str, str], weight: float = 1.0) -> None:
+        super().__init__()
+        self.name, self.loss, self.weight = name, loss, float(weight)
+        self.inputs = dict(inputs)
+        #: "features" or "predictions": the model tensor the term applies to (documentation, logs)
+        self.applies_to = "features" if "features" in self.inputs.values() else "predictions"
+
+    def forward(self, tensors: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+        return self.loss(**{param: tensors[role] for param, role in self.inputs.items()})
+
+
+def build_regularizers(regs: list[RegularizerConfig], key: str = "loss.regularizers") -> nn.ModuleList:
+    """One :class:`LossTerm` per regularizer with a non-zero weight, in config order."""
+    terms = nn.ModuleList()
+    for reg in regs:
+        if reg.weight == 0:
+            continue
+        entry = _entry(reg.name, f"{key}.{reg.name}.name")
+        terms.append(
+            LossTerm(reg.name, _module(entry, reg.options, f"{key}.{reg.name}.options"), entry.inputs, reg.weight)
+        )
+    return terms
+
+
+def build_task_loss(loss: LossConfig, key: str = "loss") -> LossTerm | None:
+    """The task loss from the registry (``loss.name``), or ``None`` for ``regression_loss(kind=loss.kind)``."""
+    if loss.name is None:
+        return None
+    entry = _entry(loss.name, f"{key}.name")
+    return LossTerm(loss.name, _module(entry, loss.options, f"{key}.options"), entry.inputs)

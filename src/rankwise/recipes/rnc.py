@@ -1,0 +1,114 @@
+"""Rank-N-Contrast (Zha et al., NeurIPS'23), ``recipe: rnc``: contrastive pretraining, then a linear regressor.
+
+Stage 1 (``pretrain``, ``task.pretrain_epochs``): :class:`RnCPretrainer` trains the backbone with
+:func:`rankwise.losses.rnc_loss` on two augmented views of every example (tabular: Gaussian noise
+``task.noise`` + feature dropout ``task.feature_dropout``; images: random horizontal flip + the
+same noise), over the global batch under DDP. Checkpoints in ``RUN_DIR/pretrain/``, log in
+``logs/pretrain``; ``pretrain/done`` marks the finished stage. Stage 2: the DIR regressor of
+:mod:`rankwise.recipes.dir` on the frozen pretrained backbone, trained and evaluated as ``dir``
+(``trainer.max_epochs``, the ``loss`` section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import lightning as L
+import torch
+
+from rankwise.recipes.common import build_backbone, check_finite, reseed
+from rankwise.recipes.config import Config, opt
+from rankwise.recipes.dir import DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_state_dict
+
+__all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
+
+
+@dataclasses.dataclass
+class RnCOptions:
+    """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 uses ``trainer``/``optimizer``/``loss``."""
+
+    pretrain_epochs: int = opt(20, doc="epochs of contrastive pretraining", ge=1)
+    temperature: float = opt(2.0, doc="rnc_loss temperature", gt=0)
+    lr: float | None = opt(None, doc="pretraining learning rate (default optimizer.lr)", gt=0)
+    noise: float = opt(0.05, doc="std of the Gaussian noise added to each view", ge=0)
+    feature_dropout: float = opt(0.1, doc="tabular views: probability of zeroing each feature", ge=0, lt=1)
+
+
+class RnCPretrainer(L.LightningModule):
+    """Rank-N-Contrast stage 1: ``rnc_loss`` on two augmented views of every example."""
+
+    def __init__(
+        self, cfg: Config, *, input_dim: int | None = None, meta: dict[str, Any] | None = None, kind: str = "tabular"
+    ) -> None:
+        super().__init__()
+        self.hparams.update({"input_dim": input_dim, "kind": kind})
+        self.cfg, self.task, self.kind = cfg, cfg.task, kind
+        self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
+
+    def augment(self, x: torch.Tensor) -> torch.Tensor:
+        t: RnCOptions = self.task
+        if self.kind == "image" and x.dim() == 4:
+            flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5
+            x = torch.where(flip, x.flip(-1), x)
+        x = x + t.noise * torch.randn_like(x)
+        if t.feature_dropout > 0 and self.kind == "tabular":
+            keep = (torch.rand_like(x) >= t.feature_dropout).to(x.dtype)
+            x = x * keep
+        return x
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed + 17, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        from rankwise.losses import rnc_loss
+
+        x, y = batch
+        y = y.reshape(-1).float()
+        views = torch.cat([self.augment(x), self.augment(x)])
+        f = self.backbone(views)
+        f = f.flatten(1) if f.dim() > 2 else f
+        feats = torch.stack([f[: y.numel()], f[y.numel() :]], dim=1)
+        loss = rnc_loss(feats, y, temperature=self.task.temperature, distributed="auto")
+        check_finite(loss, self, "Rank-N-Contrast")
+        self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return configure(self, self.cfg.optimizer, self.cfg.schedule, lr=self.task.lr)
+
+
+class RnCRecipe(DIRRecipe):
+    """Two stages: Rank-N-Contrast pretraining of the backbone, then a linear regressor on it (frozen)."""
+
+    name = "rnc"
+    description = "Rank-N-Contrast: contrastive pretraining, then a linear regressor on the frozen encoder"
+    options: type = RnCOptions
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        from rankwise.recipes.dir import regression_loaders
+
+        data = run.data
+        if data.kind == "text_pair":
+            from rankwise.recipes.config import ConfigError
+
+            raise ConfigError("recipe 'rnc' supports tabular and image data, got text pairs")
+        pre = RnCPretrainer(run.cfg, input_dim=data.input_dim, meta=data.meta, kind=data.kind)
+        done = run.ckpt_dir("pretrain") / "done"
+        if not done.is_file():
+            train_dl, _, _ = regression_loaders(data, run.cfg)
+            trainer = run.trainer(max_epochs=run.cfg.task.pretrain_epochs, stage="pretrain", best=False)
+            run.fit(trainer, pre, train_dl, stage="pretrain")
+            if trainer.global_rank == 0:
+                done.write_text("ok")
+        else:
+            pre.load_state_dict(load_state_dict(run.checkpoint("last", "pretrain")))
+        module = build_regressor(run, freeze_backbone=True)
+        module.backbone.load_state_dict(pre.backbone.state_dict())
+        return fit_regressor(run, module)
+
+
+register_recipe(RnCRecipe())

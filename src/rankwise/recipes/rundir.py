@@ -1,0 +1,748 @@
+"""The run lifecycle every recipe goes through: run directory, lock, config + meta, Trainer, resume, status.
+
+Run directory layout (the same for every recipe)::
+
+    RUN_DIR/config.yaml          resolved config (after presets, ``extends`` and ``--set``)
+    RUN_DIR/meta.json            rankwise version, git hash, command, status (running / completed / failed)
+    RUN_DIR/checkpoints/         best.ckpt (best validation metric; the evaluated one without validation)
+                                 and last.ckpt (after EVERY epoch, ``--resume`` continues from it)
+    RUN_DIR/<stage>/             checkpoints of other stages (``pretrain/``, ``probe/``)
+    RUN_DIR/logs/metrics.csv     CSV log (``logs/<stage>/`` for other stages);  RUN_DIR/tb/  TensorBoard
+    RUN_DIR/metrics.json         ``recipe``, ``method``, ``test`` metrics, seed, timing
+    RUN_DIR/plots/*.png          training curves + the recipe's plots
+    RUN_DIR/.lock                exclusive lock held while a process uses the directory
+
+:func:`run_recipe` is the lifecycle of ``rankwise train``: load the data, open (and lock) the run
+directory, write config and meta, seed, call ``recipe.fit(run)`` -- which builds its modules and
+trains each stage with :meth:`Run.trainer` / :meth:`Run.fit` -- then write ``metrics.json``,
+plots and the final status. ANY error or signal marks the run ``failed`` in meta.json (SIGTERM is
+raised as :class:`RunTerminated`); the lock is released on exit, also after a crash or ``kill -9``
+(it is an ``fcntl.flock`` on ``.lock``).
+
+Checkpoints are written atomically (temporary file, fsync, ``os.replace``) and read with
+``torch.load(weights_only=True)``; an unreadable or refused file raises :class:`CheckpointError`
+naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankwise.recipes.config import Config, ConfigError, UserError, config_to_dict
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointError",
+    "Run",
+    "RunDir",
+    "RunDirError",
+    "RunTerminated",
+    "evaluate_run",
+    "git_hash",
+    "is_rankwise_run_dir",
+    "load_checkpoint",
+    "load_data",
+    "load_state_dict",
+    "run_recipe",
+    "write_json",
+]
+
+log = logging.getLogger("rankwise")
+
+LOCK_NAME = ".lock"
+
+
+class RunDirError(UserError):
+    """The run directory cannot be used (exists, is locked by another process, is not a run directory, ...)."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, unreadable (truncated, corrupt) or refused by the weights-only loader."""
+
+
+class RunTerminated(BaseException):
+    """The process received SIGTERM (or SIGHUP) during a run; the CLI exits with ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signal.Signals(signum).name}")
+        self.signum = int(signum)
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (temporary file + ``os.replace``)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=_json_default))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def git_hash() -> str | None:
+    """Commit hash of the rankwise source checkout (``None`` outside a git work tree)."""
+    try:
+        root = Path(__file__).resolve().parents[3]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``; a missing, truncated or refused file raises :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # never repeat torch's advice to load with weights_only=False: that would run code from the file
+        raise CheckpointError(
+            f"checkpoint {path} was refused: it holds objects other than tensors and plain data, and rankwise "
+            "only loads checkpoints in weights-only mode"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path} (truncated or corrupt?): {first}") from None
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model ``state_dict`` of a Lightning checkpoint (or a plain state dict), weights-only."""
+    ckpt = load_checkpoint(path)
+    state = ckpt["state_dict"] if isinstance(ckpt, dict) and "state_dict" in ckpt else ckpt
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds no state dict (got {type(state).__name__})")
+    return state
+
+
+def _atomic_checkpoint_io() -> Any:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class _AtomicCheckpointIO(TorchCheckpointIO):
+        """Checkpoint I/O that never leaves a truncated file: temp file + fsync + ``os.replace``.
+
+        Loading always uses ``torch.load(weights_only=True)`` (errors name the file).
+        """
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+            if storage_options is not None:
+                raise TypeError("`storage_options` is not supported by AtomicCheckpointIO")
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            try:
+                with open(tmp, "wb") as fh:
+                    torch.save(checkpoint, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+
+        def load_checkpoint(
+            self, path: Any, map_location: Any = None, weights_only: bool | None = None
+        ) -> dict[str, Any]:
+            return load_checkpoint(path, map_location=map_location or "cpu")
+
+    return _AtomicCheckpointIO()
+
+
+def AtomicCheckpointIO() -> Any:
+    """A Lightning ``CheckpointIO`` plug-in writing checkpoints atomically (see module doc)."""
+    return _atomic_checkpoint_io()
+
+
+# ------------------------------------------------------------------------------------------ run directory
+
+
+def is_launched_worker() -> bool:
+    """True in the extra processes a DDP launcher starts (they re-run the same command; rank 0 owns the dir)."""
+    # RANK / GROUP_RANK: torchrun (other nodes' local rank 0 too); SLURM_PROCID: srun tasks
+    names = ("LOCAL_RANK", "NODE_RANK", "RANK", "GROUP_RANK", "SLURM_PROCID")
+    return any(int(os.environ.get(v, "0") or 0) != 0 for v in names)
+
+
+def read_meta(run_dir: Path) -> dict[str, Any] | None:
+    """``meta.json`` of a run directory (``None`` when absent or unreadable)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def is_rankwise_run_dir(path: str | Path) -> bool:
+    """A directory holding a ``meta.json`` written by rankwise (the only kind ``--overwrite`` deletes)."""
+    meta = read_meta(Path(path))
+    return meta is not None and "rankwise_version" in meta
+
+
+class RunDir:
+    """An opened run directory: exclusively locked by this process until :meth:`close` (or exit)."""
+
+    def __init__(self, path: Path, lock_fd: int | None) -> None:
+        self.path = path
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def open(cls, path: str | Path, *, resume: bool, overwrite: bool) -> RunDir:
+        """Create (or reuse with ``resume``/``overwrite``) and lock the run directory ``path``."""
+        path = Path(path)
+        try:
+            return cls._open(path, resume=resume, overwrite=overwrite)
+        except OSError as e:
+            raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
+
+    @classmethod
+    def _open(cls, path: Path, *, resume: bool, overwrite: bool) -> RunDir:
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"run directory {path} exists and is not a directory")
+        contents = [p for p in path.iterdir() if p.name != LOCK_NAME] if path.is_dir() else []
+        if resume:
+            if not (path / "config.yaml").is_file():
+                raise RunDirError(f"cannot --resume: {path} is not a run directory (no config.yaml)")
+            if not any(path.rglob("*.ckpt")):
+                raise RunDirError(
+                    f"cannot --resume {path}: it has no checkpoint yet (the run stopped before its first epoch "
+                    "ended); start it again with --overwrite"
+                )
+        elif contents:
+            if not overwrite:
+                raise RunDirError(
+                    f"run directory {path} already exists; pass --resume to continue it, --overwrite to replace "
+                    "it, or --out/--set run.name=... for a new one"
+                )
+            if not is_rankwise_run_dir(path):
+                raise RunDirError(
+                    f"--overwrite refuses to delete {path}: it is not a rankwise run directory (no meta.json "
+                    "written by rankwise); remove it yourself or choose another --out"
+                )
+        path.mkdir(parents=True, exist_ok=True)
+        fd = _lock(path)
+        if not resume and contents:  # --overwrite of a rankwise run directory, now that we hold its lock
+            for p in path.iterdir():
+                if p.name == LOCK_NAME:
+                    continue
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+        return cls(path, fd)
+
+    @classmethod
+    def lock_existing(cls, path: str | Path) -> RunDir:
+        """Lock an existing run directory (e.g. to re-evaluate it) without changing it."""
+        path = Path(path)
+        if not (path / "config.yaml").is_file():
+            raise RunDirError(f"{path} is not a run directory (no config.yaml)")
+        try:
+            return cls(path, _lock(path))
+        except OSError as e:
+            raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
+
+    def write_config(self, cfg: Config) -> None:
+        import yaml
+
+        tmp = self.path / f".config.yaml.tmp{os.getpid()}"
+        tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        os.replace(tmp, self.path / "config.yaml")
+
+    def update_meta(self, **fields: Any) -> None:
+        meta = read_meta(self.path) or {}
+        meta.update(fields)
+        write_json(self.path / "meta.json", meta)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+
+def _lock(path: Path) -> int | None:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        return None
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.read(fd, 64).decode(errors="replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        who = f" (pid {holder})" if holder else ""
+        raise RunDirError(
+            f"run directory {path} is in use by another rankwise process{who}; wait for it or choose another --out"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+# ------------------------------------------------------------------------------------------ Lightning
+
+
+def quiet_lightning() -> None:
+    """Silence what is not the user's concern: Lightning's info lines and tips, and known warnings."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (
+        ".*does not have many workers.*",
+        ".*Experiment logs directory.*",
+        ".*Checkpoint directory.*exists and is not empty.*",
+        ".*number of training batches.*",
+        ".*LeafSpec.*",
+        ".*isinstance.*treespec.*",
+        ".*is_leaf.*",
+        ".*You are using a CUDA device.*",
+        ".*GPU available but not used.*",
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.utils\._pytree")
+
+
+def _last_checkpoint_class() -> Any:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class LastCheckpoint(ModelCheckpoint):
+        """``last.ckpt`` after every epoch (its own class, so its state key differs from the best one's)."""
+
+    return LastCheckpoint
+
+
+def _epoch_printer(emit: Callable[[str], None]) -> Any:
+    import lightning as L
+
+    class EpochLine(L.Callback):
+        """One line per epoch (``--no-progress``): epoch metrics and elapsed time."""
+
+        def __init__(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.is_global_zero or trainer.sanity_checking:
+                return
+            metrics = trainer.callback_metrics
+            parts = []
+            for k, v in sorted(metrics.items()):
+                if k.endswith("_step") or f"{k}_epoch" in metrics or not isinstance(v, torch.Tensor) or v.numel() != 1:
+                    continue
+                parts.append(f"{k.removesuffix('_epoch')} {float(v):.4g}")
+            total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else "?"
+            emit(
+                f"epoch {trainer.current_epoch + 1}/{total}: {', '.join(parts)} ({time.perf_counter() - self.t0:.1f} s)"
+            )
+
+    return EpochLine()
+
+
+@dataclass
+class Run:
+    """What a recipe's ``fit``/``evaluate`` gets: the typed config, the data and the run directory.
+
+    Recipes build every Lightning Trainer with :meth:`trainer` (distributed, per ``trainer``
+    config) or :meth:`local_trainer` (one device: evaluation, prediction, small local stages) and
+    start training with :meth:`fit` (which resumes a stage from its ``last.ckpt``).
+    """
+
+    cfg: Config
+    dir: Path
+    data: Any
+    resume: bool = False
+    progress: bool = False
+    plots: bool = True
+    callbacks: Sequence[Any] = ()
+    log_epoch: Callable[[str], None] | None = None
+    #: set by :meth:`fit`: rank of this process in the last fitted Trainer
+    global_rank: int = 0
+    _stages: list[str] = field(default_factory=list)
+
+    def ckpt_dir(self, stage: str = "") -> Path:
+        return self.dir / (stage or "checkpoints")
+
+    def checkpoint(self, name: str = "last", stage: str = "") -> Path:
+        """Path of ``<stage dir>/<name>.ckpt`` (``CheckpointError`` if it does not exist)."""
+        p = self.ckpt_dir(stage) / f"{name}.ckpt"
+        if not p.is_file():
+            raise CheckpointError(f"{self.dir} has no {p.relative_to(self.dir)}")
+        return p
+
+    @property
+    def plots_dir(self) -> Path | None:
+        """``RUN_DIR/plots`` (created) when plots are on, else ``None``."""
+        if not self.plots:
+            return None
+        p = self.dir / "plots"
+        p.mkdir(exist_ok=True)
+        return p
+
+    def trainer(
+        self,
+        *,
+        max_epochs: int,
+        stage: str = "",
+        monitor: str | None = None,
+        mode: str = "min",
+        best: bool = True,
+        loggers: bool = True,
+    ) -> Any:
+        """The Trainer of a training stage: devices/strategy/precision from ``trainer``, checkpoints, logs.
+
+        Checkpoints go to ``checkpoints/`` (main stage) or ``<stage>/``: ``last.ckpt`` after every
+        epoch and, with ``best``, ``best.ckpt`` (lowest/highest ``monitor``; without a monitor the
+        latest epoch, i.e. the checkpoint the recipe evaluates). Logs: ``logs/[stage/]metrics.csv``
+        and ``tb/[stage]``.
+        """
+        import lightning as L
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        t = self.cfg.trainer
+        ckpt_dir = self.ckpt_dir(stage)
+        callbacks: list[Any] = []
+        if best:
+            callbacks.append(
+                ModelCheckpoint(
+                    dirpath=ckpt_dir,
+                    filename="best",
+                    monitor=monitor,
+                    mode=mode,
+                    save_top_k=1,
+                    save_last=False,
+                    auto_insert_metric_name=False,
+                    enable_version_counter=False,
+                )
+            )
+        callbacks.append(
+            _last_checkpoint_class()(
+                dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False
+            )
+        )
+        progress = self.progress and t.enable_progress_bar
+        if progress:
+            from lightning.pytorch.callbacks import RichProgressBar
+
+            callbacks.append(RichProgressBar(leave=False))
+        elif self.log_epoch is not None:
+            callbacks.append(_epoch_printer(self.log_epoch))
+        callbacks.extend(self.callbacks)
+        logger: Any = False
+        if loggers:
+            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+            logger = [
+                CSVLogger(self.dir, name="logs", version=stage),
+                TensorBoardLogger(self.dir, name="tb", version=stage),
+            ]
+        kwargs: dict[str, Any] = {
+            "default_root_dir": str(self.dir),
+            "max_epochs": max_epochs,
+            "accelerator": t.accelerator,
+            "devices": t.devices,
+            "strategy": t.strategy,
+            "num_nodes": t.num_nodes,
+            "precision": t.precision,
+            "deterministic": t.deterministic,
+            "gradient_clip_val": t.gradient_clip_val,
+            "log_every_n_steps": t.log_every_n_steps,
+            "logger": logger,
+            "callbacks": callbacks,
+            "enable_progress_bar": progress,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "plugins": [AtomicCheckpointIO()],
+        }
+        if t.limit_train_batches is not None:
+            kwargs["limit_train_batches"] = t.limit_train_batches
+        if t.limit_val_batches is not None:
+            kwargs["limit_val_batches"] = t.limit_val_batches
+        return _make_trainer(L.Trainer, kwargs)
+
+    def fit(self, trainer: Any, module: Any, train_dl: Any, val_dl: Any = None, *, stage: str = "") -> None:
+        """``trainer.fit``; with ``resume``, the stage continues from its ``last.ckpt`` when there is one."""
+        last = self.ckpt_dir(stage) / "last.ckpt"
+        ckpt = str(last) if self.resume and last.is_file() else None
+        trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
+        self.global_rank = int(trainer.global_rank)
+
+    def local_trainer(
+        self,
+        *,
+        max_epochs: int | None = None,
+        root: Path | None = None,
+        checkpoint: bool = False,
+        precision: bool = True,
+    ) -> Any:
+        """A quiet single-device Trainer on ``trainer.accelerator`` (evaluation, prediction, a local stage).
+
+        With ``root``, its CSV log goes to ``root/logs`` and, with ``checkpoint``, ``root/last.ckpt``.
+        """
+        import lightning as L
+
+        kw: dict[str, Any] = {
+            "accelerator": self.cfg.trainer.accelerator,
+            "devices": 1,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        }
+        if precision:
+            kw["precision"] = self.cfg.trainer.precision
+        if max_epochs is not None:
+            kw["max_epochs"] = max_epochs
+        if root is not None:
+            from lightning.pytorch.callbacks import ModelCheckpoint
+            from lightning.pytorch.loggers import CSVLogger
+
+            kw |= {
+                "default_root_dir": str(root),
+                "logger": CSVLogger(root, name="logs", version=""),
+                "log_every_n_steps": 1,
+            }
+            if checkpoint:
+                kw |= {
+                    "enable_checkpointing": True,
+                    "callbacks": [ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)],
+                    "plugins": [AtomicCheckpointIO()],
+                }
+        return _make_trainer(L.Trainer, kw)
+
+
+def _make_trainer(cls: Any, kwargs: dict[str, Any]) -> Any:
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        return cls(**kwargs)
+    except MisconfigurationException as e:
+        raise ConfigError(f"invalid `trainer` settings: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------ lifecycle
+
+
+def load_data(cfg: Config, recipe: Any) -> Any:
+    """Load ``cfg.data`` and check it suits ``recipe`` (kind, non-empty splits)."""
+    from rankwise.data import DataFormatError, get_dataset
+
+    try:
+        data = get_dataset(cfg.data.name, **cfg.data.options)
+    except DataFormatError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None
+    check_data(cfg, recipe, data)
+    return data
+
+
+def check_data(cfg: Config, recipe: Any, data: Any) -> None:
+    """The dataset has the recipe's kind and no empty split it uses."""
+    regression = hasattr(data, "train_labels")
+    if recipe.data_kind == "regression" and not regression:
+        raise ConfigError(
+            f"dataset `{cfg.data.name}` is a classification dataset; recipe {recipe.name!r} needs a regression "
+            "dataset (see `rankwise data list`)"
+        )
+    if recipe.data_kind == "classification" and not hasattr(data, "num_classes"):
+        raise ConfigError(
+            f"recipe {recipe.name!r} needs a classification dataset, got the regression dataset `{cfg.data.name}`"
+        )
+    splits = ("train", "val", "test") if regression else ("train", "test")
+    for s in splits:
+        split = getattr(data, s, None)
+        if split is None or len(split) == 0:
+            raise ConfigError(
+                f"dataset `{cfg.data.name}` (options {cfg.data.options}) has an empty {s} split; it needs at least "
+                f"one example in each of {', '.join(splits)} (more rows, or other `data.options`)"
+            )
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM / SIGHUP into :class:`RunTerminated` in the main thread for the duration of a run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise RunTerminated(signum)
+
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _common_metrics(recipe: Any, cfg: Config) -> dict[str, Any]:
+    return {
+        "recipe": recipe.name,
+        "method": recipe.method(cfg),
+        "dataset": cfg.data.name,
+        "run": cfg.run.name,
+        "seed": cfg.run.seed,
+    }
+
+
+def run_recipe(
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    plots: bool | None = None,
+    data: Any = None,
+    callbacks: Sequence[Any] = (),
+    log_epoch: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg`` with ``recipe`` in ``run_dir`` (the lifecycle of the module doc); returns metrics.json.
+
+    Rank > 0 of a distributed run returns ``{}`` (rank 0 owns the directory, evaluates and reports).
+    """
+    import lightning as L
+
+    quiet_lightning()
+    if data is None:
+        data = load_data(cfg, recipe)
+    else:
+        check_data(cfg, recipe, data)
+    worker = is_launched_worker()
+    rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
+    try:
+        with _signals_raise():
+            if rd is not None:
+                from rankwise import __version__
+
+                if not resume:
+                    rd.write_config(cfg)
+                    rd.update_meta(
+                        rankwise_version=__version__,
+                        git_hash=git_hash(),
+                        command=" ".join(sys.argv),
+                        torch_version=torch.__version__,
+                        started=_now(),
+                        threads=cfg.trainer.num_threads or torch.get_num_threads(),
+                    )
+                rd.update_meta(status="running", error=None, pid=os.getpid())
+            if cfg.trainer.num_threads:
+                torch.set_num_threads(cfg.trainer.num_threads)
+            L.seed_everything(cfg.run.seed, workers=True, verbose=False)
+            run = Run(
+                cfg,
+                Path(run_dir),
+                data,
+                resume=resume,
+                progress=progress,
+                plots=cfg.run.plots if plots is None else plots,
+                callbacks=list(callbacks),
+                log_epoch=log_epoch,
+            )
+            t0 = time.perf_counter()
+            result = recipe.fit(run)
+            if run.global_rank != 0 or worker:
+                return {}
+            seconds = round(time.perf_counter() - t0, 2)
+            metrics = {**_common_metrics(recipe, cfg), **result, "train_seconds": seconds}
+            write_json(run.dir / "metrics.json", metrics)
+            _plot_curves(run)
+            if rd is not None:
+                rd.update_meta(status="completed", train_seconds=seconds, finished=_now())
+            return metrics
+    except BaseException as e:
+        if rd is not None:
+            with contextlib.suppress(OSError):  # e.g. a full disk: keep the original error
+                rd.update_meta(status="failed", failure=type(e).__name__, error=str(e), finished=_now())
+        raise
+    finally:
+        if rd is not None:
+            rd.close()
+
+
+def _plot_curves(run: Run) -> None:
+    pdir = run.plots_dir
+    csv = run.dir / "logs" / "metrics.csv"
+    if pdir is not None and csv.is_file():
+        from rankwise.recipes import reports
+
+        reports.plot_training_curves(
+            csv, pdir / "training_curves.png", title=f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
+        )
+
+
+def evaluate_run(
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    *,
+    checkpoint: str | None = None,
+    plots: bool | None = None,
+    data: Any = None,
+) -> dict[str, Any]:
+    """Re-evaluate a finished run from its checkpoint; rewrites metrics.json (keeping the training time) and plots."""
+    quiet_lightning()
+    if checkpoint not in (None, "best", "last"):
+        raise ConfigError(f"`checkpoint` must be 'best' or 'last', got {checkpoint!r}")
+    if data is None:
+        data = load_data(cfg, recipe)
+    else:
+        check_data(cfg, recipe, data)
+    rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
+    try:
+        run = Run(cfg, Path(run_dir), data, plots=cfg.run.plots if plots is None else plots)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        result = recipe.evaluate(run, checkpoint)
+        old = {}
+        with contextlib.suppress(OSError, ValueError):
+            old = json.loads((run.dir / "metrics.json").read_text())
+        metrics = {**_common_metrics(recipe, cfg), **result}
+        if isinstance(old, dict) and "train_seconds" in old:
+            metrics["train_seconds"] = old["train_seconds"]
+        write_json(run.dir / "metrics.json", metrics)
+        _plot_curves(run)
+        return metrics
+    finally:
+        rd.close()

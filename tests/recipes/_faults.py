@@ -1,0 +1,66 @@
+"""Fault injection for the reliability tests: Lightning callbacks passed to ``train(callbacks=...)``.
+
+Nothing in rankwise reads a test hook: the tests hand these callbacks to the public API. For a
+fault that must end the process (SIGKILL), the test runs this module in a subprocess::
+
+    python -m tests.recipes._faults kill STEP PRESET OUT [--set key=value ...]
+    python -m tests.recipes._faults term STEP PRESET OUT [--set ...]   # SIGTERM, then the CLI exit code
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class SignalAtStep(L.Callback):
+    """Send ``signum`` to this process at the first training batch with ``global_step >= step``."""
+
+    def __init__(self, step: int, signum: int = signal.SIGKILL) -> None:
+        self.step, self.signum, self.sent = int(step), int(signum), False
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step >= self.step and not self.sent:
+            self.sent = True
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), self.signum)
+
+
+class NaNAtStep(L.Callback):
+    """Turn the module's weights into NaN at ``global_step >= step`` (a diverged model: the loss becomes NaN)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = int(step)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step >= self.step:
+            with torch.no_grad():
+                for p in pl_module.parameters():
+                    if p.requires_grad:
+                        p.fill_(float("nan"))
+
+
+def _main(argv: list[str]) -> None:
+    from rankwise.cli import main
+    from rankwise.recipes import runner
+
+    kind, step, preset, out, *rest = argv
+    sets = [rest[i + 1] for i in range(len(rest)) if rest[i] == "--set"]
+    signum = signal.SIGKILL if kind == "kill" else signal.SIGTERM
+    real_train = runner.train
+
+    def train_with_fault(cfg: Any, **kw: Any) -> Any:
+        return real_train(cfg, **kw, callbacks=[SignalAtStep(int(step), signum)])
+
+    runner.train = train_with_fault  # this helper process only
+    main(["train", preset, "--out", out, "--no-progress", *[a for s in sets for a in ("--set", s)]])
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

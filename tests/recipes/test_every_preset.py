@@ -1,0 +1,119 @@
+"""Every preset of ``rankwise presets`` trains on a tiny budget and writes the common run directory layout.
+
+Image presets (AgeDB-DIR, IMDB-WIKI-DIR) run on a generated split file of random images, the
+STS-B-DIR presets on the real TSVs in ../shared (skipped when absent), the others on their bundled
+data; the RRT presets re-train the head of a tiny run of their source preset.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("torchvision")
+pytest.importorskip("sklego")
+PIL = pytest.importorskip("PIL.Image")
+
+from rankwise.recipes.config import list_presets, load_config
+from rankwise.recipes.runner import train
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["trainer.max_epochs=1", "trainer.num_threads=1", "trainer.enable_progress_bar=false", "run.tsne=false"]
+BY_FAMILY = {
+    "abalone": ["trainer.limit_train_batches=2", "model.options.hidden=[8]", "model.options.feature_dim=4"],
+    "dir_images": [
+        "trainer.limit_train_batches=2",
+        "data.options.image_size=32",
+        "data.batch_size=8",
+        "data.eval_batch_size=16",
+        "data.num_workers=0",
+    ],
+    "sts": [
+        "trainer.limit_train_batches=2",
+        "data.options.max_len=16",
+        "data.batch_size=16",
+        "data.eval_batch_size=500",
+        "model.options={embed_dim: 8, hidden: 8, feature_dim: 8}",
+    ],
+    "sort": ["task.steps=2", "task.test_lists=10", "task.lists_per_batch=2", "task.bn_recalibration=1"],
+    "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
+    "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
+}
+MNIST = ["data.options.test_fraction=0.05"]
+RRT_SOURCE = {
+    "abalone_rrt": "abalone_vanilla",
+    "agedb_dir_rrt_ranksim": "agedb_dir_ranksim",
+    "imdb_wiki_dir_rrt_ranksim": "imdb_wiki_dir_ranksim",
+}
+
+
+def _family(name: str) -> str:
+    if name.startswith("abalone"):
+        return "abalone"
+    if name.startswith(("agedb", "imdb")):
+        return "dir_images"
+    if name.startswith("sts_b"):
+        return "sts"
+    if name.startswith("large_mnist"):
+        return "sort"
+    return "dknn" if "knn" in name else "supcon"
+
+
+@pytest.fixture(scope="module")
+def image_split(tmp_path_factory):
+    """A tiny AgeDB/IMDB-WIKI-style split file (``age,path,split``) of random 20x20 images."""
+    root = tmp_path_factory.mktemp("dir_images")
+    rng = np.random.default_rng(0)
+    (root / "img").mkdir()
+    rows = ["age,path,split"]
+    i = 0
+    for split, n in (("train", 20), ("val", 6), ("test", 6)):
+        for _ in range(n):
+            PIL.fromarray((rng.random((20, 20, 3)) * 255).astype(np.uint8)).save(root / "img" / f"{i}.png")
+            rows.append(f"{int(rng.integers(10, 16))},img/{i}.png,{split}")
+            i += 1
+    for name in ("agedb.csv", "imdb_wiki.csv"):
+        (root / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+def _overrides(name: str, image_split, shared_dir) -> list[str]:
+    fam = _family(name)
+    out = [*COMMON, *BY_FAMILY[fam]]
+    if fam == "dir_images":
+        out.append(f"data.options.root={image_split}")
+    if fam == "sts":
+        root = shared_dir / "data" / "sts-b-dir"
+        if not (root / "train_new.tsv").is_file():
+            pytest.skip("STS-B-DIR TSVs absent")
+        out.append(f"data.options.root={root}")
+    if fam in ("sort", "supcon", "dknn"):
+        out += MNIST
+    if "rnc" in name:
+        out.append("task.pretrain_epochs=1")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(list_presets()))
+def test_preset_trains_tiny(name, tmp_path, image_split, shared_dir):
+    sets = _overrides(name, image_split, shared_dir)
+    if name in RRT_SOURCE:
+        src = RRT_SOURCE[name]
+        train(load_config(src, _overrides(src, image_split, shared_dir)), out=tmp_path / "src", progress=False)
+        sets.append(f"task.init_checkpoint={tmp_path / 'src'}")
+    cfg = load_config(name, sets)
+    res = train(cfg, out=tmp_path / "run", progress=False, verbose=False)
+    d = res.run_dir
+    metrics = json.loads((d / "metrics.json").read_text())
+    assert metrics["recipe"] == cfg.recipe and metrics["test"]
+    assert json.loads((d / "meta.json").read_text())["status"] == "completed"
+    trains = getattr(cfg.task, "method", "") != "knn_pixels"  # a kNN on raw pixels trains nothing
+    layout = ["config.yaml", "meta.json", "metrics.json"]
+    layout += ["checkpoints/best.ckpt", "checkpoints/last.ckpt", "logs/metrics.csv"] if trains else []
+    for f in layout:
+        assert (d / f).is_file(), f
+    assert (d / "plots").is_dir() and (any((d / "plots").iterdir()) or not trains)

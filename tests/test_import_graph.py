@@ -1,0 +1,152 @@
+"""The import graph of ``src/rankwise``: no cycle anywhere, and the library never imports upward.
+
+Every ``import`` / ``from ... import`` statement of every module counts, including the ones inside
+functions (a lazy import is still a dependency); only ``if TYPE_CHECKING:`` blocks are ignored.
+``from pkg import name`` depends on ``pkg.name`` when that is a module, else on ``pkg``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rankwise"
+
+#: packages of the library: they never import the training system (recipes) or the command line
+LIBRARY = ("ops", "losses", "imbalanced", "data", "models", "sodeep", "distributed", "_registry", "_validation")
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for p in SRC.rglob("*.py"):
+        parts = list(p.relative_to(SRC.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        out[".".join(parts)] = (p, is_pkg)
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the rankwise modules it imports."""
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, (path, is_pkg) in mods.items():
+        deps: set[str] = set()
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {r for a in node.names if a.name.startswith("rankwise") and (r := resolve(a.name))}
+                continue
+            if node.level:
+                base = mod if is_pkg else mod.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                full = f"{base}.{node.module}" if node.module else base
+            else:
+                full = node.module or ""
+            if full != "rankwise" and not full.startswith("rankwise."):
+                continue
+            for a in node.names:
+                target = f"{full}.{a.name}" if f"{full}.{a.name}" in mods else resolve(full)
+                if target:
+                    deps.add(target)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_the_walker_finds_a_cycle():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_graph_sees_lazy_imports():
+    g = import_graph()
+    assert "rankwise.recipes.runner" in g["rankwise.cli"]  # imported inside a command
+    assert "rankwise.recipes.config" in g["rankwise.recipes.dir"]
+
+
+def test_no_import_cycle_in_rankwise():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_library_never_imports_recipes_or_cli():
+    g = import_graph()
+    bad = {
+        m: sorted(d for d in deps if d.startswith(("rankwise.recipes", "rankwise.cli")))
+        for m, deps in g.items()
+        if m.split(".")[1:2] and m.split(".")[1] in LIBRARY
+    }
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_imbalanced_does_not_import_losses():
+    g = import_graph()
+    bad = {m: sorted(d for d in deps if d.startswith("rankwise.losses")) for m, deps in g.items()}
+    assert not {m: d for m, d in bad.items() if d and m.startswith("rankwise.imbalanced")}

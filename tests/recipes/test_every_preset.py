@@ -17,8 +17,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("sklego")
 PIL = pytest.importorskip("PIL.Image")
 
-from rankwise.recipes.config import list_presets, load_config
-from rankwise.recipes.runner import train
+from rankwise.recipes.config import list_presets, load_config  # noqa: E402
+from rankwise.recipes.runner import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -121,6 +121,48 @@ def test_task_loss_with_parameters_and_its_own_lr(tmp_path, abalone, registered)
     assert [g["initial_lr"] for g in ckpt["optimizer_states"][0]["param_groups"]] == [cfg.optimizer.lr, 0.05]
 
 
+def test_balanced_mse_task_loss(tmp_path, abalone):
+    """``loss.name: balanced_mse``: the noise scale is a trained parameter with its own learning rate."""
+    cfg = load_config(
+        "abalone_vanilla",
+        [*TINY, "loss.name=balanced_mse", "loss.options={init_noise_sigma: 8.0, method: bmc}", "loss.lr=0.01"],
+    )
+    res = train(cfg, out=tmp_path / "run", progress=False, verbose=False, data=abalone)
+    ckpt = torch.load(res.run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    sigma = ckpt["state_dict"]["task_loss.loss.noise_sigma"]
+    assert float(sigma) != 8.0
+    assert [g["initial_lr"] for g in ckpt["optimizer_states"][0]["param_groups"]] == [cfg.optimizer.lr, 0.01]
+    with pytest.raises(ConfigError, match=r"`loss\.options`: `method` must be one of"):
+        load_config("abalone_vanilla", ["loss.name=balanced_mse", "loss.options.method=bogus"])
+
+
+class CenteredL1Loss(nn.Module):
+    """A toy loss built from the training labels: L1 of (pred - mean) against (target - mean)."""
+
+    def __init__(self, *, train_labels: torch.Tensor, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.register_buffer("center", train_labels.float().mean())
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.scale * ((pred - self.center) - (target - self.center)).abs().mean()
+
+
+def centered_l1_loss(pred: torch.Tensor, target: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    return scale * (pred - target).abs().mean()
+
+
+def test_a_loss_built_from_the_training_labels(tmp_path, abalone, registered):
+    register_loss("centered_l1", module=CenteredL1Loss, inputs={"pred": "predictions", "target": "targets"})(
+        centered_l1_loss
+    )
+    registered["add"](registered["losses"], "centered_l1")
+    cfg = load_config("abalone_vanilla", [*TINY, "loss.name=centered_l1", "loss.options.scale=2.0"])
+    res = train(cfg, out=tmp_path / "run", progress=False, verbose=False, data=abalone)
+    state = load_state_dict(res.run_dir / "checkpoints" / "best.ckpt")
+    assert float(state["task_loss.loss.center"]) == pytest.approx(float(abalone.train_labels.mean()), rel=1e-5)
+
+
 # ------------------------------------------------------------------------------ a new recipe
 
 

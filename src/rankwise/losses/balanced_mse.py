@@ -408,3 +408,13 @@ for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
         degenerate=_make_degenerate(_method),
         description=f"Balanced MSE (Ren et al., CVPR'22), {_method.upper()}, {_d}-d targets",
     )(balanced_mse_loss)
+
+# the entry a training recipe uses (`loss.name: balanced_mse`, option `method`): the batch tensors it takes
+register_loss(
+    "balanced_mse",
+    module=BalancedMSELoss,
+    example=_make_example("bmc", 1),
+    degenerate=_make_degenerate("bmc"),
+    description="Balanced MSE (Ren et al., CVPR'22), any method (option `method`, default 'bmc')",
+    inputs={"pred": "predictions", "target": "targets"},
+)(balanced_mse_loss)

@@ -175,8 +175,9 @@ class DIRRegressor(L.LightningModule):
         if self.freeze_backbone:
             self.backbone.requires_grad_(False)
         #: the task loss from the registry (``loss.name``) or None for ``regression_loss(kind=loss.kind)``
-        self.task_loss = build_task_loss(cfg.loss)
-        self.regularizers = build_regularizers(cfg.loss.regularizers)
+        labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
+        self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
+        self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
         self._fds_feats: list[torch.Tensor] = []
         self._fds_labels: list[torch.Tensor] = []
         self._val_err: list[torch.Tensor] = []

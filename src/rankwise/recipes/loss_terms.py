@@ -85,8 +85,17 @@ class _FunctionLoss(nn.Module):
         return self.fn(**tensors, **self.options)
 
 
-def _module(entry: Any, options: Mapping[str, Any], key: str) -> nn.Module:
+def _takes_train_labels(entry: Any) -> bool:
+    try:
+        return "train_labels" in inspect.signature(_built(entry)).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+
+
+def _module(entry: Any, options: Mapping[str, Any], key: str, train_labels: torch.Tensor | None = None) -> nn.Module:
     kw = _kwargs(entry, options)
+    if train_labels is not None and _takes_train_labels(entry):
+        kw["train_labels"] = train_labels  # e.g. a GMM or histogram fitted to the training labels
     try:
         return entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
     except (TypeError, ValueError) as e:
@@ -110,13 +119,15 @@ def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
             raise ConfigError(
                 f"`{key}.name`: loss {loss.name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
             )
-        _check_kwargs(_built(entry), loss.options, f"{key}.options", tuple(entry.inputs))
-        _module(entry, loss.options, f"{key}.options")
+        _check_kwargs(_built(entry), loss.options, f"{key}.options", (*entry.inputs, "train_labels"))
+        if not _takes_train_labels(entry):  # (else built when the training labels are known)
+            _module(entry, loss.options, f"{key}.options")
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
-        _check_kwargs(_built(entry), reg.options, f"{k}.options", tuple(entry.inputs))
-        _module(entry, reg.options, f"{k}.options")
+        _check_kwargs(_built(entry), reg.options, f"{k}.options", (*entry.inputs, "train_labels"))
+        if not _takes_train_labels(entry):
+            _module(entry, reg.options, f"{k}.options")
 
 
 class LossTerm(nn.Module):
@@ -137,22 +148,29 @@ class LossTerm(nn.Module):
         return self.loss(**{param: tensors[role] for param, role in self.inputs.items()})
 
 
-def build_regularizers(regs: list[RegularizerConfig], key: str = "loss.regularizers") -> nn.ModuleList:
-    """One :class:`LossTerm` per regularizer with a non-zero weight, in config order."""
+def build_regularizers(
+    regs: list[RegularizerConfig], key: str = "loss.regularizers", *, train_labels: torch.Tensor | None = None
+) -> nn.ModuleList:
+    """One :class:`LossTerm` per regularizer with a non-zero weight, in config order (see :func:`build_task_loss`)."""
     terms = nn.ModuleList()
     for reg in regs:
         if reg.weight == 0:
             continue
         entry = _entry(reg.name, f"{key}.{reg.name}.name")
-        terms.append(
-            LossTerm(reg.name, _module(entry, reg.options, f"{key}.{reg.name}.options"), entry.inputs, reg.weight)
-        )
+        module = _module(entry, reg.options, f"{key}.{reg.name}.options", train_labels)
+        terms.append(LossTerm(reg.name, module, entry.inputs, reg.weight))
     return terms
 
 
-def build_task_loss(loss: LossConfig, key: str = "loss") -> LossTerm | None:
-    """The task loss from the registry (``loss.name``), or ``None`` for ``regression_loss(kind=loss.kind)``."""
+def build_task_loss(
+    loss: LossConfig, key: str = "loss", *, train_labels: torch.Tensor | None = None
+) -> LossTerm | None:
+    """The task loss from the registry (``loss.name``), or ``None`` for ``regression_loss(kind=loss.kind)``.
+
+    A loss module whose constructor takes ``train_labels`` receives the FULL training labels
+    (float64 tensor), e.g. to fit a label GMM or histogram once when it is built.
+    """
     if loss.name is None:
         return None
     entry = _entry(loss.name, f"{key}.name")
-    return LossTerm(loss.name, _module(entry, loss.options, f"{key}.options"), entry.inputs)
+    return LossTerm(loss.name, _module(entry, loss.options, f"{key}.options", train_labels), entry.inputs)

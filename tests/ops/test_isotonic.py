@@ -408,7 +408,8 @@ def test_half_precision_computed_in_float32(half: torch.dtype, reg: str, device:
     for fn in (iso.soft_rank_isotonic, iso.soft_sort_isotonic):
         xh = x.clone().requires_grad_()
         y = fn(xh, regularization=reg, regularization_strength=0.3)
-        assert y.dtype == half
+        # soft ranks reach n: float32 for half input (docs/conventions.md); soft sorts keep the dtype
+        assert y.dtype == (torch.float32 if fn is iso.soft_rank_isotonic else half)
         y.float().pow(2).sum().backward()
         assert xh.grad is not None and xh.grad.dtype == half and torch.isfinite(xh.grad.float()).all()
         ref = fn(x.float(), regularization=reg, regularization_strength=0.3)

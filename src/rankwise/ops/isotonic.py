@@ -18,8 +18,17 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating_nd, check_positive, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    check_bool,
+    check_choice,
+    check_dim,
+    check_floating_nd,
+    check_positive,
+    nan_slices,
+    rank_dtype,
+    to_compute,
+)
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sorted_values_last
 from rankwise.ops.soft import register_soft_method
@@ -258,9 +267,10 @@ def _soft_rank_last(
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
     eps = _check_options(regularization, regularization_strength)
+    check_bool(descending, "descending")
     n = x.shape[-1]
     if x.numel() == 0:
-        return x * 0
+        return (x * 0).to(rank_dtype(x.dtype))
     xc = to_compute(x)
     z = xc.reshape(-1, n) / eps
     if descending:
@@ -272,7 +282,8 @@ def _soft_rank_last(
     out = torch.empty_like(mu).scatter(-1, perm, mu)
     if regularization == "kl":
         out = torch.exp(out)
-    return out.reshape(x.shape).to(x.dtype)
+    out = nan_slices(out, xc.reshape(-1, n))  # a NaN/inf in a row: the whole row is NaN
+    return out.reshape(x.shape).to(rank_dtype(x.dtype))
 
 
 def _soft_sort_last(
@@ -283,6 +294,7 @@ def _soft_sort_last(
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
     eps = _check_options(regularization, regularization_strength)
+    check_bool(descending, "descending")
     n = x.shape[-1]
     if x.numel() == 0:
         return x * 0
@@ -295,6 +307,7 @@ def _soft_sort_last(
     mu = _PermutahedronProjection.apply(s, w, regularization)
     if not descending:
         mu = -mu
+    mu = nan_slices(mu, xc)  # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
     return mu.reshape(x.shape).to(x.dtype)
 
 
@@ -327,7 +340,8 @@ def soft_rank_isotonic(
     scale-dependent (it divides ``x``). Ascending values and gradients equal ``torchsort.soft_rank``;
     KL is computed in log space, so it stays finite at small strengths where torchsort's gives NaN.
 
-    Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere.
+    Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
+    (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
     Cost: CPU tensors use a numba PAV kernel, O(n log n) time and O(n) memory per row; other devices
     (CUDA) use a vectorized PyTorch min-max formulation, O(n^2) time and memory per row (rows are
@@ -335,7 +349,8 @@ def soft_rank_isotonic(
 
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.
-        - output: same shape and dtype as ``x`` (float16/bfloat16 are computed in float32).
+        - output: same shape as ``x``; dtype of ``x``, except float32 for float16/bfloat16 (computed in
+          float32; soft ranks reach n, beyond the exact range of the half formats).
 
     Example:
         >>> import torch, rankwise
@@ -375,7 +390,8 @@ def soft_sort_isotonic(
     it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
     the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
 
-    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``. Cost as in
+    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``; a row holding a NaN or
+    inf (``-inf`` included, for ``"kl"`` too) -> NaN for the whole row. Cost as in
     :func:`soft_rank_isotonic`.
 
     Shape:
@@ -415,6 +431,7 @@ class _IsotonicModule(nn.Module):
     ) -> None:
         super().__init__()
         self.regularization_strength = _check_options(regularization, regularization_strength)
+        check_bool(descending, "descending")
         self.regularization, self.descending, self.dim = regularization, descending, dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -478,6 +495,22 @@ def _degenerate(reg: str):  # type: ignore[no-untyped-def]
     return factory
 
 
+def _fuzz(reg: str):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw: dict[str, Any] = {
+            "regularization": reg,
+            "regularization_strength": fuzz_choice(g, [1e-3, 1e-2, 0.1, 1.0, 10.0]),
+            "descending": fuzz_choice(g, [False, True]),
+        }
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
 for _reg in _REGULARIZATIONS:
     register_op(
         f"soft_rank.isotonic_{_reg}",
@@ -485,6 +518,7 @@ for _reg in _REGULARIZATIONS:
         example=_example(_reg, False),
         degenerate=_degenerate(_reg),
         gradient="exact",
+        fuzz=_fuzz(_reg),
     )(soft_rank_isotonic)
     register_op(
         f"soft_sort.isotonic_{_reg}",
@@ -492,4 +526,5 @@ for _reg in _REGULARIZATIONS:
         example=_example(_reg, True),
         degenerate=_degenerate(_reg),
         gradient="exact",
+        fuzz=_fuzz(_reg),
     )(soft_sort_isotonic)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._validation import check_dim, check_floating
+from rankwise._validation import check_bool, check_dim, check_floating, nan_slices, to_compute
 
 __all__ = ["SoftRank", "SoftSort", "list_soft_methods", "register_soft_method", "soft_rank", "soft_sort"]
 
@@ -57,11 +57,16 @@ def _impl(method: Any, kind: str) -> SoftImpl:
 def _apply(kind: str, x: torch.Tensor, method: str, descending: bool, dim: int, kwargs: dict[str, Any]) -> torch.Tensor:
     fn = _impl(method, kind)
     check_floating(x, "x")
+    check_bool(descending, "descending")
     if x.dim() == 0:
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
-    out = fn(x.movedim(d, -1), descending=descending, **kwargs)
-    return out.movedim(-1, d)
+    xm = x.movedim(d, -1)
+    if kind == "rank":  # soft ranks reach n: float32 for fp16/bf16 input (docs/conventions.md)
+        xm = to_compute(xm)
+    out = fn(xm, descending=descending, **kwargs)
+    # NaN/inf policy: every soft value of a slice depends on the whole slice
+    return nan_slices(out, xm).movedim(-1, d)
 
 
 def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> torch.Tensor:
@@ -83,7 +88,9 @@ def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
 
     Shape:
         - x: :math:`(*, n, *)` floating, sorted along ``dim``.
-        - output: same shape as ``x``.
+        - output: same shape and dtype as ``x``.
+
+    A slice (along ``dim``) holding a NaN or inf gives NaN for the whole slice (docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -104,7 +111,9 @@ def soft_rank(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
 
     Shape:
         - x: :math:`(*, n, *)` floating, ranked along ``dim``.
-        - output: same shape as ``x``.
+        - output: same shape as ``x``; dtype of ``x``, float32 for float16/bfloat16 (ranks reach n).
+
+    A slice (along ``dim``) holding a NaN or inf gives NaN for the whole slice (docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -121,6 +130,7 @@ class SoftSort(nn.Module):
     def __init__(self, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
         _impl(method, "sort")
+        check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +143,7 @@ class SoftRank(nn.Module):
     def __init__(self, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
         _impl(method, "rank")
+        check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -304,7 +304,9 @@ def _bad_values(name: str, value: Any) -> list[Any]:
     return []
 
 
-def _probe_invalid(entry: RegistryEntry, call: Any, names: list[str], what: str) -> str:
+def _probe_invalid(entry: RegistryEntry, call: Any, names: list[str], what: str, same_as: Any = None) -> str:
+    """``call`` must raise a ValueError/TypeError naming one of ``names``; with ``same_as`` (a list
+    standing for a tensor), accepting it is also fine if the result equals ``same_as()``'s."""
     try:
         out = call()
         if entry.gradient != "none":
@@ -313,19 +315,33 @@ def _probe_invalid(entry: RegistryEntry, call: Any, names: list[str], what: str)
         if _names_arg(exc, names):
             return record("clear_error", what)
         return record("crash", f"{what}: {type(exc).__name__}: {exc}")
+    if same_as is not None:
+        want = [t.detach() for t in _tensors(same_as())]
+        got = [t.detach() for t in _tensors(out)]
+        if len(want) == len(got) and all(
+            a.shape == b.shape and torch.allclose(a.double(), b.double(), equal_nan=True) for a, b in zip(got, want)
+        ):
+            return record("ok", f"{what}: converted like the tensor")
     return record("silent_wrong", f"{what}: accepted")
 
 
-def _invalid_probes(entry: RegistryEntry) -> list[tuple[str, list[str], Any]]:
-    """``(description, acceptable names, thunk)`` for every invalid-argument probe of ``entry``."""
+def _invalid_probes(entry: RegistryEntry) -> list[tuple[str, list[str], Any, Any]]:
+    """``(description, acceptable names, thunk, same_as)`` for every invalid-argument probe of ``entry``
+    (``same_as``: for a tensor replaced by a list, the call with the tensor, whose result an accepting
+    function must reproduce)."""
     ex = _build(entry, 4, torch.float32, 0)
     assert ex is not None
-    probes: list[tuple[str, list[str], Any]] = []
+    probes: list[tuple[str, list[str], Any, Any]] = []
     names = _arg_names(entry)
+
+    def original() -> Any:
+        return _call(entry, ex)
+
     for key, value in ex.kwargs.items():
         for bad in _bad_values(key, value):
             kw = {**ex.kwargs, key: bad}
-            probes.append((f"{key}={bad!r}", [key], lambda kw=kw: _call(entry, Example(ex.args, kw))))
+            same = original if isinstance(value, torch.Tensor) else None
+            probes.append((f"{key}={bad!r}", [key], lambda kw=kw: _call(entry, Example(ex.args, kw)), same))
             if entry.module is not None and key in inspect.signature(entry.module).parameters:
                 init = inspect.signature(entry.module).parameters
                 var_kw = any(p.kind == p.VAR_KEYWORD for p in init.values())
@@ -336,7 +352,7 @@ def _invalid_probes(entry: RegistryEntry) -> list[tuple[str, list[str], Any]]:
                     assert entry.module is not None
                     return entry.module(**mkw)(*ex.args, **tensor_kw)
 
-                probes.append((f"module {key}={bad!r}", [key], module_call))
+                probes.append((f"module {key}={bad!r}", [key], module_call, same))
     for i, a in enumerate(ex.args):
         if not isinstance(a, torch.Tensor) or i >= len(names):
             continue
@@ -348,12 +364,13 @@ def _invalid_probes(entry: RegistryEntry) -> list[tuple[str, list[str], Any]]:
         for desc, bad in variants:
             args = tuple(bad if j == i else b for j, b in enumerate(ex.args))
             accept = [name] if desc != "on the meta device" else names  # either side of a mismatch
-            probes.append((f"{name} as {desc}", accept, lambda args=args: _call(entry, Example(args, ex.kwargs))))
+            same = original if desc == "a list" else None
+            probes.append((f"{name} as {desc}", accept, lambda args=args: _call(entry, Example(args, ex.kwargs)), same))
     for key, value in ex.kwargs.items():
         if isinstance(value, torch.Tensor):
             kw = {**ex.kwargs, key: value.detach().to("meta")}
             probes.append(
-                (f"{key} on the meta device", [key, *names], lambda kw=kw: _call(entry, Example(ex.args, kw)))
+                (f"{key} on the meta device", [key, *names], lambda kw=kw: _call(entry, Example(ex.args, kw)), None)
             )
     return probes
 
@@ -361,9 +378,9 @@ def _invalid_probes(entry: RegistryEntry) -> list[tuple[str, list[str], Any]]:
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_invalid_arguments_raise_errors_naming_them(kind: str, entry: RegistryEntry) -> None:
     failures = []
-    for desc, accept, thunk in _invalid_probes(entry):
-        outcome = _probe_invalid(entry, thunk, accept, f"{entry.name}: {desc}")
-        if outcome != "clear_error":
+    for desc, accept, thunk, same_as in _invalid_probes(entry):
+        outcome = _probe_invalid(entry, thunk, accept, f"{entry.name}: {desc}", same_as)
+        if outcome not in ("clear_error", "ok"):
             failures.append(f"{desc} -> {outcome}")
     assert not failures, f"{entry.name}: {failures}"
 

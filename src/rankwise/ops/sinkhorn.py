@@ -61,8 +61,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_dim, check_floating_nd, check_positive, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._validation import check_dim, check_floating_nd, check_positive, rank_dtype, to_compute
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
 
@@ -353,7 +353,7 @@ def _soft_rank_last(
     _, plan = _plan_last(
         x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
     )
-    return _rank_from_plan(plan).to(x.dtype)
+    return _rank_from_plan(plan).to(rank_dtype(x.dtype))  # ranks reach n: float32 for fp16/bf16
 
 
 def _soft_sort_last(
@@ -464,7 +464,8 @@ def soft_rank_sinkhorn(
 
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.
-        - output: same shape and dtype as ``x`` (float16/bfloat16 computed in float32).
+        - output: same shape as ``x``; dtype of ``x``, float32 for float16/bfloat16 (ranks reach n;
+          docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -630,10 +631,35 @@ def _degenerate(**kwargs: Any):  # type: ignore[no-untyped-def]
     return factory
 
 
+def _fuzz(**kwargs: Any):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        kw = dict(kwargs)
+        if kw.get("num_targets"):
+            if n == 0:
+                return None  # an empty row cannot be transported onto num_targets >= 1 targets
+            kw["num_targets"] = fuzz_int(g, 1, n)
+        kw["epsilon"] = fuzz_choice(g, [1e-2, 0.1, 1.0])
+        kw["descending"] = fuzz_choice(g, [False, True])
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
 for _name, _fn, _mod, _kw in (
     ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport, {"epsilon": 0.1}),
     ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank, {"epsilon": 0.1}),
     ("soft_sort.sinkhorn", soft_sort_sinkhorn, SinkhornSoftSort, {"epsilon": 0.1, "descending": True}),
     ("soft_sort.sinkhorn_quantized", soft_sort_sinkhorn, SinkhornSoftSort, {"epsilon": 0.05, "num_targets": 4}),
 ):
-    register_op(_name, module=_mod, example=_example(**_kw), degenerate=_degenerate(**_kw), gradient="exact")(_fn)
+    register_op(
+        _name,
+        module=_mod,
+        example=_example(**_kw),
+        degenerate=_degenerate(**_kw),
+        gradient="exact",
+        fuzz=_fuzz(**_kw),
+    )(_fn)

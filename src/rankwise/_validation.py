@@ -230,7 +230,10 @@ def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            bound = sig.bind_partial(*args, **kwargs).arguments
+            try:
+                bound = sig.bind_partial(*args, **kwargs).arguments
+            except TypeError:  # a bad call: let the function raise its own error
+                return fn(*args, **kwargs)
             tensors = [(n, bound.get(n)) for n in tensor_args]
             ref_name, ref = tensors[0]
             if isinstance(ref, torch.Tensor):

@@ -1,0 +1,609 @@
+r"""Differentiable sorting networks (Petersen et al., ICML'21 and ICLR'22).
+
+A sorting network is a fixed sequence of layers of comparators ``(a, b)``; each comparator writes
+``min(x_a, x_b)`` to one wire and ``max`` to the other. The differentiable version replaces the
+hard swap with a blend: for ``d = x_b - x_a`` and a sigmoid-like CDF :math:`f`,
+
+.. math::
+    \alpha = f(\beta d), \qquad
+    \mathrm{min} = \alpha x_a + (1 - \alpha) x_b, \qquad
+    \mathrm{max} = (1 - \alpha) x_a + \alpha x_b,
+
+(:math:`\beta` = ``steepness``). Every layer is a doubly stochastic matrix, so the product ``P``
+of all layers is doubly stochastic and ``sorted = x @ P``. Here each layer is computed as two
+gathers and an element-wise blend over all ``n`` wires at once (no Python loop over comparators
+or batch elements); ``P`` is only built when asked for (``return_matrix=True``, the default).
+
+Networks (``network=``): ``"odd_even"`` (odd-even transposition sort, ``n`` layers of ``(i, i+1)``
+comparators alternating between even and odd ``i``) and ``"bitonic"`` (``log2(N)(log2(N)+1)/2``
+layers, ``N`` = the next power of two); for ``n`` that is not a power of two the bitonic network of
+size ``N`` is used with its first ``N - n`` wires removed: comparators between two removed wires
+are dropped and those between a removed and a kept wire leave the kept wire unchanged, as in the
+authors' implementation (a removed wire behaves as ``-inf``, so this is still a sorting network).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from rankwise._registry import Example
+from rankwise._validation import check_choice, check_dim, check_floating_nd, check_positive, compute_dtype
+from rankwise.ops._registry import register_op
+from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
+
+__all__ = ["DiffSort", "diffsort"]
+
+Network = Literal["odd_even", "bitonic"]
+Distribution = Literal["cauchy", "logistic", "logistic_phi", "optimal", "gaussian", "reciprocal"]
+NETWORKS: tuple[str, ...] = ("odd_even", "bitonic")
+DISTRIBUTIONS: tuple[str, ...] = ("cauchy", "logistic", "logistic_phi", "optimal", "gaussian", "reciprocal")
+
+# the small constants of the authors' implementation (kept so that values match it to rounding)
+_PHI_EPS = 1e-10  # logistic_phi: |d| + eps before the power (ART's division at d = 0)
+_OPTIMAL_EPS = 1e-10  # optimal: |v| + eps in the 1 / (16 |v|) tails
+
+
+# ----------------------------------------------------------------------------------------------
+# networks
+# ----------------------------------------------------------------------------------------------
+Comparator = tuple[int, int, bool]  # (a, b, flipped) with a < b; flipped: the min goes to b
+
+
+def _odd_even_comparators(n: int) -> list[list[Comparator]]:
+    """Odd-even transposition sort: ``n`` layers, layer ``l`` compares ``(i, i+1)`` for ``i ≡ l (mod 2)``."""
+    layers = [[(i, i + 1, False) for i in range(layer % 2, n - 1, 2)] for layer in range(n)]
+    return [layer for layer in layers if layer]
+
+
+def _bitonic_comparators(n: int) -> list[list[Comparator]]:
+    """Bitonic sorting network on ``N = 2^ceil(log2 n)`` wires with the first ``N - n`` wires removed."""
+    if n <= 1:
+        return []
+    blocks = math.ceil(math.log2(n))
+    size = 1 << blocks
+    pad = size - n
+    layers: list[list[Comparator]] = []
+    for block in range(blocks):
+        for stage in range(block + 1):
+            m = 1 << (block - stage)  # comparator span
+            layer: list[Comparator] = []
+            for start in range(0, size, 2 * m):
+                for a in range(start, start + m):
+                    if a < pad:  # a removed wire takes part: the comparator is dropped / the identity
+                        continue
+                    flipped = (a >> (block + 1)) & 1 == 1  # the sub-sequence is sorted descending
+                    layer.append((a - pad, a + m - pad, flipped))
+            layers.append(layer)
+    return layers
+
+
+@functools.lru_cache(maxsize=64)
+def _comparators(network: str, n: int) -> tuple[tuple[Comparator, ...], ...]:
+    layers = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+    return tuple(tuple(layer) for layer in layers)
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """Per-wire index tables of a network, stacked over layers (all ``(L, n)``).
+
+    Forward blend (a layer applied to the wires' values): wire ``p`` becomes
+    ``wa[p] v[a[p]] + wb[p] v[b[p]]``, where ``(a[p], b[p])`` is the comparator touching ``p``
+    (``(p, p)`` for an idle wire) and ``(wa, wb) = (α, 1-α)`` if ``p`` receives the minimum
+    (``is_min``), ``(1-α, α)`` otherwise. Transposed blend (the layer's matrix times a vector,
+    its adjoint): wire ``q`` becomes ``ta[q] v[u[q]] + tb[q] v[w[q]]`` with ``u``/``w`` the min/max
+    destinations of ``q``'s comparator and ``(ta, tb) = (α, 1-α)`` if ``q`` is its ``a`` wire
+    (``is_a``), ``(1-α, α)`` otherwise. ``hsign`` is -1 on ``a`` wires, +1 on ``b`` wires and 0 on
+    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``). ``α`` is computed per wire (both wires of a
+    comparator get the same value; an idle wire gets ``f(0) = 1/2``).
+    """
+
+    a: torch.Tensor
+    b: torch.Tensor
+    is_min: torch.Tensor
+    u: torch.Tensor
+    w: torch.Tensor
+    is_a: torch.Tensor
+    hsign: torch.Tensor
+
+    @property
+    def depth(self) -> int:
+        return int(self.a.shape[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _layers(network: str, n: int, device: torch.device) -> _Layers:
+    comps = _comparators(network, n)
+    tables: list[list[list[int]]] = [[], [], [], [], [], [], []]  # a, b, is_min, u, w, is_a, hsign
+    for cs in comps:
+        a, b, u, w = list(range(n)), list(range(n)), list(range(n)), list(range(n))
+        is_min, is_a, hsign = [1] * n, [1] * n, [0] * n
+        for ca, cb, flipped in cs:
+            lo, hi = (cb, ca) if flipped else (ca, cb)  # destinations of the min and the max
+            a[lo] = a[hi] = ca
+            b[lo] = b[hi] = cb
+            is_min[hi] = 0
+            u[ca] = u[cb] = lo
+            w[ca] = w[cb] = hi
+            is_a[cb] = 0
+            hsign[ca], hsign[cb] = -1, 1
+        for table, row in zip(tables, (a, b, is_min, u, w, is_a, hsign)):
+            table.append(row)
+    dtypes = (torch.long, torch.long, torch.bool, torch.long, torch.long, torch.bool, torch.int8)
+    ts = [torch.tensor(t, dtype=dt).reshape(len(comps), n) for t, dt in zip(tables, dtypes)]
+    return _Layers(*(t.to(device) for t in ts))
+
+
+# ----------------------------------------------------------------------------------------------
+# the relaxed comparator: alpha = f(steepness * (x_b - x_a)) and its derivative in d = x_b - x_a
+# ----------------------------------------------------------------------------------------------
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _alpha(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
+    r"""Probability that the comparator's pair is already in order, :math:`f(\beta d)`."""
+    if distribution == "logistic":
+        return torch.sigmoid(d * steepness)
+    if distribution == "logistic_phi":  # activation replacement trick: x / (|x| + eps)^lambda
+        return torch.sigmoid(d * steepness / (d.abs() + _PHI_EPS).pow(art_lambda))
+    v = steepness * d
+    if distribution == "cauchy":
+        return torch.atan(v) * (1 / math.pi) + 0.5
+    if distribution == "reciprocal":
+        return 0.5 * (v / (2 + v.abs()) + 1)
+    if distribution == "gaussian":
+        return 0.5 + 0.5 * torch.erf(v / math.sqrt(2.0))
+    # optimal monotonic sigmoid: v + 1/2 on [-1/4, 1/4], 1 - 1/(16 v) above, -1/(16 v) below
+    tail = 1 / (16 * (v.abs() + _OPTIMAL_EPS))
+    return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1 - tail, tail))
+
+
+def _dalpha(
+    d: torch.Tensor, alpha: torch.Tensor, distribution: str, steepness: float, art_lambda: float
+) -> torch.Tensor:
+    """``dα/dd`` of :func:`_alpha` (``alpha`` is its value at ``d``)."""
+    if distribution == "logistic":
+        return steepness * alpha * (1 - alpha)
+    if distribution == "logistic_phi":
+        ad = d.abs()
+        den = ad + _PHI_EPS
+        return steepness * alpha * (1 - alpha) * den.pow(-art_lambda - 1) * (den - art_lambda * ad)
+    v = steepness * d
+    if distribution == "cauchy":
+        return steepness / (math.pi * (1 + v * v))
+    if distribution == "reciprocal":
+        return steepness / (2 + v.abs()).square()
+    if distribution == "gaussian":
+        return (steepness / _SQRT_2PI) * torch.exp(-0.5 * v * v)
+    inner = v.abs() <= 0.25
+    return steepness * torch.where(inner, torch.ones_like(v), 1 / (16 * (v.abs() + _OPTIMAL_EPS).square()))
+
+
+# ----------------------------------------------------------------------------------------------
+# the three passes: values (x -> sorted), matrix (alphas -> P), ranks (alphas -> P @ v)
+# ----------------------------------------------------------------------------------------------
+def _forward_blend(v: torch.Tensor, alpha: torch.Tensor, lay: _Layers, layer: int, dim: int = -1) -> torch.Tensor:
+    beta = 1 - alpha
+    is_min = lay.is_min[layer]
+    wa, wb = torch.where(is_min, alpha, beta), torch.where(is_min, beta, alpha)
+    return _blend(v, lay.a[layer], lay.b[layer], wa, wb, dim)
+
+
+def _transposed_blend(v: torch.Tensor, alpha: torch.Tensor, lay: _Layers, layer: int, dim: int = -1) -> torch.Tensor:
+    beta = 1 - alpha
+    is_a = lay.is_a[layer]
+    ta, tb = torch.where(is_a, alpha, beta), torch.where(is_a, beta, alpha)
+    return _blend(v, lay.u[layer], lay.w[layer], ta, tb, dim)
+
+
+def _blend(
+    v: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """``w1 * v[i1] + w2 * v[i2]`` along ``dim`` (-1: the weights align with it; -2: rows)."""
+    if dim == -2:
+        w1, w2 = w1.unsqueeze(-1), w2.unsqueeze(-1)
+    if torch.is_grad_enabled():
+        return v.index_select(dim, i1) * w1 + v.index_select(dim, i2) * w2
+    # separate products and sum (no fused multiply-add): the same rounding as the authors' code
+    return v.index_select(dim, i1).mul_(w1).add_(v.index_select(dim, i2).mul_(w2))
+
+
+class _SortingNetwork(torch.autograd.Function):
+    """``x`` (..., n) -> (sorted values, per-layer per-wire ``α`` stacked as (L, ..., n)).
+
+    Saves ``d = x_b - x_a`` and ``α`` of every layer (O(L n)); the backward runs the layers'
+    transposes from the last to the first, adding the path through ``α`` (which also receives
+    the gradient of the returned ``α``, used by the matrix and rank passes).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        alphas = x.new_empty((lay.depth, *x.shape))
+        ds = x.new_empty((lay.depth, *x.shape))
+        for layer in range(lay.depth):
+            d = torch.sub(x.index_select(-1, lay.b[layer]), x.index_select(-1, lay.a[layer]), out=ds[layer])
+            alpha = _alpha(d, distribution, steepness, art_lambda)
+            alphas[layer] = alpha
+            x = _forward_blend(x, alpha, lay, layer)
+        ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
+        ctx.save_for_backward(alphas, ds)
+        return x, alphas
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        alphas, ds = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        for layer in reversed(range(lay.depth)):
+            alpha, d = alphas[layer], ds[layer]
+            # x_new = wa x_a + wb x_b with (wa, wb) = (α, 1-α) or (1-α, α): ∂x_new/∂α = ±(x_a - x_b) = ∓d
+            g_alpha = torch.where(lay.is_min[layer], -d, d) * g
+            if g_alphas is not None:
+                g_alpha = g_alpha + g_alphas[layer]
+            h = g_alpha * _dalpha(d, alpha, *ctx.opts)  # gradient w.r.t. d = x_b - x_a, per wire
+            hsum = h.index_select(-1, lay.u[layer]) + h.index_select(-1, lay.w[layer])
+            g = _transposed_blend(g, alpha, lay, layer) + hsum * lay.hsign[layer]
+        return g, None, None, None, None
+
+
+class _NetworkMatrix(torch.autograd.Function):
+    """``P`` = product of the layers' matrices, from the per-layer ``α`` (L, ..., n).
+
+    Built in the transposed layout (rows = wires, so every gather copies contiguous rows). Keeps
+    ``P`` only every ``c ≈ sqrt(L)`` layers and recomputes each segment in backward: O((L/c + c) n²)
+    memory instead of autograd's O(L n²).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+        depth, n = lay.depth, lay.a.shape[1]
+        pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).expand(*alphas.shape[1:-1], n, n).contiguous()
+        seg = math.isqrt(max(depth - 1, 0)) + 1
+        checkpoints = []
+        for layer in range(depth):
+            if layer % seg == 0:
+                checkpoints.append(pt)
+            pt = _forward_blend(pt, alphas[layer], lay, layer, dim=-2)
+        ctx.lay, ctx.seg = lay, seg
+        ctx.save_for_backward(alphas, *checkpoints)
+        return pt.mT.contiguous()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        alphas, *checkpoints = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        seg, depth = ctx.seg, lay.depth
+        g_alphas = torch.empty_like(alphas)
+        gt = grad.mT.contiguous()
+        for start in reversed(range(0, depth, seg)):
+            stop = min(start + seg, depth)
+            inputs = [checkpoints[start // seg]]
+            for layer in range(start, stop - 1):
+                inputs.append(_forward_blend(inputs[-1], alphas[layer], lay, layer, dim=-2))
+            for layer in reversed(range(start, stop)):
+                pin = inputs.pop()
+                diff = pin.index_select(-2, lay.a[layer]) - pin.index_select(-2, lay.b[layer])
+                g_alpha = (gt * diff).sum(-1)
+                g_alphas[layer] = torch.where(lay.is_min[layer], g_alpha, -g_alpha)
+                gt = _transposed_blend(gt, alphas[layer], lay, layer, dim=-2)
+        return g_alphas, None
+
+
+class _NetworkRanks(torch.autograd.Function):
+    """``P @ v`` for ``v`` (..., n) from the per-layer ``α``, without ``P``: transposed blends, last layer first."""
+
+    @staticmethod
+    def forward(ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+        inputs = alphas.new_empty((lay.depth, *alphas.shape[1:]))
+        v = v.expand(alphas.shape[1:])
+        for layer in reversed(range(lay.depth)):
+            inputs[layer] = v
+            v = _transposed_blend(v, alphas[layer], lay, layer)
+        ctx.lay = lay
+        ctx.save_for_backward(alphas, inputs)
+        return v
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        alphas, inputs = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        g_alphas = torch.empty_like(alphas)
+        for layer in range(lay.depth):
+            vin = inputs[layer]
+            diff = vin.index_select(-1, lay.u[layer]) - vin.index_select(-1, lay.w[layer])
+            g_alphas[layer] = torch.where(lay.is_a[layer], diff, -diff) * g
+            g = _forward_blend(g, alphas[layer], lay, layer)
+        return g_alphas, None, None
+
+
+def _run(
+    x: torch.Tensor, network: str, steepness: float, distribution: str, art_lambda: float, descending: bool
+) -> tuple[torch.Tensor, _Layers, torch.Tensor]:
+    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α (L, ..., n))."""
+    lay = _layers(network, x.shape[-1], x.device)
+    z = -x if descending else x
+    out, alphas = _SortingNetwork.apply(z, lay, distribution, steepness, art_lambda)
+    return (-out if descending else out), lay, alphas
+
+
+def _matrix(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    n = like.shape[-1]
+    if lay.depth == 0:  # n <= 1: the identity, connected to the graph
+        return torch.eye(n, dtype=like.dtype, device=like.device) + like.unsqueeze(-1) * 0
+    out: torch.Tensor = _NetworkMatrix.apply(alphas, lay)
+    return out
+
+
+def _ranks(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(1, like.shape[-1] + 1, dtype=like.dtype, device=like.device)
+    if lay.depth == 0:
+        return pos + like * 0
+    out: torch.Tensor = _NetworkRanks.apply(alphas, pos, lay)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+# ----------------------------------------------------------------------------------------------
+def _check_options(network: Any, distribution: Any, steepness: Any, art_lambda: Any) -> tuple[float, float]:
+    check_choice(network, "network", NETWORKS)
+    check_choice(distribution, "distribution", DISTRIBUTIONS)
+    return check_positive(steepness, "steepness"), check_positive(art_lambda, "art_lambda", allow_zero=True)
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
+    return value
+
+
+@overload
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = ...,
+    steepness: float = ...,
+    distribution: Distribution = ...,
+    art_lambda: float = ...,
+    descending: bool = ...,
+    dim: int = ...,
+    return_matrix: Literal[True] = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = ...,
+    steepness: float = ...,
+    distribution: Distribution = ...,
+    art_lambda: float = ...,
+    descending: bool = ...,
+    dim: int = ...,
+    return_matrix: Literal[False],
+) -> torch.Tensor: ...
+
+
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+    descending: bool = False,
+    dim: int = -1,
+    return_matrix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    r"""Differentiable sorting network (Petersen et al., ICML'21; monotonic: ICLR'22).
+
+    Runs a sorting network (``network="odd_even"`` or ``"bitonic"``) whose comparators are
+    relaxed: for a comparator on wires ``(a, b)`` with :math:`d = x_b - x_a`,
+    :math:`\alpha = f(\beta d)` (:math:`\beta` = ``steepness``), the wire receiving the minimum
+    gets :math:`\alpha x_a + (1-\alpha) x_b` and the other :math:`(1-\alpha) x_a + \alpha x_b`.
+    ``distribution`` picks :math:`f` (``v = βd``):
+
+    * ``"cauchy"`` (default, monotonic): :math:`\arctan(v)/\pi + 1/2`;
+    * ``"optimal"`` (monotonic, the optimal sigmoid of ICLR'22): :math:`v + 1/2` on
+      :math:`|v| \le 1/4`, :math:`1 - 1/(16 v)` above and :math:`-1/(16 v)` below;
+    * ``"reciprocal"`` (monotonic): :math:`\bigl(v / (2 + |v|) + 1\bigr) / 2`;
+    * ``"gaussian"``: :math:`\Phi(v)`, the standard normal CDF;
+    * ``"logistic"``: :math:`\sigma(v)`;
+    * ``"logistic_phi"`` (logistic with ICML'21's activation replacement trick):
+      :math:`\sigma\bigl(v / (|d| + 10^{-10})^{\lambda}\bigr)`, :math:`\lambda` = ``art_lambda``.
+
+    (The small constants, ``1e-10`` here and in the ``optimal`` tails, are those of the authors'
+    implementation, so that values match it.) The product of the layers is the relaxed permutation
+    matrix ``P``, doubly stochastic, with ``P[..., i, j]`` = weight of input ``i`` in sorted
+    position ``j`` (the authors' code's orientation, the transpose of the papers' notation):
+
+    .. math::
+        \mathrm{sorted}_j = \sum_i x_i P_{ij}, \qquad \texttt{sorted == einsum("...i,...ij->...j", x, P)}.
+
+    Ascending by default; ``descending=True`` applies the network to :math:`-x` and negates the
+    result (``-diffsort(-x)``, with that ``P``; for odd-even this is not the flip of the ascending
+    output). As ``steepness → ∞``, ``sorted → torch.sort(x).values`` and ``P`` tends to the sorting
+    permutation. Values and gradients equal those of the authors' ``diffsort`` package (both
+    networks, every distribution) to rounding; the ``gaussian`` backward differs from it by
+    ~1e-8 relative because that package rounds ``1 / steepness`` to float32 in its backward.
+
+    Cost: ``L`` layers (``n`` for odd-even, ``⌈log2 n⌉(⌈log2 n⌉+1)/2`` for bitonic), each O(n)
+    per row (two gathers and an element-wise blend). With ``return_matrix=False`` only the sorted
+    values are computed: O(L n) time and memory. ``P`` costs O(L n²) time and
+    O(sqrt(L) n²) memory (segment checkpointing); the authors' code uses O(L n³) time and
+    O(L n²) memory.
+
+    Shape:
+        - x: :math:`(*, n, *)` floating, sorted along ``dim``.
+        - sorted: same shape as ``x``.
+        - P (``return_matrix=True``): :math:`(*', n, n)`, :math:`*'` = ``x.shape`` without ``dim``.
+        - dtype of ``x`` (float16/bfloat16 computed in float32 and cast back).
+
+    Degenerate inputs: ``n = 0`` gives empty outputs (``P`` of shape ``(*', 0, 0)``), ``n = 1``
+    gives ``x`` and ``[[1.]]``; all-equal values give ``sorted == x`` (every :math:`\alpha = 1/2`).
+
+    Returns:
+        ``(sorted, P)``, or only ``sorted`` when ``return_matrix=False``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> x = torch.tensor([[3.0, 1.0, 2.0]])
+        >>> s, p = rankwise.diffsort(x, steepness=100.0)
+        >>> s.round(decimals=2)
+        tensor([[1.0100, 2.0000, 2.9900]])
+        >>> torch.allclose(torch.einsum("...i,...ij->...j", x, p), s)
+        True
+        >>> torch.allclose(p.sum(-1), torch.ones(1, 3)), torch.allclose(p.sum(-2), torch.ones(1, 3))
+        (True, True)
+        >>> rankwise.diffsort(x, network="bitonic", distribution="optimal", return_matrix=False)
+        tensor([[1.0125, 2.0000, 2.9875]])
+    """
+    check_floating_nd(x, "x")
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    _check_bool(descending, "descending")
+    _check_bool(return_matrix, "return_matrix")
+    d = check_dim(x, dim)
+    xc = x.movedim(d, -1)
+    xc = xc.to(compute_dtype(xc.dtype))
+    out, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    sorted_x = out.to(x.dtype).movedim(-1, d)
+    if not return_matrix:
+        return sorted_x
+    return sorted_x, _matrix(layers, alphas, xc).to(x.dtype)
+
+
+class DiffSort(nn.Module):
+    """Module twin of :func:`diffsort` holding the network and its relaxation."""
+
+    def __init__(
+        self,
+        *,
+        network: Network = "odd_even",
+        steepness: float = 10.0,
+        distribution: Distribution = "cauchy",
+        art_lambda: float = 0.25,
+        descending: bool = False,
+        dim: int = -1,
+        return_matrix: bool = True,
+    ) -> None:
+        super().__init__()
+        self.steepness, self.art_lambda = _check_options(network, distribution, steepness, art_lambda)
+        self.network, self.distribution = network, distribution
+        self.descending = _check_bool(descending, "descending")
+        self.return_matrix = _check_bool(return_matrix, "return_matrix")
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        return diffsort(  # type: ignore[call-overload,no-any-return]
+            x,
+            network=self.network,  # type: ignore[arg-type]
+            steepness=self.steepness,
+            distribution=self.distribution,  # type: ignore[arg-type]
+            art_lambda=self.art_lambda,
+            descending=self.descending,
+            dim=self.dim,
+            return_matrix=self.return_matrix,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"network={self.network!r}, steepness={self.steepness}, distribution={self.distribution!r}, "
+            f"art_lambda={self.art_lambda}, descending={self.descending}, dim={self.dim}, "
+            f"return_matrix={self.return_matrix}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# soft_sort / soft_rank(method="diffsort")
+# ----------------------------------------------------------------------------------------------
+def _diffsort_soft_sort(
+    x: torch.Tensor,
+    *,
+    descending: bool,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    xc = x.to(compute_dtype(x.dtype))
+    out, _, _ = _run(xc, network, beta, distribution, lam, descending)
+    return out.to(x.dtype)
+
+
+def _diffsort_soft_rank(
+    x: torch.Tensor,
+    *,
+    descending: bool,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    """Soft rank of input ``i`` = :math:`\\sum_j j P_{ij}` (1-based), computed as ``P @ (1..n)``
+    through the layers' transposes: O(L n), ``P`` is never built."""
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    xc = x.to(compute_dtype(x.dtype))
+    _, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    return _ranks(layers, alphas, xc).to(x.dtype)
+
+
+register_soft_method("diffsort", sort=_diffsort_soft_sort, rank=_diffsort_soft_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# registration
+# ----------------------------------------------------------------------------------------------
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
+
+
+def _examples(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example((_randn((3, 6), dtype, device),), dict(kwargs))
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        shapes = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
+        xs = [torch.zeros(s, dtype=dtype, device=device).requires_grad_() for s in shapes]
+        xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
+        xs.append(torch.full((2, 3), 0.7, dtype=dtype, device=device).requires_grad_())  # ties, bitonic padding
+        return [Example((x,), dict(kwargs)) for x in xs]
+
+    return example, degenerate
+
+
+def _register(name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any]) -> None:
+    ex, deg = _examples(kwargs)
+    register_op(name, module=module, example=ex, degenerate=deg)(fn)
+
+
+_register("diffsort", diffsort, DiffSort, {"steepness": 2.0})
+_register("diffsort.bitonic", diffsort, DiffSort, {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
+_register(
+    "diffsort.logistic_phi",
+    diffsort,
+    DiffSort,
+    {"network": "bitonic", "distribution": "logistic_phi", "steepness": 3.0, "descending": True, "dim": 0},
+)
+_register("diffsort.values", diffsort, DiffSort, {"distribution": "reciprocal", "return_matrix": False})
+for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
+    _register(f"{_fn.__name__}.diffsort", _fn, _mod, {"method": "diffsort", "steepness": 2.0})
+    _register(
+        f"{_fn.__name__}.diffsort_bitonic",
+        _fn,
+        _mod,
+        {"method": "diffsort", "network": "bitonic", "distribution": "gaussian", "descending": True},
+    )

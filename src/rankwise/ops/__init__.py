@@ -16,6 +16,8 @@ from rankwise.ops.sinkhorn import *  # noqa: F403  isort: skip
 from rankwise.ops.sinkhorn import __all__ as _sinkhorn_all  # isort: skip
 from rankwise.ops.sorting_network import *  # noqa: F403  isort: skip
 from rankwise.ops.sorting_network import __all__ as _sortnet_all  # isort: skip
+from rankwise.ops.perturbed import *  # noqa: F403  isort: skip
+from rankwise.ops.perturbed import __all__ as _perturbed_all  # isort: skip
 
 __all__ = [
     "OPS",
@@ -38,4 +40,5 @@ __all__ = [
     *_iso_all,
     *_sinkhorn_all,
     *_sortnet_all,
+    *_perturbed_all,
 ]

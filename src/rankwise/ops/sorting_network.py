@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import nn
@@ -56,16 +56,20 @@ _OPTIMAL_EPS = 1e-10  # optimal: |v| + eps in the 1 / (16 |v|) tails
 Comparator = tuple[int, int, bool]  # (a, b, flipped) with a < b; flipped: the min goes to b
 
 
-def _odd_even_comparators(n: int) -> list[list[Comparator]]:
-    """Odd-even transposition sort: ``n`` layers, layer ``l`` compares ``(i, i+1)`` for ``i ≡ l (mod 2)``."""
-    layers = [[(i, i + 1, False) for i in range(layer % 2, n - 1, 2)] for layer in range(n)]
-    return [layer for layer in layers if layer]
+def _odd_even_comparators(n: int) -> tuple[list[list[Comparator]], list[int]]:
+    """Odd-even transposition sort: ``n`` layers, layer ``l`` compares ``(i, i+1)`` for ``i ≡ l (mod 2)``.
+
+    Returns the two distinct layers and the order in which the ``n`` layers use them.
+    """
+    patterns = [[(i, i + 1, False) for i in range(start, n - 1, 2)] for start in (0, 1)]
+    order = [layer % 2 for layer in range(n) if patterns[layer % 2]]
+    return patterns, order
 
 
-def _bitonic_comparators(n: int) -> list[list[Comparator]]:
+def _bitonic_comparators(n: int) -> tuple[list[list[Comparator]], list[int]]:
     """Bitonic sorting network on ``N = 2^ceil(log2 n)`` wires with the first ``N - n`` wires removed."""
     if n <= 1:
-        return []
+        return [], []
     blocks = math.ceil(math.log2(n))
     size = 1 << blocks
     pad = size - n
@@ -81,29 +85,11 @@ def _bitonic_comparators(n: int) -> list[list[Comparator]]:
                     flipped = (a >> (block + 1)) & 1 == 1  # the sub-sequence is sorted descending
                     layer.append((a - pad, a + m - pad, flipped))
             layers.append(layer)
-    return layers
+    return layers, list(range(len(layers)))
 
 
-@functools.lru_cache(maxsize=64)
-def _comparators(network: str, n: int) -> tuple[tuple[Comparator, ...], ...]:
-    layers = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
-    return tuple(tuple(layer) for layer in layers)
-
-
-@dataclass(frozen=True)
-class _Layers:
-    """Per-wire index tables of a network, stacked over layers (all ``(L, n)``).
-
-    Forward blend (a layer applied to the wires' values): wire ``p`` becomes
-    ``wa[p] v[a[p]] + wb[p] v[b[p]]``, where ``(a[p], b[p])`` is the comparator touching ``p``
-    (``(p, p)`` for an idle wire) and ``(wa, wb) = (α, 1-α)`` if ``p`` receives the minimum
-    (``is_min``), ``(1-α, α)`` otherwise. Transposed blend (the layer's matrix times a vector,
-    its adjoint): wire ``q`` becomes ``ta[q] v[u[q]] + tb[q] v[w[q]]`` with ``u``/``w`` the min/max
-    destinations of ``q``'s comparator and ``(ta, tb) = (α, 1-α)`` if ``q`` is its ``a`` wire
-    (``is_a``), ``(1-α, α)`` otherwise. ``hsign`` is -1 on ``a`` wires, +1 on ``b`` wires and 0 on
-    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``). ``α`` is computed per wire (both wires of a
-    comparator get the same value; an idle wire gets ``f(0) = 1/2``).
-    """
+class _LayerTables(NamedTuple):
+    """Per-wire tables of one layer (see :class:`_Layers`): indices ``(n,)``, masks and signs ``(n, 1)``."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -113,32 +99,55 @@ class _Layers:
     is_a: torch.Tensor
     hsign: torch.Tensor
 
+
+@dataclass(frozen=True)
+class _Layers:
+    """A network as per-wire tables of its distinct layers and the order in which it uses them.
+
+    Forward blend (a layer applied to the wires' values): wire ``p`` becomes
+    ``wa[p] v[a[p]] + wb[p] v[b[p]]``, where ``(a[p], b[p])`` is the comparator touching ``p``
+    (``(p, p)`` for an idle wire) and ``(wa, wb) = (α, 1-α)`` if ``p`` receives the minimum
+    (``is_min``), ``(1-α, α)`` otherwise. Transposed blend (the layer's matrix times a vector,
+    its adjoint): wire ``q`` becomes ``ta[q] v[u[q]] + tb[q] v[w[q]]`` with ``u``/``w`` the min/max
+    destinations of ``q``'s comparator and ``(ta, tb) = (α, 1-α)`` if ``q`` is its ``a`` wire
+    (``is_a``), ``(1-α, α)`` otherwise. ``hsign`` is -1 on ``a`` wires, +1 on ``b`` wires and 0 on
+    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``). ``α`` is computed per wire (both wires of a
+    comparator get the same value; an idle wire gets ``f(0) = 1/2``). Odd-even has only two
+    distinct layers, so its tables are O(n), not O(n²).
+    """
+
+    tables: tuple[_LayerTables, ...]
+    order: tuple[int, ...]
+
     @property
     def depth(self) -> int:
-        return int(self.a.shape[0])
+        return len(self.order)
+
+    def __getitem__(self, layer: int) -> _LayerTables:
+        return self.tables[self.order[layer]]
 
 
 @functools.lru_cache(maxsize=64)
 def _layers(network: str, n: int, device: torch.device) -> _Layers:
-    comps = _comparators(network, n)
-    tables: list[list[list[int]]] = [[], [], [], [], [], [], []]  # a, b, is_min, u, w, is_a, hsign
-    for cs in comps:
+    patterns, order = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+    tables = []
+    for cs in patterns:
         a, b, u, w = list(range(n)), list(range(n)), list(range(n)), list(range(n))
-        is_min, is_a, hsign = [1] * n, [1] * n, [0] * n
+        is_min, is_a, hsign = [True] * n, [True] * n, [0] * n
         for ca, cb, flipped in cs:
             lo, hi = (cb, ca) if flipped else (ca, cb)  # destinations of the min and the max
             a[lo] = a[hi] = ca
             b[lo] = b[hi] = cb
-            is_min[hi] = 0
+            is_min[hi] = False
             u[ca] = u[cb] = lo
             w[ca] = w[cb] = hi
-            is_a[cb] = 0
+            is_a[cb] = False
             hsign[ca], hsign[cb] = -1, 1
-        for table, row in zip(tables, (a, b, is_min, u, w, is_a, hsign)):
-            table.append(row)
-    dtypes = (torch.long, torch.long, torch.bool, torch.long, torch.long, torch.bool, torch.int8)
-    ts = [torch.tensor(t, dtype=dt).reshape(len(comps), n) for t, dt in zip(tables, dtypes)]
-    return _Layers(*(t.to(device) for t in ts))
+        idx = [torch.tensor(t, dtype=torch.long, device=device) for t in (a, b, u, w)]
+        col = [torch.tensor(t, device=device).unsqueeze(-1) for t in (is_min, is_a)]  # broadcast over B
+        sign = torch.tensor(hsign, dtype=torch.int8, device=device).unsqueeze(-1)
+        tables.append(_LayerTables(idx[0], idx[1], col[0], idx[2], idx[3], col[1], sign))
+    return _Layers(tuple(tables), tuple(order))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,37 +197,37 @@ def _dalpha(
 
 # ----------------------------------------------------------------------------------------------
 # the three passes: values (x -> sorted), matrix (alphas -> P), ranks (alphas -> P @ v)
+#
+# Internally every tensor is "wires first": values (n, B), per-layer α (L, n, B) and the matrix
+# (n wires, B, n inputs), B = the flattened leading dims, so each gather is an index_select on dim
+# 0 (contiguous blocks: several times faster on CPU than gathering along the last dim).
 # ----------------------------------------------------------------------------------------------
-def _forward_blend(v: torch.Tensor, alpha: torch.Tensor, lay: _Layers, layer: int, dim: int = -1) -> torch.Tensor:
+def _forward_blend(v: torch.Tensor, alpha: torch.Tensor, t: _LayerTables) -> torch.Tensor:
     beta = 1 - alpha
-    is_min = lay.is_min[layer]
-    wa, wb = torch.where(is_min, alpha, beta), torch.where(is_min, beta, alpha)
-    return _blend(v, lay.a[layer], lay.b[layer], wa, wb, dim)
+    wa, wb = torch.where(t.is_min, alpha, beta), torch.where(t.is_min, beta, alpha)
+    return _blend(v, t.a, t.b, wa, wb)
 
 
-def _transposed_blend(v: torch.Tensor, alpha: torch.Tensor, lay: _Layers, layer: int, dim: int = -1) -> torch.Tensor:
+def _transposed_blend(v: torch.Tensor, alpha: torch.Tensor, t: _LayerTables) -> torch.Tensor:
     beta = 1 - alpha
-    is_a = lay.is_a[layer]
-    ta, tb = torch.where(is_a, alpha, beta), torch.where(is_a, beta, alpha)
-    return _blend(v, lay.u[layer], lay.w[layer], ta, tb, dim)
+    ta, tb = torch.where(t.is_a, alpha, beta), torch.where(t.is_a, beta, alpha)
+    return _blend(v, t.u, t.w, ta, tb)
 
 
-def _blend(
-    v: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, dim: int
-) -> torch.Tensor:
-    """``w1 * v[i1] + w2 * v[i2]`` along ``dim`` (-1: the weights align with it; -2: rows)."""
-    if dim == -2:
+def _blend(v: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """``w1 * v[i1] + w2 * v[i2]`` over the wires (dim 0); ``w`` are (n, B), ``v`` (n, B) or (n, B, m)."""
+    if v.dim() == 3:
         w1, w2 = w1.unsqueeze(-1), w2.unsqueeze(-1)
     if torch.is_grad_enabled():
-        return v.index_select(dim, i1) * w1 + v.index_select(dim, i2) * w2
+        return v.index_select(0, i1) * w1 + v.index_select(0, i2) * w2
     # separate products and sum (no fused multiply-add): the same rounding as the authors' code
-    return v.index_select(dim, i1).mul_(w1).add_(v.index_select(dim, i2).mul_(w2))
+    return v.index_select(0, i1).mul_(w1).add_(v.index_select(0, i2).mul_(w2))
 
 
 class _SortingNetwork(torch.autograd.Function):
-    """``x`` (..., n) -> (sorted values, per-layer per-wire ``α`` stacked as (L, ..., n)).
+    """``x`` (n, B) -> (sorted values (n, B), per-layer per-wire ``α`` (L, n, B)).
 
-    Saves ``d = x_b - x_a`` and ``α`` of every layer (O(L n)); the backward runs the layers'
+    Saves ``d = x_b - x_a`` and ``α`` of every layer (O(L n B)); the backward runs the layers'
     transposes from the last to the first, adding the path through ``α`` (which also receives
     the gradient of the returned ``α``, used by the matrix and rank passes).
     """
@@ -230,10 +239,11 @@ class _SortingNetwork(torch.autograd.Function):
         alphas = x.new_empty((lay.depth, *x.shape))
         ds = x.new_empty((lay.depth, *x.shape))
         for layer in range(lay.depth):
-            d = torch.sub(x.index_select(-1, lay.b[layer]), x.index_select(-1, lay.a[layer]), out=ds[layer])
+            t = lay[layer]
+            d = torch.sub(x.index_select(0, t.b), x.index_select(0, t.a), out=ds[layer])
             alpha = _alpha(d, distribution, steepness, art_lambda)
             alphas[layer] = alpha
-            x = _forward_blend(x, alpha, lay, layer)
+            x = _forward_blend(x, alpha, t)
         ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
         ctx.save_for_backward(alphas, ds)
         return x, alphas
@@ -244,38 +254,37 @@ class _SortingNetwork(torch.autograd.Function):
         alphas, ds = ctx.saved_tensors
         lay: _Layers = ctx.lay
         for layer in reversed(range(lay.depth)):
-            alpha, d = alphas[layer], ds[layer]
+            alpha, d, t = alphas[layer], ds[layer], lay[layer]
             # x_new = wa x_a + wb x_b with (wa, wb) = (α, 1-α) or (1-α, α): ∂x_new/∂α = ±(x_a - x_b) = ∓d
-            g_alpha = torch.where(lay.is_min[layer], -d, d) * g
+            g_alpha = torch.where(t.is_min, -d, d) * g
             if g_alphas is not None:
                 g_alpha = g_alpha + g_alphas[layer]
             h = g_alpha * _dalpha(d, alpha, *ctx.opts)  # gradient w.r.t. d = x_b - x_a, per wire
-            hsum = h.index_select(-1, lay.u[layer]) + h.index_select(-1, lay.w[layer])
-            g = _transposed_blend(g, alpha, lay, layer) + hsum * lay.hsign[layer]
+            hsum = h.index_select(0, t.u) + h.index_select(0, t.w)
+            g = _transposed_blend(g, alpha, t) + hsum * t.hsign
         return g, None, None, None, None
 
 
 class _NetworkMatrix(torch.autograd.Function):
-    """``P`` = product of the layers' matrices, from the per-layer ``α`` (L, ..., n).
+    """``P`` (B, n, n) = product of the layers' matrices, from the per-layer ``α`` (L, n, B).
 
-    Built in the transposed layout (rows = wires, so every gather copies contiguous rows). Keeps
-    ``P`` only every ``c ≈ sqrt(L)`` layers and recomputes each segment in backward: O((L/c + c) n²)
-    memory instead of autograd's O(L n²).
+    Built as (wires, B, inputs). Keeps it only every ``c ≈ sqrt(L)`` layers and recomputes each
+    segment in backward: O((L/c + c) n² B) memory instead of autograd's O(L n² B).
     """
 
     @staticmethod
     def forward(ctx: Any, alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
-        depth, n = lay.depth, lay.a.shape[1]
-        pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).expand(*alphas.shape[1:-1], n, n).contiguous()
+        depth, n, batch = lay.depth, alphas.shape[1], alphas.shape[2]
+        pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n).contiguous()
         seg = math.isqrt(max(depth - 1, 0)) + 1
         checkpoints = []
         for layer in range(depth):
             if layer % seg == 0:
                 checkpoints.append(pt)
-            pt = _forward_blend(pt, alphas[layer], lay, layer, dim=-2)
+            pt = _forward_blend(pt, alphas[layer], lay[layer])
         ctx.lay, ctx.seg = lay, seg
         ctx.save_for_backward(alphas, *checkpoints)
-        return pt.mT.contiguous()
+        return pt.permute(1, 2, 0).contiguous()  # P[b, input, wire]
 
     @staticmethod
     @once_differentiable
@@ -284,31 +293,30 @@ class _NetworkMatrix(torch.autograd.Function):
         lay: _Layers = ctx.lay
         seg, depth = ctx.seg, lay.depth
         g_alphas = torch.empty_like(alphas)
-        gt = grad.mT.contiguous()
+        gt = grad.permute(2, 0, 1).contiguous()  # (wires, B, inputs)
         for start in reversed(range(0, depth, seg)):
             stop = min(start + seg, depth)
             inputs = [checkpoints[start // seg]]
             for layer in range(start, stop - 1):
-                inputs.append(_forward_blend(inputs[-1], alphas[layer], lay, layer, dim=-2))
+                inputs.append(_forward_blend(inputs[-1], alphas[layer], lay[layer]))
             for layer in reversed(range(start, stop)):
-                pin = inputs.pop()
-                diff = pin.index_select(-2, lay.a[layer]) - pin.index_select(-2, lay.b[layer])
+                pin, t = inputs.pop(), lay[layer]
+                diff = pin.index_select(0, t.a).sub_(pin.index_select(0, t.b))
                 g_alpha = (gt * diff).sum(-1)
-                g_alphas[layer] = torch.where(lay.is_min[layer], g_alpha, -g_alpha)
-                gt = _transposed_blend(gt, alphas[layer], lay, layer, dim=-2)
+                g_alphas[layer] = torch.where(t.is_min, g_alpha, -g_alpha)
+                gt = _transposed_blend(gt, alphas[layer], t)
         return g_alphas, None
 
 
 class _NetworkRanks(torch.autograd.Function):
-    """``P @ v`` for ``v`` (..., n) from the per-layer ``α``, without ``P``: transposed blends, last layer first."""
+    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first."""
 
     @staticmethod
     def forward(ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
-        inputs = alphas.new_empty((lay.depth, *alphas.shape[1:]))
-        v = v.expand(alphas.shape[1:])
+        inputs = alphas.new_empty(alphas.shape)
         for layer in reversed(range(lay.depth)):
             inputs[layer] = v
-            v = _transposed_blend(v, alphas[layer], lay, layer)
+            v = _transposed_blend(v, alphas[layer], lay[layer])
         ctx.lay = lay
         ctx.save_for_backward(alphas, inputs)
         return v
@@ -320,20 +328,24 @@ class _NetworkRanks(torch.autograd.Function):
         lay: _Layers = ctx.lay
         g_alphas = torch.empty_like(alphas)
         for layer in range(lay.depth):
-            vin = inputs[layer]
-            diff = vin.index_select(-1, lay.u[layer]) - vin.index_select(-1, lay.w[layer])
-            g_alphas[layer] = torch.where(lay.is_a[layer], diff, -diff) * g
-            g = _forward_blend(g, alphas[layer], lay, layer)
+            vin, t = inputs[layer], lay[layer]
+            diff = vin.index_select(0, t.u) - vin.index_select(0, t.w)
+            g_alphas[layer] = torch.where(t.is_a, diff, -diff) * g
+            g = _forward_blend(g, alphas[layer], t)
         return g_alphas, None, None
 
 
 def _run(
     x: torch.Tensor, network: str, steepness: float, distribution: str, art_lambda: float, descending: bool
 ) -> tuple[torch.Tensor, _Layers, torch.Tensor]:
-    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α (L, ..., n))."""
-    lay = _layers(network, x.shape[-1], x.device)
-    z = -x if descending else x
+    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α (L, n, B))."""
+    n = x.shape[-1]
+    lay = _layers(network, n, x.device)
+    if lay.depth == 0:  # n <= 1
+        return x, lay, x.new_empty((0, n, math.prod(x.shape[:-1])))
+    z = (-x if descending else x).reshape(-1, n).T.contiguous()
     out, alphas = _SortingNetwork.apply(z, lay, distribution, steepness, art_lambda)
+    out = out.T.reshape(x.shape)
     return (-out if descending else out), lay, alphas
 
 
@@ -342,15 +354,17 @@ def _matrix(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Ten
     if lay.depth == 0:  # n <= 1: the identity, connected to the graph
         return torch.eye(n, dtype=like.dtype, device=like.device) + like.unsqueeze(-1) * 0
     out: torch.Tensor = _NetworkMatrix.apply(alphas, lay)
-    return out
+    return out.reshape(*like.shape, n)
 
 
 def _ranks(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    pos = torch.arange(1, like.shape[-1] + 1, dtype=like.dtype, device=like.device)
+    n = like.shape[-1]
+    pos = torch.arange(1, n + 1, dtype=like.dtype, device=like.device)
     if lay.depth == 0:
         return pos + like * 0
-    out: torch.Tensor = _NetworkRanks.apply(alphas, pos, lay)
-    return out
+    v = pos.unsqueeze(-1).expand(n, alphas.shape[-1]).contiguous()
+    out: torch.Tensor = _NetworkRanks.apply(alphas, v, lay)
+    return out.T.reshape(like.shape)
 
 
 # ----------------------------------------------------------------------------------------------

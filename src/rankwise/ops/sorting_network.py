@@ -98,6 +98,7 @@ class _LayerTables(NamedTuple):
     w: torch.Tensor
     is_a: torch.Tensor
     hsign: torch.Tensor
+    msign: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class _Layers:
     its adjoint): wire ``q`` becomes ``ta[q] v[u[q]] + tb[q] v[w[q]]`` with ``u``/``w`` the min/max
     destinations of ``q``'s comparator and ``(ta, tb) = (α, 1-α)`` if ``q`` is its ``a`` wire
     (``is_a``), ``(1-α, α)`` otherwise. ``hsign`` is -1 on ``a`` wires, +1 on ``b`` wires and 0 on
-    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``). ``α`` is computed per wire (both wires of a
+    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``); ``msign`` is -1 on wires receiving the minimum,
+    +1 on the others. ``α`` is computed per wire (both wires of a
     comparator get the same value; an idle wire gets ``f(0) = 1/2``). Odd-even has only two
     distinct layers, so its tables are O(n), not O(n²).
     """
@@ -146,7 +148,8 @@ def _layers(network: str, n: int, device: torch.device) -> _Layers:
         idx = [torch.tensor(t, dtype=torch.long, device=device) for t in (a, b, u, w)]
         col = [torch.tensor(t, device=device).unsqueeze(-1) for t in (is_min, is_a)]  # broadcast over B
         sign = torch.tensor(hsign, dtype=torch.int8, device=device).unsqueeze(-1)
-        tables.append(_LayerTables(idx[0], idx[1], col[0], idx[2], idx[3], col[1], sign))
+        msign = torch.tensor([-1 if m else 1 for m in is_min], dtype=torch.int8, device=device).unsqueeze(-1)
+        tables.append(_LayerTables(idx[0], idx[1], col[0], idx[2], idx[3], col[1], sign, msign))
     return _Layers(tuple(tables), tuple(order))
 
 
@@ -156,28 +159,32 @@ def _layers(network: str, n: int, device: torch.device) -> _Layers:
 _SQRT_2PI = math.sqrt(2 * math.pi)
 
 
-def _alpha(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
-    r"""Probability that the comparator's pair is already in order, :math:`f(\beta d)`."""
+def _alpha(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float, out: torch.Tensor) -> torch.Tensor:
+    r"""Probability that the comparator's pair is already in order, :math:`f(\beta d)`, written to ``out``.
+
+    (In-place chains: the same operations, so the same rounding, as the out-of-place formulas.)
+    """
     if distribution == "logistic":
-        return torch.sigmoid(d * steepness)
+        return torch.mul(d, steepness, out=out).sigmoid_()
     if distribution == "logistic_phi":  # activation replacement trick: x / (|x| + eps)^lambda
-        return torch.sigmoid(d * steepness / (d.abs() + _PHI_EPS).pow(art_lambda))
-    v = steepness * d
+        den = (d.abs() + _PHI_EPS).pow_(art_lambda)
+        return torch.mul(d, steepness, out=out).div_(den).sigmoid_()
+    if distribution == "optimal":  # v + 1/2 on [-1/4, 1/4], 1 - 1/(16 v) above, -1/(16 v) below
+        v = steepness * d
+        tail = 1 / (16 * (v.abs() + _OPTIMAL_EPS))
+        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1 - tail, tail), out=out)
+    v = torch.mul(d, steepness, out=out)
     if distribution == "cauchy":
-        return torch.atan(v) * (1 / math.pi) + 0.5
-    if distribution == "reciprocal":
-        return 0.5 * (v / (2 + v.abs()) + 1)
-    if distribution == "gaussian":
-        return 0.5 + 0.5 * torch.erf(v / math.sqrt(2.0))
-    # optimal monotonic sigmoid: v + 1/2 on [-1/4, 1/4], 1 - 1/(16 v) above, -1/(16 v) below
-    tail = 1 / (16 * (v.abs() + _OPTIMAL_EPS))
-    return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1 - tail, tail))
+        return v.atan_().mul_(1 / math.pi).add_(0.5)
+    if distribution == "reciprocal":  # (v / (2 + |v|) + 1) / 2
+        return v.div_(v.abs().add_(2)).add_(1).mul_(0.5)
+    return v.div_(math.sqrt(2.0)).erf_().mul_(0.5).add_(0.5)  # gaussian: Phi(v)
 
 
 def _dalpha(
     d: torch.Tensor, alpha: torch.Tensor, distribution: str, steepness: float, art_lambda: float
 ) -> torch.Tensor:
-    """``dα/dd`` of :func:`_alpha` (``alpha`` is its value at ``d``)."""
+    """``dα/dd`` of :func:`_alpha` (``alpha`` is its value at ``d``); even in ``d``, so ``±d`` may be passed."""
     if distribution == "logistic":
         return steepness * alpha * (1 - alpha)
     if distribution == "logistic_phi":
@@ -237,31 +244,33 @@ class _SortingNetwork(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         alphas = x.new_empty((lay.depth, *x.shape))
-        ds = x.new_empty((lay.depth, *x.shape))
+        signed_d = x.new_empty((lay.depth, *x.shape))
         for layer in range(lay.depth):
             t = lay[layer]
-            d = torch.sub(x.index_select(0, t.b), x.index_select(0, t.a), out=ds[layer])
-            alpha = _alpha(d, distribution, steepness, art_lambda)
-            alphas[layer] = alpha
-            x = _forward_blend(x, alpha, t)
+            xa, xb = x.index_select(0, t.a), x.index_select(0, t.b)
+            d = torch.sub(xb, xa, out=signed_d[layer])
+            alpha = _alpha(d, distribution, steepness, art_lambda, out=alphas[layer])
+            beta = 1 - alpha
+            # separate products and sum (no fused multiply-add): the same rounding as the authors' code
+            x = xa.mul_(torch.where(t.is_min, alpha, beta)).add_(xb.mul_(torch.where(t.is_min, beta, alpha)))
+            d.mul_(t.msign)  # keep ∂x_new/∂α = ±(x_a - x_b) = ∓d for backward
         ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
-        ctx.save_for_backward(alphas, ds)
+        ctx.save_for_backward(alphas, signed_d)
         return x, alphas
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
-        alphas, ds = ctx.saved_tensors
+        alphas, signed_d = ctx.saved_tensors
         lay: _Layers = ctx.lay
         for layer in reversed(range(lay.depth)):
-            alpha, d, t = alphas[layer], ds[layer], lay[layer]
-            # x_new = wa x_a + wb x_b with (wa, wb) = (α, 1-α) or (1-α, α): ∂x_new/∂α = ±(x_a - x_b) = ∓d
-            g_alpha = torch.where(t.is_min, -d, d) * g
+            alpha, sd, t = alphas[layer], signed_d[layer], lay[layer]
+            g_alpha = sd * g  # x_new = wa x_a + wb x_b, (wa, wb) = (α, 1-α) or (1-α, α)
             if g_alphas is not None:
-                g_alpha = g_alpha + g_alphas[layer]
-            h = g_alpha * _dalpha(d, alpha, *ctx.opts)  # gradient w.r.t. d = x_b - x_a, per wire
-            hsum = h.index_select(0, t.u) + h.index_select(0, t.w)
-            g = _transposed_blend(g, alpha, t) + hsum * t.hsign
+                g_alpha.add_(g_alphas[layer])
+            h = g_alpha.mul_(_dalpha(sd, alpha, *ctx.opts))  # gradient w.r.t. d = x_b - x_a, per wire
+            hsum = h.index_select(0, t.u).add_(h.index_select(0, t.w)).mul_(t.hsign)
+            g = _transposed_blend(g, alpha, t).add_(hsum)
         return g, None, None, None, None
 
 

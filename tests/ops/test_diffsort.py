@@ -350,6 +350,16 @@ def test_degenerate(network: str) -> None:
     assert ((r > 1) & (r < 6)).all()
 
 
+def test_non_finite_slices_are_nan() -> None:
+    x = torch.randn(3, 6, dtype=torch.float64)
+    x[1, 4] = float("nan")
+    x[2, 0] = -float("inf")
+    s, p = diffsort(x, network="bitonic")
+    assert torch.isfinite(s[0]).all() and torch.isfinite(p[0]).all()
+    assert torch.isnan(s[1:]).all() and torch.isnan(p[1:]).all()
+    torch.testing.assert_close(s[0], diffsort(x[:1], network="bitonic")[0][0])
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision_computed_in_float32(half: torch.dtype) -> None:
     x = torch.randn(2, 9)

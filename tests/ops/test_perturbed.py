@@ -215,12 +215,29 @@ def test_backward_is_the_paper_estimator_written_out() -> None:
             nabla = z
         ref = torch.zeros_like(X)
         mean = torch.zeros_like(X)
+        wc = w - w.mean(-1, keepdim=True)  # the centred cotangent (ranks sum to a constant)
         for s in range(7):
             ranks = (X + SIGMA * z[s]).argsort(-1).argsort(-1).double() + 1
             mean += ranks / 7
-            ref += (ranks * w).sum(-1, keepdim=True) * nabla[s] / (7 * SIGMA)
+            ref += (ranks * wc).sum(-1, keepdim=True) * nabla[s] / (7 * SIGMA)
         torch.testing.assert_close(y.detach(), mean)
         torch.testing.assert_close(gx, ref)
+
+
+def test_centred_cotangent_has_the_same_mean_and_less_variance() -> None:
+    # uncentred: the authors' <g, y> (here obtained by passing g - mean(g) + c with a large c; the
+    # backward centres it away, so compare against the explicit uncentred formula)
+    g = torch.randn(2, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 3.0
+    gen = torch.Generator().manual_seed(2)
+    u = torch.rand((20_000, 2, 5), generator=gen, dtype=torch.float64)
+    z = -torch.log(-torch.log(u))
+    ranks = (X + SIGMA * z).argsort(-1).argsort(-1).double() + 1
+    nabla = 1 - torch.exp(-z)
+    plain = (ranks * g).sum(-1, keepdim=True) * nabla / SIGMA
+    centred = (ranks * (g - g.mean(-1, keepdim=True))).sum(-1, keepdim=True) * nabla / SIGMA
+    se = (plain - centred).std(0) / math.sqrt(20_000)
+    assert ((plain.mean(0) - centred.mean(0)).abs() <= 5 * se).all()
+    assert (centred.var(0) < plain.var(0)).all()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,12 +360,32 @@ def test_degenerate() -> None:
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision(half: torch.dtype) -> None:
+    # docs/conventions.md: ranks of half inputs are float32, probabilities keep the dtype, losses
+    # are returned in the compute dtype
     x = X.to(half).requires_grad_()
     y = perturbed_rank(x, n_samples=10)
-    assert y.dtype == half
-    y.sum().backward()
+    assert y.dtype == torch.float32
+    (y * torch.rand(2, 5)).sum().backward()
     assert x.grad is not None and x.grad.dtype == half and torch.isfinite(x.grad).all()
-    assert perturbed_fy_loss(x, TARGET.to(half)).dtype == half
+    assert perturbed_topk(x, 2).dtype == half
+    assert perturbed_fy_loss(x, TARGET.to(half)).dtype == torch.float32
+    assert perturbed_fy_loss(x, TARGET).dtype == torch.float64  # promoted, never cast to x's dtype
+
+
+def test_non_finite_slices_are_nan() -> None:
+    x = X.clone()
+    x[0, 2] = float("nan")
+    r = perturbed_rank(x, n_samples=5)
+    assert torch.isnan(r[0]).all() and torch.isfinite(r[1]).all()
+    x[0, 2] = float("inf")
+    assert torch.isnan(perturbed_topk(x, 2)[0]).all()
+    per_row = perturbed_fy_loss(x, TARGET, reduction="none")
+    assert torch.isnan(per_row[0]) and torch.isfinite(per_row[1])
+    t = TARGET.clone()
+    t[1, 0] = float("nan")
+    assert torch.isnan(perturbed_fy_loss(X, t, reduction="none")[1])
+    with pytest.raises(ValueError, match=r"`target_ranks` must be on the device of `x` \(cpu\), got meta"):
+        perturbed_fy_loss(X, TARGET.to("meta"))
 
 
 def test_bad_arguments() -> None:

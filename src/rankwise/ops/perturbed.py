@@ -26,17 +26,22 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from rankwise._registry import Example
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
+    check_bool,
     check_choice,
     check_dim,
-    check_floating,
     check_floating_nd,
     check_positive,
+    check_real,
+    check_same_device,
+    common_compute_dtype,
     compute_dtype,
+    nan_slices,
+    rank_dtype,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.permutation import _check_bool, _check_generator, _check_int, _gumbel
+from rankwise.ops.permutation import _check_generator, _check_int, _gumbel
 from rankwise.ops.ranking import _rank_last
 from rankwise.ops.soft import SoftRank, register_soft_method, soft_rank
 from rankwise.ops.topk import _check_k
@@ -69,7 +74,13 @@ def _sample(
 
 
 class _Perturbed(torch.autograd.Function):
-    """``mean_s y*(θ + σ Z_s)`` with the perturbation Jacobian estimator in backward."""
+    """``mean_s y*(θ + σ Z_s)`` with the perturbation Jacobian estimator in backward.
+
+    The solvers' outputs have a constant sum over the row (ranks: n(n+1)/2, top-k: k), so
+    ``1ᵀ J = 0`` and ``Jᵀ g = Jᵀ (g - mean(g))``: the estimator is applied to the centred cotangent.
+    This changes no expectation (``E[∇ν(Z)] = 0``) and removes the sample noise of the constant
+    term ``mean(g) · sum(y)`` (the authors' code applies it to ``g`` itself).
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -84,6 +95,7 @@ class _Perturbed(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         y, grad_nu = ctx.saved_tensors
+        g = g - g.mean(-1, keepdim=True)
         inner = (y * g).sum(-1, keepdim=True)  # <g, y*(θ + σ Z_s)> per sample and row
         return (inner * grad_nu).mean(0) / ctx.sigma, None, None, None, None
 
@@ -92,7 +104,7 @@ def _check_common(sigma: Any, n_samples: Any, noise: Any, descending: Any) -> tu
     s = check_positive(sigma, "sigma")
     m = _check_int(n_samples, "n_samples", low=1)
     check_choice(noise, "noise", _NOISES)
-    _check_bool(descending, "descending")
+    check_bool(descending, "descending")
     return s, m
 
 
@@ -128,9 +140,11 @@ def perturbed_rank(
     ranks 1..n, ascending (the largest entry gets ``n``) unless ``descending`` (the largest gets 1).
     The ascending rank vector is the maximizer of :math:`\langle y, x\rangle` over the
     permutahedron, so the backward pass is the paper's perturbation estimator
-    :math:`\frac1{\sigma S}\sum_s \langle g, \operatorname{rank}(x + \sigma Z_s)\rangle\, \nabla\nu(Z_s)`,
+    :math:`\frac1{\sigma S}\sum_s \langle \bar g, \operatorname{rank}(x + \sigma Z_s)\rangle\, \nabla\nu(Z_s)`,
     an unbiased estimate of the vector-Jacobian product of :math:`r_\sigma` (not the derivative
-    of the Monte-Carlo forward, which is piecewise constant). Noise: ``"gumbel"`` (standard
+    of the Monte-Carlo forward, which is piecewise constant). :math:`\bar g = g - \mathrm{mean}(g)`:
+    ranks sum to a constant, so centring the cotangent changes no expectation and removes the sample
+    noise of that constant (the authors' code uses :math:`g`). Noise: ``"gumbel"`` (standard
     Gumbel, :math:`\nabla\nu(z) = 1 - e^{-z}`; then :math:`\mathbb E[\operatorname{rank}_i] =
     1 + \sum_{j \ne i} \operatorname{sigmoid}((x_i - x_j)/\sigma)` exactly) or ``"normal"``
     (:math:`\nabla\nu(z) = z`), drawn from ``generator`` (on the input's device) or the global RNG;
@@ -141,10 +155,10 @@ def perturbed_rank(
 
     Shape:
         - x: :math:`(*, n, *)` floating, ranked along ``dim``.
-        - output: same shape and dtype as ``x`` (float16/bfloat16 computed in float32).
+        - output: same shape as ``x``; dtype of ``x``, float32 for float16/bfloat16 (ranks up to n).
 
     Degenerate inputs: empty → empty; ``n = 1`` → 1; all ties → each rank has mean :math:`(n+1)/2`
-    (up to Monte-Carlo error).
+    (up to Monte-Carlo error). A NaN or ±inf in a slice makes the slice NaN.
 
     Example:
         >>> import torch, rankwise
@@ -161,8 +175,8 @@ def perturbed_rank(
     gen = _check_generator(generator, x)
     xc = x.movedim(d, -1)
     xc = xc.to(compute_dtype(xc.dtype))
-    out = _perturbed(xc, _ranks_solver(descending), s, m, noise, gen)
-    return out.to(x.dtype).movedim(-1, d)
+    out = nan_slices(_perturbed(xc, _ranks_solver(descending), s, m, noise, gen), xc)
+    return out.to(rank_dtype(x.dtype)).movedim(-1, d)
 
 
 def perturbed_topk(
@@ -183,7 +197,7 @@ def perturbed_topk(
     :func:`perturbed_rank`. With Gumbel noise this is the probability that an entry is among the
     first ``k`` draws without replacement of a Plackett-Luce model with weights
     :math:`e^{x/\sigma}` (``k = 1``: ``softmax(x / sigma)``). Entries lie in [0, 1] and each row
-    sums to ``k`` exactly.
+    sums to ``k`` exactly. A NaN or ±inf in a slice makes the slice NaN.
 
     Shape:
         - x: :math:`(*, n, *)` floating, scored along ``dim``.
@@ -208,7 +222,7 @@ def perturbed_topk(
         idx = torch.topk(v, kk, dim=-1).indices
         return torch.zeros_like(v).scatter_(-1, idx, 1.0)
 
-    out = _perturbed(xc, solver, s, m, noise, gen)
+    out = nan_slices(_perturbed(xc, solver, s, m, noise, gen), xc)
     return out.to(x.dtype).movedim(-1, d)
 
 
@@ -246,11 +260,13 @@ def perturbed_fy_loss(
     :math:`-\theta`. ``target_ranks`` receive no gradient.
 
     Shape:
-        - x: :math:`(*, n, *)` floating scores; ``target_ranks``: same shape, ranks 1..n (or any
-          point of the permutahedron, e.g. averaged ranks of ties).
-        - output: scalar for ``reduction="mean"``/``"sum"`` (over rows), else ``x.shape`` without ``dim``.
+        - x: :math:`(*, n, *)` floating scores; ``target_ranks``: same shape and device, ranks 1..n
+          (or any point of the permutahedron, e.g. averaged ranks of ties), floating or integer.
+        - output: scalar for ``reduction="mean"``/``"sum"`` (over rows), else ``x.shape`` without
+          ``dim``; in the promoted compute dtype of ``x`` and ``target_ranks`` (float32 for half inputs).
 
-    Degenerate inputs: no rows gives 0 (keeping the graph); ``n = 1`` gives 0.
+    Degenerate inputs: no rows gives 0 (keeping the graph); ``n = 1`` gives 0. A NaN or ±inf in a
+    row of ``x`` or ``target_ranks`` makes that row's loss NaN.
 
     Example:
         >>> import torch, rankwise
@@ -262,28 +278,29 @@ def perturbed_fy_loss(
         (tensor(1.3098), tensor([[ 1.,  0., -1.]]))
     """
     check_floating_nd(x, "x")
-    check_floating(target_ranks, "target_ranks")
+    check_real(target_ranks, "target_ranks")
+    check_same_device("x", x, ("target_ranks", target_ranks))
     if target_ranks.shape != x.shape:
         raise ValueError(f"`target_ranks` must have the shape of `x` {tuple(x.shape)}, got {tuple(target_ranks.shape)}")
     s, m = _check_common(sigma, n_samples, noise, descending)
     check_choice(reduction, "reduction", _REDUCTIONS)
     d = check_dim(x, dim)
     gen = _check_generator(generator, x)
-    cdt = compute_dtype(x.dtype)
+    cdt = common_compute_dtype(x, target_ranks)
     theta = x.movedim(d, -1).to(cdt)
-    y = target_ranks.detach().movedim(d, -1).to(device=x.device, dtype=cdt)
+    y = target_ranks.detach().movedim(d, -1).to(cdt)
     z, _ = _sample((m, *theta.shape), theta, noise, gen)
     pert = theta.unsqueeze(0) + s * z  # (S, ..., n)
     if descending:
         pert = -pert
     ystar = _rank_last(pert.detach(), False, "ordinal")  # maximizer of <y, pert> over the permutahedron
     per_row = ((ystar - y) * pert).sum(-1).mean(0)  # (...,), >= 0
+    per_row = nan_slices(nan_slices(per_row, theta, out_dims=0), y, out_dims=0)  # NaN/inf policy: per row
     if reduction == "none":
-        return per_row.to(x.dtype)
+        return per_row
     if per_row.numel() == 0:
-        return (x.sum() * 0).to(x.dtype)
-    out = per_row.mean() if reduction == "mean" else per_row.sum()
-    return out.to(x.dtype)
+        return theta.sum() * 0
+    return per_row.mean() if reduction == "mean" else per_row.sum()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,22 +448,48 @@ def _fy_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
     return out
 
 
+def _fuzz(kwargs: dict[str, Any], kind: str):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        if kind == "topk" and n == 0:
+            return None  # k must be in [1, n]
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw = dict(kwargs)
+        kw["sigma"] = fuzz_choice(g, [0.05, 0.5, 5.0])
+        kw["n_samples"] = fuzz_int(g, 1, 4)
+        kw["noise"] = fuzz_choice(g, _NOISES)
+        if kind == "topk":
+            kw["k"] = fuzz_int(g, 1, n)
+        else:
+            kw["descending"] = fuzz_choice(g, [False, True])
+        args: tuple[torch.Tensor, ...] = (x,)
+        if kind == "fy":
+            perm = torch.rand((*lead, n), generator=g).argsort(-1) + 1
+            args = (x, perm.to(fuzz_choice(g, [dtype, torch.float64, torch.int64])).to(device))
+            kw["reduction"] = fuzz_choice(g, _REDUCTIONS)
+        if lead and fuzz_choice(g, [False, True]):
+            args = tuple(a.movedim(-1, 0).contiguous() for a in args)
+            kw["dim"] = 0
+        args[0].requires_grad_()
+        return Example(args, kw)
+
+    return factory
+
+
+def _register(name: str, fn: Any, module: type[nn.Module], factories: Any, fuzz: Any, gradient: Any) -> None:
+    ex, deg = factories
+    register_op(name, module=module, example=ex, degenerate=deg, gradient=gradient, stochastic=True, fuzz=fuzz)(fn)
+
+
 for _name, _kw in (
     ("perturbed_rank", {"n_samples": 8}),
     ("perturbed_rank.normal", {"noise": "normal", "descending": True}),
 ):
-    _ex, _deg = _rank_examples(_kw)
-    register_op(_name, module=PerturbedRank, example=_ex, degenerate=_deg, gradient="surrogate", stochastic=True)(
-        perturbed_rank
-    )
-_ex, _deg = _rank_examples({"n_samples": 8, "sigma": 0.5}, topk=True)
-register_op(
-    "perturbed_topk", module=PerturbedTopK, example=_ex, degenerate=_deg, gradient="surrogate", stochastic=True
-)(perturbed_topk)
-register_op(
-    "perturbed_fy_loss", module=PerturbedFYLoss, example=_fy_example, degenerate=_fy_degenerate, stochastic=True
-)(perturbed_fy_loss)
-_ex, _deg = _rank_examples({"method": "perturbed", "n_samples": 8})
-register_op(
-    "soft_rank.perturbed", module=SoftRank, example=_ex, degenerate=_deg, gradient="surrogate", stochastic=True
-)(soft_rank)
+    _register(_name, perturbed_rank, PerturbedRank, _rank_examples(_kw), _fuzz({}, "rank"), "surrogate")
+_topk = _rank_examples({"n_samples": 8, "sigma": 0.5}, topk=True)
+_register("perturbed_topk", perturbed_topk, PerturbedTopK, _topk, _fuzz({}, "topk"), "surrogate")
+# gradient "exact": the exact gradient of the returned Monte-Carlo value (at fixed noise)
+_fy = (_fy_example, _fy_degenerate)
+_register("perturbed_fy_loss", perturbed_fy_loss, PerturbedFYLoss, _fy, _fuzz({}, "fy"), "exact")
+_soft = _rank_examples({"method": "perturbed", "n_samples": 8})
+_register("soft_rank.perturbed", soft_rank, SoftRank, _soft, _fuzz({"method": "perturbed"}, "rank"), "surrogate")

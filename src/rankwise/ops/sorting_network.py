@@ -33,8 +33,16 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating_nd, check_positive, compute_dtype
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    check_bool,
+    check_choice,
+    check_dim,
+    check_floating_nd,
+    check_positive,
+    compute_dtype,
+    nan_slices,
+)
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
 
@@ -385,12 +393,6 @@ def _check_options(network: Any, distribution: Any, steepness: Any, art_lambda: 
     return check_positive(steepness, "steepness"), check_positive(art_lambda, "art_lambda", allow_zero=True)
 
 
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
-    return value
-
-
 @overload
 def diffsort(
     x: torch.Tensor,
@@ -476,6 +478,7 @@ def diffsort(
 
     Degenerate inputs: ``n = 0`` gives empty outputs (``P`` of shape ``(*', 0, 0)``), ``n = 1``
     gives ``x`` and ``[[1.]]``; all-equal values give ``sorted == x`` (every :math:`\alpha = 1/2`).
+    A NaN or ±inf anywhere in a slice makes that slice's ``sorted`` and ``P`` NaN.
 
     Returns:
         ``(sorted, P)``, or only ``sorted`` when ``return_matrix=False``.
@@ -495,16 +498,17 @@ def diffsort(
     """
     check_floating_nd(x, "x")
     beta, lam = _check_options(network, distribution, steepness, art_lambda)
-    _check_bool(descending, "descending")
-    _check_bool(return_matrix, "return_matrix")
+    check_bool(descending, "descending")
+    check_bool(return_matrix, "return_matrix")
     d = check_dim(x, dim)
     xc = x.movedim(d, -1)
     xc = xc.to(compute_dtype(xc.dtype))
     out, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
-    sorted_x = out.to(x.dtype).movedim(-1, d)
+    # NaN/inf policy (docs/conventions.md): a non-finite entry makes its whole slice NaN
+    sorted_x = nan_slices(out, xc).to(x.dtype).movedim(-1, d)
     if not return_matrix:
         return sorted_x
-    return sorted_x, _matrix(layers, alphas, xc).to(x.dtype)
+    return sorted_x, nan_slices(_matrix(layers, alphas, xc), xc, out_dims=2).to(x.dtype)
 
 
 class DiffSort(nn.Module):
@@ -524,8 +528,8 @@ class DiffSort(nn.Module):
         super().__init__()
         self.steepness, self.art_lambda = _check_options(network, distribution, steepness, art_lambda)
         self.network, self.distribution = network, distribution
-        self.descending = _check_bool(descending, "descending")
-        self.return_matrix = _check_bool(return_matrix, "return_matrix")
+        self.descending = check_bool(descending, "descending")
+        self.return_matrix = check_bool(return_matrix, "return_matrix")
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
@@ -608,12 +612,32 @@ def _examples(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
     return example, degenerate
 
 
+def _fuzz(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw = dict(kwargs)
+        kw.pop("dim", None)
+        kw["network"] = fuzz_choice(g, NETWORKS)
+        kw["distribution"] = fuzz_choice(g, DISTRIBUTIONS)
+        kw["steepness"] = fuzz_choice(g, [0.5, 10.0, 100.0])
+        kw["art_lambda"] = fuzz_choice(g, [0.0, 0.25, 1.0])
+        kw["descending"] = fuzz_choice(g, [False, True])
+        if "return_matrix" in kw:  # P of a deep odd-even network is O(n^3): only for small n
+            kw["return_matrix"] = fuzz_choice(g, [False, True]) and (n <= 64 or kw["network"] == "bitonic")
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
 def _register(name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any]) -> None:
     ex, deg = _examples(kwargs)
-    register_op(name, module=module, example=ex, degenerate=deg)(fn)
+    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs))(fn)
 
 
-_register("diffsort", diffsort, DiffSort, {"steepness": 2.0})
+_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True})
 _register("diffsort.bitonic", diffsort, DiffSort, {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
 _register(
     "diffsort.logistic_phi",

@@ -93,8 +93,13 @@ _DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
 def _default_tol(dtype: torch.dtype, eps: float) -> float:
-    """``max(base, 0.1 * machine_eps / eps)``: the base tolerance, or the round-off floor at small eps."""
-    return max(_DEFAULT_TOL.get(dtype, 1e-5), 0.1 * torch.finfo(dtype).eps / eps)
+    """``max(base, 0.5 * machine_eps / eps)``: the base tolerance, or the round-off floor at small eps.
+
+    The entries of ``P`` are ``exp((g - C) / eps)`` with ``|g - C|`` up to about 0.5 where they matter
+    (``C`` and ``g`` live on the unit interval's scale), so their relative round-off is about
+    ``0.5 * machine_eps / eps``, and so is the smallest column-marginal error one can reach.
+    """
+    return max(_DEFAULT_TOL.get(dtype, 1e-5), 0.5 * torch.finfo(dtype).eps / eps)
 
 
 @dataclass(frozen=True)
@@ -113,17 +118,25 @@ class SolveInfo:
 def _squash(x: torch.Tensor) -> torch.Tensor:
     """Sigmoid of the standardized rows (population std floored at 1e-6), scaled by sqrt(3)/pi.
 
-    Computed on ``x / c`` with ``c = max|x|`` per row (detached): standardization is invariant to that
-    scaling (the floor becomes ``1e-6 / c``), so values and gradients are unchanged while large inputs
-    (float32 beyond ~1e19) no longer overflow in the variance.
+    Standardization is invariant to scaling and shifting each row, so it is computed on
+    ``x / c - x_0 / c`` (both detached): ``c`` is the largest power of two not above ``max|x|`` (an exact
+    division; large float32 inputs no longer overflow in the variance) and ``x_0`` is the row's first
+    entry (an exact subtraction for entries within a factor 2 of it: inputs with a large offset
+    relative to their spread, e.g. ``3 + 1e-4 * randn`` in float32, keep their differences exactly
+    instead of losing digits in the mean). The floor becomes ``1e-6 / c``. Values and gradients are
+    those of the formula.
     """
-    c = x.detach().abs().amax(dim=-1, keepdim=True)
-    c = torch.where(c > 0, c, torch.ones_like(c))
-    xs = x / c
+    amax = x.detach().abs().amax(dim=-1, keepdim=True)
+    c = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent - 1)  # 2^e, max|x| / c in [1, 2)
+    xs = x / c  # exact: a power of two
+    xs = xs - xs[..., :1].detach()  # |xs| < 4: no overflow
     mu = xs.mean(dim=-1, keepdim=True)
     var = (xs - mu).square().mean(dim=-1, keepdim=True)
-    # sqrt(max(var, floor^2)) == max(std, floor), with a finite gradient when all entries tie
-    std = torch.maximum(var, (_MIN_STD / c).square()).sqrt()
+    # max(std, floor) with a finite gradient when all entries tie (sqrt is never taken at 0), and
+    # without squaring the floor (1e-6 / c overflows float32 when squared for inputs below ~1e-25)
+    floor = _MIN_STD / c
+    root = torch.where(var > 0, var, torch.ones_like(var)).sqrt()
+    std = torch.where((var > 0) & (root > floor), root, floor)
     return torch.sigmoid((xs - mu) / (std * (math.sqrt(3.0) / math.pi)))
 
 
@@ -336,8 +349,18 @@ def _rank_from_plan(plan: torch.Tensor) -> torch.Tensor:
 
 
 def _sort_from_plan(xc: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+    """``P^T x / b`` computed as ``P^T (x - c) / b + c (P^T 1) / b`` with ``c`` the row mean.
+
+    The same value. For the derivative, ``c`` and the column sums ``P^T 1`` are constants: the column
+    sums of the converged plan are ``b`` whatever ``x`` is, so their derivative is exactly zero, and
+    then so is the one through ``c``. Autograd would instead form it from large terms that cancel
+    (``x``'s offset times the derivative of ``P``): in float32, inputs whose offset is large relative
+    to their spread (e.g. ``3 + 1e-4 * randn``) got gradients wrong by several times their size.
+    """
     m = plan.shape[-1]
-    return (xc.unsqueeze(-2) @ plan).squeeze(-2) * m
+    c = xc.detach().mean(dim=-1, keepdim=True)
+    centred = ((xc - c).unsqueeze(-2) @ plan).squeeze(-2)
+    return (centred + c * plan.detach().sum(dim=-2)) * m
 
 
 def _soft_rank_last(
@@ -400,8 +423,9 @@ def sinkhorn_transport(
     The plan is solved to convergence (relative column-marginal error at most ``tol``; rows are
     exact) by epsilon scaling and Newton's method in the log domain, and it is differentiated
     implicitly (the derivative of the converged map); see :mod:`rankwise.ops.sinkhorn`. ``tol=None``
-    means 1e-10 in float64 and 1e-5 in float32, raised to :math:`0.1\,u/\varepsilon` (``u`` the
-    machine epsilon) where round-off makes smaller errors unreachable; ``max_iter`` bounds the
+    means 1e-10 in float64 and 1e-5 in float32, raised to :math:`u/(2\varepsilon)` (``u`` the
+    machine epsilon) where round-off makes smaller errors unreachable (float32 below
+    ``epsilon`` = 6e-3); ``max_iter`` bounds the
     Newton steps (a ``RuntimeWarning`` reports a plan left above ``tol``).
 
     Degenerate inputs: ``n = 0`` gives an empty plan (``num_targets`` must then be ``None``);

@@ -65,7 +65,7 @@ def _as_tensor(x: Any, name: str, dtype: torch.dtype, device: torch.device) -> t
 
 
 def _check_gmm(gmm: Any, d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``(means (K, d), covariances (K, d, d) or None, diagonal variances (K, d) or None, log weights (K,))``."""
+    """``(means (K, d), variances, weights (K,))``; variances ``(K, d)`` (diagonal) or ``(K, d, d)`` (full)."""
     if not isinstance(gmm, (tuple, list)) or len(gmm) != 3:
         raise TypeError(
             "`gmm` must be a (means, variances, weights) tuple (see rankwise.imbalanced.fit_label_gmm), "
@@ -81,16 +81,16 @@ def _check_gmm(gmm: Any, d: int, dtype: torch.dtype, device: torch.device) -> tu
         means = means.unsqueeze(-1)
     if tuple(means.shape) != (k, d):
         raise ValueError(f"`gmm` means must have shape ({k}, {d}) for {d}-d targets, got {tuple(means.shape)}")
-    if tuple(var.shape) == (k, d, d):
-        return means, var, weights.log()
-    if tuple(var.shape) == (k,) or (d == 1 and tuple(var.shape) == (k, 1)):
+    if tuple(var.shape) == (k, d, d) and d > 1:
+        return means, var, weights
+    if tuple(var.shape) in ((k,), (k, 1, 1)) or (d == 1 and tuple(var.shape) == (k, 1)):
         var = var.reshape(k, 1).expand(k, d)  # isotropic: Sigma_k = v_k I
     if tuple(var.shape) != (k, d):
         raise ValueError(
             f"`gmm` variances must have shape ({k}, {d}, {d}) (full), ({k}, {d}) (diagonal) or ({k},) "
             f"(isotropic), got {tuple(var.shape)}"
         )
-    return means, torch.diag_embed(var), weights.log()
+    return means, var, weights
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,15 +103,21 @@ def _bmc(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
 
 
 def _gai(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor, gmm: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    means, cov, log_w = gmm
+    means, cov, weights = gmm
+    log_w = weights.log()  # a zero-weight component contributes nothing (log 0 = -inf in the log-sum-exp)
     d = p.shape[-1]
     nll = 0.5 * (p - t).square().sum(-1) / var + 0.5 * d * torch.log(var)  # -log N(y; yhat, var I) + c
-    s = cov + var * torch.eye(d, dtype=p.dtype, device=p.device)  # (K, d, d)
-    chol = torch.linalg.cholesky_ex(s).L  # no error check (a host sync): a NaN variance gives a NaN loss
-    logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (K,)
-    diff = (p.unsqueeze(0) - means.unsqueeze(1)).transpose(-1, -2)  # (K, d, B)
-    z = torch.linalg.solve_triangular(chol, diff, upper=False)
-    maha = z.square().sum(-2).T  # (B, K)
+    diff = p.unsqueeze(1) - means.unsqueeze(0)  # (B, K, d)
+    if cov.dim() == 2:  # diagonal covariances: S_k = diag(v_k) + var I
+        s = cov + var  # (K, d)
+        logdet = torch.log(s).sum(-1)  # (K,)
+        maha = (diff.square() / s).sum(-1)  # (B, K)
+    else:  # full covariances: Cholesky of S_k = Sigma_k + var I (no host sync; NaN if not positive definite)
+        s = cov + var * torch.eye(d, dtype=p.dtype, device=p.device)
+        chol, _ = torch.linalg.cholesky_ex(s)
+        logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+        z = torch.linalg.solve_triangular(chol, diff.permute(1, 2, 0), upper=False)  # (K, d, B)
+        maha = z.square().sum(-2).T
     balancing = torch.logsumexp(log_w - 0.5 * logdet - 0.5 * maha, dim=-1)  # log int N(y'; yhat, var) p(y') + c
     return nll + balancing
 

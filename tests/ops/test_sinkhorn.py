@@ -347,6 +347,16 @@ def test_warns_when_not_converged() -> None:
     with pytest.warns(RuntimeWarning, match=r"did not reach tol=1e-14 at epsilon=0.001 within max_iter=0"):
         out = rankwise.soft_rank_sinkhorn(x, epsilon=1e-3, tol=1e-14, max_iter=0)
     assert torch.isfinite(out).all()
+    # float32 at small epsilon: the default tolerance accepts the round-off floor u / (2 eps) silently
+    x32 = torch.zeros(8, 128)
+    x32[:, 0] = 1e3  # one outlier: the tied rest spreads over all targets (the hardest float32 case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rankwise.soft_rank_sinkhorn(x32, epsilon=1e-3)
+        rankwise.soft_rank_sinkhorn(torch.randn(8, 32), epsilon=1e-4)
+    assert sk._default_tol(torch.float32, 1e-3) == (1e-5, 0.5 * torch.finfo(torch.float32).eps / 1e-3)
+    with pytest.warns(RuntimeWarning, match=r"did not reach tol=1e-09"):
+        rankwise.soft_rank_sinkhorn(torch.randn(8, 32), epsilon=1e-3, tol=1e-9)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

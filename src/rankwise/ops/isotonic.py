@@ -11,6 +11,7 @@ min-max characterization of isotonic regression (O(n^2) time and memory per row,
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any, Literal
@@ -30,7 +31,7 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops._sort import sorted_values_last
+from rankwise.ops._sort import sort_last, sorted_values_last
 from rankwise.ops.soft import register_soft_method
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
@@ -272,18 +273,35 @@ def _soft_rank_last(
     if x.numel() == 0:
         return (x * 0).to(rank_dtype(x.dtype))
     xc = to_compute(x)
-    z = xc.reshape(-1, n) / eps
-    if descending:
-        z = -z
+    if xc.dim() != 2:
+        xc = xc.reshape(-1, n)
+    nb = _numba_kernels() if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    if nb is not None:
+        out = _SoftRankCPU.apply(xc, eps, descending, regularization == "kl", nb)
+    else:
+        out = _soft_rank_composite(xc, eps, descending, regularization)
+    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN
+    if out.shape != x.shape:
+        out = out.reshape(x.shape)
+    rdt = rank_dtype(x.dtype)  # float32 ranks for half inputs
+    return out if out.dtype == rdt else out.to(rdt)
+
+
+def _soft_rank_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
+    """Soft ranks of the rows of ``xc`` from differentiable torch ops around the projection."""
+    n = xc.shape[-1]
+    z = xc / (-eps if descending else eps)
     s, perm = sorted_values_last(z, descending=True)
-    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device).unsqueeze(0)
-    w = rho if regularization == "l2" else torch.log(rho)
+    w = _rank_weights(n, xc.dtype, xc.device, regularization == "kl")
     mu = _PermutahedronProjection.apply(s, w, regularization)
     out = torch.empty_like(mu).scatter(-1, perm, mu)
-    if regularization == "kl":
-        out = torch.exp(out)
-    out = nan_slices(out, xc.reshape(-1, n))  # a NaN/inf in a row: the whole row is NaN
-    return out.reshape(x.shape).to(rank_dtype(x.dtype))
+    return torch.exp(out) if regularization == "kl" else out
+
+
+def _rank_weights(n: int, dtype: torch.dtype, device: torch.device, kl: bool) -> torch.Tensor:
+    """``rho = (n, ..., 1)`` as a (1, n) row, or ``log rho`` for kl."""
+    rho = torch.arange(n, 0, -1, dtype=dtype, device=device).unsqueeze(0)
+    return torch.log(rho) if kl else rho
 
 
 def _soft_sort_last(
@@ -298,17 +316,170 @@ def _soft_sort_last(
     n = x.shape[-1]
     if x.numel() == 0:
         return x * 0
-    xc = to_compute(x).reshape(-1, n)
+    xc = to_compute(x)
+    if xc.dim() != 2:
+        xc = xc.reshape(-1, n)
+    nb = _numba_kernels() if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    if nb is not None:
+        out = _SoftSortCPU.apply(xc, eps, descending, regularization == "kl", nb)
+    else:
+        out = _soft_sort_composite(xc, eps, descending, regularization)
+    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
+    if out.shape != x.shape:
+        out = out.reshape(x.shape)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
+    """Soft sort of the rows of ``xc`` from differentiable torch ops around the projection."""
+    n = xc.shape[-1]
     if not descending:  # ascending sort = -(descending sort of -x), as torchsort / fast-soft-sort
         xc = -xc
     w, _ = sorted_values_last(xc, descending=True)
     rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device) / eps
     s = rho.expand(w.shape[0], n).contiguous()
     mu = _PermutahedronProjection.apply(s, w, regularization)
-    if not descending:
-        mu = -mu
-    mu = nan_slices(mu, xc)  # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
-    return mu.reshape(x.shape).to(x.dtype)
+    return mu if descending else -mu
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU: sort + one fused numba pass per row, forward and backward (rows split across torch's threads)
+# --------------------------------------------------------------------------------------------------
+#: rows are split across ``torch.get_num_threads()`` Python threads (the kernels release the GIL)
+#: from this many elements on
+_PARALLEL_MIN_NUMEL = 1 << 15
+#: below this many elements the kernels also sort (numba's merge sort beats torch.sort's overhead)
+_SORT_INSIDE_MAX_NUMEL = 2048
+_pool: Any = None
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_weights_cpu(n: int, dtype: torch.dtype, kl: bool) -> torch.Tensor:
+    """Cached :func:`_rank_weights` on CPU (read-only use)."""
+    return _rank_weights(n, dtype, torch.device("cpu"), kl)
+
+
+@functools.lru_cache(maxsize=64)
+def _sort_targets_cpu(n: int, dtype: torch.dtype, eps: float) -> torch.Tensor:
+    """Cached ``rho / eps`` as a (1, n) row on CPU, as :func:`_soft_sort_composite` computes it."""
+    return (torch.arange(n, 0, -1, dtype=dtype) / eps).unsqueeze(0)
+
+
+def _over_rows(rows: int, numel: int, run: Any) -> None:
+    """``run(r0, r1)`` over the row range, in parallel chunks when it pays off."""
+    threads = min(torch.get_num_threads(), rows)
+    if threads < 2 or numel < _PARALLEL_MIN_NUMEL:
+        run(0, rows)
+        return
+    global _pool
+    if _pool is None or _pool._max_workers < threads - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="rankwise-isotonic")
+    bounds = [rows * t // threads for t in range(threads + 1)]
+    futures = [_pool.submit(run, bounds[t], bounds[t + 1]) for t in range(1, threads)]
+    run(bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+
+
+class _SoftRankCPU(torch.autograd.Function):
+    """Soft ranks of the rows of ``xc`` (CPU): ``z = x / eps`` (negated for descending), one sort,
+    then gather, PAV and scatter (and ``exp`` for kl) in one numba pass per row; backward is one
+    numba pass too. Double backward recomputes the composite path from the saved input."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
+        rows, n = xc.shape
+        div = -eps if descending else eps
+        w = _rank_weights_cpu(n, xc.dtype, kl)
+        out = torch.empty((rows, n), dtype=xc.dtype)
+        ids = torch.empty((rows, n), dtype=torch.int64)
+        on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
+        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: divide and sort in the kernel too (no torch ops)
+            z = torch.empty((rows, n), dtype=xc.dtype)
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            x_np = xc.contiguous().numpy()
+            nb.soft_rank_forward(z.numpy(), perm.numpy(), wn, kl, on, idn, x_np, x_np.dtype.type(div))
+        else:
+            z = (xc / div).contiguous()
+            perm = sort_last(z, True)[1].contiguous()
+            zn, pn = z.numpy(), perm.numpy()
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], None, 1.0),
+            )
+        ctx.save_for_backward(xc, z, perm, ids, out)
+        ctx.cfg = (eps, descending, kl, nb)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, z, perm, ids, out = ctx.saved_tensors
+        eps, descending, kl, nb = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            with torch.enable_grad():
+                y = _soft_rank_composite(xc, eps, descending, "kl" if kl else "l2")
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
+        rows, n = z.shape
+        g = grad.contiguous() if grad.dtype == z.dtype else grad.to(z.dtype).contiguous()
+        grad_x = torch.empty_like(z)
+        scale = (-1.0 if descending else 1.0) / eps
+        gn, zn, pn, idn, on, gx = g.numpy(), z.numpy(), perm.numpy(), ids.numpy(), out.numpy(), grad_x.numpy()
+        _over_rows(
+            rows,
+            rows * n,
+            lambda a, b: nb.soft_rank_backward(gn[a:b], zn[a:b], pn[a:b], idn[a:b], on[a:b], kl, scale, gx[a:b]),
+        )
+        return grad_x, None, None, None, None
+
+
+class _SoftSortCPU(torch.autograd.Function):
+    """Soft sort of the rows of ``xc`` (CPU): one sort of ``sign * x``, then gather and PAV in one
+    numba pass per row; backward is one numba pass. Double backward as in :class:`_SoftRankCPU`."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
+        rows, n = xc.shape
+        sign = 1.0 if descending else -1.0  # ascending sort = -(descending sort of -x)
+        s = _sort_targets_cpu(n, xc.dtype, eps)
+        x_np = xc.contiguous().numpy()
+        out = torch.empty((rows, n), dtype=xc.dtype)
+        ids = torch.empty((rows, n), dtype=torch.int64)
+        sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
+        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: sort in the kernel too
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            nb.soft_sort_forward(x_np, perm.numpy(), sign, sn, kl, on, idn, True)
+        else:
+            perm = sort_last(xc if descending else -xc, True)[1].contiguous()
+            pn = perm.numpy()
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_sort_forward(x_np[a:b], pn[a:b], sign, sn, kl, on[a:b], idn[a:b], False),
+            )
+        ctx.save_for_backward(xc, perm, ids)
+        ctx.cfg = (eps, descending, kl, nb)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, perm, ids = ctx.saved_tensors
+        eps, descending, kl, nb = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            with torch.enable_grad():
+                y = _soft_sort_composite(xc, eps, descending, "kl" if kl else "l2")
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
+        rows, n = xc.shape
+        sign = 1.0 if descending else -1.0
+        g = grad.contiguous() if grad.dtype == xc.dtype else grad.to(xc.dtype).contiguous()
+        grad_x = torch.empty((rows, n), dtype=xc.dtype)
+        gn, xn, pn, idn, gx = g.numpy(), xc.contiguous().numpy(), perm.numpy(), ids.numpy(), grad_x.numpy()
+        _over_rows(
+            rows, rows * n, lambda a, b: nb.soft_sort_backward(gn[a:b], xn[a:b], pn[a:b], idn[a:b], sign, kl, gx[a:b])
+        )
+        return grad_x, None, None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:
@@ -361,13 +532,14 @@ def soft_rank_isotonic(
         tensor([[2.5000, 1.5000, 2.0000]])
     """
     d = _prepare(x, dim)
+    last = d == x.dim() - 1
     out = _soft_rank_last(
-        x.movedim(d, -1),
+        x if last else x.movedim(d, -1),
         descending=descending,
         regularization=regularization,
         regularization_strength=regularization_strength,
     )
-    return out.movedim(-1, d)
+    return out if last else out.movedim(-1, d)
 
 
 def soft_sort_isotonic(
@@ -407,13 +579,14 @@ def soft_sort_isotonic(
         tensor([[2.5000, 2.0000, 1.5000]])
     """
     d = _prepare(x, dim)
+    last = d == x.dim() - 1
     out = _soft_sort_last(
-        x.movedim(d, -1),
+        x if last else x.movedim(d, -1),
         descending=descending,
         regularization=regularization,
         regularization_strength=regularization_strength,
     )
-    return out.movedim(-1, d)
+    return out if last else out.movedim(-1, d)
 
 
 class _IsotonicModule(nn.Module):

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# the numba kernels load synchronously in tests, so that the CPU path never depends on timing
+# (tests/ops/test_isotonic.py checks the default background loading in a subprocess)
+os.environ.setdefault("RANKWISE_NUMBA", "sync")
 
 import pytest
 import torch

@@ -11,8 +11,11 @@ min-max characterization of isotonic regression (O(n^2) time and memory per row,
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
+import os
+import threading
 import warnings
 from typing import Any, Literal
 
@@ -55,25 +58,92 @@ _MINMAX_BUDGET = 1 << 24
 
 _UNSET: Any = object()
 _nb: Any = _UNSET  # the numba kernels module, imported on first CPU use (keeps `import rankwise` fast)
+_load_lock = threading.Lock()
+_loader: threading.Thread | None = None
+_loader_stop = threading.Event()
+_unloaded_calls = 0
+
+#: ``RANKWISE_NUMBA`` says how the CPU kernels load. "background" (default): calls made before
+#: they are loaded take the PyTorch path (same values up to float rounding) and the second such
+#: call starts loading them (importing numba, reading or compiling the cached kernels) in a
+#: background thread, so that the first call does not wait for numba (about a second with a warm
+#: cache, more on a fresh install); inputs larger than ``_WARMUP_TORCH_MAX`` (rows * n^2) wait for
+#: the kernels instead. At exit, a load in progress stops after its current step. "sync": the first
+#: call loads the kernels and waits (the path never depends on timing); "off": never use numba.
+_NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
+_WARMUP_TORCH_MAX = 1 << 22
 
 
 def _numba_kernels() -> Any:
-    """The numba PAV kernels, or ``None`` (with one warning) when numba cannot be imported."""
+    """The numba PAV kernels (loading them now if needed), or ``None`` (with one warning) when
+    numba cannot be imported."""
     global _nb
     if _nb is _UNSET:
-        try:
-            from rankwise.ops import _isotonic_numba
+        with _load_lock:
+            if _nb is _UNSET:
+                try:
+                    from rankwise.ops import _isotonic_numba
 
-            _nb = _isotonic_numba
-        except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
-            _nb = None
-            warnings.warn(
-                f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
-                "O(n^2)-memory PyTorch path on CPU",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+                    _nb = _isotonic_numba
+                except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
+                    _nb = None
+                    warnings.warn(
+                        f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
+                        "O(n^2)-memory PyTorch path on CPU",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
     return _nb
+
+
+def _kernels_for(rows: int, n: int, *, call: bool = True) -> Any:
+    """The kernels for a CPU call on ``rows x n``, or ``None`` for the PyTorch path (see
+    ``_NUMBA_MODE``); ``call``: an operator call (counted), not a step inside one."""
+    global _unloaded_calls, _loader
+    if _nb is not _UNSET:
+        return _nb
+    if _NUMBA_MODE == "off":
+        return None
+    if _NUMBA_MODE == "sync" or rows * n * n > _WARMUP_TORCH_MAX:
+        return _numba_kernels()
+    if not call:
+        return None
+    _unloaded_calls += 1
+    if _unloaded_calls >= 2:
+        with _load_lock:
+            if _loader is None:
+                _loader = threading.Thread(target=_load_and_warm_up, name="rankwise-numba-loader", daemon=True)
+                atexit.register(_stop_loader)
+                _loader.start()
+    return None
+
+
+def _stop_loader() -> None:
+    """At exit: let the loader finish its current step (never kill it inside LLVM), then stop."""
+    _loader_stop.set()
+    if _loader is not None:
+        _loader.join()
+
+
+def _load_and_warm_up() -> None:
+    """Background thread: import numba and the kernels, then read (or compile) the float32
+    specializations the operators use, one at a time, by calling them on small inputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the calling thread warns when it loads them itself
+        try:
+            nb = _numba_kernels()
+            if nb is None:
+                return
+            x = torch.tensor([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]], requires_grad=True)  # (no global RNG use)
+            big = torch.linspace(-1, 1, _SORT_INSIDE_MAX_NUMEL).flip(0)[None].requires_grad_()  # torch-sorted path
+            for inp in (x, big):
+                for fn in (_SoftRankCPU, _SoftSortCPU):
+                    for kl in (False, True):
+                        if _loader_stop.is_set():
+                            return
+                        fn.apply(inp, 1.0, False, kl, nb).sum().backward()
+        except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
+            return
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,7 +248,7 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
 
 def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
-    nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" else None
+    nb = _kernels_for(*s.shape, call=False) if _BACKEND == "auto" and s.device.type == "cpu" else None
     if nb is not None:
         s_np = s.detach().contiguous().numpy()
         w_np = w.detach().to(s.dtype).contiguous().numpy()
@@ -214,7 +284,8 @@ class _PermutahedronProjection(torch.autograd.Function):
         s, w, ids = ctx.saved_tensors
         grad = grad.to(s.dtype)
         need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad else None
+        cpu = _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad
+        nb = _kernels_for(*s.shape, call=False) if cpu else None
         if nb is not None:  # CPU: one pass over the blocks in the JIT
             g_np = grad.detach().contiguous()
             gs_buf = torch.empty_like(g_np) if need_s else torch.empty((1, 1), dtype=s.dtype)
@@ -275,7 +346,7 @@ def _soft_rank_last(
     xc = to_compute(x)
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
-    nb = _numba_kernels() if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
     if nb is not None:
         out = _SoftRankCPU.apply(xc, eps, descending, regularization == "kl", nb)
     else:
@@ -319,7 +390,7 @@ def _soft_sort_last(
     xc = to_compute(x)
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
-    nb = _numba_kernels() if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
     if nb is not None:
         out = _SoftSortCPU.apply(xc, eps, descending, regularization == "kl", nb)
     else:

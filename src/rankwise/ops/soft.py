@@ -39,6 +39,16 @@ def _options(fn: SoftImpl) -> tuple[str, ...] | None:
 
 
 _METHODS: dict[str, _SoftMethod] = {}
+_PLUGINS_LOADED = False
+
+
+def _load_plugins() -> None:
+    """Import the packages that register methods from outside :mod:`rankwise.ops` (the SoDeep
+    sorters), once, so that they are available however rankwise was imported."""
+    global _PLUGINS_LOADED
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED = True
+        import rankwise.sodeep.hub  # noqa: F401  registers soft_rank(method="sodeep")
 
 
 def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftImpl | None = None) -> None:
@@ -53,10 +63,13 @@ def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftI
 
 def list_soft_methods() -> list[str]:
     """Methods accepted by :func:`soft_sort` / :func:`soft_rank`."""
+    _load_plugins()
     return sorted(_METHODS)
 
 
 def _impl(method: Any, kind: str) -> SoftImpl:
+    if method not in _METHODS:
+        _load_plugins()
     if method not in _METHODS or getattr(_METHODS[method], kind) is None:
         valid = ", ".join(repr(m) for m in sorted(m for m, v in _METHODS.items() if getattr(v, kind)))
         raise ValueError(f"`method` must be one of {valid} for soft_{kind}; got {method!r}")

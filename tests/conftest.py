@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# the numba kernels load synchronously in tests, so that the CPU path never depends on timing
+# (tests/ops/test_isotonic.py checks the default background loading in a subprocess)
+os.environ.setdefault("RANKWISE_NUMBA", "sync")
 
 import pytest
 import torch
@@ -59,3 +64,27 @@ def gradcheck(fn, *inputs: torch.Tensor, **kwargs) -> bool:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Probe counts of the property/fuzz suite (tests/test_properties.py), when it ran in this process."""
+    import json
+    import os
+    import sys
+
+    mod = sys.modules.get("tests.test_properties")
+    probes = getattr(mod, "PROBES", None)
+    if not probes:
+        return
+    counts = {k: probes.get(k, 0) for k in ("ok", "clear_error", "crash", "silent_wrong")}
+    tried = sum(counts.values())
+    terminalreporter.write_line(
+        f"fuzz probes: {tried} tried, {counts['ok']} ok, {counts['clear_error']} clear error, "
+        f"{counts['crash']} crash, {counts['silent_wrong']} silent wrong"
+    )
+    for line in getattr(mod, "FINDINGS", [])[:40]:
+        terminalreporter.write_line(f"  {line[:300]}")
+    path = os.environ.get("RANKWISE_PROBE_REPORT")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"tried": tried, **counts, "findings": getattr(mod, "FINDINGS", [])}, f, indent=1)

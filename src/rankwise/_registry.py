@@ -2,7 +2,10 @@
 
 Every public operator and loss is registered together with a small factory of example inputs so
 that one generic conformance test (``tests/test_conformance.py``) can exercise all of them:
-forward, backward, finite gradients, module == function and degenerate batches.
+forward, backward, finite gradients, module == function and degenerate batches. A ``fuzz`` factory
+(inputs of any size ``n``, random options) and the ``nonfinite`` policy let the property/fuzz suite
+(``tests/test_properties.py``) probe every entry with random shapes, dtypes, ties, NaN/inf and
+invalid arguments; see ``docs/conventions.md``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-__all__ = ["INPUT_ROLES", "Example", "Registry", "RegistryEntry"]
-
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
 #: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``
 INPUT_ROLES = ("features", "predictions", "targets", "weights")
+__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "Registry", "RegistryEntry"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,6 +38,11 @@ class Example:
 
 ExampleFactory = Callable[[torch.dtype, torch.device], Example]
 DegenerateFactory = Callable[[torch.dtype, torch.device], list[Example]]
+#: ``fuzz(n, dtype, device, generator)``: random inputs whose ranked / batch length is ``n`` (any
+#: ``n >= 0``; return ``None`` for an ``n`` the entry cannot take, e.g. ``k > n``), with floating
+#: inputs in ``dtype`` and options drawn from ``generator``; integer label tensors stay integer.
+FuzzFactory = Callable[[int, torch.dtype, torch.device, torch.Generator], "Example | None"]
+NonFinite = Literal["propagate", "order"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,12 @@ class RegistryEntry:
     #: recipe's regularizer or task loss: the recipe calls it (or its module twin, whose ``forward``
     #: takes the same tensor parameters) with those tensors by keyword. ``None``: not usable there.
     inputs: Mapping[str, str] | None = field(default=None, hash=False)
+    #: random inputs of any size for the property/fuzz suite (``None``: it falls back to ``example``)
+    fuzz: FuzzFactory | None = None
+    #: what a NaN/inf input does (docs/conventions.md): "propagate": every output that depends on it is
+    #: NaN (or +-inf where IEEE arithmetic gives one); "order": exact ordering ops rank +-inf as the
+    #: largest/smallest values (finite outputs) and only NaN propagates.
+    nonfinite: NonFinite = "propagate"
 
 
 class Registry(Generic[F]):
@@ -78,6 +91,8 @@ class Registry(Generic[F]):
         stochastic: bool = False,
         description: str = "",
         inputs: Mapping[str, str] | None = None,
+        fuzz: FuzzFactory | None = None,
+        nonfinite: NonFinite = "propagate",
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``."""
         if not isinstance(name, str) or not name:
@@ -101,6 +116,8 @@ class Registry(Generic[F]):
                 stochastic=stochastic,
                 description=doc,
                 inputs=dict(inputs) if inputs is not None else None,
+                fuzz=fuzz,
+                nonfinite=nonfinite,
             )
             return fn
 
@@ -133,3 +150,48 @@ class Registry(Generic[F]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers for ``fuzz`` factories (random inputs drawn from the given generator, on the CPU first)
+# --------------------------------------------------------------------------------------------------
+def fuzz_choice(generator: torch.Generator, options: Any) -> Any:
+    """One element of the sequence ``options``, drawn from ``generator``."""
+    seq = list(options)
+    return seq[int(torch.randint(len(seq), (), generator=generator))]
+
+
+def fuzz_int(generator: torch.Generator, low: int, high: int) -> int:
+    """An int in ``[low, high]``."""
+    return int(torch.randint(low, high + 1, (), generator=generator))
+
+
+def fuzz_lead(generator: torch.Generator, max_dims: int = 2, max_size: int = 3) -> tuple[int, ...]:
+    """Random leading dims (0 to ``max_dims`` of them, sizes 0..``max_size``; size 0 now and then)."""
+    return tuple(fuzz_int(generator, 0, max_size) for _ in range(fuzz_int(generator, 0, max_dims)))
+
+
+def fuzz_tensor(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    generator: torch.Generator,
+    *,
+    grad: bool = True,
+    positive: bool = False,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """A leaf of standard-normal values (``positive``: uniform in [0.5, 1.5]) times ``scale``."""
+    if positive:
+        x = torch.rand(shape, generator=generator, dtype=torch.float64) + 0.5
+    else:
+        x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    return (x * scale).to(device=device, dtype=dtype).requires_grad_(grad)
+
+
+def fuzz_labels(
+    n: int, device: torch.device, generator: torch.Generator, *, classes: int | None = None
+) -> torch.Tensor:
+    """``(n,)`` int64 labels in ``[0, classes)`` (default about ``n / 2`` classes, so labels repeat)."""
+    c = classes if classes is not None else max(1, n // 2 + 1)
+    return torch.randint(c, (n,), generator=generator).to(device)

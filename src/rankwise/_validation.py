@@ -1,18 +1,28 @@
-"""Argument checks shared by all operators and losses.
+"""Argument checks and numerical conventions shared by all operators and losses.
 
 Every check raises ``TypeError`` or ``ValueError`` whose message names the argument, what was
-expected and what was given, e.g. ``"`tau` must be > 0, got -1.0"``.
+expected and what was given, e.g. ``"`tau` must be > 0, got -1.0"``. The rules these helpers
+implement (dtype promotion, half-precision outputs, NaN/inf policy, device mismatches) are written
+down in ``docs/conventions.md``; new operators and losses use them instead of their own copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import inspect
+import math
+from collections.abc import Callable, Iterable
 from numbers import Real
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 __all__ = [
+    "batch_loss",
+    "check_bool",
     "check_choice",
     "check_dim",
     "check_floating",
@@ -20,8 +30,14 @@ __all__ = [
     "check_ndim",
     "check_positive",
     "check_positive_int",
+    "check_real",
+    "check_same_device",
     "check_tensor",
+    "common_compute_dtype",
     "compute_dtype",
+    "nan_if_nonfinite",
+    "nan_slices",
+    "rank_dtype",
     "to_compute",
 ]
 
@@ -40,6 +56,32 @@ def check_floating(x: Any, name: str) -> torch.Tensor:
             f"`{name}` must be a floating-point tensor, got dtype {x.dtype}; convert it with `{name}.float()`"
         )
     return x
+
+
+def check_real(x: Any, name: str) -> torch.Tensor:
+    """``x`` must be a real (integer, bool or floating) tensor, not complex (labels, targets, weights)."""
+    check_tensor(x, name)
+    if x.is_complex():
+        raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
+    return x
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` must be a ``bool`` (a truthy string or int would silently change the result)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, *others: tuple[str, torch.Tensor | None]) -> None:
+    """Every tensor in ``others`` (``(name, tensor or None)``) must be on the device of ``ref``.
+
+    Raises ``ValueError: `labels` must be on the device of `features` (cpu), got meta`` instead of
+    torch's internal device error deep inside the computation. No host sync (devices are metadata).
+    """
+    for name, t in others:
+        if isinstance(t, torch.Tensor) and t.device != ref.device:
+            raise ValueError(f"`{name}` must be on the device of `{ref_name}` ({ref.device}), got {t.device}")
 
 
 def check_floating_nd(x: Any, name: str) -> torch.Tensor:
@@ -112,6 +154,98 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     if not dtype.is_floating_point:
         return torch.get_default_dtype()
     return dtype
+
+
+def common_compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """The compute dtype of several inputs: their floating dtypes promoted (``torch.promote_types``), with
+    fp16/bf16 computed in float32; integer/bool inputs do not take part (default dtype if none is floating).
+
+    Two tensors are never cast to the first one's dtype: a float64 target with a float32 prediction is
+    computed in float64 (so target values 1e-9 apart stay distinct).
+    """
+    dt: torch.dtype | None = None
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            c = compute_dtype(t.dtype)
+            dt = c if dt is None else torch.promote_types(dt, c)
+    return dt if dt is not None else torch.get_default_dtype()
+
+
+def rank_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which ranks (exact or soft, values up to n) of an input of ``dtype`` are returned.
+
+    float16 holds integers exactly only up to 2048 and bfloat16 up to 256, so ranks of half inputs are
+    float32; other floating dtypes are kept, integer inputs give the default dtype.
+    """
+    return compute_dtype(dtype)
+
+
+def nan_slices(out: torch.Tensor, x: torch.Tensor, *, nan_only: bool = False, out_dims: int = 1) -> torch.Tensor:
+    """NaN in every slice of ``out`` whose input slice ``x[..., :]`` holds a NaN (or, unless ``nan_only``,
+    an inf): the NaN/inf policy of an operator whose outputs along the last ``out_dims`` dims all depend
+    on the whole last dim of ``x`` (soft sort/rank: ``out_dims=1``; a permutation matrix: 2).
+
+    ``x`` has the leading dims of ``out``; no host sync (a ``torch.where``). Gradients of the masked
+    slices are zero.
+    """
+    if x.numel() == 0 or not x.is_floating_point():
+        return out
+    bad = torch.isnan(x) if nan_only else ~torch.isfinite(x)
+    bad = bad.any(dim=-1)
+    bad = bad.reshape((*bad.shape, *([1] * out_dims)))
+    return torch.where(bad, torch.full((), math.nan, dtype=out.dtype, device=out.device), out)
+
+
+def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
+    """``out`` (a loss) where every floating input is finite, NaN everywhere otherwise (no host sync).
+
+    The NaN/inf policy of the batch losses: each value depends on the whole batch (rankings,
+    softmax denominators, sampled subsets), so one non-finite feature, label, prediction or weight
+    makes the whole loss NaN instead of a finite value that silently ignores it.
+    """
+    flags = [
+        torch.isfinite(t.detach()).all()
+        for t in inputs
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+    ]
+    if not flags:
+        return out
+    ok = torch.stack(flags).all().to(out.device) if len(flags) > 1 else flags[0].to(out.device)
+    return torch.where(ok, out, torch.full((), math.nan, dtype=out.dtype, device=out.device))
+
+
+def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator applying the device and NaN/inf conventions of a batch loss to ``fn``.
+
+    ``tensor_args`` name ``fn``'s tensor parameters, the first being the reference (e.g.
+    ``@batch_loss("features", "labels", "mask")``). Before ``fn`` runs, every other one that is a
+    tensor must be on the reference's device (``ValueError`` naming both, see
+    :func:`check_same_device`); the returned loss goes through :func:`nan_if_nonfinite` with all of
+    them, so a NaN/inf feature, label, prediction or weight makes the whole loss NaN (every element
+    for ``reduction="none"``). No host sync.
+    """
+
+    def decorator(fn: Callable[P, R]) -> Callable[P, R]:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                bound = sig.bind_partial(*args, **kwargs).arguments
+            except TypeError:  # a bad call: let the function raise its own error
+                return fn(*args, **kwargs)
+            tensors = [(n, bound.get(n)) for n in tensor_args]
+            ref_name, ref = tensors[0]
+            if isinstance(ref, torch.Tensor):
+                check_same_device(ref_name, ref, *tensors[1:])
+            out = fn(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                return nan_if_nonfinite(out, *(t for _, t in tensors if isinstance(t, torch.Tensor)))  # type: ignore[return-value]
+            return out
+
+        return wrapper
+
+    return decorator
 
 
 def to_compute(x: torch.Tensor) -> torch.Tensor:

@@ -249,6 +249,7 @@ def test_half_precision_computed_in_float32(half: torch.dtype) -> None:
 # module
 # --------------------------------------------------------------------------------------------------
 def test_module_holds_sigma_and_buffers() -> None:
+    pytest.importorskip("sklearn.mixture")
     gmm = fit_label_gmm(torch.randn(200, dtype=torch.float64), n_components=2)
     crit = BalancedMSELoss(2.0, method="gai", gmm=gmm)
     assert [n for n, _ in crit.named_parameters()] == ["noise_sigma"]
@@ -309,6 +310,7 @@ def test_fit_label_gmm_matches_sklearn_and_recovers_components() -> None:
 
 
 def test_fit_label_gmm_errors() -> None:
+    pytest.importorskip("sklearn.mixture")
     with pytest.raises(ValueError, match=r"at least n_components=8 labels"):
         fit_label_gmm(torch.arange(5.0))
     with pytest.raises(ValueError, match=r"`labels` must be finite"):

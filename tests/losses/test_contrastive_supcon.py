@@ -306,14 +306,18 @@ def test_errors():
 @pytest.mark.parametrize("variant", ["out", "in"])
 @pytest.mark.parametrize("chunk_size", [None, 3])
 def test_nan_bool_and_signed_zero_labels(variant, chunk_size, label_path):
-    """Labels are compared with ``==``: a NaN label is nobody's positive (not even its other views'),
-    -0.0 equals 0.0, bool labels work."""
+    """Labels are compared with ``==``: -0.0 equals 0.0, bool labels work. A NaN label makes the loss NaN
+    (the NaN policy of docs/conventions.md; the kernels themselves treat it as nobody's positive)."""
     x = _feats(6, 2, 5, seed=11)
     opts = {"temperature": 0.4, "variant": variant}
+    for y in (torch.tensor([0.0, math.nan, 1.0, math.nan, 1.0, -0.0]), torch.tensor([math.nan] * 6)):
+        loss = supcon_loss(x, y, chunk_size=chunk_size, **opts)
+        assert torch.isnan(loss)
+        (g,) = torch.autograd.grad(loss, x)  # the backward still runs
+        assert g.shape == x.shape
     for y in (
-        torch.tensor([0.0, math.nan, 1.0, math.nan, 1.0, -0.0]),
+        torch.tensor([0.0, 2.0, 1.0, 3.0, 1.0, -0.0]),
         torch.tensor([True, False, True, True, False, False]),
-        torch.tensor([math.nan] * 6),
     ):
         got = supcon_loss(x, y, chunk_size=chunk_size, **opts)
         want = slow_supcon(x, y, **opts)

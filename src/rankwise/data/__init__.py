@@ -23,6 +23,8 @@ from rankwise.data._base import (
     random_split_indices,
     register_dataset,
     standardize,
+    suggest_bin_width,
+    suggest_shot_thresholds,
 )
 from rankwise.data.image_classes import load_cifar_dir, load_image_folder
 from rankwise.data.images import DIRImageDataset, dir_image_transforms, dir_images, load_agedb_dir, load_imdb_wiki_dir
@@ -75,5 +77,7 @@ __all__ = [
     "read_sts_tsv",
     "register_dataset",
     "standardize",
+    "suggest_bin_width",
+    "suggest_shot_thresholds",
     "tokenize",
 ]

@@ -37,6 +37,8 @@ __all__ = [
     "random_split_indices",
     "register_dataset",
     "standardize",
+    "suggest_bin_width",
+    "suggest_shot_thresholds",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -107,6 +109,10 @@ class RegressionData:
     bin_width: float
     label_name: str
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ``(many_shot, few_shot)`` training counts per bin that define the shot groups (a bin is
+    #: many-shot above the first, few-shot below the second); ``None``: derive them from the
+    #: training labels with :func:`suggest_shot_thresholds`. The DIR benchmarks use ``(100, 20)``.
+    shot_thresholds: tuple[float, float] | None = None
 
     def sizes(self) -> tuple[int, int, int]:
         """``(len(train), len(val), len(test))``."""
@@ -200,6 +206,59 @@ def label_bins(labels: np.ndarray, bin_width: float) -> np.ndarray:
     if not bin_width > 0 or not math.isfinite(bin_width):
         raise ValueError(f"`bin_width` must be finite and > 0, got {bin_width!r}")
     return label_bins_np(labels, float(bin_width))
+
+
+def suggest_bin_width(labels: np.ndarray | Sequence[float]) -> float:
+    r"""A label bin width for LDS, FDS and the shot groups when the data do not define one.
+
+    About :math:`\sqrt{N}` bins (at least 10, at most 100) over the range of the ``N`` labels,
+    the width rounded to the nearest 1, 2 or 5 times a power of ten; never below 1 when every label
+    is an integer (counts, ages in years, ratings). So a few hundred labels get bins holding about
+    :math:`\sqrt{N}` labels each on average, instead of one bin per distinct value.
+
+    Example:
+        >>> suggest_bin_width(np.arange(25.0, 347.0))  # 322 integer labels, like sklearn's diabetes
+        20.0
+        >>> suggest_bin_width(np.linspace(0.0, 5.0, 5000))  # scores in [0, 5]
+        0.05
+        >>> suggest_bin_width(np.arange(1.0, 30.0).repeat(100))  # integer labels 1..29
+        1.0
+    """
+    lab = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if lab.size == 0 or not np.isfinite(lab).all():
+        raise ValueError("`labels` must be a non-empty array of finite values")
+    span = float(lab.max() - lab.min())
+    integer = bool(np.all(lab == np.round(lab)))
+    if span == 0:
+        return 1.0
+    n_bins = min(max(round(math.sqrt(lab.size)), 10), 100)
+    raw = span / n_bins
+    exponent = math.floor(math.log10(raw))
+    candidates = [m * 10.0**e for e in (exponent - 1, exponent, exponent + 1) for m in (1, 2, 5)]
+    width = min(candidates, key=lambda c: abs(math.log(c / raw)))
+    width = float(f"{width:.12g}")  # 0.05, not 0.05000000000000001
+    return max(width, 1.0) if integer else width
+
+
+def suggest_shot_thresholds(train_labels: np.ndarray | Sequence[float], bin_width: float) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` training counts relative to the data: the mean count of an occupied bin
+    and a fifth of it.
+
+    A bin is then many-shot when it holds more training labels than the average occupied bin and
+    few-shot when it holds fewer than a fifth of that average, the 5 : 1 ratio of the DIR
+    benchmarks' fixed thresholds (many > 100, few < 20 training images per age, for about 126
+    images per age in AgeDB-DIR). Fixed thresholds of 100 and 20 make every bin of a dataset with a
+    few hundred rows few-shot.
+
+    Example:
+        >>> suggest_shot_thresholds(np.array([1.0] * 60 + [2.0] * 30 + [3.0] * 3), 1.0)
+        (31.0, 6.2)
+    """
+    bins = label_bins(np.asarray(train_labels, dtype=np.float64).reshape(-1), bin_width)
+    if bins.size == 0:
+        raise ValueError("`train_labels` must not be empty")
+    mean = bins.size / np.unique(bins).size
+    return float(mean), float(mean / 5)
 
 
 class LabelHistogram(NamedTuple):

@@ -188,6 +188,7 @@ def dir_images(
             "labels_only": labels_only,
             "split": "given by the split file",
         },
+        shot_thresholds=(100, 20),  # the DIR benchmarks' many-shot > 100, few-shot < 20
     )
 
 

@@ -19,6 +19,8 @@ from rankwise.data._base import (
     random_split_indices,
     register_dataset,
     standardize,
+    suggest_bin_width,
+    suggest_shot_thresholds,
 )
 from rankwise.data._files import check_file, check_header, csv_records, decode_text, parse_number, read_bytes
 
@@ -166,6 +168,7 @@ def load_abalone(
             "seed": seed,
             "indices": {"train": train_idx, "val": val_idx, "test": test_idx},
         },
+        shot_thresholds=(100, 20),  # the DIR benchmarks' many-shot > 100, few-shot < 20
     )
 
 
@@ -181,11 +184,11 @@ def load_csv(
     per_label: int = 10,
     seed: int = 0,
     standardize_features: bool = True,
-    bin_width: float = 1.0,
+    bin_width: float | None = None,
     delimiter: str = ",",
     name: str | None = None,
 ) -> RegressionData:
-    """A regression dataset from any CSV file with a header: numeric feature columns + a target.
+    r"""A regression dataset from any CSV file with a header: numeric feature columns + a target.
 
     ``features`` defaults to every column except ``target``; all of them must be numeric (a
     non-numeric, empty or non-finite value raises :class:`~rankwise.data.DataFormatError`
@@ -202,8 +205,24 @@ def load_csv(
 
     Split: ``"random"`` (default; ``val_fraction`` 0.1 and ``test_fraction`` 0.2 of the rows,
     seeded) or ``"dir"`` (balanced val/test with ``min(per_label, count // 3)`` rows per label
-    bin of width ``bin_width``, as for abalone). ``bin_width`` is also the bin width used for
-    LDS/FDS and the shot metrics.
+    bin of width ``bin_width``, as for abalone).
+
+    Bins: ``bin_width`` is the label bin width of the split, LDS/FDS and the shot groups; by
+    default :func:`~rankwise.data.suggest_bin_width` of all the labels (about :math:`\sqrt{N}`
+    bins; 1 for integer labels spanning fewer than about :math:`\sqrt{N}` values). The shot groups
+    (``shot_thresholds``) follow the data as well: a bin is many-shot above the mean training
+    count of an occupied bin and few-shot below a fifth of it
+    (:func:`~rankwise.data.suggest_shot_thresholds`).
+
+    Example:
+        >>> import tempfile, pathlib, numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> rows = ["x1,x2,y"] + [f"{a:.3f},{b:.3f},{int(50 + 100 * a * a)}" for a, b in rng.random((400, 2))]
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "mine.csv"
+        >>> _ = path.write_text("\n".join(rows) + "\n")
+        >>> data = load_csv(path, target="y")
+        >>> data.sizes(), data.bin_width, data.label_name
+        ((280, 40, 80), 5.0, 'y')
     """
     src = Path(path)
     text, display = _read_text(src)
@@ -237,6 +256,8 @@ def load_csv(
         raise DataFormatError(display, None, "no data rows")
     x = np.asarray(xs, dtype=np.float64)
     y = np.asarray(ys, dtype=np.float64)
+    if bin_width is None:
+        bin_width = suggest_bin_width(y)
     if split == "random":
         train_idx, val_idx, test_idx = random_split_indices(
             len(y), val_fraction=val_fraction, test_fraction=test_fraction, seed=seed
@@ -273,4 +294,5 @@ def load_csv(
             "seed": seed,
             "indices": {"train": train_idx, "val": val_idx, "test": test_idx},
         },
+        shot_thresholds=suggest_shot_thresholds(y[train_idx], float(bin_width)),
     )

@@ -218,4 +218,5 @@ def load_stsb_dir(
             "tokenizer": "lowercase; words and punctuation (rankwise.data.text.tokenize)",
             "split": "given by the files",
         },
+        shot_thresholds=(100, 20),  # the DIR benchmarks' many-shot > 100, few-shot < 20
     )

@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, compute_dtype
+from rankwise._validation import check_choice, check_floating, check_positive, check_real, compute_dtype
 
 __all__ = ["RegressionLoss", "regression_loss"]
 
@@ -82,7 +82,9 @@ def regression_loss(
     reference does; it is *not* normalized by ``sum(w)``: LDS weights already average to 1), ``"sum"``
     their sum, ``"none"`` the element-wise tensor. An empty batch gives ``0`` (``"mean"``/``"sum"``)
     that keeps the graph. The focal factor's power has a finite gradient at :math:`e = 0` for any
-    :math:`\gamma \ge 0`.
+    :math:`\gamma \ge 0`. NaN/inf values propagate element-wise as in ``torch.nn.functional``
+    (``reduction="none"``: NaN exactly where ``pred``, ``target`` or ``weights`` is NaN; the mean and
+    sum are then NaN too), so a caller can mask missing targets itself.
 
     Shape:
         - pred, target: :math:`(*)`, the same shape (e.g. ``(B,)`` or ``(B, 1)``), floating.
@@ -105,7 +107,7 @@ def regression_loss(
         tensor(0.2500, grad_fn=<SumBackward0>)
     """
     check_floating(pred, "pred")
-    check_tensor(target, "target")
+    check_real(target, "target")
     check_choice(kind, "kind", _KINDS)
     check_choice(activate, "activate", _ACTIVATE)
     check_choice(reduction, "reduction", _REDUCTIONS)
@@ -136,7 +138,7 @@ def regression_loss(
         f = torch.tanh(beta * abs_err) if activate == "tanh" else 2 * torch.sigmoid(beta * abs_err) - 1
         loss = base * _safe_pow(f, gamma)
     if weights is not None:
-        check_tensor(weights, "weights")
+        check_real(weights, "weights")
         if weights.device != pred.device:
             raise ValueError(f"`weights` must be on the device of `pred` ({pred.device}), got {weights.device}")
         loss = loss * _broadcast_weights(weights.to(dt), loss.shape)

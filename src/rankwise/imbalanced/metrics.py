@@ -148,13 +148,14 @@ def regression_metrics(
     An empty group gives ``count`` 0 and ``None`` for its metrics (the reference crashes there).
 
     Args:
-        preds, labels: predictions and targets, any shape with :math:`N` elements each (tensors, arrays or
-            sequences); flattened.
+        preds: predictions, any shape with :math:`N` elements (a tensor, an array or a sequence); flattened.
+        labels: targets, the same number of elements as ``preds``; flattened.
         train_labels: the training set's labels (only their counts matter).
 
     Returns:
+        A dict of plain Python numbers,
         ``{"all"|"many"|"medium"|"few": {"mae", "mse", "gmean": float | None, "count": int},
-        "pearson": float | None, "spearman": float | None}`` — plain Python numbers.
+        "pearson": float | None, "spearman": float | None}``.
 
     Example:
         >>> from rankwise.imbalanced import regression_metrics

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from rankwise._validation import check_choice, check_floating, check_tensor, to_compute
 from rankwise.distributed import BatchLayout
@@ -25,8 +24,20 @@ def as_views(features: torch.Tensor, name: str = "features", *, normalize: bool 
         )
     x = to_compute(features)
     if normalize:
-        x = F.normalize(x, dim=-1)
+        x = safe_normalize(x)
     return x
+
+
+def safe_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``F.normalize(x, dim)`` with a zero (not ``1 / 1e-12``) gradient at an all-zero vector.
+
+    ``F.normalize`` divides by ``max(|x|, 1e-12)``, so an exactly-zero feature vector (a dead ReLU
+    layer, or zero-padding) gets gradients of order 1e12: finite in float32, ``inf`` once cast back
+    to float16. Its value is 0 either way.
+    """
+    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    nonzero = norm > 0
+    return torch.where(nonzero, x / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(x))
 
 
 def as_labels(labels: torch.Tensor, batch: int, name: str = "labels", *, allow_multi: bool = False) -> torch.Tensor:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_positive
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
@@ -68,6 +68,7 @@ def _dist_reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str, layout
     return total / n_valid.clamp(min=1) * layout.world_size
 
 
+@batch_loss("features", "labels", "mask")
 def triplet_loss(
     features: torch.Tensor,
     labels: torch.Tensor | None = None,
@@ -130,6 +131,7 @@ def triplet_loss(
     check_choice(distance, "distance", ("squared", "euclidean"))
     check_choice(mining, "mining", ("all", "hard"))
     check_choice(reduction, "reduction", _REDUCTIONS)
+    check_bool(normalize, "normalize")
     if labels is not None and mask is not None:
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither)")
     x = as_views(features, normalize=normalize)
@@ -181,6 +183,7 @@ def triplet_loss(
     return reduce(loss, valid, reduction)
 
 
+@batch_loss("features", "labels")
 def npairs_loss(
     features: torch.Tensor,
     labels: torch.Tensor | None = None,
@@ -228,6 +231,7 @@ def npairs_loss(
     """
     tau = check_positive(temperature, "temperature")
     check_choice(reduction, "reduction", _REDUCTIONS)
+    check_bool(normalize, "normalize")
     x = as_views(features, normalize=normalize)
     b, v, _ = x.shape
     if v != 2:
@@ -374,5 +378,30 @@ def _npairs_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example
     ]
 
 
-register_loss("triplet", module=TripletLoss, example=_triplet_example, degenerate=_triplet_degenerate)(triplet_loss)
-register_loss("npairs", module=NPairsLoss, example=_npairs_example, degenerate=_npairs_degenerate)(npairs_loss)
+def _pair_fuzz(triplet: bool):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        shape = fuzz_choice(g, [(n, fuzz_int(g, 1, 5)), (n, 2, fuzz_int(g, 1, 4))]) if triplet else (n, 2, 3)
+        feats = fuzz_tensor(shape, dtype, device, g)
+        args: tuple[Any, ...] = (feats,)
+        if fuzz_choice(g, [False, True]):
+            args = (feats, fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32])))
+        kw: dict[str, Any] = {"reduction": fuzz_choice(g, ["mean", "sum", "none"])}
+        if triplet:
+            kw.update(
+                margin=fuzz_choice(g, [0.0, 0.2]),
+                distance=fuzz_choice(g, ["squared", "euclidean"]),
+                mining=fuzz_choice(g, ["all", "hard"]),
+            )
+        else:
+            kw["temperature"] = fuzz_choice(g, [0.1, 2.0])
+        return Example(args, kw)
+
+    return factory
+
+
+register_loss(
+    "triplet", module=TripletLoss, example=_triplet_example, degenerate=_triplet_degenerate, fuzz=_pair_fuzz(True)
+)(triplet_loss)
+register_loss(
+    "npairs", module=NPairsLoss, example=_npairs_example, degenerate=_npairs_degenerate, fuzz=_pair_fuzz(False)
+)(npairs_loss)

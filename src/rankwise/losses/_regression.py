@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rankwise._registry import Example
+from rankwise._registry import Example, fuzz_choice, fuzz_tensor
 from rankwise.imbalanced.losses import _KINDS, RegressionLoss, regression_loss
 from rankwise.losses._registry import register_loss
 
@@ -50,6 +50,20 @@ def _make_degenerate(kind: str):
     return degenerate
 
 
+def _make_fuzz(kind: str):
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        shape = fuzz_choice(g, [(n,), (n, 1)])
+        pred = fuzz_tensor(shape, dtype, device, g)
+        target = fuzz_tensor(shape, fuzz_choice(g, [dtype, torch.float64]), device, g, grad=False)
+        kw: dict[str, object] = {**_EXAMPLE_KWARGS[kind], "reduction": fuzz_choice(g, ["mean", "sum", "none"])}
+        args: tuple[torch.Tensor, ...] = (pred, target)
+        if fuzz_choice(g, [False, True]):
+            args = (pred, target, fuzz_tensor((n,), dtype, device, g, grad=False, positive=True))
+        return Example(args, kw)
+
+    return fuzz
+
+
 for _kind in _KINDS:
     register_loss(
         f"regression_{_kind}",
@@ -57,4 +71,5 @@ for _kind in _KINDS:
         example=_make_example(_kind),
         degenerate=_make_degenerate(_kind),
         description=f"DIR weighted {_kind} regression loss: regression_loss(..., kind={_kind!r})",
+        fuzz=_make_fuzz(_kind),
     )(regression_loss)

@@ -9,8 +9,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._validation import (
+    batch_loss,
+    check_bool,
+    check_choice,
+    check_floating,
+    check_positive,
+    check_real,
+    to_compute,
+)
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
@@ -69,6 +77,7 @@ def _global_views(x: torch.Tensor, distributed: DistributedFlag) -> tuple[torch.
     return all_gather_with_grad(x, sizes=layout), layout
 
 
+@batch_loss("features", "labels")
 def rnc_loss(
     features: torch.Tensor,
     labels: torch.Tensor,
@@ -280,6 +289,7 @@ def _per_view(t: torch.Tensor, b: int, v: int, name: str) -> torch.Tensor:
     raise ValueError(f"`{name}` must have shape ({b},), ({b}, 1) or ({b}, {v}), got shape {tuple(t.shape)}")
 
 
+@batch_loss("features", "labels", "preds", "weights")
 def conr_loss(
     features: torch.Tensor,
     labels: torch.Tensor,
@@ -353,10 +363,11 @@ def conr_loss(
     tau = check_positive(temperature, "temperature")
     e = check_positive(eta, "eta", allow_zero=True)
     check_choice(variant, "variant", ("in", "out"))
+    check_bool(normalize, "normalize")
     x = as_views(features, normalize=normalize)
     b, v, d = x.shape
     y = as_labels(labels, b)
-    check_tensor(preds, "preds")
+    check_real(preds, "preds")
     yp = _per_view(preds.detach(), b, v, "preds")
     if weights is not None:
         check_floating(weights, "weights")
@@ -491,11 +502,33 @@ def _conr_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
     ]
 
 
-register_loss("rnc", module=RnCLoss, example=_rnc_example, degenerate=_rnc_degenerate)(rnc_loss)
+def _rnc_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    x = fuzz_tensor((n, fuzz_int(g, 1, 2), fuzz_int(g, 1, 4)), dtype, device, g)
+    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [dtype, torch.float64, torch.int64]))
+    return Example((x, y), {"temperature": fuzz_choice(g, [0.1, 2.0])})
+
+
+def _conr_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    x = fuzz_tensor((n, fuzz_int(g, 1, 2), fuzz_int(g, 1, 4)), dtype, device, g)
+    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [dtype, torch.float64]))
+    yp = y.to(torch.float64) + fuzz_tensor((n,), torch.float64, device, g, grad=False)
+    kw: dict[str, Any] = {
+        "window": fuzz_choice(g, [0.0, 1.0]),
+        "temperature": fuzz_choice(g, [0.2, 1.0]),
+        "eta": fuzz_choice(g, [0.0, 0.1]),
+        "variant": fuzz_choice(g, ["in", "out"]),
+    }
+    if fuzz_choice(g, [False, True]):
+        kw["weights"] = fuzz_tensor((n,), dtype, device, g, grad=False, positive=True)
+    return Example((x, y, yp.to(dtype)), kw)
+
+
+register_loss("rnc", module=RnCLoss, example=_rnc_example, degenerate=_rnc_degenerate, fuzz=_rnc_fuzz)(rnc_loss)
 register_loss(
     "conr",
     module=ConRLoss,
     example=_conr_example,
     degenerate=_conr_degenerate,
+    fuzz=_conr_fuzz,
     inputs={"features": "features", "labels": "targets", "preds": "predictions", "weights": "weights"},
 )(conr_loss)

@@ -8,8 +8,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_positive
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
     _global_batch_on,
@@ -332,6 +332,7 @@ class _SupCon(torch.autograd.Function):
         return grad_views, *[None] * 9
 
 
+@batch_loss("features", "labels", "mask")
 def supcon_loss(
     features: torch.Tensor,
     labels: torch.Tensor | None = None,
@@ -424,6 +425,7 @@ def supcon_loss(
     check_choice(contrast_mode, "contrast_mode", ("all", "one"))
     check_choice(variant, "variant", ("out", "in"))
     chunk = _check_chunk(chunk_size)
+    check_bool(normalize, "normalize")
     if labels is not None and mask is not None:
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
     x = as_views(features)
@@ -549,4 +551,20 @@ def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
     ]
 
 
-register_loss("supcon", module=SupConLoss, example=_example, degenerate=_degenerate)(supcon_loss)
+def _fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    feats = fuzz_tensor((n, fuzz_int(g, 1, 3), fuzz_int(g, 1, 5)), dtype, device, g)
+    if fuzz_choice(g, [False, True]):
+        feats = feats.detach()[:, 0].requires_grad_()  # (B, D): one view
+    args: tuple[Any, ...] = (feats,)
+    if fuzz_choice(g, [False, True]):
+        args = (feats, fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32])))
+    kw: dict[str, Any] = {
+        "temperature": fuzz_choice(g, [0.07, 0.5]),
+        "variant": fuzz_choice(g, ["out", "in"]),
+        "contrast_mode": fuzz_choice(g, ["all", "one"]),
+        "chunk_size": fuzz_choice(g, [None, 1, 3]),
+    }
+    return Example(args, kw)
+
+
+register_loss("supcon", module=SupConLoss, example=_example, degenerate=_degenerate, fuzz=_fuzz)(supcon_loss)

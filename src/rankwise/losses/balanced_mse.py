@@ -27,8 +27,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_floating, check_positive, check_tensor, compute_dtype
+from rankwise._registry import Example, fuzz_choice, fuzz_tensor
+from rankwise._validation import (
+    check_choice,
+    check_floating,
+    check_positive,
+    check_real,
+    compute_dtype,
+    nan_if_nonfinite,
+)
 from rankwise.losses._registry import register_loss
 
 __all__ = ["BalancedMSELoss", "balanced_mse_loss"]
@@ -48,7 +55,9 @@ def _as_tensor(x: Any, name: str, dtype: torch.dtype, device: torch.device) -> t
     if isinstance(x, torch.Tensor):
         if x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"`{name}` must hold real numbers, got dtype {x.dtype}")
-        return x.to(device=device, dtype=dtype)
+        if x.device != device:
+            raise ValueError(f"`{name}` must be on the device of `pred` ({device}), got {x.device}")
+        return x.to(dtype=dtype)
     try:
         return torch.as_tensor(x, dtype=dtype, device=device)
     except (TypeError, ValueError, RuntimeError):
@@ -56,7 +65,7 @@ def _as_tensor(x: Any, name: str, dtype: torch.dtype, device: torch.device) -> t
 
 
 def _check_gmm(gmm: Any, d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``(means (K, d), covariances (K, d, d) or None, diagonal variances (K, d) or None, log weights (K,))``."""
+    """``(means (K, d), variances, weights (K,))``; variances ``(K, d)`` (diagonal) or ``(K, d, d)`` (full)."""
     if not isinstance(gmm, (tuple, list)) or len(gmm) != 3:
         raise TypeError(
             "`gmm` must be a (means, variances, weights) tuple (see rankwise.imbalanced.fit_label_gmm), "
@@ -72,16 +81,16 @@ def _check_gmm(gmm: Any, d: int, dtype: torch.dtype, device: torch.device) -> tu
         means = means.unsqueeze(-1)
     if tuple(means.shape) != (k, d):
         raise ValueError(f"`gmm` means must have shape ({k}, {d}) for {d}-d targets, got {tuple(means.shape)}")
-    if tuple(var.shape) == (k, d, d):
-        return means, var, weights.log()
-    if tuple(var.shape) == (k,) or (d == 1 and tuple(var.shape) == (k, 1)):
+    if tuple(var.shape) == (k, d, d) and d > 1:
+        return means, var, weights
+    if tuple(var.shape) in ((k,), (k, 1, 1)) or (d == 1 and tuple(var.shape) == (k, 1)):
         var = var.reshape(k, 1).expand(k, d)  # isotropic: Sigma_k = v_k I
     if tuple(var.shape) != (k, d):
         raise ValueError(
             f"`gmm` variances must have shape ({k}, {d}, {d}) (full), ({k}, {d}) (diagonal) or ({k},) "
             f"(isotropic), got {tuple(var.shape)}"
         )
-    return means, torch.diag_embed(var), weights.log()
+    return means, var, weights
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,15 +103,21 @@ def _bmc(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
 
 
 def _gai(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor, gmm: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    means, cov, log_w = gmm
+    means, cov, weights = gmm
+    log_w = weights.log()  # a zero-weight component contributes nothing (log 0 = -inf in the log-sum-exp)
     d = p.shape[-1]
     nll = 0.5 * (p - t).square().sum(-1) / var + 0.5 * d * torch.log(var)  # -log N(y; yhat, var I) + c
-    s = cov + var * torch.eye(d, dtype=p.dtype, device=p.device)  # (K, d, d)
-    chol = torch.linalg.cholesky(s)
-    logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (K,)
-    diff = (p.unsqueeze(0) - means.unsqueeze(1)).transpose(-1, -2)  # (K, d, B)
-    z = torch.linalg.solve_triangular(chol, diff, upper=False)
-    maha = z.square().sum(-2).T  # (B, K)
+    diff = p.unsqueeze(1) - means.unsqueeze(0)  # (B, K, d)
+    if cov.dim() == 2:  # diagonal covariances: S_k = diag(v_k) + var I
+        s = cov + var  # (K, d)
+        logdet = torch.log(s).sum(-1)  # (K,)
+        maha = (diff.square() / s).sum(-1)  # (B, K)
+    else:  # full covariances: Cholesky of S_k = Sigma_k + var I (no host sync; NaN if not positive definite)
+        s = cov + var * torch.eye(d, dtype=p.dtype, device=p.device)
+        chol, _ = torch.linalg.cholesky_ex(s)
+        logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+        z = torch.linalg.solve_triangular(chol, diff.permute(1, 2, 0), upper=False)  # (K, d, B)
+        maha = z.square().sum(-2).T
     balancing = torch.logsumexp(log_w - 0.5 * logdet - 0.5 * maha, dim=-1)  # log int N(y'; yhat, var) p(y') + c
     return nll + balancing
 
@@ -183,7 +198,7 @@ def balanced_mse_loss(
         tensor(1.0484, grad_fn=<MeanBackward0>)
     """
     check_floating(pred, "pred")
-    check_tensor(target, "target")
+    check_real(target, "target")
     check_choice(method, "method", _METHODS)
     check_choice(reduction, "reduction", _REDUCTIONS)
     if pred.dim() not in (1, 2):
@@ -215,10 +230,13 @@ def balanced_mse_loss(
         p, t = p.unsqueeze(-1), t.unsqueeze(-1)
     d = p.shape[-1]
 
+    shared: tuple[torch.Tensor, ...] = (var,)  # inputs every sample's loss depends on (NaN policy)
     if method == "gai":
         if gmm is None:
             raise ValueError("`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm")
-        loss = _gai(p, t, var, _check_gmm(gmm, d, dt, p.device))
+        g = _check_gmm(gmm, d, dt, p.device)
+        shared = (*shared, *g)
+        loss = _gai(p, t, var, g)
     elif method == "bni":
         if bucket_centers is None or bucket_weights is None:
             raise ValueError(
@@ -236,9 +254,14 @@ def balanced_mse_loss(
                 f"`bucket_centers` must have shape ({w.numel()},) or ({w.numel()}, {d}) to match `bucket_weights` "
                 f"and {d}-d targets, got {tuple(centers.shape)}"
             )
+        shared = (*shared, centers, w)
         loss = _bni(p, t, var, centers, w.log())
     else:
+        shared = (*shared, p, t)  # BMC contrasts every sample with the whole batch
         loss = _bmc(p, t, var)
+    # NaN/inf policy (docs/conventions.md): a non-finite noise variance, GMM or bucket (or, for BMC, any
+    # sample) makes the whole loss NaN; a non-finite pred/target of GAI/BNI its own sample's
+    loss = nan_if_nonfinite(loss, *shared)
 
     loss = loss * (2.0 * var).detach()
     if reduction == "none":
@@ -400,6 +423,20 @@ def _make_degenerate(method: str):  # type: ignore[no-untyped-def]
     return degenerate
 
 
+def _make_fuzz(method: str, d: int):  # type: ignore[no-untyped-def]
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        shape = (n, d) if d > 1 or fuzz_choice(g, [False, True]) else (n,)
+        pred = fuzz_tensor(shape, dtype, device, g)
+        target = fuzz_tensor(shape, fuzz_choice(g, [dtype, torch.float64]), device, g, grad=False)
+        var: float | torch.Tensor = fuzz_choice(g, [0.5, 2.0])  # a float or a scalar tensor
+        if fuzz_choice(g, [False, True]):
+            var = torch.tensor(var, dtype=dtype, device=device)
+        kw = {**_example_kwargs(method, d, dtype, device), "reduction": fuzz_choice(g, ["mean", "sum", "none"])}
+        return Example((pred, target, var), kw)
+
+    return fuzz
+
+
 for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
     register_loss(
         f"balanced_mse.{_method}" + ("" if _d == 1 else f"_{_d}d"),
@@ -407,6 +444,7 @@ for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
         example=_make_example(_method, _d),
         degenerate=_make_degenerate(_method),
         description=f"Balanced MSE (Ren et al., CVPR'22), {_method.upper()}, {_d}-d targets",
+        fuzz=_make_fuzz(_method, _d),
     )(balanced_mse_loss)
 
 # the entry a training recipe uses (`loss.name: balanced_mse`, option `method`): the batch tensors it takes

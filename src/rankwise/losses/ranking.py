@@ -16,11 +16,20 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_floating, check_positive, check_tensor, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    batch_loss,
+    check_bool,
+    check_floating,
+    check_positive,
+    check_real,
+    check_same_device,
+    common_compute_dtype,
+    nan_slices,
+    to_compute,
+)
 from rankwise.distributed import (
     DistributedFlag,
     _global_batch_on,
@@ -31,6 +40,7 @@ from rankwise.distributed import (
     get_world_size,
     scale_grad,
 )
+from rankwise.losses._contrastive_common import safe_normalize
 from rankwise.losses._registry import register_loss
 from rankwise.ops.ranking import blackbox_rank, rank
 from rankwise.ops.soft import list_soft_methods, soft_rank
@@ -55,7 +65,7 @@ __all__ = [
 
 
 def _targets_1d(targets: Any, batch: int, name: str = "targets") -> torch.Tensor:
-    check_tensor(targets, name)
+    check_real(targets, name)
     y = targets[:, 0] if targets.dim() == 2 and targets.shape[1] == 1 else targets
     if y.dim() != 1 or y.shape[0] != batch:
         raise ValueError(
@@ -86,7 +96,7 @@ def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | 
         >>> sorted(y[keep].tolist())
         [1.0, 2.0, 3.0]
     """
-    check_tensor(targets, "targets")
+    check_real(targets, "targets")
     if targets.dim() == 0:
         raise ValueError("`targets` must have shape (B,) or (B, 1), got a 0-d tensor")
     y = _targets_1d(targets, targets.shape[0])
@@ -116,6 +126,7 @@ class _Gram(torch.autograd.Function):
         return (grad + grad.transpose(0, 1)) @ x
 
 
+@batch_loss("features", "targets")
 def ranksim_loss(
     features: torch.Tensor,
     targets: torch.Tensor,
@@ -193,16 +204,19 @@ def ranksim_loss(
     """
     check_floating(features, "features")
     lam = check_positive(interpolation_lambda, "interpolation_lambda")
+    check_bool(unique_labels, "unique_labels")
     if features.dim() < 1:
         raise ValueError("`features` must have shape (B, *), got a 0-d tensor")
     batch = features.shape[0]
-    y = to_compute(_targets_1d(targets, batch).detach())
+    y = _targets_1d(targets, batch).detach()
+    # label distances in the labels' own precision: float64 for integer labels (exact up to 2**53)
+    y = to_compute(y) if y.is_floating_point() else y.to(torch.float64)
     x = to_compute(features)
     if _global_batch_on(distributed):
         return _ranksim_global(x, y, lam, unique_labels, generator)
     if batch == 0:
         return x.sum() * 0
-    sim = _Gram.apply(F.normalize(x.reshape(batch, -1), dim=1))
+    sim = _Gram.apply(safe_normalize(x.reshape(batch, -1), dim=1))
     if unique_labels:
         keep = sample_unique_labels(y, generator=generator)
     else:
@@ -287,7 +301,7 @@ def _ranksim_global(
     rows = layout.local
     if layout.sizes[layout.rank] == 0:
         return zg.sum() * 0
-    zn = F.normalize(zg, dim=1)
+    zn = safe_normalize(zg, dim=1)
     sim = zn[rows] @ zn.transpose(0, 1)
     share = _ranksim_rows(sim, yg, keep, keep[rows], lam, rows)
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
@@ -346,9 +360,15 @@ def _check_ranker(ranker: Any, ranker_kwargs: dict[str, Any]) -> None:
 
 
 def _pred_target(pred: Any, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate and align ``pred`` / ``target``: a trailing singleton dim is dropped ((B, 1) -> (B,))."""
+    """Validate and align ``pred`` / ``target``: a trailing singleton dim is dropped ((B, 1) -> (B,)).
+
+    Both are brought to their common compute dtype (:func:`rankwise._validation.common_compute_dtype`:
+    a float64 target is never rounded to a float32 prediction's dtype); integer targets stay integer
+    (ranked exactly, promoted in arithmetic).
+    """
     check_floating(pred, "pred")
-    check_tensor(target, "target")
+    check_real(target, "target")
+    check_same_device("pred", pred, ("target", target))
     p = pred[..., 0] if pred.dim() >= 2 and pred.shape[-1] == 1 else pred
     t = target[..., 0] if target.dim() >= 2 and target.shape[-1] == 1 else target
     if p.dim() == 0:
@@ -358,8 +378,8 @@ def _pred_target(pred: Any, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
             f"`pred` and `target` must have the same shape (a trailing singleton dim is ignored), "
             f"got {tuple(pred.shape)} and {tuple(target.shape)}"
         )
-    p = to_compute(p)
-    return p, _as_dtype(t, p.dtype)
+    dt = common_compute_dtype(p, t)
+    return _as_dtype(p, dt), (_as_dtype(t, dt) if t.is_floating_point() else t)
 
 
 def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -374,6 +394,7 @@ def _soft_ranks(p: torch.Tensor, ranker: str, ranker_kwargs: dict[str, Any]) -> 
     return soft_rank(p, method=ranker, descending=True, **ranker_kwargs) / n
 
 
+@batch_loss("pred", "target")
 def spearman_loss(
     pred: torch.Tensor,
     target: torch.Tensor,
@@ -419,9 +440,11 @@ def spearman_loss(
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (ranked along the last dim;
           a trailing singleton dim is dropped first).
         - target: same shape as ``pred`` (up to a trailing singleton dim), any real dtype.
-        - output: scalar (mean over all elements), float32 for fp16/bf16 ``pred``, else ``pred``'s dtype.
+        - output: scalar (mean over all elements), in the common compute dtype of ``pred`` and a
+          floating ``target`` (float32 for fp16/bf16; a float64 target is not rounded to float32).
 
     Degenerate inputs: ``B <= 1`` or empty inputs give an MSE term of ``0`` that keeps the graph.
+    A NaN/inf in ``pred`` or ``target`` gives a NaN loss (docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -436,7 +459,7 @@ def spearman_loss(
     if _global_batch_on(distributed):
         return _spearman_global(p, t, ranker, w, ranker_kwargs)
     if p.numel() == 0 or p.shape[-1] <= 1:
-        mse = p.sum() * 0
+        mse = _soft_ranks(p, ranker, ranker_kwargs).sum() * 0  # the ranker still checks its options
     else:
         t_rank = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
         mse = ((_soft_ranks(p, ranker, ranker_kwargs) - t_rank) ** 2).mean()
@@ -523,7 +546,9 @@ def spearman_correlation(
     Shape:
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating, correlated along the last dim
           (a trailing singleton dim is dropped first); target: the same shape.
-        - output: :math:`(*)` — a scalar for 1-d input; float32 for fp16/bf16 ``pred``.
+        - output: :math:`(*)` — a scalar for 1-d input; the common compute dtype of ``pred`` and a
+          floating ``target`` (float32 for fp16/bf16). A row of ``pred`` or ``target`` holding a NaN or
+          inf gives NaN for that row (scipy: NaN).
 
     Example:
         >>> import torch, rankwise
@@ -536,16 +561,19 @@ def spearman_correlation(
     if _global_batch_on(distributed):
         p, t, _ = _gather_last(p, t)
     if p.numel() == 0 or p.shape[-1] <= 1:
-        return p.sum(-1) * 0
-    a = _soft_ranks(p, ranker, ranker_kwargs)
-    b = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
-    a = a - a.mean(-1, keepdim=True)
-    b = b - b.mean(-1, keepdim=True)
-    cov = (a * b).sum(-1)
-    den2 = (a * a).sum(-1) * (b * b).sum(-1)
-    ok = den2 > 0
-    safe = torch.where(ok, den2, torch.ones_like(den2))
-    return torch.where(ok, cov / safe.sqrt(), torch.zeros_like(cov))
+        out = _soft_ranks(p, ranker, ranker_kwargs).sum(-1) * 0  # the ranker still checks its options
+    else:
+        a = _soft_ranks(p, ranker, ranker_kwargs)
+        b = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
+        a = a - a.mean(-1, keepdim=True)
+        b = b - b.mean(-1, keepdim=True)
+        cov = (a * b).sum(-1)
+        den2 = (a * a).sum(-1) * (b * b).sum(-1)
+        ok = den2 > 0
+        safe = torch.where(ok, den2, torch.ones_like(den2))
+        out = torch.where(ok, cov / safe.sqrt(), torch.zeros_like(cov))
+    # NaN/inf policy: a row of pred or target holding a NaN/inf gives NaN for that row
+    return nan_slices(nan_slices(out, p, out_dims=0), t, out_dims=0)
 
 
 class SpearmanCorrelation(nn.Module):
@@ -573,6 +601,7 @@ class SpearmanCorrelation(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
+@batch_loss("pred", "target")
 def pairwise_difference_loss(
     pred: torch.Tensor, target: torch.Tensor, *, distributed: DistributedFlag = False
 ) -> torch.Tensor:
@@ -688,6 +717,51 @@ _SPEARMAN_EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+#: randomized ranker options of the fuzz factories
+_SPEARMAN_FUZZ: dict[str, dict[str, list[Any]]] = {
+    "isotonic": {"regularization_strength": [1e-3, 0.1, 1.0], "regularization": ["l2", "kl"]},
+    "neuralsort": {"tau": [0.05, 1.0]},
+    "softsort": {"tau": [0.05, 1.0], "power": [1.0, 2.0]},
+    "blackbox": {"lambda_val": [0.5, 2.0]},
+}
+
+
+def _pt_fuzz(
+    n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, *, lead_ok: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    lead = fuzz_lead(g, max_dims=1) if lead_ok else ()
+    shape = (*lead, n) if lead or fuzz_choice(g, [False, True]) else (n, 1)
+    pred = fuzz_tensor(shape, dtype, device, g)
+    tdt = fuzz_choice(g, [dtype, torch.float64, torch.float32, torch.int64])
+    if tdt == torch.int64:
+        target = torch.randint(-3, 4, shape, generator=g).to(device)
+    else:
+        target = fuzz_tensor(shape, tdt, device, g, grad=False)
+    return pred, target
+
+
+def _spearman_fuzz(ranker: str | None, correlation: bool = False):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        kw: dict[str, Any] = {}
+        if ranker is not None:
+            kw["ranker"] = ranker
+            kw.update({k: fuzz_choice(g, v) for k, v in _SPEARMAN_FUZZ[ranker].items()})
+            if not correlation:
+                kw["l1_weight"] = fuzz_choice(g, [0.0, 0.5])
+        return Example(_pt_fuzz(n, dtype, device, g), kw)
+
+    return factory
+
+
+def _ranksim_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    z = fuzz_tensor((n, *fuzz_choice(g, [(4,), (2, 3)])), dtype, device, g)
+    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
+    if fuzz_choice(g, [False, True]):
+        y = y[:, None]
+    kw = {"interpolation_lambda": fuzz_choice(g, [0.5, 2.0]), "unique_labels": fuzz_choice(g, [False, True])}
+    return Example((z, y), kw)
+
+
 def _register_spearman(ranker: str, options: dict[str, Any]) -> None:
     kwargs = {"ranker": ranker, **options}
     gradient: Literal["exact", "surrogate"] = "surrogate" if ranker == "blackbox" else "exact"
@@ -702,6 +776,7 @@ def _register_spearman(ranker: str, options: dict[str, Any]) -> None:
         degenerate=lambda dt, dev: _pt_degenerate(dt, dev, kwargs),
         gradient=gradient,
         description=f"Spearman loss (SoDeep) with the {ranker!r} ranker",
+        fuzz=_spearman_fuzz(ranker),
     )(spearman_loss)
 
 
@@ -716,6 +791,7 @@ register_loss(
     gradient="surrogate",
     stochastic=True,
     inputs={"features": "features", "targets": "targets"},
+    fuzz=_ranksim_fuzz,
 )(ranksim_loss)
 register_loss(
     "spearman",
@@ -723,6 +799,7 @@ register_loss(
     example=lambda dt, dev: Example(_pt(dt, dev), {**_SPEARMAN_EXAMPLES["isotonic"], "l1_weight": 0.5}),
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
     description="Spearman loss (SoDeep), any ranker (option `ranker`, default 'isotonic')",
+    fuzz=_spearman_fuzz("isotonic"),
     inputs={"pred": "predictions", "target": "targets"},
 )(spearman_loss)
 register_loss(
@@ -730,6 +807,7 @@ register_loss(
     module=SpearmanCorrelation,
     example=lambda dt, dev: Example(_pt(dt, dev, lead=(2,)), {"ranker": "isotonic", "regularization_strength": 0.1}),
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"ranker": "isotonic", "regularization_strength": 0.1}),
+    fuzz=_spearman_fuzz("isotonic", correlation=True),
 )(spearman_correlation)
 register_loss(
     "pairwise_difference",
@@ -737,4 +815,5 @@ register_loss(
     example=lambda dt, dev: Example(_pt(dt, dev)),
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
     inputs={"pred": "predictions", "target": "targets"},
+    fuzz=_spearman_fuzz(None),
 )(pairwise_difference_loss)

@@ -14,6 +14,10 @@ from rankwise.ops.isotonic import *  # noqa: F403  isort: skip
 from rankwise.ops.isotonic import __all__ as _iso_all  # isort: skip
 from rankwise.ops.sinkhorn import *  # noqa: F403  isort: skip
 from rankwise.ops.sinkhorn import __all__ as _sinkhorn_all  # isort: skip
+from rankwise.ops.sorting_network import *  # noqa: F403  isort: skip
+from rankwise.ops.sorting_network import __all__ as _sortnet_all  # isort: skip
+from rankwise.ops.perturbed import *  # noqa: F403  isort: skip
+from rankwise.ops.perturbed import __all__ as _perturbed_all  # isort: skip
 
 __all__ = [
     "OPS",
@@ -35,4 +39,6 @@ __all__ = [
     *_topk_all,
     *_iso_all,
     *_sinkhorn_all,
+    *_sortnet_all,
+    *_perturbed_all,
 ]

@@ -27,7 +27,16 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["TIE_ULPS", "pav_backward", "pav_kl", "pav_l2"]
+__all__ = [
+    "TIE_ULPS",
+    "pav_backward",
+    "pav_kl",
+    "pav_l2",
+    "soft_rank_backward",
+    "soft_rank_forward",
+    "soft_sort_backward",
+    "soft_sort_forward",
+]
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
 #: ``TIE_ULPS * eps * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|``
@@ -35,6 +44,38 @@ __all__ = ["TIE_ULPS", "pav_backward", "pav_kl", "pav_l2"]
 TIE_ULPS = 4.0
 _EPS = float(np.finfo(np.float64).eps)
 _TOL = TIE_ULPS * _EPS
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pav_l2_row(s, w, starts, sums, counts, max_s, max_w):  # type: ignore[no-untyped-def]
+    """PAV (l2) of one row: blocks ``starts[b]:starts[b + 1]`` with sums and counts of ``s - w``; returns
+    the number of blocks."""
+    n = s.shape[0]
+    nb = 0
+    for i in range(n):
+        si = np.float64(s[i])
+        wi = np.float64(w[i])
+        acc = si - wi
+        cnt = 1.0
+        ms = abs(si)
+        mw = abs(wi)
+        start = i
+        # pool while the previous block's mean <= the current block's mean (+ local round-off)
+        while nb > 0 and sums[nb - 1] / counts[nb - 1] <= acc / cnt + _TOL * (max_s[nb - 1] + max_w[nb - 1] + ms + mw):
+            nb -= 1
+            acc += sums[nb]
+            cnt += counts[nb]
+            ms = max(ms, max_s[nb])
+            mw = max(mw, max_w[nb])
+            start = starts[nb]
+        starts[nb] = start
+        sums[nb] = acc
+        counts[nb] = cnt
+        max_s[nb] = ms
+        max_w[nb] = mw
+        nb += 1
+    starts[nb] = n
+    return nb
 
 
 @numba.njit(cache=True, nogil=True)
@@ -47,33 +88,7 @@ def pav_l2(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     max_s = np.empty(n, np.float64)  # largest |s| in the block
     max_w = np.empty(n, np.float64)  # largest |w| in the block
     for r in range(rows):
-        wr = 0 if shared_w else r
-        nb = 0
-        for i in range(n):
-            si = np.float64(s[r, i])
-            wi = np.float64(w[wr, i])
-            acc = si - wi
-            cnt = 1.0
-            ms = abs(si)
-            mw = abs(wi)
-            start = i
-            # pool while the previous block's mean <= the current block's mean (+ local round-off)
-            while nb > 0 and sums[nb - 1] / counts[nb - 1] <= acc / cnt + _TOL * (
-                max_s[nb - 1] + max_w[nb - 1] + ms + mw
-            ):
-                nb -= 1
-                acc += sums[nb]
-                cnt += counts[nb]
-                ms = max(ms, max_s[nb])
-                mw = max(mw, max_w[nb])
-                start = starts[nb]
-            starts[nb] = start
-            sums[nb] = acc
-            counts[nb] = cnt
-            max_s[nb] = ms
-            max_w[nb] = mw
-            nb += 1
-        starts[nb] = n
+        nb = _pav_l2_row(s[r], w[0 if shared_w else r], starts, sums, counts, max_s, max_w)
         for b in range(nb):
             val = sums[b] / counts[b]
             for i in range(starts[b], starts[b + 1]):
@@ -92,6 +107,39 @@ def _logaddexp(a, b):  # type: ignore[no-untyped-def]
     return b + math.log1p(math.exp(a - b))
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pav_kl_row(s, w, starts, lse_s, lse_w, max_s, max_w):  # type: ignore[no-untyped-def]
+    """PAV (kl) of one row: blocks ``starts[b]:starts[b + 1]`` with the log-sum-exps of ``s`` and ``w``;
+    returns the number of blocks."""
+    n = s.shape[0]
+    nb = 0
+    for i in range(n):
+        a = np.float64(s[i])
+        c = np.float64(w[i])
+        ms = abs(a)
+        mw = abs(c)
+        start = i
+        # pool while the previous block's value <= the current block's value (+ local round-off)
+        while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + _TOL * (
+            (max_s[nb - 1] + max_w[nb - 1] + abs(lse_s[nb - 1]) + abs(lse_w[nb - 1]) + 1.0)
+            + (ms + mw + abs(a) + abs(c) + 1.0)
+        ):
+            nb -= 1
+            a = _logaddexp(a, lse_s[nb])
+            c = _logaddexp(c, lse_w[nb])
+            ms = max(ms, max_s[nb])
+            mw = max(mw, max_w[nb])
+            start = starts[nb]
+        starts[nb] = start
+        lse_s[nb] = a
+        lse_w[nb] = c
+        max_s[nb] = ms
+        max_w[nb] = mw
+        nb += 1
+    starts[nb] = n
+    return nb
+
+
 @numba.njit(cache=True, nogil=True)
 def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     rows, n = s.shape
@@ -102,32 +150,7 @@ def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     max_s = np.empty(n, np.float64)  # largest |s| in the block
     max_w = np.empty(n, np.float64)  # largest |w| in the block
     for r in range(rows):
-        wr = 0 if shared_w else r
-        nb = 0
-        for i in range(n):
-            a = np.float64(s[r, i])
-            c = np.float64(w[wr, i])
-            ms = abs(a)
-            mw = abs(c)
-            start = i
-            # pool while the previous block's value <= the current block's value (+ local round-off)
-            while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + _TOL * (
-                (max_s[nb - 1] + max_w[nb - 1] + abs(lse_s[nb - 1]) + abs(lse_w[nb - 1]) + 1.0)
-                + (ms + mw + abs(a) + abs(c) + 1.0)
-            ):
-                nb -= 1
-                a = _logaddexp(a, lse_s[nb])
-                c = _logaddexp(c, lse_w[nb])
-                ms = max(ms, max_s[nb])
-                mw = max(mw, max_w[nb])
-                start = starts[nb]
-            starts[nb] = start
-            lse_s[nb] = a
-            lse_w[nb] = c
-            max_s[nb] = ms
-            max_w[nb] = mw
-            nb += 1
-        starts[nb] = n
+        nb = _pav_kl_row(s[r], w[0 if shared_w else r], starts, lse_s, lse_w, max_s, max_w)
         for b in range(nb):
             val = lse_s[b] - lse_w[b]
             for i in range(starts[b], starts[b + 1]):
@@ -181,4 +204,145 @@ def pav_backward(g, s, w, ids, kl, need_s, need_w, grad_s, grad_w):  # type: ign
                         tot += math.exp(np.float64(w[wr, i]) - m)
                     for i in range(lo, hi):
                         grad_w[wr, i] += math.exp(np.float64(w[wr, i]) - m) / tot * gsum
+            lo = hi
+
+
+# --------------------------------------------------------------------------------------------------
+# fused soft rank / soft sort: gather by the sort permutation, PAV, scatter back, in one pass per row
+# --------------------------------------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True, inline="always")
+def _descending_order(z_row, perm_row):  # type: ignore[no-untyped-def]
+    """``perm_row`` = the stable descending order of ``z_row`` (ties in index order), as ``torch.sort``."""
+    perm_row[:] = np.argsort(-z_row, kind="mergesort")
+
+
+@numba.njit(cache=True, nogil=True)
+def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-untyped-def]
+    """Ascending soft ranks of the rows of ``z`` (the input divided by the strength, negated for
+    descending): ``s = z[perm]`` (``perm`` sorts ``z`` decreasingly), ``mu = s - v(s, w)`` with
+    ``w = rho`` (l2) or ``log rho`` (kl, shape (1, n)), ``out[perm] = mu`` (l2) or ``exp(mu)`` (kl);
+    ``ids`` receives the block index of every sorted position (for backward). With ``x`` given
+    (small inputs), ``z = x / div`` and ``perm`` are computed here first (as torch would: one
+    division in the dtype of ``x``, a stable sort)."""
+    rows, n = z.shape
+    s = np.empty(n, z.dtype)
+    starts = np.empty(n + 1, np.int64)
+    acc_a = np.empty(n, np.float64)
+    acc_b = np.empty(n, np.float64)
+    max_s = np.empty(n, np.float64)
+    max_w = np.empty(n, np.float64)
+    for r in range(rows):
+        if x is not None:
+            for i in range(n):
+                z[r, i] = x[r, i] / div
+            _descending_order(z[r], perm[r])
+        for i in range(n):
+            s[i] = z[r, perm[r, i]]
+        if kl:
+            nb = _pav_kl_row(s, w[0], starts, acc_a, acc_b, max_s, max_w)
+        else:
+            nb = _pav_l2_row(s, w[0], starts, acc_a, acc_b, max_s, max_w)
+        for b in range(nb):
+            val = acc_a[b] - acc_b[b] if kl else acc_a[b] / acc_b[b]
+            for i in range(starts[b], starts[b + 1]):
+                mu = np.float64(s[i]) - val
+                out[r, perm[r, i]] = math.exp(mu) if kl else mu
+                ids[r, i] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def soft_rank_backward(grad_out, z, perm, ids, out, kl, scale, grad_z):  # type: ignore[no-untyped-def]
+    """Vector-Jacobian product of :func:`soft_rank_forward`, times ``scale`` (the derivative of ``z``
+    in the input): l2 ``g - mean_B(g)``, kl ``g - softmax_B(s) sum_B(g)`` with ``g = grad * out``."""
+    rows, n = z.shape
+    g = np.empty(n, np.float64)
+    for r in range(rows):
+        for i in range(n):
+            g[i] = np.float64(grad_out[r, perm[r, i]])
+            if kl:
+                g[i] *= np.float64(out[r, perm[r, i]])
+        lo = 0
+        while lo < n:
+            hi = lo + 1
+            while hi < n and ids[r, hi] == ids[r, lo]:
+                hi += 1
+            gsum = 0.0
+            for i in range(lo, hi):
+                gsum += g[i]
+            if not kl:
+                mean = gsum / (hi - lo)
+                for i in range(lo, hi):
+                    grad_z[r, perm[r, i]] = (g[i] - mean) * scale
+            else:
+                m = -np.inf
+                for i in range(lo, hi):
+                    m = max(m, np.float64(z[r, perm[r, i]]))
+                tot = 0.0
+                for i in range(lo, hi):
+                    tot += math.exp(np.float64(z[r, perm[r, i]]) - m)
+                for i in range(lo, hi):
+                    p = math.exp(np.float64(z[r, perm[r, i]]) - m) / tot
+                    grad_z[r, perm[r, i]] = (g[i] - p * gsum) * scale
+            lo = hi
+
+
+@numba.njit(cache=True, nogil=True)
+def soft_sort_forward(x, perm, sign, s, kl, out, ids, sort):  # type: ignore[no-untyped-def]
+    """Soft sort of the rows of ``x``: ``w = sign * x[perm]`` (``perm`` sorts ``sign * x``
+    decreasingly; computed here when ``sort``), ``mu = s - v(s, w)`` with ``s = rho / strength``
+    (shape (1, n)), ``out = sign * mu`` (sorted order); ``ids`` receives the block index of every
+    position."""
+    rows, n = x.shape
+    w = np.empty(n, x.dtype)
+    starts = np.empty(n + 1, np.int64)
+    acc_a = np.empty(n, np.float64)
+    acc_b = np.empty(n, np.float64)
+    max_s = np.empty(n, np.float64)
+    max_w = np.empty(n, np.float64)
+    for r in range(rows):
+        if sort:
+            for i in range(n):
+                w[i] = sign * x[r, i]
+            _descending_order(w, perm[r])
+        for i in range(n):
+            w[i] = sign * x[r, perm[r, i]]
+        if kl:
+            nb = _pav_kl_row(s[0], w, starts, acc_a, acc_b, max_s, max_w)
+        else:
+            nb = _pav_l2_row(s[0], w, starts, acc_a, acc_b, max_s, max_w)
+        for b in range(nb):
+            val = acc_a[b] - acc_b[b] if kl else acc_a[b] / acc_b[b]
+            for i in range(starts[b], starts[b + 1]):
+                out[r, i] = sign * (np.float64(s[0, i]) - val)
+                ids[r, i] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignore[no-untyped-def]
+    """Vector-Jacobian product of :func:`soft_sort_forward` in ``x``: with ``g = sign * grad``,
+    l2 ``mean_B(g)``, kl ``softmax_B(w) sum_B(g)``, scattered back through ``perm`` times ``sign``."""
+    rows, n = x.shape
+    for r in range(rows):
+        lo = 0
+        while lo < n:
+            hi = lo + 1
+            while hi < n and ids[r, hi] == ids[r, lo]:
+                hi += 1
+            gsum = 0.0
+            for i in range(lo, hi):
+                gsum += sign * np.float64(grad_out[r, i])
+            if not kl:
+                mean = gsum / (hi - lo)
+                for i in range(lo, hi):
+                    grad_x[r, perm[r, i]] = sign * mean
+            else:
+                m = -np.inf
+                for i in range(lo, hi):
+                    m = max(m, sign * np.float64(x[r, perm[r, i]]))
+                tot = 0.0
+                for i in range(lo, hi):
+                    tot += math.exp(sign * np.float64(x[r, perm[r, i]]) - m)
+                for i in range(lo, hi):
+                    p = math.exp(sign * np.float64(x[r, perm[r, i]]) - m) / tot
+                    grad_x[r, perm[r, i]] = sign * p * gsum
             lo = hi

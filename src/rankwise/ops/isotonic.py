@@ -11,17 +11,30 @@ min-max characterization of isotonic regression (O(n^2) time and memory per row,
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
+import os
+import threading
 import warnings
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating_nd, check_positive, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    check_bool,
+    check_choice,
+    check_dim,
+    check_floating_nd,
+    check_positive,
+    nan_slices,
+    rank_dtype,
+    to_compute,
+)
 from rankwise.ops._registry import register_op
-from rankwise.ops._sort import sorted_values_last
+from rankwise.ops._sort import sort_last, sorted_values_last
 from rankwise.ops.soft import register_soft_method
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
@@ -45,25 +58,92 @@ _MINMAX_BUDGET = 1 << 24
 
 _UNSET: Any = object()
 _nb: Any = _UNSET  # the numba kernels module, imported on first CPU use (keeps `import rankwise` fast)
+_load_lock = threading.Lock()
+_loader: threading.Thread | None = None
+_loader_stop = threading.Event()
+_unloaded_calls = 0
+
+#: ``RANKWISE_NUMBA`` says how the CPU kernels load. "background" (default): calls made before
+#: they are loaded take the PyTorch path (same values up to float rounding) and the second such
+#: call starts loading them (importing numba, reading or compiling the cached kernels) in a
+#: background thread, so that the first call does not wait for numba (about a second with a warm
+#: cache, more on a fresh install); inputs larger than ``_WARMUP_TORCH_MAX`` (rows * n^2) wait for
+#: the kernels instead. At exit, a load in progress stops after its current step. "sync": the first
+#: call loads the kernels and waits (the path never depends on timing); "off": never use numba.
+_NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
+_WARMUP_TORCH_MAX = 1 << 22
 
 
 def _numba_kernels() -> Any:
-    """The numba PAV kernels, or ``None`` (with one warning) when numba cannot be imported."""
+    """The numba PAV kernels (loading them now if needed), or ``None`` (with one warning) when
+    numba cannot be imported."""
     global _nb
     if _nb is _UNSET:
-        try:
-            from rankwise.ops import _isotonic_numba
+        with _load_lock:
+            if _nb is _UNSET:
+                try:
+                    from rankwise.ops import _isotonic_numba
 
-            _nb = _isotonic_numba
-        except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
-            _nb = None
-            warnings.warn(
-                f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
-                "O(n^2)-memory PyTorch path on CPU",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+                    _nb = _isotonic_numba
+                except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
+                    _nb = None
+                    warnings.warn(
+                        f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
+                        "O(n^2)-memory PyTorch path on CPU",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
     return _nb
+
+
+def _kernels_for(rows: int, n: int, *, call: bool = True) -> Any:
+    """The kernels for a CPU call on ``rows x n``, or ``None`` for the PyTorch path (see
+    ``_NUMBA_MODE``); ``call``: an operator call (counted), not a step inside one."""
+    global _unloaded_calls, _loader
+    if _nb is not _UNSET:
+        return _nb
+    if _NUMBA_MODE == "off":
+        return None
+    if _NUMBA_MODE == "sync" or rows * n * n > _WARMUP_TORCH_MAX:
+        return _numba_kernels()
+    if not call:
+        return None
+    _unloaded_calls += 1
+    if _unloaded_calls >= 2:
+        with _load_lock:
+            if _loader is None:
+                _loader = threading.Thread(target=_load_and_warm_up, name="rankwise-numba-loader", daemon=True)
+                atexit.register(_stop_loader)
+                _loader.start()
+    return None
+
+
+def _stop_loader() -> None:
+    """At exit: let the loader finish its current step (never kill it inside LLVM), then stop."""
+    _loader_stop.set()
+    if _loader is not None:
+        _loader.join()
+
+
+def _load_and_warm_up() -> None:
+    """Background thread: import numba and the kernels, then read (or compile) the float32
+    specializations the operators use, one at a time, by calling them on small inputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the calling thread warns when it loads them itself
+        try:
+            nb = _numba_kernels()
+            if nb is None:
+                return
+            x = torch.tensor([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]], requires_grad=True)  # (no global RNG use)
+            big = torch.linspace(-1, 1, _SORT_INSIDE_MAX_NUMEL).flip(0)[None].requires_grad_()  # torch-sorted path
+            for inp in (x, big):
+                for fn in (_SoftRankCPU, _SoftSortCPU):
+                    for kl in (False, True):
+                        if _loader_stop.is_set():
+                            return
+                        fn.apply(inp, 1.0, False, kl, nb).sum().backward()
+        except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
+            return
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +248,7 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
 
 def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
-    nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" else None
+    nb = _kernels_for(*s.shape, call=False) if _BACKEND == "auto" and s.device.type == "cpu" else None
     if nb is not None:
         s_np = s.detach().contiguous().numpy()
         w_np = w.detach().to(s.dtype).contiguous().numpy()
@@ -204,7 +284,8 @@ class _PermutahedronProjection(torch.autograd.Function):
         s, w, ids = ctx.saved_tensors
         grad = grad.to(s.dtype)
         need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        nb = _numba_kernels() if _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad else None
+        cpu = _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad
+        nb = _kernels_for(*s.shape, call=False) if cpu else None
         if nb is not None:  # CPU: one pass over the blocks in the JIT
             g_np = grad.detach().contiguous()
             gs_buf = torch.empty_like(g_np) if need_s else torch.empty((1, 1), dtype=s.dtype)
@@ -258,21 +339,40 @@ def _soft_rank_last(
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
     eps = _check_options(regularization, regularization_strength)
+    check_bool(descending, "descending")
     n = x.shape[-1]
     if x.numel() == 0:
-        return x * 0
+        return (x * 0).to(rank_dtype(x.dtype))
     xc = to_compute(x)
-    z = xc.reshape(-1, n) / eps
-    if descending:
-        z = -z
+    if xc.dim() != 2:
+        xc = xc.reshape(-1, n)
+    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    if nb is not None:
+        out = _SoftRankCPU.apply(xc, eps, descending, regularization == "kl", nb)
+    else:
+        out = _soft_rank_composite(xc, eps, descending, regularization)
+    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN
+    if out.shape != x.shape:
+        out = out.reshape(x.shape)
+    rdt = rank_dtype(x.dtype)  # float32 ranks for half inputs
+    return out if out.dtype == rdt else out.to(rdt)
+
+
+def _soft_rank_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
+    """Soft ranks of the rows of ``xc`` from differentiable torch ops around the projection."""
+    n = xc.shape[-1]
+    z = xc / (-eps if descending else eps)
     s, perm = sorted_values_last(z, descending=True)
-    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device).unsqueeze(0)
-    w = rho if regularization == "l2" else torch.log(rho)
+    w = _rank_weights(n, xc.dtype, xc.device, regularization == "kl")
     mu = _PermutahedronProjection.apply(s, w, regularization)
     out = torch.empty_like(mu).scatter(-1, perm, mu)
-    if regularization == "kl":
-        out = torch.exp(out)
-    return out.reshape(x.shape).to(x.dtype)
+    return torch.exp(out) if regularization == "kl" else out
+
+
+def _rank_weights(n: int, dtype: torch.dtype, device: torch.device, kl: bool) -> torch.Tensor:
+    """``rho = (n, ..., 1)`` as a (1, n) row, or ``log rho`` for kl."""
+    rho = torch.arange(n, 0, -1, dtype=dtype, device=device).unsqueeze(0)
+    return torch.log(rho) if kl else rho
 
 
 def _soft_sort_last(
@@ -283,19 +383,174 @@ def _soft_sort_last(
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
     eps = _check_options(regularization, regularization_strength)
+    check_bool(descending, "descending")
     n = x.shape[-1]
     if x.numel() == 0:
         return x * 0
-    xc = to_compute(x).reshape(-1, n)
+    xc = to_compute(x)
+    if xc.dim() != 2:
+        xc = xc.reshape(-1, n)
+    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    if nb is not None:
+        out = _SoftSortCPU.apply(xc, eps, descending, regularization == "kl", nb)
+    else:
+        out = _soft_sort_composite(xc, eps, descending, regularization)
+    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
+    if out.shape != x.shape:
+        out = out.reshape(x.shape)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
+    """Soft sort of the rows of ``xc`` from differentiable torch ops around the projection."""
+    n = xc.shape[-1]
     if not descending:  # ascending sort = -(descending sort of -x), as torchsort / fast-soft-sort
         xc = -xc
     w, _ = sorted_values_last(xc, descending=True)
     rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device) / eps
     s = rho.expand(w.shape[0], n).contiguous()
     mu = _PermutahedronProjection.apply(s, w, regularization)
-    if not descending:
-        mu = -mu
-    return mu.reshape(x.shape).to(x.dtype)
+    return mu if descending else -mu
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU: sort + one fused numba pass per row, forward and backward (rows split across torch's threads)
+# --------------------------------------------------------------------------------------------------
+#: rows are split across ``torch.get_num_threads()`` Python threads (the kernels release the GIL)
+#: from this many elements on
+_PARALLEL_MIN_NUMEL = 1 << 15
+#: below this many elements the kernels also sort (numba's merge sort beats torch.sort's overhead)
+_SORT_INSIDE_MAX_NUMEL = 2048
+_pool: Any = None
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_weights_cpu(n: int, dtype: torch.dtype, kl: bool) -> torch.Tensor:
+    """Cached :func:`_rank_weights` on CPU (read-only use)."""
+    return _rank_weights(n, dtype, torch.device("cpu"), kl)
+
+
+@functools.lru_cache(maxsize=64)
+def _sort_targets_cpu(n: int, dtype: torch.dtype, eps: float) -> torch.Tensor:
+    """Cached ``rho / eps`` as a (1, n) row on CPU, as :func:`_soft_sort_composite` computes it."""
+    return (torch.arange(n, 0, -1, dtype=dtype) / eps).unsqueeze(0)
+
+
+def _over_rows(rows: int, numel: int, run: Any) -> None:
+    """``run(r0, r1)`` over the row range, in parallel chunks when it pays off."""
+    threads = min(torch.get_num_threads(), rows)
+    if threads < 2 or numel < _PARALLEL_MIN_NUMEL:
+        run(0, rows)
+        return
+    global _pool
+    if _pool is None or _pool._max_workers < threads - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="rankwise-isotonic")
+    bounds = [rows * t // threads for t in range(threads + 1)]
+    futures = [_pool.submit(run, bounds[t], bounds[t + 1]) for t in range(1, threads)]
+    run(bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+
+
+class _SoftRankCPU(torch.autograd.Function):
+    """Soft ranks of the rows of ``xc`` (CPU): ``z = x / eps`` (negated for descending), one sort,
+    then gather, PAV and scatter (and ``exp`` for kl) in one numba pass per row; backward is one
+    numba pass too. Double backward recomputes the composite path from the saved input."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
+        rows, n = xc.shape
+        div = -eps if descending else eps
+        w = _rank_weights_cpu(n, xc.dtype, kl)
+        out = torch.empty((rows, n), dtype=xc.dtype)
+        ids = torch.empty((rows, n), dtype=torch.int64)
+        on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
+        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: divide and sort in the kernel too (no torch ops)
+            z = torch.empty((rows, n), dtype=xc.dtype)
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            x_np = xc.contiguous().numpy()
+            nb.soft_rank_forward(z.numpy(), perm.numpy(), wn, kl, on, idn, x_np, x_np.dtype.type(div))
+        else:
+            z = (xc / div).contiguous()
+            perm = sort_last(z, True)[1].contiguous()
+            zn, pn = z.numpy(), perm.numpy()
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], None, 1.0),
+            )
+        ctx.save_for_backward(xc, z, perm, ids, out)
+        ctx.cfg = (eps, descending, kl, nb)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, z, perm, ids, out = ctx.saved_tensors
+        eps, descending, kl, nb = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            with torch.enable_grad():
+                y = _soft_rank_composite(xc, eps, descending, "kl" if kl else "l2")
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
+        rows, n = z.shape
+        g = grad.contiguous() if grad.dtype == z.dtype else grad.to(z.dtype).contiguous()
+        grad_x = torch.empty_like(z)
+        scale = (-1.0 if descending else 1.0) / eps
+        gn, zn, pn, idn, on, gx = g.numpy(), z.numpy(), perm.numpy(), ids.numpy(), out.numpy(), grad_x.numpy()
+        _over_rows(
+            rows,
+            rows * n,
+            lambda a, b: nb.soft_rank_backward(gn[a:b], zn[a:b], pn[a:b], idn[a:b], on[a:b], kl, scale, gx[a:b]),
+        )
+        return grad_x, None, None, None, None
+
+
+class _SoftSortCPU(torch.autograd.Function):
+    """Soft sort of the rows of ``xc`` (CPU): one sort of ``sign * x``, then gather and PAV in one
+    numba pass per row; backward is one numba pass. Double backward as in :class:`_SoftRankCPU`."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
+        rows, n = xc.shape
+        sign = 1.0 if descending else -1.0  # ascending sort = -(descending sort of -x)
+        s = _sort_targets_cpu(n, xc.dtype, eps)
+        x_np = xc.contiguous().numpy()
+        out = torch.empty((rows, n), dtype=xc.dtype)
+        ids = torch.empty((rows, n), dtype=torch.int64)
+        sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
+        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: sort in the kernel too
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            nb.soft_sort_forward(x_np, perm.numpy(), sign, sn, kl, on, idn, True)
+        else:
+            perm = sort_last(xc if descending else -xc, True)[1].contiguous()
+            pn = perm.numpy()
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_sort_forward(x_np[a:b], pn[a:b], sign, sn, kl, on[a:b], idn[a:b], False),
+            )
+        ctx.save_for_backward(xc, perm, ids)
+        ctx.cfg = (eps, descending, kl, nb)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, perm, ids = ctx.saved_tensors
+        eps, descending, kl, nb = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            with torch.enable_grad():
+                y = _soft_sort_composite(xc, eps, descending, "kl" if kl else "l2")
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
+        rows, n = xc.shape
+        sign = 1.0 if descending else -1.0
+        g = grad.contiguous() if grad.dtype == xc.dtype else grad.to(xc.dtype).contiguous()
+        grad_x = torch.empty((rows, n), dtype=xc.dtype)
+        gn, xn, pn, idn, gx = g.numpy(), xc.contiguous().numpy(), perm.numpy(), ids.numpy(), grad_x.numpy()
+        _over_rows(
+            rows, rows * n, lambda a, b: nb.soft_sort_backward(gn[a:b], xn[a:b], pn[a:b], idn[a:b], sign, kl, gx[a:b])
+        )
+        return grad_x, None, None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:
@@ -327,7 +582,8 @@ def soft_rank_isotonic(
     scale-dependent (it divides ``x``). Ascending values and gradients equal ``torchsort.soft_rank``;
     KL is computed in log space, so it stays finite at small strengths where torchsort's gives NaN.
 
-    Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere.
+    Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
+    (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
     Cost: CPU tensors use a numba PAV kernel, O(n log n) time and O(n) memory per row; other devices
     (CUDA) use a vectorized PyTorch min-max formulation, O(n^2) time and memory per row (rows are
@@ -335,7 +591,8 @@ def soft_rank_isotonic(
 
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.
-        - output: same shape and dtype as ``x`` (float16/bfloat16 are computed in float32).
+        - output: same shape as ``x``; dtype of ``x``, except float32 for float16/bfloat16 (computed in
+          float32; soft ranks reach n, beyond the exact range of the half formats).
 
     Example:
         >>> import torch, rankwise
@@ -346,13 +603,14 @@ def soft_rank_isotonic(
         tensor([[2.5000, 1.5000, 2.0000]])
     """
     d = _prepare(x, dim)
+    last = d == x.dim() - 1
     out = _soft_rank_last(
-        x.movedim(d, -1),
+        x if last else x.movedim(d, -1),
         descending=descending,
         regularization=regularization,
         regularization_strength=regularization_strength,
     )
-    return out.movedim(-1, d)
+    return out if last else out.movedim(-1, d)
 
 
 def soft_sort_isotonic(
@@ -375,7 +633,8 @@ def soft_sort_isotonic(
     it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
     the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
 
-    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``. Cost as in
+    Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``; a row holding a NaN or
+    inf (``-inf`` included, for ``"kl"`` too) -> NaN for the whole row. Cost as in
     :func:`soft_rank_isotonic`.
 
     Shape:
@@ -391,13 +650,14 @@ def soft_sort_isotonic(
         tensor([[2.5000, 2.0000, 1.5000]])
     """
     d = _prepare(x, dim)
+    last = d == x.dim() - 1
     out = _soft_sort_last(
-        x.movedim(d, -1),
+        x if last else x.movedim(d, -1),
         descending=descending,
         regularization=regularization,
         regularization_strength=regularization_strength,
     )
-    return out.movedim(-1, d)
+    return out if last else out.movedim(-1, d)
 
 
 class _IsotonicModule(nn.Module):
@@ -415,6 +675,7 @@ class _IsotonicModule(nn.Module):
     ) -> None:
         super().__init__()
         self.regularization_strength = _check_options(regularization, regularization_strength)
+        check_bool(descending, "descending")
         self.regularization, self.descending, self.dim = regularization, descending, dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -478,6 +739,22 @@ def _degenerate(reg: str):  # type: ignore[no-untyped-def]
     return factory
 
 
+def _fuzz(reg: str):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw: dict[str, Any] = {
+            "regularization": reg,
+            "regularization_strength": fuzz_choice(g, [1e-3, 1e-2, 0.1, 1.0, 10.0]),
+            "descending": fuzz_choice(g, [False, True]),
+        }
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
 for _reg in _REGULARIZATIONS:
     register_op(
         f"soft_rank.isotonic_{_reg}",
@@ -485,6 +762,7 @@ for _reg in _REGULARIZATIONS:
         example=_example(_reg, False),
         degenerate=_degenerate(_reg),
         gradient="exact",
+        fuzz=_fuzz(_reg),
     )(soft_rank_isotonic)
     register_op(
         f"soft_sort.isotonic_{_reg}",
@@ -492,4 +770,5 @@ for _reg in _REGULARIZATIONS:
         example=_example(_reg, True),
         degenerate=_degenerate(_reg),
         gradient="exact",
+        fuzz=_fuzz(_reg),
     )(soft_sort_isotonic)

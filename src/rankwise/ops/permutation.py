@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_dim, check_floating_nd, check_positive, to_compute
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._validation import check_bool, check_dim, check_floating_nd, check_positive, nan_slices, to_compute
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sort_last
 from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
@@ -34,10 +34,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # helpers (shared with rankwise.ops.topk)
 # ----------------------------------------------------------------------------------------------
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
-    return value
+_check_bool = check_bool
 
 
 def _check_int(value: Any, name: str, *, low: int) -> int:
@@ -200,7 +197,7 @@ def neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, d
     p = _neural_sort_rows(s, t)
     if hard:
         p = _straight_through(_hard_rows(s), p)
-    return p.to(scores.dtype)
+    return nan_slices(p, s, out_dims=2).to(scores.dtype)
 
 
 def stochastic_neural_sort(
@@ -264,7 +261,7 @@ def stochastic_neural_sort(
     p = _neural_sort_rows(perturbed, t)
     if hard:
         p = _straight_through(_hard_rows(perturbed), p)
-    return p.to(scores.dtype)
+    return nan_slices(p, perturbed, out_dims=2).to(scores.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,7 +358,7 @@ def softsort_matrix(
     p = _softsort_rows(s, t, pw)
     if hard:
         p = _straight_through(_hard_rows(s), p)
-    return p.to(scores.dtype)
+    return nan_slices(p, s, out_dims=2).to(scores.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,6 +510,27 @@ def _examples(kwargs: dict[str, Any], positive: bool = False):  # type: ignore[n
     return example, degenerate
 
 
+def _fuzz(kwargs: dict[str, Any], positive: bool):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        lead = fuzz_lead(g)
+        kw = dict(kwargs)
+        log_scores = positive and fuzz_choice(g, [False, True])
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False, positive=positive and not log_scores)
+        kw["tau"] = fuzz_choice(g, [0.05, 0.7, 5.0])
+        if "n_samples" in kw:
+            kw["n_samples"] = fuzz_int(g, 1, 3)
+            kw["log_scores"] = log_scores
+        if "power" in kw:
+            kw["power"] = fuzz_choice(g, [0.5, 1.0, 2.0])
+        if kw.get("method") in ("neuralsort", "softsort"):
+            kw["descending"] = fuzz_choice(g, [False, True])
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
 def _register(
     name: str,
     fn: Any,
@@ -524,7 +542,15 @@ def _register(
     positive: bool = False,
 ) -> None:
     ex, deg = _examples(kwargs, positive)
-    register_op(name, module=module, example=ex, degenerate=deg, gradient=gradient, stochastic=stochastic)(fn)
+    register_op(
+        name,
+        module=module,
+        example=ex,
+        degenerate=deg,
+        gradient=gradient,
+        stochastic=stochastic,
+        fuzz=_fuzz(kwargs, positive),
+    )(fn)
 
 
 _register("neural_sort", neural_sort, NeuralSort, {"tau": 0.7})

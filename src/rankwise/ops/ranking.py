@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating, check_positive, check_tensor
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    check_bool,
+    check_choice,
+    check_dim,
+    check_floating,
+    check_positive,
+    check_real,
+    nan_slices,
+    rank_dtype,
+    to_compute,
+)
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sort_last as _sort_last
 from rankwise.ops._sort import sorted_values_last as _sorted_values_last
@@ -20,7 +30,8 @@ _TIES = ("ordinal", "average", "min", "max", "dense")
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    # ranks are exact integers up to n: float32 for fp16/bf16 (exact only to 2048 / 256 there)
+    return rank_dtype(x.dtype)
 
 
 def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = False) -> torch.Tensor:
@@ -56,7 +67,9 @@ def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = F
                 ranks_sorted = (first + last).to(out_dtype) / 2 + 1
     if normalize:
         ranks_sorted = ranks_sorted / n
-    return torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(-1, perm, ranks_sorted.expand_as(perm))
+    out = torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(-1, perm, ranks_sorted.expand_as(perm))
+    # NaN policy (scipy.stats.rankdata(nan_policy="propagate")): a slice holding a NaN is all NaN
+    return nan_slices(out, x, nan_only=True)
 
 
 def rank(
@@ -85,11 +98,14 @@ def rank(
     argsort order, rankwise breaks them stably); with ``ties="average"`` it is ``get_tiedrank``.
 
     Shape:
-        - x: :math:`(*, n, *)` — any shape; ranked along ``dim``.
-        - output: same shape as ``x``; dtype of ``x`` (default float dtype for integer input).
+        - x: :math:`(*, n, *)` — any real shape; ranked along ``dim``.
+        - output: same shape as ``x``; dtype of ``x``, except float32 for float16/bfloat16 input (ranks
+          above 2048 / 256 are not representable there) and the default float dtype for integer input.
 
     Degenerate inputs: an empty tensor gives an empty result; ``n = 1`` gives rank 1; all-equal
-    values give ``1..n`` (ordinal) or ``(n+1)/2`` (average). NaNs sort last (as ``torch.sort``).
+    values give ``1..n`` (ordinal) or ``(n+1)/2`` (average). Non-finite values follow
+    ``scipy.stats.rankdata(nan_policy="propagate")``: a slice (along ``dim``) holding a NaN is all
+    NaN; ``-inf`` / ``+inf`` are ranked as the smallest / largest values.
 
     Example:
         >>> import torch, rankwise
@@ -98,8 +114,10 @@ def rank(
         >>> rankwise.rank(torch.tensor([1.0, 1.0, 2.0]), ties="average")
         tensor([1.5000, 1.5000, 3.0000])
     """
-    check_tensor(x, "x")
+    check_real(x, "x")
     check_choice(ties, "ties", _TIES)
+    check_bool(descending, "descending")
+    check_bool(normalize, "normalize")
     if x.dim() == 0:
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
@@ -110,7 +128,7 @@ def rank(
 class _BlackboxRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool):  # type: ignore[override]
-        r = _rank_last(x, descending, "ordinal", normalize)
+        r = _rank_last(x, descending, "ordinal", normalize).to(x.dtype)
         ctx.lambda_val = lambda_val
         ctx.descending = descending
         ctx.normalize = normalize
@@ -150,7 +168,9 @@ def blackbox_rank(
 
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.
-        - output: same shape and dtype as ``x``.
+        - output: same shape as ``x``; dtype of ``x``, float32 for float16/bfloat16 (exact ranks).
+
+    Non-finite values as in :func:`rank`: a slice holding a NaN is all NaN, ``+-inf`` are ordered.
 
     Example:
         >>> import torch, rankwise
@@ -164,12 +184,14 @@ def blackbox_rank(
     """
     check_floating(x, "x")
     lam = check_positive(lambda_val, "lambda_val")
+    check_bool(descending, "descending")
+    check_bool(normalize, "normalize")
     if x.dim() == 0:
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
-    xt = x.movedim(d, -1)
+    xt = to_compute(x.movedim(d, -1))  # fp16/bf16: ranks (and their blackbox backward) in float32
     if xt.numel() == 0:
-        return x * 0
+        return xt * 0
     r = _BlackboxRank.apply(xt, lam, descending, normalize)
     return r.movedim(-1, d)
 
@@ -182,6 +204,8 @@ class Rank(nn.Module):
     ) -> None:
         super().__init__()
         check_choice(ties, "ties", _TIES)
+        check_bool(descending, "descending")
+        check_bool(normalize, "normalize")
         self.dim, self.descending, self.ties, self.normalize = dim, descending, ties, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,6 +223,8 @@ class BlackboxRank(nn.Module):
     ) -> None:
         super().__init__()
         self.lambda_val = check_positive(lambda_val, "lambda_val")
+        check_bool(descending, "descending")
+        check_bool(normalize, "normalize")
         self.dim, self.descending, self.normalize = dim, descending, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -229,8 +255,36 @@ def _degenerate(dtype: torch.dtype, device: torch.device, grad: bool) -> list[Ex
     return out
 
 
+def _fuzz_x(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, grad: bool) -> Example:
+    """Random ``(*lead, n)`` input, sometimes ranked along dim 0 (``(n, *lead)``)."""
+    lead = fuzz_lead(g)
+    x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+    kw: dict[str, Any] = {"descending": fuzz_choice(g, [False, True]), "normalize": fuzz_choice(g, [False, True])}
+    if lead and fuzz_choice(g, [False, True]):
+        x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+    return Example((x.requires_grad_(grad),), kw)
+
+
+def _rank_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    ex = _fuzz_x(n, dtype, device, g, grad=False)
+    ex.kwargs["ties"] = fuzz_choice(g, _TIES)
+    return ex
+
+
+def _bb_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    ex = _fuzz_x(n, dtype, device, g, grad=True)
+    ex.kwargs["lambda_val"] = fuzz_choice(g, [0.5, 2.0, 10.0])
+    return ex
+
+
 register_op(
-    "rank", module=Rank, example=_rank_example, degenerate=lambda dt, dev: _degenerate(dt, dev, False), gradient="none"
+    "rank",
+    module=Rank,
+    example=_rank_example,
+    degenerate=lambda dt, dev: _degenerate(dt, dev, False),
+    gradient="none",
+    fuzz=_rank_fuzz,
+    nonfinite="order",
 )(rank)
 register_op(
     "blackbox_rank",
@@ -238,4 +292,6 @@ register_op(
     example=_bb_example,
     degenerate=lambda dt, dev: [Example(e.args, {"lambda_val": 1.0}) for e in _degenerate(dt, dev, True)],
     gradient="surrogate",
+    fuzz=_bb_fuzz,
+    nonfinite="order",
 )(blackbox_rank)

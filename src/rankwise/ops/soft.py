@@ -7,6 +7,7 @@ already moved so that the sorted dimension is last and must accept any leading d
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._validation import check_dim, check_floating
+from rankwise._validation import check_bool, check_dim, check_floating, nan_slices, to_compute
 
 __all__ = ["SoftRank", "SoftSort", "list_soft_methods", "register_soft_method", "soft_rank", "soft_sort"]
 
@@ -28,7 +29,26 @@ class _SoftMethod:
     rank: SoftImpl | None
 
 
+def _options(fn: SoftImpl) -> tuple[str, ...] | None:
+    """Keyword options of an implementation (after the input and ``descending``); None if it takes ``**kwargs``."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds and p.name != "descending")
+
+
 _METHODS: dict[str, _SoftMethod] = {}
+_PLUGINS_LOADED = False
+
+
+def _load_plugins() -> None:
+    """Import the packages that register methods from outside :mod:`rankwise.ops` (the SoDeep
+    sorters), once, so that they are available however rankwise was imported."""
+    global _PLUGINS_LOADED
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED = True
+        import rankwise.sodeep.hub  # noqa: F401  registers soft_rank(method="sodeep")
 
 
 def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftImpl | None = None) -> None:
@@ -43,10 +63,13 @@ def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftI
 
 def list_soft_methods() -> list[str]:
     """Methods accepted by :func:`soft_sort` / :func:`soft_rank`."""
+    _load_plugins()
     return sorted(_METHODS)
 
 
 def _impl(method: Any, kind: str) -> SoftImpl:
+    if method not in _METHODS:
+        _load_plugins()
     if method not in _METHODS or getattr(_METHODS[method], kind) is None:
         valid = ", ".join(repr(m) for m in sorted(m for m, v in _METHODS.items() if getattr(v, kind)))
         raise ValueError(f"`method` must be one of {valid} for soft_{kind}; got {method!r}")
@@ -54,17 +77,46 @@ def _impl(method: Any, kind: str) -> SoftImpl:
     return fn
 
 
+def _check_options(kind: str, method: str, kwargs: dict[str, Any]) -> None:
+    """Unknown keyword options raise ``TypeError`` naming ``soft_<kind>`` and what each method accepts."""
+    accepted = _options(_impl(method, kind))
+    unknown = [k for k in kwargs if accepted is not None and k not in accepted]
+    if not unknown:
+        return
+    per_method = []
+    for name in sorted(_METHODS):
+        fn = getattr(_METHODS[name], kind)
+        if fn is not None:
+            opts = _options(fn)
+            per_method.append(f"{name}: {', '.join(opts) if opts else 'no options'}" if opts is not None else name)
+    got = ", ".join(repr(k) for k in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    raise TypeError(
+        f"soft_{kind}(method={method!r}) got unexpected keyword argument{plural} {got}; "
+        f"{method!r} accepts {', '.join(accepted) if accepted else 'no options'} "
+        f"(options by method: {'; '.join(per_method)})"
+    )
+
+
 def _apply(kind: str, x: torch.Tensor, method: str, descending: bool, dim: int, kwargs: dict[str, Any]) -> torch.Tensor:
     fn = _impl(method, kind)
+    _check_options(kind, method, kwargs)
     check_floating(x, "x")
+    check_bool(descending, "descending")
     if x.dim() == 0:
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
-    out = fn(x.movedim(d, -1), descending=descending, **kwargs)
-    return out.movedim(-1, d)
+    xm = x.movedim(d, -1)
+    if kind == "rank":  # soft ranks reach n: float32 for fp16/bf16 input (docs/conventions.md)
+        xm = to_compute(xm)
+    out = fn(xm, descending=descending, **kwargs)
+    # NaN/inf policy: every soft value of a slice depends on the whole slice
+    return nan_slices(out, xm).movedim(-1, d)
 
 
-def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> torch.Tensor:
+def soft_sort(
+    x: torch.Tensor, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any
+) -> torch.Tensor:
     r"""Differentiable sort of ``x`` along ``dim``.
 
     Methods (``rankwise.list_soft_methods()``):
@@ -78,12 +130,20 @@ def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
     * ``"sinkhorn"`` — Cuturi, Teboul & Vert (NeurIPS'19): optimal transport onto sorted targets;
       options ``epsilon`` (default 1e-2), ``p``, ``num_targets`` (the output then has that length
       along ``dim``), ``tol``, ``max_iter``; see :func:`rankwise.soft_sort_sinkhorn`.
+    * ``"diffsort"`` — differentiable sorting networks (Petersen et al., ICML'21/ICLR'22), see
+      :func:`rankwise.diffsort`; options ``network``, ``steepness``, ``distribution``, ``art_lambda``.
+
+    ``method`` defaults to ``"isotonic"``, so ``soft_sort(x, regularization_strength=0.1)`` is
+    ``torchsort.soft_sort(x, regularization_strength=0.1)``. An option the method does not accept
+    raises ``TypeError`` listing the options of every method.
 
     As the strength / temperature goes to 0 the result tends to ``torch.sort(x).values``.
 
     Shape:
         - x: :math:`(*, n, *)` floating, sorted along ``dim``.
-        - output: same shape as ``x``.
+        - output: same shape and dtype as ``x``.
+
+    A slice (along ``dim``) holding a NaN or inf gives NaN for the whole slice (docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -94,7 +154,9 @@ def soft_sort(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
     return _apply("sort", x, method, descending, dim, kwargs)
 
 
-def soft_rank(x: torch.Tensor, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> torch.Tensor:
+def soft_rank(
+    x: torch.Tensor, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any
+) -> torch.Tensor:
     r"""Differentiable ranks (1..n, ascending unless ``descending``) of ``x`` along ``dim``.
 
     Methods as in :func:`soft_sort`. For the permutation-matrix methods the soft rank of element
@@ -104,7 +166,9 @@ def soft_rank(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
 
     Shape:
         - x: :math:`(*, n, *)` floating, ranked along ``dim``.
-        - output: same shape as ``x``.
+        - output: same shape as ``x``; dtype of ``x``, float32 for float16/bfloat16 (ranks reach n).
+
+    A slice (along ``dim``) holding a NaN or inf gives NaN for the whole slice (docs/conventions.md).
 
     Example:
         >>> import torch, rankwise
@@ -118,9 +182,10 @@ def soft_rank(x: torch.Tensor, *, method: str, descending: bool = False, dim: in
 class SoftSort(nn.Module):
     """Module twin of :func:`soft_sort` holding ``method`` and its options."""
 
-    def __init__(self, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
+    def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
-        _impl(method, "sort")
+        _check_options("sort", method, kwargs)
+        check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,9 +195,10 @@ class SoftSort(nn.Module):
 class SoftRank(nn.Module):
     """Module twin of :func:`soft_rank` holding ``method`` and its options."""
 
-    def __init__(self, *, method: str, descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
+    def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
-        _impl(method, "rank")
+        _check_options("rank", method, kwargs)
+        check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,15 +11,17 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._registry import Example
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_choice,
     check_dim,
     check_floating,
     check_floating_nd,
     check_positive,
+    check_same_device,
     check_tensor,
     compute_dtype,
+    nan_slices,
 )
 from rankwise.ops._registry import register_op
 from rankwise.ops.permutation import (
@@ -84,7 +86,7 @@ def soft_topk(
     s = scores.movedim(d, -1)
     s = s.to(compute_dtype(s.dtype))
     p = _neural_sort_rows(s, t, rows=k) if method == "neuralsort" else _softsort_rows(s, t, 1.0, rows=k)
-    return p.sum(dim=-2).movedim(-1, d).to(scores.dtype)
+    return nan_slices(p.sum(dim=-2), s).movedim(-1, d).to(scores.dtype)
 
 
 def dknn(
@@ -147,6 +149,7 @@ def dknn(
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("deterministic", "stochastic"))
     m = _check_int(n_samples, "n_samples", low=1)
+    check_same_device("query", query, ("neighbors", neighbors))
     gen = _check_generator(generator, query)
     out_dtype = torch.promote_types(query.dtype, neighbors.dtype)
     cdt = compute_dtype(out_dtype)
@@ -157,7 +160,8 @@ def dknn(
     else:
         perturbed = scores.unsqueeze(0) + _gumbel((m, *scores.shape), scores, gen)
         member = _neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
-    return member.to(out_dtype)
+    # NaN/inf policy: a non-finite query makes its row NaN, a non-finite neighbour every row
+    return nan_slices(member, scores).to(out_dtype)
 
 
 def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -191,6 +195,7 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
             f"`labels` must have shape (..., N) with N = {membership.shape[-1]}, got shape {tuple(labels.shape)}"
         )
     c = _check_int(num_classes, "num_classes", low=1)
+    check_same_device("membership", membership, ("labels", labels))
     classes = torch.arange(c, device=labels.device)
     onehot = (labels.unsqueeze(-1) == classes).to(membership.dtype)  # (*, N, C)
     return membership @ onehot
@@ -333,11 +338,60 @@ def _class_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]
     ]
 
 
-register_op("soft_topk", module=SoftTopK, example=_topk_example, degenerate=_topk_degenerate)(soft_topk)
-register_op("dknn", module=DKNN, example=_dknn_example(False), degenerate=_dknn_degenerate(False))(dknn)
-register_op(
-    "dknn.stochastic", module=DKNN, example=_dknn_example(True), degenerate=_dknn_degenerate(True), stochastic=True
-)(dknn)
-register_op("dknn_class_scores", module=DKNNClassScores, example=_class_example, degenerate=_class_degenerate)(
-    dknn_class_scores
+def _topk_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+    if n == 0:
+        return None  # k must be in [1, n]
+    lead = fuzz_lead(g)
+    x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+    kw: dict[str, Any] = {
+        "k": fuzz_int(g, 1, n),
+        "tau": fuzz_choice(g, [0.05, 0.7, 5.0]),
+        "method": fuzz_choice(g, ["neuralsort", "softsort"]),
+    }
+    if lead and fuzz_choice(g, [False, True]):
+        x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+    return Example((x.requires_grad_(),), kw)
+
+
+def _dknn_fuzz(stochastic: bool):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        if n == 0:
+            return None  # k must be in [1, N]
+        d = fuzz_int(g, 1, 4)
+        q = fuzz_tensor((fuzz_int(g, 0, 4), d), dtype, device, g)
+        y = fuzz_tensor((n, d), fuzz_choice(g, [dtype, torch.float64]), device, g)
+        kw: dict[str, Any] = {"k": fuzz_int(g, 1, n), "tau": fuzz_choice(g, [0.05, 0.7, 5.0])}
+        if stochastic:
+            kw.update(method="stochastic", n_samples=fuzz_int(g, 1, 3))
+        return Example((q, y), kw)
+
+    return factory
+
+
+def _class_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    c = fuzz_int(g, 1, 4)
+    m = fuzz_tensor((*fuzz_lead(g, max_dims=1), fuzz_int(g, 0, 4), n), dtype, device, g, positive=True)
+    return Example((m, fuzz_labels(n, device, g, classes=c + 1)), {"num_classes": c})
+
+
+register_op("soft_topk", module=SoftTopK, example=_topk_example, degenerate=_topk_degenerate, fuzz=_topk_fuzz)(
+    soft_topk
 )
+register_op(
+    "dknn", module=DKNN, example=_dknn_example(False), degenerate=_dknn_degenerate(False), fuzz=_dknn_fuzz(False)
+)(dknn)
+register_op(
+    "dknn.stochastic",
+    module=DKNN,
+    example=_dknn_example(True),
+    degenerate=_dknn_degenerate(True),
+    stochastic=True,
+    fuzz=_dknn_fuzz(True),
+)(dknn)
+register_op(
+    "dknn_class_scores",
+    module=DKNNClassScores,
+    example=_class_example,
+    degenerate=_class_degenerate,
+    fuzz=_class_fuzz,
+)(dknn_class_scores)

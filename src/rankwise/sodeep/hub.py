@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example
-from rankwise._validation import check_choice, check_dim, check_floating_nd, compute_dtype
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import check_bool, check_choice, check_dim, check_floating_nd, compute_dtype, nan_slices
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
 from rankwise.sodeep.models import SORTER_MODELS, Sorter
@@ -104,12 +104,12 @@ def _soft_rank_impl(
 ) -> torch.Tensor:
     """soft_rank implementation (sorted dim last): ranks 1..n, ascending unless ``descending``."""
     n = x.shape[-1]
+    cdt = compute_dtype(x.dtype)  # ranks reach n: float32 for fp16/bf16 (docs/conventions.md)
     if n <= 1 or x.numel() == 0:
-        return x * 0 + 1
-    cdt = compute_dtype(x.dtype)
+        return nan_slices((x * 0 + 1).to(cdt), x)
     s = _resolve(n, sorter, model, x.device, cdt)
     norm = s(x.to(cdt), descending=descending)
-    return (norm * n).to(x.dtype)
+    return nan_slices(norm * n, x)
 
 
 def sodeep_rank(
@@ -125,8 +125,8 @@ def sodeep_rank(
     The sorter is ``sorter`` if given, else the bundled ``model`` sorter whose ``seq_len`` equals
     ``n = x.shape[dim]`` (bundled: 32, 64, 128); any other ``n`` raises ``ValueError`` naming ``n``
     and the bundled lengths. ``n <= 1`` gives rank 1 without a sorter. Input is standardized per
-    sequence (scale/offset invariant); fp16/bf16 are computed in float32; the output has the
-    dtype of ``x``.
+    sequence (scale/offset invariant); fp16/bf16 are computed and returned in float32 (ranks reach
+    n); other dtypes are kept. A sequence holding a NaN or inf gives NaN ranks for the whole sequence.
 
     Shape:
         - x: :math:`(*, n, *)` floating, ranked along ``dim``.
@@ -141,6 +141,7 @@ def sodeep_rank(
         >>> r.sum().backward()
     """
     check_floating_nd(x, "x")
+    check_bool(descending, "descending")
     d = check_dim(x, dim)
     return _soft_rank_impl(x.movedim(d, -1), descending=descending, sorter=sorter, model=model).movedim(-1, d)
 
@@ -153,6 +154,7 @@ class SodeepRank(nn.Module):
     ) -> None:
         super().__init__()
         check_choice(model, "model", SORTER_MODELS)
+        check_bool(descending, "descending")
         self.sorter = sorter
         self.model, self.descending, self.dim = model, descending, dim
 
@@ -180,7 +182,14 @@ def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
     ]
 
 
+def _fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    """Random input; ``n > 1`` becomes 32 (a bundled sorter length)."""
+    lead = fuzz_lead(g)
+    x = fuzz_tensor((*lead, n if n <= 1 else 32), dtype, device, g)
+    return Example((x,), {"descending": fuzz_choice(g, [False, True])})
+
+
 register_soft_method("sodeep", rank=_soft_rank_impl)
-register_op("soft_rank.sodeep", module=SodeepRank, example=_example, degenerate=_degenerate, gradient="exact")(
-    sodeep_rank
-)
+register_op(
+    "soft_rank.sodeep", module=SodeepRank, example=_example, degenerate=_degenerate, gradient="exact", fuzz=_fuzz
+)(sodeep_rank)

@@ -1,0 +1,54 @@
+"""Doctest collection over ``src/rankwise`` (``--doctest-modules``, see ``[tool.pytest.ini_options]``).
+
+rankwise's core needs only torch, numpy and numba; the CLI and the training recipes import the
+``train`` extra (lightning, typer, yaml, ...) at module level, and some examples call a loader or a
+backbone that needs one. Without those packages their modules are not collected and their examples
+are reported as skipped (naming the missing package) instead of failing; with them everything runs.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+from pathlib import Path
+
+import pytest
+
+_SRC = Path(__file__).resolve().parent / "src"
+
+
+def _missing_optional(exc: BaseException) -> str | None:
+    """Top-level name of a missing third-party package behind ``exc`` (None if it is something else)."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] != "rankwise":
+            return exc.name.split(".")[0]
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.suffix != ".py" or _SRC not in collection_path.parents:
+        return None
+    module = ".".join(collection_path.relative_to(_SRC).with_suffix("").parts)
+    module = module.removesuffix(".__init__")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if _missing_optional(e) is not None:
+            return True
+        raise
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if call.when == "call" and report.failed and call.excinfo is not None:
+        exc = call.excinfo.value
+        if isinstance(exc, doctest.UnexpectedException):
+            # also rankwise's own "X needs Y: `pip install Y`" ImportErrors, raised from the original
+            missing = _missing_optional(exc.exc_info[1])
+            if missing is not None:
+                report.outcome = "skipped"
+                report.longrepr = (str(item.path), 0, f"Skipped: needs the optional package {missing!r}")
+    return report

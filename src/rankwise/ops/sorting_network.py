@@ -1,0 +1,656 @@
+r"""Differentiable sorting networks (Petersen et al., ICML'21 and ICLR'22).
+
+A sorting network is a fixed sequence of layers of comparators ``(a, b)``; each comparator writes
+``min(x_a, x_b)`` to one wire and ``max`` to the other. The differentiable version replaces the
+hard swap with a blend: for ``d = x_b - x_a`` and a sigmoid-like CDF :math:`f`,
+
+.. math::
+    \alpha = f(\beta d), \qquad
+    \mathrm{min} = \alpha x_a + (1 - \alpha) x_b, \qquad
+    \mathrm{max} = (1 - \alpha) x_a + \alpha x_b,
+
+(:math:`\beta` = ``steepness``). Every layer is a doubly stochastic matrix, so the product ``P``
+of all layers is doubly stochastic and ``sorted = x @ P``. Here each layer is computed as two
+gathers and an element-wise blend over all ``n`` wires at once (no Python loop over comparators
+or batch elements); ``P`` is only built when asked for (``return_matrix=True``, the default).
+
+Networks (``network=``): ``"odd_even"`` (odd-even transposition sort, ``n`` layers of ``(i, i+1)``
+comparators alternating between even and odd ``i``) and ``"bitonic"`` (``log2(N)(log2(N)+1)/2``
+layers, ``N`` = the next power of two); for ``n`` that is not a power of two the bitonic network of
+size ``N`` is used with its first ``N - n`` wires removed: comparators between two removed wires
+are dropped and those between a removed and a kept wire leave the kept wire unchanged, as in the
+authors' implementation (a removed wire behaves as ``-inf``, so this is still a sorting network).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, overload
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._validation import (
+    check_bool,
+    check_choice,
+    check_dim,
+    check_floating_nd,
+    check_positive,
+    compute_dtype,
+    nan_slices,
+)
+from rankwise.ops._registry import register_op
+from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
+
+__all__ = ["DiffSort", "diffsort"]
+
+Network = Literal["odd_even", "bitonic"]
+Distribution = Literal["cauchy", "logistic", "logistic_phi", "optimal", "gaussian", "reciprocal"]
+NETWORKS: tuple[str, ...] = ("odd_even", "bitonic")
+DISTRIBUTIONS: tuple[str, ...] = ("cauchy", "logistic", "logistic_phi", "optimal", "gaussian", "reciprocal")
+
+# the small constants of the authors' implementation (kept so that values match it to rounding)
+_PHI_EPS = 1e-10  # logistic_phi: |d| + eps before the power (ART's division at d = 0)
+_OPTIMAL_EPS = 1e-10  # optimal: |v| + eps in the 1 / (16 |v|) tails
+
+
+# ----------------------------------------------------------------------------------------------
+# networks
+# ----------------------------------------------------------------------------------------------
+Comparator = tuple[int, int, bool]  # (a, b, flipped) with a < b; flipped: the min goes to b
+
+
+def _odd_even_comparators(n: int) -> tuple[list[list[Comparator]], list[int]]:
+    """Odd-even transposition sort: ``n`` layers, layer ``l`` compares ``(i, i+1)`` for ``i ≡ l (mod 2)``.
+
+    Returns the two distinct layers and the order in which the ``n`` layers use them.
+    """
+    patterns = [[(i, i + 1, False) for i in range(start, n - 1, 2)] for start in (0, 1)]
+    order = [layer % 2 for layer in range(n) if patterns[layer % 2]]
+    return patterns, order
+
+
+def _bitonic_comparators(n: int) -> tuple[list[list[Comparator]], list[int]]:
+    """Bitonic sorting network on ``N = 2^ceil(log2 n)`` wires with the first ``N - n`` wires removed."""
+    if n <= 1:
+        return [], []
+    blocks = math.ceil(math.log2(n))
+    size = 1 << blocks
+    pad = size - n
+    layers: list[list[Comparator]] = []
+    for block in range(blocks):
+        for stage in range(block + 1):
+            m = 1 << (block - stage)  # comparator span
+            layer: list[Comparator] = []
+            for start in range(0, size, 2 * m):
+                for a in range(start, start + m):
+                    if a < pad:  # a removed wire takes part: the comparator is dropped / the identity
+                        continue
+                    flipped = (a >> (block + 1)) & 1 == 1  # the sub-sequence is sorted descending
+                    layer.append((a - pad, a + m - pad, flipped))
+            layers.append(layer)
+    return layers, list(range(len(layers)))
+
+
+class _LayerTables(NamedTuple):
+    """Per-wire tables of one layer (see :class:`_Layers`): indices ``(n,)``, masks and signs ``(n, 1)``."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    is_min: torch.Tensor
+    u: torch.Tensor
+    w: torch.Tensor
+    is_a: torch.Tensor
+    hsign: torch.Tensor
+    msign: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """A network as per-wire tables of its distinct layers and the order in which it uses them.
+
+    Forward blend (a layer applied to the wires' values): wire ``p`` becomes
+    ``wa[p] v[a[p]] + wb[p] v[b[p]]``, where ``(a[p], b[p])`` is the comparator touching ``p``
+    (``(p, p)`` for an idle wire) and ``(wa, wb) = (α, 1-α)`` if ``p`` receives the minimum
+    (``is_min``), ``(1-α, α)`` otherwise. Transposed blend (the layer's matrix times a vector,
+    its adjoint): wire ``q`` becomes ``ta[q] v[u[q]] + tb[q] v[w[q]]`` with ``u``/``w`` the min/max
+    destinations of ``q``'s comparator and ``(ta, tb) = (α, 1-α)`` if ``q`` is its ``a`` wire
+    (``is_a``), ``(1-α, α)`` otherwise. ``hsign`` is -1 on ``a`` wires, +1 on ``b`` wires and 0 on
+    idle ones (the sign of ``∂(x_b - x_a)/∂x_q``); ``msign`` is -1 on wires receiving the minimum,
+    +1 on the others. ``α`` is computed per wire (both wires of a
+    comparator get the same value; an idle wire gets ``f(0) = 1/2``). Odd-even has only two
+    distinct layers, so its tables are O(n), not O(n²).
+    """
+
+    tables: tuple[_LayerTables, ...]
+    order: tuple[int, ...]
+
+    @property
+    def depth(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, layer: int) -> _LayerTables:
+        return self.tables[self.order[layer]]
+
+
+@functools.lru_cache(maxsize=64)
+def _layers(network: str, n: int, device: torch.device) -> _Layers:
+    patterns, order = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+    tables = []
+    for cs in patterns:
+        a, b, u, w = list(range(n)), list(range(n)), list(range(n)), list(range(n))
+        is_min, is_a, hsign = [True] * n, [True] * n, [0] * n
+        for ca, cb, flipped in cs:
+            lo, hi = (cb, ca) if flipped else (ca, cb)  # destinations of the min and the max
+            a[lo] = a[hi] = ca
+            b[lo] = b[hi] = cb
+            is_min[hi] = False
+            u[ca] = u[cb] = lo
+            w[ca] = w[cb] = hi
+            is_a[cb] = False
+            hsign[ca], hsign[cb] = -1, 1
+        idx = [torch.tensor(t, dtype=torch.long, device=device) for t in (a, b, u, w)]
+        col = [torch.tensor(t, device=device).unsqueeze(-1) for t in (is_min, is_a)]  # broadcast over B
+        sign = torch.tensor(hsign, dtype=torch.int8, device=device).unsqueeze(-1)
+        msign = torch.tensor([-1 if m else 1 for m in is_min], dtype=torch.int8, device=device).unsqueeze(-1)
+        tables.append(_LayerTables(idx[0], idx[1], col[0], idx[2], idx[3], col[1], sign, msign))
+    return _Layers(tuple(tables), tuple(order))
+
+
+# ----------------------------------------------------------------------------------------------
+# the relaxed comparator: alpha = f(steepness * (x_b - x_a)) and its derivative in d = x_b - x_a
+# ----------------------------------------------------------------------------------------------
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _alpha(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float, out: torch.Tensor) -> torch.Tensor:
+    r"""Probability that the comparator's pair is already in order, :math:`f(\beta d)`, written to ``out``.
+
+    (In-place chains: the same operations, so the same rounding, as the out-of-place formulas.)
+    """
+    if distribution == "logistic":
+        return torch.mul(d, steepness, out=out).sigmoid_()
+    if distribution == "logistic_phi":  # activation replacement trick: x / (|x| + eps)^lambda
+        den = (d.abs() + _PHI_EPS).pow_(art_lambda)
+        return torch.mul(d, steepness, out=out).div_(den).sigmoid_()
+    if distribution == "optimal":  # v + 1/2 on [-1/4, 1/4], 1 - 1/(16 v) above, -1/(16 v) below
+        v = steepness * d
+        tail = 1 / (16 * (v.abs() + _OPTIMAL_EPS))
+        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1 - tail, tail), out=out)
+    v = torch.mul(d, steepness, out=out)
+    if distribution == "cauchy":
+        return v.atan_().mul_(1 / math.pi).add_(0.5)
+    if distribution == "reciprocal":  # (v / (2 + |v|) + 1) / 2
+        return v.div_(v.abs().add_(2)).add_(1).mul_(0.5)
+    return v.div_(math.sqrt(2.0)).erf_().mul_(0.5).add_(0.5)  # gaussian: Phi(v)
+
+
+def _dalpha(
+    d: torch.Tensor, alpha: torch.Tensor, distribution: str, steepness: float, art_lambda: float
+) -> torch.Tensor:
+    """``dα/dd`` of :func:`_alpha` (``alpha`` is its value at ``d``); even in ``d``, so ``±d`` may be passed."""
+    if distribution == "logistic":
+        return steepness * alpha * (1 - alpha)
+    if distribution == "logistic_phi":
+        ad = d.abs()
+        den = ad + _PHI_EPS
+        return steepness * alpha * (1 - alpha) * den.pow(-art_lambda - 1) * (den - art_lambda * ad)
+    v = steepness * d
+    if distribution == "cauchy":
+        return steepness / (math.pi * (1 + v * v))
+    if distribution == "reciprocal":
+        return steepness / (2 + v.abs()).square()
+    if distribution == "gaussian":
+        return (steepness / _SQRT_2PI) * torch.exp(-0.5 * v * v)
+    inner = v.abs() <= 0.25
+    return steepness * torch.where(inner, torch.ones_like(v), 1 / (16 * (v.abs() + _OPTIMAL_EPS).square()))
+
+
+# ----------------------------------------------------------------------------------------------
+# the three passes: values (x -> sorted), matrix (alphas -> P), ranks (alphas -> P @ v)
+#
+# Internally every tensor is "wires first": values (n, B), per-layer α (L, n, B) and the matrix
+# (n wires, B, n inputs), B = the flattened leading dims, so each gather is an index_select on dim
+# 0 (contiguous blocks: several times faster on CPU than gathering along the last dim).
+# ----------------------------------------------------------------------------------------------
+def _forward_blend(v: torch.Tensor, alpha: torch.Tensor, t: _LayerTables) -> torch.Tensor:
+    beta = 1 - alpha
+    wa, wb = torch.where(t.is_min, alpha, beta), torch.where(t.is_min, beta, alpha)
+    return _blend(v, t.a, t.b, wa, wb)
+
+
+def _transposed_blend(v: torch.Tensor, alpha: torch.Tensor, t: _LayerTables) -> torch.Tensor:
+    beta = 1 - alpha
+    ta, tb = torch.where(t.is_a, alpha, beta), torch.where(t.is_a, beta, alpha)
+    return _blend(v, t.u, t.w, ta, tb)
+
+
+def _blend(v: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """``w1 * v[i1] + w2 * v[i2]`` over the wires (dim 0); ``w`` are (n, B), ``v`` (n, B) or (n, B, m)."""
+    if v.dim() == 3:
+        w1, w2 = w1.unsqueeze(-1), w2.unsqueeze(-1)
+    if torch.is_grad_enabled():
+        return v.index_select(0, i1) * w1 + v.index_select(0, i2) * w2
+    # separate products and sum (no fused multiply-add): the same rounding as the authors' code
+    return v.index_select(0, i1).mul_(w1).add_(v.index_select(0, i2).mul_(w2))
+
+
+class _SortingNetwork(torch.autograd.Function):
+    """``x`` (n, B) -> (sorted values (n, B), per-layer per-wire ``α`` (L, n, B)).
+
+    Saves ``d = x_b - x_a`` and ``α`` of every layer (O(L n B)); the backward runs the layers'
+    transposes from the last to the first, adding the path through ``α`` (which also receives
+    the gradient of the returned ``α``, used by the matrix and rank passes).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        alphas = x.new_empty((lay.depth, *x.shape))
+        signed_d = x.new_empty((lay.depth, *x.shape))
+        for layer in range(lay.depth):
+            t = lay[layer]
+            xa, xb = x.index_select(0, t.a), x.index_select(0, t.b)
+            d = torch.sub(xb, xa, out=signed_d[layer])
+            alpha = _alpha(d, distribution, steepness, art_lambda, out=alphas[layer])
+            beta = 1 - alpha
+            # separate products and sum (no fused multiply-add): the same rounding as the authors' code
+            x = xa.mul_(torch.where(t.is_min, alpha, beta)).add_(xb.mul_(torch.where(t.is_min, beta, alpha)))
+            d.mul_(t.msign)  # keep ∂x_new/∂α = ±(x_a - x_b) = ∓d for backward
+        ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
+        ctx.save_for_backward(alphas, signed_d)
+        return x, alphas
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        alphas, signed_d = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        for layer in reversed(range(lay.depth)):
+            alpha, sd, t = alphas[layer], signed_d[layer], lay[layer]
+            g_alpha = sd * g  # x_new = wa x_a + wb x_b, (wa, wb) = (α, 1-α) or (1-α, α)
+            if g_alphas is not None:
+                g_alpha.add_(g_alphas[layer])
+            h = g_alpha.mul_(_dalpha(sd, alpha, *ctx.opts))  # gradient w.r.t. d = x_b - x_a, per wire
+            hsum = h.index_select(0, t.u).add_(h.index_select(0, t.w)).mul_(t.hsign)
+            g = _transposed_blend(g, alpha, t).add_(hsum)
+        return g, None, None, None, None
+
+
+class _NetworkMatrix(torch.autograd.Function):
+    """``P`` (B, n, n) = product of the layers' matrices, from the per-layer ``α`` (L, n, B).
+
+    Built as (wires, B, inputs). Keeps it only every ``c ≈ sqrt(L)`` layers and recomputes each
+    segment in backward: O((L/c + c) n² B) memory instead of autograd's O(L n² B).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+        depth, n, batch = lay.depth, alphas.shape[1], alphas.shape[2]
+        pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n).contiguous()
+        seg = math.isqrt(max(depth - 1, 0)) + 1
+        checkpoints = []
+        for layer in range(depth):
+            if layer % seg == 0:
+                checkpoints.append(pt)
+            pt = _forward_blend(pt, alphas[layer], lay[layer])
+        ctx.lay, ctx.seg = lay, seg
+        ctx.save_for_backward(alphas, *checkpoints)
+        return pt.permute(1, 2, 0).contiguous()  # P[b, input, wire]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        alphas, *checkpoints = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        seg, depth = ctx.seg, lay.depth
+        g_alphas = torch.empty_like(alphas)
+        gt = grad.permute(2, 0, 1).contiguous()  # (wires, B, inputs)
+        for start in reversed(range(0, depth, seg)):
+            stop = min(start + seg, depth)
+            inputs = [checkpoints[start // seg]]
+            for layer in range(start, stop - 1):
+                inputs.append(_forward_blend(inputs[-1], alphas[layer], lay[layer]))
+            for layer in reversed(range(start, stop)):
+                pin, t = inputs.pop(), lay[layer]
+                diff = pin.index_select(0, t.a).sub_(pin.index_select(0, t.b))
+                g_alpha = (gt * diff).sum(-1)
+                g_alphas[layer] = torch.where(t.is_min, g_alpha, -g_alpha)
+                gt = _transposed_blend(gt, alphas[layer], t)
+        return g_alphas, None
+
+
+class _NetworkRanks(torch.autograd.Function):
+    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first."""
+
+    @staticmethod
+    def forward(ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+        inputs = alphas.new_empty(alphas.shape)
+        for layer in reversed(range(lay.depth)):
+            inputs[layer] = v
+            v = _transposed_blend(v, alphas[layer], lay[layer])
+        ctx.lay = lay
+        ctx.save_for_backward(alphas, inputs)
+        return v
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        alphas, inputs = ctx.saved_tensors
+        lay: _Layers = ctx.lay
+        g_alphas = torch.empty_like(alphas)
+        for layer in range(lay.depth):
+            vin, t = inputs[layer], lay[layer]
+            diff = vin.index_select(0, t.u) - vin.index_select(0, t.w)
+            g_alphas[layer] = torch.where(t.is_a, diff, -diff) * g
+            g = _forward_blend(g, alphas[layer], t)
+        return g_alphas, None, None
+
+
+def _run(
+    x: torch.Tensor, network: str, steepness: float, distribution: str, art_lambda: float, descending: bool
+) -> tuple[torch.Tensor, _Layers, torch.Tensor]:
+    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α (L, n, B))."""
+    n = x.shape[-1]
+    lay = _layers(network, n, x.device)
+    if lay.depth == 0:  # n <= 1
+        return x, lay, x.new_empty((0, n, math.prod(x.shape[:-1])))
+    z = (-x if descending else x).reshape(-1, n).T.contiguous()
+    out, alphas = _SortingNetwork.apply(z, lay, distribution, steepness, art_lambda)
+    out = out.T.reshape(x.shape)
+    return (-out if descending else out), lay, alphas
+
+
+def _matrix(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    n = like.shape[-1]
+    if lay.depth == 0:  # n <= 1: the identity, connected to the graph
+        return torch.eye(n, dtype=like.dtype, device=like.device) + like.unsqueeze(-1) * 0
+    out: torch.Tensor = _NetworkMatrix.apply(alphas, lay)
+    return out.reshape(*like.shape, n)
+
+
+def _ranks(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    n = like.shape[-1]
+    pos = torch.arange(1, n + 1, dtype=like.dtype, device=like.device)
+    if lay.depth == 0:
+        return pos + like * 0
+    v = pos.unsqueeze(-1).expand(n, alphas.shape[-1]).contiguous()
+    out: torch.Tensor = _NetworkRanks.apply(alphas, v, lay)
+    return out.T.reshape(like.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+# ----------------------------------------------------------------------------------------------
+def _check_options(network: Any, distribution: Any, steepness: Any, art_lambda: Any) -> tuple[float, float]:
+    check_choice(network, "network", NETWORKS)
+    check_choice(distribution, "distribution", DISTRIBUTIONS)
+    return check_positive(steepness, "steepness"), check_positive(art_lambda, "art_lambda", allow_zero=True)
+
+
+@overload
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = ...,
+    steepness: float = ...,
+    distribution: Distribution = ...,
+    art_lambda: float = ...,
+    descending: bool = ...,
+    dim: int = ...,
+    return_matrix: Literal[True] = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = ...,
+    steepness: float = ...,
+    distribution: Distribution = ...,
+    art_lambda: float = ...,
+    descending: bool = ...,
+    dim: int = ...,
+    return_matrix: Literal[False],
+) -> torch.Tensor: ...
+
+
+def diffsort(
+    x: torch.Tensor,
+    *,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+    descending: bool = False,
+    dim: int = -1,
+    return_matrix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+    r"""Differentiable sorting network (Petersen et al., ICML'21; monotonic: ICLR'22).
+
+    Runs a sorting network (``network="odd_even"`` or ``"bitonic"``) whose comparators are
+    relaxed: for a comparator on wires ``(a, b)`` with :math:`d = x_b - x_a`,
+    :math:`\alpha = f(\beta d)` (:math:`\beta` = ``steepness``), the wire receiving the minimum
+    gets :math:`\alpha x_a + (1-\alpha) x_b` and the other :math:`(1-\alpha) x_a + \alpha x_b`.
+    ``distribution`` picks :math:`f` (``v = βd``):
+
+    * ``"cauchy"`` (default, monotonic): :math:`\arctan(v)/\pi + 1/2`;
+    * ``"optimal"`` (monotonic, the optimal sigmoid of ICLR'22): :math:`v + 1/2` on
+      :math:`|v| \le 1/4`, :math:`1 - 1/(16 v)` above and :math:`-1/(16 v)` below;
+    * ``"reciprocal"`` (monotonic): :math:`\bigl(v / (2 + |v|) + 1\bigr) / 2`;
+    * ``"gaussian"``: :math:`\Phi(v)`, the standard normal CDF;
+    * ``"logistic"``: :math:`\sigma(v)`;
+    * ``"logistic_phi"`` (logistic with ICML'21's activation replacement trick):
+      :math:`\sigma\bigl(v / (|d| + 10^{-10})^{\lambda}\bigr)`, :math:`\lambda` = ``art_lambda``.
+
+    (The small constants, ``1e-10`` here and in the ``optimal`` tails, are those of the authors'
+    implementation, so that values match it.) The product of the layers is the relaxed permutation
+    matrix ``P``, doubly stochastic, with ``P[..., i, j]`` = weight of input ``i`` in sorted
+    position ``j`` (the authors' code's orientation, the transpose of the papers' notation):
+
+    .. math::
+        \mathrm{sorted}_j = \sum_i x_i P_{ij}, \qquad \texttt{sorted == einsum("...i,...ij->...j", x, P)}.
+
+    Ascending by default; ``descending=True`` applies the network to :math:`-x` and negates the
+    result (``-diffsort(-x)``, with that ``P``; for odd-even this is not the flip of the ascending
+    output). As ``steepness → ∞``, ``sorted → torch.sort(x).values`` and ``P`` tends to the sorting
+    permutation. Values and gradients equal those of the authors' ``diffsort`` package (both
+    networks, every distribution) to rounding; the ``gaussian`` backward differs from it by
+    ~1e-8 relative because that package rounds ``1 / steepness`` to float32 in its backward.
+
+    Cost: ``L`` layers (``n`` for odd-even, ``⌈log2 n⌉(⌈log2 n⌉+1)/2`` for bitonic), each O(n)
+    per row (two gathers and an element-wise blend). With ``return_matrix=False`` only the sorted
+    values are computed: O(L n) time and memory. ``P`` costs O(L n²) time and
+    O(sqrt(L) n²) memory (segment checkpointing); the authors' code uses O(L n³) time and
+    O(L n²) memory.
+
+    Shape:
+        - x: :math:`(*, n, *)` floating, sorted along ``dim``.
+        - sorted: same shape as ``x``.
+        - P (``return_matrix=True``): :math:`(*', n, n)`, :math:`*'` = ``x.shape`` without ``dim``.
+        - dtype of ``x`` (float16/bfloat16 computed in float32 and cast back).
+
+    Degenerate inputs: ``n = 0`` gives empty outputs (``P`` of shape ``(*', 0, 0)``), ``n = 1``
+    gives ``x`` and ``[[1.]]``; all-equal values give ``sorted == x`` (every :math:`\alpha = 1/2`).
+    A NaN or ±inf anywhere in a slice makes that slice's ``sorted`` and ``P`` NaN.
+
+    Returns:
+        ``(sorted, P)``, or only ``sorted`` when ``return_matrix=False``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> x = torch.tensor([[3.0, 1.0, 2.0]])
+        >>> s, p = rankwise.diffsort(x, steepness=100.0)
+        >>> s.round(decimals=2)
+        tensor([[1.0100, 2.0000, 2.9900]])
+        >>> torch.allclose(torch.einsum("...i,...ij->...j", x, p), s)
+        True
+        >>> torch.allclose(p.sum(-1), torch.ones(1, 3)), torch.allclose(p.sum(-2), torch.ones(1, 3))
+        (True, True)
+        >>> rankwise.diffsort(x, network="bitonic", distribution="optimal", return_matrix=False)
+        tensor([[1.0125, 2.0000, 2.9875]])
+    """
+    check_floating_nd(x, "x")
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    check_bool(descending, "descending")
+    check_bool(return_matrix, "return_matrix")
+    d = check_dim(x, dim)
+    xc = x.movedim(d, -1)
+    xc = xc.to(compute_dtype(xc.dtype))
+    out, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    # NaN/inf policy (docs/conventions.md): a non-finite entry makes its whole slice NaN
+    sorted_x = nan_slices(out, xc).to(x.dtype).movedim(-1, d)
+    if not return_matrix:
+        return sorted_x
+    return sorted_x, nan_slices(_matrix(layers, alphas, xc), xc, out_dims=2).to(x.dtype)
+
+
+class DiffSort(nn.Module):
+    """Module twin of :func:`diffsort` holding the network and its relaxation."""
+
+    def __init__(
+        self,
+        *,
+        network: Network = "odd_even",
+        steepness: float = 10.0,
+        distribution: Distribution = "cauchy",
+        art_lambda: float = 0.25,
+        descending: bool = False,
+        dim: int = -1,
+        return_matrix: bool = True,
+    ) -> None:
+        super().__init__()
+        self.steepness, self.art_lambda = _check_options(network, distribution, steepness, art_lambda)
+        self.network, self.distribution = network, distribution
+        self.descending = check_bool(descending, "descending")
+        self.return_matrix = check_bool(return_matrix, "return_matrix")
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        return diffsort(  # type: ignore[call-overload,no-any-return]
+            x,
+            network=self.network,  # type: ignore[arg-type]
+            steepness=self.steepness,
+            distribution=self.distribution,  # type: ignore[arg-type]
+            art_lambda=self.art_lambda,
+            descending=self.descending,
+            dim=self.dim,
+            return_matrix=self.return_matrix,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"network={self.network!r}, steepness={self.steepness}, distribution={self.distribution!r}, "
+            f"art_lambda={self.art_lambda}, descending={self.descending}, dim={self.dim}, "
+            f"return_matrix={self.return_matrix}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# soft_sort / soft_rank(method="diffsort")
+# ----------------------------------------------------------------------------------------------
+def _diffsort_soft_sort(
+    x: torch.Tensor,
+    *,
+    descending: bool,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    xc = x.to(compute_dtype(x.dtype))
+    out, _, _ = _run(xc, network, beta, distribution, lam, descending)
+    return out.to(x.dtype)
+
+
+def _diffsort_soft_rank(
+    x: torch.Tensor,
+    *,
+    descending: bool,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    """Soft rank of input ``i`` = :math:`\\sum_j j P_{ij}` (1-based), computed as ``P @ (1..n)``
+    through the layers' transposes: O(L n), ``P`` is never built."""
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    xc = x.to(compute_dtype(x.dtype))
+    _, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    return _ranks(layers, alphas, xc).to(x.dtype)
+
+
+register_soft_method("diffsort", sort=_diffsort_soft_sort, rank=_diffsort_soft_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# registration
+# ----------------------------------------------------------------------------------------------
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
+
+
+def _examples(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example((_randn((3, 6), dtype, device),), dict(kwargs))
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        shapes = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
+        xs = [torch.zeros(s, dtype=dtype, device=device).requires_grad_() for s in shapes]
+        xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
+        xs.append(torch.full((2, 3), 0.7, dtype=dtype, device=device).requires_grad_())  # ties, bitonic padding
+        return [Example((x,), dict(kwargs)) for x in xs]
+
+    return example, degenerate
+
+
+def _fuzz(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw = dict(kwargs)
+        kw.pop("dim", None)
+        kw["network"] = fuzz_choice(g, NETWORKS)
+        kw["distribution"] = fuzz_choice(g, DISTRIBUTIONS)
+        kw["steepness"] = fuzz_choice(g, [0.5, 10.0, 100.0])
+        kw["art_lambda"] = fuzz_choice(g, [0.0, 0.25, 1.0])
+        kw["descending"] = fuzz_choice(g, [False, True])
+        if "return_matrix" in kw:  # P of a deep odd-even network is O(n^3): only for small n
+            kw["return_matrix"] = fuzz_choice(g, [False, True]) and (n <= 64 or kw["network"] == "bitonic")
+        if lead and fuzz_choice(g, [False, True]):
+            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
+        return Example((x.requires_grad_(),), kw)
+
+    return factory
+
+
+def _register(name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any]) -> None:
+    ex, deg = _examples(kwargs)
+    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs))(fn)
+
+
+_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True})
+_register("diffsort.bitonic", diffsort, DiffSort, {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
+_register(
+    "diffsort.logistic_phi",
+    diffsort,
+    DiffSort,
+    {"network": "bitonic", "distribution": "logistic_phi", "steepness": 3.0, "descending": True, "dim": 0},
+)
+_register("diffsort.values", diffsort, DiffSort, {"distribution": "reciprocal", "return_matrix": False})
+for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
+    _register(f"{_fn.__name__}.diffsort", _fn, _mod, {"method": "diffsort", "steepness": 2.0})
+    _register(
+        f"{_fn.__name__}.diffsort_bitonic",
+        _fn,
+        _mod,
+        {"method": "diffsort", "network": "bitonic", "distribution": "gaussian", "descending": True},
+    )

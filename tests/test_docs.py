@@ -1,0 +1,121 @@
+"""The documentation: generated pages cover every public name, preset and config field; code runs.
+
+``tools/docs_gen.py`` generates the API reference and the presets/configuration reference when the
+site is built (``mkdocs build --strict``, run by ``.ci/run``). These tests check what it generates
+without needing MkDocs, and run every ``python`` code block of the README and of ``docs/*.md``
+(blocks fenced as ``py`` are illustrations with placeholders, e.g. a file name, and are not run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def docs_gen():
+    spec = importlib.util.spec_from_file_location("docs_gen", REPO / "tools" / "docs_gen.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_gen"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_api_reference_lists_every_public_name(docs_gen) -> None:
+    pages = docs_gen.api_pages()
+    assert set(pages) == {"reference/index.md"} | {f"reference/{m}.md" for m in docs_gen.API_MODULES}
+    for module in docs_gen.API_MODULES:
+        page = pages[f"reference/{module}.md"]
+        mod = importlib.import_module(module)
+        assert mod.__all__, module
+        for name in mod.__all__:
+            documented = f"::: {docs_gen.api_identifier(module, name)}\n" in page
+            linked = f"| `{module}.{name}` |" in page
+            assert documented or linked, f"{module}.{name} is missing from its API page"
+        assert f"[`{module}`]({module}.md)" in pages["reference/index.md"]
+
+
+def test_api_reference_documents_each_object_once(docs_gen) -> None:
+    """A name re-exported by several modules is rendered on one page and linked from the others."""
+    rendered: dict[int, str] = {}
+    for module in docs_gen.API_MODULES:
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            if docs_gen._home(module, name) == module and not isinstance(getattr(mod, name), type(sys)):
+                obj = getattr(mod, name)
+                if isinstance(obj, (str, int, float, tuple)):  # constants may be equal objects by chance
+                    continue
+                assert id(obj) not in rendered, f"{module}.{name} is also rendered as {rendered[id(obj)]}"
+                rendered[id(obj)] = f"{module}.{name}"
+
+
+def test_config_reference_lists_every_field_and_preset(docs_gen) -> None:
+    pytest.importorskip("yaml")
+    from rankwise.recipes import config
+
+    page = docs_gen.config_reference()
+    presets = config.list_presets()
+    assert len(presets) > 10
+    for name in presets:
+        assert f"| [`{name}`](#preset-{name}) |" in page, name
+        assert f'??? example "`{name}`"' in page, name
+    sections = docs_gen.config_sections()
+    classes = {cls for _, cls in sections}
+    assert config.DataConfig in classes and config.TrainerConfig in classes
+    n_fields = 0
+    for prefix, cls in sections:
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}.{f.name}"
+            if dataclasses.is_dataclass(docs_gen.typing.get_type_hints(cls)[f.name]):
+                continue
+            row = re.search(rf"^\| `{re.escape(key)}` \| `([^`]+)` \| ([^|]*) \|", page, flags=re.M)
+            assert row, f"{cls.__name__}.{f.name} ({key}) is missing from the configuration reference"
+            n_fields += 1
+    assert n_fields > 50
+    for f in dataclasses.fields(config.Config):
+        if not dataclasses.is_dataclass(docs_gen.typing.get_type_hints(config.Config)[f.name]):
+            assert f"| `{f.name}` |" in page
+
+
+def test_type_names(docs_gen) -> None:
+    from typing import Any, Literal
+
+    assert docs_gen.type_name(Literal["a", "b"]) == '"a" | "b"'
+    assert docs_gen.type_name(int | None) == "int | None"
+    assert docs_gen.type_name(dict[str, Any]) == "dict[str, any]"
+    assert docs_gen.type_name(list[int]) == "list[int]"
+
+
+def test_benchmarks_page_is_the_readme_section(docs_gen) -> None:
+    page = docs_gen.readme_section("Benchmarks")
+    assert page.startswith("# Benchmarks\n") and "](docs/" not in page
+    with pytest.raises(ValueError, match=r"README\.md has no section '## Nope'"):
+        docs_gen.readme_section("Nope")
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+PAGES = [p for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))] if _python_blocks(p)]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_code_blocks_run(path: Path, tmp_path, monkeypatch) -> None:
+    blocks = _python_blocks(path)
+    monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
+    namespace: dict[str, object] = {"__name__": "__docs__"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"{path.name}[python block {i}]", "exec"), namespace)
+        except Exception as e:
+            raise AssertionError(f"{path.name}, python block {i} fails:\n{block}") from e

@@ -64,3 +64,27 @@ def test_unknown_attribute() -> None:
         rankwise.nope
     with pytest.raises(AttributeError):
         rankwise.sodeep.nope
+
+
+_EVERY_MODULE_FIRST = """
+import importlib, pkgutil, sys, rankwise
+names = sorted(m.name for m in pkgutil.walk_packages(rankwise.__path__, "rankwise."))
+failed = []
+for name in names:
+    for mod in [m for m in sys.modules if m == "rankwise" or m.startswith("rankwise.")]:
+        del sys.modules[mod]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {exc!r}")
+print(len(names))
+print("\\n".join(failed))
+"""
+
+
+def test_every_module_imports_first() -> None:
+    """No import cycle whichever module a program imports first (the package no longer imports
+    everything up front)."""
+    out = _run(_EVERY_MODULE_FIRST).splitlines()
+    assert int(out[0]) > 40
+    assert out[1:] == []

@@ -40,15 +40,22 @@ def _options(fn: SoftImpl) -> tuple[str, ...] | None:
 
 _METHODS: dict[str, _SoftMethod] = {}
 _PLUGINS_LOADED = False
+#: modules outside :mod:`rankwise.ops` that register operators and soft methods when imported (the
+#: SoDeep sorters: ``soft_rank(method="sodeep")``). They import ``rankwise.ops``, so ``ops`` names them
+#: instead of importing them: the dependency points one way (plugin -> ops), as for a third-party plugin.
+PLUGIN_MODULES: list[str] = ["rankwise.sodeep.hub"]
 
 
 def _load_plugins() -> None:
-    """Import the packages that register methods from outside :mod:`rankwise.ops` (the SoDeep
-    sorters), once, so that they are available however rankwise was imported."""
+    """Import :data:`PLUGIN_MODULES` once, so that their methods are available however rankwise was
+    imported (``import rankwise.ops`` alone, or the lazy top-level package)."""
     global _PLUGINS_LOADED
     if not _PLUGINS_LOADED:
         _PLUGINS_LOADED = True
-        import rankwise.sodeep.hub  # noqa: F401  registers soft_rank(method="sodeep")
+        import importlib
+
+        for name in PLUGIN_MODULES:
+            importlib.import_module(name)
 
 
 def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftImpl | None = None) -> None:

@@ -245,17 +245,18 @@ def dataclass_fields(cls: type, prefix: str) -> list[FieldRow]:
 
 
 def config_sections() -> list[tuple[str, type]]:
-    """``(dotted prefix, dataclass)`` of every options dataclass: the config's sections, then each
-    recipe's ``task`` options."""
-    from rankwise.recipes import config, reproduce
+    """``(dotted prefix, dataclass)`` of every options dataclass: the config's shared sections, then
+    each registered recipe's ``task`` options."""
+    from rankwise.recipes import config, registry
 
     out: list[tuple[str, type]] = []
     hints = typing.get_type_hints(config.Config)
     for f in dataclasses.fields(config.Config):
-        if dataclasses.is_dataclass(hints[f.name]):
+        if dataclasses.is_dataclass(hints.get(f.name)):
             out.append((f.name, hints[f.name]))
     seen: set[type] = set()
-    for _, cls in reproduce._TASKS.items():
+    for name in registry.list_recipes():
+        cls = registry.get_recipe(name).options
         if cls not in seen:
             seen.add(cls)
             out.append(("task", cls))
@@ -263,9 +264,9 @@ def config_sections() -> list[tuple[str, type]]:
 
 
 def _recipes_of(task_cls: type) -> list[str]:
-    from rankwise.recipes import reproduce
+    from rankwise.recipes import registry
 
-    return [r for r, c in reproduce._TASKS.items() if c is task_cls]
+    return [r for r in registry.list_recipes() if registry.get_recipe(r).options is task_cls]
 
 
 def _cell(text: str) -> str:
@@ -321,7 +322,7 @@ def config_reference() -> str:
     ]
     all_presets = presets()
     for name, description, _raw in all_presets:
-        recipe = config.load_config(name).run.recipe
+        recipe = config.load_config(name).recipe
         lines.append(f"| [`{name}`](#preset-{name}) | `{recipe}` | {_cell(description)} |")
     lines.append("")
     for name, _description, raw in all_presets:

@@ -454,5 +454,6 @@ register_loss(
     example=_make_example("bmc", 1),
     degenerate=_make_degenerate("bmc"),
     description="Balanced MSE (Ren et al., CVPR'22), any method (option `method`, default 'bmc')",
+    fuzz=_make_fuzz("bmc", 1),
     inputs={"pred": "predictions", "target": "targets"},
 )(balanced_mse_loss)

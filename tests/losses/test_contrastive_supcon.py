@@ -385,3 +385,34 @@ def test_chunked_gradcheck_and_extremes(variant):
     assert loss.dtype == torch.float32 and torch.isfinite(half.grad).all()
     with torch.no_grad():
         torch.testing.assert_close(supcon_loss(half, y, variant=variant, chunk_size=4), loss.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("contrast_mode", ["one", "all"])
+def test_all_zero_feature_vector_gets_a_zero_gradient(dtype: torch.dtype, contrast_mode: str) -> None:
+    """An all-zero view normalizes to 0 with a zero gradient (as safe_normalize), not F.normalize's
+    1/1e-12 gradient, which overflowed to inf in float16 (found by the property suite, n=2, ties)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 2, 3, generator=g, dtype=torch.float64)
+    x[0, 0] = 0.0
+    x = x.to(dtype).requires_grad_()
+    labels = torch.tensor([0, 1, 0, 1])
+    loss = supcon_loss(x, labels, temperature=0.1, contrast_mode=contrast_mode)
+    loss.backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    assert torch.equal(x.grad[0, 0], torch.zeros(3, dtype=dtype))
+    # the other rows' gradients are the autograd gradients of the same loss written with safe_normalize
+    ref_x = x.detach().double().requires_grad_()
+    z = ref_x / torch.where(ref_x.norm(dim=-1, keepdim=True) > 0, ref_x.norm(dim=-1, keepdim=True), 1.0)
+    ref = supcon_loss(z, labels, temperature=0.1, contrast_mode=contrast_mode, normalize=False)
+    ref.backward()
+    assert ref_x.grad is not None
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-2 if dtype == torch.float16 else 1e-5, atol=1e-3)
+    ref_grad = ref_x.grad.clone()
+    ref_grad[0, 0] = 0.0  # the view that is exactly zero: no direction, zero gradient by definition
+    torch.testing.assert_close(
+        x.grad.double(),
+        ref_grad,
+        rtol=5e-2 if dtype == torch.float16 else 1e-4,
+        atol=5e-3 if dtype == torch.float16 else 1e-6,
+    )

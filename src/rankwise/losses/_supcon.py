@@ -37,7 +37,6 @@ Variant = Literal["out", "in"]
 # two views); larger problems go blockwise, in blocks of about _AUTO_BLOCK_ELEMENTS logits that
 # are recomputed in backward.
 _DENSE_MAX_ELEMENTS = 1 << 26
-_NORM_EPS = 1e-12  # F.normalize's default
 _AUTO_BLOCK_ELEMENTS = 1 << 22
 # Up to this many views, backward with all views as anchors forms W + W^T (two passes over the
 # (N, N) softmax) and does one matmul instead of two.
@@ -224,10 +223,10 @@ class _SupCon(torch.autograd.Function):
         b, va, m = anchors.b, anchors.va, anchors.m
         contrast = x.reshape(n_samples * v, d)
         norm = radial = None
-        if normalize:  # as F.normalize: z = x / max(|x|, eps)
+        if normalize:  # z = x / |x| (as safe_normalize: an all-zero vector stays 0 and gets a zero gradient)
             raw_norm = torch.linalg.vector_norm(contrast, dim=1, keepdim=True)
-            radial = raw_norm >= _NORM_EPS  # where the norm's own gradient flows (clamp_min's rule)
-            norm = raw_norm.clamp_min_(_NORM_EPS)
+            radial = raw_norm > 0
+            norm = torch.where(radial, raw_norm, torch.ones_like(raw_norm))
             contrast = contrast / norm
         own = contrast.view(n_samples, v, d)[anchors.s0 : anchors.s1, :va]  # (b, va, D)
         scaled = own * (1.0 / tau)
@@ -326,9 +325,9 @@ class _SupCon(torch.autograd.Function):
             grad_views.sub_(positives.sample_sums(per_sample, transpose=True)[:, None, :])
             grad_own.add_(weighted.mul_(self_pos[:, None, None]))  # a view is not its own positive
         grad_views[anchors.s0 : anchors.s1, :va] += grad_own
-        if norm is not None:  # through z = x / max(|x|, eps): (g - z (z . g) [|x| >= eps]) / max(|x|, eps)
-            along = (contrast * grad_contrast).sum(1, keepdim=True).mul_(radial)
-            grad_contrast.sub_(contrast * along).div_(norm)
+        if norm is not None:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
+            along = (contrast * grad_contrast).sum(1, keepdim=True)
+            grad_contrast.sub_(contrast * along).div_(norm).mul_(radial)
         return grad_views, *[None] * 9
 
 

@@ -4,7 +4,8 @@
 ``rankwise.imbalanced.regression_loss(kind=loss.kind)`` (or a registered loss, ``loss.name``), with
 optional per-sample LDS weights from the full training labels; FDS smooths the features;
 ``loss.regularizers`` add weighted losses from the registry on the features or the predictions
-(see :mod:`rankwise.recipes.loss_terms`). Validation MAE selects ``checkpoints/best.ckpt``, which
+(see :mod:`rankwise.recipes.loss_terms`); feature regularizers (RankSim, ConR) see the encoder
+output before FDS smoothing, as in the RankSim paper and code. Validation MAE selects ``checkpoints/best.ckpt``, which
 is evaluated on the val and test sets with the many/medium/few-shot metrics
 (``metrics.json``: ``test``, ``val``), predictions (``predictions.npz``) and plots.
 
@@ -234,14 +235,18 @@ class DIRRegressor(L.LightningModule):
 
         x, y = batch
         y = y.reshape(-1).float()
-        feats = self.features(x)
+        encoded = self.features(x)
+        feats = encoded
         if self.fds is not None:
-            self._fds_feats.append(feats.detach())
+            self._fds_feats.append(encoded.detach())
             self._fds_labels.append(y.detach())
-            feats = self.fds(feats, y, self.current_epoch)
+            feats = self.fds(encoded, y, self.current_epoch)
         pred = self.head(feats).squeeze(-1)
         w = self.sample_weights(y)
-        tensors = {"features": feats, "predictions": pred, "targets": y, "weights": w}
+        # regularizers on the features (RankSim, ConR) see the ENCODER output, before FDS smoothing, as
+        # in RankSim's reference (agedb-dir/train.py: the regularizer takes the encoding, FDS then smooths
+        # it for the regressor); the head and the task loss see the smoothed features
+        tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
         loss_cfg = self.cfg.loss
         if self.task_loss is None:
             task = regression_loss(pred, y, w, kind=loss_cfg.kind, reduction="mean", **loss_cfg.options)

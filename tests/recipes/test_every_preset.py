@@ -39,7 +39,13 @@ BY_FAMILY = {
         "data.eval_batch_size=500",
         "model.options={embed_dim: 8, hidden: 8, feature_dim: 8}",
     ],
-    "sort": ["task.steps=2", "task.test_lists=10", "task.lists_per_batch=2", "task.bn_recalibration=1"],
+    "sort": [
+        "task.steps=2",
+        "task.test_lists=10",
+        "task.val_lists=4",
+        "task.lists_per_batch=2",
+        "task.bn_recalibration=1",
+    ],
     "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
     "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
 }

@@ -55,7 +55,13 @@ TINY_SUPCON = [
     "task.probe_epochs=2",
     "model.options.feature_dim=16",
 ]
-TINY_SORT = ["task.steps=2", "task.test_lists=20", "task.lists_per_batch=4", "trainer.num_threads=1"]
+TINY_SORT = [
+    "task.steps=2",
+    "task.test_lists=20",
+    "task.val_lists=10",
+    "task.lists_per_batch=4",
+    "trainer.num_threads=1",
+]
 
 
 def _check_run(res, keys):
@@ -268,7 +274,8 @@ def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, prese
 def test_median_recipe_tiny(tmp_path, tiny_digits, preset, hard):
     cfg = load_config(preset, [*TINY_SORT, "task.n_samples=2", f"task.hard={str(hard).lower()}"])
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
-    m = _check_run(res, ["mse_1e4"])
+    m = _check_run(res, ["mse_1e4", "median_correct"])
+    assert 0 <= m["test"]["median_correct"] <= 1
     assert 0 <= m["test"]["mse_1e4"] < 1e4
 
 
@@ -321,7 +328,7 @@ def test_compare_report(tmp_path, tiny_digits, monkeypatch):
         ["large_mnist_neuralsort", "large_mnist_vanilla"], seeds=[0, 1], out=tmp_path / "cmp", overrides=TINY_SORT
     )
     text = res.report.read_text()
-    assert "| method | seeds | all_correct | rank_correct | train s |" in text
+    assert "| method | seeds | all_correct | rank_correct | s/step | train s |" in text
     assert "large_mnist_vanilla | 2 |" in text
     assert len(res.results["large_mnist_neuralsort"]) == 2
     assert res.recipe is not None and res.recipe.name == "sort"

@@ -415,16 +415,24 @@ def _cell(stat: tuple[float, float, int], digits: int = 3) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
 
 
-def scalar_table_rows(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[list[str], list[list[str]]]:
-    """``method | seeds | <every test metric> mean ± std (ddof=0) | train s`` of runs with scalar test metrics."""
+def scalar_table_rows(
+    results: Mapping[str, Sequence[Mapping[str, Any]]], *, per_step: bool = False
+) -> tuple[list[str], list[list[str]]]:
+    """``method | seeds | <every test metric> mean ± std (ddof=0) | train s`` of runs with scalar test metrics.
+
+    With ``per_step``, a column ``s/step`` (the runs' ``seconds_per_step``: wall seconds of one
+    training step, mean ± std over seeds) comes before ``train s``.
+    """
     keys: list[str] = []
     for runs in results.values():
         for r in runs:
             keys += [k for k in r.get("test", {}) if k not in keys]
-    header = ["method", "seeds", *keys, "train s"]
+    header = ["method", "seeds", *keys, *(["s/step"] if per_step else []), "train s"]
     rows = []
     for method, runs in results.items():
         cells = [_cell(_stat([_num(r["test"].get(k)) for r in runs])) for k in keys]
+        if per_step:
+            cells.append(_cell(_stat([_num(r.get("seconds_per_step")) for r in runs]), 3))
         wall = _cell(_stat([_num(r.get("train_seconds")) for r in runs]), 1)
         rows.append([method, str(len(runs)), *cells, wall])
     return header, rows
@@ -442,15 +450,21 @@ def write_scalar_report(
     *,
     title: str = "rankwise comparison",
     extra: str = "",
+    per_step: bool = False,
 ) -> Path:
-    """``OUT/report.md``: the mean ± std table of every scalar test metric, and links to the runs."""
+    """``OUT/report.md``: the mean ± std table of every scalar test metric, and links to the runs.
+
+    ``per_step``: add the ``s/step`` column of :func:`scalar_table_rows`.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    header, rows = scalar_table_rows(results)
+    header, rows = scalar_table_rows(results, per_step=per_step)
     lines = [f"# {title}", ""]
     if extra:
         lines += [extra, ""]
-    lines += ["Test metrics, mean ± std (ddof=0) over seeds; `train s` = wall time of one run.", ""]
+    note = "Test metrics, mean ± std (ddof=0) over seeds; `train s` = wall time of one run"
+    note += "; `s/step` = wall seconds of one training step." if per_step else "."
+    lines += [note, ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "## Runs", ""]

@@ -2,29 +2,43 @@
 
 **Sorting** (``recipe: sort``). A list holds ``task.n`` numbers of ``task.digits`` (4) digits;
 each number is drawn as that many MNIST digits side by side (28 x 112 for 4 digits). Digit images
-come from DISJOINT pools: training lists use mnist5k's training split, test lists its held-out
-test split; lists containing a tied number are resampled. A CNN (``model.backbone``, e.g.
-``small_cnn``; images average-pooled by ``task.downsample``) scores each image and the loss is the
-row-wise cross-entropy between the relaxed permutation :math:`\\hat P` of the scores and the true
-(descending) permutation :math:`P`: :math:`-\\frac1n \\sum_{i,j} P_{ij} \\log \\hat P_{ij}`.
-Methods (``task.method``): a relaxation from :data:`RELAXATIONS` -- ``neuralsort`` (deterministic,
-:func:`rankwise.neural_sort`), ``stochastic`` (:func:`rankwise.stochastic_neural_sort` on the scores
-as log-scores, loss averaged over ``task.n_samples`` samples), ``softsort``
-(:func:`rankwise.softsort_matrix`), or any relaxation added with :func:`register_relaxation` -- and ``vanilla``
-(the paper's "vanilla RS": an MLP over the concatenated image embeddings outputs ``n x n`` logits,
-row ``i`` = which item is the ``i``-th largest, trained with cross-entropy). With ``task.hard: true`` the
-relaxed methods train straight-through: the forward pass uses the exact permutation of the
-(perturbed) scores, the backward pass the relaxation's gradients. At test time the
-predicted order is the argsort of the scores (argmax of each row for ``vanilla``). Metrics on
-``task.test_lists`` fixed test lists: ``all_correct`` (fraction of lists entirely correct) and
-``rank_correct`` (fraction of positions correct).
+come from DISJOINT pools: training lists use mnist5k's training split minus ``task.val_fraction`` of
+it (the validation digits, fixed by :data:`VAL_SEED`), validation lists the held-out validation
+digits, test lists the test split; lists containing a tied number are resampled. A CNN
+(``model.backbone``, e.g. ``small_cnn``; images average-pooled by ``task.downsample``, 1 = full
+resolution) scores each image. Methods (``task.method``): a relaxation from :data:`RELAXATIONS`
+and ``vanilla``. Permutation relaxations give :math:`\\hat P` (row ``i`` softly selects the
+``i``-th largest score), trained with the row-wise cross-entropy to the true (descending)
+permutation :math:`P`: :math:`-\frac1n \\sum_{i,j} P_{ij} \\log \\hat P_{ij}` -- ``neuralsort``
+(deterministic, :func:`rankwise.neural_sort`), ``stochastic`` (:func:`rankwise.stochastic_neural_sort`
+on the scores as log-scores, averaged over ``task.n_samples`` samples), ``softsort``
+(:func:`rankwise.softsort_matrix`), ``diffsort_odd_even`` / ``diffsort_bitonic``
+(:func:`rankwise.diffsort` with ``descending=True``, transposed: its ``P[i, j]`` is the weight of
+input ``i`` in position ``j``), ``sinkhorn`` (``n`` times the transpose of
+:func:`rankwise.sinkhorn_transport` to ``n`` descending targets). Rank relaxations have no
+:math:`\\hat P` and train a loss on ranks against the true ranks (1..n, ascending): ``isotonic``
+(mean squared error of :func:`rankwise.soft_rank` ``method="isotonic"``) and ``perturbed``
+(:func:`rankwise.perturbed_fy_loss`, Berthet et al.'s Fenchel-Young loss). More with
+:func:`register_relaxation`. ``vanilla`` is the paper's "vanilla RS": an MLP over the concatenated
+image embeddings outputs ``n x n`` logits, row ``i`` = which item is the ``i``-th largest, trained
+with cross-entropy (the reference trains it at lr 1e-4, see its preset). With ``task.hard: true`` the
+permutation relaxations train straight-through: the forward pass uses the exact permutation of the
+(perturbed) scores, the backward pass the relaxation's gradients. At test time the predicted order
+is the argsort of the scores (argmax of each row for ``vanilla``). Metrics on ``task.test_lists``
+fixed test lists: ``all_correct`` (fraction of lists entirely correct) and ``rank_correct``
+(fraction of positions correct).
 
-**Median regression** (``recipe: median``, n = 5 by default). The CNN embeds each image, a
-linear layer scores it, :math:`\\hat P` of the scores softly selects the median row
-(:math:`\\hat P_{\\lceil n/2 \\rceil} \\cdot E`) and a linear regressor maps that embedding to the
-median value, scaled to [0, 1] (``value / (10**digits - 1)``); loss = MSE. Test: the hard median
-(argsort of the scores) is regressed; reported ``mse_1e4`` = test MSE of the scaled values x 1e4
-(our reading of the paper's "x 1e-4" unit).
+**Median regression** (``recipe: median``, n = 5 by default), as in the reference's
+``run_median.py``: a score network scores every image, a second network of the same architecture
+(own weights) regresses every image's value :math:`r_j` scaled to [0, 1] (``value / (10**digits -
+1)``), and the normalised middle row :math:`p` of :math:`\\hat P` combines them
+(:func:`median_loss`): ``task.median_objective: expected`` minimises the expected loss
+:math:`\\sum_j p_j (r_j - y)^2` (the paper's objective; the reference's stochastic branch),
+``point`` the loss of the point estimate :math:`(\\sum_j p_j r_j - y)^2` (the reference's
+deterministic branch); ``embedding`` is the earlier one-CNN variant (the middle row selects the
+image embedding, a linear layer regresses it). Test: the value regressed for the hard median (argsort
+of the scores); reported ``mse_1e4`` = test MSE of the scaled values x 1e4 (our reading of the
+paper's "x 1e-4" unit) and ``median_correct`` (fraction of lists whose median image is found).
 
 **Training** is Lightning's: :class:`SortingModule` (sort, median) is a
 LightningModule fitted through the run lifecycle on ``trainer.devices`` / ``strategy`` (DDP included) for
@@ -33,21 +47,26 @@ LightningModule fitted through the run lifecycle on ``trainer.devices`` / ``stra
 ``1 / W`` of every epoch's batches, i.e. the same lists in ``W``-times larger global batches). The
 training data are random draws seeded by their index (:class:`RandomLists` with
 :class:`~rankwise.recipes.common.EpochIndexSampler`: fresh every epoch, identical after a
-resume). Before the test, the BatchNorm running statistics are re-estimated with the final
-weights over ``task.bn_recalibration`` batches of training lists (:func:`recalibrate_bn`; 0 = off).
-Logs go to ``RUN_DIR/logs`` (CSV) and ``RUN_DIR/tb``; ``RUN_DIR/checkpoints/{best,last}.ckpt``
-are written at the end of every epoch (no validation split: best = the evaluated last epoch) and
-``rankwise train ... --resume`` continues from last. A ``schedule`` spans the ``E`` epochs actually
-trained. The
-test evaluation runs on one device of rank 0; ``rankwise evaluate`` repeats it from the checkpoint.
+resume). After every epoch the ``task.val_lists`` fixed validation lists are evaluated and
+``RUN_DIR/checkpoints/best.ckpt`` keeps the best (highest ``val/all_correct`` for sort, lowest
+``val/mse_1e4`` for median; the reference keeps its best validation epoch); ``last.ckpt`` is written
+every epoch and ``rankwise train ... --resume`` continues from it. The test uses the best checkpoint
+(``task.val_fraction: 0``: no validation, best = last). Before the test, the BatchNorm running
+statistics are re-estimated with the tested weights over ``task.bn_recalibration`` batches of
+training lists (:func:`recalibrate_bn`; 0 = off). A ``schedule`` (the presets: cosine per step)
+spans the steps actually trained. ``seconds_per_step`` in ``metrics.json`` (and the ``s/step``
+column of ``compare``) is the mean wall time of a training step. The test evaluation runs on one
+device of rank 0; ``rankwise evaluate`` repeats it from the checkpoint (default ``best``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
@@ -71,6 +90,7 @@ from rankwise.recipes.rundir import Run, load_state_dict
 
 __all__ = [
     "RELAXATIONS",
+    "VAL_SEED",
     "ListSampler",
     "MedianRecipe",
     "MedianRegressor",
@@ -81,12 +101,14 @@ __all__ = [
     "SortRecipe",
     "SortingModule",
     "VanillaRanker",
+    "median_loss",
     "recalibrate_bn",
     "register_relaxation",
     "relaxation_options",
     "relaxed_permutation",
     "sort_loss",
     "true_permutation",
+    "true_ranks",
 ]
 
 #: seed of the fixed test lists (the same for every run and method)
@@ -101,7 +123,9 @@ class SortOptions:
 
     n: int = opt(5, doc="numbers per list", ge=2)
     method: str = opt(
-        "neuralsort", doc="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, ...) or vanilla (sort only)"
+        "neuralsort",
+        doc="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, diffsort_odd_even, diffsort_bitonic, "
+        "sinkhorn, isotonic, perturbed, ...) or vanilla (sort only)",
     )
     tau: float = opt(1.0, doc="temperature of the relaxation", gt=0)
     n_samples: int = opt(5, doc="relaxed samples per list (stochastic relaxations)", ge=1)
@@ -120,7 +144,19 @@ class SortOptions:
     lists_per_batch: int = opt(16, doc="lists per training batch", ge=1)
     test_lists: int = opt(1000, doc="fixed test lists", ge=1)
     digits: int = opt(4, doc="digits per number", ge=1)
-    downsample: int = opt(2, doc="average-pool the images by this factor before the CNN (1 = full resolution)", ge=1)
+    downsample: int = opt(1, doc="average-pool the images by this factor before the CNN (1 = full resolution)", ge=1)
+    val_fraction: float = opt(
+        0.1,
+        doc="fraction of the training digits held out for validation lists (best checkpoint); 0 = none (best = last)",
+        ge=0,
+        lt=1,
+    )
+    val_lists: int = opt(200, doc="fixed validation lists (evaluated after every epoch)", ge=1)
+    median_objective: Literal["expected", "point", "embedding"] = opt(
+        "expected",
+        doc="median task: expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
+        "or embedding (one CNN; the median row selects the embedding a linear layer regresses)",
+    )
 
 
 # ------------------------------------------------------------------------------------------ relaxations
@@ -130,15 +166,21 @@ class SortOptions:
 class Relaxation:
     """A relaxed sorting operator for the sort / median recipes.
 
-    ``fn(scores (B, n), t) -> P̂`` of shape ``(B, n, n)`` or ``(S, B, n, n)`` (S samples), row ``i``
-    softly selecting the ``i``-th LARGEST score; ``t`` is the :class:`SortOptions` (``tau``,
-    ``n_samples``, ``power``, ``hard``); the extra ``options`` it declares (name -> default) are read
-    with :func:`relaxation_options` (``task.options`` overrides the defaults).
+    ``kind="permutation"``: ``fn(scores (B, n), t) -> P̂`` of shape ``(B, n, n)`` or ``(S, B, n, n)``
+    (S samples), row ``i`` softly selecting the ``i``-th LARGEST score; the sort recipe trains it
+    with the row-wise cross-entropy :func:`sort_loss`, the median recipe reads its middle row.
+    ``kind="rank_loss"``: relaxations that give soft RANKS, not a permutation matrix (isotonic,
+    perturbed); ``fn(scores (B, n), ranks (B, n), t) -> scalar loss`` with ``ranks`` the true
+    ranks 1..n, ascending (the largest number gets ``n``); sort recipe only.
+    ``t`` is the :class:`SortOptions` (``tau``, ``n_samples``, ``power``, ``hard``); the extra
+    ``options`` it declares (name -> default) are read with :func:`relaxation_options`
+    (``task.options`` overrides the defaults).
     """
 
-    fn: Callable[[torch.Tensor, SortOptions], torch.Tensor]
+    fn: Callable[..., torch.Tensor]
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     description: str = ""
+    kind: Literal["permutation", "rank_loss"] = "permutation"
 
 
 #: relaxations by name (``task.method``); extend with :func:`register_relaxation`
@@ -147,15 +189,18 @@ RELAXATIONS: dict[str, Relaxation] = {}
 
 def register_relaxation(
     name: str,
-    fn: Callable[[torch.Tensor, SortOptions], torch.Tensor],
+    fn: Callable[..., torch.Tensor],
     *,
     options: Mapping[str, Any] | None = None,
     description: str = "",
+    kind: Literal["permutation", "rank_loss"] = "permutation",
 ) -> None:
-    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation`)."""
+    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation` for ``kind``)."""
     if name == "vanilla" or name in RELAXATIONS:
         raise ValueError(f"relaxation {name!r} is already defined")
-    RELAXATIONS[name] = Relaxation(fn, dict(options or {}), description)
+    if kind not in ("permutation", "rank_loss"):
+        raise ValueError(f"`kind` must be 'permutation' or 'rank_loss', got {kind!r}")
+    RELAXATIONS[name] = Relaxation(fn, dict(options or {}), description, kind)
 
 
 def _neuralsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
@@ -176,11 +221,102 @@ def _softsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
     return softsort_matrix(scores, tau=t.tau, power=t.power, hard=t.hard)
 
 
+def _straight_through(p_soft: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Exact descending permutation of ``scores`` forward, the gradients of ``p_soft`` backward."""
+    exact = true_permutation(scores.detach()).to(p_soft.dtype)
+    return exact + p_soft - p_soft.detach()
+
+
+def _diffsort(network: Literal["odd_even", "bitonic"]) -> Callable[[torch.Tensor, SortOptions], torch.Tensor]:
+    def fn(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+        from rankwise.ops import diffsort
+
+        o = relaxation_options(t)
+        # descending=True: the network on -scores; P[i, j] = weight of input i in position j of the
+        # DESCENDING order, so the recipe's P̂ (row j selects the j-th largest) is its transpose
+        _, p = diffsort(
+            scores, network=network, steepness=float(o["steepness"]), distribution=o["distribution"], descending=True
+        )
+        p_hat = p.transpose(-1, -2)
+        return _straight_through(p_hat, scores) if t.hard else p_hat
+
+    return fn
+
+
+def _sinkhorn(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import sinkhorn_transport
+
+    o = relaxation_options(t)
+    n = scores.shape[-1]
+    # rows: inputs (mass 1/n), columns: the n targets in DESCENDING order (mass 1/n); n * plan is doubly
+    # stochastic, and its transpose has row j = the j-th largest
+    plan = sinkhorn_transport(
+        scores, epsilon=float(o["epsilon"]), p=float(o["p"]), descending=True, max_iter=int(o["max_iter"])
+    )
+    p_hat = (plan * n).transpose(-1, -2)
+    return _straight_through(p_hat, scores) if t.hard else p_hat
+
+
+def true_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks 1..n of ``values`` along the last dim, ascending (the largest gets ``n``; values distinct)."""
+    return values.argsort(-1).argsort(-1).to(torch.float32) + 1
+
+
+def _isotonic(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import soft_rank
+
+    o = relaxation_options(t)
+    soft = soft_rank(
+        scores.float(),
+        method="isotonic",
+        regularization=o["regularization"],
+        regularization_strength=float(o["regularization_strength"]),
+    )
+    return (soft - ranks).pow(2).mean()
+
+
+def _perturbed(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    from rankwise.ops import perturbed_fy_loss
+
+    o = relaxation_options(t)
+    return perturbed_fy_loss(scores.float(), ranks, sigma=float(o["sigma"]), n_samples=t.n_samples, noise=o["noise"])
+
+
 register_relaxation("neuralsort", _neuralsort, description="deterministic NeuralSort (rankwise.neural_sort)")
 register_relaxation(
     "stochastic", _stochastic, description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores"
 )
 register_relaxation("softsort", _softsort, description="SoftSort (rankwise.softsort_matrix), distance power `power`")
+_NETWORKS: tuple[Literal["odd_even", "bitonic"], ...] = ("odd_even", "bitonic")
+for _net in _NETWORKS:
+    register_relaxation(
+        f"diffsort_{_net}",
+        _diffsort(_net),
+        options={"steepness": 10.0, "distribution": "cauchy"},
+        description=f"differentiable {_net.replace('_', '-')} sorting network (rankwise.diffsort, Petersen et al.)",
+    )
+register_relaxation(
+    "sinkhorn",
+    _sinkhorn,
+    options={"epsilon": 0.1, "p": 2.0, "max_iter": 200},
+    description="optimal-transport sort: n x the Sinkhorn plan to n targets "
+    "(rankwise.sinkhorn_transport, Cuturi et al.)",
+)
+register_relaxation(
+    "isotonic",
+    _isotonic,
+    kind="rank_loss",
+    options={"regularization": "l2", "regularization_strength": 1.0},
+    description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
+)
+register_relaxation(
+    "perturbed",
+    _perturbed,
+    kind="rank_loss",
+    options={"sigma": 0.1, "noise": "gumbel"},
+    description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, Berthet et al.); "
+    "`n_samples` perturbations",
+)
 
 
 def relaxation_options(t: SortOptions) -> dict[str, Any]:
@@ -190,7 +326,45 @@ def relaxation_options(t: SortOptions) -> dict[str, Any]:
 
 def relaxed_permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
     """``(B, n, n)`` or ``(S, B, n, n)`` relaxed permutations of the scores by the relaxation ``t.method``."""
-    return RELAXATIONS[t.method].fn(scores, t)
+    r = RELAXATIONS[t.method]
+    if r.kind != "permutation":
+        raise ValueError(f"relaxation {t.method!r} gives soft ranks, not a permutation matrix (kind {r.kind!r})")
+    return r.fn(scores, t)
+
+
+def median_loss(
+    p_hat: torch.Tensor,
+    values: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    objective: Literal["expected", "point"] = "expected",
+) -> torch.Tensor:
+    """Median-regression loss through the middle row of a relaxed sort (Grover et al. 2019, sec. 6.3).
+
+    With :math:`m = \\lfloor n/2 \\rfloor` (0-based; the median of odd ``n``), the normalised middle
+    row :math:`p_j = \\hat P_{mj} / \\sum_k \\hat P_{mk}` (as in the authors' ``run_median.py``), the
+    per-image regressions :math:`r_j` (``values``) and the true median :math:`y`:
+
+    * ``expected``: :math:`\\sum_j p_j (r_j - y)^2`, the expected loss when the median image is drawn
+      from :math:`p` (the paper's objective, used there for stochastic NeuralSort);
+    * ``point``: :math:`(\\sum_j p_j r_j - y)^2`, the loss of the point estimate (the authors'
+      deterministic NeuralSort branch).
+
+    Averaged over lists (and samples).
+
+    Shape:
+        - p_hat: :math:`(B, n, n)` or :math:`(S, B, n, n)`; values: :math:`(B, n)`; target: :math:`(B,)`.
+        - output: scalar.
+    """
+    mid = p_hat.shape[-1] // 2
+    row = p_hat[..., mid, :].float()
+    row = row / row.sum(-1, keepdim=True).clamp_min(1e-12)
+    r, y = values.float(), target.float()
+    if objective == "expected":
+        return (row * (r - y.unsqueeze(-1)).pow(2)).sum(-1).mean()
+    if objective == "point":
+        return ((row * r).sum(-1) - y).pow(2).mean()
+    raise ValueError(f"`objective` must be 'expected' or 'point', got {objective!r}")
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -289,19 +463,46 @@ class VanillaRanker(nn.Module):
 
 
 class MedianRegressor(nn.Module):
-    """Scores + embeddings of the images; the relaxed sort's middle row picks the embedding to regress."""
+    """The median task's networks: a score network for the sort and the median regression.
 
-    def __init__(self, scorer: NumberScorer, dim: int) -> None:
+    Objectives ``expected`` / ``point`` (the paper's architecture, ``run_median.py``): ``scorer``
+    scores every image and ``regressor`` -- a second CNN of the same architecture with its own
+    weights -- regresses every image's value ``r_j``; :func:`median_loss` combines them through the
+    relaxed sort's middle row. Objective ``embedding``: one CNN; the middle row softly selects the
+    median image's embedding and the linear layer ``regress`` maps it to the median value.
+    """
+
+    def __init__(self, scorer: NumberScorer, dim: int, regressor: NumberScorer | None = None) -> None:
         super().__init__()
         self.scorer = scorer
-        self.regress = nn.Linear(dim, 1)
+        self.regressor = regressor
+        self.regress = nn.Linear(dim, 1) if regressor is None else None
+
+    def bn_networks(self) -> list[nn.Module]:
+        """The CNNs whose BatchNorm statistics :func:`recalibrate_bn` re-estimates (images -> ``(B, n)``)."""
+        return [self.scorer] if self.regressor is None else [self.scorer, self.regressor]
+
+
+class _StepTimer(L.Callback):
+    """Wall seconds of the training steps (forward, backward, optimizer; no validation, no data loading)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps, self._t0 = 0.0, 0, 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seconds += time.perf_counter() - self._t0
+        self.steps += 1
 
 
 class SortingModule(L.LightningModule):
     """Large-MNIST sorting (``recipe: sort``) or median regression (``median``) of :class:`SortOptions`.
 
     ``batch`` = ``(images (B, n, C, H, W), values (B, n))``. ``test_step`` logs ``test/all_correct``
-    and ``test/rank_correct`` (sort) or ``test/mse_1e4`` (median).
+    and ``test/rank_correct`` (sort) or ``test/mse_1e4`` and ``test/median_correct`` (median);
+    ``validation_step`` the same under ``val/``.
     """
 
     def __init__(self, cfg: Config, *, meta: dict[str, Any] | None = None) -> None:
@@ -313,7 +514,11 @@ class SortingModule(L.LightningModule):
         scorer = NumberScorer(backbone, dim, self.task.downsample)
         self.model: nn.Module
         if self.median:
-            self.model = MedianRegressor(scorer, dim)
+            regressor = None
+            if self.task.median_objective != "embedding":
+                backbone_r, dim_r = build_backbone(cfg.model, meta=meta)
+                regressor = NumberScorer(backbone_r, dim_r, self.task.downsample)
+            self.model = MedianRegressor(scorer, dim, regressor)
         elif self.task.method == "vanilla":
             self.model = VanillaRanker(scorer, dim, self.task.n)
         else:
@@ -326,45 +531,67 @@ class SortingModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
+    def _median_train_loss(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        t, model = self.task, self._median_model()
+        target = v.float().median(-1).values / self.scale
+        if model.regressor is not None:
+            p_hat = relaxed_permutation(model.scorer(x).float(), t)  # (B, n, n) or (S, B, n, n)
+            objective = cast(Literal["expected", "point"], t.median_objective)
+            return median_loss(p_hat, model.regressor(x), target, objective=objective)
+        regress = cast(nn.Linear, model.regress)  # set whenever regressor is None
+        e = model.scorer.embed(x)  # (B, n, D)
+        p_hat = relaxed_permutation(model.scorer.score(e).squeeze(-1).float(), t)
+        soft_median = p_hat[..., self.mid, :].unsqueeze(-2).to(e.dtype) @ e  # (..., B, 1, D)
+        pred = regress(soft_median).squeeze(-1).squeeze(-1).float()
+        return F.mse_loss(pred, target.expand_as(pred))
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, v = batch
         t = self.task
         if self.median:
-            target = v.float().median(-1).values / self.scale
-            model = self._median_model()
-            e = model.scorer.embed(x)  # (B, n, D)
-            p_hat = relaxed_permutation(model.scorer.score(e).squeeze(-1), t)  # (B, n, n) or (S, B, n, n)
-            soft_median = p_hat[..., self.mid, :].unsqueeze(-2).to(e.dtype) @ e  # (..., B, 1, D)
-            pred = model.regress(soft_median).squeeze(-1).squeeze(-1).float()
-            loss = F.mse_loss(pred, target.expand_as(pred))
+            loss = self._median_train_loss(x, v)
         else:
-            p_true = true_permutation(v)
             out = self.model(x)
             if t.method == "vanilla":
-                loss = F.cross_entropy(out.float().flatten(0, 1), p_true.argmax(-1).flatten())
+                loss = F.cross_entropy(out.float().flatten(0, 1), true_permutation(v).argmax(-1).flatten())
+            elif RELAXATIONS[t.method].kind == "rank_loss":
+                loss = RELAXATIONS[t.method].fn(out.float(), true_ranks(v), t)
             else:
-                loss = sort_loss(relaxed_permutation(out.float(), t), p_true)
+                loss = sort_loss(relaxed_permutation(out.float(), t), true_permutation(v))
         check_finite(loss, self, f"{self.cfg.recipe} {t.method}")
         self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)
         return loss
 
-    def test_step(self, batch: Any, batch_idx: int) -> None:
+    def _evaluate(self, batch: Any, prefix: str) -> None:
         x, v = batch
         b = x.shape[0]
         if self.median:
             model = self._median_model()
-            e = model.scorer.embed(x)
-            order = model.scorer.score(e).squeeze(-1).argsort(-1, descending=True)
-            med = e.gather(1, order[:, self.mid, None, None].expand(-1, 1, e.shape[-1])).squeeze(1)
-            pred = model.regress(med).squeeze(-1).float()
+            true_mid = v.argsort(-1, descending=True)[:, self.mid]
+            if model.regressor is not None:
+                idx = model.scorer(x).argsort(-1, descending=True)[:, self.mid]
+                pred = model.regressor(x).gather(1, idx[:, None]).squeeze(1).float()
+            else:
+                regress = cast(nn.Linear, model.regress)
+                e = model.scorer.embed(x)
+                idx = model.scorer.score(e).squeeze(-1).argsort(-1, descending=True)[:, self.mid]
+                med = e.gather(1, idx[:, None, None].expand(-1, 1, e.shape[-1])).squeeze(1)
+                pred = regress(med).squeeze(-1).float()
             err = (pred - v.float().median(-1).values / self.scale) ** 2 * 1e4
-            self.log("test/mse_1e4", err.mean(), batch_size=b)
+            self.log(f"{prefix}/mse_1e4", err.mean(), batch_size=b)
+            self.log(f"{prefix}/median_correct", (idx == true_mid).float().mean(), batch_size=b)
             return
         out = self.model(x)
         pred = out.argmax(-1) if self.task.method == "vanilla" else out.argsort(-1, descending=True)
         ok = pred == v.argsort(-1, descending=True)
-        self.log("test/all_correct", ok.all(-1).float().mean(), batch_size=b)
-        self.log("test/rank_correct", ok.float().mean(), batch_size=b)
+        self.log(f"{prefix}/all_correct", ok.all(-1).float().mean(), batch_size=b)
+        self.log(f"{prefix}/rank_correct", ok.float().mean(), batch_size=b)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
 
     def configure_optimizers(self) -> Any:
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
@@ -377,16 +604,19 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortOptions, 
     steps' weights; when the weights still move fast (short budgets), the lag makes eval-mode outputs
     differ from the trained ones (docs/results.md, median regression, measures it). This runs
     :func:`torch.optim.swa_utils.update_bn` (a cumulative average, weights untouched) over
-    ``t.bn_recalibration`` batches of fresh training lists. Returns whether anything was recalibrated.
+    ``t.bn_recalibration`` batches of fresh training lists, for each CNN of the module (the median
+    task's score and regression networks). Returns whether anything was recalibrated.
     """
     from torch.optim.swa_utils import update_bn
     from torch.utils.data import DataLoader
 
-    net = module.model.scorer if isinstance(module.model, MedianRegressor) else module.model
-    if t.bn_recalibration <= 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules()):
+    nets = module.model.bn_networks() if isinstance(module.model, MedianRegressor) else [module.model]
+    nets = [n for n in nets if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in n.modules())]
+    if t.bn_recalibration <= 0 or not nets:
         return False
     lists = RandomLists(sampler, t.bn_recalibration * t.lists_per_batch, seed + _BN_SEED_OFFSET)
-    update_bn(DataLoader(lists, batch_size=t.lists_per_batch), net, device=next(net.parameters()).device)
+    for net in nets:
+        update_bn(DataLoader(lists, batch_size=t.lists_per_batch), net, device=next(net.parameters()).device)
     return True
 
 
@@ -396,11 +626,29 @@ def epochs_and_batches(t: Any) -> tuple[int, int]:
     return epochs, math.ceil(t.steps / epochs)
 
 
-def digit_pools(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Training and test digit images and labels of the run's classification dataset."""
+#: seed of the fixed validation lists and of the held-out validation digits
+VAL_SEED = 54321
+
+
+def digit_pools(
+    run: Run,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training, validation and test digit images and labels of the run's classification dataset.
+
+    The validation digits are ``round(task.val_fraction * N)`` of the ``N`` training digits, drawn with
+    the fixed seed :data:`VAL_SEED` (the same for every run seed); the training lists use the rest.
+    """
     xtr, ytr = tensors(run.data.train)
     xte, yte = tensors(run.data.test)
-    return xtr, ytr, xte, yte
+    n_val = round(run.cfg.task.val_fraction * len(ytr))
+    perm = torch.randperm(len(ytr), generator=torch.Generator().manual_seed(VAL_SEED))
+    val, train = perm[:n_val].sort().values, perm[n_val:].sort().values
+    return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
+
+
+def _monitor(recipe: str) -> tuple[str, str]:
+    """``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy / loss."""
+    return ("val/mse_1e4", "min") if recipe == "median" else ("val/all_correct", "max")
 
 
 class SortRecipe(RecipeBase):
@@ -423,8 +671,14 @@ class SortRecipe(RecipeBase):
             close = difflib.get_close_matches(t.method, valid, n=2, cutoff=0.4)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
             raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
-        if t.hard and t.method == "vanilla":
-            raise ConfigError("`task.hard` (straight-through relaxation) does not apply to `task.method` 'vanilla'")
+        if self.name == "median" and RELAXATIONS[t.method].kind != "permutation":
+            perm = sorted(k for k, r in RELAXATIONS.items() if r.kind == "permutation")
+            raise ConfigError(
+                f"`task.method` {t.method!r} gives soft ranks, not a permutation matrix; "
+                f"the median task needs one of {perm}"
+            )
+        if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].kind != "permutation"):
+            raise ConfigError(f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}")
         extra = RELAXATIONS[t.method].options if t.method in RELAXATIONS else {}
         for k in t.options:
             if k not in extra:
@@ -433,29 +687,60 @@ class SortRecipe(RecipeBase):
         if 10**t.digits < t.n:
             raise ConfigError(f"`task.n` ({t.n}) distinct numbers need more than `task.digits` = {t.digits} digits")
 
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
+        from rankwise.recipes.reports import scalar_table_rows
+
+        return [scalar_table_rows(results, per_step=True)]
+
+    def write_report(
+        self,
+        out_dir: Path,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        run_dirs: Mapping[str, Sequence[Path]],
+        *,
+        title: str,
+        extra: str,
+    ) -> Path:
+        from rankwise.recipes.reports import write_scalar_report
+
+        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=True)
+
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 
         cfg, t = run.cfg, run.cfg.task
         epochs, per_epoch = epochs_and_batches(t)
-        xtr, ytr, _, _ = digit_pools(run)
+        xtr, ytr, xva, yva, _, _ = digit_pools(run)
         torch.manual_seed(cfg.run.seed)
         module = SortingModule(cfg, meta=run.data.meta)
         ds = RandomLists(ListSampler(xtr, ytr, t.n, t.digits), per_epoch * t.lists_per_batch, cfg.run.seed)
         sampler = EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False)
         kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
         loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
-        trainer = run.trainer(max_epochs=epochs)
-        run.fit(trainer, module, loader)
+        val_loader = None
+        monitor, mode = None, "min"
+        if len(yva):
+            val = RandomLists(ListSampler(xva, yva, t.n, t.digits), t.val_lists, VAL_SEED)
+            val_loader = DataLoader(val, batch_size=100)
+            monitor, mode = _monitor(cfg.recipe)
+        timer = _StepTimer()
+        trainer = run.trainer(max_epochs=epochs, monitor=monitor, mode=mode)
+        trainer.callbacks.append(timer)
+        run.fit(trainer, module, loader, val_loader)
         if run.global_rank != 0:
             return {}
-        return self._test(run, module, ds.sampler)
+        if monitor is not None:  # the reference tests the best validation checkpoint
+            module.load_state_dict(load_state_dict(run.checkpoint("best")))
+        out = self._test(run, module, ds.sampler)
+        if timer.steps:
+            out["seconds_per_step"] = timer.seconds / timer.steps
+        return out
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         t = run.cfg.task
-        xtr, ytr, _, _ = digit_pools(run)
+        xtr, ytr, *_ = digit_pools(run)
         module = SortingModule(run.cfg, meta=run.data.meta)
-        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "best")))
         return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
 
     def _test(self, run: Run, module: SortingModule, sampler: ListSampler) -> dict[str, Any]:
@@ -463,7 +748,7 @@ class SortRecipe(RecipeBase):
 
         cfg, t = run.cfg, run.cfg.task
         recalibrate_bn(module, sampler, t, cfg.run.seed)  # the training lists' sampler
-        _, _, xte, yte = digit_pools(run)
+        *_, xte, yte = digit_pools(run)
         test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
         out = run.local_trainer().test(module, DataLoader(test, batch_size=100), verbose=False)[0]
         return {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}, "device": device_name(cfg)}

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation lists fully correct")
-    axes[0][-1].legend(fontsize=7, loc="upper left")
+    axes[0][-1].legend(fontsize=7, loc="center left")
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=110)

@@ -565,6 +565,7 @@ class SortingModule(L.LightningModule):
     def _evaluate(self, batch: Any, prefix: str) -> None:
         x, v = batch
         b = x.shape[0]
+        sync = prefix == "val"  # under DDP every rank validates a shard of the lists: average them
         if self.median:
             model = self._median_model()
             true_mid = v.argsort(-1, descending=True)[:, self.mid]
@@ -578,14 +579,14 @@ class SortingModule(L.LightningModule):
                 med = e.gather(1, idx[:, None, None].expand(-1, 1, e.shape[-1])).squeeze(1)
                 pred = regress(med).squeeze(-1).float()
             err = (pred - v.float().median(-1).values / self.scale) ** 2 * 1e4
-            self.log(f"{prefix}/mse_1e4", err.mean(), batch_size=b)
-            self.log(f"{prefix}/median_correct", (idx == true_mid).float().mean(), batch_size=b)
+            self.log(f"{prefix}/mse_1e4", err.mean(), batch_size=b, sync_dist=sync)
+            self.log(f"{prefix}/median_correct", (idx == true_mid).float().mean(), batch_size=b, sync_dist=sync)
             return
         out = self.model(x)
         pred = out.argmax(-1) if self.task.method == "vanilla" else out.argsort(-1, descending=True)
         ok = pred == v.argsort(-1, descending=True)
-        self.log(f"{prefix}/all_correct", ok.all(-1).float().mean(), batch_size=b)
-        self.log(f"{prefix}/rank_correct", ok.float().mean(), batch_size=b)
+        self.log(f"{prefix}/all_correct", ok.all(-1).float().mean(), batch_size=b, sync_dist=sync)
+        self.log(f"{prefix}/rank_correct", ok.float().mean(), batch_size=b, sync_dist=sync)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "val")

@@ -598,3 +598,63 @@ def test_large_inputs_wait_for_the_kernels(monkeypatch: pytest.MonkeyPatch) -> N
     """While the kernels load in the background, inputs beyond the PyTorch path's budget wait for them."""
     monkeypatch.setattr(iso, "_NUMBA_MODE", "background")
     assert iso._kernels_for(1, 1 + int(iso._WARMUP_TORCH_MAX**0.5)) is iso._numba_kernels()
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU fast paths: short rows sorted inside the kernels, rows split across threads, the NaN check
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sort_inside_kernels_equals_torch_sorted_path(
+    reg: str, descending: bool, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many short rows (beyond the small-input size) are sorted inside the kernels, in parallel row
+    chunks; values and gradients equal the torch-sorted path's, ties included."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-4, 5, (300, 17), generator=gen).float() / 2  # many ties
+    x[::2] += torch.randn(150, 17, generator=gen)
+    g = torch.randn(300, 17, generator=gen)
+    kw = {"regularization": reg, "regularization_strength": 0.3, "descending": descending}
+    monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 64)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for max_n in (0, 128):  # 0: torch sorts (300 x 17 is above the small-input size)
+            monkeypatch.setattr(iso, "_SORT_INSIDE_MAX_N", max_n)
+            assert iso._sort_inside(*x.shape) == (max_n == 128)
+            for fn in (rankwise.soft_rank, rankwise.soft_sort):
+                results.append(_value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(results[:2], results[2:]):
+        torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(a[1], b[1], rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(iso, "_BACKEND", "torch")  # and the composite reference path agrees
+    for fn, (y, gx) in zip((rankwise.soft_rank, rankwise.soft_sort), results[2:]):
+        y2, g2 = _value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g)
+        torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(gx, g2, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("shape", [(3, 5), (3, 40), (3, 900)])  # kernel sorts / kernel sorts / torch sorts
+def test_nan_rows_on_the_cpu_fast_path(reg: str, shape: tuple[int, int]) -> None:
+    """The CPU path skips the NaN pass when the input's sum is finite: a NaN or inf still makes its
+    whole row NaN, other rows are untouched (values and finite gradients); finite values whose sum
+    overflows stay finite."""
+    rows, n = shape
+    x = torch.randn(rows, n)
+    x[0, 1], x[2, -1] = math.nan, -math.inf
+    for fn in (rankwise.soft_rank, rankwise.soft_sort):
+        xr = x.clone().requires_grad_()
+        y = fn(xr, regularization=reg)
+        assert torch.isnan(y[0]).all() and torch.isnan(y[2]).all() and torch.isfinite(y[1]).all(), fn
+        torch.testing.assert_close(y[1], fn(x[1:2], regularization=reg)[0])
+        y[1].sum().backward()
+        assert xr.grad is not None and torch.isfinite(xr.grad[1]).all()
+        big = torch.full((2, n), 3e38)  # each value finite, the sum overflows to inf
+        big[:, 0] = -1e38
+        out = fn(big, regularization=reg, regularization_strength=1e30)
+        assert torch.isfinite(out).all(), fn

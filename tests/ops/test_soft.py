@@ -78,3 +78,24 @@ def test_valid_options_still_pass_through() -> None:
     }.items():
         assert soft_rank(x, method=method, **kw).shape == x.shape
         assert soft_sort(x, method=method, descending=True, **kw).shape == x.shape
+
+
+@pytest.mark.parametrize("handles", [False, True])
+def test_nonfinite_pass_skipped_only_for_methods_handling_it(handles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``register_soft_method(..., handles_nonfinite=True)``: the dispatcher trusts the method's own
+    NaN/inf policy; otherwise it NaNs every slice holding a NaN or inf itself."""
+    import math
+
+    from rankwise.ops import soft
+
+    monkeypatch.setattr(soft, "_METHODS", dict(soft._METHODS))
+
+    def identity_rank(x: torch.Tensor, *, descending: bool) -> torch.Tensor:
+        return torch.zeros_like(x)  # ignores NaN: only the dispatcher's pass can add it
+
+    soft.register_soft_method("_test_zero", rank=identity_rank, handles_nonfinite=handles)
+    x = torch.tensor([[1.0, math.nan, 0.0], [1.0, 2.0, 0.0]]).T  # dim=0 below: columns are the slices
+    out = rankwise.soft_rank(x, method="_test_zero", dim=0)
+    assert out.shape == x.shape
+    assert bool(torch.isnan(out[:, 0]).all()) is (not handles)
+    assert (out[:, 1] == 0).all()

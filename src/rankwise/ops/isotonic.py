@@ -331,6 +331,15 @@ def _check_options(regularization: str, regularization_strength: float) -> float
     return check_positive(regularization_strength, "regularization_strength")
 
 
+def _nan_rows(out: torch.Tensor, xc: torch.Tensor, cpu: bool) -> torch.Tensor:
+    """:func:`nan_slices` of the rows of ``xc``. On CPU (``cpu``: no device to synchronize with) the
+    common all-finite case is recognized from one sum and costs no extra autograd node: a NaN or inf
+    in ``xc`` makes the sum non-finite (an overflowing sum only takes the full path needlessly)."""
+    if cpu and math.isfinite(float(xc.detach().sum())):
+        return out
+    return nan_slices(out, xc)
+
+
 def _soft_rank_last(
     x: torch.Tensor,
     *,
@@ -351,7 +360,7 @@ def _soft_rank_last(
         out = _SoftRankCPU.apply(xc, eps, descending, regularization == "kl", nb)
     else:
         out = _soft_rank_composite(xc, eps, descending, regularization)
-    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN
+    out = _nan_rows(out, xc, nb is not None)  # a NaN/inf in a row: the whole row is NaN
     if out.shape != x.shape:
         out = out.reshape(x.shape)
     rdt = rank_dtype(x.dtype)  # float32 ranks for half inputs
@@ -395,7 +404,8 @@ def _soft_sort_last(
         out = _SoftSortCPU.apply(xc, eps, descending, regularization == "kl", nb)
     else:
         out = _soft_sort_composite(xc, eps, descending, regularization)
-    out = nan_slices(out, xc)  # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
+    # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
+    out = _nan_rows(out, xc, nb is not None)
     if out.shape != x.shape:
         out = out.reshape(x.shape)
     return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -421,6 +431,15 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
 _PARALLEL_MIN_NUMEL = 1 << 15
 #: below this many elements the kernels also sort (numba's merge sort beats torch.sort's overhead)
 _SORT_INSIDE_MAX_NUMEL = 2048
+#: rows up to this length are sorted inside the kernels whatever their number (short rows: numba's
+#: merge sort per row beats one radix sort of all the keys plus the passes preparing them)
+_SORT_INSIDE_MAX_N = int(os.environ.get("RANKWISE_SORT_INSIDE_MAX_N", "128"))
+
+
+def _sort_inside(rows: int, n: int) -> bool:
+    return rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N
+
+
 _pool: Any = None
 
 
@@ -467,11 +486,16 @@ class _SoftRankCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
-        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: divide and sort in the kernel too (no torch ops)
+        if _sort_inside(rows, n):  # divide and sort in the kernel too (no torch ops)
             z = torch.empty((rows, n), dtype=xc.dtype)
             perm = torch.empty((rows, n), dtype=torch.int64)
-            x_np = xc.contiguous().numpy()
-            nb.soft_rank_forward(z.numpy(), perm.numpy(), wn, kl, on, idn, x_np, x_np.dtype.type(div))
+            x_np, zn, pn = xc.contiguous().numpy(), z.numpy(), perm.numpy()
+            dv = x_np.dtype.type(div)
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], x_np[a:b], dv),
+            )
         else:
             z = (xc / div).contiguous()
             perm = sort_last(z, True)[1].contiguous()
@@ -519,9 +543,14 @@ class _SoftSortCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
-        if rows * n < _SORT_INSIDE_MAX_NUMEL:  # small: sort in the kernel too
+        if _sort_inside(rows, n):  # sort in the kernel too
             perm = torch.empty((rows, n), dtype=torch.int64)
-            nb.soft_sort_forward(x_np, perm.numpy(), sign, sn, kl, on, idn, True)
+            pn = perm.numpy()
+            _over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_sort_forward(x_np[a:b], pn[a:b], sign, sn, kl, on[a:b], idn[a:b], True),
+            )
         else:
             perm = sort_last(xc if descending else -xc, True)[1].contiguous()
             pn = perm.numpy()
@@ -710,7 +739,7 @@ class IsotonicSoftSort(_IsotonicModule):
 # --------------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------------
-register_soft_method("isotonic", sort=_soft_sort_last, rank=_soft_rank_last)
+register_soft_method("isotonic", sort=_soft_sort_last, rank=_soft_rank_last, handles_nonfinite=True)
 
 
 def _example(reg: str, descending: bool):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ already moved so that the sorted dimension is last and must accept any leading d
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +28,11 @@ SoftImpl = Callable[..., torch.Tensor]
 class _SoftMethod:
     sort: SoftImpl | None
     rank: SoftImpl | None
+    #: the implementations apply the NaN/inf policy themselves (``soft_*`` then skips its own pass)
+    handles_nonfinite: bool = False
 
 
+@functools.cache
 def _options(fn: SoftImpl) -> tuple[str, ...] | None:
     """Keyword options of an implementation (after the input and ``descending``); None if it takes ``**kwargs``."""
     params = list(inspect.signature(fn).parameters.values())[1:]
@@ -58,14 +62,18 @@ def _load_plugins() -> None:
             importlib.import_module(name)
 
 
-def register_soft_method(name: str, *, sort: SoftImpl | None = None, rank: SoftImpl | None = None) -> None:
+def register_soft_method(
+    name: str, *, sort: SoftImpl | None = None, rank: SoftImpl | None = None, handles_nonfinite: bool = False
+) -> None:
     """Register the soft sort and/or soft rank implementation of a method.
 
     Both callables take the input with the sorted dimension last, plus keyword arguments
     ``descending`` and the method's own options, and return a tensor of the same shape.
+    ``handles_nonfinite=True`` declares that they already return NaN for every slice holding a NaN
+    or inf (docs/conventions.md), so :func:`soft_sort` / :func:`soft_rank` skip their own pass.
     """
     old = _METHODS.get(name, _SoftMethod(None, None))
-    _METHODS[name] = _SoftMethod(sort=sort or old.sort, rank=rank or old.rank)
+    _METHODS[name] = _SoftMethod(sort=sort or old.sort, rank=rank or old.rank, handles_nonfinite=handles_nonfinite)
 
 
 def list_soft_methods() -> list[str]:
@@ -86,15 +94,18 @@ def _impl(method: Any, kind: str) -> SoftImpl:
 
 def _check_options(kind: str, method: str, kwargs: dict[str, Any]) -> None:
     """Unknown keyword options raise ``TypeError`` naming ``soft_<kind>`` and what each method accepts."""
-    accepted = _options(_impl(method, kind))
+    fn = _impl(method, kind)
+    if not kwargs:
+        return
+    accepted = _options(fn)
     unknown = [k for k in kwargs if accepted is not None and k not in accepted]
     if not unknown:
         return
     per_method = []
     for name in sorted(_METHODS):
-        fn = getattr(_METHODS[name], kind)
-        if fn is not None:
-            opts = _options(fn)
+        impl = getattr(_METHODS[name], kind)
+        if impl is not None:
+            opts = _options(impl)
             per_method.append(f"{name}: {', '.join(opts) if opts else 'no options'}" if opts is not None else name)
     got = ", ".join(repr(k) for k in unknown)
     plural = "s" if len(unknown) > 1 else ""
@@ -113,12 +124,15 @@ def _apply(kind: str, x: torch.Tensor, method: str, descending: bool, dim: int, 
     if x.dim() == 0:
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
-    xm = x.movedim(d, -1)
+    last = d == x.dim() - 1
+    xm = x if last else x.movedim(d, -1)
     if kind == "rank":  # soft ranks reach n: float32 for fp16/bf16 input (docs/conventions.md)
         xm = to_compute(xm)
     out = fn(xm, descending=descending, **kwargs)
     # NaN/inf policy: every soft value of a slice depends on the whole slice
-    return nan_slices(out, xm).movedim(-1, d)
+    if not _METHODS[method].handles_nonfinite:
+        out = nan_slices(out, xm)
+    return out if last else out.movedim(-1, d)
 
 
 def soft_sort(

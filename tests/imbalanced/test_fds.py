@@ -293,3 +293,55 @@ def test_agedb_like_training_timeline() -> None:
     fds.update(feats[1], ys[1], 1)
     out = fds(feats[2], ys[2], 2)
     assert not torch.equal(out, feats[2])
+
+
+def test_blockwise_calibration_and_statistics_equal_the_one_shot_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without autograd, calibration and the per-bin sums go over row blocks (a whole data set never
+    gets full-size temporaries); with a tiny block size (many blocks, a ragged last one) they equal
+    the autograd path / one block, the slow loop, and never touch the caller's features."""
+    from rankwise.imbalanced import fds as fds_module
+
+    fds = random_fds()
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(103, D, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 12, (103,), generator=g)
+    z_before = z.clone()
+    with torch.no_grad():
+        one_block = fds.calibrate(z, y)
+        s1, q1, c1 = fds.bin_stats(z, y)
+    monkeypatch.setattr(fds_module, "_ROW_BLOCK_ELEMENTS", 4 * D)  # blocks of 4 rows
+    with torch.no_grad():
+        blocks = fds.calibrate(z, y)
+        s2, q2, c2 = fds.bin_stats(z, y)
+    with_grad = fds.calibrate(z.clone().requires_grad_(), y)
+    assert with_grad.requires_grad
+    torch.testing.assert_close(blocks, one_block, rtol=0, atol=0)
+    torch.testing.assert_close(blocks, with_grad.detach(), rtol=0, atol=0)
+    expected = slow_calibrate(
+        z,
+        y,
+        fds.running_mean_last_epoch,
+        fds.running_var_last_epoch,
+        fds.smoothed_mean_last_epoch,
+        fds.smoothed_var_last_epoch,
+    )
+    torch.testing.assert_close(blocks, expected)
+    torch.testing.assert_close(s2, s1)
+    torch.testing.assert_close(q2, q1)
+    torch.testing.assert_close(c2, c1)
+    torch.testing.assert_close(s2, torch.zeros(12, D, dtype=torch.float64).index_add_(0, y, z))
+    torch.testing.assert_close(q2, torch.zeros(12, D, dtype=torch.float64).index_add_(0, y, z * z))
+    assert torch.equal(z, z_before), "the float64 blocks must be copies: FDS never modifies its input"
+
+
+def test_non_finite_label_rows_are_nan_with_zero_gradient() -> None:
+    """A NaN/inf label has no bin: its row is NaN (both paths) and passes no gradient to the features."""
+    fds = random_fds()
+    z = torch.randn(5, D, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.0, float("nan"), 2.0, float("inf"), 4.0], dtype=torch.float64)
+    out = fds.calibrate(z, y)
+    assert torch.isnan(out[[1, 3]]).all() and torch.isfinite(out[[0, 2, 4]]).all()
+    with torch.no_grad():
+        torch.testing.assert_close(fds.calibrate(z, y), out.detach(), equal_nan=True)
+    out[[0, 2, 4]].sum().backward()
+    assert z.grad is not None and (z.grad[[1, 3]] == 0).all() and torch.isfinite(z.grad).all()

@@ -27,6 +27,9 @@ _KERNELS = ("gaussian", "triang", "laplace")
 
 #: the most per-bin statistics (bins x feature_dim) one buffer may hold: 2**26 float32 = 256 MiB, six buffers
 _MAX_STAT_ELEMENTS = 2**26
+#: statistics and calibration without autograd go over the rows in blocks of about this many elements
+#: (cache-sized temporaries instead of several full-size copies of a whole data set)
+_ROW_BLOCK_ELEMENTS = 1 << 20
 
 
 class FDS(nn.Module):
@@ -250,16 +253,23 @@ class FDS(nn.Module):
         :meth:`update_from_stats`.
         """
         self._check_pair(features, labels)
-        z = features.detach().to(torch.float64)
+        z = features.detach()
         y = labels.detach().reshape(-1).to(z.device)
         idx = self.bin_index(y)
         k, d = self.num_bins, self.feature_dim
-        s = torch.zeros(k, d, dtype=torch.float64, device=z.device).index_add_(0, idx, z)
-        q = torch.zeros(k, d, dtype=torch.float64, device=z.device).index_add_(0, idx, z * z)
+        s = torch.zeros(k, d, dtype=torch.float64, device=z.device)
+        q = torch.zeros(k, d, dtype=torch.float64, device=z.device)
+        # float64 sums over row blocks: the float64 copies of a whole set (e.g. 100k x 512) never exist at once
+        step = max(1, _ROW_BLOCK_ELEMENTS // d)
+        for a in range(0, z.shape[0], step):
+            zb = z[a : a + step].to(torch.float64, copy=True)
+            ib = idx[a : a + step]
+            s.index_add_(0, ib, zb)
+            q.index_add_(0, ib, zb.mul_(zb))
         # a non-finite label counts NaN (no host sync here): update_from_stats then rejects the stats
         one = torch.where(torch.isfinite(y), 1.0, math.nan).to(torch.float64) if y.is_floating_point() else None
         c = torch.zeros(k, dtype=torch.float64, device=z.device).index_add_(
-            0, idx, torch.ones_like(z[:, 0]) if one is None else one
+            0, idx, torch.ones(z.shape[0], dtype=torch.float64, device=z.device) if one is None else one
         )
         return s, q, c
 
@@ -395,18 +405,40 @@ class FDS(nn.Module):
         out_dtype = features.dtype
         z = to_compute(features)
         idx = self.bin_index(labels).to(z.device)
-        m1 = self.running_mean_last_epoch.to(device=z.device, dtype=z.dtype)[idx]
-        v1 = self.running_var_last_epoch.to(device=z.device, dtype=z.dtype)[idx]
-        m2 = self.smoothed_mean_last_epoch.to(device=z.device, dtype=z.dtype)[idx]
-        v2 = self.smoothed_var_last_epoch.to(device=z.device, dtype=z.dtype)[idx]
-        ok = (v1.sum(-1, keepdim=True) >= 1e-10) & (v1 != 0)
-        v1_safe = torch.where(ok, v1, torch.ones_like(v1))
-        scale = (v2 / v1_safe).clamp(self.clip[0], self.clip[1]).sqrt()
-        out = torch.where(ok, (z - m1) * scale + m2, z)
-        if labels.is_floating_point():  # a NaN/inf label has no bin: its row is NaN (NaN policy)
-            finite = torch.isfinite(labels.detach().reshape(-1, 1)).to(z.device)
-            out = torch.where(finite, out, torch.full((), math.nan, dtype=out.dtype, device=out.device))
+        scale, shift = self._scale_shift(z.dtype, z.device)
+        if labels.is_floating_point():  # a NaN/inf label has no bin: its row is NaN (NaN policy), zero gradient
+            finite = torch.isfinite(labels.detach().reshape(-1)).to(z.device)
+            idx = torch.where(finite, idx, self.num_bins)
+        if torch.is_grad_enabled() and z.requires_grad:
+            out = torch.addcmul(shift[idx], z, scale[idx])
+        else:  # no autograd: over row blocks into one output (no full-size gathered tables)
+            out = torch.empty_like(z)
+            step = max(1, _ROW_BLOCK_ELEMENTS // self.feature_dim)
+            for a in range(0, z.shape[0], step):
+                ib = idx[a : a + step]
+                torch.addcmul(shift[ib], z[a : a + step], scale[ib], out=out[a : a + step])
         return out.to(out_dtype)
+
+    def _scale_shift(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-bin ``(scale, shift)`` tables ``(num_bins + 1, D)`` with ``calibrated = z * scale + shift``
+        (``= (z - mu_b) * scale + smoothed mu_b``; ``scale = 1, shift = 0`` where the bin or dimension is
+        left unchanged), computed in float64; the extra last row (``0, NaN``) serves non-finite labels."""
+        m1, v1, m2, v2 = (
+            t.to(device=device, dtype=torch.float64)
+            for t in (
+                self.running_mean_last_epoch,
+                self.running_var_last_epoch,
+                self.smoothed_mean_last_epoch,
+                self.smoothed_var_last_epoch,
+            )
+        )
+        ok = (v1.sum(-1, keepdim=True) >= 1e-10) & (v1 != 0)
+        ratio = (v2 / torch.where(ok, v1, torch.ones_like(v1))).clamp(self.clip[0], self.clip[1])
+        scale = torch.where(ok, ratio.sqrt(), torch.ones_like(v1))
+        shift = torch.where(ok, m2 - m1 * scale, torch.zeros_like(v1))
+        scale = torch.cat([scale, torch.zeros_like(scale[:1])])
+        shift = torch.cat([shift, torch.full_like(shift[:1], math.nan)])
+        return scale.to(dtype), shift.to(dtype)
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor, epoch: int) -> torch.Tensor:
         """Calibrated features in training mode from ``start_smooth`` on; ``features`` itself otherwise."""

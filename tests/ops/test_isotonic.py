@@ -623,6 +623,7 @@ def test_sort_inside_kernels_equals_torch_sorted_path(
         results = []
         for max_n in (0, 128):  # 0: torch sorts (300 x 17 is above the small-input size)
             monkeypatch.setattr(iso, "_SORT_INSIDE_MAX_N", max_n)
+            monkeypatch.setattr(iso, "_SORT_INSIDE_WHEN_THREADED", max_n == 128)
             assert iso._sort_inside(*x.shape) == (max_n == 128)
             for fn in (rankwise.soft_rank, rankwise.soft_sort):
                 results.append(_value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g))
@@ -636,6 +637,18 @@ def test_sort_inside_kernels_equals_torch_sorted_path(
         y2, g2 = _value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g)
         torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(gx, g2, rtol=1e-5, atol=1e-4)
+
+
+def test_sort_inside_rule() -> None:
+    """Short rows, small inputs, and several rows on more than one thread are sorted in the kernels."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert iso._sort_inside(4096, 64) and iso._sort_inside(1, 1000) and not iso._sort_inside(256, 256)
+        torch.set_num_threads(2)
+        assert iso._sort_inside(256, 256) and iso._sort_inside(2, 4096) and not iso._sort_inside(1, 4096)
+    finally:
+        torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("reg", REGS)

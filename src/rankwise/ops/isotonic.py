@@ -436,8 +436,16 @@ _SORT_INSIDE_MAX_NUMEL = 2048
 _SORT_INSIDE_MAX_N = int(os.environ.get("RANKWISE_SORT_INSIDE_MAX_N", "128"))
 
 
+#: with more than one torch thread, rows (2 or more) are sorted inside the kernels at every length: the
+#: rows are then split across the threads in ONE parallel region per pass, instead of one per torch op
+#: of the radix sort (each a barrier, costly when other processes share the cores)
+_SORT_INSIDE_WHEN_THREADED = True
+
+
 def _sort_inside(rows: int, n: int) -> bool:
-    return rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N
+    if rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N:
+        return True
+    return _SORT_INSIDE_WHEN_THREADED and rows > 1 and torch.get_num_threads() > 1
 
 
 _pool: Any = None

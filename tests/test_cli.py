@@ -53,6 +53,16 @@ def test_help_lists_every_command():
     assert invoke(["sodeep", "--help"]).exit_code == 0
 
 
+def test_version_prints_the_package_version():
+    import rankwise
+
+    r = invoke(["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"rankwise {rankwise.__version__}"
+    assert "--version" in invoke(["--help"]).output
+    r = subprocess.run([sys.executable, "-m", "rankwise.cli", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"rankwise {rankwise.__version__}", r.stderr
+
+
 def test_console_script_entry_point():
     r = subprocess.run(
         [sys.executable, "-c", "from rankwise.cli import main; main(['presets'])"],

@@ -12,6 +12,7 @@ disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits
     rankwise train my.yaml --resume --out runs/my   # continue a killed run from its last checkpoint
     rankwise evaluate runs/abalone_ranksim
     rankwise --debug train ...                      # show the traceback of an error (or RANKWISE_DEBUG=1)
+    rankwise --version
     rankwise compare abalone_vanilla abalone_lds --seeds 0,1,2 --out runs/cmp
     rankwise data list | rankwise data show abalone
     rankwise presets
@@ -49,10 +50,21 @@ ENV_DEBUG = "RANKWISE_DEBUG"
 _state = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rankwise import __version__
+
+        typer.echo(f"rankwise {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[
         bool, typer.Option("--debug", help=f"show the traceback of an error (also env {ENV_DEBUG}=1)")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit")
     ] = False,
 ) -> None:
     """Train and compare deep imbalanced regression / ranking / contrastive recipes (rankwise)."""

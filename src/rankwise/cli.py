@@ -493,6 +493,7 @@ def data_show(
             plot,
             test_labels=data.test_labels,
             title=f"{data.name}: {data.label_name}",
+            label=data.label_axis,
         )
         con.print(f"histogram: {plot}")
 

@@ -98,6 +98,7 @@ def test_supcon_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     assert 0.0 <= m["test"]["probe_acc"] <= 100.0
     assert m["recipe"] == "supcon" and m["method"] == cfg.task.method
     assert (res.run_dir / "plots" / "tsne.png").is_file()
+    assert (res.run_dir / "plots" / "probe_curves.png").is_file()  # the linear probe's loss and accuracy
     assert (
         evaluate(res.run_dir, data=tiny_digits)["test"] == m["test"]
     )  # probe re-trained from the checkpoint: the same accuracy

@@ -113,6 +113,16 @@ class RegressionData:
     #: many-shot above the first, few-shot below the second); ``None``: derive them from the
     #: training labels with :func:`suggest_shot_thresholds`. The DIR benchmarks use ``(100, 20)``.
     shot_thresholds: tuple[float, float] | None = None
+    #: unit of the label for plot axes ("years"), "" when it has none
+    label_unit: str = ""
+    #: longer name of the label for plot axes ("similarity score"), "" to use ``label_name``
+    label_description: str = ""
+
+    @property
+    def label_axis(self) -> str:
+        """The label's axis title in plots: ``"age (years)"``, ``"similarity score (0-5)"``, ``"y"``."""
+        name = self.label_description or self.label_name
+        return f"{name} ({self.label_unit})" if self.label_unit else name
 
     def sizes(self) -> tuple[int, int, int]:
         """``(len(train), len(val), len(test))``."""

@@ -180,6 +180,7 @@ def dir_images(
         input_dim=None,
         bin_width=1.0,
         label_name="age",
+        label_unit="years",
         meta={
             "csv": str(csv_path),
             "root": str(root_dir),

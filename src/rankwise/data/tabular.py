@@ -159,6 +159,7 @@ def load_abalone(
         input_dim=x.shape[1],
         bin_width=1.0,
         label_name="age",
+        label_unit="years",
         meta={
             "source": display,
             "feature_names": feature_names,

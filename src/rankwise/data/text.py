@@ -207,6 +207,8 @@ def load_stsb_dir(
         input_dim=None,
         bin_width=0.1,
         label_name="score",
+        label_description="similarity score",
+        label_unit="0-5",
         meta={
             "root": str(root),
             "files": {k: str(root / v) for k, v in files.items()},

@@ -198,4 +198,6 @@ def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> No
         pdir / "tsne.png",
         seed=r.seed,
         title=f"t-SNE of test features: {r.name} (seed {r.seed})",
+        label="class",
+        classes=True,
     )

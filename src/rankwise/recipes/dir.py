@@ -384,12 +384,14 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
         label=test["label"],
         train_labels=np.asarray(data.train_labels, dtype=np.float64),
         bin_width=data.bin_width,
+        label_axis=getattr(data, "label_axis", "label"),
         sample=sample,
         features=test["features"][sample],
     )
     pdir = run.plots_dir
     if pdir is not None:
         title = f"{r.name} (seed {r.seed})"
+        label = getattr(data, "label_axis", "label")
         reports.plot_label_histogram(
             data.train_labels,
             data.bin_width,
@@ -397,6 +399,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
             many_shot=r.many_shot,
             few_shot=r.few_shot,
             test_labels=data.test_labels,
+            label=label,
         )
         reports.plot_per_label_mae(
             test["pred"],
@@ -405,11 +408,14 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
             data.bin_width,
             pdir / "per_label_mae.png",
             title=f"per-label test MAE: {title}",
+            label=label,
         )
         feats, labs = test["features"][sample], test["label"][sample]
-        reports.plot_similarity_heatmap(feats, labs, pdir / "similarity.png", title=f"feature similarity: {title}")
+        reports.plot_similarity_heatmap(
+            feats, labs, pdir / "similarity.png", title=f"feature similarity: {title}", label=label
+        )
         if r.tsne:
-            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=r.seed, title=f"t-SNE: {title}")
+            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=r.seed, title=f"t-SNE: {title}", label=label)
     return metrics
 
 

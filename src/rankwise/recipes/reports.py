@@ -52,12 +52,26 @@ def _plt():
 
 
 def _save(plt: Any, fig: Any, path: str | Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` (100 dpi) and close it."""
+    """Lay out ``fig``, write it to ``path`` (100 dpi; legends outside the axes included) and close it."""
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _legend_outside(ax: Any, **kw: Any) -> Any:
+    """The legend to the right of the axes (it never covers bars or lines)."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+
+
+def _label_xlim(ax: Any, bin_width: float, *label_sets: np.ndarray | None) -> None:
+    """Trim a per-label x axis to the bins holding data (half a bin of margin)."""
+    sets = [np.asarray(s, dtype=np.float64) for s in label_sets if s is not None and len(s)]
+    if not sets:
+        return
+    b = np.concatenate([label_bins(s, bin_width) for s in sets])
+    ax.set_xlim((b.min() - 0.5) * bin_width, (b.max() + 1.5) * bin_width)
 
 
 def shot_groups(
@@ -77,8 +91,11 @@ def plot_label_histogram(
     few_shot: int = 20,
     test_labels: np.ndarray | None = None,
     title: str = "",
+    label: str = "label",
 ) -> Path:
-    """Training label histogram, bars coloured by shot group (many > ``many_shot`` > medium >= ``few_shot`` > few)."""
+    """Training label histogram, bars coloured by shot group (many > ``many_shot`` > medium >= ``few_shot`` > few).
+
+    ``label``: the x-axis title (the dataset's ``label_axis``, e.g. ``"age (years)"``)."""
     plt = _plt()
     b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
     groups = shot_groups(train_labels, bin_width, many_shot=many_shot, few_shot=few_shot)
@@ -93,8 +110,9 @@ def plot_label_histogram(
     from matplotlib.patches import Patch
 
     handles = [Patch(color=v, label=f"{k}-shot") for k, v in _SHOT_COLORS.items()]
-    ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=8)
-    ax.set_xlabel("label")
+    _legend_outside(ax, handles=handles + ax.get_legend_handles_labels()[0])
+    _label_xlim(ax, bin_width, train_labels, test_labels)
+    ax.set_xlabel(label)
     ax.set_ylabel("training count")
     ax.set_title(title or "label distribution (train) and shot regions")
     return _save(plt, fig, path)
@@ -117,8 +135,9 @@ def plot_per_label_mae(
     path: str | Path,
     *,
     title: str = "",
+    label: str = "label",
 ) -> Path:
-    return plot_compare_per_label_mae({"": (preds, labels)}, train_labels, bin_width, path, title=title)
+    return plot_compare_per_label_mae({"": (preds, labels)}, train_labels, bin_width, path, title=title, label=label)
 
 
 def plot_compare_per_label_mae(
@@ -128,8 +147,10 @@ def plot_compare_per_label_mae(
     path: str | Path,
     *,
     title: str = "",
+    label: str = "label",
 ) -> Path:
-    """Per-label test MAE of one or several methods, over the training histogram (grey)."""
+    """Per-label test MAE of one or several methods, over the training histogram (grey); x axis ``label``,
+    trimmed to the labels present."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax2 = ax.twinx()
@@ -142,15 +163,19 @@ def plot_compare_per_label_mae(
         x, mae = per_label_mae(preds, labels, bin_width)
         ax.plot(x, mae, marker="o", ms=3, label=name or None)
     if any(series):
-        ax.legend(fontsize=8)
-    ax.set_xlabel("label")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), borderaxespad=0.0, fontsize=8)  # past ax2's labels
+    _label_xlim(ax, bin_width, train_labels, *(lab for _, lab in series.values()))
+    ax.set_xlabel(label)
     ax.set_ylabel("test MAE")
     ax.set_title(title or "per-label test MAE")
     return _save(plt, fig, path)
 
 
-def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str | Path, *, title: str = "") -> Path:
-    """Cosine-similarity matrix of the features with examples ordered by label (RankSim Fig. 3)."""
+def plot_similarity_heatmap(
+    features: np.ndarray, labels: np.ndarray, path: str | Path, *, title: str = "", label: str = "label"
+) -> Path:
+    """Cosine-similarity matrix of the features with examples ordered by label (RankSim Fig. 3); both axes
+    are titled with ``label`` (ticks: the label of the example there), the colour bar "cosine similarity"."""
     plt = _plt()
     f = np.asarray(features, dtype=np.float64)
     order = np.argsort(np.asarray(labels), kind="stable")
@@ -159,13 +184,15 @@ def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str 
     sim = f @ f.T
     fig, ax = plt.subplots(figsize=(4.5, 4))
     im = ax.imshow(sim, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
-    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.colorbar(im, ax=ax, fraction=0.046, label="cosine similarity")
     lab = np.asarray(labels)[order]
     ticks: Any = np.linspace(0, len(lab) - 1, num=min(6, len(lab))).astype(int) if len(lab) else []
     ax.set_xticks(ticks)
     ax.set_xticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{lab[i]:g}" for i in ticks], fontsize=7)
+    ax.set_xlabel(f"test examples ordered by {label}", fontsize=8)
+    ax.set_ylabel(f"test examples ordered by {label}", fontsize=8)
     ax.set_title(title or "feature cosine similarity (ordered by label)", fontsize=9)
     return _save(plt, fig, path)
 
@@ -173,7 +200,8 @@ def plot_similarity_heatmap(features: np.ndarray, labels: np.ndarray, path: str 
 def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str = "") -> Path | None:
     """Every metric of a Lightning CSV log against the epoch (``*_step`` columns skipped; the last value per epoch).
 
-    Returns ``None`` (and writes nothing) when the log has no metric.
+    A metric with a single value (a final test metric) is written in the title instead of a panel of its own
+    when other metrics have curves. Returns ``None`` (and writes nothing) when the log has no metric.
     """
     import csv
 
@@ -194,11 +222,20 @@ def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str =
     if not series:
         return None
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     keys = sorted(series)
+    # a metric logged once (e.g. a final test accuracy) goes into the title, not a one-point panel
+    once = [k for k in keys if len(series[k]) == 1] if any(len(v) > 1 for v in series.values()) else []
+    if once:
+        keys = [k for k in keys if k not in once]
+        finals = ", ".join(f"{k} {next(iter(series[k].values())):.4g}" for k in once)
+        title = f"{title}: {finals}" if title else finals
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys) + 0.5, 3.0), squeeze=False)
     for ax, k in zip(axes[0], keys):
         ep = sorted(series[k])
         ax.plot([e + 1 for e in ep], [series[k][e] for e in ep], marker="o", ms=3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_title(k, fontsize=9)
     if title:
@@ -206,8 +243,18 @@ def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str =
     return _save(plt, fig, path)
 
 
-def plot_tsne(features: np.ndarray, labels: np.ndarray, path: str | Path, *, seed: int = 0, title: str = "") -> Path:
-    """2-D t-SNE (scikit-learn) of the features coloured by label."""
+def plot_tsne(
+    features: np.ndarray,
+    labels: np.ndarray,
+    path: str | Path,
+    *,
+    seed: int = 0,
+    title: str = "",
+    label: str = "label",
+    classes: bool = False,
+) -> Path:
+    """2-D t-SNE (scikit-learn) of the features coloured by label: a colour bar titled ``label``, or with
+    ``classes=True`` one distinct colour per class and a legend (``label`` its title)."""
     from sklearn.manifold import TSNE
 
     plt = _plt()
@@ -226,8 +273,16 @@ def plot_tsne(features: np.ndarray, labels: np.ndarray, path: str | Path, *, see
                 random_state=seed,
                 max_iter=500,
             ).fit_transform(f)
-        sc = ax.scatter(emb[:, 0], emb[:, 1], c=labels, cmap="viridis", s=8)
-        fig.colorbar(sc, ax=ax, fraction=0.046, label="label")
+        if classes:
+            lab = np.asarray(labels)
+            cmap = plt.get_cmap("tab10" if len(np.unique(lab)) <= 10 else "tab20")
+            for i, c in enumerate(np.unique(lab)):
+                pts = emb[lab == c]
+                ax.scatter(pts[:, 0], pts[:, 1], color=cmap(i % cmap.N), s=8, label=f"{c}")
+            _legend_outside(ax, title=label, markerscale=2)
+        else:
+            sc = ax.scatter(emb[:, 0], emb[:, 1], c=labels, cmap="viridis", s=8)
+            fig.colorbar(sc, ax=ax, fraction=0.046, label=label)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title or "t-SNE of features", fontsize=9)
@@ -327,7 +382,7 @@ def plot_compare_shots(
     ax.set_xticks(x + width * (len(methods) - 1) / 2)
     ax.set_xticklabels(GROUPS)
     ax.set_ylabel(f"test {metric.upper()}")
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     return _save(plt, fig, path)
 
 
@@ -347,6 +402,7 @@ def write_compare_report(
     series = {}
     train_labels = None
     bin_width = 1.0
+    label = "label"
     for method, dirs in run_dirs.items():
         if not dirs:
             continue
@@ -356,6 +412,8 @@ def write_compare_report(
             series[method] = (z["pred"], z["label"])
             train_labels = z["train_labels"]
             bin_width = float(z["bin_width"])
+            if "label_axis" in z.files:
+                label = str(z["label_axis"])
     lines = [f"# {title}", ""]
     if extra:
         lines += [extra, ""]
@@ -369,8 +427,8 @@ def write_compare_report(
         "",
     ]
     if series and train_labels is not None:
-        plot_compare_per_label_mae(series, train_labels, bin_width, out / "plots" / "per_label_mae.png")
-        plot_label_histogram(train_labels, bin_width, out / "plots" / "label_histogram.png")
+        plot_compare_per_label_mae(series, train_labels, bin_width, out / "plots" / "per_label_mae.png", label=label)
+        plot_label_histogram(train_labels, bin_width, out / "plots" / "label_histogram.png", label=label)
         lines += ["![per-label MAE](plots/per_label_mae.png)", "", "![label histogram](plots/label_histogram.png)", ""]
     lines += ["## Runs", ""]
     for method, dirs in run_dirs.items():

@@ -702,14 +702,20 @@ def run_recipe(
 
 
 def _plot_curves(run: Run) -> None:
+    """``plots/training_curves.png`` from the run's CSV log, and ``plots/probe_curves.png`` from a
+    second-stage log (``RUN_DIR/probe/logs``: the contrastive recipes' linear probe) when there is one."""
     pdir = run.plots_dir
-    csv = run.dir / "logs" / "metrics.csv"
-    if pdir is not None and csv.is_file():
-        from rankwise.recipes import reports
+    if pdir is None:
+        return
+    from rankwise.recipes import reports
 
-        reports.plot_training_curves(
-            csv, pdir / "training_curves.png", title=f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
-        )
+    name = f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
+    csv = run.dir / "logs" / "metrics.csv"
+    if csv.is_file():
+        reports.plot_training_curves(csv, pdir / "training_curves.png", title=name)
+    probe = run.dir / "probe" / "logs" / "metrics.csv"
+    if probe.is_file():
+        reports.plot_training_curves(probe, pdir / "probe_curves.png", title=f"linear probe: {name}")
 
 
 def evaluate_run(

@@ -164,3 +164,19 @@ def test_demo_quick_mode(tmp_path, monkeypatch):
     assert "Total demo time" in report and "abalone_balanced_mse" in report
     assert (out / "plots" / "per_label_mae.png").is_file()
     assert (out / "runs" / "abalone_vanilla" / "seed0" / "plots" / "similarity.png").is_file()
+
+
+def test_result_tables_are_not_cut_in_an_80_column_log(capsys, monkeypatch) -> None:
+    """The many/medium/few table fits a plain 80-column log; a cell is never cut to '1.35 ± 0.…'."""
+    from rankwise import cli
+
+    monkeypatch.setenv("COLUMNS", "80")  # what rich assumes for a log that is not a terminal
+
+    header = ["MAE", "n", "all", "many", "medium", "few"]
+    rows = [["Balanced MSE (BMC)", "3", "2.48 ± 0.03", "1.51 ± 0.01", "2.54 ± 0.07", "5.08 ± 0.04"]]
+    cli._print_tables([(header, rows)], "abalone")
+    out = capsys.readouterr().out
+    assert "…" not in out
+    for cell in rows[0]:
+        assert cell in out
+    assert max(len(line) for line in out.splitlines()) <= 80

@@ -172,14 +172,17 @@ def _parse_devices(devices: str | None) -> Any:
 
 def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -> None:
     """Print the ``(header, rows)`` tables a recipe makes of its results (``Recipe.tables``)."""
+    from rich import box
     from rich.table import Table
 
     con = _console()
     con.print(title, highlight=False)
     for header, rows in tables:
-        table = Table(title_justify="left")
+        # compact borders so that a six-column table fits an 80-column log; a cell that still does not
+        # fit wraps (fold) instead of being cut to "1.35 ± 0.…"
+        table = Table(title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for i, h in enumerate(header):
-            table.add_column(h, no_wrap=True, justify="left" if i == 0 else "right")
+            table.add_column(h, overflow="fold", justify="left" if i == 0 else "right")
         for r in rows:
             table.add_row(*r)
         con.print(table)

@@ -433,3 +433,28 @@ def test_bad_inputs() -> None:
         rankwise.SinkhornSoftRank(epsilon=float("nan"))
     with pytest.raises(TypeError, match="unexpected keyword argument 'tau'"):
         rankwise.soft_rank(x, method="sinkhorn", tau=1.0)
+
+
+def test_batched_newton_solve_with_two_threads_at_m_256_and_more() -> None:
+    """torch 2.15's batched LU on CPU returns invalid pivots with more than one thread for m >= 256
+    (``torch.linalg.solve`` raised "Pivots given to lu_solve ..."; found by the property suite at
+    n = 257). The Newton system is solved by a symmetric LDL^T factorization instead: same values
+    and gradients with 1 and 2 threads."""
+    g = torch.Generator().manual_seed(1717)
+    x0 = (torch.randn(3, 257, generator=g, dtype=torch.float64) * 2).round() / 2  # many ties
+    old = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            x = x0.clone().requires_grad_()
+            y = rankwise.soft_sort(x, method="sinkhorn", epsilon=1e-2, descending=True)
+            (y * torch.linspace(0, 1, 257, dtype=torch.float64)).sum().backward()
+            assert x.grad is not None
+            results.append((y.detach(), x.grad))
+    finally:
+        torch.set_num_threads(old)
+    for y, grad in results:
+        assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(grad).all())
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-7, atol=1e-9)

@@ -42,6 +42,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("script", "expected", "needs"), CASES)
 def test_example_runs(script: str, expected: str, needs: tuple[str, ...], tmp_path: Path) -> None:
     for module in needs:

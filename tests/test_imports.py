@@ -32,6 +32,7 @@ def test_first_attribute_access_loads_and_registers_everything() -> None:
     assert _run(code) == "True False False True True"
 
 
+@pytest.mark.slow
 def test_registries_complete_whatever_is_imported_first() -> None:
     """``rankwise.ops`` alone still knows the SoDeep method and operator (registered from rankwise.sodeep)."""
     code = (
@@ -82,6 +83,7 @@ print("\\n".join(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first() -> None:
     """No import cycle whichever module a program imports first (the package no longer imports
     everything up front)."""

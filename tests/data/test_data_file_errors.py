@@ -355,6 +355,7 @@ def _folder(root, per_class: int = 3):
     return root
 
 
+@pytest.mark.slow
 def test_image_folder_errors(tmp_path) -> None:
     with pytest.raises(DataFileNotFoundError, match=r"missing: directory not found"):
         load_image_folder(root=tmp_path / "missing")

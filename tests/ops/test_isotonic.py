@@ -575,6 +575,7 @@ print("same")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["background", "sync", "off"])
 def test_kernel_loading_modes(mode: str) -> None:
     """background: calls before the kernels are loaded take the PyTorch path, the second starts the

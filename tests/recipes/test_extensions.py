@@ -268,6 +268,7 @@ def test_a_registered_recipe_goes_through_the_lifecycle(tmp_path, abalone, regis
 # ------------------------------------------------------------------------------ a new sorting relaxation
 
 
+@pytest.mark.slow
 def test_a_registered_relaxation_is_a_sort_method(tmp_path, registered):
     from rankwise.ops import neural_sort
     from rankwise.recipes.sorting import register_relaxation, relaxation_options

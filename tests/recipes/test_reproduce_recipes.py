@@ -227,6 +227,7 @@ def test_relaxed_straight_through_is_exact_forward_with_relaxed_gradients(method
         ("large_mnist_softsort", ["task.hard=true"]),
     ],
 )
+@pytest.mark.slow
 def test_sort_recipe_tiny(tmp_path, tiny_digits, preset, extra):
     cfg = load_config(preset, [*TINY_SORT, *extra])
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
@@ -270,6 +271,7 @@ def test_recalibrate_bn_sets_running_stats_from_final_weights(tiny_digits, prese
     assert torch.all(bns[0].running_mean == 5.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["large_mnist_median_neuralsort", "large_mnist_median_stochastic"])
 @pytest.mark.parametrize("hard", [False, True])
 def test_median_recipe_tiny(tmp_path, tiny_digits, preset, hard):
@@ -337,6 +339,7 @@ def test_compare_report(tmp_path, tiny_digits, monkeypatch):
         compare(["large_mnist_neuralsort", "abalone_vanilla"], out=tmp_path / "mixed")
 
 
+@pytest.mark.slow
 def test_cli_train_and_compare(tmp_path):
     from typer.testing import CliRunner
 

@@ -340,6 +340,37 @@ def _nan_rows(out: torch.Tensor, xc: torch.Tensor, cpu: bool) -> torch.Tensor:
     return nan_slices(out, xc)
 
 
+def _isotonic_last(
+    x: torch.Tensor,
+    cpu_op: Any,
+    composite: Any,
+    out_dtype: torch.dtype,
+    descending: bool,
+    regularization: Regularization,
+    regularization_strength: float,
+) -> torch.Tensor:
+    """Soft ranks or sorts of ``x`` along its last dim: ``cpu_op`` (a fused numba autograd Function)
+    on CPU when the kernels are loaded, else ``composite`` (torch ops); a NaN/inf in a row makes the
+    whole row NaN (KL with -inf gave finite values); the result in ``out_dtype``."""
+    eps = _check_options(regularization, regularization_strength)
+    check_bool(descending, "descending")
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return (x * 0).to(out_dtype)
+    xc = to_compute(x)
+    if xc.dim() != 2:
+        xc = xc.reshape(-1, n)
+    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
+    if nb is not None:
+        out = cpu_op.apply(xc, eps, descending, regularization == "kl", nb)
+    else:
+        out = composite(xc, eps, descending, regularization)
+    out = _nan_rows(out, xc, nb is not None)
+    if out.shape != x.shape:
+        out = out.reshape(x.shape)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
 def _soft_rank_last(
     x: torch.Tensor,
     *,
@@ -347,24 +378,10 @@ def _soft_rank_last(
     regularization: Regularization = "l2",
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
-    eps = _check_options(regularization, regularization_strength)
-    check_bool(descending, "descending")
-    n = x.shape[-1]
-    if x.numel() == 0:
-        return (x * 0).to(rank_dtype(x.dtype))
-    xc = to_compute(x)
-    if xc.dim() != 2:
-        xc = xc.reshape(-1, n)
-    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
-    if nb is not None:
-        out = _SoftRankCPU.apply(xc, eps, descending, regularization == "kl", nb)
-    else:
-        out = _soft_rank_composite(xc, eps, descending, regularization)
-    out = _nan_rows(out, xc, nb is not None)  # a NaN/inf in a row: the whole row is NaN
-    if out.shape != x.shape:
-        out = out.reshape(x.shape)
-    rdt = rank_dtype(x.dtype)  # float32 ranks for half inputs
-    return out if out.dtype == rdt else out.to(rdt)
+    # float32 ranks for half inputs
+    return _isotonic_last(
+        x, _SoftRankCPU, _soft_rank_composite, rank_dtype(x.dtype), descending, regularization, regularization_strength
+    )
 
 
 def _soft_rank_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
@@ -391,24 +408,9 @@ def _soft_sort_last(
     regularization: Regularization = "l2",
     regularization_strength: float = 1.0,
 ) -> torch.Tensor:
-    eps = _check_options(regularization, regularization_strength)
-    check_bool(descending, "descending")
-    n = x.shape[-1]
-    if x.numel() == 0:
-        return x * 0
-    xc = to_compute(x)
-    if xc.dim() != 2:
-        xc = xc.reshape(-1, n)
-    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
-    if nb is not None:
-        out = _SoftSortCPU.apply(xc, eps, descending, regularization == "kl", nb)
-    else:
-        out = _soft_sort_composite(xc, eps, descending, regularization)
-    # a NaN/inf in a row: the whole row is NaN (KL with -inf gave finite values)
-    out = _nan_rows(out, xc, nb is not None)
-    if out.shape != x.shape:
-        out = out.reshape(x.shape)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    return _isotonic_last(
+        x, _SoftSortCPU, _soft_sort_composite, x.dtype, descending, regularization, regularization_strength
+    )
 
 
 def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:

@@ -163,9 +163,12 @@ def test_blackbox_degenerate_keeps_graph() -> None:
 
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("ties", TIES)
-def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str) -> None:
-    """The float32 CPU fast path (flat int64-key radix sort) equals the stable torch.sort path."""
+def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float32 CPU fast path (flat int64-key radix sort, taken on one torch thread) equals the
+    stable torch.sort path."""
     from rankwise.ops import _sort, ranking
+
+    monkeypatch.setattr(_sort.torch, "get_num_threads", lambda: 1)
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(40, 97, generator=g)
@@ -183,3 +186,28 @@ def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str) -> None:
     fast = rank(x[finite_rows], ties=ties, descending=descending)
     slow = ranking._rank_last(x[finite_rows].double(), descending, ties).float()
     torch.testing.assert_close(fast, slow)
+
+
+def test_sort_last_uses_row_sort_when_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more than one torch thread, several rows go to torch.sort (rows split across threads);
+    a single row keeps the radix path. Both give torch.sort's stable permutation."""
+    from rankwise.ops import _sort
+
+    x = torch.randn(40, 97, generator=torch.Generator().manual_seed(1))
+    calls: list[tuple[int, ...]] = []
+    real_sort = torch.sort
+
+    def spy(t: torch.Tensor, *args: object, **kwargs: object) -> object:
+        calls.append(tuple(t.shape))
+        return real_sort(t, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sort.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(_sort.torch, "sort", spy)
+    _, perm = _sort.sort_last(x, True)
+    assert calls == [(40, 97)]  # the row-wise sort, not the flat key sort
+    torch.testing.assert_close(perm, real_sort(x, dim=-1, descending=True, stable=True).indices)
+    calls.clear()
+    row = torch.randn(1, 4000, generator=torch.Generator().manual_seed(2))
+    _, perm = _sort.sort_last(row, False)
+    assert calls == [(4000,)]  # one row: the flat radix key sort
+    torch.testing.assert_close(perm, real_sort(row, dim=-1, stable=True).indices)

@@ -42,7 +42,7 @@ from rankwise.distributed import (
 )
 from rankwise.losses._contrastive_common import safe_normalize
 from rankwise.losses._registry import register_loss
-from rankwise.ops.ranking import blackbox_rank, rank
+from rankwise.ops.ranking import _BlackboxRank, blackbox_rank, rank
 from rankwise.ops.soft import list_soft_methods, soft_rank
 
 __all__ = [
@@ -241,11 +241,14 @@ def _ranksim_rows(
     neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
     # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
     # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
-    feat_rank = blackbox_rank(torch.where(col, sim, neg_inf) * scale, lam, descending=True, normalize=True) * scale
+    # (the internal node skips blackbox_rank's NaN-slice passes: a non-finite feature makes the
+    # whole loss NaN anyway, see batch_loss)
+    masked = torch.where(col, sim, neg_inf) * scale
+    feat_rank = _BlackboxRank.apply(masked, lam, True, True, False) * scale
     label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
-    err = torch.where(pair, (feat_rank - label_rank) ** 2, torch.zeros((), dtype=x.dtype, device=x.device))
-    return err.sum() / m
+    diff = (feat_rank - label_rank).masked_fill_(~pair, 0).reshape(-1)
+    return (diff @ diff) / m
 
 
 _label_kernel: Any = None  # the numba label-rank kernel, imported on first CPU use (False: unavailable)

@@ -17,10 +17,18 @@ def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, t
     to +0.0, NaN above +inf as ``torch.sort`` orders them). torch sorts integer
     arrays with a stable radix sort, about 2.5x faster than its row-wise comparison sort of floats
     (the floor of every ranking op). The sorted values are not gathered here (``None``): callers
-    that need them gather them. Other dtypes/devices use ``torch.sort(stable=True)``.
+    that need them gather them. Other dtypes/devices use ``torch.sort(stable=True)``, and so do
+    CPU inputs with at least two rows when torch has more than one thread: ``torch.sort`` then
+    splits the rows across its threads while the flat radix sort runs on one (measured at
+    1024 x 1024: radix 36 ms vs row-wise 52 ms on 1 thread, 43 ms vs 28 ms on 2).
     """
     n = x.shape[-1]
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() < _RADIX_MIN_NUMEL:
+    if (
+        x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.numel() < _RADIX_MIN_NUMEL
+        or (x.numel() > n and torch.get_num_threads() > 1)
+    ):
         vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
         return vals, perm
     flat = (x.reshape(-1, n) + 0.0).contiguous()  # + 0.0 turns -0.0 into +0.0 (they tie in torch.sort)

@@ -34,8 +34,12 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return rank_dtype(x.dtype)
 
 
-def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = False) -> torch.Tensor:
-    """Ranks (1..n, float; divided by n when ``normalize``) along the last dim of ``x`` (any leading dims)."""
+def _rank_last(
+    x: torch.Tensor, descending: bool, ties: str, normalize: bool = False, *, nan_check: bool = True
+) -> torch.Tensor:
+    """Ranks (1..n, float; divided by n when ``normalize``) along the last dim of ``x`` (any leading dims).
+
+    ``nan_check=False`` skips the NaN-slice pass (callers whose result is NaN anyway for a NaN input)."""
     n = x.shape[-1]
     out_dtype = _out_dtype(x)
     if x.numel() == 0:
@@ -69,7 +73,7 @@ def _rank_last(x: torch.Tensor, descending: bool, ties: str, normalize: bool = F
         ranks_sorted = ranks_sorted / n
     out = torch.empty(perm.shape, dtype=out_dtype, device=x.device).scatter_(-1, perm, ranks_sorted.expand_as(perm))
     # NaN policy (scipy.stats.rankdata(nan_policy="propagate")): a slice holding a NaN is all NaN
-    return nan_slices(out, x, nan_only=True)
+    return nan_slices(out, x, nan_only=True) if nan_check else out
 
 
 def rank(
@@ -127,11 +131,12 @@ def rank(
 
 class _BlackboxRank(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool):  # type: ignore[override]
-        r = _rank_last(x, descending, "ordinal", normalize).to(x.dtype)
+    def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool, nan_check: bool = True):  # type: ignore[override]
+        r = _rank_last(x, descending, "ordinal", normalize, nan_check=nan_check).to(x.dtype)
         ctx.lambda_val = lambda_val
         ctx.descending = descending
         ctx.normalize = normalize
+        ctx.nan_check = nan_check
         ctx.save_for_backward(x, r)
         return r
 
@@ -140,8 +145,8 @@ class _BlackboxRank(torch.autograd.Function):
         x, r = ctx.saved_tensors
         lam = ctx.lambda_val
         x_prime = x + lam * grad_output.to(x.dtype)
-        r_prime = _rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize)
-        return (r_prime - r).mul_(1.0 / lam), None, None, None
+        r_prime = _rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize, nan_check=ctx.nan_check)
+        return (r_prime - r).mul_(1.0 / lam), None, None, None, None
 
 
 def blackbox_rank(

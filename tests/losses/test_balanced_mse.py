@@ -411,3 +411,31 @@ def test_bad_inputs() -> None:
         BalancedMSELoss(method="gai")
     with pytest.raises(TypeError, match=r"`learnable` must be a bool, got int"):
         BalancedMSELoss(learnable=1)
+
+
+def test_module_fits_gmm_and_buckets_from_train_labels():
+    """``train_labels`` builds GAI's GMM and BNI's buckets exactly as the public helpers would."""
+    pytest.importorskip("sklearn")
+    from rankwise.imbalanced import bni_buckets, fit_label_gmm
+
+    g = torch.Generator().manual_seed(3)
+    labels = torch.cat([torch.randn(300, generator=g) * 2 + 8, torch.randn(100, generator=g) + 15]).round() + 0.5
+    gai = BalancedMSELoss(1.0, method="gai", train_labels=labels, gmm_components=3)
+    means, variances, weights = fit_label_gmm(labels, n_components=3)
+    torch.testing.assert_close(gai.gmm_means, means)
+    torch.testing.assert_close(gai.gmm_variances, variances)
+    torch.testing.assert_close(gai.gmm_weights, weights)
+    bni = BalancedMSELoss(1.0, method="bni", train_labels=labels, bucket_center="mid")
+    centers, bucket_w = bni_buckets(labels, bin_width=1.0, centers="mid")
+    torch.testing.assert_close(bni.bucket_centers, centers)
+    torch.testing.assert_close(bni.bucket_weights, bucket_w)
+    assert set(bni.bucket_centers.tolist()) == set(labels.unique().tolist())  # centres = the x.5 labels
+    pred, target = torch.randn(16, 1, generator=g), labels[:16, None]
+    explicit = BalancedMSELoss(1.0, method="gai", gmm=(means, variances, weights))
+    torch.testing.assert_close(gai(pred, target), explicit(pred, target))
+    bmc = BalancedMSELoss(1.0, method="bmc", train_labels=labels)  # ignored for BMC
+    assert bmc.gmm_means is None and bmc.bucket_centers is None
+    with pytest.raises(ValueError, match=r"`bucket_width` must be finite and > 0, got 0"):
+        BalancedMSELoss(method="bni", train_labels=labels, bucket_width=0)
+    with pytest.raises(ValueError, match=r"`gmm` is required for method='gai'.*or pass `train_labels`"):
+        BalancedMSELoss(method="gai")

@@ -123,6 +123,27 @@ def test_balanced_mse_presets(preset):
     assert (cfg.model, cfg.data, cfg.optimizer, cfg.trainer) == (base.model, base.data, base.optimizer, base.trainer)
 
 
+@pytest.mark.parametrize("method", ["gai", "bni"])
+def test_balanced_mse_gai_bni_presets_fit_on_training_labels(method):
+    """GAI / BNI presets: the recipe passes the full training labels, the loss fits its GMM / buckets on them."""
+    from rankwise.data import get_dataset
+    from rankwise.imbalanced import bni_buckets, fit_label_gmm
+    from rankwise.recipes.dir import DIRRegressor
+
+    cfg = load_config(f"abalone_balanced_mse_{method}")
+    assert cfg.loss.options["method"] == method and cfg.loss.lr == 0.01
+    data = get_dataset(cfg.data.name, **cfg.data.options)
+    module = DIRRegressor(cfg, input_dim=data.input_dim, bin_width=data.bin_width, train_labels=data.train_labels)
+    crit = module.task_loss.loss
+    if method == "gai":
+        means = fit_label_gmm(data.train_labels, n_components=8)[0]
+        torch.testing.assert_close(crit.gmm_means, means)
+    else:
+        centers, weights = bni_buckets(data.train_labels, bin_width=1.0, centers="mid")
+        torch.testing.assert_close(crit.bucket_centers, centers)
+        torch.testing.assert_close(crit.bucket_weights, weights)
+
+
 def test_abalone_balanced_mse_tiny_run(tmp_path):
     """The noise sigma trains in its own optimizer param group (lr 0.01) and moves from its initial value."""
     cfg = load_config("abalone_balanced_mse", TINY)

@@ -283,6 +283,13 @@ class BalancedMSELoss(nn.Module):
     ``forward(pred, target, noise_var=None)``: ``noise_var`` overrides the module's own
     ``noise_sigma ** 2`` (e.g. to evaluate with a fixed variance).
 
+    ``train_labels`` (the full training labels; the recipes pass them) fits what GAI / BNI need
+    when it is not given: ``gmm = fit_label_gmm(train_labels, n_components=gmm_components)`` for
+    ``"gai"``, ``bni_buckets(train_labels, bin_width=bucket_width, centers=bucket_center)`` for ``"bni"``
+    (``"left"``: unit buckets at the label values for integer ages, as the authors'
+    ``get_bucket_info``; ``"mid"`` for labels at bin centres, e.g. abalone's rings + 1.5). They are
+    ignored for ``"bmc"``.
+
     Example:
         >>> import torch
         >>> from rankwise.losses import BalancedMSELoss
@@ -310,6 +317,10 @@ class BalancedMSELoss(nn.Module):
         bucket_centers: torch.Tensor | Sequence[float] | None = None,
         bucket_weights: torch.Tensor | Sequence[float] | None = None,
         reduction: Reduction = "mean",
+        train_labels: torch.Tensor | Sequence[float] | None = None,
+        gmm_components: int = 8,
+        bucket_width: float = 1.0,
+        bucket_center: Literal["left", "mid"] = "left",
     ) -> None:
         super().__init__()
         check_choice(method, "method", _METHODS)
@@ -317,12 +328,25 @@ class BalancedMSELoss(nn.Module):
         sigma = check_positive(init_noise_sigma, "init_noise_sigma")
         if not isinstance(learnable, bool):
             raise TypeError(f"`learnable` must be a bool, got {type(learnable).__name__}")
+        if train_labels is not None and method == "gai" and gmm is None:
+            from rankwise.imbalanced import fit_label_gmm
+
+            gmm = fit_label_gmm(train_labels, n_components=gmm_components)
+        if train_labels is not None and method == "bni" and bucket_centers is None and bucket_weights is None:
+            from rankwise.imbalanced import bni_buckets
+
+            bucket_centers, bucket_weights = bni_buckets(
+                train_labels, bin_width=check_positive(bucket_width, "bucket_width"), centers=bucket_center
+            )
         if method == "gai" and gmm is None:
-            raise ValueError("`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm")
+            raise ValueError(
+                "`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm "
+                "(or pass `train_labels`)"
+            )
         if method == "bni" and (bucket_centers is None or bucket_weights is None):
             raise ValueError(
                 "`bucket_centers` and `bucket_weights` are required for method='bni': build them with "
-                "rankwise.imbalanced.bni_buckets"
+                "rankwise.imbalanced.bni_buckets (or pass `train_labels`)"
             )
         self.method, self.reduction, self.learnable = method, reduction, learnable
         self.noise_sigma = nn.Parameter(torch.tensor(sigma, dtype=torch.get_default_dtype()), requires_grad=learnable)

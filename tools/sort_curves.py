@@ -8,6 +8,11 @@ that ``n`` as a dashed reference line::
     python tools/sort_curves.py runs/relax_n3 runs/relax_n5 runs/relax_n7 \\
         --methods large_mnist_neuralsort,large_mnist_stochastic,large_mnist_softsort,large_mnist_vanilla \\
         --ceiling 3=0.935,5=0.830,7=0.732 --out docs/sort_learning_curves.png
+
+One folder gives one panel, e.g. the long NeuralSort run of section 1::
+
+    python tools/sort_curves.py runs/long_n5 --methods large_mnist_neuralsort --ceiling 5=0.880 \\
+        --legend-loc "lower right" --out docs/sort_long_run.png
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", required=True, help="comma-separated method (preset) names to draw")
     ap.add_argument("--ceiling", default="", help="n=value,... per-digit-reader ceilings (dashed lines)")
     ap.add_argument("--ceiling-label", default="per-digit reader")
+    ap.add_argument("--legend-loc", default="center left", help="matplotlib legend location of the last panel")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
 
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("validation lists fully correct")
-    axes[0][-1].legend(fontsize=7, loc="center left")
+    axes[0][-1].legend(fontsize=7, loc=a.legend_loc)
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=110)

@@ -53,6 +53,22 @@ def test_supcon_recipes_use_the_reference_loss_scale(preset, tau):
     torch.testing.assert_close(loss1, plain1)
 
 
+def test_simclr_preset_lr_is_the_reference_lr_scaled_to_our_batch():
+    """SupContrast README: SimCLR with SGD lr 0.5 at batch 1024 under the x7.14 loss scale; linear scaling.
+
+    The SupCon preset keeps lr 0.1 (docs/results.md section 4); SimCLR inherits everything else from it.
+    """
+    simclr, supcon = load_config("mnist5k_simclr"), load_config("mnist5k_supcon")
+    assert simclr.optimizer.name == "sgd" and simclr.task.base_temperature == 0.07
+    assert simclr.optimizer.lr == pytest.approx(0.5 * simclr.data.batch_size / 1024) == 0.0625
+    assert supcon.optimizer.lr == 0.1
+    assert (simclr.optimizer.momentum, simclr.optimizer.weight_decay) == (
+        supcon.optimizer.momentum,
+        supcon.optimizer.weight_decay,
+    )
+    assert (simclr.data, simclr.schedule) == (supcon.data, supcon.schedule)
+
+
 # ------------------------------------------------------------------------------ RankSim before FDS
 
 

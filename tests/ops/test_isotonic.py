@@ -607,25 +607,28 @@ def test_large_inputs_wait_for_the_kernels(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize("reg", REGS)
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sort_inside_kernels_equals_torch_sorted_path(
-    reg: str, descending: bool, threads: int, monkeypatch: pytest.MonkeyPatch
+    reg: str, descending: bool, threads: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Many short rows (beyond the small-input size) are sorted inside the kernels, in parallel row
-    chunks; values and gradients equal the torch-sorted path's, ties included."""
+    """Many rows (beyond the small-input size) are sorted inside the kernels, in parallel row chunks;
+    values and gradients equal the composite path's, ties included (float64: and the torch-sorted
+    fused path's)."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randint(-4, 5, (300, 17), generator=gen).float() / 2  # many ties
-    x[::2] += torch.randn(150, 17, generator=gen)
-    g = torch.randn(300, 17, generator=gen)
+    x = torch.randint(-4, 5, (300, 17), generator=gen).to(dtype) / 2  # many ties
+    x[::2] += torch.randn(150, 17, generator=gen, dtype=dtype)
+    x[1, :4] = torch.tensor([0.0, -0.0, 0.0, -0.0], dtype=dtype)  # signed zeros tie
+    g = torch.randn(300, 17, generator=gen, dtype=dtype)
     kw = {"regularization": reg, "regularization_strength": 0.3, "descending": descending}
     monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 64)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         results = []
-        for max_n in (0, 128):  # 0: torch sorts (300 x 17 is above the small-input size)
+        for max_n in (0, 128) if dtype == torch.float64 else (128,):  # 0: torch sorts
             monkeypatch.setattr(iso, "_SORT_INSIDE_MAX_N", max_n)
             monkeypatch.setattr(iso, "_SORT_INSIDE_WHEN_THREADED", max_n == 128)
-            assert iso._sort_inside(*x.shape) == (max_n == 128)
+            assert iso._sort_inside(*x.shape, dtype) == (max_n == 128)
             for fn in (rankwise.soft_rank, rankwise.soft_sort):
                 results.append(_value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g))
     finally:
@@ -634,22 +637,55 @@ def test_sort_inside_kernels_equals_torch_sorted_path(
         torch.testing.assert_close(a[0], b[0], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(a[1], b[1], rtol=1e-6, atol=1e-6)
     monkeypatch.setattr(iso, "_BACKEND", "torch")  # and the composite reference path agrees
-    for fn, (y, gx) in zip((rankwise.soft_rank, rankwise.soft_sort), results[2:]):
+    for fn, (y, gx) in zip((rankwise.soft_rank, rankwise.soft_sort), results[-2:]):
         y2, g2 = _value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g)
         torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(gx, g2, rtol=1e-5, atol=1e-4)
 
 
 def test_sort_inside_rule() -> None:
-    """Short rows, small inputs, and several rows on more than one thread are sorted in the kernels."""
+    """float32 rows are always sorted in the kernels; float64: short rows, small inputs, and several
+    rows on more than one thread."""
     old = torch.get_num_threads()
+    f64 = torch.float64
     try:
         torch.set_num_threads(1)
-        assert iso._sort_inside(4096, 64) and iso._sort_inside(1, 1000) and not iso._sort_inside(256, 256)
+        assert iso._sort_inside(256, 256) and iso._sort_inside(1, 100000)
+        assert iso._sort_inside(4096, 64, f64) and iso._sort_inside(1, 1000, f64)
+        assert not iso._sort_inside(256, 256, f64)
         torch.set_num_threads(2)
-        assert iso._sort_inside(256, 256) and iso._sort_inside(2, 4096) and not iso._sort_inside(1, 4096)
+        assert iso._sort_inside(256, 256, f64) and iso._sort_inside(2, 4096, f64)
+        assert not iso._sort_inside(1, 4096, f64)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 64, 65, 300, 4096, 8191, 8192, 30000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_sort_is_torch_stable_descending_sort(n: int, dtype: torch.dtype) -> None:
+    """The kernels' row sort (float32: insertion for short rows, radix with 8- then 11-bit digits;
+    float64: merge sort) is ``torch.sort(descending=True, stable=True)``: ties in index order, -0.0
+    equal to +0.0, subnormals, huge values, constant and presorted rows."""
+    nb = iso._numba_kernels()
+    if nb is None:
+        pytest.skip("numba unavailable")
+    gen = torch.Generator().manual_seed(n)
+    rows = [
+        torch.randn(n, generator=gen),
+        torch.randint(-4, 5, (n,), generator=gen) / 2.0,
+        torch.where(torch.rand(n, generator=gen) < 0.5, -0.0, 0.0),
+        torch.full((n,), 3.5),
+        torch.randint(-3, 3, (n,), generator=gen) * 1e30,
+        torch.randn(n, generator=gen).sort().values,
+        torch.randn(n, generator=gen).sort(descending=True).values,
+        torch.randn(n, generator=gen) * 1e-39,  # subnormal float32
+    ]
+    for z in rows:
+        z = z.to(dtype).contiguous()
+        want = torch.sort(z, descending=True, stable=True).indices
+        perm = torch.empty(n, dtype=torch.int64)
+        nb._descending_order(z.numpy(), perm.numpy(), *nb._sort_scratch(n))
+        assert torch.equal(perm, want)
 
 
 @pytest.mark.parametrize("reg", REGS)

@@ -210,10 +210,90 @@ def pav_backward(g, s, w, ids, kl, need_s, need_w, grad_s, grad_w):  # type: ign
 # --------------------------------------------------------------------------------------------------
 # fused soft rank / soft sort: gather by the sort permutation, PAV, scatter back, in one pass per row
 # --------------------------------------------------------------------------------------------------
+#: float32 rows up to this length are sorted by insertion (fewer steps than the radix passes' buckets)
+_INSERTION_MAX_N = 64
+#: float32 rows from this length on are sorted with 11-bit digits (3 passes), shorter ones with 8-bit digits
+_RADIX11_MIN_N = 8192
+
+
+@numba.njit(cache=True, nogil=True)
+def _sort_scratch(n):  # type: ignore[no-untyped-def]
+    """Scratch arrays of :func:`_descending_order` for rows of length ``n``: keys, their copy (uint32),
+    a permutation buffer (int64) and the radix histograms (4 passes of up to 2^11 buckets)."""
+    return np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.int64), np.empty(4 << 11, np.int64)
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def _descending_order(z_row, perm_row):  # type: ignore[no-untyped-def]
-    """``perm_row`` = the stable descending order of ``z_row`` (ties in index order), as ``torch.sort``."""
-    perm_row[:] = np.argsort(-z_row, kind="mergesort")
+def _descending_key(b):  # type: ignore[no-untyped-def]
+    """uint32 key of float32 bits ``b`` whose ascending order is the descending order of the floats
+    (-0.0 and +0.0 equal, as in ``torch.sort``)."""
+    if (b & np.uint32(0x7FFFFFFF)) == 0:
+        return np.uint32(0x7FFFFFFF)  # ~(0 | 0x80000000)
+    if b & np.uint32(0x80000000):
+        return b  # ~(~b): negatives ascend as their magnitude bits grow
+    return np.uint32(~(b | np.uint32(0x80000000)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
+    """``perm_row`` = the stable descending order of ``z_row`` (ties in index order), as ``torch.sort``
+    (finite values; NaN rows are overwritten by the caller). float32: insertion sort of uint32 keys
+    for short rows, else an LSD radix sort of the keys (8-bit digits, 11-bit for long rows; a pass
+    whose digit is the same for every key is skipped); float64: numba's merge sort."""
+    n = z_row.shape[0]
+    if z_row.itemsize != 4:
+        perm_row[:] = np.argsort(-z_row, kind="mergesort")
+        return
+    u = z_row.view(np.uint32)
+    if n <= _INSERTION_MAX_N:
+        for i in range(n):
+            k = _descending_key(u[i])
+            j = i
+            while j > 0 and keys[j - 1] > k:
+                keys[j] = keys[j - 1]
+                perm_row[j] = perm_row[j - 1]
+                j -= 1
+            keys[j] = k
+            perm_row[j] = i
+        return
+    bits = 11 if n >= _RADIX11_MIN_N else 8
+    passes = (32 + bits - 1) // bits
+    buckets = 1 << bits
+    mask = np.uint32(buckets - 1)
+    hist[: passes * buckets] = 0
+    for i in range(n):
+        k = _descending_key(u[i])
+        keys[i] = k
+        for d in range(passes):
+            hist[d * buckets + ((k >> np.uint32(d * bits)) & mask)] += 1
+    src_k, dst_k, src_p, dst_p = keys, tmp_keys, perm_row, tmp_perm
+    first = True
+    done = 0
+    for d in range(passes):
+        base = d * buckets
+        shift = np.uint32(d * bits)
+        if hist[base + ((src_k[0] >> shift) & mask)] == n:
+            continue  # every key has this digit
+        total = 0
+        for j in range(buckets):
+            c = hist[base + j]
+            hist[base + j] = total
+            total += c
+        for i in range(n):
+            k = src_k[i]
+            slot = base + ((k >> shift) & mask)
+            pos = hist[slot]
+            hist[slot] = pos + 1
+            dst_k[pos] = k
+            dst_p[pos] = i if first else src_p[i]
+        first = False
+        done += 1
+        src_k, dst_k, src_p, dst_p = dst_k, src_k, dst_p, src_p
+    if first:  # all keys equal
+        for i in range(n):
+            perm_row[i] = i
+    elif done % 2 == 1:  # the result is in tmp_perm
+        perm_row[:] = tmp_perm
 
 
 @numba.njit(cache=True, nogil=True)
@@ -231,11 +311,12 @@ def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-unty
     acc_b = np.empty(n, np.float64)
     max_s = np.empty(n, np.float64)
     max_w = np.empty(n, np.float64)
+    keys, tmp_keys, tmp_perm, hist = _sort_scratch(n)
     for r in range(rows):
         if x is not None:
             for i in range(n):
                 z[r, i] = x[r, i] / div
-            _descending_order(z[r], perm[r])
+            _descending_order(z[r], perm[r], keys, tmp_keys, tmp_perm, hist)
         for i in range(n):
             s[i] = z[r, perm[r, i]]
         if kl:
@@ -299,11 +380,12 @@ def soft_sort_forward(x, perm, sign, s, kl, out, ids, sort):  # type: ignore[no-
     acc_b = np.empty(n, np.float64)
     max_s = np.empty(n, np.float64)
     max_w = np.empty(n, np.float64)
+    keys, tmp_keys, tmp_perm, hist = _sort_scratch(n)
     for r in range(rows):
         if sort:
             for i in range(n):
                 w[i] = sign * x[r, i]
-            _descending_order(w, perm[r])
+            _descending_order(w, perm[r], keys, tmp_keys, tmp_perm, hist)
         for i in range(n):
             w[i] = sign * x[r, perm[r, i]]
         if kl:

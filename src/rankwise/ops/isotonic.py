@@ -135,13 +135,11 @@ def _load_and_warm_up() -> None:
             if nb is None:
                 return
             x = torch.tensor([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]], requires_grad=True)  # (no global RNG use)
-            big = torch.linspace(-1, 1, _SORT_INSIDE_MAX_NUMEL).flip(0)[None].requires_grad_()  # torch-sorted path
-            for inp in (x, big):
-                for fn in (_SoftRankCPU, _SoftSortCPU):
-                    for kl in (False, True):
-                        if _loader_stop.is_set():
-                            return
-                        fn.apply(inp, 1.0, False, kl, nb).sum().backward()
+            for fn in (_SoftRankCPU, _SoftSortCPU):  # float32 rows are always sorted in the kernels
+                for kl in (False, True):
+                    if _loader_stop.is_set():
+                        return
+                    fn.apply(x, 1.0, False, kl, nb).sum().backward()
         except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
             return
 
@@ -431,21 +429,23 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
 #: rows are split across ``torch.get_num_threads()`` Python threads (the kernels release the GIL)
 #: from this many elements on
 _PARALLEL_MIN_NUMEL = 1 << 15
-#: below this many elements the kernels also sort (numba's merge sort beats torch.sort's overhead)
+#: float64 inputs below this many elements are sorted in the kernels (numba's merge sort beats
+#: torch.sort's overhead); float32 rows are always sorted in the kernels (insertion / radix sort of
+#: the float bits: faster than torch's sort at every shape, and no torch op between the passes)
 _SORT_INSIDE_MAX_NUMEL = 2048
-#: rows up to this length are sorted inside the kernels whatever their number (short rows: numba's
-#: merge sort per row beats one radix sort of all the keys plus the passes preparing them)
+#: float64 rows up to this length are sorted inside the kernels whatever their number (short rows:
+#: numba's merge sort per row beats torch's sort)
 _SORT_INSIDE_MAX_N = int(os.environ.get("RANKWISE_SORT_INSIDE_MAX_N", "128"))
 
 
-#: with more than one torch thread, rows (2 or more) are sorted inside the kernels at every length: the
-#: rows are then split across the threads in ONE parallel region per pass, instead of one per torch op
-#: of the radix sort (each a barrier, costly when other processes share the cores)
+#: with more than one torch thread, float64 rows (2 or more) are sorted inside the kernels at every
+#: length: the rows are then split across the threads in ONE parallel region per pass, instead of
+#: one per torch op of the sort (each a barrier, costly when other processes share the cores)
 _SORT_INSIDE_WHEN_THREADED = True
 
 
-def _sort_inside(rows: int, n: int) -> bool:
-    if rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N:
+def _sort_inside(rows: int, n: int, dtype: torch.dtype = torch.float32) -> bool:
+    if dtype == torch.float32 or rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N:
         return True
     return _SORT_INSIDE_WHEN_THREADED and rows > 1 and torch.get_num_threads() > 1
 
@@ -496,7 +496,7 @@ class _SoftRankCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
-        if _sort_inside(rows, n):  # divide and sort in the kernel too (no torch ops)
+        if _sort_inside(rows, n, xc.dtype):  # divide and sort in the kernel too (no torch ops)
             z = torch.empty((rows, n), dtype=xc.dtype)
             perm = torch.empty((rows, n), dtype=torch.int64)
             x_np, zn, pn = xc.contiguous().numpy(), z.numpy(), perm.numpy()
@@ -553,7 +553,7 @@ class _SoftSortCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
-        if _sort_inside(rows, n):  # sort in the kernel too
+        if _sort_inside(rows, n, xc.dtype):  # sort in the kernel too
             perm = torch.empty((rows, n), dtype=torch.int64)
             pn = perm.numpy()
             _over_rows(

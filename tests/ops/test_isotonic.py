@@ -660,6 +660,54 @@ def test_sort_inside_rule() -> None:
         torch.set_num_threads(old)
 
 
+@pytest.mark.parametrize("shape", [(300, 17), (40, 700), (5, 3000)])
+def test_openmp_team_equals_python_threads_and_serial(shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 rows split over torch's OpenMP team (the default with 2 threads) give bit-identical
+    values and gradients to the Python-thread split and to one serial pass, ties included."""
+    omp = iso._load_omp()
+    if omp is None:
+        pytest.skip("torch's OpenMP runtime is not usable here")
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(-4, 5, shape, generator=gen).float() / 2
+    x[::2] += torch.randn(x[::2].shape, generator=gen)
+    g = torch.randn(shape, generator=gen)
+    monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 64)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert iso._omp_team(shape[0], shape[0] * shape[1], torch.float32)[0] is omp
+        for fn in (rankwise.soft_rank, rankwise.soft_sort):
+            for reg in REGS:
+                for descending in (False, True):
+                    kw = {"regularization": reg, "regularization_strength": 0.3, "descending": descending}
+                    results = []
+                    for mode in ("omp", "python", "serial"):
+                        monkeypatch.setattr(iso, "_omp", omp if mode == "omp" else None)
+                        monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 1 << 60 if mode == "serial" else 64)
+                        results.append(_value_and_grad(lambda t, fn=fn, kw=kw: fn(t, **kw), x, g))
+                    for y, gx in results[1:]:
+                        assert torch.equal(y, results[0][0]) and torch.equal(gx, results[0][1]), (fn, kw)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_openmp_team_rule() -> None:
+    """Only float32 passes with 2+ threads, 2+ rows and enough elements go to the OpenMP team."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        big = iso._PARALLEL_MIN_NUMEL
+        expect = iso._load_omp()
+        assert iso._omp_team(64, big, torch.float32)[0] is expect
+        assert iso._omp_team(64, big, torch.float64)[0] is None
+        assert iso._omp_team(1, big, torch.float32)[0] is None
+        assert iso._omp_team(64, big - 1, torch.float32)[0] is None
+        torch.set_num_threads(1)
+        assert iso._omp_team(64, big, torch.float32)[0] is None
+    finally:
+        torch.set_num_threads(old)
+
+
 @pytest.mark.parametrize("n", [1, 2, 17, 64, 65, 300, 4096, 8191, 8192, 30000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kernel_sort_is_torch_stable_descending_sort(n: int, dtype: torch.dtype) -> None:

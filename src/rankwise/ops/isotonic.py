@@ -140,6 +140,8 @@ def _load_and_warm_up() -> None:
                     if _loader_stop.is_set():
                         return
                     fn.apply(x, 1.0, False, kl, nb).sum().backward()
+            if not _loader_stop.is_set():
+                _load_omp()  # the row-parallel tasks (read from numba's cache once the kernels are)
         except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
             return
 
@@ -465,8 +467,49 @@ def _sort_targets_cpu(n: int, dtype: torch.dtype, eps: float) -> torch.Tensor:
     return (torch.arange(n, 0, -1, dtype=dtype) / eps).unsqueeze(0)
 
 
+_omp: Any = _UNSET  # rankwise.ops._isotonic_omp when torch's OpenMP runtime can run the tasks, else None
+
+
+def _omp_team(rows: int, numel: int, dtype: torch.dtype) -> tuple[Any, int]:
+    """``(the _isotonic_omp module, threads)`` when a float32 pass over ``rows`` rows should run on
+    torch's OpenMP team, else ``(None, 0)``."""
+    threads = min(torch.get_num_threads(), rows)
+    if threads < 2 or numel < _PARALLEL_MIN_NUMEL or dtype != torch.float32:
+        return None, 0
+    omp = _load_omp()
+    return (omp, threads) if omp is not None else (None, 0)
+
+
+def _load_omp() -> Any:
+    """The ``_isotonic_omp`` module (loading it now if needed: its tasks come from numba's cache), or
+    ``None`` where torch's OpenMP runtime cannot run them."""
+    global _omp
+    if _omp is _UNSET:
+        with _load_lock:
+            if _omp is _UNSET:
+                try:
+                    from rankwise.ops import _isotonic_omp
+
+                    _omp = _isotonic_omp if _isotonic_omp.available() else None
+                except Exception:  # no usable OpenMP runtime / numba feature: Python threads instead
+                    _omp = None
+    return _omp
+
+
+def _on_team(omp: Any, threads: int, task: str, rows: int, n: int, operands: list[Any], scalar: float) -> None:
+    """Run the ``_isotonic_omp`` ``task`` over the rows (``operands``: contiguous tensors, by address,
+    and integer flags), in ``_CHUNKS_PER_THREAD`` chunks per thread taken dynamically."""
+    addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else int(t) for t in operands]
+    omp.run(getattr(omp, task), rows, n, threads, min(rows, threads * _CHUNKS_PER_THREAD), addresses, scalar)
+
+
+#: row chunks per thread of a parallel pass (taken dynamically: a core shared with another process
+#: takes fewer)
+_CHUNKS_PER_THREAD = 4
+
+
 def _over_rows(rows: int, numel: int, run: Any) -> None:
-    """``run(r0, r1)`` over the row range, in parallel chunks when it pays off."""
+    """``run(r0, r1)`` over the row range, in parallel chunks (Python threads) when it pays off."""
     threads = min(torch.get_num_threads(), rows)
     if threads < 2 or numel < _PARALLEL_MIN_NUMEL:
         run(0, rows)
@@ -496,7 +539,13 @@ class _SoftRankCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
-        if _sort_inside(rows, n, xc.dtype):  # divide and sort in the kernel too (no torch ops)
+        omp, threads = _omp_team(rows, rows * n, xc.dtype)
+        if omp is not None:  # float32: divide and sort in the kernel, rows on torch's OpenMP team
+            z = torch.empty((rows, n), dtype=xc.dtype)
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            operands = [z, perm, w, out, ids, xc.contiguous(), kl]
+            _on_team(omp, threads, "RANK_FORWARD", rows, n, operands, div)
+        elif _sort_inside(rows, n, xc.dtype):  # divide and sort in the kernel too (no torch ops)
             z = torch.empty((rows, n), dtype=xc.dtype)
             perm = torch.empty((rows, n), dtype=torch.int64)
             x_np, zn, pn = xc.contiguous().numpy(), z.numpy(), perm.numpy()
@@ -531,6 +580,10 @@ class _SoftRankCPU(torch.autograd.Function):
         g = grad.contiguous() if grad.dtype == z.dtype else grad.to(z.dtype).contiguous()
         grad_x = torch.empty_like(z)
         scale = (-1.0 if descending else 1.0) / eps
+        omp, threads = _omp_team(rows, rows * n, z.dtype)
+        if omp is not None:
+            _on_team(omp, threads, "RANK_BACKWARD", rows, n, [g, z, perm, ids, out, grad_x, kl], scale)
+            return grad_x, None, None, None, None
         gn, zn, pn, idn, on, gx = g.numpy(), z.numpy(), perm.numpy(), ids.numpy(), out.numpy(), grad_x.numpy()
         _over_rows(
             rows,
@@ -553,7 +606,12 @@ class _SoftSortCPU(torch.autograd.Function):
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
-        if _sort_inside(rows, n, xc.dtype):  # sort in the kernel too
+        omp, threads = _omp_team(rows, rows * n, xc.dtype)
+        if omp is not None:  # float32: sort in the kernel, rows on torch's OpenMP team
+            perm = torch.empty((rows, n), dtype=torch.int64)
+            xcc = xc.contiguous()
+            _on_team(omp, threads, "SORT_FORWARD", rows, n, [xcc, perm, s, out, ids, kl], sign)
+        elif _sort_inside(rows, n, xc.dtype):  # sort in the kernel too
             perm = torch.empty((rows, n), dtype=torch.int64)
             pn = perm.numpy()
             _over_rows(
@@ -585,6 +643,10 @@ class _SoftSortCPU(torch.autograd.Function):
         sign = 1.0 if descending else -1.0
         g = grad.contiguous() if grad.dtype == xc.dtype else grad.to(xc.dtype).contiguous()
         grad_x = torch.empty((rows, n), dtype=xc.dtype)
+        omp, threads = _omp_team(rows, rows * n, xc.dtype)
+        if omp is not None:
+            _on_team(omp, threads, "SORT_BACKWARD", rows, n, [g, xc.contiguous(), perm, ids, grad_x, kl], sign)
+            return grad_x, None, None, None, None
         gn, xn, pn, idn, gx = g.numpy(), xc.contiguous().numpy(), perm.numpy(), ids.numpy(), grad_x.numpy()
         _over_rows(
             rows, rows * n, lambda a, b: nb.soft_sort_backward(gn[a:b], xn[a:b], pn[a:b], idn[a:b], sign, kl, gx[a:b])

@@ -23,19 +23,27 @@ the vectorized PyTorch path.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
+from numba import carray, types
+from numba.core.extending import intrinsic
 
 __all__ = [
+    "TASK_ARGS",
     "TIE_ULPS",
     "pav_backward",
     "pav_kl",
     "pav_l2",
+    "rank_backward_task",
+    "rank_forward_task",
     "soft_rank_backward",
     "soft_rank_forward",
     "soft_sort_backward",
     "soft_sort_forward",
+    "sort_backward_task",
+    "sort_forward_task",
 ]
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
@@ -428,3 +436,131 @@ def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignor
                     p = math.exp(sign * np.float64(x[r, perm[r, i]]) - m) / tot
                     grad_x[r, perm[r, i]] = sign * p * gsum
             lo = hi
+
+
+# --------------------------------------------------------------------------------------------------
+# row-parallel tasks: plain functions that ``_isotonic_omp`` compiles as ``void(void*)`` cfuncs (cached
+# against THIS file, so that they are recompiled whenever the kernels change) and runs on torch's
+# OpenMP team. The argument block is one int64 array: [0] the chunk counter (zero), [1] the number
+# of chunks, [2] rows, [3] n, then the operands (float32 array addresses, flags, a float64 scalar
+# stored by bit pattern) in the order each task documents. Every team member takes chunks of rows
+# from the atomic counter until none is left.
+# --------------------------------------------------------------------------------------------------
+TASK_ARGS = 16  # length of the argument block of the row-parallel tasks
+
+
+def _pointer_intrinsic(dtype: Any) -> Any:
+    @intrinsic
+    def to_pointer(typingctx, addr):  # type: ignore[no-untyped-def]
+        sig = types.CPointer(dtype)(addr)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            ty = context.get_value_type(signature.return_type)
+            if isinstance(signature.args[0], types.Integer):
+                return builder.inttoptr(args[0], ty)
+            return builder.bitcast(args[0], ty)
+
+        return sig, codegen
+
+    return to_pointer
+
+
+_f32p = _pointer_intrinsic(types.float32)
+_f64p = _pointer_intrinsic(types.float64)
+_i64p = _pointer_intrinsic(types.int64)
+
+
+def _next_chunk_intrinsic(typingctx, counter):  # type: ignore[no-untyped-def]
+    """Atomically ``counter[0] += 1``; the value before."""
+    sig = types.int64(counter)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        one = context.get_constant(types.int64, 1)
+        return builder.atomic_rmw("add", args[0], one, "monotonic")
+
+    return sig, codegen
+
+
+_next_chunk: Any = intrinsic(_next_chunk_intrinsic)
+
+
+def rank_forward_task(data):  # type: ignore[no-untyped-def]
+    """args[4:11]: z, perm, w (1, n), out, ids, x, kl; float64 at [11]: the divisor."""
+    a = carray(_i64p(data), TASK_ARGS)
+    f = carray(_f64p(data), TASK_ARGS)
+    rows, n, chunks = a[2], a[3], a[1]
+    z = carray(_f32p(a[4]), (rows, n))
+    perm = carray(_i64p(a[5]), (rows, n))
+    w = carray(_f32p(a[6]), (1, n))
+    out = carray(_f32p(a[7]), (rows, n))
+    ids = carray(_i64p(a[8]), (rows, n))
+    x = carray(_f32p(a[9]), (rows, n))
+    kl = a[10] != 0
+    div = np.float32(f[11])
+    while True:
+        c = _next_chunk(_i64p(data))
+        if c >= chunks:
+            break
+        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
+        soft_rank_forward(z[r0:r1], perm[r0:r1], w, kl, out[r0:r1], ids[r0:r1], x[r0:r1], div)
+
+
+def rank_backward_task(data):  # type: ignore[no-untyped-def]
+    """args[4:11]: grad, z, perm, ids, out, grad_z, kl; float64 at [11]: the scale."""
+    a = carray(_i64p(data), TASK_ARGS)
+    f = carray(_f64p(data), TASK_ARGS)
+    rows, n, chunks = a[2], a[3], a[1]
+    g = carray(_f32p(a[4]), (rows, n))
+    z = carray(_f32p(a[5]), (rows, n))
+    perm = carray(_i64p(a[6]), (rows, n))
+    ids = carray(_i64p(a[7]), (rows, n))
+    out = carray(_f32p(a[8]), (rows, n))
+    gz = carray(_f32p(a[9]), (rows, n))
+    kl = a[10] != 0
+    scale = f[11]
+    while True:
+        c = _next_chunk(_i64p(data))
+        if c >= chunks:
+            break
+        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
+        soft_rank_backward(g[r0:r1], z[r0:r1], perm[r0:r1], ids[r0:r1], out[r0:r1], kl, scale, gz[r0:r1])
+
+
+def sort_forward_task(data):  # type: ignore[no-untyped-def]
+    """args[4:10]: x, perm, s (1, n), out, ids, kl; float64 at [10]: the sign."""
+    a = carray(_i64p(data), TASK_ARGS)
+    f = carray(_f64p(data), TASK_ARGS)
+    rows, n, chunks = a[2], a[3], a[1]
+    x = carray(_f32p(a[4]), (rows, n))
+    perm = carray(_i64p(a[5]), (rows, n))
+    s = carray(_f32p(a[6]), (1, n))
+    out = carray(_f32p(a[7]), (rows, n))
+    ids = carray(_i64p(a[8]), (rows, n))
+    kl = a[9] != 0
+    sign = f[10]
+    while True:
+        c = _next_chunk(_i64p(data))
+        if c >= chunks:
+            break
+        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
+        soft_sort_forward(x[r0:r1], perm[r0:r1], sign, s, kl, out[r0:r1], ids[r0:r1], True)
+
+
+def sort_backward_task(data):  # type: ignore[no-untyped-def]
+    """args[4:10]: grad, x, perm, ids, grad_x, kl; float64 at [10]: the sign."""
+    a = carray(_i64p(data), TASK_ARGS)
+    f = carray(_f64p(data), TASK_ARGS)
+    rows, n, chunks = a[2], a[3], a[1]
+    g = carray(_f32p(a[4]), (rows, n))
+    x = carray(_f32p(a[5]), (rows, n))
+    perm = carray(_i64p(a[6]), (rows, n))
+    ids = carray(_i64p(a[7]), (rows, n))
+    gx = carray(_f32p(a[8]), (rows, n))
+    kl = a[9] != 0
+    sign = f[10]
+    while True:
+        c = _next_chunk(_i64p(data))
+        if c >= chunks:
+            break
+        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
+        soft_sort_backward(g[r0:r1], x[r0:r1], perm[r0:r1], ids[r0:r1], sign, kl, gx[r0:r1])

@@ -345,6 +345,7 @@ def soft_rank_backward(grad_out, z, perm, ids, out, kl, scale, grad_z):  # type:
     in the input): l2 ``g - mean_B(g)``, kl ``g - softmax_B(s) sum_B(g)`` with ``g = grad * out``."""
     rows, n = z.shape
     g = np.empty(n, np.float64)
+    e = np.empty(n, np.float64)  # kl: exp(z - block max), once per element
     for r in range(rows):
         for i in range(n):
             g[i] = np.float64(grad_out[r, perm[r, i]])
@@ -368,9 +369,10 @@ def soft_rank_backward(grad_out, z, perm, ids, out, kl, scale, grad_z):  # type:
                     m = max(m, np.float64(z[r, perm[r, i]]))
                 tot = 0.0
                 for i in range(lo, hi):
-                    tot += math.exp(np.float64(z[r, perm[r, i]]) - m)
+                    e[i] = math.exp(np.float64(z[r, perm[r, i]]) - m)
+                    tot += e[i]
                 for i in range(lo, hi):
-                    p = math.exp(np.float64(z[r, perm[r, i]]) - m) / tot
+                    p = e[i] / tot
                     grad_z[r, perm[r, i]] = (g[i] - p * gsum) * scale
             lo = hi
 
@@ -412,6 +414,7 @@ def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignor
     """Vector-Jacobian product of :func:`soft_sort_forward` in ``x``: with ``g = sign * grad``,
     l2 ``mean_B(g)``, kl ``softmax_B(w) sum_B(g)``, scattered back through ``perm`` times ``sign``."""
     rows, n = x.shape
+    e = np.empty(n, np.float64)  # kl: exp(w - block max), once per element
     for r in range(rows):
         lo = 0
         while lo < n:
@@ -431,9 +434,10 @@ def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignor
                     m = max(m, sign * np.float64(x[r, perm[r, i]]))
                 tot = 0.0
                 for i in range(lo, hi):
-                    tot += math.exp(sign * np.float64(x[r, perm[r, i]]) - m)
+                    e[i] = math.exp(sign * np.float64(x[r, perm[r, i]]) - m)
+                    tot += e[i]
                 for i in range(lo, hi):
-                    p = math.exp(sign * np.float64(x[r, perm[r, i]]) - m) / tot
+                    p = e[i] / tot
                     grad_x[r, perm[r, i]] = sign * p * gsum
             lo = hi
 

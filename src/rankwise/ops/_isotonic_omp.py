@@ -37,6 +37,20 @@ SORT_FORWARD = _task(_k.sort_forward_task).address
 SORT_BACKWARD = _task(_k.sort_backward_task).address
 
 
+def _loaded_runtimes() -> list[str]:
+    """Paths of the OpenMP runtimes loaded in this process (Linux), torch's own first."""
+    try:
+        with open("/proc/self/maps") as f:
+            fields = [line.split(None, 5) for line in f]
+    except OSError:
+        return []
+    paths = {f[5].strip() for f in fields if len(f) == 6}
+    names = ("libgomp", "libiomp5", "libomp")
+    found = [p for p in paths if p.startswith("/") and os.path.basename(p).startswith(names) and ".so" in p]
+    torch_dir = os.path.dirname(torch.__file__)
+    return sorted(found, key=lambda p: not p.startswith(torch_dir))
+
+
 def _torch_openmp() -> Any:
     """``GOMP_parallel`` of the OpenMP runtime torch runs its intra-op work on, or ``None``."""
     if not torch._C.has_openmp or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
@@ -44,7 +58,8 @@ def _torch_openmp() -> Any:
     noload = getattr(os, "RTLD_NOLOAD", None)
     if noload is None:
         return None
-    for name in ("libgomp.so.1", "libiomp5.so", "libomp.so"):  # only a runtime already loaded (torch's)
+    # only a runtime already loaded (by torch): its copy in torch's folder (any name), else by soname
+    for name in (*_loaded_runtimes(), "libgomp.so.1", "libiomp5.so", "libomp.so"):
         try:
             lib = ctypes.CDLL(name, mode=noload | os.RTLD_LAZY)
             fn = lib.GOMP_parallel

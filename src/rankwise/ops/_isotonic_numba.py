@@ -148,6 +148,40 @@ def _pav_kl_row(s, w, starts, lse_s, lse_w, max_s, max_w):  # type: ignore[no-un
     return nb
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pav_kl_rho_row(s, log_rho, starts, lse_s, lse_w, max_s, max_w):  # type: ignore[no-untyped-def]
+    """:func:`_pav_kl_row` for ``w = log rho``, ``rho = (n, ..., 1)`` (soft ranks): the ``lse(w)`` of a
+    pooled block ``j..i`` is the log of its rho sum ``(i - j + 1)(2n - j - i) / 2`` (an exact integer),
+    one log per pooling instead of a log-add-exp."""
+    n = s.shape[0]
+    nb = 0
+    for i in range(n):
+        a = np.float64(s[i])
+        c = log_rho[i]
+        ms = abs(a)
+        mw = abs(c)
+        start = i
+        # pool while the previous block's value <= the current block's value (+ local round-off)
+        while nb > 0 and lse_s[nb - 1] - lse_w[nb - 1] <= a - c + _TOL * (
+            (max_s[nb - 1] + max_w[nb - 1] + abs(lse_s[nb - 1]) + abs(lse_w[nb - 1]) + 1.0)
+            + (ms + mw + abs(a) + abs(c) + 1.0)
+        ):
+            nb -= 1
+            a = _logaddexp(a, lse_s[nb])
+            start = starts[nb]
+            c = math.log(np.float64((i - start + 1) * (2 * n - start - i) // 2))
+            ms = max(ms, max_s[nb])
+            mw = max(mw, max_w[nb])
+        starts[nb] = start
+        lse_s[nb] = a
+        lse_w[nb] = c
+        max_s[nb] = ms
+        max_w[nb] = mw
+        nb += 1
+    starts[nb] = n
+    return nb
+
+
 @numba.njit(cache=True, nogil=True)
 def pav_kl(s, w, out_mu, out_ids):  # type: ignore[no-untyped-def]
     rows, n = s.shape
@@ -308,7 +342,8 @@ def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type:
 def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-untyped-def]
     """Ascending soft ranks of the rows of ``z`` (the input divided by the strength, negated for
     descending): ``s = z[perm]`` (``perm`` sorts ``z`` decreasingly), ``mu = s - v(s, w)`` with
-    ``w = rho`` (l2) or ``log rho`` (kl, shape (1, n)), ``out[perm] = mu`` (l2) or ``exp(mu)`` (kl);
+    ``w = rho`` (l2) or ``log rho`` (kl; float64, shape (1, n); kl pools by :func:`_pav_kl_rho_row`,
+    which relies on ``w = log(n, ..., 1)``), ``out[perm] = mu`` (l2) or ``exp(mu)`` (kl);
     ``ids`` receives the block index of every sorted position (for backward). With ``x`` given
     (small inputs), ``z = x / div`` and ``perm`` are computed here first (as torch would: one
     division in the dtype of ``x``, a stable sort)."""
@@ -328,7 +363,7 @@ def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-unty
         for i in range(n):
             s[i] = z[r, perm[r, i]]
         if kl:
-            nb = _pav_kl_row(s, w[0], starts, acc_a, acc_b, max_s, max_w)
+            nb = _pav_kl_rho_row(s, w[0], starts, acc_a, acc_b, max_s, max_w)
         else:
             nb = _pav_l2_row(s, w[0], starts, acc_a, acc_b, max_s, max_w)
         for b in range(nb):
@@ -489,13 +524,13 @@ _next_chunk: Any = intrinsic(_next_chunk_intrinsic)
 
 
 def rank_forward_task(data):  # type: ignore[no-untyped-def]
-    """args[4:11]: z, perm, w (1, n), out, ids, x, kl; float64 at [11]: the divisor."""
+    """args[4:11]: z, perm, w (1, n, float64), out, ids, x, kl; float64 at [11]: the divisor."""
     a = carray(_i64p(data), TASK_ARGS)
     f = carray(_f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
     z = carray(_f32p(a[4]), (rows, n))
     perm = carray(_i64p(a[5]), (rows, n))
-    w = carray(_f32p(a[6]), (1, n))
+    w = carray(_f64p(a[6]), (1, n))
     out = carray(_f32p(a[7]), (rows, n))
     ids = carray(_i64p(a[8]), (rows, n))
     x = carray(_f32p(a[9]), (rows, n))

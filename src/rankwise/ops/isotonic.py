@@ -535,7 +535,7 @@ class _SoftRankCPU(torch.autograd.Function):
     def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
         rows, n = xc.shape
         div = -eps if descending else eps
-        w = _rank_weights_cpu(n, xc.dtype, kl)
+        w = _rank_weights_cpu(n, torch.float64, kl)  # float64 for every input dtype (one specialization)
         out = torch.empty((rows, n), dtype=xc.dtype)
         ids = torch.empty((rows, n), dtype=torch.int64)
         on, idn, wn = out.numpy(), ids.numpy(), w.numpy()

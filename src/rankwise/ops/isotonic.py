@@ -428,8 +428,8 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
 # --------------------------------------------------------------------------------------------------
 # CPU: sort + one fused numba pass per row, forward and backward (rows split across torch's threads)
 # --------------------------------------------------------------------------------------------------
-#: rows are split across ``torch.get_num_threads()`` Python threads (the kernels release the GIL)
-#: from this many elements on
+#: from this many elements on, rows are split across ``torch.get_num_threads()`` threads: torch's own
+#: OpenMP team for float32 (``_isotonic_omp``), else Python threads (the kernels release the GIL)
 _PARALLEL_MIN_NUMEL = 1 << 15
 #: float64 inputs below this many elements are sorted in the kernels (numba's merge sort beats
 #: torch.sort's overhead); float32 rows are always sorted in the kernels (insertion / radix sort of

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", required=True, help="comma-separated method (preset) names to draw")
     ap.add_argument("--ceiling", default="", help="n=value,... per-digit-reader ceilings (dashed lines)")
     ap.add_argument("--ceiling-label", default="per-digit reader")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds to draw (default: every seed found)")
     ap.add_argument("--legend-loc", default="center left", help="matplotlib legend location of the last panel")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -51,12 +52,15 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     methods = a.methods.split(",")
+    seeds = {f"seed{x}" for x in a.seeds.split(",") if x}
     ceiling = {int(k): float(v) for k, v in (kv.split("=") for kv in a.ceiling.split(",") if kv)}
     fig, axes = plt.subplots(1, len(a.compare_dirs), figsize=(4.2 * len(a.compare_dirs), 3.6), squeeze=False)
     for ax, d in zip(axes[0], a.compare_dirs, strict=True):
         n = None
         for m in methods:
             for seed_dir in sorted((d / "runs" / m).glob("seed*")):
+                if seeds and seed_dir.name not in seeds:
+                    continue
                 cfg = yaml.safe_load((seed_dir / "config.yaml").read_text())
                 n = cfg["task"]["n"]
                 steps, acc = read_curve(seed_dir)

@@ -196,6 +196,12 @@ def nan_slices(out: torch.Tensor, x: torch.Tensor, *, nan_only: bool = False, ou
     return torch.where(bad, torch.full((), math.nan, dtype=out.dtype, device=out.device), out)
 
 
+class MissingTrainLabelsError(ValueError):
+    """A loss module needs something fitted on the training labels (e.g. Balanced MSE's GMM) and
+    got neither that nor ``train_labels``. The recipes check a config by building its losses
+    without the labels and accept this error there (they pass the labels when they build the run)."""
+
+
 def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
     """``out`` (a loss) where every floating input is finite, NaN everywhere otherwise (no host sync).
 

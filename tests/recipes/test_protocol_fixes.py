@@ -171,3 +171,15 @@ def test_abalone_balanced_mse_tiny_run(tmp_path):
     assert [g["initial_lr"] for g in groups] == [cfg.optimizer.lr, 0.01]
     assert len(groups[1]["params"]) == 1
     assert math.isfinite(res.metrics["test"]["all"]["mae"])
+
+
+def test_balanced_mse_gai_options_checked_when_the_config_is_read():
+    """The GAI/BNI presets build without training labels at config time (their GMM / buckets come
+    later), but bad option values are still refused then."""
+    from rankwise.recipes.config import ConfigError
+
+    load_config("abalone_balanced_mse_gai")  # no error: the GMM is fitted when the run starts
+    with pytest.raises(ConfigError, match=r"`loss.options`: `method` must be one of 'bmc', 'gai', 'bni'; got 'bogus'"):
+        load_config("abalone_balanced_mse_gai", ["loss.options.method=bogus"])
+    with pytest.raises(ConfigError, match=r"`loss.options`: `bucket_width` must be finite and > 0, got -1"):
+        load_config("abalone_balanced_mse_bni", ["loss.options.bucket_width=-1"])

@@ -29,6 +29,7 @@ from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_tensor
 from rankwise._validation import (
+    MissingTrainLabelsError,
     check_choice,
     check_floating,
     check_positive,
@@ -328,6 +329,10 @@ class BalancedMSELoss(nn.Module):
         sigma = check_positive(init_noise_sigma, "init_noise_sigma")
         if not isinstance(learnable, bool):
             raise TypeError(f"`learnable` must be a bool, got {type(learnable).__name__}")
+        width = check_positive(bucket_width, "bucket_width")
+        check_choice(bucket_center, "bucket_center", ("left", "mid"))
+        if isinstance(gmm_components, bool) or not isinstance(gmm_components, int) or gmm_components < 1:
+            raise ValueError(f"`gmm_components` must be a positive int, got {gmm_components!r}")
         if train_labels is not None and method == "gai" and gmm is None:
             from rankwise.imbalanced import fit_label_gmm
 
@@ -335,16 +340,14 @@ class BalancedMSELoss(nn.Module):
         if train_labels is not None and method == "bni" and bucket_centers is None and bucket_weights is None:
             from rankwise.imbalanced import bni_buckets
 
-            bucket_centers, bucket_weights = bni_buckets(
-                train_labels, bin_width=check_positive(bucket_width, "bucket_width"), centers=bucket_center
-            )
+            bucket_centers, bucket_weights = bni_buckets(train_labels, bin_width=width, centers=bucket_center)
         if method == "gai" and gmm is None:
-            raise ValueError(
+            raise MissingTrainLabelsError(
                 "`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm "
                 "(or pass `train_labels`)"
             )
         if method == "bni" and (bucket_centers is None or bucket_weights is None):
-            raise ValueError(
+            raise MissingTrainLabelsError(
                 "`bucket_centers` and `bucket_weights` are required for method='bni': build them with "
                 "rankwise.imbalanced.bni_buckets (or pass `train_labels`)"
             )

@@ -102,6 +102,26 @@ def _module(entry: Any, options: Mapping[str, Any], key: str, train_labels: torc
         raise ConfigError(f"`{key}`: {e}") from None
 
 
+def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
+    """Build the loss with its options (without the training labels) to check their values; a
+    loss that needs something fitted on the training labels may refuse (it is built again with
+    them when the run starts)."""
+    from rankwise._validation import MissingTrainLabelsError
+
+    if _takes_train_labels(entry):
+        param = inspect.signature(_built(entry)).parameters["train_labels"]
+        if param.default is inspect.Parameter.empty:  # cannot be built without them
+            return
+    kw = _kwargs(entry, options)
+    try:
+        entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
+    except MissingTrainLabelsError as e:
+        if not _takes_train_labels(entry):
+            raise ConfigError(f"`{key}`: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"`{key}`: {e}") from None
+
+
 def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
     """Check names and options of the task loss and the regularizers against the registry and signatures."""
     if loss.name is None:
@@ -120,14 +140,12 @@ def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
                 f"`{key}.name`: loss {loss.name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
             )
         _check_kwargs(_built(entry), loss.options, f"{key}.options", (*entry.inputs, "train_labels"))
-        if not _takes_train_labels(entry):  # (else built when the training labels are known)
-            _module(entry, loss.options, f"{key}.options")
+        _check_build(entry, loss.options, f"{key}.options")
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
         _check_kwargs(_built(entry), reg.options, f"{k}.options", (*entry.inputs, "train_labels"))
-        if not _takes_train_labels(entry):
-            _module(entry, reg.options, f"{k}.options")
+        _check_build(entry, reg.options, f"{k}.options")
 
 
 class LossTerm(nn.Module):

@@ -208,16 +208,22 @@ def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.T
     The NaN/inf policy of the batch losses: each value depends on the whole batch (rankings,
     softmax denominators, sampled subsets), so one non-finite feature, label, prediction or weight
     makes the whole loss NaN instead of a finite value that silently ignores it.
+
+    ``out`` plus ``sum(t * 0)`` over the floating inputs: ``x * 0`` is exactly 0 for a finite
+    ``x`` and NaN for NaN and +-inf, so the sum is 0 (nothing overflows) or NaN; two cheap ops per
+    input instead of ``isfinite``/``all``/``where``. Gradients flow to ``out`` unchanged (those of
+    non-finite inputs are unspecified).
     """
-    flags = [
-        torch.isfinite(t.detach()).all()
-        for t in inputs
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
-    ]
-    if not flags:
+    poison: torch.Tensor | None = None
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0:
+            zero = (t.detach() * 0).sum()
+            poison = zero if poison is None else poison + zero
+    if poison is None:
         return out
-    ok = torch.stack(flags).all().to(out.device) if len(flags) > 1 else flags[0].to(out.device)
-    return torch.where(ok, out, torch.full((), math.nan, dtype=out.dtype, device=out.device))
+    if poison.dtype != out.dtype or poison.device != out.device:  # a 0-d float64 would promote a 0-d float32
+        poison = poison.to(device=out.device, dtype=out.dtype)
+    return out + poison
 
 
 def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -233,14 +239,30 @@ def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 
     def decorator(fn: Callable[P, R]) -> Callable[P, R]:
         sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        simple = all(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+        # where each tensor argument is found: (name, index among the positional parameters or None)
+        where = [(n, positional.index(n) if n in positional else None) for n in tensor_args]
+
+        def lookup(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]] | None:
+            """The tensor arguments by name without ``Signature.bind`` (about 10 us a call); None for a
+            call that binding would reject (``fn`` then raises its own error)."""
+            if not simple:
+                try:
+                    bound = sig.bind_partial(*args, **kwargs).arguments
+                except TypeError:
+                    return None
+                return [(n, bound.get(n)) for n in tensor_args]
+            if len(args) > len(positional) or any(n in kwargs for n in positional[: len(args)]):
+                return None
+            return [(n, args[i] if i is not None and i < len(args) else kwargs.get(n)) for n, i in where]
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                bound = sig.bind_partial(*args, **kwargs).arguments
-            except TypeError:  # a bad call: let the function raise its own error
+            tensors = lookup(args, kwargs)
+            if tensors is None:  # a bad call: let the function raise its own error
                 return fn(*args, **kwargs)
-            tensors = [(n, bound.get(n)) for n in tensor_args]
             ref_name, ref = tensors[0]
             if isinstance(ref, torch.Tensor):
                 check_same_device(ref_name, ref, *tensors[1:])

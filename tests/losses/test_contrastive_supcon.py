@@ -88,11 +88,19 @@ def label_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["one-pass", "general"])
+def out_path(request, monkeypatch):
+    """Small ``variant="out"`` problems take the one-pass path (_SupConOutSmall): test the general one too."""
+    if request.param == "general":
+        monkeypatch.setattr(_supcon, "_SMALL_MAX_ELEMENTS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("views", [1, 2, 3])
 @pytest.mark.parametrize("contrast_mode", ["all", "one"])
 @pytest.mark.parametrize("variant", ["out", "in"])
 @pytest.mark.parametrize("source", ["labels", "mask", "simclr"])
-def test_parity_with_slow_loop(views, contrast_mode, variant, source):
+def test_parity_with_slow_loop(views, contrast_mode, variant, source, out_path):
     x = _feats(6, views, 5, seed=views)
     g = torch.Generator().manual_seed(3)
     asym = (torch.rand(6, 6, generator=g) < 0.4).to(torch.float64)
@@ -186,8 +194,9 @@ def test_blockwise_saves_no_square_tensor(monkeypatch):
     for variant in ("out", "in"):
         assert max(_saved_sizes(x, y, chunk_size=16, variant=variant)) <= b * b < n * n
         assert max(_saved_sizes(x, chunk_size=16, variant=variant)) <= n * d
-        # within the budget: one block, the softmax is kept for backward instead of recomputed
-        assert max(_saved_sizes(x, y, variant=variant)) == n * n
+        # within the budget: one block, the softmax is kept for backward instead of recomputed ("in"),
+        # or ("out", small: the one-pass path) only the (B, V, D) gradient formed in forward
+        assert max(_saved_sizes(x, y, variant=variant)) == (n * n if variant == "in" else n * d)
     monkeypatch.setattr(_supcon, "_DENSE_MAX_ELEMENTS", n * n - 1)
     monkeypatch.setattr(_supcon, "_AUTO_BLOCK_ELEMENTS", 16 * n)
     assert max(_saved_sizes(x, y)) <= b * b
@@ -305,7 +314,7 @@ def test_errors():
 
 @pytest.mark.parametrize("variant", ["out", "in"])
 @pytest.mark.parametrize("chunk_size", [None, 3])
-def test_nan_bool_and_signed_zero_labels(variant, chunk_size, label_path):
+def test_nan_bool_and_signed_zero_labels(variant, chunk_size, label_path, out_path):
     """Labels are compared with ``==``: -0.0 equals 0.0, bool labels work. A NaN label makes the loss NaN
     (the NaN policy of docs/conventions.md; the kernels themselves treat it as nobody's positive)."""
     x = _feats(6, 2, 5, seed=11)
@@ -389,7 +398,7 @@ def test_chunked_gradcheck_and_extremes(variant):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("contrast_mode", ["one", "all"])
-def test_all_zero_feature_vector_gets_a_zero_gradient(dtype: torch.dtype, contrast_mode: str) -> None:
+def test_all_zero_feature_vector_gets_a_zero_gradient(dtype: torch.dtype, contrast_mode: str, out_path: str) -> None:
     """An all-zero view normalizes to 0 with a zero gradient (as safe_normalize), not F.normalize's
     1/1e-12 gradient, which overflowed to inf in float16 (found by the property suite, n=2, ties)."""
     g = torch.Generator().manual_seed(0)
@@ -416,3 +425,79 @@ def test_all_zero_feature_vector_gets_a_zero_gradient(dtype: torch.dtype, contra
         rtol=5e-2 if dtype == torch.float16 else 1e-4,
         atol=5e-3 if dtype == torch.float16 else 1e-6,
     )
+
+
+def _value_and_grad(x, *args, **kwargs):
+    x = x.detach().requires_grad_()
+    loss = supcon_loss.__wrapped__(x, *args, **kwargs)  # without the NaN policy: the kernels' own values
+    (grad,) = torch.autograd.grad(loss, x)
+    return loss.detach(), grad
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_one_pass_path_equals_general_paths(seed, monkeypatch):
+    """The one-pass ``variant="out"`` path against the general one (dense: softmax kept; and
+    blockwise) at random shapes, sources, modes, temperatures, normalization, zero vectors and NaN
+    labels (nobody's positive), value and gradient in float64."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (), generator=g))]
+
+    b, v, d = pick([1, 2, 3, 5, 9, 17, 40]), pick([1, 2, 3, 4]), pick([1, 3, 8])
+    x = torch.randn(b, v, d, generator=g, dtype=torch.float64) * pick([1.0, 30.0])
+    if seed % 3 == 0:
+        x[0, v - 1] = 0.0  # an all-zero view
+    kw: dict = {
+        "temperature": pick([0.05, 0.1, 0.7]),
+        "contrast_mode": pick(["all", "one"]),
+        "normalize": pick([True, True, False]),
+        "base_temperature": pick([None, 0.07]),
+    }
+    source = pick(["labels", "float_labels", "bool_labels", "mask", "simclr"])
+    if source == "labels":
+        args: tuple = (torch.randint(0, pick([1, 2, 4, 50]), (b,), generator=g),)
+    elif source == "float_labels":
+        y = torch.randint(0, 3, (b,), generator=g).double()
+        y[torch.rand(b, generator=g) < 0.3] = math.nan
+        args = (y,)
+    elif source == "bool_labels":
+        args = (torch.rand(b, generator=g) < 0.5,)
+    else:
+        args = ()
+        if source == "mask":
+            kw["mask"] = torch.rand(b, b, generator=g) < 0.3
+    if b * v < 2:
+        return
+    fast = _value_and_grad(x, *args, **kw)
+    monkeypatch.setattr(_supcon, "_SMALL_MAX_ELEMENTS", 0)
+    dense = _value_and_grad(x, *args, **kw)
+    blockwise = _value_and_grad(x, *args, chunk_size=pick([1, 2, 7]), **kw)
+    for other in (dense, blockwise):
+        torch.testing.assert_close(fast[0], other[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(fast[1], other[1], rtol=1e-9, atol=1e-11)
+
+
+def test_one_pass_path_gradcheck_half_input_and_no_grad():
+    x = _feats(5, 3, 4, seed=2)
+    y = torch.tensor([0, 1, 0, 2, 1])
+    m = torch.rand(5, 5, generator=torch.Generator().manual_seed(1)) < 0.4
+    assert gradcheck(lambda f: supcon_loss(f, y, temperature=0.5), x)
+    assert gradcheck(lambda f: supcon_loss(f, mask=m, temperature=0.5, contrast_mode="one"), x)
+    assert gradcheck(lambda f: supcon_loss(f, temperature=0.5, normalize=False), x)
+    with pytest.raises(RuntimeError):  # first-order only, like the general path
+        (g,) = torch.autograd.grad(supcon_loss(x, y), x, create_graph=True)
+        g.sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(supcon_loss(x, y), supcon_loss(x.detach(), y))
+    half = _feats(6, 2, 8, dtype=torch.float16, seed=4)
+    yh = torch.tensor([0, 1, 0, 1, 2, 2])
+    loss = supcon_loss(half, yh, temperature=0.05)
+    loss.backward()
+    assert loss.dtype == torch.float32 and half.grad is not None and half.grad.dtype == torch.float16
+    ref_x = half.detach().float().requires_grad_()
+    ref = supcon_loss(ref_x, yh, temperature=0.05, chunk_size=1)  # the blockwise path in float32
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    assert ref_x.grad is not None
+    torch.testing.assert_close(half.grad.float(), ref_x.grad, rtol=1e-2, atol=1e-3)

@@ -39,8 +39,13 @@ Variant = Literal["out", "in"]
 _DENSE_MAX_ELEMENTS = 1 << 26
 _AUTO_BLOCK_ELEMENTS = 1 << 22
 # Up to this many views, backward with all views as anchors forms W + W^T (two passes over the
-# (N, N) softmax) and does one matmul instead of two.
-_SYMMETRIC_MAX_N = 1024
+# (N, N) softmax) and does one matmul instead of two; above it, the transposed add (cache-hostile)
+# costs more than the second matmul.
+_SYMMETRIC_MAX_N = 512
+# Up to this many anchor x contrast logits, variant "out" on a local batch takes the one-pass path
+# (:class:`_SupConOutSmall`): an explicit positive-weight matrix, the gradient formed in forward,
+# few torch ops, because at this size per-op overhead costs more than passes over the logits.
+_SMALL_MAX_ELEMENTS = 1 << 18
 
 
 def _check_chunk(chunk_size: int | None) -> int | None:
@@ -331,6 +336,109 @@ class _SupCon(torch.autograd.Function):
         return grad_views, *[None] * 9
 
 
+def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
+    """The anchors' own columns of an (m, N) matrix (m = B va anchors, N = B V views, sample-major):
+    its diagonal for ``va == V``, every ``N + V``-th element for ``va == 1`` (a strided view)."""
+    return t.diagonal() if va == v else t.view(-1)[:: t.shape[1] + v]
+
+
+class _SupConOutSmall(torch.autograd.Function):
+    r"""SupCon ``variant="out"`` on a local batch in one pass, for small problems (the fast path).
+
+    With the (m, N) target weights :math:`T_{ia} = h_i [a \in P(i)]`, :math:`h_i = g_i / |P(i)|`,
+    :math:`g_i` the anchor's weight in the result (``scale`` over the number of anchors with a
+    positive, 0 for an anchor without one), the result is
+    :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia}` and its gradient on the
+    logits is :math:`W = g P - T` (:math:`P` the softmax), so the gradient on the normalized views
+    is :math:`(W + W^\top) z / \tau` (all views anchors) or :math:`W^\top a` plus :math:`W z / \tau`
+    on the anchors' rows. It is computed in forward (when ``x`` needs a gradient), so only the
+    (B, V, D) gradient is kept and backward is one multiplication. ``rows``/``cols`` are per-anchor
+    and per-view keys compared with ``==`` (labels or sample ids), or ``mask`` (B, B) float gives the
+    positive samples; N >= 2.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        rows: torch.Tensor | None,
+        cols: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        va: int,
+        tau: float,
+        scale: float,
+        normalize: bool,
+    ) -> torch.Tensor:
+        b, v, d = x.shape
+        n, m = b * v, b * va
+        if mask is not None:
+            target = mask[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()  # own copy
+        else:
+            target = torch.eq(rows[:, None], cols).to(x.dtype)  # type: ignore[index]
+        _own_entries(target, va, v).fill_(0.0)  # a view is not its own positive
+        npos = target.sum(1)
+        valid = npos > 0
+        g = valid * (scale / valid.sum(dtype=x.dtype).clamp_(min=1))
+        target.mul_((g / npos.clamp_(min=1))[:, None])
+        xf = x.reshape(n, d)
+        if normalize:  # as safe_normalize: an all-zero vector stays 0 and gets a zero gradient
+            norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
+            zero = norm == 0
+            z = xf / norm.masked_fill_(zero, 1.0)
+        else:
+            z = xf
+        zs = z * (1.0 / tau)
+        anchors = zs if va == v else zs.view(b, v, d)[:, 0]
+        logits = torch.mm(anchors, z.T)
+        pos_total = torch.dot(target.view(-1), logits.view(-1))  # before the own entries become -inf
+        _own_entries(logits, va, v).fill_(-math.inf)  # N >= 2: every row keeps a finite entry
+        top = logits.amax(1)
+        prob = torch.softmax(logits, 1)
+        total = torch.dot(top.sub_(prob.amax(1).log_()), g) - pos_total  # lse = max - log(max(prob))
+        if ctx.needs_input_grad[0]:
+            w = prob.mul_(g[:, None]).sub_(target)  # d total / d logits
+            if va != v:
+                grad = torch.mm(w.T, anchors)
+                grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
+            elif n <= _SYMMETRIC_MAX_N:
+                grad = torch.mm(w + w.T, zs)
+            else:
+                grad = torch.mm(w, zs).addmm_(w.T, zs)
+            if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
+                along = (z * grad).sum(1, keepdim=True)
+                grad = torch.addcmul(grad, z, along, value=-1).div_(norm).masked_fill_(zero, 0.0)
+            ctx.save_for_backward(grad.view(b, v, d))
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return grad * grad_total, *[None] * 7
+
+
+def _supcon_out_small(
+    x: torch.Tensor,
+    labels: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    va: int,
+    tau: float,
+    scale: float,
+    normalize: bool,
+) -> torch.Tensor:
+    """The fast path's keys: per-view labels (NaN equals nothing) or sample ids (SimCLR), or the
+    (B, B) mask as floats."""
+    b, v = x.shape[0], x.shape[1]
+    rows = cols = fmask = None
+    if mask is not None:
+        fmask = mask.to(x.dtype)
+    else:
+        keys = labels if labels is not None else torch.arange(b, device=x.device)
+        cols = keys.repeat_interleave(v) if v > 1 else keys
+        rows = cols if va == v else keys
+    return _SupConOutSmall.apply(x, rows, cols, fmask, va, tau, scale, normalize)
+
+
 @batch_loss("features", "labels", "mask")
 def supcon_loss(
     features: torch.Tensor,
@@ -435,6 +543,11 @@ def supcon_loss(
         y = None if labels is None else as_labels(labels, b).detach()
         return _supcon_global(x, y, tau, tau_b, contrast_mode, variant, chunk, normalize)
     n = b * v
+    va = v if contrast_mode == "all" else 1
+    if variant == "out" and n >= 2 and b * va * n <= _SMALL_MAX_ELEMENTS and (chunk is None or chunk >= b * va):
+        y = None if labels is None else as_labels(labels, b).detach()
+        m = None if mask is None else sample_mask(mask, b)
+        return _supcon_out_small(x, y, m, va, tau, tau / tau_b, normalize)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:
@@ -443,7 +556,7 @@ def supcon_loss(
         positives = _Positives.simclr(b, x.dtype, x.device)
     if n < 2:  # no anchor can have a positive
         return zero_with_graph(features)
-    anchors = _Anchors(0, b, v if contrast_mode == "all" else 1, v, n)
+    anchors = _Anchors(0, b, va, v, n)
     block = _block_size(chunk, anchors.m, n)
     return _SupCon.apply(x, normalize, anchors, positives, tau, variant, block, tau / tau_b, None)
 

@@ -374,7 +374,7 @@ class _SupConOutSmall(torch.autograd.Function):
         if mask is not None:
             target = mask[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()  # own copy
         else:
-            target = torch.eq(rows[:, None], cols).to(x.dtype)  # type: ignore[index]
+            target = torch.eq(rows[:, None], cols).to(x.dtype)  # type: ignore[index, arg-type]
         _own_entries(target, va, v).fill_(0.0)  # a view is not its own positive
         npos = target.sum(1)
         valid = npos > 0

@@ -348,37 +348,39 @@ class _SupConOutSmall(torch.autograd.Function):
     With the (m, N) target weights :math:`T_{ia} = h_i [a \in P(i)]`, :math:`h_i = g_i / |P(i)|`,
     :math:`g_i` the anchor's weight in the result (``scale`` over the number of anchors with a
     positive, 0 for an anchor without one), the result is
-    :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia}` and its gradient on the
-    logits is :math:`W = g P - T` (:math:`P` the softmax), so the gradient on the normalized views
-    is :math:`(W + W^\top) z / \tau` (all views anchors) or :math:`W^\top a` plus :math:`W z / \tau`
-    on the anchors' rows. It is computed in forward (when ``x`` needs a gradient), so only the
-    (B, V, D) gradient is kept and backward is one multiplication. ``rows``/``cols`` are per-anchor
-    and per-view keys compared with ``==`` (labels or sample ids), or ``mask`` (B, B) float gives the
-    positive samples; N >= 2.
+    :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia} = -\sum_{ia} T_{ia} \log P_{ia}`
+    (:math:`\sum_a T_{ia} = g_i`, :math:`P` the softmax over :math:`A(i)`) and its gradient on the
+    logits is :math:`W = g P - T`, so the gradient on the normalized views is
+    :math:`(W + W^\top) z / \tau` (all views anchors) or :math:`W^\top a` plus :math:`W z / \tau` on
+    the anchors' rows. It is computed in forward (when ``need_grad``: ``x`` needs a gradient), so
+    only the (B, V, D) gradient is kept and backward is one multiplication. ``mask`` (B, B) holds the
+    positive samples of each sample as 0/1 in the compute dtype (its diagonal: whether the other
+    views of a sample are positives); N >= 2.
+
+    The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
+    probability is still exactly 0 and their log-probability finite, so that the sum
+    :math:`\sum T \log P` needs no mask (``0 * -inf`` would be NaN).
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any,
         x: torch.Tensor,
-        rows: torch.Tensor | None,
-        cols: torch.Tensor | None,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor,
         va: int,
         tau: float,
         scale: float,
         normalize: bool,
+        need_grad: bool,
     ) -> torch.Tensor:
         b, v, d = x.shape
         n, m = b * v, b * va
-        if mask is not None:
-            target = mask[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()  # own copy
-        else:
-            target = torch.eq(rows[:, None], cols).to(x.dtype)  # type: ignore[index, arg-type]
+        target = mask[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()  # own copy
         _own_entries(target, va, v).fill_(0.0)  # a view is not its own positive
         npos = target.sum(1)
         valid = npos > 0
-        g = valid * (scale / valid.sum(dtype=x.dtype).clamp_(min=1))
+        count = valid.sum(dtype=x.dtype).clamp_(min=1)
+        g = valid / (count if scale == 1.0 else count.div_(scale))  # d result / d lse_i
         target.mul_((g / npos.clamp_(min=1))[:, None])
         xf = x.reshape(n, d)
         if normalize:  # as safe_normalize: an all-zero vector stays 0 and gets a zero gradient
@@ -390,13 +392,11 @@ class _SupConOutSmall(torch.autograd.Function):
         zs = z * (1.0 / tau)
         anchors = zs if va == v else zs.view(b, v, d)[:, 0]
         logits = torch.mm(anchors, z.T)
-        pos_total = torch.dot(target.view(-1), logits.view(-1))  # before the own entries become -inf
-        _own_entries(logits, va, v).fill_(-math.inf)  # N >= 2: every row keeps a finite entry
-        top = logits.amax(1)
-        prob = torch.softmax(logits, 1)
-        total = torch.dot(top.sub_(prob.amax(1).log_()), g) - pos_total  # lse = max - log(max(prob))
-        if ctx.needs_input_grad[0]:
-            w = prob.mul_(g[:, None]).sub_(target)  # d total / d logits
+        _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
+        log_prob = torch.log_softmax(logits, 1)
+        total = -torch.dot(target.view(-1), log_prob.view(-1))
+        if need_grad:  # (ctx.needs_input_grad is True under no_grad too)
+            w = log_prob.exp_().mul_(g[:, None]).sub_(target)  # d total / d logits
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
@@ -414,29 +414,7 @@ class _SupConOutSmall(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (grad,) = ctx.saved_tensors
-        return grad * grad_total, *[None] * 7
-
-
-def _supcon_out_small(
-    x: torch.Tensor,
-    labels: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    va: int,
-    tau: float,
-    scale: float,
-    normalize: bool,
-) -> torch.Tensor:
-    """The fast path's keys: per-view labels (NaN equals nothing) or sample ids (SimCLR), or the
-    (B, B) mask as floats."""
-    b, v = x.shape[0], x.shape[1]
-    rows = cols = fmask = None
-    if mask is not None:
-        fmask = mask.to(x.dtype)
-    else:
-        keys = labels if labels is not None else torch.arange(b, device=x.device)
-        cols = keys.repeat_interleave(v) if v > 1 else keys
-        rows = cols if va == v else keys
-    return _SupConOutSmall.apply(x, rows, cols, fmask, va, tau, scale, normalize)
+        return grad * grad_total, None, None, None, None, None, None
 
 
 @batch_loss("features", "labels", "mask")
@@ -545,9 +523,15 @@ def supcon_loss(
     n = b * v
     va = v if contrast_mode == "all" else 1
     if variant == "out" and n >= 2 and b * va * n <= _SMALL_MAX_ELEMENTS and (chunk is None or chunk >= b * va):
-        y = None if labels is None else as_labels(labels, b).detach()
-        m = None if mask is None else sample_mask(mask, b)
-        return _supcon_out_small(x, y, m, va, tau, tau / tau_b, normalize)
+        if mask is not None:
+            pos = sample_mask(mask, b).to(x.dtype)
+        elif labels is not None:
+            y = as_labels(labels, b).detach()
+            pos = torch.eq(y[:, None], y).to(x.dtype)  # NaN equals nothing, itself included
+        else:
+            pos = torch.eye(b, dtype=x.dtype, device=x.device)
+        need_grad = x.requires_grad and torch.is_grad_enabled()
+        return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:

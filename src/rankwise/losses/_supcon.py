@@ -45,7 +45,7 @@ _SYMMETRIC_MAX_N = 512
 # Up to this many anchor x contrast logits, variant "out" on a local batch takes the one-pass path
 # (:class:`_SupConOutSmall`): an explicit positive-weight matrix, the gradient formed in forward,
 # few torch ops, because at this size per-op overhead costs more than passes over the logits.
-_SMALL_MAX_ELEMENTS = 1 << 18
+_SMALL_MAX_ELEMENTS = 1 << 20
 
 
 def _check_chunk(chunk_size: int | None) -> int | None:
@@ -375,13 +375,13 @@ class _SupConOutSmall(torch.autograd.Function):
     ) -> torch.Tensor:
         b, v, d = x.shape
         n, m = b * v, b * va
-        target = mask[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()  # own copy
-        _own_entries(target, va, v).fill_(0.0)  # a view is not its own positive
-        npos = target.sum(1)
+        npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
         valid = npos > 0
-        count = valid.sum(dtype=x.dtype).clamp_(min=1)
-        g = valid / (count if scale == 1.0 else count.div_(scale))  # d result / d lse_i
-        target.mul_((g / npos.clamp_(min=1))[:, None])
+        count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
+        g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
+        neg_h = (g / npos.clamp_(min=1)).neg_()
+        neg_target = (mask * neg_h[:, None])[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()
+        _own_entries(neg_target, va, v).fill_(0.0)  # a view is not its own positive
         xf = x.reshape(n, d)
         if normalize:  # as safe_normalize: an all-zero vector stays 0 and gets a zero gradient
             norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
@@ -394,9 +394,10 @@ class _SupConOutSmall(torch.autograd.Function):
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
         log_prob = torch.log_softmax(logits, 1)
-        total = -torch.dot(target.view(-1), log_prob.view(-1))
+        total = torch.dot(neg_target.view(-1), log_prob.view(-1))
         if need_grad:  # (ctx.needs_input_grad is True under no_grad too)
-            w = log_prob.exp_().mul_(g[:, None]).sub_(target)  # d total / d logits
+            w = neg_target  # d total / d logits = g P - T
+            w.view(b, va, n).addcmul_(log_prob.exp_().view(b, va, n), g[:, None, None])
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)

@@ -469,7 +469,10 @@ def supcon_loss(
     (``2**22 // (B V)`` anchors), recomputed in backward, so that peak memory is
     :math:`O(\text{block} \cdot BV)` instead of :math:`O((BV)^2)`. ``chunk_size`` forces blocks of
     that many anchors. The value and gradient are the same for every block size up to
-    floating-point rounding.
+    floating-point rounding. Small problems (``variant="out"``, a local batch, at most
+    :math:`2^{20}` anchor x view logits: ``B = 512`` with two views) take a one-pass path with fewer,
+    larger torch ops that forms the gradient already in forward (when ``features`` needs one)
+    and keeps only that (B, V, D) gradient for backward.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
     and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,

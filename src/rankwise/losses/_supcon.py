@@ -358,8 +358,9 @@ class _SupConOutSmall(torch.autograd.Function):
     views of a sample are positives); N >= 2.
 
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
-    probability is still exactly 0 and their log-probability finite, so that the sum
-    :math:`\sum T \log P` needs no mask (``0 * -inf`` would be NaN).
+    probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
+    The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
+    over the logits costs more than the softmax itself).
     """
 
     @staticmethod
@@ -383,21 +384,24 @@ class _SupConOutSmall(torch.autograd.Function):
         neg_target = (mask * neg_h[:, None])[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()
         _own_entries(neg_target, va, v).fill_(0.0)  # a view is not its own positive
         xf = x.reshape(n, d)
-        if normalize:  # as safe_normalize: an all-zero vector stays 0 and gets a zero gradient
+        if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
             norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
-            zero = norm == 0
-            z = xf / norm.masked_fill_(zero, 1.0)
+            norm.masked_fill_(norm == 0, math.inf)
+            z = xf / norm
         else:
             z = xf
         zs = z * (1.0 / tau)
         anchors = zs if va == v else zs.view(b, v, d)[:, 0]
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
-        log_prob = torch.log_softmax(logits, 1)
-        total = torch.dot(neg_target.view(-1), log_prob.view(-1))
+        total = torch.dot(neg_target.view(-1), logits.view(-1))  # minus the weighted positive logits
+        top = logits.amax(1)
+        prob = torch.softmax(logits, 1)
+        lse = top.sub_(prob.amax(1).log_())  # the largest probability is exp(top - lse)
+        total += torch.dot(lse.view(b, va).sum(1), g)
         if need_grad:  # (ctx.needs_input_grad is True under no_grad too)
             w = neg_target  # d total / d logits = g P - T
-            w.view(b, va, n).addcmul_(log_prob.exp_().view(b, va, n), g[:, None, None])
+            w.view(b, va, n).addcmul_(prob.view(b, va, n), g[:, None, None])
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
@@ -407,7 +411,7 @@ class _SupConOutSmall(torch.autograd.Function):
                 grad = torch.mm(w, zs).addmm_(w.T, zs)
             if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
                 along = (z * grad).sum(1, keepdim=True)
-                grad = torch.addcmul(grad, z, along, value=-1).div_(norm).masked_fill_(zero, 0.0)
+                grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
             ctx.save_for_backward(grad.view(b, v, d))
         return total
 

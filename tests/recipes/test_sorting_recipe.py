@@ -189,13 +189,20 @@ def test_schedule_spans_the_recipes_steps_and_best_checkpoint_is_the_best_valida
     expected = [1e-3 * lr_factor(s, cfg.schedule, total_steps=6, epochs=3) for s in range(6)]
     assert rec.lrs == pytest.approx(expected)
     assert rec.lrs[0] == pytest.approx(1e-3) and rec.lrs[-1] < 0.1e-3
-    # best.ckpt = the epoch with the highest validation all_correct (first one on ties)
+    # best.ckpt = the epoch with the most validation lists fully correct, ties broken by the
+    # positions correct (first such epoch on a full tie)
     with open(res.run_dir / "logs" / "metrics.csv") as f:
-        val = [float(r["val/all_correct"]) for r in csv.DictReader(f) if r.get("val/all_correct")]
-    assert len(val) == 3
+        rows = [r for r in csv.DictReader(f) if r.get("val/all_correct")]
+    full = [float(r["val/all_correct"]) for r in rows]
+    pos = [float(r["val/rank_correct"]) for r in rows]
+    sel = [float(r["val/selection"]) for r in rows]
+    assert len(full) == 3
+    for f_, p_, s_ in zip(full, pos, sel, strict=True):
+        assert s_ == pytest.approx(f_ + 0.5 / 20 * p_)
+    order = sorted(range(3), key=lambda e: (-full[e], -pos[e], e))
     best = torch.load(res.run_dir / "checkpoints" / "best.ckpt", weights_only=True)
-    assert best["epoch"] == int(np.argmax(val))
-    assert math.isclose(max(val), max(float(c.get("best_model_score", -1)) for c in _ckpt_states(best)), rel_tol=1e-6)
+    assert best["epoch"] == order[0]
+    assert math.isclose(max(sel), max(float(c.get("best_model_score", -1)) for c in _ckpt_states(best)), rel_tol=1e-6)
     # the test metrics are those of the best checkpoint; evaluate() repeats them
     assert evaluate(res.run_dir, data=tiny_digits)["test"] == res.metrics["test"]
     assert res.metrics["seconds_per_step"] > 0

@@ -260,9 +260,10 @@ class FDS(nn.Module):
         s = torch.zeros(k, d, dtype=torch.float64, device=z.device)
         q = torch.zeros(k, d, dtype=torch.float64, device=z.device)
         # float64 sums over row blocks: the float64 copies of a whole set (e.g. 100k x 512) never exist at once
-        step = max(1, _ROW_BLOCK_ELEMENTS // d)
+        step = max(1, min(_ROW_BLOCK_ELEMENTS // d, z.shape[0]))
+        buf = torch.empty(step, d, dtype=torch.float64, device=z.device)  # one block buffer, reused
         for a in range(0, z.shape[0], step):
-            zb = z[a : a + step].to(torch.float64, copy=True)
+            zb = buf[: min(step, z.shape[0] - a)].copy_(z[a : a + step])
             ib = idx[a : a + step]
             s.index_add_(0, ib, zb)
             q.index_add_(0, ib, zb.mul_(zb))
@@ -413,10 +414,17 @@ class FDS(nn.Module):
             out = torch.addcmul(shift[idx], z, scale[idx])
         else:  # no autograd: over row blocks into one output (no full-size gathered tables)
             out = torch.empty_like(z)
-            step = max(1, _ROW_BLOCK_ELEMENTS // self.feature_dim)
+            step = max(1, min(_ROW_BLOCK_ELEMENTS // self.feature_dim, z.shape[0]))
+            # the gathered per-row tables go into two block buffers reused across blocks (fresh
+            # multi-MiB blocks cost a page fault per page every time)
+            sb = torch.empty(step, z.shape[1], dtype=z.dtype, device=z.device)
+            hb = torch.empty_like(sb)
             for a in range(0, z.shape[0], step):
                 ib = idx[a : a + step]
-                torch.addcmul(shift[ib], z[a : a + step], scale[ib], out=out[a : a + step])
+                m = ib.shape[0]
+                torch.index_select(scale, 0, ib, out=sb[:m])
+                torch.index_select(shift, 0, ib, out=hb[:m])
+                torch.addcmul(hb[:m], z[a : a + step], sb[:m], out=out[a : a + step])
         return out.to(out_dtype)
 
     def _scale_shift(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -439,3 +439,9 @@ def test_module_fits_gmm_and_buckets_from_train_labels():
         BalancedMSELoss(method="bni", train_labels=labels, bucket_width=0)
     with pytest.raises(ValueError, match=r"`gmm` is required for method='gai'.*or pass `train_labels`"):
         BalancedMSELoss(method="gai")
+    with pytest.raises(ValueError, match=r"`train_labels` \(GAI fit\): `labels` must be finite, got NaN or inf"):
+        BalancedMSELoss(method="gai", train_labels=[float("nan"), 1.0, 2.0] * 5, gmm_components=2)
+    with pytest.raises(ValueError, match=r"`train_labels` \(BNI fit\): `labels` must hold at least one training label"):
+        BalancedMSELoss(method="bni", train_labels=[])
+    with pytest.raises(TypeError, match=r"`train_labels` \(BNI fit\): `labels` must be a tensor, array or sequence"):
+        BalancedMSELoss(method="bni", train_labels="abc")

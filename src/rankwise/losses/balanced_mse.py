@@ -333,14 +333,17 @@ class BalancedMSELoss(nn.Module):
         check_choice(bucket_center, "bucket_center", ("left", "mid"))
         if isinstance(gmm_components, bool) or not isinstance(gmm_components, int) or gmm_components < 1:
             raise ValueError(f"`gmm_components` must be a positive int, got {gmm_components!r}")
-        if train_labels is not None and method == "gai" and gmm is None:
-            from rankwise.imbalanced import fit_label_gmm
+        try:  # the helpers' messages name `labels`: say that it is `train_labels` here
+            if train_labels is not None and method == "gai" and gmm is None:
+                from rankwise.imbalanced import fit_label_gmm
 
-            gmm = fit_label_gmm(train_labels, n_components=gmm_components)
-        if train_labels is not None and method == "bni" and bucket_centers is None and bucket_weights is None:
-            from rankwise.imbalanced import bni_buckets
+                gmm = fit_label_gmm(train_labels, n_components=gmm_components)
+            if train_labels is not None and method == "bni" and bucket_centers is None and bucket_weights is None:
+                from rankwise.imbalanced import bni_buckets
 
-            bucket_centers, bucket_weights = bni_buckets(train_labels, bin_width=width, centers=bucket_center)
+                bucket_centers, bucket_weights = bni_buckets(train_labels, bin_width=width, centers=bucket_center)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"`train_labels` ({method.upper()} fit): {e}") from None
         if method == "gai" and gmm is None:
             raise MissingTrainLabelsError(
                 "`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm "

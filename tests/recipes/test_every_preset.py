@@ -8,6 +8,7 @@ data; the RRT presets re-train the head of a tiny run of their source preset.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +128,4 @@ def test_preset_trains_tiny(name, tmp_path, image_split):
     for f in layout:
         assert (d / f).is_file(), f
     assert (d / "plots").is_dir() and (any((d / "plots").iterdir()) or not trains)
+    shutil.rmtree(tmp_path)  # the ResNet presets' checkpoints are ~0.5 GiB per test: free them now

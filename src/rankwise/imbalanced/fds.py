@@ -32,6 +32,11 @@ _MAX_STAT_ELEMENTS = 2**26
 _ROW_BLOCK_ELEMENTS = 1 << 20
 
 
+def _block_rows(rows: int, dim: int) -> int:
+    """Rows per block of the blockwise passes: about ``_ROW_BLOCK_ELEMENTS`` values, at most ``rows``."""
+    return max(1, min(_ROW_BLOCK_ELEMENTS // dim, rows))
+
+
 class FDS(nn.Module):
     r"""Feature distribution smoothing (Yang et al., ICML'21) as a drop-in layer after the encoder.
 
@@ -260,7 +265,7 @@ class FDS(nn.Module):
         s = torch.zeros(k, d, dtype=torch.float64, device=z.device)
         q = torch.zeros(k, d, dtype=torch.float64, device=z.device)
         # float64 sums over row blocks: the float64 copies of a whole set (e.g. 100k x 512) never exist at once
-        step = max(1, min(_ROW_BLOCK_ELEMENTS // d, z.shape[0]))
+        step = _block_rows(z.shape[0], d)
         buf = torch.empty(step, d, dtype=torch.float64, device=z.device)  # one block buffer, reused
         for a in range(0, z.shape[0], step):
             zb = buf[: min(step, z.shape[0] - a)].copy_(z[a : a + step])
@@ -414,7 +419,7 @@ class FDS(nn.Module):
             out = torch.addcmul(shift[idx], z, scale[idx])
         else:  # no autograd: over row blocks into one output (no full-size gathered tables)
             out = torch.empty_like(z)
-            step = max(1, min(_ROW_BLOCK_ELEMENTS // self.feature_dim, z.shape[0]))
+            step = _block_rows(z.shape[0], self.feature_dim)
             # the gathered per-row tables go into two block buffers reused across blocks (fresh
             # multi-MiB blocks cost a page fault per page every time)
             sb = torch.empty(step, z.shape[1], dtype=z.dtype, device=z.device)

@@ -85,6 +85,11 @@ class _FunctionLoss(nn.Module):
         return self.fn(**tensors, **self.options)
 
 
+def _construct(entry: Any, kw: dict[str, Any]) -> nn.Module:
+    """The loss module: the registry entry's module twin, else its function with the options bound."""
+    return entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
+
+
 def _takes_train_labels(entry: Any) -> bool:
     try:
         return "train_labels" in inspect.signature(_built(entry)).parameters
@@ -97,7 +102,7 @@ def _module(entry: Any, options: Mapping[str, Any], key: str, train_labels: torc
     if train_labels is not None and _takes_train_labels(entry):
         kw["train_labels"] = train_labels  # e.g. a GMM or histogram fitted to the training labels
     try:
-        return entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
+        return _construct(entry, kw)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"`{key}`: {e}") from None
 
@@ -114,7 +119,7 @@ def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
             return
     kw = _kwargs(entry, options)
     try:
-        entry.module(**kw) if entry.module is not None else _FunctionLoss(entry.fn, **kw)
+        _construct(entry, kw)
     except MissingTrainLabelsError as e:
         if not _takes_train_labels(entry):
             raise ConfigError(f"`{key}`: {e}") from None

@@ -52,6 +52,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+# the steady state of a training run: the numba kernels loaded before the first timed call (by
+# default they load in the background and the calls before take the torch ops)
+os.environ.setdefault("RANKWISE_NUMBA", "sync")
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import fwd_bwd, loadavg, machine, row, time_cases
 from rankwise.losses import ranksim_loss, rnc_loss, supcon_loss

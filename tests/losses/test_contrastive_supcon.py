@@ -434,11 +434,18 @@ def _value_and_grad(x, *args, **kwargs):
     return loss.detach(), grad
 
 
+@pytest.mark.parametrize("kernel", ["numba", "torch"])
 @pytest.mark.parametrize("seed", range(24))
-def test_one_pass_path_equals_general_paths(seed, monkeypatch):
-    """The one-pass ``variant="out"`` path against the general one (dense: softmax kept; and
-    blockwise) at random shapes, sources, modes, temperatures, normalization, zero vectors and NaN
-    labels (nobody's positive), value and gradient in float64."""
+def test_one_pass_path_equals_general_paths(seed, kernel, monkeypatch):
+    """The one-pass ``variant="out"`` path (its per-element work in the numba kernel or in torch
+    ops) against the general one (dense: softmax kept; and blockwise) at random shapes, sources,
+    modes, temperatures, normalization, zero vectors and NaN labels (nobody's positive), value and
+    gradient in float64."""
+    if kernel == "torch":
+        monkeypatch.setattr(_supcon, "_NUMBA_MAX_N", 0)
+    else:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(_supcon, "_NUMBA_MODE", "sync")
     g = torch.Generator().manual_seed(seed)
 
     def pick(options):
@@ -503,3 +510,63 @@ def test_one_pass_path_gradcheck_half_input_and_no_grad():
     torch.testing.assert_close(loss, ref)
     assert ref_x.grad is not None
     torch.testing.assert_close(half.grad.float(), ref_x.grad, rtol=1e-2, atol=1e-3)
+
+
+def _fresh_loader(monkeypatch, mode):
+    monkeypatch.setattr(_supcon, "_NUMBA_MODE", mode)
+    monkeypatch.setattr(_supcon, "_kernel", _supcon._UNSET)
+    monkeypatch.setattr(_supcon, "_loader", None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ["all", "one"])
+def test_numba_kernel_equals_torch_ops(dtype, mode, monkeypatch):
+    """The small path's numba kernel and its torch ops: value and gradient, labels / mask / SimCLR,
+    at the largest size the kernel takes (B V = 256) and below."""
+    pytest.importorskip("numba")
+    _fresh_loader(monkeypatch, "sync")
+    real = _supcon._load_kernel()
+    calls = []
+    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append(args[3]) or real(*args))
+    g = torch.Generator().manual_seed(3)
+    for b, v in ((128, 2), (7, 3), (1, 2)):
+        x = torch.randn(b, v, 16, generator=g, dtype=dtype)
+        y = torch.randint(0, 5, (b,), generator=g)
+        m = torch.rand(b, b, generator=g) < 0.3
+        for kw in ({"labels": y}, {"mask": m}, {}):
+            got = _value_and_grad(x, contrast_mode=mode, **kw)
+            with monkeypatch.context() as mp:
+                mp.setattr(_supcon, "_NUMBA_MAX_N", 0)
+                want = _value_and_grad(x, contrast_mode=mode, **kw)
+            rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-11, 1e-13)
+            torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=atol)
+            torch.testing.assert_close(got[1], want[1], rtol=rtol, atol=atol)
+    assert sorted(set(calls)) == [2, 3]  # every case went through the kernel (v = 2 and 3)
+
+
+def test_numba_kernel_loads_in_the_background_and_off_means_never(monkeypatch):
+    pytest.importorskip("numba")
+    x = _feats(6, 2, 8, seed=1)
+    y = torch.tensor([0, 1, 0, 1, 2, 2])
+    want = supcon_loss(x, y)
+    _fresh_loader(monkeypatch, "off")
+    torch.testing.assert_close(supcon_loss(x, y), want)
+    assert _supcon._kernel is _supcon._UNSET and _supcon._loader is None
+    _fresh_loader(monkeypatch, "background")
+    torch.testing.assert_close(supcon_loss(x, y), want)  # the torch ops while the kernel loads
+    assert _supcon._loader is not None
+    _supcon._loader.join(timeout=120)
+    assert _supcon._kernel is not None and _supcon._kernel is not _supcon._UNSET
+    torch.testing.assert_close(supcon_loss(x, y), want)
+
+
+def test_without_numba_the_small_path_uses_torch_ops(monkeypatch):
+    import sys
+
+    _fresh_loader(monkeypatch, "sync")
+    monkeypatch.setitem(sys.modules, "rankwise.losses._supcon_numba", None)  # import raises ImportError
+    x = _feats(5, 2, 4, seed=5)
+    y = torch.tensor([0, 1, 0, 2, 1])
+    loss = supcon_loss(x, y)
+    assert _supcon._kernel is None
+    torch.testing.assert_close(loss, slow_supcon(x, y).to(loss.dtype))

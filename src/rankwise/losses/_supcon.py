@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import math
+import os
+import threading
 from typing import Any, Literal
 
 import torch
@@ -29,6 +33,8 @@ from rankwise.losses._contrastive_common import (
 from rankwise.losses._registry import register_loss
 
 __all__ = ["SupConLoss", "supcon_loss"]
+
+logger = logging.getLogger(__name__)
 
 ContrastMode = Literal["all", "one"]
 Variant = Literal["out", "in"]
@@ -336,6 +342,58 @@ class _SupCon(torch.autograd.Function):
         return grad_views, *[None] * 9
 
 
+#: ``B V`` up to which the one-pass path does its per-element work in the numba kernel of
+#: :mod:`rankwise.losses._supcon_numba` (one call instead of ~25 small torch ops); above, the torch
+#: ops (multi-threaded) win. Loaded as ``RANKWISE_NUMBA`` says (see :mod:`rankwise.ops.isotonic`):
+#: "background" (default): calls before the kernel is compiled or read from numba's cache use the
+#: torch ops (same values up to float rounding) while a daemon thread loads it; "sync": the first
+#: call loads it; "off": never.
+_NUMBA_MAX_N = 256
+_NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
+_UNSET: Any = object()
+_kernel: Any = _UNSET
+_kernel_lock = threading.Lock()
+_loader: threading.Thread | None = None
+
+
+def _load_kernel() -> Any:
+    """The numba kernel (importing and compiling or reading it now if needed), or ``None`` when numba
+    cannot be used (the torch ops are used then)."""
+    global _kernel
+    with _kernel_lock:
+        if _kernel is _UNSET:
+            try:
+                import numpy as np
+
+                from rankwise.losses._supcon_numba import supcon_out
+
+                one = np.full((2, 2), 0.5, dtype=np.float32)  # compiles (or reads) the float32 version
+                supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.float32), 2, 2, 1.0, True)
+                _kernel = supcon_out
+            except Exception as exc:  # numba missing or broken
+                logger.debug("rankwise: SupCon uses torch ops only (numba kernel unavailable: %r)", exc)
+                _kernel = None
+    return _kernel
+
+
+def _numba_kernel() -> Any:
+    """The kernel if loaded, else ``None`` (and the load starts, see ``_NUMBA_MODE``)."""
+    global _loader
+    if _kernel is not _UNSET:
+        return _kernel
+    if _NUMBA_MODE == "off":
+        return None
+    if _NUMBA_MODE == "sync":
+        return _load_kernel()
+    if _loader is None:
+        with _kernel_lock:
+            if _loader is None:
+                _loader = threading.Thread(target=_load_kernel, name="rankwise-supcon-numba", daemon=True)
+                _loader.start()
+                atexit.register(_loader.join)  # never stop the interpreter inside LLVM
+    return None
+
+
 def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
     """The anchors' own columns of an (m, N) matrix (m = B va anchors, N = B V views, sample-major):
     its diagonal for ``va == V``, every ``N + V``-th element for ``va == 1`` (a strided view)."""
@@ -360,7 +418,9 @@ class _SupConOutSmall(torch.autograd.Function):
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
     probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
     The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
-    over the logits costs more than the softmax itself).
+    over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
+    weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
+    (:func:`rankwise.losses._supcon_numba.supcon_out`) instead of ~25 torch ops.
     """
 
     @staticmethod
@@ -376,13 +436,6 @@ class _SupConOutSmall(torch.autograd.Function):
     ) -> torch.Tensor:
         b, v, d = x.shape
         n, m = b * v, b * va
-        npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
-        valid = npos > 0
-        count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
-        g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
-        neg_h = (g / npos.clamp_(min=1)).neg_()
-        neg_target = (mask * neg_h[:, None])[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()
-        _own_entries(neg_target, va, v).fill_(0.0)  # a view is not its own positive
         xf = x.reshape(n, d)
         if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
             norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
@@ -394,19 +447,32 @@ class _SupConOutSmall(torch.autograd.Function):
         anchors = zs if va == v else zs.view(b, v, d)[:, 0]
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
-        total = torch.dot(neg_target.view(-1), logits.view(-1))  # minus the weighted positive logits
-        top = logits.amax(1)
         prob = torch.softmax(logits, 1)
-        lse = top.sub_(prob.amax(1).log_())  # the largest probability is exp(top - lse)
-        total += torch.dot(lse.view(b, va).sum(1), g)
+        kernel = _numba_kernel() if n <= _NUMBA_MAX_N and x.device.type == "cpu" else None
+        if kernel is not None:  # weights, value and W (+ W^T) in one numba call
+            sym = need_grad and va == v
+            total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, sym))
+            w = prob
+        else:
+            npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
+            valid = npos > 0
+            count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
+            g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
+            neg_h = (g / npos.clamp_(min=1)).neg_()
+            w = (mask * neg_h[:, None])[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()
+            _own_entries(w, va, v).fill_(0.0)  # -T: a view is not its own positive
+            total = torch.dot(w.view(-1), logits.view(-1))  # minus the weighted positive logits
+            lse = logits.amax(1).sub_(prob.amax(1).log_())  # the largest probability is exp(top - lse)
+            total += torch.dot(lse.view(b, va).sum(1), g)
+            w.view(b, va, n).addcmul_(prob.view(b, va, n), g[:, None, None])  # d total / d logits = g P - T
         if need_grad:  # (ctx.needs_input_grad is True under no_grad too)
-            w = neg_target  # d total / d logits = g P - T
-            w.view(b, va, n).addcmul_(prob.view(b, va, n), g[:, None, None])
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
-            elif n <= _SYMMETRIC_MAX_N:
-                grad = torch.mm(w + w.T, zs)
+            elif kernel is not None:  # w is W + W^T already
+                grad = torch.mm(w, zs)
+            elif n <= _SYMMETRIC_MAX_N:  # W + W^T by a transposing copy (blocked: ~4x faster than `w + w.T`)
+                grad = torch.mm(w.T.contiguous().add_(w), zs)
             else:
                 grad = torch.mm(w, zs).addmm_(w.T, zs)
             if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
@@ -476,7 +542,10 @@ def supcon_loss(
     floating-point rounding. Small problems (``variant="out"``, a local batch, at most
     :math:`2^{20}` anchor x view logits: ``B = 512`` with two views) take a one-pass path with fewer,
     larger torch ops that forms the gradient already in forward (when ``features`` needs one)
-    and keeps only that (B, V, D) gradient for backward.
+    and keeps only that (B, V, D) gradient for backward; on CPU up to ``B V = 256`` its
+    per-element work between the two matrix products is one numba call (when numba is installed;
+    loaded as ``RANKWISE_NUMBA`` says, see :mod:`rankwise.ops.isotonic`), same values up to
+    float rounding.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
     and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,

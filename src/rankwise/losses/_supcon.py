@@ -448,7 +448,8 @@ class _SupConOutSmall(torch.autograd.Function):
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
         prob = torch.softmax(logits, 1)
-        kernel = _numba_kernel() if n <= _NUMBA_MAX_N and x.device.type == "cpu" else None
+        use_kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and not torch.compiler.is_compiling()
+        kernel = _numba_kernel() if use_kernel else None  # (numpy views: not under torch.compile tracing)
         if kernel is not None:  # weights, value and W (+ W^T) in one numba call
             sym = need_grad and va == v
             total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, sym))

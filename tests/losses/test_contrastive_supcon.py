@@ -570,3 +570,21 @@ def test_without_numba_the_small_path_uses_torch_ops(monkeypatch):
     loss = supcon_loss(x, y)
     assert _supcon._kernel is None
     torch.testing.assert_close(loss, slow_supcon(x, y).to(loss.dtype))
+
+
+def test_small_path_torch_ops_same_on_one_and_two_threads(monkeypatch):
+    """W + W^T is a transposing copy on one thread and a transposed add on more: same result."""
+    monkeypatch.setattr(_supcon, "_NUMBA_MAX_N", 0)
+    x = _feats(40, 2, 8, seed=7)
+    y = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(7))
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _value_and_grad(x, y)
+        torch.set_num_threads(2)
+        two = _value_and_grad(x, y)
+    finally:
+        torch.set_num_threads(prev)
+    torch.testing.assert_close(one[0], two[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(one[1], two[1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(one[0], slow_supcon(x.detach(), y), rtol=1e-10, atol=1e-12)

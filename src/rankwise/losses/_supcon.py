@@ -472,8 +472,9 @@ class _SupConOutSmall(torch.autograd.Function):
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
             elif kernel is not None:  # w is W + W^T already
                 grad = torch.mm(w, zs)
-            elif n <= _SYMMETRIC_MAX_N:  # W + W^T by a transposing copy (blocked: ~4x faster than `w + w.T`)
-                grad = torch.mm(w.T.contiguous().add_(w), zs)
+            elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (~4x faster than
+                # `w + w.T` on one thread) but single-threaded, the transposed add uses every thread
+                grad = torch.mm(w.T.contiguous().add_(w) if torch.get_num_threads() == 1 else w + w.T, zs)
             else:
                 grad = torch.mm(w, zs).addmm_(w.T, zs)
             if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x

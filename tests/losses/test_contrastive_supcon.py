@@ -522,26 +522,59 @@ def _fresh_loader(monkeypatch, mode):
 @pytest.mark.parametrize("mode", ["all", "one"])
 def test_numba_kernel_equals_torch_ops(dtype, mode, monkeypatch):
     """The small path's numba kernel and its torch ops: value and gradient, labels / mask / SimCLR,
-    at the largest size the kernel takes (B V = 256) and below."""
+    at the largest size the kernel takes (B V = _NUMBA_MAX_N) and below, and the value alone
+    (no gradient wanted: the kernel's ``out=0``)."""
     pytest.importorskip("numba")
     _fresh_loader(monkeypatch, "sync")
     real = _supcon._load_kernel()
     calls = []
-    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append(args[3]) or real(*args))
+    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append((args[3], args[6])) or real(*args))
     g = torch.Generator().manual_seed(3)
-    for b, v in ((128, 2), (7, 3), (1, 2)):
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-11, 1e-13)
+    for b, v in ((_supcon._NUMBA_MAX_N // 2, 2), (7, 3), (1, 2)):
         x = torch.randn(b, v, 16, generator=g, dtype=dtype)
         y = torch.randint(0, 5, (b,), generator=g)
         m = torch.rand(b, b, generator=g) < 0.3
         for kw in ({"labels": y}, {"mask": m}, {}):
             got = _value_and_grad(x, contrast_mode=mode, **kw)
+            with torch.no_grad():
+                value_only = supcon_loss.__wrapped__(x, contrast_mode=mode, **kw)
             with monkeypatch.context() as mp:
                 mp.setattr(_supcon, "_NUMBA_MAX_N", 0)
                 want = _value_and_grad(x, contrast_mode=mode, **kw)
-            rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-11, 1e-13)
             torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=atol)
             torch.testing.assert_close(got[1], want[1], rtol=rtol, atol=atol)
-    assert sorted(set(calls)) == [2, 3]  # every case went through the kernel (v = 2 and 3)
+            torch.testing.assert_close(value_only, want[0], rtol=rtol, atol=atol)
+    # every case went through the kernel: v = 2 and 3; W + W^T ("all"), W ("one"), the value alone
+    assert sorted(set(calls)) == sorted({(v, out) for v in (2, 3) for out in (2 if mode == "all" else 1, 0)})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_kernel_when_every_positive_underflows(dtype, monkeypatch):
+    """Unnormalized features at a small temperature: the positives' softmax probabilities are 0 in
+    float32, the kernel then takes the log-sum-exp from the row's maximum (finite, as the torch ops)."""
+    pytest.importorskip("numba")
+    _fresh_loader(monkeypatch, "sync")
+    _supcon._load_kernel()
+    x = _feats(24, 2, 8, seed=11, dtype=dtype, scale=30.0).detach()
+    y = torch.arange(24) % 3
+    kw = {"temperature": 0.01, "normalize": False}
+    got = _value_and_grad(x, y, **kw)
+    with monkeypatch.context() as mp:
+        mp.setattr(_supcon, "_NUMBA_MAX_N", 0)
+        want = _value_and_grad(x, y, **kw)
+    assert torch.isfinite(got[0]) and torch.isfinite(got[1]).all()
+    assert got[0] > 1e4  # the positives are far below their rows' maxima
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    z = x.reshape(48, 8).double()  # eq. 2 with a log-sum-exp (slow_supcon's exp overflows here)
+    s = z @ z.T / 0.01
+    s.fill_diagonal_(-math.inf)
+    log_prob = s - s.logsumexp(1, keepdim=True)
+    yy = y.repeat_interleave(2)
+    pos = (yy[:, None] == yy[None]) & ~torch.eye(48, dtype=torch.bool)
+    want_eq2 = -(log_prob.where(pos, 0).sum(1) / pos.sum(1)).mean()
+    torch.testing.assert_close(got[0], want_eq2.to(dtype), rtol=1e-5, atol=0)
 
 
 def test_numba_kernel_loads_in_the_background_and_off_means_never(monkeypatch):

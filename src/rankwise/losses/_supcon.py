@@ -343,12 +343,12 @@ class _SupCon(torch.autograd.Function):
 
 
 #: ``B V`` up to which the one-pass path does its per-element work in the numba kernel of
-#: :mod:`rankwise.losses._supcon_numba` (one call instead of ~25 small torch ops); above, the torch
-#: ops (multi-threaded) win. Loaded as ``RANKWISE_NUMBA`` says (see :mod:`rankwise.ops.isotonic`):
-#: "background" (default): calls before the kernel is compiled or read from numba's cache use the
-#: torch ops (same values up to float rounding) while a daemon thread loads it; "sync": the first
-#: call loads it; "off": never.
-_NUMBA_MAX_N = 256
+#: :mod:`rankwise.losses._supcon_numba` (one call instead of ~25 small torch ops and the transposing
+#: add); above, the torch ops (multi-threaded) win on more than one thread. Loaded as
+#: ``RANKWISE_NUMBA`` says (see :mod:`rankwise.ops.isotonic`): "background" (default): calls before
+#: the kernel is compiled or read from numba's cache use the torch ops (same values up to float
+#: rounding) while a daemon thread loads it; "sync": the first call loads it; "off": never.
+_NUMBA_MAX_N = 512
 _NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
 _UNSET: Any = object()
 _kernel: Any = _UNSET
@@ -368,7 +368,7 @@ def _load_kernel() -> Any:
                 from rankwise.losses._supcon_numba import supcon_out
 
                 one = np.full((2, 2), 0.5, dtype=np.float32)  # compiles (or reads) the float32 version
-                supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.float32), 2, 2, 1.0, True)
+                supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.float32), 2, 2, 1.0, 2)
                 _kernel = supcon_out
             except Exception as exc:  # numba missing or broken
                 logger.debug("rankwise: SupCon uses torch ops only (numba kernel unavailable: %r)", exc)
@@ -420,7 +420,8 @@ class _SupConOutSmall(torch.autograd.Function):
     The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
     over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
     weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
-    (:func:`rankwise.losses._supcon_numba.supcon_out`) instead of ~25 torch ops.
+    (:func:`rankwise.losses._supcon_numba.supcon_out`, which visits only the positives besides one
+    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only.
     """
 
     @staticmethod
@@ -451,8 +452,9 @@ class _SupConOutSmall(torch.autograd.Function):
         use_kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and not torch.compiler.is_compiling()
         kernel = _numba_kernel() if use_kernel else None  # (numpy views: not under torch.compile tracing)
         if kernel is not None:  # weights, value and W (+ W^T) in one numba call
-            sym = need_grad and va == v
-            total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, sym))
+            sym = va == v  # out: 0 the value only, 1 W, 2 W + W^T
+            out = (2 if sym else 1) if need_grad else 0
+            total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, out))
             w = prob
         else:
             npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
@@ -470,7 +472,7 @@ class _SupConOutSmall(torch.autograd.Function):
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
-            elif kernel is not None:  # w is W + W^T already
+            elif kernel is not None and sym:  # w is W + W^T already
                 grad = torch.mm(w, zs)
             elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (~4x faster than
                 # `w + w.T` on one thread) but single-threaded, the transposed add uses every thread

@@ -1,10 +1,13 @@
 r"""Numba kernel of the small-batch SupCon path (:class:`rankwise.losses._supcon._SupConOutSmall`, CPU).
 
-At small batches (``B V <= 256``) the one-pass path costs about 40 small torch ops besides its two
+At small batches (``B V <= 512``) the one-pass path costs about 40 small torch ops besides its two
 matrix products, and their fixed cost dominates. This kernel does, in one call, everything between
-the softmax and the gradient matmul: the per-sample positive counts and weights, the log-sum-exps,
-the loss value and the logit gradient :math:`W = g P - T` (in place of the softmax), and for
-``va == V`` the symmetric :math:`W + W^\top` the gradient matmul needs. Accumulation is in float64.
+the softmax and the gradient matmul: the per-sample positive counts and weights, the loss value and
+the logit gradient :math:`W = g P - T` (in place of the softmax), or for ``va == V`` the symmetric
+:math:`W + W^\top` the gradient matmul needs. Positives are visited through a list of each sample's
+positive samples (one scan of the mask), so the work besides the dense ``g P`` pass grows with the
+number of positives, not with ``N^2`` per anchor; the symmetric pass runs over cache-sized tiles.
+Accumulation is in float64.
 
 Importing this module raises ``ImportError`` when numba is unavailable; the caller then uses the
 torch ops (same values up to float rounding).
@@ -19,10 +22,17 @@ import numpy as np
 
 __all__ = ["supcon_out"]
 
+#: Side of the square tiles of the symmetric pass (two 16 x 16 float64 tiles fit in L1 many times).
+_TILE = 16
+#: Below this probability a positive's log-sum-exp is taken from the row's maximum instead
+#: (float32's smallest normal number is 1.2e-38; the relative precision is kept above it).
+_TINY = 1e-30
+
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def supcon_out(prob, logits, mask, v, va, scale, symmetrize):  # type: ignore[no-untyped-def]
-    r"""Loss value of SupCon ``variant="out"``; ``prob`` is overwritten with the logit gradient.
+def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untyped-def]
+    r"""Loss value of SupCon ``variant="out"``; for ``out > 0`` ``prob`` is overwritten with the
+    logit gradient.
 
     ``logits`` (m, n): anchor ``i`` (sample ``i // va``, view ``i % va``) against every view
     ``a`` (sample ``a // v``, view ``a % v``), ``m = b va``, ``n = b v``, the anchor's own entry set
@@ -30,56 +40,97 @@ def supcon_out(prob, logits, mask, v, va, scale, symmetrize):  # type: ignore[no
     positive samples (its diagonal: whether a sample's other views are positives); ``scale``:
     ``tau / tau_b``. With :math:`|P(i)| = V \sum_j mask_{sj} - mask_{ss}`, ``c = scale / (va
     \cdot \#\{s: |P(s)| > 0\})``, :math:`g_i = c` for an anchor with a positive (else 0) and
-    :math:`T_{ia} = g_i / |P(i)|` on its positives, the value is
-    :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia}` and ``prob`` becomes
-    :math:`W = g P - T` (``symmetrize``: :math:`W + W^\top`, square ``prob`` only).
+    :math:`T_{ia} = h_i = g_i / |P(i)|` on its positives, the value is
+    :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia}`. ``out``: 0 leaves ``prob``
+    as it is (value only), 1 makes it :math:`W = g P - T`, 2 :math:`W + W^\top` (``va == v``).
+
+    The log-sum-exp of a row is :math:`s_{ia} - \log P_{ia}` at its most probable positive (one log
+    per anchor), or from the row's maxima when that probability is below ``_TINY``.
     """
     b = mask.shape[0]
     n = b * v
+    m = b * va
+    # the positive samples of each sample, as a list (CSR)
+    start = np.empty(b + 1, dtype=np.int64)
+    pos = np.empty(b * b, dtype=np.int64)
     npos = np.empty(b, dtype=np.float64)
     valid = 0
+    k = 0
     for s in range(b):
-        row_sum = 0.0
-        for j in range(b):
-            row_sum += mask[s, j]
-        npos[s] = row_sum * v - mask[s, s]
-        if npos[s] > 0.0:
-            valid += 1
-    c = scale / (va * max(valid, 1))
-    total = 0.0
-    for i in range(b * va):
-        s = i // va
-        p = prob[i]
-        if npos[s] == 0.0:  # no positive: out of the mean, no gradient
-            for a in range(n):
-                p[a] = 0.0
-            continue
-        row = logits[i]
-        top = -np.inf
-        p_max = 0.0
-        for a in range(n):
-            if row[a] > top:
-                top = row[a]
-            if p[a] > p_max:
-                p_max = p[a]
-        lse = top - math.log(p_max)  # the largest probability is exp(top - lse)
-        for a in range(n):
-            p[a] *= c
-        h = c / npos[s]
-        own = s * v + i - s * va  # the anchor's own column: view i % va of sample s
-        pos_sum = 0.0
+        start[s] = k
         for j in range(b):
             if mask[s, j] != 0.0:
-                for a in range(j * v, j * v + v):
-                    if a != own:
-                        pos_sum += row[a]
-                        p[a] -= h
-        total += c * lse - h * pos_sum
-    if symmetrize:
-        for i in range(n):
-            prob[i, i] *= 2.0
-            for j in range(i + 1, n):
-                t = prob[i, j] + prob[j, i]
-                prob[i, j] = t
-                prob[j, i] = t
+                pos[k] = j
+                k += 1
+        npos[s] = (k - start[s]) * v - (1.0 if mask[s, s] != 0.0 else 0.0)
+        if npos[s] > 0.0:
+            valid += 1
+    start[b] = k
+    c = scale / (va * max(valid, 1))
+    g = np.empty(m, dtype=np.float64)
+    total = 0.0
+    for i in range(m):
+        s = i // va
+        if npos[s] == 0.0:  # no positive: out of the mean, no gradient
+            g[i] = 0.0
+            continue
+        g[i] = c
+        row = logits[i]
+        p = prob[i]
+        own = s * v + i - s * va  # the anchor's own column: view i % va of sample s
+        pos_sum = 0.0
+        best = -1.0
+        best_logit = 0.0
+        for q in range(start[s], start[s + 1]):
+            j0 = pos[q] * v
+            for a in range(j0, j0 + v):
+                if a != own:
+                    pos_sum += row[a]
+                    if p[a] > best:
+                        best = p[a]
+                        best_logit = row[a]
+        if best >= _TINY:
+            lse = best_logit - math.log(best)
+        else:  # every positive underflowed: the largest probability is exp(top - lse)
+            top = -np.inf
+            p_max = 0.0
+            for a in range(n):
+                if row[a] > top:
+                    top = row[a]
+                if p[a] > p_max:
+                    p_max = p[a]
+            lse = top - math.log(p_max)
+        total += c * lse - (c / npos[s]) * pos_sum
+    if out == 0:
+        return total
+    if out == 1:
+        for i in range(m):
+            gi = g[i]
+            p = prob[i]
+            for a in range(n):
+                p[a] *= gi
+    else:  # g_i P_ij + g_j P_ji, tile by tile (the own entries, the diagonal, are 0)
+        for i0 in range(0, n, _TILE):
+            i1 = min(i0 + _TILE, n)
+            for j0 in range(i0, n, _TILE):
+                j1 = min(j0 + _TILE, n)
+                for i in range(i0, i1):
+                    gi = g[i]
+                    for j in range(max(j0, i), j1):
+                        t = gi * prob[i, j] + g[j] * prob[j, i]
+                        prob[i, j] = t
+                        prob[j, i] = t
+    for i in range(m):  # - T (and - T^T)
+        s = i // va
+        if npos[s] == 0.0:
+            continue
+        h = c / npos[s]
+        own = s * v + i - s * va
+        for q in range(start[s], start[s + 1]):
+            j0 = pos[q] * v
+            for a in range(j0, j0 + v):
+                if a != own:
+                    prob[i, a] -= h
+                    if out == 2:
+                        prob[a, i] -= h
     return total

@@ -535,7 +535,7 @@ def test_numba_kernel_equals_torch_ops(dtype, mode, monkeypatch):
         x = torch.randn(b, v, 16, generator=g, dtype=dtype)
         y = torch.randint(0, 5, (b,), generator=g)
         m = torch.rand(b, b, generator=g) < 0.3
-        for kw in ({"labels": y}, {"mask": m}, {}):
+        for kw in ({"labels": y}, {"mask": m}, {}, {"labels": y, "normalize": False}):
             got = _value_and_grad(x, contrast_mode=mode, **kw)
             with torch.no_grad():
                 value_only = supcon_loss.__wrapped__(x, contrast_mode=mode, **kw)
@@ -545,8 +545,36 @@ def test_numba_kernel_equals_torch_ops(dtype, mode, monkeypatch):
             torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=atol)
             torch.testing.assert_close(got[1], want[1], rtol=rtol, atol=atol)
             torch.testing.assert_close(value_only, want[0], rtol=rtol, atol=atol)
-    # every case went through the kernel: v = 2 and 3; W + W^T ("all"), W ("one"), the value alone
-    assert sorted(set(calls)) == sorted({(v, out) for v in (2, 3) for out in (2 if mode == "all" else 1, 0)})
+    # every case went through the kernel: v = 2 and 3; W + W^T ("all": by scaling for normalized
+    # views, 3, by a transpose, 2), W ("one"), the value alone
+    outs = (3, 2, 0) if mode == "all" else (1, 0)
+    assert sorted(set(calls)) == sorted({(v, out) for v in (2, 3) for out in outs})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_kernel_scaling_at_its_smallest_temperature(dtype, monkeypatch):
+    """W + W^T by row and column scaling (``out=3``) at the smallest temperature it is used at and
+    at the largest batch, against the torch ops; just below that temperature the tiled transpose."""
+    pytest.importorskip("numba")
+    _fresh_loader(monkeypatch, "sync")
+    real = _supcon._load_kernel()
+    calls = []
+    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append(args[6]) or real(*args))
+    tau = _supcon._FACTOR_MIN_TAU[dtype]
+    b = _supcon._NUMBA_MAX_N // 2
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(b, 2, 32, generator=g, dtype=dtype)
+    x[3] = 0.0  # an all-zero sample: its logits are 0
+    y = torch.randint(0, 40, (b,), generator=g)
+    rtol, atol = (2e-5, 1e-6) if dtype == torch.float32 else (1e-10, 1e-13)
+    for t in (tau, tau * 0.99):
+        got = _value_and_grad(x, y, temperature=t)
+        with monkeypatch.context() as mp:
+            mp.setattr(_supcon, "_NUMBA_MAX_N", 0)
+            want = _value_and_grad(x, y, temperature=t)
+        torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=atol)
+        torch.testing.assert_close(got[1], want[1], rtol=rtol, atol=atol * got[1].abs().max().item())
+    assert calls == [3, 2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

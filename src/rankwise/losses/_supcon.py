@@ -349,6 +349,14 @@ class _SupCon(torch.autograd.Function):
 #: the kernel is compiled or read from numba's cache use the torch ops (same values up to float
 #: rounding) while a daemon thread loads it; "sync": the first call loads it; "off": never.
 _NUMBA_MAX_N = 512
+#: Smallest temperature at which the kernel forms ``W + W^T`` of normalized views by row and column
+#: scaling (``out=3``): with all views anchors the logits are symmetric, so
+#: :math:`P_{ji} = P_{ij} e^{\operatorname{lse}_i - \operatorname{lse}_j}` and no transposed access is
+#: needed (2-3x faster than the tiled transpose). Normalized logits lie in [-1/tau, 1/tau], so every
+#: probability is at least :math:`e^{-2/\tau} / N` and stays far above the dtype's smallest normal
+#: number at these temperatures (float32: 2e-21 at N = 512); the two logits of a pair differ only
+#: by the matmul's rounding, as do the softmax's own inputs.
+_FACTOR_MIN_TAU = {torch.float32: 0.05, torch.float64: 0.005}
 _NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
 _UNSET: Any = object()
 _kernel: Any = _UNSET
@@ -452,8 +460,10 @@ class _SupConOutSmall(torch.autograd.Function):
         use_kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and not torch.compiler.is_compiling()
         kernel = _numba_kernel() if use_kernel else None  # (numpy views: not under torch.compile tracing)
         if kernel is not None:  # weights, value and W (+ W^T) in one numba call
-            sym = va == v  # out: 0 the value only, 1 W, 2 W + W^T
-            out = (2 if sym else 1) if need_grad else 0
+            # out: 0 the value only, 1 W, 2 W + W^T, 3 W + W^T from the symmetric logits (see below)
+            sym = va == v
+            factor = normalize and tau >= _FACTOR_MIN_TAU.get(x.dtype, math.inf)
+            out = ((3 if factor else 2) if sym else 1) if need_grad else 0
             total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, out))
             w = prob
         else:

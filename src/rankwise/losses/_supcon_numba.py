@@ -30,6 +30,23 @@ _TINY = 1e-30
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def _row_lse(row, p, a0):  # type: ignore[no-untyped-def]
+    """Log-sum-exp of a logit row from its softmax ``p``: ``row[a0] - log(p[a0])`` when that
+    probability is at least ``_TINY``, else from the row's maxima (the largest probability is
+    ``exp(top - lse)``)."""
+    if a0 >= 0 and p[a0] >= _TINY:
+        return row[a0] - math.log(p[a0])
+    top = -np.inf
+    p_max = 0.0
+    for a in range(row.shape[0]):
+        if row[a] > top:
+            top = row[a]
+        if p[a] > p_max:
+            p_max = p[a]
+    return top - math.log(p_max)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untyped-def]
     r"""Loss value of SupCon ``variant="out"``; for ``out > 0`` ``prob`` is overwritten with the
     logit gradient.
@@ -42,7 +59,10 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
     \cdot \#\{s: |P(s)| > 0\})``, :math:`g_i = c` for an anchor with a positive (else 0) and
     :math:`T_{ia} = h_i = g_i / |P(i)|` on its positives, the value is
     :math:`\sum_i g_i \operatorname{lse}_i - \sum_{ia} T_{ia} s_{ia}`. ``out``: 0 leaves ``prob``
-    as it is (value only), 1 makes it :math:`W = g P - T`, 2 :math:`W + W^\top` (``va == v``).
+    as it is (value only), 1 makes it :math:`W = g P - T`, 2 :math:`W + W^\top` (``va == v``) by
+    a tiled transpose, 3 the same by row and column scaling, valid when the logits are symmetric
+    (``va == v``) and no probability underflows (the caller's condition): then
+    :math:`P_{ji} = P_{ij} e^{\operatorname{lse}_i - \operatorname{lse}_j}`.
 
     The log-sum-exp of a row is :math:`s_{ia} - \log P_{ia}` at its most probable positive (one log
     per anchor), or from the row's maxima when that probability is below ``_TINY``.
@@ -68,11 +88,15 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
     start[b] = k
     c = scale / (va * max(valid, 1))
     g = np.empty(m, dtype=np.float64)
+    lses = np.zeros(m, dtype=np.float64)  # (out == 3 only)
     total = 0.0
     for i in range(m):
         s = i // va
         if npos[s] == 0.0:  # no positive: out of the mean, no gradient
             g[i] = 0.0
+            if out == 3:
+                a0 = 1 if i == 0 else 0  # any column but the own one
+                lses[i] = _row_lse(logits[i], prob[i], a0)
             continue
         g[i] = c
         row = logits[i]
@@ -89,17 +113,8 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
                     if p[a] > best:
                         best = p[a]
                         best_logit = row[a]
-        if best >= _TINY:
-            lse = best_logit - math.log(best)
-        else:  # every positive underflowed: the largest probability is exp(top - lse)
-            top = -np.inf
-            p_max = 0.0
-            for a in range(n):
-                if row[a] > top:
-                    top = row[a]
-                if p[a] > p_max:
-                    p_max = p[a]
-            lse = top - math.log(p_max)
+        lse = best_logit - math.log(best) if best >= _TINY else _row_lse(row, p, -1)
+        lses[i] = lse
         total += c * lse - (c / npos[s]) * pos_sum
     if out == 0:
         return total
@@ -109,6 +124,22 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
             p = prob[i]
             for a in range(n):
                 p[a] *= gi
+    elif out == 3:  # P_ji = P_ij exp(lse_i - lse_j) for symmetric logits: row and column scaling
+        ref = lses.max()
+        gd = np.empty(m, dtype=prob.dtype)  # in prob's dtype: the loop vectorizes
+        ed = np.empty(m, dtype=prob.dtype)
+        ud = np.empty(m, dtype=prob.dtype)
+        for i in range(m):
+            e = math.exp(lses[i] - ref)  # in (0, 1]
+            gd[i] = g[i]
+            ed[i] = e
+            ud[i] = g[i] / e
+        for i in range(n):
+            gi = gd[i]
+            ei = ed[i]
+            p = prob[i]
+            for j in range(n):
+                p[j] *= gi + ei * ud[j]
     else:  # g_i P_ij + g_j P_ji, tile by tile (the own entries, the diagonal, are 0)
         for i0 in range(0, n, _TILE):
             i1 = min(i0 + _TILE, n)
@@ -131,6 +162,6 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
             for a in range(j0, j0 + v):
                 if a != own:
                     prob[i, a] -= h
-                    if out == 2:
+                    if out >= 2:
                         prob[a, i] -= h
     return total

@@ -6,8 +6,9 @@ the softmax and the gradient matmul: the per-sample positive counts and weights,
 the logit gradient :math:`W = g P - T` (in place of the softmax), or for ``va == V`` the symmetric
 :math:`W + W^\top` the gradient matmul needs. Positives are visited through a list of each sample's
 positive samples (one scan of the mask), so the work besides the dense ``g P`` pass grows with the
-number of positives, not with ``N^2`` per anchor; the symmetric pass runs over cache-sized tiles.
-Accumulation is in float64.
+number of positives, not with ``N^2`` per anchor; :math:`W + W^\top` is a row and column scaling
+when the logits are symmetric and no probability underflows (``out=3``), else a pass over
+cache-sized tiles. Accumulation is in float64.
 
 Importing this module raises ``ImportError`` when numba is unavailable; the caller then uses the
 torch ops (same values up to float rounding).
@@ -88,7 +89,7 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
     start[b] = k
     c = scale / (va * max(valid, 1))
     g = np.empty(m, dtype=np.float64)
-    lses = np.zeros(m, dtype=np.float64)  # (out == 3 only)
+    lses = np.zeros(m, dtype=np.float64)  # rows without a positive: read by out == 3 only
     total = 0.0
     for i in range(m):
         s = i // va
@@ -103,19 +104,16 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
         p = prob[i]
         own = s * v + i - s * va  # the anchor's own column: view i % va of sample s
         pos_sum = 0.0
-        best = -1.0
-        best_logit = 0.0
+        best = -1  # the most probable positive
         for q in range(start[s], start[s + 1]):
             j0 = pos[q] * v
             for a in range(j0, j0 + v):
                 if a != own:
                     pos_sum += row[a]
-                    if p[a] > best:
-                        best = p[a]
-                        best_logit = row[a]
-        lse = best_logit - math.log(best) if best >= _TINY else _row_lse(row, p, -1)
-        lses[i] = lse
-        total += c * lse - (c / npos[s]) * pos_sum
+                    if best < 0 or p[a] > p[best]:
+                        best = a
+        lses[i] = _row_lse(row, p, best)
+        total += c * lses[i] - (c / npos[s]) * pos_sum
     if out == 0:
         return total
     if out == 1:

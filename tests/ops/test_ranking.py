@@ -188,11 +188,88 @@ def test_radix_key_sort_matches_torch_sort(descending: bool, ties: str, monkeypa
     torch.testing.assert_close(fast, slow)
 
 
+SPECIAL = [
+    0.0,
+    -0.0,
+    float("nan"),
+    -float("nan"),
+    float("inf"),
+    -float("inf"),
+    1e-45,
+    -1e-45,
+    3.4e38,
+    -3.4e38,
+    1.0,
+    -1.0,
+]
+
+
+@pytest.mark.parametrize("shape", [(1, 2048), (3, 700), (40, 64), (2, 8192), (1, 20000), (64, 65)])
+def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once loaded, float32 CPU inputs are sorted by numba's row radix sort (torch.sort is not
+    called): exactly torch.sort(stable=True)'s permutation in both directions, with ties, +-0.0,
+    NaN of either sign, +-inf, subnormals and the largest floats, on 1 and 2 threads."""
+    from rankwise.ops import _sort, isotonic
+
+    if isotonic._numba_kernels() is None:
+        pytest.skip("numba unavailable")
+    gen = torch.Generator().manual_seed(shape[-1])
+    inputs = [
+        torch.randn(*shape, generator=gen),
+        torch.randint(-3, 3, shape, generator=gen).float(),
+        torch.tensor(SPECIAL)[torch.randint(0, len(SPECIAL), shape, generator=gen)],
+        torch.randn(*shape, generator=gen).sort(dim=-1).values,
+    ]
+    real_sort = torch.sort
+    calls: list[object] = []
+    monkeypatch.setattr(_sort.torch, "sort", lambda *a, **k: calls.append(a) or real_sort(*a, **k))
+    for threads in (1, 2):
+        monkeypatch.setattr(_sort.torch, "get_num_threads", lambda threads=threads: threads)
+        for x in inputs:
+            for descending in (False, True):
+                values, perm = _sort.sort_last(x, descending)
+                assert values is None
+                want = real_sort(x, dim=-1, descending=descending, stable=True).indices
+                assert torch.equal(perm, want)
+    assert calls == []
+    x = torch.randn(2, 3, 700, generator=gen).requires_grad_()  # leading dims, a leaf with grad
+    _, perm = _sort.sort_last(x, True)
+    assert perm.shape == x.shape and torch.equal(
+        perm, real_sort(x.detach(), dim=-1, descending=True, stable=True).indices
+    )
+
+
+def test_sort_last_waits_for_no_numba_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the kernels are loaded, "background" sorts with torch (and starts the load on the
+    second call), "off" always does; neither waits for numba."""
+    from rankwise.ops import _sort, isotonic
+
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(3))
+    want = torch.sort(x, dim=-1, stable=True).indices
+    monkeypatch.setattr(isotonic, "_nb", isotonic._UNSET)
+    monkeypatch.setattr(isotonic, "_NUMBA_MODE", "off")
+    assert _sort._row_sort_kernel() is None
+    assert torch.equal(_sort.sort_last(x, False)[1], want)
+    monkeypatch.setattr(isotonic, "_NUMBA_MODE", "background")
+    monkeypatch.setattr(isotonic, "_unloaded_calls", 0)
+    started: list[bool] = []
+    monkeypatch.setattr(isotonic, "_loader", None)
+    monkeypatch.setattr(isotonic, "_load_and_warm_up", lambda: started.append(True))
+    monkeypatch.setattr(isotonic.atexit, "register", lambda fn: None)
+    assert _sort._row_sort_kernel() is None and isotonic._loader is None
+    assert torch.equal(_sort.sort_last(x, False)[1], want)  # the second call starts the load
+    assert isotonic._loader is not None
+    isotonic._loader.join(timeout=60)
+    assert started == [True]
+
+
 def test_sort_last_uses_row_sort_when_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With more than one torch thread, several rows go to torch.sort (rows split across threads);
-    a single row keeps the radix path. Both give torch.sort's stable permutation."""
+    """Without the numba sort (not loaded yet, or no numba): with more than one torch thread,
+    several rows go to torch.sort (rows split across threads); a single row keeps the flat key
+    sort. Both give torch.sort's stable permutation."""
     from rankwise.ops import _sort
 
+    monkeypatch.setattr(_sort, "_row_sort_kernel", lambda: None)
     x = torch.randn(40, 97, generator=torch.Generator().manual_seed(1))
     calls: list[tuple[int, ...]] = []
     real_sort = torch.sort

@@ -266,30 +266,35 @@ def _sort_scratch(n):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _descending_key(b):  # type: ignore[no-untyped-def]
-    """uint32 key of float32 bits ``b`` whose ascending order is the descending order of the floats
-    (-0.0 and +0.0 equal, as in ``torch.sort``)."""
-    if (b & np.uint32(0x7FFFFFFF)) == 0:
-        return np.uint32(0x7FFFFFFF)  # ~(0 | 0x80000000)
-    if b & np.uint32(0x80000000):
-        return b  # ~(~b): negatives ascend as their magnitude bits grow
-    return np.uint32(~(b | np.uint32(0x80000000)))
+def _sort_key(b, descending):  # type: ignore[no-untyped-def]
+    """uint32 key of float32 bits ``b`` whose ascending order is the order of ``torch.sort``: -0.0
+    and +0.0 equal, every NaN equal and above +inf (first when ``descending``, last otherwise)."""
+    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN
+        k = np.uint32(0xFFFFFFFF)
+    elif (b & np.uint32(0x7FFFFFFF)) == 0:
+        k = np.uint32(0x80000000)  # +0.0 and -0.0
+    elif b & np.uint32(0x80000000):
+        k = np.uint32(~b)  # negatives ascend as their magnitude bits shrink
+    else:
+        k = np.uint32(b | np.uint32(0x80000000))
+    return np.uint32(~k) if descending else k
 
 
 @numba.njit(cache=True, nogil=True)
-def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
-    """``perm_row`` = the stable descending order of ``z_row`` (ties in index order), as ``torch.sort``
-    (finite values; NaN rows are overwritten by the caller). float32: insertion sort of uint32 keys
-    for short rows, else an LSD radix sort of the keys (8-bit digits, 11-bit for long rows; a pass
-    whose digit is the same for every key is skipped); float64: numba's merge sort."""
+def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
+    """``perm_row`` = the stable order of ``z_row`` (ties in index order), exactly
+    ``torch.sort(z_row, descending=descending, stable=True).indices``. float32: insertion sort of
+    uint32 keys (:func:`_sort_key`) for short rows, else an LSD radix sort of the keys (8-bit
+    digits, 11-bit for long rows; a pass whose digit is the same for every key is skipped);
+    float64: numba's merge sort (finite values)."""
     n = z_row.shape[0]
     if z_row.itemsize != 4:
-        perm_row[:] = np.argsort(-z_row, kind="mergesort")
+        perm_row[:] = np.argsort(-z_row if descending else z_row, kind="mergesort")
         return
     u = z_row.view(np.uint32)
     if n <= _INSERTION_MAX_N:
         for i in range(n):
-            k = _descending_key(u[i])
+            k = _sort_key(u[i], descending)
             j = i
             while j > 0 and keys[j - 1] > k:
                 keys[j] = keys[j - 1]
@@ -304,7 +309,7 @@ def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type:
     mask = np.uint32(buckets - 1)
     hist[: passes * buckets] = 0
     for i in range(n):
-        k = _descending_key(u[i])
+        k = _sort_key(u[i], descending)
         keys[i] = k
         for d in range(passes):
             hist[d * buckets + ((k >> np.uint32(d * bits)) & mask)] += 1
@@ -336,6 +341,24 @@ def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type:
             perm_row[i] = i
     elif done % 2 == 1:  # the result is in tmp_perm
         perm_row[:] = tmp_perm
+
+
+@numba.njit(cache=True, nogil=True)
+def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
+    """``perm_row`` = the stable descending order of ``z_row``, as ``torch.sort`` (see
+    :func:`_stable_order`; the soft operators' rows are finite, NaN rows are overwritten by the
+    caller)."""
+    _stable_order(z_row, True, perm_row, keys, tmp_keys, tmp_perm, hist)
+
+
+@numba.njit(cache=True, nogil=True)
+def sort_rows(z, descending, perm):  # type: ignore[no-untyped-def]
+    """``perm[r]`` = ``torch.sort(z[r], descending=descending, stable=True).indices`` for every
+    row of the float32 (rows, n) array ``z`` (NaN, +-inf and +-0.0 ordered as torch orders them):
+    one LSD radix sort per row, linear in n (:func:`_stable_order`)."""
+    keys, tmp_keys, tmp_perm, hist = _sort_scratch(z.shape[1])
+    for r in range(z.shape[0]):
+        _stable_order(z[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -140,6 +140,9 @@ def _load_and_warm_up() -> None:
                     if _loader_stop.is_set():
                         return
                     fn.apply(x, 1.0, False, kl, nb).sum().backward()
+            if _loader_stop.is_set():
+                return
+            nb.sort_rows(x.detach().numpy(), True, torch.empty(x.shape, dtype=torch.int64).numpy())  # sort_last's
             if not _loader_stop.is_set():
                 _load_omp()  # the row-parallel tasks (read from numba's cache once the kernels are)
         except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,16 +12,20 @@ __all__ = ["sort_last", "sorted_values_last"]
 _RADIX_MIN_NUMEL = 2048
 
 
-def _row_sort_kernel() -> Any:
-    """numba's row sort (:func:`rankwise.ops._isotonic_numba.sort_rows`) once the isotonic kernels
-    are loaded, else ``None``; the call counts towards their background load (``RANKWISE_NUMBA``:
-    "sync" loads them now, "off" never), so sorting never waits for numba to compile."""
-    from rankwise.ops import isotonic
+#: Returns numba's row sort once it can run, else ``None``; registered by :mod:`rankwise.ops.isotonic`,
+#: which owns the numba kernels and their loader (imported with :mod:`rankwise.ops`).
+_row_sort_provider: Callable[[], Any] | None = None
 
-    nb = isotonic._nb
-    if nb is isotonic._UNSET:
-        nb = isotonic._kernels_for(1, 1)
-    return None if nb is None or nb is isotonic._UNSET else nb.sort_rows
+
+def register_row_sort(provider: Callable[[], Any]) -> None:
+    """Set the function :func:`sort_last` asks for numba's row sort (see ``_row_sort_provider``)."""
+    global _row_sort_provider
+    _row_sort_provider = provider
+
+
+def _row_sort_kernel() -> Any:
+    """numba's row sort (:func:`rankwise.ops._isotonic_numba.sort_rows`) when it is loaded, else ``None``."""
+    return None if _row_sort_provider is None else _row_sort_provider()
 
 
 def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, torch.Tensor]:

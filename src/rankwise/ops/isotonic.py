@@ -34,7 +34,7 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops._sort import sort_last, sorted_values_last
+from rankwise.ops._sort import register_row_sort, sort_last, sorted_values_last
 from rankwise.ops.soft import register_soft_method
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
@@ -116,6 +116,17 @@ def _kernels_for(rows: int, n: int, *, call: bool = True) -> Any:
                 atexit.register(_stop_loader)
                 _loader.start()
     return None
+
+
+def _row_sort() -> Any:
+    """numba's row sort (``sort_rows``) for :func:`rankwise.ops._sort.sort_last` once the kernels are
+    loaded, else ``None``; the call counts towards their background load (``RANKWISE_NUMBA``: "sync"
+    loads them now, "off" never), so a sort never waits for numba to compile."""
+    nb = _nb if _nb is not _UNSET else _kernels_for(1, 1)
+    return None if nb is None or nb is _UNSET else nb.sort_rows
+
+
+register_row_sort(_row_sort)
 
 
 def _stop_loader() -> None:

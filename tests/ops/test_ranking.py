@@ -204,7 +204,9 @@ SPECIAL = [
 ]
 
 
-@pytest.mark.parametrize("shape", [(1, 2048), (3, 700), (40, 64), (2, 8192), (1, 20000), (64, 65)])
+@pytest.mark.parametrize(
+    "shape", [(1, 2048), (3, 700), (40, 64), (2, 8192), (1, 20000), (64, 65), (64, 1024), (300, 200)]
+)
 def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     """Once loaded, float32 CPU inputs are sorted by numba's row radix sort (torch.sort is not
     called): exactly torch.sort(stable=True)'s permutation in both directions, with ties, +-0.0,
@@ -223,6 +225,11 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
     real_sort = torch.sort
     calls: list[object] = []
     monkeypatch.setattr(_sort.torch, "sort", lambda *a, **k: calls.append(a) or real_sort(*a, **k))
+    real_on_team = isotonic._on_team
+    team: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        isotonic, "_on_team", lambda omp, th, task, *a: team.append((task, th)) or real_on_team(omp, th, task, *a)
+    )
     for threads in (1, 2):
         monkeypatch.setattr(_sort.torch, "get_num_threads", lambda threads=threads: threads)
         for x in inputs:
@@ -232,6 +239,9 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
                 want = real_sort(x, dim=-1, descending=descending, stable=True).indices
                 assert torch.equal(perm, want)
     assert calls == []
+    # rows split over torch's OpenMP team on 2 threads from _PARALLEL_MIN_NUMEL elements on
+    big = shape[0] > 1 and shape[0] * shape[1] >= isotonic._PARALLEL_MIN_NUMEL and isotonic._load_omp() is not None
+    assert team == ([("SORT_ROWS", 2)] * 8 if big else [])
     x = torch.randn(2, 3, 700, generator=gen).requires_grad_()  # leading dims, a leaf with grad
     _, perm = _sort.sort_last(x, True)
     assert perm.shape == x.shape and torch.equal(

@@ -266,18 +266,18 @@ def _sort_scratch(n):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _sort_key(b, descending):  # type: ignore[no-untyped-def]
+def _sort_key(b, flip):  # type: ignore[no-untyped-def]
     """uint32 key of float32 bits ``b`` whose ascending order is the order of ``torch.sort``: -0.0
-    and +0.0 equal, every NaN equal and above +inf (first when ``descending``, last otherwise)."""
-    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN
+    and +0.0 equal, every NaN equal and above +inf; ``flip`` = ``0xFFFFFFFF`` reverses it
+    (descending: NaN first), 0 keeps it. The sign is applied without a branch (random signs would
+    mispredict): positives get the top bit set, negatives all bits inverted."""
+    a = b & np.uint32(0x7FFFFFFF)
+    if a == 0:
+        b = np.uint32(0)  # -0.0 -> +0.0
+    k = b ^ (np.uint32(0) - (b >> np.uint32(31)) | np.uint32(0x80000000))
+    if a > np.uint32(0x7F800000):  # NaN
         k = np.uint32(0xFFFFFFFF)
-    elif (b & np.uint32(0x7FFFFFFF)) == 0:
-        k = np.uint32(0x80000000)  # +0.0 and -0.0
-    elif b & np.uint32(0x80000000):
-        k = np.uint32(~b)  # negatives ascend as their magnitude bits shrink
-    else:
-        k = np.uint32(b | np.uint32(0x80000000))
-    return np.uint32(~k) if descending else k
+    return np.uint32(k ^ flip)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -292,9 +292,10 @@ def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist): 
         perm_row[:] = np.argsort(-z_row if descending else z_row, kind="mergesort")
         return
     u = z_row.view(np.uint32)
+    flip = np.uint32(0xFFFFFFFF) if descending else np.uint32(0)
     if n <= _INSERTION_MAX_N:
         for i in range(n):
-            k = _sort_key(u[i], descending)
+            k = _sort_key(u[i], flip)
             j = i
             while j > 0 and keys[j - 1] > k:
                 keys[j] = keys[j - 1]
@@ -309,7 +310,7 @@ def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist): 
     mask = np.uint32(buckets - 1)
     hist[: passes * buckets] = 0
     for i in range(n):
-        k = _sort_key(u[i], descending)
+        k = _sort_key(u[i], flip)
         keys[i] = k
         for d in range(passes):
             hist[d * buckets + ((k >> np.uint32(d * bits)) & mask)] += 1
@@ -606,6 +607,21 @@ def sort_forward_task(data):  # type: ignore[no-untyped-def]
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
         soft_sort_forward(x[r0:r1], perm[r0:r1], sign, s, kl, out[r0:r1], ids[r0:r1], True)
+
+
+def sort_rows_task(data):  # type: ignore[no-untyped-def]
+    """args[4:7]: z (float32), perm, descending (:func:`sort_rows` on a chunk of rows)."""
+    a = carray(_i64p(data), TASK_ARGS)
+    rows, n, chunks = a[2], a[3], a[1]
+    z = carray(_f32p(a[4]), (rows, n))
+    perm = carray(_i64p(a[5]), (rows, n))
+    descending = a[6] != 0
+    while True:
+        c = _next_chunk(_i64p(data))
+        if c >= chunks:
+            break
+        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
+        sort_rows(z[r0:r1], descending, perm[r0:r1])
 
 
 def sort_backward_task(data):  # type: ignore[no-untyped-def]

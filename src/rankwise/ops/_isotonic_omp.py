@@ -27,7 +27,7 @@ from numba import cfunc, types
 
 from rankwise.ops import _isotonic_numba as _k
 
-__all__ = ["RANK_BACKWARD", "RANK_FORWARD", "SORT_BACKWARD", "SORT_FORWARD", "available", "run"]
+__all__ = ["RANK_BACKWARD", "RANK_FORWARD", "SORT_BACKWARD", "SORT_FORWARD", "SORT_ROWS", "available", "run"]
 
 # cached against _isotonic_numba.py, where the functions are defined
 _task = cfunc(types.void(types.voidptr), cache=True)
@@ -35,6 +35,7 @@ RANK_FORWARD = _task(_k.rank_forward_task).address
 RANK_BACKWARD = _task(_k.rank_backward_task).address
 SORT_FORWARD = _task(_k.sort_forward_task).address
 SORT_BACKWARD = _task(_k.sort_backward_task).address
+SORT_ROWS = _task(_k.sort_rows_task).address
 
 
 def _loaded_runtimes() -> list[str]:

@@ -33,18 +33,19 @@ def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, t
 
     On CPU, float32 inputs of at least ``_RADIX_MIN_NUMEL`` elements are sorted row by row by
     numba's LSD radix sort (linear in n, exactly ``torch.sort(stable=True)``'s order, NaN and
-    +-0.0 included) once the isotonic kernels are loaded: 0.7 ms at 256 x 256 and 12 ms at
-    1024 x 1024 against ``torch.sort``'s 3.2 and 67 ms on one thread (torch 2.14.1; 1.6 and 34 ms
-    on two). Until then (or without numba, or while ``torch.compile`` traces) they are sorted as
-    ONE flat array of int64 keys ``row * 2^32 + v(x)``, where ``v`` maps float32 bits to int32
+    +-0.0 included; rows on torch's OpenMP team with more than one thread) once the isotonic
+    kernels are loaded: 0.7 / 0.6 ms at 256 x 256 and 14 / 8 ms at 1024 x 1024 on 1 / 2 threads
+    against ``torch.sort``'s 3.2 / 1.6 and 67 / 34 ms (torch 2.14.1).
+
+    Until then (or without numba, or while ``torch.compile`` traces) they are sorted as ONE flat
+    array of int64 keys ``row * 2^32 + v(x)``, where ``v`` maps float32 bits to int32
     monotonically (negatives' magnitude bits inverted, -0.0 equal to +0.0, NaN above +inf as
-    ``torch.sort`` orders them): builds of torch that radix-sort integer arrays (2.15.0 here) do
-    that about 1.5x faster than the row-wise comparison sort of floats, others (2.14.1) about as
-    fast at 256 x 256 and 1.7x slower at 1024 x 1024. The sorted values are not gathered here
-    (``None``): callers that need them gather them. Other dtypes/devices use
+    ``torch.sort`` orders them). Builds of torch that radix-sort integer arrays (2.15.0 here) do
+    that about 1.5x faster than the row-wise comparison sort of floats; others (2.14.1) are about
+    as fast at 256 x 256 and 1.7x slower at 1024 x 1024. Other dtypes/devices use
     ``torch.sort(stable=True)``, and so do CPU inputs with at least two rows when torch has more
-    than one thread and the numba sort is not loaded (``torch.sort`` splits the rows across its
-    threads).
+    than one thread (``torch.sort`` splits the rows across its threads). The sorted values are
+    not gathered here (``None``): callers that need them gather them.
     """
     n = x.shape[-1]
     if (
@@ -57,7 +58,7 @@ def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, t
         if kernel is not None:
             values = x.detach().reshape(-1, n).contiguous()
             perm_rows = torch.empty(values.shape, dtype=torch.int64)
-            kernel(values.numpy(), descending, perm_rows.numpy())
+            kernel(values, descending, perm_rows)
             return None, perm_rows.view(x.shape)
     if (
         x.dtype != torch.float32

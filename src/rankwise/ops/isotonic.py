@@ -119,11 +119,22 @@ def _kernels_for(rows: int, n: int, *, call: bool = True) -> Any:
 
 
 def _row_sort() -> Any:
-    """numba's row sort (``sort_rows``) for :func:`rankwise.ops._sort.sort_last` once the kernels are
-    loaded, else ``None``; the call counts towards their background load (``RANKWISE_NUMBA``: "sync"
-    loads them now, "off" never), so a sort never waits for numba to compile."""
+    """:func:`_sort_rows` for :func:`rankwise.ops._sort.sort_last` once the kernels are loaded, else
+    ``None``; the call counts towards their background load (``RANKWISE_NUMBA``: "sync" loads them
+    now, "off" never), so a sort never waits for numba to compile."""
     nb = _nb if _nb is not _UNSET else _kernels_for(1, 1)
-    return None if nb is None or nb is _UNSET else nb.sort_rows
+    return None if nb is None or nb is _UNSET else _sort_rows
+
+
+def _sort_rows(values: torch.Tensor, descending: bool, perm: torch.Tensor) -> None:
+    """``perm`` = numba's stable row sort of the contiguous float32 (rows, n) ``values`` (``sort_rows``),
+    on torch's OpenMP team when torch has more than one thread (as the soft operators' rows)."""
+    rows, n = values.shape
+    omp, threads = _omp_team(rows, rows * n, values.dtype)
+    if omp is not None:
+        _on_team(omp, threads, "SORT_ROWS", rows, n, [values, perm, descending], 0.0)
+    else:
+        _nb.sort_rows(values.numpy(), descending, perm.numpy())
 
 
 register_row_sort(_row_sort)

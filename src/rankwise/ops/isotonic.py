@@ -122,8 +122,7 @@ def _row_sort() -> Any:
     """:func:`_sort_rows` for :func:`rankwise.ops._sort.sort_last` once the kernels are loaded, else
     ``None``; the call counts towards their background load (``RANKWISE_NUMBA``: "sync" loads them
     now, "off" never), so a sort never waits for numba to compile."""
-    nb = _nb if _nb is not _UNSET else _kernels_for(1, 1)
-    return None if nb is None or nb is _UNSET else _sort_rows
+    return None if _kernels_for(1, 1) is None else _sort_rows
 
 
 def _sort_rows(values: torch.Tensor, descending: bool, perm: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchvision")
@@ -78,6 +79,19 @@ def test_image_rnc_two_views(image_split, tmp_path):
     )
     res = train(cfg, out=tmp_path / "rnc_run", progress=False, verbose=False)
     _finite(res.metrics)
+    assert res.metrics["test"]["all"]["count"] == 6
+    # stage 1 ran to its end and handed its backbone to stage 2, which kept it frozen
+    pre = res.run_dir / "pretrain"
+    assert (pre / "done").is_file()
+    pretrained = torch.load(pre / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    final = torch.load(res.run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    backbone = {k: v for k, v in pretrained.items() if k.startswith("backbone.") and v.is_floating_point()}
+    assert backbone
+    for k, v in backbone.items():
+        torch.testing.assert_close(final[k], v, msg=f"{k} changed in stage 2")
+    # the two views differ (flip + noise), so stage 1's contrastive loss was a real, finite number
+    logs = list((res.run_dir / "logs").rglob("metrics.csv"))
+    assert any("pretrain/rnc_loss" in p.read_text() for p in logs)
 
 
 def test_text_pair_recipe_on_sts_b(shared_dir, tmp_path):

@@ -123,11 +123,6 @@ class Registry(Generic[F]):
 
         return decorator
 
-    def add_module(self, name: str, module: type[torch.nn.Module]) -> None:
-        """Attach the ``nn.Module`` twin to an already registered item."""
-        entry = self.entry(name)
-        object.__setattr__(entry, "module", module)
-
     def entry(self, name: str) -> RegistryEntry:
         try:
             return self._entries[name]

@@ -1,0 +1,152 @@
+"""The Triton PAV kernels of the isotonic operators (``rankwise._kernels.triton_isotonic``).
+
+Without a GPU they run on CPU tensors under the Triton interpreter, against the numba kernels:
+``tests/ops/triton_interpreter_cases.py``, in a subprocess (``TRITON_INTERPRET=1`` must be set before
+triton is imported). The ``cuda``-marked tests run the compiled kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import rankwise
+from rankwise.ops import isotonic as iso
+
+REGS = ["l2", "kl"]
+OPS = [rankwise.soft_rank_isotonic, rankwise.soft_sort_isotonic]
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_interpreter_cases() -> None:
+    """The interpreter cases (values, block ids and gradients of the projection against numba's;
+    soft rank / sort against the numba path: ties, NaN/inf rows, both directions, float16/bfloat16,
+    leading dims, double backward) pass in a process with ``TRITON_INTERPRET=1``."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RANKWISE_NUMBA": "sync"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT / "src"), str(_ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
+    cmd.append("tests/ops/triton_interpreter_cases.py")
+    res = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert " passed" in res.stdout and "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+
+
+def _value_and_grad(fn, x: torch.Tensor, g_seed: int = 1):  # type: ignore[no-untyped-def]
+    x = x.detach().clone().requires_grad_()
+    y = fn(x)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(g_seed), dtype=torch.float64).to(y.dtype)
+    y.backward(g.to(y.device))
+    assert x.grad is not None
+    return y.detach(), x.grad
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype != torch.float64 else {"rtol": 1e-10, "atol": 1e-10}
+
+
+def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto``: CUDA rows of at least ``_TRITON_MIN_N`` go to Triton, CPU and meta never; ``torch``
+    never."""
+    sentinel = object()
+    monkeypatch.setattr(iso, "_tk", sentinel)
+    cuda_like = types.SimpleNamespace(device=torch.device("cuda"), shape=(4, 100))
+    short = types.SimpleNamespace(device=torch.device("cuda"), shape=(4, 3))
+    monkeypatch.setattr(iso, "_TRITON_MIN_N", 16)
+    assert iso._triton_for(cuda_like) is sentinel
+    assert iso._triton_for(short) is None
+    assert iso._triton_for(torch.zeros(4, 100)) is None
+    assert iso._triton_for(torch.zeros(4, 100, device="meta")) is None
+    monkeypatch.setattr(iso, "_BACKEND", "torch")
+    assert iso._triton_for(cuda_like) is None
+
+
+def test_cpu_path_does_not_import_triton() -> None:
+    """Triton is imported only when a CUDA tensor reaches the projection."""
+    code = (
+        "import sys, torch, rankwise\n"
+        "x = torch.randn(3, 5, requires_grad=True)\n"
+        "rankwise.soft_rank_isotonic(x).sum().backward()\n"
+        "rankwise.soft_sort_isotonic(x, regularization='kl').sum().backward()\n"
+        "assert 'rankwise._kernels.triton_isotonic' not in sys.modules\n"
+        "assert 'triton' not in sys.modules, 'triton imported'\n"
+    )
+    env = {**os.environ, "RANKWISE_NUMBA": "sync"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+# --------------------------------------------------------------------------------------------------
+# on a GPU (compiled kernels)
+# --------------------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+def test_cuda_matches_cpu_kernels(reg: str, descending: bool) -> None:
+    """Long rows, ties and NaN/inf rows on CUDA: values and gradients equal numba's on CPU."""
+    gen = torch.Generator().manual_seed(7)
+    for rows, n in [(64, 1000), (3, 20000), (300, 7)]:
+        x = torch.randn(rows, n, generator=gen, dtype=torch.float64)
+        x[1] = (x[1] * 3).round()
+        x[2, n // 2] = float("nan")
+        if rows > 3:
+            x[3, 0] = float("inf")
+        for dtype in (torch.float32, torch.float64):
+            for op in OPS:
+                fn = functools.partial(op, regularization=reg, regularization_strength=0.2, descending=descending)
+                want = _value_and_grad(fn, x.to(dtype))
+                got = _value_and_grad(fn, x.to(dtype).cuda())
+                torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True, **_tol(dtype))
+                torch.testing.assert_close(got[1].cpu(), want[1], equal_nan=True, **_tol(dtype))
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("reg", REGS)
+def test_cuda_triton_equals_minmax_and_no_sync(reg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both CUDA paths (Triton; the O(n^2) min-max one below ``_TRITON_MIN_N``) agree, and the
+    Triton path runs without a host synchronization."""
+    x = torch.randn(16, 300, dtype=torch.float64, device="cuda")
+    g = torch.randn(16, 300, dtype=torch.float64, device="cuda")
+    for op in OPS:
+        fn = functools.partial(op, regularization=reg, regularization_strength=0.5)
+        _value_and_grad(fn, x)  # compile outside the sync check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            xt = x.clone().requires_grad_()
+            fn(xt).backward(g)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        monkeypatch.setattr(iso, "_TRITON_MIN_N", 10**9)
+        xm = x.clone().requires_grad_()
+        ym = fn(xm)
+        ym.backward(g)
+        monkeypatch.setattr(iso, "_TRITON_MIN_N", 1)
+        torch.testing.assert_close(fn(x), ym.detach(), rtol=1e-10, atol=1e-10)
+        assert xt.grad is not None and xm.grad is not None
+        torch.testing.assert_close(xt.grad, xm.grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_long_row_linear_memory() -> None:
+    """A row of n = 1e6 fits in O(n) memory (the min-max path would need terabytes)."""
+    torch.cuda.reset_peak_memory_stats()
+    x = torch.randn(1, 1_000_000, device="cuda", requires_grad=True)
+    base = torch.cuda.max_memory_allocated()
+    for reg in REGS:
+        y = rankwise.soft_rank_isotonic(x, regularization=reg)
+        y.sum().backward()
+    assert torch.isfinite(x.grad).all()  # type: ignore[arg-type]
+    assert torch.cuda.max_memory_allocated() - base < 200 * x.numel()  # bytes per element

@@ -52,9 +52,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ops as ops_bench  # benchmarks/ops.py: torchsort, the diffsort package, reference formulas
-from losses import ranksim_reference, rnc_reference, supcon_reference  # benchmarks/losses.py
-
 import rankwise
+from losses import ranksim_reference, rnc_reference, supcon_reference  # benchmarks/losses.py
 from rankwise.losses import LOSSES, ranksim_loss, rnc_loss, supcon_loss
 from rankwise.ops import OPS
 from rankwise.ops import isotonic as iso

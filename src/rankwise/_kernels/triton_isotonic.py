@@ -54,9 +54,7 @@ def _logaddexp(a, b):
 def _violates(pa, pb, pms, pmw, a, b, ms, mw, TOL: tl.constexpr, KL: tl.constexpr):
     """The left block (``p*``) does not exceed the right one beyond the round-off tolerance."""
     if KL:
-        slack = TOL * (
-            (pms + pmw + tl.abs(pa) + tl.abs(pb) + 1.0) + (ms + mw + tl.abs(a) + tl.abs(b) + 1.0)
-        )
+        slack = TOL * ((pms + pmw + tl.abs(pa) + tl.abs(pb) + 1.0) + (ms + mw + tl.abs(a) + tl.abs(b) + 1.0))
         res = pa - pb <= a - b + slack
     else:
         res = pa / pb <= a / b + TOL * (pms + pmw + ms + mw)

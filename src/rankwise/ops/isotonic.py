@@ -305,9 +305,7 @@ def _triton_kernels() -> Any:
 
 def _triton_for(s: torch.Tensor) -> Any:
     """The Triton kernels when the projection of ``s`` (rows, n) runs on them (see ``_BACKEND``)."""
-    if _BACKEND == "triton" or (
-        _BACKEND == "auto" and s.device.type == "cuda" and s.shape[-1] >= _TRITON_MIN_N
-    ):
+    if _BACKEND == "triton" or (_BACKEND == "auto" and s.device.type == "cuda" and s.shape[-1] >= _TRITON_MIN_N):
         return _triton_kernels()
     return None
 

@@ -114,8 +114,8 @@ BENCH_S=$(($(left) - 15))
 if [ "$BENCH_S" -lt 60 ]; then
     note "SKIPPED: benchmark (only $(left) s left)"
 else
-    BUDGET=$((BENCH_S - 70))
-    [ "$BUDGET" -gt 170 ] && BUDGET=170
+    BUDGET=$((BENCH_S - 60))
+    [ "$BUDGET" -gt 200 ] && BUDGET=200
     [ "$BUDGET" -lt 30 ] && BUDGET=30
     # shellcheck disable=SC2086  # BENCH_ARGS: several options (default --quick; --dry-run checks the script on CPU)
     timeout "$BENCH_S" "$PY" benchmarks/gpu.py ${BENCH_ARGS:---quick} --budget-s "$BUDGET" --out "$OUT/gpu.json" \

@@ -126,7 +126,7 @@ def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto``: CUDA rows of at least ``_TRITON_MIN_N`` go to Triton, CPU and meta never; ``torch``
     never."""
     sentinel = object()
-    monkeypatch.setattr(iso, "_tk", sentinel)
+    monkeypatch.setattr(iso, "_triton_kernels", lambda: sentinel)
     cuda_like = types.SimpleNamespace(device=torch.device("cuda"), shape=(4, 100))
     short = types.SimpleNamespace(device=torch.device("cuda"), shape=(4, 3))
     monkeypatch.setattr(iso, "_TRITON_MIN_N", 16)

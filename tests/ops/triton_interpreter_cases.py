@@ -19,8 +19,12 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
 
 import rankwise
-from rankwise.ops import _isotonic_numba as nb
 from rankwise.ops import isotonic as iso
+
+try:  # the numba kernels (CPU references)
+    from rankwise._kernels import _numba_isotonic as nb
+except ImportError:
+    from rankwise.ops import _isotonic_numba as nb
 
 pytest.importorskip("triton")
 

@@ -281,19 +281,22 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
 # --------------------------------------------------------------------------------------------------
 # CUDA: Triton PAV kernels (imported on the first CUDA tensor)
 # --------------------------------------------------------------------------------------------------
-_tk: Any = _UNSET  # rankwise._kernels.triton_isotonic, or None when Triton cannot be imported
+_tk: Any = None  # rankwise._kernels.triton_isotonic once imported (None: not yet, or Triton is unavailable)
+_tk_tried = False
 
 
 def _triton_kernels() -> Any:
-    """The Triton kernels module (imported now if needed), or ``None`` (with one warning)."""
-    global _tk
-    if _tk is _UNSET:
+    """The Triton kernels module (imported on the first call), or ``None`` (with one warning)."""
+    global _tk, _tk_tried
+    if not _tk_tried:
+        _tk_tried = True
         try:
             from rankwise._kernels import triton_isotonic
 
             _tk = triton_isotonic
         except Exception as exc:  # no Triton (e.g. a CPU-only build of torch): the min-max path
-            _tk = None
+            import warnings
+
             warnings.warn(
                 f"rankwise: Triton is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
                 "O(n^2)-memory PyTorch path on CUDA",

@@ -2,20 +2,20 @@
 # One GPU check: environment, the cuda-marked tests, and the quick GPU benchmark, logs and JSON in $OUT.
 #
 #   bash benchmarks/gpu_check.sh                 # from the repository root on a CUDA machine
-#   OUT=/tmp/gpu_out DEADLINE_S=420 bash benchmarks/gpu_check.sh
+#   OUT=/tmp/gpu_out DEADLINE_S=450 bash benchmarks/gpu_check.sh
 #   BENCH_ARGS=--dry-run bash benchmarks/gpu_check.sh   # the benchmark step on CPU (checks the script)
 #
 # Needs python3 with torch (CUDA), triton, numpy and numba; installs nothing from the network. Wheels
 # or sdists found in .whl/ (git-ignored; e.g. diffsort-*.whl, torchsort-*.tar.gz) are installed
 # offline into /tmp/site first: torchsort's CUDA extension is built from its sdist with nvcc, in the
 # background while the tests run (its column in the benchmark is skipped when that fails). Every
-# step runs even when an earlier one failed; the steps share DEADLINE_S seconds (default 420), and
+# step runs even when an earlier one failed; the steps share DEADLINE_S seconds (default 450), and
 # $OUT/summary.txt says what ran, what failed and what was skipped.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-benchmarks/results/gpu_check}"
 mkdir -p "$OUT"
-DEADLINE_S="${DEADLINE_S:-420}"
+DEADLINE_S="${DEADLINE_S:-450}"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 RANKWISE_NUMBA=sync
 export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -76,7 +76,7 @@ else
 fi
 
 # ---------------------------------------------------------------- (b) cuda-marked tests
-PYTEST_S=$(($(left) - 230))
+PYTEST_S=$(($(left) - 200))
 [ "$PYTEST_S" -gt 240 ] && PYTEST_S=240
 if [ "$PYTEST_S" -lt 30 ]; then
     note "SKIPPED: tests (only $(left) s left)"
@@ -92,8 +92,8 @@ else
     note "tests (-m cuda): rc=$rc ($(tail -n 1 "$OUT/pytest_cuda.log"))"
     [ "$rc" = 124 ] && note "tests stopped at the ${PYTEST_S} s limit"
     # CUDA tests elsewhere in tests/ops carry only a skipif (no marker): run them by name
-    if [ "$(left)" -gt 200 ]; then
-        timeout 90 "$PY" -m pytest -q -p no:cacheprovider -rfEsx -k cuda \
+    if [ "$(left)" -gt 170 ]; then
+        timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfEsx -k cuda \
             tests/ops/test_permutation.py tests/ops/test_sinkhorn.py >>"$OUT/pytest_cuda.log" 2>&1
         note "tests (-k cuda, permutation/sinkhorn): rc=$? ($(tail -n 1 "$OUT/pytest_cuda.log"))"
     fi

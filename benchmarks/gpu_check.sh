@@ -81,9 +81,13 @@ PYTEST_S=$(($(left) - 200))
 if [ "$PYTEST_S" -lt 30 ]; then
     note "SKIPPED: tests (only $(left) s left)"
 else
-    TIMEOUT_OPT=""
-    "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_OPT="--timeout=120"
-    timeout "$PYTEST_S" "$PY" -m pytest -q -p no:cacheprovider -rfEsx $TIMEOUT_OPT \
+    # -v: one line per test in the log, so a run stopped at its limit still says what passed;
+    # 4 workers (pytest-xdist) when available: the numba and Triton JIT caches on disk are shared
+    OPTS=""
+    "$PY" -c "import pytest_timeout" 2>/dev/null && OPTS="--timeout=120"
+    "$PY" -c "import xdist" 2>/dev/null && OPTS="$OPTS -n 4"
+    # shellcheck disable=SC2086
+    timeout "$PYTEST_S" "$PY" -m pytest -v -p no:cacheprovider -rfEsx $OPTS \
         --junitxml="$OUT/pytest_cuda.xml" \
         -m cuda tests/test_cuda.py tests/ops/test_isotonic_triton.py tests/ops/test_isotonic.py \
         >"$OUT/pytest_cuda.log" 2>&1

@@ -75,7 +75,7 @@ def supcon_reference(
     logits = dots - dots.max(dim=1, keepdim=True).values.detach()
     mask = same.repeat(views, views)
     n = batch * views
-    logits_mask = torch.scatter(torch.ones_like(mask), 1, torch.arange(n).view(-1, 1), 0)
+    logits_mask = torch.scatter(torch.ones_like(mask), 1, torch.arange(n, device=mask.device).view(-1, 1), 0)
     mask = mask * logits_mask
     exp_logits = torch.exp(logits) * logits_mask
     log_prob = logits - torch.log(exp_logits.sum(1, keepdim=True))
@@ -136,7 +136,7 @@ def rnc_reference(features: torch.Tensor, labels: torch.Tensor, temperature: flo
     logits = logits - logits.max(dim=1, keepdim=True).values.detach()
     exp_logits = logits.exp()
     n = logits.shape[0]
-    off_diagonal = (1 - torch.eye(n)).bool()
+    off_diagonal = (1 - torch.eye(n, device=logits.device)).bool()
     logits = logits.masked_select(off_diagonal).view(n, n - 1)
     exp_logits = exp_logits.masked_select(off_diagonal).view(n, n - 1)
     label_diffs = label_diffs.masked_select(off_diagonal).view(n, n - 1)

@@ -460,6 +460,7 @@ def test_non_cpu_path_needs_no_host_values(reg: str) -> None:
         assert x.grad is not None and x.grad.shape == x.shape
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("reg", REGS)
 def test_cuda_no_sync_and_matches_cpu(reg: str) -> None:

@@ -5,8 +5,10 @@ operators ``soft_rank.isotonic_l2``, ``soft_rank.isotonic_kl``, ``soft_sort.isot
 ``soft_sort.isotonic_kl``.
 
 Backends: on CPU a numba pool-adjacent-violators (PAV) kernel (O(n) after the O(n log n) sort);
-on other devices, or when numba cannot be imported, a vectorized PyTorch formulation based on the
-min-max characterization of isotonic regression (O(n^2) time and memory per row, no host sync).
+on CUDA a Triton PAV kernel (``rankwise._kernels.triton_isotonic``; O(n) time and memory per row
+after ``torch.sort``, rows in parallel, no host sync); on other devices, or when numba / Triton
+cannot be imported, a vectorized PyTorch formulation based on the min-max characterization of
+isotonic regression (O(n^2) time and memory per row, no host sync).
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_s
 Regularization = Literal["l2", "kl"]
 _REGULARIZATIONS = ("l2", "kl")
 
-#: "auto": numba on CPU tensors when available, PyTorch otherwise; "torch" forces the vectorized
-#: PyTorch path (used by the tests to check it against the numba path on CPU).
-_BACKEND: Literal["auto", "torch"] = "auto"
+#: "auto": numba on CPU tensors when available, Triton on CUDA tensors (rows of at least
+#: ``_TRITON_MIN_N``), PyTorch otherwise; "torch" forces the vectorized PyTorch path (used by the
+#: tests to check it against the numba path on CPU); "triton" forces the Triton projection on every
+#: device (CPU tensors need ``TRITON_INTERPRET=1``: the tests run the kernels so without a GPU).
+_BACKEND: Literal["auto", "torch", "triton"] = "auto"
+
+#: CUDA rows of at least this length use the Triton projection, shorter ones the O(n^2) min-max
+#: formulation (``benchmarks/gpu.py`` times both on a GPU: the crossover)
+_TRITON_MIN_N = 1
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
 #: ``_TIE_TOL * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|`` (``kl``: plus
@@ -270,6 +278,41 @@ def _block_ids_minmax(s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tenso
     return torch.cat(parts, dim=0)
 
 
+# --------------------------------------------------------------------------------------------------
+# CUDA: Triton PAV kernels (imported on the first CUDA tensor)
+# --------------------------------------------------------------------------------------------------
+_tk: Any = None  # rankwise._kernels.triton_isotonic once imported (None: not yet, or Triton is unavailable)
+_tk_tried = False
+
+
+def _triton_kernels() -> Any:
+    """The Triton kernels module (imported on the first call), or ``None`` (with one warning)."""
+    global _tk, _tk_tried
+    if not _tk_tried:
+        _tk_tried = True
+        try:
+            from rankwise._kernels import triton_isotonic
+
+            _tk = triton_isotonic
+        except Exception as exc:  # no Triton (e.g. a CPU-only build of torch): the min-max path
+            import warnings
+
+            warnings.warn(
+                f"rankwise: Triton is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
+                "O(n^2)-memory PyTorch path on CUDA",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _tk
+
+
+def _triton_for(s: torch.Tensor) -> Any:
+    """The Triton kernels when the projection of ``s`` (rows, n) runs on them (see ``_BACKEND``)."""
+    if _BACKEND == "triton" or (_BACKEND == "auto" and s.device.type == "cuda" and s.shape[-1] >= _TRITON_MIN_N):
+        return _triton_kernels()
+    return None
+
+
 def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
     nb = _kernels_for(*s.shape, call=False) if _BACKEND == "auto" and s.device.type == "cpu" else None
@@ -297,17 +340,29 @@ class _PermutahedronProjection(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s: torch.Tensor, w: torch.Tensor, reg: str) -> torch.Tensor:  # type: ignore[override]
-        mu, ids = _isotonic(s, w, reg)
         ctx.reg = reg
         ctx.w_shared = w.shape[0] != s.shape[0]
+        tk = _triton_for(s)
+        if tk is not None:  # CUDA: Triton PAV; saves block ids, starts and statistics
+            mu, state = tk.projection_forward(s, w, reg == "kl")
+            ctx.triton = tk
+            ctx.save_for_backward(s, w, *state)
+            return mu
+        mu, ids = _isotonic(s, w, reg)
+        ctx.triton = None
         ctx.save_for_backward(s, w, ids)
         return mu
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        s, w, ids = ctx.saved_tensors
+        s, w, ids, *state = ctx.saved_tensors
         grad = grad.to(s.dtype)
         need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if ctx.triton is not None:
+            if not grad.requires_grad:
+                grads = ctx.triton.projection_backward(grad, s, w, (ids, *state), ctx.reg == "kl", need_s, need_w)
+                return grads[0], grads[1], None
+            ids = ids.long()  # double backward: the differentiable segment ops below
         cpu = _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad
         nb = _kernels_for(*s.shape, call=False) if cpu else None
         if nb is not None:  # CPU: one pass over the blocks in the JIT
@@ -710,9 +765,10 @@ def soft_rank_isotonic(
     Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
     (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
-    Cost: CPU tensors use a numba PAV kernel, O(n log n) time and O(n) memory per row; other devices
-    (CUDA) use a vectorized PyTorch min-max formulation, O(n^2) time and memory per row (rows are
-    processed in chunks), without host synchronization.
+    Cost: CPU tensors use a numba PAV kernel, CUDA tensors a Triton PAV kernel (one program per
+    row), both O(n log n) time and O(n) memory per row; other devices use a vectorized PyTorch
+    min-max formulation, O(n^2) time and memory per row (rows are processed in chunks). No host
+    synchronization on CUDA.
 
     Shape:
         - x: :math:`(*, n, *)` floating; ranked along ``dim``.

@@ -1,0 +1,1 @@
+"""Compute kernels (numba, OpenMP, Triton) behind one interface."""

@@ -1,0 +1,322 @@
+r"""Triton pool-adjacent-violators kernels for the isotonic soft operators on CUDA.
+
+They solve, for every row of ``s`` (shape ``(R, n)``) and ``w`` (``(R, n)`` or ``(1, n)``, broadcast
+over rows), both sorted decreasingly, the decreasing isotonic regression of
+:mod:`rankwise.ops.isotonic` (Blondel et al., ICML 2020, "Fast Differentiable Sorting and Ranking"):
+
+.. math::
+    v^\star = \arg\min_{v_1 \ge \dots \ge v_n} \sum_i \ell(v_i; s_i, w_i),
+
+``l2``: block value ``mean(s_B - w_B)``; ``kl``: ``logsumexp(s_B) - logsumexp(w_B)``, and return
+``mu = s - v``, with the same pooling rule as the CPU (numba) kernels: adjacent blocks are pooled
+while the left value is ``<=`` the right one plus ``TIE_ULPS`` float64 ulps of the local magnitudes
+(the blocks' largest ``|s|`` and ``|w|``, plus the block log-sum-exps and 1 for ``kl``).
+Accumulation is in float64.
+
+One program per row (rows in parallel): a sequential PAV with its block stack in global scratch
+memory (O(n) work and memory per row; the sort before it is ``torch.sort``), then vectorized passes
+that write the block index of every position (a prefix sum of the block-start flags) and ``mu``.
+The backward pass is vectorized too: a float64 prefix sum of the incoming gradient gives every
+block's gradient sum, the forward's block statistics give its mean (l2) or softmax (kl).
+
+The module imports :mod:`triton`; :mod:`rankwise.ops.isotonic` imports it on the first CUDA tensor
+that reaches the isotonic projection. Under ``TRITON_INTERPRET=1`` (set before importing triton)
+the kernels also run on CPU tensors, which is how the CPU test suite checks them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["TIE_ULPS", "projection_backward", "projection_forward"]
+
+#: tie tolerance in float64 ulps of the local magnitudes (the CPU kernels' rule)
+TIE_ULPS = 4.0
+_TOL = TIE_ULPS * float(torch.finfo(torch.float64).eps)
+
+#: largest chunk of the vectorized passes (one warp per row program)
+_MAX_BLOCK = 1024
+
+
+@triton.jit
+def _logaddexp(a, b):
+    """``log(exp(a) + exp(b))`` in float64 (``-inf`` operands as the CPU kernels treat them)."""
+    hi = tl.maximum(a, b)
+    lo = tl.minimum(a, b)
+    out = hi + tl.log(1.0 + tl.exp(lo - hi))
+    out = tl.where(a == float("-inf"), b, out)
+    return tl.where(b == float("-inf"), a, out)
+
+
+@triton.jit
+def _violates(pa, pb, pms, pmw, a, b, ms, mw, TOL: tl.constexpr, KL: tl.constexpr):
+    """The left block (``p*``) does not exceed the right one beyond the round-off tolerance."""
+    if KL:
+        slack = TOL * ((pms + pmw + tl.abs(pa) + tl.abs(pb) + 1.0) + (ms + mw + tl.abs(a) + tl.abs(b) + 1.0))
+        res = pa - pb <= a - b + slack
+    else:
+        res = pa / pb <= a / b + TOL * (pms + pmw + ms + mw)
+    return res
+
+
+@triton.jit
+def _pav_forward_kernel(
+    s_ptr,
+    w_ptr,
+    w_row_stride,
+    mu_ptr,
+    ids_ptr,
+    starts_ptr,
+    acc_a_ptr,
+    acc_b_ptr,
+    max_s_ptr,
+    max_w_ptr,
+    n,
+    TOL: tl.constexpr,
+    KL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row: PAV, then block ids and ``mu``. Block ``b`` keeps ``acc_a[b]``, ``acc_b[b]`` (l2: sum
+    of ``s - w`` and count; kl: ``lse(s_B)``, ``lse(w_B)``), its largest ``|s|``, ``|w|`` and its first
+    position ``starts[b]`` (``starts[nb] = n``)."""
+    row = tl.program_id(0).to(tl.int64)
+    s_row = s_ptr + row * n
+    w_row = w_ptr + row * w_row_stride
+    mu_row = mu_ptr + row * n
+    ids_row = ids_ptr + row * n
+    starts = starts_ptr + row * (n + 1)
+    acc_a = acc_a_ptr + row * n
+    acc_b = acc_b_ptr + row * n
+    max_s = max_s_ptr + row * n
+    max_w = max_w_ptr + row * n
+
+    nb = tl.zeros((), tl.int32)  # blocks on the stack; the top one is also held in registers (t*)
+    ta = tl.zeros((), tl.float64)
+    tb = tl.full((), 1.0, tl.float64)
+    tms = tl.zeros((), tl.float64)
+    tmw = tl.zeros((), tl.float64)
+    tstart = tl.zeros((), tl.int32)
+    for i in range(0, n):
+        si = tl.load(s_row + i).to(tl.float64)
+        wi = tl.load(w_row + i).to(tl.float64)
+        if KL:
+            a = si
+            b = wi
+        else:
+            a = si - wi
+            b = tl.full((), 1.0, tl.float64)
+        ms = tl.abs(si)
+        mw = tl.abs(wi)
+        start = tl.zeros((), tl.int32) + i
+        go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
+        while go:  # pool the top block into the current one
+            if KL:
+                a = _logaddexp(a, ta)
+                b = _logaddexp(b, tb)
+            else:
+                a += ta
+                b += tb
+            ms = tl.maximum(ms, tms)
+            mw = tl.maximum(mw, tmw)
+            start = tstart
+            nb -= 1
+            tl.debug_barrier()  # the stack slots were stored by other lanes
+            j = tl.maximum(nb - 1, 0)
+            ta = tl.load(acc_a + j)
+            tb = tl.load(acc_b + j)
+            tms = tl.load(max_s + j)
+            tmw = tl.load(max_w + j)
+            tstart = tl.load(starts + j)
+            go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
+        tl.store(acc_a + nb, a)
+        tl.store(acc_b + nb, b)
+        tl.store(max_s + nb, ms)
+        tl.store(max_w + nb, mw)
+        tl.store(starts + nb, start)
+        ta, tb, tms, tmw, tstart = a, b, ms, mw, start
+        nb += 1
+    tl.store(starts + nb, n)
+
+    # block ids: 1 at every block start but the first, then a running sum
+    offs = tl.arange(0, BLOCK)
+    for c0 in range(0, n, BLOCK):
+        tl.store(ids_row + c0 + offs, tl.zeros((BLOCK,), tl.int32), mask=c0 + offs < n)
+    tl.debug_barrier()
+    for b0 in range(0, nb, BLOCK):
+        bi = b0 + offs
+        mark = (bi > 0) & (bi < nb)
+        first = tl.load(starts + bi, mask=mark, other=0)
+        tl.store(ids_row + first, tl.full((BLOCK,), 1, tl.int32), mask=mark)
+    tl.debug_barrier()
+    carry = tl.zeros((), tl.int32)
+    for c0 in range(0, n, BLOCK):
+        m = c0 + offs < n
+        flag = tl.load(ids_row + c0 + offs, mask=m, other=0)
+        bid = tl.cumsum(flag, 0) + carry
+        carry += tl.sum(flag, 0)
+        tl.store(ids_row + c0 + offs, bid, mask=m)
+        va = tl.load(acc_a + bid, mask=m, other=0.0)
+        vb = tl.load(acc_b + bid, mask=m, other=1.0)
+        if KL:
+            val = va - vb
+        else:
+            val = va / vb
+        sv = tl.load(s_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+        tl.store(mu_row + c0 + offs, (sv - val).to(mu_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _pav_backward_kernel(
+    g_ptr,
+    s_ptr,
+    w_ptr,
+    w_row_stride,
+    ids_ptr,
+    starts_ptr,
+    acc_a_ptr,
+    acc_b_ptr,
+    prefix_ptr,
+    gs_ptr,
+    gw_ptr,
+    n,
+    KL: tl.constexpr,
+    NEED_S: tl.constexpr,
+    NEED_W: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row of the vector-Jacobian product of ``mu = s - v(s, w)``: with ``G_B`` the block sum of
+    the gradient ``g``, l2 ``grad_s = g - G_B / |B|``, ``grad_w = G_B / |B|``; kl
+    ``grad_s = g - softmax_B(s) G_B``, ``grad_w = softmax_B(w) G_B``."""
+    row = tl.program_id(0).to(tl.int64)
+    g_row = g_ptr + row * n
+    s_row = s_ptr + row * n
+    w_row = w_ptr + row * w_row_stride
+    ids_row = ids_ptr + row * n
+    starts = starts_ptr + row * (n + 1)
+    acc_a = acc_a_ptr + row * n
+    acc_b = acc_b_ptr + row * n
+    prefix = prefix_ptr + row * (n + 1)
+    offs = tl.arange(0, BLOCK)
+
+    # prefix[i] = g_0 + ... + g_{i-1} (float64)
+    tl.store(prefix, tl.zeros((), tl.float64))
+    carry = tl.zeros((), tl.float64)
+    for c0 in range(0, n, BLOCK):
+        m = c0 + offs < n
+        g = tl.load(g_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+        run = tl.cumsum(g, 0) + carry
+        carry = tl.sum(tl.where(offs == BLOCK - 1, run, 0.0), 0)
+        tl.store(prefix + 1 + c0 + offs, run, mask=m)
+    tl.debug_barrier()
+    for c0 in range(0, n, BLOCK):
+        m = c0 + offs < n
+        bid = tl.load(ids_row + c0 + offs, mask=m, other=0)
+        lo = tl.load(starts + bid, mask=m, other=0)
+        hi = tl.load(starts + bid + 1, mask=m, other=1)
+        gsum = tl.load(prefix + hi, mask=m, other=0.0) - tl.load(prefix + lo, mask=m, other=0.0)
+        if KL:
+            if NEED_S:
+                g = tl.load(g_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+                sv = tl.load(s_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+                p = tl.exp(sv - tl.load(acc_a + bid, mask=m, other=0.0))
+                tl.store(gs_ptr + row * n + c0 + offs, (g - p * gsum).to(gs_ptr.dtype.element_ty), mask=m)
+            if NEED_W:
+                wv = tl.load(w_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+                q = tl.exp(wv - tl.load(acc_b + bid, mask=m, other=0.0))
+                tl.store(gw_ptr + row * n + c0 + offs, (q * gsum).to(gw_ptr.dtype.element_ty), mask=m)
+        else:
+            mean = gsum / (hi - lo).to(tl.float64)
+            if NEED_S:
+                g = tl.load(g_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
+                tl.store(gs_ptr + row * n + c0 + offs, (g - mean).to(gs_ptr.dtype.element_ty), mask=m)
+            if NEED_W:
+                tl.store(gw_ptr + row * n + c0 + offs, mean.to(gw_ptr.dtype.element_ty), mask=m)
+
+
+def _block(n: int) -> int:
+    return max(16, min(_MAX_BLOCK, triton.next_power_of_2(max(n, 1))))
+
+
+def projection_forward(
+    s: torch.Tensor, w: torch.Tensor, kl: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``mu = s - v(s, w)`` for the rows of ``s`` (``(R, n)``, sorted decreasingly; float32/float64)
+    and ``w`` (``(R, n)`` or ``(1, n)``), and the state the backward pass needs: block ids (int32,
+    ``(R, n)``), block starts (int32, ``(R, n + 1)``) and the blocks' two float64 statistics."""
+    rows, n = s.shape
+    s = s.detach().contiguous()
+    w = w.detach().to(s.dtype).contiguous()
+    dev = s.device
+    mu = torch.empty((rows, n), dtype=s.dtype, device=dev)
+    ids = torch.empty((rows, n), dtype=torch.int32, device=dev)
+    starts = torch.empty((rows, n + 1), dtype=torch.int32, device=dev)
+    acc_a = torch.empty((rows, n), dtype=torch.float64, device=dev)
+    acc_b = torch.empty((rows, n), dtype=torch.float64, device=dev)
+    scratch = torch.empty((2, rows, n), dtype=torch.float64, device=dev)  # the blocks' largest |s|, |w|
+    if rows and n:
+        _pav_forward_kernel[(rows,)](
+            s,
+            w,
+            0 if w.shape[0] == 1 else n,
+            mu,
+            ids,
+            starts,
+            acc_a,
+            acc_b,
+            scratch[0],
+            scratch[1],
+            n,
+            TOL=_TOL,
+            KL=kl,
+            BLOCK=_block(n),
+            num_warps=1,
+        )
+    return mu, (ids, starts, acc_a, acc_b)
+
+
+def projection_backward(
+    grad: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    kl: bool,
+    need_s: bool,
+    need_w: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Vector-Jacobian product of :func:`projection_forward` (``state`` is its second output):
+    ``(grad_s, grad_w)`` in the dtype of ``s``, ``grad_w`` of the shape of ``w`` (a shared ``(1, n)``
+    ``w`` sums over rows); ``None`` where not needed."""
+    rows, n = s.shape
+    ids, starts, acc_a, acc_b = state
+    dev = s.device
+    g = grad.detach().to(s.dtype).contiguous()
+    s = s.detach().contiguous()
+    w = w.detach().to(s.dtype).contiguous()
+    grad_s = torch.empty((rows, n), dtype=s.dtype, device=dev) if need_s else None
+    grad_w = torch.empty((rows, n), dtype=s.dtype, device=dev) if need_w else None
+    if rows and n and (need_s or need_w):
+        prefix = torch.empty((rows, n + 1), dtype=torch.float64, device=dev)
+        _pav_backward_kernel[(rows,)](
+            g,
+            s,
+            w,
+            0 if w.shape[0] == 1 else n,
+            ids,
+            starts,
+            acc_a,
+            acc_b,
+            prefix,
+            grad_s if grad_s is not None else g,
+            grad_w if grad_w is not None else g,
+            n,
+            KL=kl,
+            NEED_S=need_s,
+            NEED_W=need_w,
+            BLOCK=_block(n),
+            num_warps=1,
+        )
+    if grad_w is not None and w.shape[0] != rows:
+        grad_w = grad_w.sum(0, keepdim=True)
+    return grad_s, grad_w

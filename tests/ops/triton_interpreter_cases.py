@@ -1,0 +1,179 @@
+"""Cases for the Triton PAV kernels of the isotonic operators under the Triton interpreter (CPU).
+
+``tests/ops/test_isotonic_triton.py`` runs this module in a subprocess with ``TRITON_INTERPRET=1``:
+the variable must be set before triton is imported (triton's own language functions are decorated
+then), so these cases cannot share a process with compiled kernels. The references are the numba
+kernels (CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
+
+import rankwise
+from rankwise.ops import isotonic as iso
+
+try:  # the numba kernels (CPU references)
+    from rankwise._kernels import _numba_isotonic as nb
+except ImportError:
+    from rankwise.ops import _isotonic_numba as nb
+
+pytest.importorskip("triton")
+
+REGS = ["l2", "kl"]
+OPS = [rankwise.soft_rank_isotonic, rankwise.soft_sort_isotonic]
+
+
+@pytest.fixture
+def interpreted() -> types.ModuleType:
+    """The kernels module (interpreted: imported under ``TRITON_INTERPRET=1``)."""
+    tk = iso._triton_kernels()
+    assert tk is not None
+    return tk
+
+
+@pytest.fixture
+def triton_backend(interpreted: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """Route every isotonic projection through the (interpreted) Triton kernels."""
+    monkeypatch.setattr(iso, "_BACKEND", "triton")
+    return interpreted
+
+
+def _sorted_rows(rows: int, n: int, dtype: torch.dtype, g: torch.Generator, ties: bool) -> torch.Tensor:
+    x = torch.randn(rows, n, generator=g, dtype=torch.float64)
+    if ties:
+        x = (x * 1.5).round()
+    return x.sort(-1, descending=True).values.to(dtype)
+
+
+def _numba_projection(s, w, kl, g):  # type: ignore[no-untyped-def]
+    """numba's ``mu``, block ids, ``grad_s`` and ``grad_w`` (``w`` shape kept)."""
+    mu = torch.empty_like(s)
+    ids = torch.empty(s.shape, dtype=torch.int64)
+    (nb.pav_kl if kl else nb.pav_l2)(s.numpy(), w.numpy(), mu.numpy(), ids.numpy())
+    gs = torch.empty_like(s)
+    gw = torch.zeros_like(w)
+    nb.pav_backward(g.numpy(), s.numpy(), w.numpy(), ids.numpy(), kl, True, True, gs.numpy(), gw.numpy())
+    return mu, ids, gs, gw
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("shared_w", [False, True], ids=["w_rows", "w_shared"])
+def test_projection_matches_numba(interpreted, reg, dtype, ties, shared_w) -> None:  # type: ignore[no-untyped-def]
+    """Values, block ids and both input gradients equal the numba kernels' (same pooling rule)."""
+    gen = torch.Generator().manual_seed(hash((reg, str(dtype), ties, shared_w)) % 2**31)
+    for rows, n in [(3, 1), (4, 9), (2, 37)]:
+        s = _sorted_rows(rows, n, dtype, gen, ties)
+        w = _sorted_rows(1 if shared_w else rows, n, dtype, gen, ties)
+        g = torch.randn(rows, n, generator=gen, dtype=torch.float64).to(dtype)
+        mu_ref, ids_ref, gs_ref, gw_ref = _numba_projection(s, w, reg == "kl", g)
+        # float64 results rounded to the input dtype (float32 may differ by an ulp: other exp/log)
+        close = functools.partial(torch.testing.assert_close, **_tol(dtype, 1e-12))
+        mu, state = interpreted.projection_forward(s, w, reg == "kl")
+        assert mu.dtype == dtype and state[0].dtype == torch.int32
+        assert torch.equal(state[0].long(), ids_ref)  # the same blocks
+        close(mu, mu_ref)
+        gs, gw = interpreted.projection_backward(g, s, w, state, reg == "kl", True, True)
+        assert gw is not None and gw.shape == w.shape
+        close(gs, gs_ref)
+        close(gw, gw_ref)
+        # only one of the two gradients
+        gs_only, none_w = interpreted.projection_backward(g, s, w, state, reg == "kl", True, False)
+        none_s, gw_only = interpreted.projection_backward(g, s, w, state, reg == "kl", False, True)
+        assert none_w is None and none_s is None
+        close(gs_only, gs_ref)
+        close(gw_only, gw_ref)
+
+
+def _value_and_grad(fn, x: torch.Tensor, g_seed: int = 1):  # type: ignore[no-untyped-def]
+    x = x.detach().clone().requires_grad_()
+    y = fn(x)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(g_seed), dtype=torch.float64).to(y.dtype)
+    y.backward(g)
+    assert x.grad is not None
+    return y.detach(), x.grad
+
+
+def _inputs(dtype: torch.dtype) -> torch.Tensor:
+    """Rows with distinct values, ties, all ties, a NaN, +inf and -inf."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 12, generator=gen, dtype=torch.float64)
+    x[1] = (x[1] * 2).round()
+    x[2] = 0.7
+    x[3, 5] = float("nan")
+    x[4, 0] = float("inf")
+    x[5, 7] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=lambda d: str(d).split(".")[-1]
+)
+def test_operators_match_cpu_kernels(triton_backend, monkeypatch, reg, descending, dtype) -> None:  # type: ignore[no-untyped-def]
+    """Soft rank and soft sort through the Triton projection equal the numba path: values, gradients,
+    output dtype (half inputs computed in float32), NaN for rows holding a NaN or an inf."""
+    x = _inputs(dtype)
+    for op in OPS:
+        fn = functools.partial(op, regularization=reg, regularization_strength=0.3, descending=descending)
+        got = _value_and_grad(fn, x)
+        monkeypatch.setattr(iso, "_BACKEND", "auto")
+        want = _value_and_grad(fn, x)
+        monkeypatch.setattr(iso, "_BACKEND", "triton")
+        out_dtype = iso.rank_dtype(dtype) if op is OPS[0] else dtype
+        assert got[0].dtype == want[0].dtype == out_dtype
+        bad = torch.zeros(7, dtype=torch.bool)
+        bad[3:6] = True
+        assert got[0][bad].isnan().all() and not got[0][~bad].isnan().any()
+        torch.testing.assert_close(got[0], want[0], equal_nan=True, **_tol(dtype))
+        torch.testing.assert_close(got[1][~bad], want[1][~bad], **_tol(dtype))
+        # rows with a NaN/inf: zero gradients, NaN where the PAV statistics meet the NaN (kl; where
+        # exactly differs between the numba and the PyTorch paths too)
+        assert (got[1][bad].nan_to_num(0.0) == 0).all()
+
+
+def _tol(dtype: torch.dtype, f64: float = 1e-10) -> dict[str, float]:
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype != torch.float64 else {"rtol": f64, "atol": f64}
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_small_strength_and_leading_dims(triton_backend, monkeypatch, reg) -> None:  # type: ignore[no-untyped-def]
+    """Strength 1e-3 (hard ranks: one block per element), 1e3 (one block), n = 1, any leading dims
+    and another ``dim``."""
+    gen = torch.Generator().manual_seed(5)
+    cases = [
+        (torch.randn(2, 3, 10, generator=gen, dtype=torch.float64), {"regularization_strength": 1e-3}),
+        (torch.randn(4, 10, generator=gen, dtype=torch.float64), {"regularization_strength": 1e3}),
+        (torch.randn(3, 1, generator=gen, dtype=torch.float64), {}),
+        (torch.randn(6, 2, generator=gen, dtype=torch.float64), {"dim": 0, "descending": True}),
+    ]
+    for x, kw in cases:
+        for op in OPS:
+            fn = functools.partial(op, regularization=reg, **kw)
+            got = _value_and_grad(fn, x)
+            monkeypatch.setattr(iso, "_BACKEND", "auto")
+            want = _value_and_grad(fn, x)
+            monkeypatch.setattr(iso, "_BACKEND", "triton")
+            torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-10)
+    hard = rankwise.soft_rank_isotonic(cases[0][0], regularization=reg, regularization_strength=1e-3)
+    torch.testing.assert_close(hard, rankwise.rank(cases[0][0]).to(hard.dtype))
+
+
+def test_double_backward(triton_backend) -> None:  # type: ignore[no-untyped-def]
+    """Second derivatives through the Triton forward (the differentiable segment ops)."""
+    x = torch.randn(1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    for op, reg in zip(OPS, REGS):
+        fn = functools.partial(op, regularization=reg, regularization_strength=0.7)
+        assert torch.autograd.gradgradcheck(fn, (x,), eps=1e-6, atol=1e-5, rtol=1e-4)

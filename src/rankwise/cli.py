@@ -21,6 +21,7 @@ disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -105,6 +106,27 @@ def _console() -> Any:
     from rich.console import Console
 
     return Console()
+
+
+@contextlib.contextmanager
+def _data_warnings(con: Any) -> Any:
+    """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines."""
+    import warnings
+
+    from rankwise.recipes.own_data import DataDefaultsWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kw: Any) -> None:
+        if issubclass(category, DataDefaultsWarning):
+            con.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        else:
+            shown(message, category, *args, **kw)
+
+    with warnings.catch_warnings():  # restores showwarning and the filters
+        warnings.simplefilter("always", DataDefaultsWarning)
+        warnings.showwarning = show
+        yield
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -193,7 +215,24 @@ def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -
 
 @app.command()
 def train(
-    config: Annotated[str, typer.Argument(help="YAML config file or preset name (see `rankwise presets`)")],
+    config: Annotated[
+        str | None,
+        typer.Argument(help="YAML config file or preset name (see `rankwise presets`); omit it with --data"),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data", help="your own table: a CSV file (bins, shot groups, batch size and epochs come from it)"
+        ),
+    ] = None,
+    target: Annotated[str | None, typer.Option("--target", help="with --data: the label column")] = None,
+    method: Annotated[
+        str, typer.Option("--method", help="with --data: vanilla, lds, fds, ranksim, balanced_mse, ... (a preset's)")
+    ] = "lds",
+    dataset: Annotated[
+        str | None,
+        typer.Option("--dataset", help="with --data: the loader (csv, image_csv, ...; default from the file name)"),
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="override: key.sub=value (YAML value)")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the run directory from its last checkpoint")
@@ -211,8 +250,16 @@ def train(
         bool, typer.Option("--progress/--no-progress", help="progress bar, or one line per epoch")
     ] = True,
 ) -> None:
-    """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory."""
+    """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory.
+
+    Your own table: `rankwise train --data my.csv --target price --method lds` (no preset needed).
+    """
     from rankwise.distributed import torchrun_trainer_defaults
+
+    if (config is None) == (data is None):
+        _fail("give a config (a preset name or YAML file) or --data FILE --target COLUMN, not both")
+    if data is not None and not target:
+        _fail("--data needs --target: the label column of the file")
 
     overrides = list(set_ or [])
     # under torchrun: devices / num_nodes / strategy="ddp" from its environment unless given
@@ -241,7 +288,14 @@ def train(
         from rankwise.recipes.config import load_config
         from rankwise.recipes.runner import train as run_train
 
-        cfg = load_config(config, [] if resume else overrides)
+        if data is not None:  # with --resume the run continues with its saved config
+            from rankwise.recipes.own_data import own_data_config
+
+            cfg, defaults = own_data_config(data, str(target), method, dataset=dataset, overrides=overrides)
+            if not resume:
+                con.print(f"defaults from {data}: {defaults.describe()}", highlight=False, soft_wrap=True)
+        else:
+            cfg = load_config(config, [] if resume else overrides)
         return run_train(
             cfg,
             out=out,
@@ -252,7 +306,8 @@ def train(
             log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 
-    res = _run_guarded(go)
+    with _data_warnings(con):
+        res = _run_guarded(go)
     if not res.metrics:  # rank > 0 of a distributed run
         return
     from rankwise.recipes.registry import get_recipe
@@ -436,6 +491,32 @@ def data_list() -> None:
     _console().print(table)
 
 
+def _plain_text(doc: str) -> str:
+    """A docstring as plain text: ``code``, :role:`~a.b.name` and :math:`x` lose their markup."""
+    import re
+
+    def math(m: Any) -> str:
+        return re.sub(r"\\sqrt\{([^}]*)\}", "\u221a\\1", m.group(1)).replace("\\times", "x")
+
+    doc = re.sub(r":math:`([^`]+)`", math, doc)
+    doc = re.sub(r":[a-z]+:`~?(?:[\w]+\.)*([^`]+)`", lambda m: m.group(1), doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
+def _missing_options(name: str, opts: dict[str, Any]) -> list[str]:
+    """The required parameters of dataset ``name``'s loader that ``opts`` does not give."""
+    import inspect
+
+    from rankwise.data import DATASETS
+
+    params = inspect.signature(DATASETS.get(name)).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in opts
+    ]
+
+
 @data_app.command("show")
 def data_show(
     name: Annotated[str, typer.Argument(help="dataset name (see `rankwise data list`)")],
@@ -450,7 +531,7 @@ def data_show(
 
     con = _console()
     try:
-        con.print(dataset_info(name), highlight=False)
+        con.print(_plain_text(dataset_info(name)), highlight=False, markup=False, soft_wrap=True)
     except ValueError as e:
         _fail(str(e))
     if info_only:
@@ -466,13 +547,17 @@ def data_show(
     def load() -> Any:
         from rankwise.data import DataFormatError
 
+        from rankwise.recipes.config import ConfigError
+
+        missing = _missing_options(name, opts)
+        if missing:
+            example = " ".join(f"-O {m}=..." for m in missing)
+            raise ConfigError(f"dataset {name!r} needs the option(s) {', '.join(missing)}: rankwise data show {name} {example}")
         try:
             return get_dataset(name, **opts)
         except DataFormatError:
             raise
         except (ValueError, TypeError) as e:
-            from rankwise.recipes.config import ConfigError
-
             raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
 
     data: Any = _run_guarded(load)
@@ -483,13 +568,17 @@ def data_show(
         f"\n[bold]{data.name}[/]: kind {data.kind}, input_dim {data.input_dim}, label '{data.label_name}', "
         f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
     )
+    from rankwise.recipes.own_data import shot_thresholds
+
+    many, few = shot_thresholds(data)
+    con.print(f"shot groups: many > {many:.3g}, few < {few:.3g} training examples per bin", highlight=False)
     hist = label_histogram(data.train_labels, data.bin_width)
     counts = hist.counts
     top = max(int(counts.max()) if counts.size else 1, 1)
     step = max(1, len(counts) // 60)
     for i in range(0, len(counts), step):
         c = int(counts[i : i + step].sum())
-        shot = "many" if c > 100 else "few" if c < 20 else "med"
+        shot = "many" if c > many * step else "few" if c < few * step else "med"
         bar = "#" * max(0, round(40 * c / (top * step)))
         con.print(f"{hist.edges[i]:>9.3g} {c:>6d} {shot:>4} {bar}", highlight=False)
     if plot is not None:

@@ -232,8 +232,12 @@ class RunConfig:
     plots: bool = opt(True, doc="write plots/ after training")
     tsne: bool = opt(True, doc="include the t-SNE plot")
     plot_samples: int = opt(400, doc="test examples in the similarity heatmap / t-SNE", ge=1)
-    many_shot: int = opt(100, doc="a label bin with more training examples is many-shot", ge=0)
-    few_shot: int = opt(20, doc="a label bin with fewer training examples is few-shot", ge=0)
+    many_shot: float | None = opt(
+        None, doc="a label bin with more training examples is many-shot (null: the dataset's own threshold)", ge=0
+    )
+    few_shot: float | None = opt(
+        None, doc="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)", ge=0
+    )
 
 
 @dataclass
@@ -428,7 +432,7 @@ def _check_shared(cfg: Config) -> None:
     if t.limit_train_batches == 0:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
-    if cfg.run.few_shot > cfg.run.many_shot:
+    if cfg.run.few_shot is not None and cfg.run.many_shot is not None and cfg.run.few_shot > cfg.run.many_shot:
         raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot}) must be <= `run.many_shot` ({cfg.run.many_shot})")
 
 
@@ -769,4 +773,6 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = upgrade_legacy(source)
     else:
         raw = load_raw(source)
-    return config_from_dict(apply_overrides(raw, overrides))
+    from rankwise.recipes.own_data import retarget
+
+    return config_from_dict(apply_overrides(retarget(raw, overrides), overrides))

@@ -30,9 +30,12 @@ from typing import Annotated, Any
 
 import typer
 
+from rankwise._cli_help import Command, Group
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
+    cls=Group,
     name="rankwise",
     help="Train and compare deep imbalanced regression / ranking / contrastive recipes (rankwise).",
     no_args_is_help=True,
@@ -40,7 +43,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True)
+data_app = typer.Typer(cls=Group, help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 #: env var switching ``rankwise demo`` to its reduced (test) mode
@@ -87,7 +90,7 @@ def _mount_sodeep() -> None:
         from rankwise.sodeep.cli import app as sodeep_app
     except Exception as exc:  # pragma: no cover - only when the SoDeep package is broken/absent
         err = f"{type(exc).__name__}: {exc}"
-        fallback = typer.Typer(help="SoDeep learned sorters (unavailable in this installation).")
+        fallback = typer.Typer(cls=Group, help="SoDeep learned sorters (unavailable in this installation).")
 
         @fallback.callback(invoke_without_command=True)
         def _unavailable() -> None:
@@ -103,9 +106,13 @@ _mount_sodeep()
 
 
 def _console() -> Any:
+    """Rich console; when the output is not a terminal (a file, a pipe) lines are never wrapped."""
     from rich.console import Console
 
-    return Console()
+    con = Console()
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(width=10_000)
+    return con
 
 
 @contextlib.contextmanager
@@ -213,7 +220,7 @@ def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -
 # ------------------------------------------------------------------------------------------ commands
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     config: Annotated[
         str | None,
@@ -317,7 +324,7 @@ def train(
     con.print(f"run directory: [bold]{res.run_dir}[/]")
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by `rankwise train`")],
     plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
@@ -354,7 +361,7 @@ def _parse_seeds(seeds: str) -> list[int]:
     return out
 
 
-@app.command()
+@app.command(cls=Command)
 def compare(
     sources: Annotated[list[str], typer.Argument(help="configs / presets (trained per seed) or run directories")],
     seeds: Annotated[str, typer.Option(help="seeds, e.g. 0,1,2 or 0-4")] = "0,1,2",
@@ -393,7 +400,7 @@ def compare(
     _console().print(f"report: [bold]{res.report}[/]")
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/demo"),
     seeds: Annotated[int, typer.Option(help="number of seeds per method")] = 3,
@@ -460,9 +467,9 @@ def demo(
     con.print(f"report: [bold]{res.report}[/]  (total {elapsed:.1f} s)")
 
 
-@app.command()
+@app.command(cls=Command)
 def presets() -> None:
-    """List the bundled presets (YAML files in rankwise/recipes/presets) and their recipes."""
+    """List the bundled presets: recipe, dataset, expected time on 2 CPU cores and what each one trains."""
     from rich.table import Table
 
     from rankwise.recipes.config import PRESET_DIR, list_presets, load_raw
@@ -470,13 +477,17 @@ def presets() -> None:
     table = Table(title=f"presets ({PRESET_DIR})", title_justify="left")
     table.add_column("preset", no_wrap=True)
     table.add_column("recipe", no_wrap=True)
+    table.add_column("dataset", no_wrap=True)
+    table.add_column("time (2 CPU cores)")
     table.add_column("description")
     for name, desc in list_presets().items():
-        table.add_row(name, str(load_raw(name).get("recipe", "dir")), desc)
+        raw = load_raw(name)
+        dataset = str((raw.get("data") or {}).get("name", "abalone"))
+        table.add_row(name, str(raw.get("recipe", "dir")), dataset, str(raw.get("expected_time", "")), desc)
     _console().print(table)
 
 
-@data_app.command("list")
+@data_app.command("list", cls=Command)
 def data_list() -> None:
     """List the registered datasets."""
     from rich.table import Table
@@ -517,7 +528,7 @@ def _missing_options(name: str, opts: dict[str, Any]) -> list[str]:
     ]
 
 
-@data_app.command("show")
+@data_app.command("show", cls=Command)
 def data_show(
     name: Annotated[str, typer.Argument(help="dataset name (see `rankwise data list`)")],
     option: Annotated[list[str] | None, typer.Option("--option", "-O", help="loader option key=value")] = None,

@@ -246,6 +246,7 @@ class Config:
 
     recipe: str = opt("dir", doc="training recipe (`rankwise.recipes.list_recipes()`)")
     description: str = opt("", doc="one line shown by `rankwise presets`")
+    expected_time: str = opt("", doc="expected wall time of the run on 2 CPU cores, shown by `rankwise presets`")
     data: DataConfig = opt(factory=DataConfig, doc="dataset and batching")
     model: ModelConfig = opt(factory=ModelConfig, doc="backbone")
     loss: LossConfig = opt(factory=LossConfig, doc="loss of the regression recipes (dir, rrt, rnc)")

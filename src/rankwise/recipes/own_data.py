@@ -260,6 +260,7 @@ def own_data_config(
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
     text = _method_text(str(raw.get("description", "")))
     raw["description"] = f"{path.name}, target {target} ({len(data.train_labels)} training rows): {text}"
+    raw.pop("expected_time", None)  # the preset's own data's
     raw["data"] = {
         "name": own.dataset,
         "options": opts,
@@ -301,6 +302,7 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     out = copy.deepcopy(raw)
     data_sec = out.setdefault("data", {})
     dropped = data_sec.pop("options", None)
+    out.pop("expected_time", None)  # the preset's own data's
     text = _method_text(str(out.get("description", "")))
     notes = [f"data.name={new} replaces the preset's dataset {old}"]
     if dropped:

@@ -455,9 +455,9 @@ class Run:
         )
         progress = self.progress and t.enable_progress_bar
         if progress:
-            from lightning.pytorch.callbacks import RichProgressBar
+            from rankwise.recipes._progress import EpochProgressBar
 
-            callbacks.append(RichProgressBar(leave=False))
+            callbacks.append(EpochProgressBar(leave=False))
         elif self.log_epoch is not None:
             callbacks.append(_epoch_printer(self.log_epoch))
         callbacks.extend(self.callbacks)

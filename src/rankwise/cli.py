@@ -43,7 +43,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(cls=Group, help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True)
+data_app = typer.Typer(
+    cls=Group, help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True
+)
 app.add_typer(data_app, name="data")
 
 #: env var switching ``rankwise demo`` to its reduced (test) mode
@@ -557,13 +559,14 @@ def data_show(
 
     def load() -> Any:
         from rankwise.data import DataFormatError
-
         from rankwise.recipes.config import ConfigError
 
         missing = _missing_options(name, opts)
         if missing:
             example = " ".join(f"-O {m}=..." for m in missing)
-            raise ConfigError(f"dataset {name!r} needs the option(s) {', '.join(missing)}: rankwise data show {name} {example}")
+            raise ConfigError(
+                f"dataset {name!r} needs the option(s) {', '.join(missing)}: rankwise data show {name} {example}"
+            )
         try:
             return get_dataset(name, **opts)
         except DataFormatError:

@@ -212,6 +212,22 @@ def _load(dataset: str, options: dict[str, Any]) -> Any:
         raise ConfigError(f"cannot load dataset {dataset!r}: {e}") from None
 
 
+def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
+    import yaml
+
+    out = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key.startswith("data.options.") and key.count(".") == 2:
+            try:
+                out[key.rsplit(".", 1)[1]] = yaml.safe_load(value) if value.strip() else ""
+            except yaml.YAMLError:
+                continue  # the config's own check names it
+    return out
+
+
 def _defaults_overrides(d: DataDefaults, run_name: str | None = None) -> list[str]:
     out = [
         f"data.batch_size={d.batch_size}",
@@ -254,7 +270,7 @@ def own_data_config(
     available = methods(own.presets)
     if method not in available:
         raise ConfigError(f"--method must be one of {available}, got {method!r}")
-    opts = {own.file_option: str(path), own.target_option: target, **(options or {})}
+    opts = {own.file_option: str(path), own.target_option: target, **(options or {}), **_option_overrides(overrides)}
     data = _load(own.dataset, opts)
     defaults = data_defaults(data, max_batch_size=own.max_batch_size)
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))

@@ -19,7 +19,9 @@ from rankwise._cli_help import Command, Group
 
 app = typer.Typer(
     cls=Group,
-    help="SoDeep learned differentiable sorters: train and evaluate.", no_args_is_help=True, add_completion=False
+    help="SoDeep learned differentiable sorters: train and evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
 )
 
 

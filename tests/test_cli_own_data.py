@@ -132,7 +132,9 @@ def test_empty_shot_group_of_the_test_split_warns(diabetes, tmp_path):
 def test_data_route_needs_a_target_and_a_known_method(diabetes, tmp_path):
     r = invoke(["train", "--data", str(diabetes), "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and r.output.count("error:") == 1 and "--target" in r.output
-    r = invoke(["train", "--data", str(diabetes), "--target", "target", "--method", "lsd", "--out", str(tmp_path / "x")])
+    r = invoke(
+        ["train", "--data", str(diabetes), "--target", "target", "--method", "lsd", "--out", str(tmp_path / "x")]
+    )
     assert r.exit_code == 2 and "--method must be one of" in r.output and "'lds'" in r.output
     r = invoke(["train", "abalone_lds", "--data", str(diabetes), "--target", "target"])
     assert r.exit_code == 2 and r.output.startswith("error:")
@@ -194,7 +196,9 @@ def test_data_kind_hook_registers_another_csv_loader(diabetes, monkeypatch):
         return load_csv(listing, label)
 
     monkeypatch.setattr(own_data, "_OWN", dict(own_data._OWN))
-    monkeypatch.setattr(DATASETS, "get", lambda name, _get=DATASETS.get: load_listing if name == "listing" else _get(name))
+    monkeypatch.setattr(
+        DATASETS, "get", lambda name, _get=DATASETS.get: load_listing if name == "listing" else _get(name)
+    )
     own_data.register_own_data("listing", file_option="listing", target_option="label", presets="abalone")
     cfg, d = own_data.own_data_config(diabetes, "target", "vanilla", dataset="listing")
     assert cfg.data.name == "listing" and cfg.data.options == {"listing": str(diabetes), "label": "target"}

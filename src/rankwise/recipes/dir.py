@@ -366,6 +366,24 @@ def _metrics(preds: np.ndarray, labels: np.ndarray, data: Any, cfg: Config) -> d
     return to_builtin(out)
 
 
+#: the plots of :func:`evaluate_regressor` (functions of the test predictions and training labels only)
+_PLOTS = ("label_histogram.png", "per_label_mae.png", "similarity.png", "tsne.png")
+
+
+def _same_predictions(path: Path, test: dict[str, np.ndarray], data: Any) -> bool:
+    """Whether ``predictions.npz`` at ``path`` holds exactly these test predictions, labels and training labels."""
+    try:
+        with np.load(path, allow_pickle=False) as old:
+            return (
+                np.array_equal(old["pred"], test["pred"])
+                and np.array_equal(old["label"], test["label"])
+                and np.array_equal(old["train_labels"], np.asarray(data.train_labels, dtype=np.float64))
+                and float(old["bin_width"]) == float(data.bin_width)
+            )
+    except (OSError, KeyError, ValueError):
+        return False
+
+
 def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[str, Any]:
     """Load ``checkpoints/<checkpoint>.ckpt`` into ``module``; val/test shot metrics, predictions.npz, plots."""
     from rankwise.recipes import reports
@@ -388,6 +406,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
     rng = np.random.default_rng(0)
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
+    unchanged = _same_predictions(run.dir / "predictions.npz", test, data)
     np.savez_compressed(
         run.dir / "predictions.npz",
         pred=test["pred"],
@@ -399,6 +418,8 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
         features=test["features"][sample],
     )
     pdir = run.plots_dir
+    if pdir is not None and unchanged and all((pdir / f).is_file() for f in _PLOTS[: 4 if r.tsne else 3]):
+        pdir = None  # the plots are functions of these predictions: those on disk are up to date
     if pdir is not None:
         title = f"{r.name} (seed {r.seed})"
         label = getattr(data, "label_axis", "label")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import loadavg, machine, time_cases  # noqa: E402
+from _timing import loadavg, machine, time_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 

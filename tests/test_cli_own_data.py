@@ -12,8 +12,9 @@ import pytest
 pytest.importorskip("typer")
 pytest.importorskip("lightning")
 pytest.importorskip("sklearn")
-yaml = pytest.importorskip("yaml")
+pytest.importorskip("yaml")
 
+import yaml
 from typer.testing import CliRunner
 
 from rankwise.cli import app

@@ -337,19 +337,20 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     name = Path(str(opts[own.file_option])).name
     out["description"] = f"{name}, target {opts[own.target_option]} ({d.n_train} training rows): {text}"
     replaced = []
-    for key, value in (
+    derived: tuple[tuple[str, float], ...] = (
         ("data.batch_size", d.batch_size),
         ("trainer.max_epochs", d.max_epochs),
         ("run.many_shot", d.many_shot),
         ("run.few_shot", d.few_shot),
-    ):
+    )
+    for key, new_value in derived:
         if key in keys:
             continue
         section, field_name = key.split(".")
         sec = out.setdefault(section, {})
-        if sec.get(field_name) is not None and sec.get(field_name) != value:
-            replaced.append(f"{key} {sec[field_name]} -> {value:g}")
-        sec[field_name] = value
+        if sec.get(field_name) is not None and sec.get(field_name) != new_value:
+            replaced.append(f"{key} {sec[field_name]} -> {new_value:g}")
+        sec[field_name] = new_value
     notes.append("from the data: " + d.describe())
     if replaced:
         notes.append("replacing the preset's " + ", ".join(replaced))

@@ -434,7 +434,7 @@ def _check_shared(cfg: Config) -> None:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
     if cfg.run.few_shot is not None and cfg.run.many_shot is not None and cfg.run.few_shot > cfg.run.many_shot:
-        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot}) must be <= `run.many_shot` ({cfg.run.many_shot})")
+        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot:g}) must be <= `run.many_shot` ({cfg.run.many_shot:g})")
 
 
 def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:

@@ -2,10 +2,11 @@
 
     python benchmarks/evaluate_cli.py --run runs/abalone_vanilla --baseline-src /path/to/old/src --repeats 3
 
-Each repeat runs every case once, in a fresh random order (``_timing.time_cases``), as separate
-processes (the command's wall time includes Python's start and the imports, as a user sees it);
-``import lightning`` alone is timed too, as the floor of every command that loads a run. Writes
-``benchmarks/results/evaluate_cli.json``.
+Each repeat runs every case once, in a fresh random order, as separate processes: the wall time
+(Python's start and the imports included, as a user sees it) and the CPU time of the process
+(user + system, less sensitive to other jobs on a shared machine); medians over the repeats after
+one warm-up round. ``import lightning`` alone is timed too, as the floor of every command that
+loads a run. Writes ``benchmarks/results/evaluate_cli.json``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import resource
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import loadavg, machine, time_cases
+from _timing import loadavg, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,11 +50,31 @@ def main() -> None:
         "python -c 'import lightning'": lambda: subprocess.run([sys.executable, "-c", "import lightning"], check=True),
     }
     before = loadavg()
-    res = time_cases(cases, a.repeats, warmup=1)
-    out = {"machine": machine(), "loadavg_before": before, "loadavg_after": loadavg(), "results_ms": res}
+    res = _time(cases, a.repeats)
+    out = {"machine": machine(), "loadavg_before": before, "loadavg_after": loadavg(), "results_s": res}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for name, r in res.items():
-        print(f"{name:<34} median {r['median_ms'] / 1000:6.2f} s")
+        print(f"{name:<34} wall {r['wall_s']:6.2f} s   CPU {r['cpu_s']:6.2f} s")
+
+
+def _time(cases: dict[str, Callable[[], None]], repeats: int) -> dict[str, dict[str, float]]:
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    for rep in range(repeats + 1):  # round 0 warms the file cache
+        order = list(cases)
+        random.shuffle(order)
+        for name in order:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            cases[name]()
+            t1 = time.perf_counter()
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if rep:
+                wall[name].append(t1 - t0)
+                cpu[name].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return {
+        k: {"wall_s": statistics.median(wall[k]), "cpu_s": statistics.median(cpu[k]), "repeats": repeats} for k in cases
+    }
 
 
 if __name__ == "__main__":

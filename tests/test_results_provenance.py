@@ -6,7 +6,9 @@ import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
-PROVENANCE = re.compile(r"^\*Numbers recorded in rankwise commit `[0-9a-f]{7,40}` \(\d{4}-\d{2}-\d{2}[^)]*\); torch .+\*$")
+PROVENANCE = re.compile(
+    r"^\*Numbers recorded in rankwise commit `[0-9a-f]{7,40}` \(\d{4}-\d{2}-\d{2}[^)]*\); torch .+\*$"
+)
 
 
 def tables(lines: list[str]) -> list[tuple[int, int]]:

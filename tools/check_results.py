@@ -77,7 +77,7 @@ def _table_rows(doc: Path, header_start: str) -> tuple[list[str], list[list[str]
 
 
 def _abalone_dir() -> Check:
-    """docs/results.md section 5: the DIR methods on abalone (also the README demo's and RankSim's figures)."""
+    """docs/results.md section 7: the DIR methods on abalone (also the README demo's and RankSim's figures)."""
     presets = [
         "abalone_vanilla",
         "abalone_lds",
@@ -90,7 +90,7 @@ def _abalone_dir() -> Check:
     check = Check(
         "abalone_dir",
         "docs/results.md",
-        "abalone, DIR methods, seeds 0, 1, 2 (section 5)",
+        "abalone, DIR methods, seeds 0, 1, 2 (section 7)",
         [
             "compare",
             *presets,

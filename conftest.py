@@ -52,3 +52,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
                 report.outcome = "skipped"
                 report.longrepr = (str(item.path), 0, f"Skipped: needs the optional package {missing!r}")
     return report
+
+
+#: reference packages of the parity tests: never dependencies of rankwise; how to install each
+PARITY_PACKAGES = {
+    "torchsort": "pip install --no-build-isolation torchsort  (builds from source: a C++ compiler, a few minutes)",
+    "diffsort": 'pip install -e ".[parity]"',
+}
+
+
+def parity_skip_summary(reasons: list[str]) -> list[str]:
+    """Lines naming the parity tests skipped for want of a reference package (from the skip reasons)."""
+    counts = dict.fromkeys(PARITY_PACKAGES, 0)
+    for reason in reasons:
+        for pkg in PARITY_PACKAGES:
+            if f"'{pkg}'" in reason or f"import {pkg}" in reason:
+                counts[pkg] += 1
+    return [
+        f"{n} parity test(s) against {pkg} skipped ({pkg} is not installed); to run them: {PARITY_PACKAGES[pkg]}"
+        for pkg, n in counts.items()
+        if n
+    ]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    reasons = []
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(rep, "longrepr", None)
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:
+            reasons.append(str(longrepr[2]))
+    lines = parity_skip_summary(reasons)
+    if lines:
+        terminalreporter.section("parity tests skipped")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -21,6 +21,7 @@ disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -29,9 +30,12 @@ from typing import Annotated, Any
 
 import typer
 
+from rankwise._cli_help import Command, Group
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
+    cls=Group,
     name="rankwise",
     help="Train and compare deep imbalanced regression / ranking / contrastive recipes (rankwise).",
     no_args_is_help=True,
@@ -39,7 +43,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True)
+data_app = typer.Typer(
+    cls=Group, help="Offline datasets: list them, show one with its label histogram.", no_args_is_help=True
+)
 app.add_typer(data_app, name="data")
 
 #: env var switching ``rankwise demo`` to its reduced (test) mode
@@ -86,7 +92,7 @@ def _mount_sodeep() -> None:
         from rankwise.sodeep.cli import app as sodeep_app
     except Exception as exc:  # pragma: no cover - only when the SoDeep package is broken/absent
         err = f"{type(exc).__name__}: {exc}"
-        fallback = typer.Typer(help="SoDeep learned sorters (unavailable in this installation).")
+        fallback = typer.Typer(cls=Group, help="SoDeep learned sorters (unavailable in this installation).")
 
         @fallback.callback(invoke_without_command=True)
         def _unavailable() -> None:
@@ -102,9 +108,34 @@ _mount_sodeep()
 
 
 def _console() -> Any:
+    """Rich console; when the output is not a terminal (a file, a pipe) lines are never wrapped."""
     from rich.console import Console
 
-    return Console()
+    con = Console()
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(width=10_000)
+    return con
+
+
+@contextlib.contextmanager
+def _data_warnings(con: Any) -> Any:
+    """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines."""
+    import warnings
+
+    from rankwise.recipes.own_data import DataDefaultsWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kw: Any) -> None:
+        if issubclass(category, DataDefaultsWarning):
+            con.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        else:
+            shown(message, category, *args, **kw)
+
+    with warnings.catch_warnings():  # restores showwarning and the filters
+        warnings.simplefilter("always", DataDefaultsWarning)
+        warnings.showwarning = show
+        yield
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -191,9 +222,26 @@ def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -
 # ------------------------------------------------------------------------------------------ commands
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
-    config: Annotated[str, typer.Argument(help="YAML config file or preset name (see `rankwise presets`)")],
+    config: Annotated[
+        str | None,
+        typer.Argument(help="YAML config file or preset name (see `rankwise presets`); omit it with --data"),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data", help="your own table: a CSV file (bins, shot groups, batch size and epochs come from it)"
+        ),
+    ] = None,
+    target: Annotated[str | None, typer.Option("--target", help="with --data: the label column")] = None,
+    method: Annotated[
+        str, typer.Option("--method", help="with --data: vanilla, lds, fds, ranksim, balanced_mse, ... (a preset's)")
+    ] = "lds",
+    dataset: Annotated[
+        str | None,
+        typer.Option("--dataset", help="with --data: the loader (csv, image_csv, ...; default from the file name)"),
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="override: key.sub=value (YAML value)")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the run directory from its last checkpoint")
@@ -211,8 +259,16 @@ def train(
         bool, typer.Option("--progress/--no-progress", help="progress bar, or one line per epoch")
     ] = True,
 ) -> None:
-    """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory."""
+    """Train one run; writes config, checkpoints, logs, metrics.json and plots to the run directory.
+
+    Your own table: `rankwise train --data my.csv --target price --method lds` (no preset needed).
+    """
     from rankwise.distributed import torchrun_trainer_defaults
+
+    if (config is None) == (data is None):
+        _fail("give a config (a preset name or YAML file) or --data FILE --target COLUMN, not both")
+    if data is not None and not target:
+        _fail("--data needs --target: the label column of the file")
 
     overrides = list(set_ or [])
     # under torchrun: devices / num_nodes / strategy="ddp" from its environment unless given
@@ -241,7 +297,14 @@ def train(
         from rankwise.recipes.config import load_config
         from rankwise.recipes.runner import train as run_train
 
-        cfg = load_config(config, [] if resume else overrides)
+        if data is not None:  # with --resume the run continues with its saved config
+            from rankwise.recipes.own_data import own_data_config
+
+            cfg, defaults = own_data_config(data, str(target), method, dataset=dataset, overrides=overrides)
+            if not resume:
+                con.print(f"defaults from {data}: {defaults.describe()}", highlight=False, soft_wrap=True)
+        else:
+            cfg = load_config(config, [] if resume else overrides)
         return run_train(
             cfg,
             out=out,
@@ -252,7 +315,8 @@ def train(
             log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 
-    res = _run_guarded(go)
+    with _data_warnings(con):
+        res = _run_guarded(go)
     if not res.metrics:  # rank > 0 of a distributed run
         return
     from rankwise.recipes.registry import get_recipe
@@ -262,7 +326,7 @@ def train(
     con.print(f"run directory: [bold]{res.run_dir}[/]")
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by `rankwise train`")],
     plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
@@ -299,7 +363,7 @@ def _parse_seeds(seeds: str) -> list[int]:
     return out
 
 
-@app.command()
+@app.command(cls=Command)
 def compare(
     sources: Annotated[list[str], typer.Argument(help="configs / presets (trained per seed) or run directories")],
     seeds: Annotated[str, typer.Option(help="seeds, e.g. 0,1,2 or 0-4")] = "0,1,2",
@@ -338,7 +402,7 @@ def compare(
     _console().print(f"report: [bold]{res.report}[/]")
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/demo"),
     seeds: Annotated[int, typer.Option(help="number of seeds per method")] = 3,
@@ -405,9 +469,9 @@ def demo(
     con.print(f"report: [bold]{res.report}[/]  (total {elapsed:.1f} s)")
 
 
-@app.command()
+@app.command(cls=Command)
 def presets() -> None:
-    """List the bundled presets (YAML files in rankwise/recipes/presets) and their recipes."""
+    """List the bundled presets: recipe, dataset, expected time on 2 CPU cores and what each one trains."""
     from rich.table import Table
 
     from rankwise.recipes.config import PRESET_DIR, list_presets, load_raw
@@ -415,13 +479,17 @@ def presets() -> None:
     table = Table(title=f"presets ({PRESET_DIR})", title_justify="left")
     table.add_column("preset", no_wrap=True)
     table.add_column("recipe", no_wrap=True)
+    table.add_column("dataset", no_wrap=True)
+    table.add_column("time (2 CPU cores)")
     table.add_column("description")
     for name, desc in list_presets().items():
-        table.add_row(name, str(load_raw(name).get("recipe", "dir")), desc)
+        raw = load_raw(name)
+        dataset = str((raw.get("data") or {}).get("name", "abalone"))
+        table.add_row(name, str(raw.get("recipe", "dir")), dataset, str(raw.get("expected_time", "")), desc)
     _console().print(table)
 
 
-@data_app.command("list")
+@data_app.command("list", cls=Command)
 def data_list() -> None:
     """List the registered datasets."""
     from rich.table import Table
@@ -436,7 +504,33 @@ def data_list() -> None:
     _console().print(table)
 
 
-@data_app.command("show")
+def _plain_text(doc: str) -> str:
+    """A docstring as plain text: ``code``, :role:`~a.b.name` and :math:`x` lose their markup."""
+    import re
+
+    def math(m: Any) -> str:
+        return re.sub(r"\\sqrt\{([^}]*)\}", "\u221a\\1", m.group(1)).replace("\\times", "x")
+
+    doc = re.sub(r":math:`([^`]+)`", math, doc)
+    doc = re.sub(r":[a-z]+:`~?(?:[\w]+\.)*([^`]+)`", lambda m: m.group(1), doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
+def _missing_options(name: str, opts: dict[str, Any]) -> list[str]:
+    """The required parameters of dataset ``name``'s loader that ``opts`` does not give."""
+    import inspect
+
+    from rankwise.data import DATASETS
+
+    params = inspect.signature(DATASETS.get(name)).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in opts
+    ]
+
+
+@data_app.command("show", cls=Command)
 def data_show(
     name: Annotated[str, typer.Argument(help="dataset name (see `rankwise data list`)")],
     option: Annotated[list[str] | None, typer.Option("--option", "-O", help="loader option key=value")] = None,
@@ -450,7 +544,7 @@ def data_show(
 
     con = _console()
     try:
-        con.print(dataset_info(name), highlight=False)
+        con.print(_plain_text(dataset_info(name)), highlight=False, markup=False, soft_wrap=True)
     except ValueError as e:
         _fail(str(e))
     if info_only:
@@ -465,14 +559,19 @@ def data_show(
 
     def load() -> Any:
         from rankwise.data import DataFormatError
+        from rankwise.recipes.config import ConfigError
 
+        missing = _missing_options(name, opts)
+        if missing:
+            example = " ".join(f"-O {m}=..." for m in missing)
+            raise ConfigError(
+                f"dataset {name!r} needs the option(s) {', '.join(missing)}: rankwise data show {name} {example}"
+            )
         try:
             return get_dataset(name, **opts)
         except DataFormatError:
             raise
         except (ValueError, TypeError) as e:
-            from rankwise.recipes.config import ConfigError
-
             raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
 
     data: Any = _run_guarded(load)
@@ -483,13 +582,17 @@ def data_show(
         f"\n[bold]{data.name}[/]: kind {data.kind}, input_dim {data.input_dim}, label '{data.label_name}', "
         f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
     )
+    from rankwise.recipes.own_data import shot_thresholds
+
+    many, few = shot_thresholds(data)
+    con.print(f"shot groups: many > {many:.3g}, few < {few:.3g} training examples per bin", highlight=False)
     hist = label_histogram(data.train_labels, data.bin_width)
     counts = hist.counts
     top = max(int(counts.max()) if counts.size else 1, 1)
     step = max(1, len(counts) // 60)
     for i in range(0, len(counts), step):
         c = int(counts[i : i + step].sum())
-        shot = "many" if c > 100 else "few" if c < 20 else "med"
+        shot = "many" if c > many * step else "few" if c < few * step else "med"
         bar = "#" * max(0, round(40 * c / (top * step)))
         con.print(f"{hist.edges[i]:>9.3g} {c:>6d} {shot:>4} {bar}", highlight=False)
     if plot is not None:

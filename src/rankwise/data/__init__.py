@@ -27,7 +27,14 @@ from rankwise.data._base import (
     suggest_shot_thresholds,
 )
 from rankwise.data.image_classes import load_cifar_dir, load_image_folder
-from rankwise.data.images import DIRImageDataset, dir_image_transforms, dir_images, load_agedb_dir, load_imdb_wiki_dir
+from rankwise.data.images import (
+    DIRImageDataset,
+    dir_image_transforms,
+    dir_images,
+    load_agedb_dir,
+    load_image_csv,
+    load_imdb_wiki_dir,
+)
 from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
 from rankwise.data.text import (
@@ -67,6 +74,7 @@ __all__ = [
     "load_agedb_dir",
     "load_cifar_dir",
     "load_csv",
+    "load_image_csv",
     "load_image_folder",
     "load_imdb_wiki_dir",
     "load_mnist5k",

@@ -14,7 +14,14 @@ from rankwise._validation import check_positive_int
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
 from rankwise.data._files import check_dir, check_header, csv_records, parse_number, read_text
 
-__all__ = ["DIRImageDataset", "dir_image_transforms", "dir_images", "load_agedb_dir", "load_imdb_wiki_dir"]
+__all__ = [
+    "DIRImageDataset",
+    "dir_image_transforms",
+    "dir_images",
+    "load_agedb_dir",
+    "load_image_csv",
+    "load_imdb_wiki_dir",
+]
 
 _SPLITS = ("train", "val", "test")
 
@@ -240,4 +247,129 @@ def load_imdb_wiki_dir(
     c, r = _resolve(csv, root, "imdb_wiki.csv")
     return dir_images(
         c, r, image_size=image_size, labels_only=labels_only, check_files=check_files, name="imdb_wiki_dir"
+    )
+
+
+@register_dataset("image_csv")
+def load_image_csv(
+    path: str | Path,
+    target: str,
+    *,
+    image_column: str = "path",
+    root: str | Path | None = None,
+    split_column: str | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    bin_width: float | None = None,
+    image_size: int = 224,
+    labels_only: bool = False,
+    check_files: bool = True,
+) -> RegressionData:
+    """Images in folders listed by a CSV file: a column of image paths and a numeric target column.
+
+    ``image_column`` (default ``path``) holds each image's path, relative to ``root`` (default: the
+    CSV's folder); ``target`` is the label column; other columns are ignored. Split: the column
+    ``split_column`` (values ``train``/``val``/``test``) when given, else a seeded random split
+    (``val_fraction`` 0.1, ``test_fraction`` 0.2). The label bin width (``bin_width``, default
+    :func:`~rankwise.data.suggest_bin_width` of the labels) and the shot thresholds
+    (:func:`~rankwise.data.suggest_shot_thresholds` of the training labels) follow the data.
+    Images are read with PIL (RGB) and transformed as in :func:`dir_images` (``image_size``);
+    ``labels_only`` and ``check_files`` as there. Every problem raises
+    :class:`~rankwise.data.DataFormatError` naming the file and the row.
+    """
+    from rankwise.data._base import random_split_indices, suggest_bin_width, suggest_shot_thresholds
+
+    csv_path = Path(path)
+    text = read_text(csv_path, "image list")
+    root_dir = Path(root) if root is not None else csv_path.parent
+    check_positive_int(image_size, "image_size")
+    if root is not None and not labels_only:
+        check_dir(root_dir)
+    records = csv_records(text, csv_path)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(csv_path, None, "the file is empty")
+    header = check_header(first[1], csv_path)
+    wanted = [image_column, target, *([split_column] if split_column else [])]
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise DataFormatError(csv_path, first[0], f"missing column(s) {missing}; the columns are {header}")
+    ip, it = header.index(image_column), header.index(target)
+    isp = header.index(split_column) if split_column else None
+    paths: list[Path] = []
+    labels: list[float] = []
+    rows: list[int] = []
+    splits: list[str] = []
+    for row_no, row in records:
+        if len(row) != len(header):
+            raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
+        rel = row[ip].strip()
+        if not rel:
+            raise DataFormatError(csv_path, row_no, f"column {image_column!r} is empty")
+        labels.append(parse_number(row[it], csv_path, row_no, target))
+        paths.append(root_dir / rel)
+        rows.append(row_no)
+        if isp is not None:
+            split = row[isp].strip()
+            if split not in _SPLITS:
+                raise DataFormatError(
+                    csv_path, row_no, f"column {split_column!r}: expected one of {list(_SPLITS)}, got {split!r}"
+                )
+            splits.append(split)
+    if not labels:
+        raise DataFormatError(csv_path, None, "no data rows")
+    y = np.asarray(labels, dtype=np.float64)
+    if isp is not None:
+        idx = {s: np.flatnonzero(np.asarray(splits) == s) for s in _SPLITS}
+        rule = f"given by the column {split_column!r}"
+    else:
+        tr, va, te = random_split_indices(len(y), val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
+        idx = {"train": tr, "val": va, "test": te}
+        rule = f"random (val_fraction={val_fraction}, test_fraction={test_fraction}, seed={seed})"
+    empty = [s for s in _SPLITS if idx[s].size == 0]
+    if empty:
+        raise DataFormatError(csv_path, None, f"no rows for split(s) {empty} ({rule}); every split needs one")
+    if not labels_only and check_files:
+        for p, r in zip(paths, rows):
+            if not p.is_file():
+                raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
+    t_train: Callable[[Any], torch.Tensor] | None = None
+    t_eval: Callable[[Any], torch.Tensor] | None = None
+    if not labels_only:
+        t_train, t_eval = dir_image_transforms(image_size)
+    width = float(bin_width) if bin_width is not None else suggest_bin_width(y)
+    datasets = {
+        s: DIRImageDataset(
+            [paths[i] for i in idx[s]],
+            y[idx[s]],
+            [rows[i] for i in idx[s]],
+            csv_path,
+            t_train if s == "train" else t_eval,
+        )
+        for s in _SPLITS
+    }
+    return RegressionData(
+        name=csv_path.stem,
+        train=datasets["train"],
+        val=datasets["val"],
+        test=datasets["test"],
+        train_labels=y[idx["train"]].copy(),
+        val_labels=y[idx["val"]].copy(),
+        test_labels=y[idx["test"]].copy(),
+        kind="image",
+        input_dim=None,
+        bin_width=width,
+        label_name=target,
+        meta={
+            "csv": str(csv_path),
+            "root": str(root_dir),
+            "image_size": image_size,
+            "image_shape": (3, image_size, image_size),
+            "labels_only": labels_only,
+            "split": rule,
+            "seed": seed,
+            "indices": idx,
+        },
+        shot_thresholds=suggest_shot_thresholds(y[idx["train"]], width),
     )

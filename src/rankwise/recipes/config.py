@@ -232,8 +232,12 @@ class RunConfig:
     plots: bool = opt(True, doc="write plots/ after training")
     tsne: bool = opt(True, doc="include the t-SNE plot")
     plot_samples: int = opt(400, doc="test examples in the similarity heatmap / t-SNE", ge=1)
-    many_shot: int = opt(100, doc="a label bin with more training examples is many-shot", ge=0)
-    few_shot: int = opt(20, doc="a label bin with fewer training examples is few-shot", ge=0)
+    many_shot: float | None = opt(
+        None, doc="a label bin with more training examples is many-shot (null: the dataset's own threshold)", ge=0
+    )
+    few_shot: float | None = opt(
+        None, doc="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)", ge=0
+    )
 
 
 @dataclass
@@ -242,6 +246,7 @@ class Config:
 
     recipe: str = opt("dir", doc="training recipe (`rankwise.recipes.list_recipes()`)")
     description: str = opt("", doc="one line shown by `rankwise presets`")
+    expected_time: str = opt("", doc="expected wall time of the run on 2 CPU cores, shown by `rankwise presets`")
     data: DataConfig = opt(factory=DataConfig, doc="dataset and batching")
     model: ModelConfig = opt(factory=ModelConfig, doc="backbone")
     loss: LossConfig = opt(factory=LossConfig, doc="loss of the regression recipes (dir, rrt, rnc)")
@@ -428,8 +433,8 @@ def _check_shared(cfg: Config) -> None:
     if t.limit_train_batches == 0:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
-    if cfg.run.few_shot > cfg.run.many_shot:
-        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot}) must be <= `run.many_shot` ({cfg.run.many_shot})")
+    if cfg.run.few_shot is not None and cfg.run.many_shot is not None and cfg.run.few_shot > cfg.run.many_shot:
+        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot:g}) must be <= `run.many_shot` ({cfg.run.many_shot:g})")
 
 
 def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:
@@ -769,4 +774,6 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = upgrade_legacy(source)
     else:
         raw = load_raw(source)
-    return config_from_dict(apply_overrides(raw, overrides))
+    from rankwise.recipes.own_data import retarget
+
+    return config_from_dict(apply_overrides(retarget(raw, overrides), overrides))

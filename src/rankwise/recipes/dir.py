@@ -342,19 +342,46 @@ def _predict(module: Any, loader: Any, trainer: Any) -> dict[str, np.ndarray]:
     return {k: torch.cat([o[k] for o in outs]).cpu().numpy() for k in ("pred", "label", "features")}
 
 
+def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` of a run: ``run.many_shot`` / ``run.few_shot``, else the dataset's own."""
+    from rankwise.recipes.own_data import shot_thresholds
+
+    many, few = shot_thresholds(data)
+    r = cfg.run
+    return (many if r.many_shot is None else r.many_shot), (few if r.few_shot is None else r.few_shot)
+
+
 def _metrics(preds: np.ndarray, labels: np.ndarray, data: Any, cfg: Config) -> dict[str, Any]:
     from rankwise.imbalanced import regression_metrics
 
-    r = cfg.run
+    many, few = run_shot_thresholds(cfg, data)
     out = regression_metrics(
         torch.as_tensor(preds),
         torch.as_tensor(labels),
         np.asarray(data.train_labels),
-        many_shot=r.many_shot,
-        few_shot=r.few_shot,
+        many_shot=many,
+        few_shot=few,
         bin_width=data.bin_width,
     )
     return to_builtin(out)
+
+
+#: the plots of :func:`evaluate_regressor` (functions of the test predictions and training labels only)
+_PLOTS = ("label_histogram.png", "per_label_mae.png", "similarity.png", "tsne.png")
+
+
+def _same_predictions(path: Path, test: dict[str, np.ndarray], data: Any) -> bool:
+    """Whether ``predictions.npz`` at ``path`` holds exactly these test predictions, labels and training labels."""
+    try:
+        with np.load(path, allow_pickle=False) as old:
+            return (
+                np.array_equal(old["pred"], test["pred"])
+                and np.array_equal(old["label"], test["label"])
+                and np.array_equal(old["train_labels"], np.asarray(data.train_labels, dtype=np.float64))
+                and float(old["bin_width"]) == float(data.bin_width)
+            )
+    except (OSError, KeyError, ValueError):
+        return False
 
 
 def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[str, Any]:
@@ -373,11 +400,13 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
         "test": _metrics(test["pred"], test["label"], data, cfg),
         "val": _metrics(val["pred"], val["label"], data, cfg),
         "checkpoint": str(ckpt.relative_to(run.dir)),
+        "shot_thresholds": dict(zip(("many", "few"), run_shot_thresholds(cfg, data))),
     }
     r = cfg.run
     rng = np.random.default_rng(0)
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
+    unchanged = _same_predictions(run.dir / "predictions.npz", test, data)
     np.savez_compressed(
         run.dir / "predictions.npz",
         pred=test["pred"],
@@ -389,6 +418,8 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
         features=test["features"][sample],
     )
     pdir = run.plots_dir
+    if pdir is not None and unchanged and all((pdir / f).is_file() for f in _PLOTS[: 4 if r.tsne else 3]):
+        pdir = None  # the plots are functions of these predictions: those on disk are up to date
     if pdir is not None:
         title = f"{r.name} (seed {r.seed})"
         label = getattr(data, "label_axis", "label")
@@ -396,8 +427,8 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
             data.train_labels,
             data.bin_width,
             pdir / "label_histogram.png",
-            many_shot=r.many_shot,
-            few_shot=r.few_shot,
+            many_shot=run_shot_thresholds(cfg, data)[0],
+            few_shot=run_shot_thresholds(cfg, data)[1],
             test_labels=data.test_labels,
             label=label,
         )
@@ -421,6 +452,13 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
 
 def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
     """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0."""
+    import warnings
+
+    from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
+
+    note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
+    if note is not None:
+        warnings.warn(note, DataDefaultsWarning, stacklevel=2)
     train_dl, val_dl, _ = regression_loaders(run.data, run.cfg)
     trainer = run.trainer(max_epochs=run.cfg.trainer.max_epochs, monitor="val/mae")
     run.fit(trainer, module, train_dl, val_dl)

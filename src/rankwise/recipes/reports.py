@@ -75,7 +75,7 @@ def _label_xlim(ax: Any, bin_width: float, *label_sets: np.ndarray | None) -> No
 
 
 def shot_groups(
-    train_labels: np.ndarray, bin_width: float, *, many_shot: int = 100, few_shot: int = 20
+    train_labels: np.ndarray, bin_width: float, *, many_shot: float = 100, few_shot: float = 20
 ) -> dict[int, str]:
     """Bin -> ``"many"``/``"medium"``/``"few"`` from the training count of each bin."""
     b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
@@ -87,8 +87,8 @@ def plot_label_histogram(
     bin_width: float,
     path: str | Path,
     *,
-    many_shot: int = 100,
-    few_shot: int = 20,
+    many_shot: float = 100,
+    few_shot: float = 20,
     test_labels: np.ndarray | None = None,
     title: str = "",
     label: str = "label",

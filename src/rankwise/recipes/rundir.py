@@ -455,9 +455,9 @@ class Run:
         )
         progress = self.progress and t.enable_progress_bar
         if progress:
-            from lightning.pytorch.callbacks import RichProgressBar
+            from rankwise.recipes._progress import EpochProgressBar
 
-            callbacks.append(RichProgressBar(leave=False))
+            callbacks.append(EpochProgressBar(leave=False))
         elif self.log_epoch is not None:
             callbacks.append(_epoch_printer(self.log_epoch))
         callbacks.extend(self.callbacks)
@@ -701,11 +701,15 @@ def run_recipe(
             rd.close()
 
 
-def _plot_curves(run: Run) -> None:
+def _plot_curves(run: Run, *, only_missing: bool = False) -> None:
     """``plots/training_curves.png`` from the run's CSV log, and ``plots/probe_curves.png`` from a
-    second-stage log (``RUN_DIR/probe/logs``: the contrastive recipes' linear probe) when there is one."""
+    second-stage log (``RUN_DIR/probe/logs``: the contrastive recipes' linear probe) when there is one.
+
+    ``only_missing``: keep curves already drawn (an evaluation does not change the training logs)."""
     pdir = run.plots_dir
     if pdir is None:
+        return
+    if only_missing and (pdir / "training_curves.png").is_file():
         return
     from rankwise.recipes import reports
 
@@ -748,7 +752,7 @@ def evaluate_run(
         if isinstance(old, dict) and "train_seconds" in old:
             metrics["train_seconds"] = old["train_seconds"]
         write_json(run.dir / "metrics.json", metrics)
-        _plot_curves(run)
+        _plot_curves(run, only_missing=True)
         return metrics
     finally:
         rd.close()

@@ -15,12 +15,17 @@ from typing import Annotated
 
 import typer
 
+from rankwise._cli_help import Command, Group
+
 app = typer.Typer(
-    help="SoDeep learned differentiable sorters: train and evaluate.", no_args_is_help=True, add_completion=False
+    cls=Group,
+    help="SoDeep learned differentiable sorters: train and evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
 )
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     seq_len: Annotated[int, typer.Option("--seq-len", help="sequence length the sorter is trained for")] = 64,
     model: Annotated[str, typer.Option("--model", help="gru, lstm or mlp")] = "gru",
@@ -60,7 +65,7 @@ def train(
     typer.echo(f"trained in {res['seconds']:.1f} s; weights: {res['weights']}")
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     seq_len: Annotated[int, typer.Option("--seq-len", help="bundled sorter to evaluate (ignored with --weights)")] = 64,
     model: Annotated[str, typer.Option("--model")] = "gru",

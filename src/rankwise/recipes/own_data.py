@@ -1,0 +1,361 @@
+"""Your own table: a regression run whose bins, shot groups, batch size and epochs come from the data.
+
+``rankwise train --data FILE.csv --target COL --method lds`` builds its config with
+:func:`own_data_config`: the method's loss, model and optimizer come from the bundled preset
+``{presets}_{method}`` of the dataset's kind (``abalone_lds`` for a table, ``agedb_dir_lds`` for
+images), and everything the preset fitted to its own dataset is derived from the user's data instead
+(:func:`data_defaults`): the label bin width, the many/medium/few-shot thresholds, the batch size and
+the number of epochs. ``--set`` overrides still win.
+
+A dataset takes part through :func:`register_own_data`: which loader option receives the file and
+which the target column, and the preset family of its kind. ``csv`` (numeric columns) and
+``image_csv`` (a column of image paths) are registered here; any other loader of a CSV (NIfTI
+volumes, ...) registers itself the same way.
+
+The other route, a preset with ``--set data.name=csv ...``, goes through :func:`retarget`: the
+preset's dataset options are dropped and the data-driven values replace the preset's ones that the
+user did not set, with a :class:`DataDefaultsWarning` saying so.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "DataDefaults",
+    "DataDefaultsWarning",
+    "OwnData",
+    "data_defaults",
+    "empty_shot_groups",
+    "methods",
+    "own_data_config",
+    "register_own_data",
+    "retarget",
+    "shot_thresholds",
+]
+
+#: optimizer steps a data-derived run aims at (epochs = steps / batches per epoch, within the bounds)
+TARGET_STEPS = 1000
+MIN_EPOCHS, MAX_EPOCHS = 10, 200
+
+
+class DataDefaultsWarning(UserWarning):
+    """A run's settings were derived from (or do not fit) its data; the CLI prints it as ``warning: ...``."""
+
+
+@dataclass(frozen=True)
+class OwnData:
+    """How a dataset that reads a user's CSV takes part in the ``--data`` route (:func:`register_own_data`)."""
+
+    dataset: str
+    file_option: str
+    target_option: str
+    presets: str
+    max_batch_size: int
+    suffixes: tuple[str, ...]
+
+
+_OWN: dict[str, OwnData] = {}
+
+
+def register_own_data(
+    dataset: str,
+    *,
+    file_option: str = "path",
+    target_option: str = "target",
+    presets: str = "abalone",
+    max_batch_size: int = 256,
+    suffixes: Sequence[str] = (),
+) -> None:
+    """Let ``rankwise train --data FILE --target COL --dataset DATASET`` use the registered loader ``dataset``.
+
+    ``file_option`` / ``target_option``: the loader's options that receive ``FILE`` and ``COL``;
+    ``presets``: the preset family whose ``{presets}_{method}`` presets give the methods (loss, model,
+    optimizer); ``max_batch_size``: the largest data-derived batch size (images and volumes need
+    smaller batches than tables); ``suffixes``: file name endings that select this dataset when
+    ``--dataset`` is not given.
+    """
+    _OWN[dataset] = OwnData(dataset, file_option, target_option, presets, int(max_batch_size), tuple(suffixes))
+
+
+def own_datasets() -> dict[str, OwnData]:
+    """The datasets registered for the ``--data`` route."""
+    return dict(_OWN)
+
+
+register_own_data("csv", presets="abalone", max_batch_size=256, suffixes=(".csv", ".zip"))
+register_own_data("image_csv", presets="agedb_dir", max_batch_size=64)
+
+
+class DataDefaults(NamedTuple):
+    """The settings of a run derived from its data (:func:`data_defaults`)."""
+
+    n_train: int
+    bin_width: float
+    many_shot: float
+    few_shot: float
+    batch_size: int
+    max_epochs: int
+
+    def describe(self) -> str:
+        """One line: ``bin width 20, many-shot > 18.2 / few-shot < 3.6 training rows per bin, ...``."""
+        return (
+            f"label bin width {self.bin_width:g}; many-shot > {self.many_shot:.3g} and few-shot < "
+            f"{self.few_shot:.3g} training rows per bin; batch size {self.batch_size}; "
+            f"{self.max_epochs} epochs ({self.n_train} training rows)"
+        )
+
+
+def shot_thresholds(data: Any) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` of a dataset: its own ``shot_thresholds``, else derived from its training labels."""
+    from rankwise.data import suggest_shot_thresholds
+
+    own = getattr(data, "shot_thresholds", None)
+    if own is not None:
+        return float(own[0]), float(own[1])
+    return suggest_shot_thresholds(data.train_labels, data.bin_width)
+
+
+def data_defaults(data: Any, *, max_batch_size: int = 256) -> DataDefaults:
+    """Bin width, shot thresholds, batch size and epochs for a regression dataset, from its size and labels.
+
+    Batch size: the largest power of two at most an eighth of the training rows, between 16 and
+    ``max_batch_size`` (so an epoch has about 8 steps or more). Epochs: about 1,000 optimizer steps
+    (``TARGET_STEPS``; an epoch drops its last partial batch), between 10 and 200. For sklearn's
+    diabetes data (310 training rows): batch 32, 9 steps per epoch, 111 epochs; for abalone (3,813
+    rows): batch 256, 14 steps, 71 epochs.
+    """
+    n = len(data.train_labels)
+    many, few = shot_thresholds(data)
+    batch = 2 ** max(0, math.floor(math.log2(max(n / 8, 1))))
+    batch = int(min(max(batch, 16), max_batch_size))
+    steps = max(1, n // batch) if n > batch else 1
+    epochs = int(min(max(round(TARGET_STEPS / steps), MIN_EPOCHS), MAX_EPOCHS))
+    return DataDefaults(n, float(data.bin_width), many, few, batch, epochs)
+
+
+def empty_shot_groups(data: Any, many_shot: float, few_shot: float) -> list[str]:
+    """The shot groups (``"many"``, ``"medium"``, ``"few"``) that hold no test example of ``data``."""
+    from rankwise.data import label_bins
+
+    train_bins = label_bins(np.asarray(data.train_labels, dtype=np.float64), data.bin_width)
+    test_bins = label_bins(np.asarray(data.test_labels, dtype=np.float64), data.bin_width)
+    uniq, counts = np.unique(train_bins, return_counts=True)
+    lookup = dict(zip(uniq.tolist(), counts.tolist()))
+    n = np.asarray([lookup.get(b, 0) for b in test_bins.tolist()], dtype=np.float64)
+    groups = {"many": n > many_shot, "medium": (n <= many_shot) & (n >= few_shot), "few": n < few_shot}
+    return [g for g, mask in groups.items() if not mask.any()]
+
+
+def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | None:
+    """The warning for a test split with an empty shot group, or ``None``."""
+    empty = empty_shot_groups(data, many_shot, few_shot)
+    if not empty:
+        return None
+    return (
+        f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
+        f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
+        f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
+        "thresholds with --set run.many_shot=... --set run.few_shot=...)"
+    )
+
+
+def methods(presets: str = "abalone") -> list[str]:
+    """The ``--method`` names of a preset family: ``m`` for every preset ``{presets}_m`` of recipe ``dir``."""
+    from rankwise.recipes.config import list_presets, load_raw
+
+    prefix = f"{presets}_"
+    return sorted(
+        name[len(prefix) :]
+        for name in list_presets()
+        if name.startswith(prefix) and load_raw(name).get("recipe", "dir") == "dir"
+    )
+
+
+def _method_text(description: str) -> str:
+    """A preset's description without its leading ``Dataset ...:`` part."""
+    head, sep, rest = description.partition(": ")
+    return rest.strip() if sep and len(head) < 40 else description.strip()
+
+
+def _dataset_for(path: Path, dataset: str | None) -> OwnData:
+    from rankwise.recipes.config import ConfigError
+
+    if dataset is None:
+        for own in _OWN.values():
+            if own.suffixes and path.name.lower().endswith(own.suffixes):
+                return own
+        raise ConfigError(
+            f"--data {path}: cannot tell the dataset from the file name; pass --dataset, one of {sorted(_OWN)}"
+        )
+    if dataset not in _OWN:
+        raise ConfigError(f"--dataset must be one of {sorted(_OWN)} (datasets that read a CSV), got {dataset!r}")
+    return _OWN[dataset]
+
+
+def _load(dataset: str, options: dict[str, Any]) -> Any:
+    from rankwise.data import DataFormatError, get_dataset
+    from rankwise.recipes.config import ConfigError
+
+    try:
+        return get_dataset(dataset, **options)
+    except (DataFormatError, FileNotFoundError):
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot load dataset {dataset!r}: {e}") from None
+
+
+def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
+    import yaml
+
+    out = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key.startswith("data.options.") and key.count(".") == 2:
+            try:
+                out[key.rsplit(".", 1)[1]] = yaml.safe_load(value) if value.strip() else ""
+            except yaml.YAMLError:
+                continue  # the config's own check names it
+    return out
+
+
+def _defaults_overrides(d: DataDefaults, run_name: str | None = None) -> list[str]:
+    out = [
+        f"data.batch_size={d.batch_size}",
+        f"trainer.max_epochs={d.max_epochs}",
+        f"run.many_shot={d.many_shot!r}",
+        f"run.few_shot={d.few_shot!r}",
+    ]
+    return out + ([f"run.name={run_name}"] if run_name else [])
+
+
+def own_data_config(
+    path: str | Path,
+    target: str,
+    method: str = "lds",
+    *,
+    dataset: str | None = None,
+    options: dict[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> tuple[Any, DataDefaults]:
+    """The config of ``method`` on the user's file ``path`` (label column ``target``) and its data-derived defaults.
+
+    ``dataset``: a dataset registered with :func:`register_own_data` (default: from the file name,
+    ``csv`` for ``.csv``); ``options``: further loader options; ``overrides``: ``--set`` strings,
+    applied last (they win over the derived values). Returns ``(Config, DataDefaults)``.
+
+    Example:
+        >>> import tempfile, pathlib, numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> rows = ["x,y"] + [f"{a:.3f},{int(50 + 100 * a * a)}" for a in rng.random(400)]
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "mine.csv"
+        >>> _ = path.write_text("\\n".join(rows) + "\\n")
+        >>> cfg, d = own_data_config(path, "y", "lds")
+        >>> cfg.data.name, cfg.data.batch_size, cfg.trainer.max_epochs, d.bin_width
+        ('csv', 32, 125, 5.0)
+    """
+    from rankwise.recipes.config import ConfigError, load_config, load_raw
+
+    path = Path(path)
+    own = _dataset_for(path, dataset)
+    available = methods(own.presets)
+    if method not in available:
+        raise ConfigError(f"--method must be one of {available}, got {method!r}")
+    opts = {own.file_option: str(path), own.target_option: target, **(options or {}), **_option_overrides(overrides)}
+    data = _load(own.dataset, opts)
+    defaults = data_defaults(data, max_batch_size=own.max_batch_size)
+    raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
+    text = _method_text(str(raw.get("description", "")))
+    raw["description"] = f"{path.name}, target {target} ({len(data.train_labels)} training rows): {text}"
+    raw.pop("expected_time", None)  # the preset's own data's
+    raw["data"] = {
+        "name": own.dataset,
+        "options": opts,
+        "eval_batch_size": raw.get("data", {}).get("eval_batch_size", 512),
+        "num_workers": raw.get("data", {}).get("num_workers", 0),
+    }
+    run = raw.setdefault("run", {})
+    run["name"] = f"{path.stem}_{method}"
+    cfg = load_config(raw, [*_defaults_overrides(defaults), *overrides])
+    return cfg, defaults
+
+
+def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:
+    """A preset switched to another dataset by ``--set data.name=...`` keeps nothing of its old dataset.
+
+    When ``overrides`` change ``data.name``, the preset's ``data.options`` (its own dataset's) are
+    dropped and its ``description`` names the new data. For a dataset registered with
+    :func:`register_own_data`, the bin width, shot thresholds, batch size and epochs come from the
+    data (:func:`data_defaults`) unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
+    what was replaced. Returns the (copied) raw config; other configs pass unchanged.
+    """
+    import yaml
+
+    from rankwise.recipes.config import apply_overrides
+
+    old = (raw.get("data") or {}).get("name", "abalone")
+    keys = {}
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        keys[key.strip()] = value
+    if "data.name" not in keys:
+        return raw
+    try:
+        new = yaml.safe_load(keys["data.name"])
+    except yaml.YAMLError:
+        return raw  # the config's own error reporting names it
+    from rankwise.data import list_datasets
+
+    if new == old or new not in list_datasets():
+        return raw  # an unknown name: the config's own error names it
+    out = copy.deepcopy(raw)
+    data_sec = out.setdefault("data", {})
+    dropped = data_sec.pop("options", None)
+    out.pop("expected_time", None)  # the preset's own data's
+    text = _method_text(str(out.get("description", "")))
+    notes = [f"data.name={new} replaces the preset's dataset {old}"]
+    if dropped:
+        notes.append(f"its data.options {dropped} are dropped")
+    if new not in _OWN:
+        out["description"] = f"{new}: {text}"
+        warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
+        return out
+    own = _OWN[new]
+    merged = apply_overrides(out, list(overrides or []))
+    opts = dict((merged.get("data") or {}).get("options") or {})
+    if own.file_option not in opts or own.target_option not in opts:
+        return out  # the loader's error names the missing option
+    data = _load(new, opts)
+    d = data_defaults(data, max_batch_size=own.max_batch_size)
+    name = Path(str(opts[own.file_option])).name
+    out["description"] = f"{name}, target {opts[own.target_option]} ({d.n_train} training rows): {text}"
+    replaced = []
+    derived: tuple[tuple[str, float], ...] = (
+        ("data.batch_size", d.batch_size),
+        ("trainer.max_epochs", d.max_epochs),
+        ("run.many_shot", d.many_shot),
+        ("run.few_shot", d.few_shot),
+    )
+    for key, new_value in derived:
+        if key in keys:
+            continue
+        section, field_name = key.split(".")
+        sec = out.setdefault(section, {})
+        if sec.get(field_name) is not None and sec.get(field_name) != new_value:
+            replaced.append(f"{key} {sec[field_name]} -> {new_value:g}")
+        sec[field_name] = new_value
+    notes.append("from the data: " + d.describe())
+    if replaced:
+        notes.append("replacing the preset's " + ", ".join(replaced))
+    warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
+    return out

@@ -29,6 +29,8 @@ from rankwise.data._base import (
 from rankwise.data.image_classes import load_cifar_dir, load_image_folder
 from rankwise.data.images import DIRImageDataset, dir_image_transforms, dir_images, load_agedb_dir, load_imdb_wiki_dir
 from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
+from rankwise.data.nifti import NiftiVolumeDataset, load_nifti_csv, preprocess_volume
+from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
 from rankwise.data.text import (
     TextPairDataset,
@@ -48,6 +50,7 @@ __all__ = [
     "DataFileNotFoundError",
     "DataFormatError",
     "LabelHistogram",
+    "NiftiVolumeDataset",
     "RegressionData",
     "TensorPairDataset",
     "TextPairDataset",
@@ -69,10 +72,13 @@ __all__ = [
     "load_csv",
     "load_image_folder",
     "load_imdb_wiki_dir",
+    "load_nifti_csv",
+    "make_brain_age_synthetic",
     "load_mnist5k",
     "load_mnist5k_arrays",
     "load_stsb_dir",
     "mnist5k_path",
+    "preprocess_volume",
     "random_split_indices",
     "read_sts_tsv",
     "register_dataset",

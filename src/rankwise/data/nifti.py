@@ -185,16 +185,19 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
 def _read_rows(csv_path: Path) -> list[dict[str, Any]]:
     if not csv_path.is_file():
         raise DataFileNotFoundError(csv_path, None, "CSV file does not exist")
-    with open(csv_path, newline="") as f:
-        reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in ("path", "age") if c not in header]
-        if missing:
-            raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
-        reader.fieldnames = header
-        rows = []
-        for i, raw in enumerate(reader, start=2):
-            rows.append({k: (v or "").strip() for k, v in raw.items() if k is not None} | {"_row": i})
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in ("path", "age") if c not in header]
+            if missing:
+                raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
+            reader.fieldnames = header
+            rows = []
+            for i, raw in enumerate(reader, start=2):
+                rows.append({k: (v or "").strip() for k, v in raw.items() if isinstance(k, str)} | {"_row": i})
+    except UnicodeDecodeError as e:
+        raise DataFormatError(csv_path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not rows:
         raise DataFormatError(csv_path, None, "the CSV has no data rows")
     return rows

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rankwise.models.brain_age import ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, opt
@@ -51,6 +53,9 @@ from rankwise.recipes.rundir import Run, load_state_dict
 __all__ = ["BrainAgeModule", "BrainAgeOptions", "BrainAgeRecipe"]
 
 _NETWORKS = ("scale_dense", "sfcn")
+#: test metrics of the CLI tables (the report lists all of them)
+TABLE_METRICS = ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap", "stage1_mae", "epoch_seconds")
+Table = tuple[list[str], list[list[str]]]
 
 
 @dataclasses.dataclass
@@ -63,6 +68,9 @@ class BrainAgeOptions:
     stage2_lr: float = opt(1e-5, doc="TSAN: learning rate of stage 2", gt=0)
     sfcn_sigma: float = opt(1.0, doc="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
     montage: int = opt(3, doc="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
+    init_age_bias: bool = opt(
+        True, doc="TSAN: start the stage-1 output bias at the mean training age (else PyTorch's default)"
+    )
 
 
 class _EpochTimer(L.Callback):
@@ -349,6 +357,11 @@ class BrainAgeRecipe(RecipeBase):
         if getattr(data, "kind", None) != "volume":
             raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
         first = BrainAgeModule(cfg, stage="first")
+        if cfg.task.init_age_bias and isinstance(first.net, ScaleDense):
+            mean_age = float(np.mean(data.train_labels))
+            with torch.no_grad():
+                for head in (first.net.end_fc_with_gender, first.net.end_fc_without_gender):
+                    head[1].bias.fill_(mean_age)
         if first.uses_sex and not data.meta.get("has_sex", False):
             raise ConfigError(
                 f"{data.meta.get('source', 'the CSV')}: the network uses sex (`model.options.use_sex`) but some rows "
@@ -392,7 +405,14 @@ class BrainAgeRecipe(RecipeBase):
         stage1 = _evaluate_module(run, first, write=False)
         return self._evaluate_second(run, _second(run, first), stage1, name)
 
-    def summary(self, metrics: dict[str, Any]) -> str:  # type: ignore[override]
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
+        from rankwise.recipes.reports import scalar_table_rows
+
+        header, rows = scalar_table_rows(results)
+        keep = [i for i, h in enumerate(header) if h in ("method", "seeds", "train s", *TABLE_METRICS)]
+        return [([header[i] for i in keep], [[r[i] for i in keep] for r in rows])]
+
+    def summary(self, metrics: Mapping[str, Any]) -> str:
         t = metrics["test"]
         return f"test MAE {t['mae']:.3f}, r {t['pearson']:.3f}, corr(BAG, age) {t['corr_bag_age']:.3f}"
 

@@ -22,12 +22,12 @@ _FROM_BRAIN_AGE = ("correct_age_bias", "discretize_age")
 if TYPE_CHECKING:  # what the lazy loader provides, for type checkers and IDEs
     from rankwise import losses as losses
     from rankwise import ops as ops
+    from rankwise.brain_age import correct_age_bias as correct_age_bias
+    from rankwise.brain_age import discretize_age as discretize_age
     from rankwise.losses import get_loss as get_loss
     from rankwise.losses import list_losses as list_losses
     from rankwise.losses import register_loss as register_loss
     from rankwise.ops import *  # noqa: F403
-    from rankwise.brain_age import correct_age_bias as correct_age_bias
-    from rankwise.brain_age import discretize_age as discretize_age
     from rankwise.sodeep import sodeep_sorter as sodeep_sorter
 
 

@@ -110,9 +110,7 @@ def correct_age_bias(
     if p.size != a.size:
         raise ValueError(f"`pred` and `age` must have the same number of elements, got {p.size} and {a.size}")
     if fp.size != fa.size:
-        raise ValueError(
-            f"`fit_pred` and `fit_age` must have the same number of elements, got {fp.size} and {fa.size}"
-        )
+        raise ValueError(f"`fit_pred` and `fit_age` must have the same number of elements, got {fp.size} and {fa.size}")
     if fa.size < 2 or np.ptp(fa) == 0:
         raise ValueError(f"`fit_age` must hold at least 2 different ages to fit the correction, got {fa.size} values")
     if method == "gap":

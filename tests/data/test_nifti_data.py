@@ -12,7 +12,7 @@ import torch
 nib = pytest.importorskip("nibabel")
 pytest.importorskip("torchio")
 
-from rankwise.data import DataFormatError, get_dataset, load_nifti_csv, preprocess_volume  # noqa: E402
+from rankwise.data import DataFormatError, RegressionData, get_dataset, load_nifti_csv, preprocess_volume  # noqa: E402
 
 SHAPE = (20, 24, 20)
 
@@ -45,6 +45,7 @@ def test_loads_splits_by_subject_and_caches(tmp_path: Path, monkeypatch: pytest.
     csv = _cohort(tmp_path)
     cache = tmp_path / "cache"
     data = get_dataset("nifti", csv=str(csv), cache_dir=str(cache), val_fraction=0.2, test_fraction=0.2, seed=3)
+    assert isinstance(data, RegressionData)
     assert sum(data.sizes()) == 12 and data.kind == "volume" and data.meta["has_sex"]
     subjects = {s: set(data.meta[f"{s}_subjects"]) for s in ("train", "val", "test")}
     assert not (subjects["train"] & subjects["val"] or subjects["train"] & subjects["test"])
@@ -145,8 +146,16 @@ def test_cli_bad_input_is_one_error_line_and_writes_no_run(tmp_path: Path) -> No
     out = tmp_path / "run"
     res = CliRunner().invoke(
         app,
-        ["train", "brain_age_tsan_synthetic", "--out", str(out), "--set", f"data.options.csv={csv}",
-         "--set", f"data.options.cache_dir={tmp_path / 'cache'}"],
+        [
+            "train",
+            "brain_age_tsan_synthetic",
+            "--out",
+            str(out),
+            "--set",
+            f"data.options.csv={csv}",
+            "--set",
+            f"data.options.cache_dir={tmp_path / 'cache'}",
+        ],
     )
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]

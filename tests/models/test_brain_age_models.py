@@ -72,7 +72,7 @@ def test_load_tsan_checkpoint_strips_dataparallel_prefix(tmp_path: Path, ref: di
         torch.testing.assert_close(net(ref["x"], sex_one_hot(ref["sex"])), ref["sd_out"], rtol=1e-5, atol=1e-5)
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="bad.pth"):
+    with pytest.raises(ValueError, match=r"bad\.pth"):
         load_tsan_checkpoint(bad)
 
 
@@ -119,7 +119,7 @@ def test_sfcn_shapes_soft_labels_and_kl() -> None:
     logp = net(torch.randn(3, 1, 32, 36, 32))
     assert logp.shape == (3, 14)
     torch.testing.assert_close(logp.exp().sum(-1), torch.ones(3))
-    centers = net.bin_centers
+    centers: torch.Tensor = net.bin_centers  # type: ignore[assignment]
     torch.testing.assert_close(centers[:2], torch.tensor([22.5, 27.5]))
     q = sfcn_soft_labels(torch.tensor([22.5, 60.0, 88.0]), centers, sigma=1.0)
     expect = torch.exp(-((torch.tensor([[22.5], [60.0], [88.0]]) - centers) ** 2) / 2)

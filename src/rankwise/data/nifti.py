@@ -39,10 +39,10 @@ from torch.utils.data import Dataset
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
 
 __all__ = [
-    "NiftiVolumeDataset",
     "SEX_VALUES",
+    "NiftiVolumeDataset",
     "load_nifti_csv",
-        "parse_sex",
+    "parse_sex",
     "preprocess_volume",
 ]
 
@@ -153,7 +153,7 @@ class NiftiVolumeDataset(Dataset):
 
 
 def _file_digest(path: Path) -> str:
-    h = hashlib.sha1()  # noqa: S324 - a cache key, not a security digest
+    h = hashlib.sha1()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -169,7 +169,7 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
         img = nib.load(str(path))
         data = np.asarray(img.get_fdata(dtype=np.float32))
         affine = np.asarray(img.affine, dtype=np.float64)
-    except Exception as e:  # noqa: BLE001 - nibabel/gzip/zlib raise many types for a bad file
+    except Exception as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise DataFormatError(csv_path, row, f"volume {path} cannot be read (truncated or corrupt?): {msg}") from None
     if data.ndim == 4 and data.shape[3] == 1:
@@ -321,7 +321,7 @@ def load_nifti_csv(
         where = (csv_path, it["row"])
         if not it["path"].is_file():
             raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
-        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()  # noqa: S324
+        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
         target = cache / f"{key}.npy"
         if not target.is_file():
             data, affine = _read_volume(it["path"], where)

@@ -52,13 +52,15 @@ def mni_templates(spacing: float = 2.0) -> tuple[dict[str, np.ndarray], np.ndarr
         import torchio as tio
         from scipy import ndimage
     except ImportError as e:  # pragma: no cover - the mri extra is missing
-        raise ImportError(f"the synthetic cohort needs nilearn, nibabel and torchio: pip install 'rankwise[mri]' ({e})")
+        raise ImportError(
+            f"the synthetic cohort needs nilearn, nibabel and torchio: pip install 'rankwise[mri]' ({e})"
+        ) from None
     root = Path(nilearn.__file__).parent / "datasets" / "data"
     grid = tuple(round(s * 2.0 / spacing) for s in (91, 109, 91))
     maps: dict[str, np.ndarray] = {}
     affine = np.eye(4)
     for key, name in _TEMPLATES.items():
-        img = nib.load(str(root / name))
+        img: Any = nib.load(str(root / name))
         data = torch.from_numpy(np.asarray(img.get_fdata(dtype=np.float32)))[None]
         sub = tio.ScalarImage(tensor=data, affine=img.affine)
         sub = tio.CropOrPad(grid)(tio.Resample(float(spacing))(sub))

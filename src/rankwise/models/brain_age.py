@@ -52,7 +52,8 @@ def sex_one_hot(sex: torch.Tensor) -> torch.Tensor:
 
 def _conv_bn(cin: int, cout: int, kernel: tuple[int, int, int]) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv3d(cin, cout, kernel, padding=tuple(k // 2 for k in kernel), bias=False), nn.BatchNorm3d(cout)
+        nn.Conv3d(cin, cout, kernel, padding=(kernel[0] // 2, kernel[1] // 2, kernel[2] // 2), bias=False),
+        nn.BatchNorm3d(cout),
     )
 
 
@@ -239,7 +240,7 @@ def load_tsan_checkpoint(path: str | Path, model: nn.Module | None = None) -> di
         obj: Any = torch.load(str(path), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
-    except Exception as e:  # noqa: BLE001 - a corrupt or non-weights file
+    except Exception as e:
         raise ValueError(f"{path}: not a readable weights file ({type(e).__name__}: {e})") from None
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]

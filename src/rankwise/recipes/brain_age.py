@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -170,7 +171,11 @@ class BrainAgeModule(L.LightningModule):
         self.log("train/task_loss", task.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
         self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
         self.log(
-            "train/mae", (out["age"].detach() - y).abs().mean(), on_step=False, on_epoch=True, batch_size=n,
+            "train/mae",
+            (out["age"].detach() - y).abs().mean(),
+            on_step=False,
+            on_epoch=True,
+            batch_size=n,
             sync_dist=True,
         )
         return loss
@@ -213,7 +218,10 @@ def _fit_stage(run: Run, module: BrainAgeModule, *, stage: str, epochs: int) -> 
         trainer = run.trainer(max_epochs=epochs, stage=stage, monitor="val/mae")
     finally:
         run.callbacks = [c for c in run.callbacks if c is not timer]
-    run.fit(trainer, module, train_dl, val_dl, stage=stage)
+    with warnings.catch_warnings():
+        # stage 2 holds the frozen stage-1 network in eval mode on purpose
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+        run.fit(trainer, module, train_dl, val_dl, stage=stage)
     if trainer.global_rank == 0:
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps({"epoch_seconds": timer.seconds}))
@@ -258,7 +266,11 @@ def _evaluate_module(run: Run, module: BrainAgeModule, *, write: bool) -> dict[s
     for method in ("gap", "prediction"):
         try:
             corrected[method] = correct_age_bias(
-                test_pred, test_age, fit_pred=val_pred, fit_age=val_age, method=method  # type: ignore[arg-type]
+                test_pred,
+                test_age,
+                fit_pred=val_pred,
+                fit_age=val_age,
+                method=method,  # type: ignore[arg-type]
             )
         except ValueError:
             corrected[method] = np.full_like(test_pred, np.nan)
@@ -299,7 +311,7 @@ def _write_predictions(
             for i in range(len(age)):
                 gap = corrected["gap"][i] if split == "test" else ""
                 pr = corrected["prediction"][i] if split == "test" else ""
-                w.writerow([subjects[i], sites[i], split, f"{age[i]:.3f}", f"{pred[i]:.3f}", _fmt(gap), _fmt(pr)])
+                w.writerow([subjects[i], sites[i], split, f"{age[i]:.3f}", f"{pred[i]:.6f}", _fmt(gap), _fmt(pr)])
     pdir = run.plots_dir
     if pdir is not None:
         from rankwise.recipes import brain_age_plots as plots
@@ -318,7 +330,7 @@ def _write_predictions(
 
 
 def _fmt(v: Any) -> str:
-    return "" if isinstance(v, str) else f"{float(v):.3f}"
+    return "" if isinstance(v, str) else f"{float(v):.6f}"
 
 
 class BrainAgeRecipe(RecipeBase):
@@ -343,7 +355,9 @@ class BrainAgeRecipe(RecipeBase):
         default = type(cfg.loss)()
         for key in ("name", "lds", "fds"):
             if getattr(cfg.loss, key) != getattr(default, key):
-                raise ConfigError(f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)")
+                raise ConfigError(
+                    f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)"
+                )
         check_loss_config(cfg.loss)
 
     def method(self, cfg: Config) -> str:
@@ -361,7 +375,8 @@ class BrainAgeRecipe(RecipeBase):
             mean_age = float(np.mean(data.train_labels))
             with torch.no_grad():
                 for head in (first.net.end_fc_with_gender, first.net.end_fc_without_gender):
-                    head[1].bias.fill_(mean_age)
+                    bias: torch.Tensor = head[1].bias  # type: ignore[assignment]
+                    bias.fill_(mean_age)
         if first.uses_sex and not data.meta.get("has_sex", False):
             raise ConfigError(
                 f"{data.meta.get('source', 'the CSV')}: the network uses sex (`model.options.use_sex`) but some rows "

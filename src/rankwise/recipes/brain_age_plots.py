@@ -73,7 +73,9 @@ def plot_mae_by_decade(pred: np.ndarray, age: np.ndarray, path: str | Path, *, t
     fig, ax = plt.subplots(figsize=(5, 3.5))
     bars = ax.bar([f"{d}-{d + 9}" for d in keys], maes)
     for b, d in zip(bars, keys, strict=True):
-        ax.annotate(f"n={int((dec == d).sum())}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", fontsize=7)
+        ax.annotate(
+            f"n={int((dec == d).sum())}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", fontsize=7
+        )
     ax.set(xlabel="age decade", ylabel="MAE (years)")
     ax.set_title(title, fontsize=9)
     return _save(fig, path)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import loadavg, machine  # noqa: E402
+from _timing import loadavg, machine
 
 GRIDS = {"2mm": (91, 109, 91), "4mm": (46, 54, 46)}
 

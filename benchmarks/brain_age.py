@@ -130,15 +130,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=24, help="subjects of the loader cohort")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2, help=">= 2: SFCN's BatchNorm sees 1x1x1 maps at 4 mm")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--device", default="cpu")
     p.add_argument("--skip-models", action="store_true")
     p.add_argument("--skip-loader", action="store_true")
+    p.add_argument("--models", default="scale_dense,sfcn", help="comma-separated: scale_dense, sfcn")
+    p.add_argument("--grids", default="2mm,4mm", help="comma-separated: 2mm, 4mm")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "brain_age.json"))
     p.add_argument("--case", nargs=3, metavar=("MODEL", "GRID", "THREADS"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.batch < 2:
+        p.error("--batch must be >= 2 (BatchNorm in training mode needs more than one value per channel)")
     if a.case:
         print(json.dumps(model_case(a.case[0], a.case[1], int(a.case[2]), a.batch, a.repeats, a.device)))
         return
@@ -148,8 +152,8 @@ def main() -> None:
             result["loader"] = loader_cases(a.n, a.workers, Path(tmp))
     models = []
     threads = [int(t) for t in a.threads.split(",")]
-    for name in ("scale_dense", "sfcn") if not a.skip_models else ():
-        for grid in GRIDS:
+    for name in a.models.split(",") if not a.skip_models else ():
+        for grid in a.grids.split(","):
             for t in threads if a.device == "cpu" else [threads[-1]]:
                 if a.device == "cpu":
                     cmd = [sys.executable, __file__, "--case", name, grid, str(t), "--batch", str(a.batch)]

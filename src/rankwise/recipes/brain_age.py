@@ -96,6 +96,16 @@ def _network(cfg: Config, backbone: str) -> nn.Module:
     return net
 
 
+def _freeze_unused_heads(net: nn.Module) -> None:
+    """The TSAN networks build both heads (with and without sex) as the authors' release does; the one
+    ``forward`` never uses (and, without sex, the sex branch) gets no gradient, so DDP does not wait for it."""
+    if not hasattr(net, "end_fc_without_gender"):
+        return
+    unused = ["end_fc_without_gender"] if net.use_sex else ["end_fc_with_gender", "male_fc"]
+    for name in unused:
+        getattr(net, name).requires_grad_(False)
+
+
 class BrainAgeModule(L.LightningModule):
     """One training stage: ``stage="first"`` (ScaleDense or SFCN) or ``"second"`` (TSAN's second stage).
 
@@ -116,6 +126,7 @@ class BrainAgeModule(L.LightningModule):
             first.eval()
         self.terms = build_regularizers(cfg.loss.regularizers)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
+        _freeze_unused_heads(self.net)
 
     def train(self, mode: bool = True) -> BrainAgeModule:
         super().train(mode)
@@ -384,17 +395,18 @@ class BrainAgeRecipe(RecipeBase):
             )
         dir1, _ = _stage_dirs(run)
         secs = _fit_stage(run, first, stage=dir1, epochs=cfg.trainer.max_epochs)
-        if run.global_rank != 0:
-            return {}
+        # every process continues (under DDP stage 2 trains on all of them); rank 0 evaluates at the end
         first.load_state_dict(load_state_dict(run.checkpoint("best", dir1)))
         if not _two_stages(run):
+            if run.global_rank != 0:
+                return {}
             metrics = _evaluate_module(run, first, write=True)
         else:
-            stage1 = _evaluate_module(run, first, write=False)
             second = _second(run, first)
             secs = secs + _fit_stage(run, second, stage="", epochs=cfg.task.stage2_epochs or cfg.trainer.max_epochs)
             if run.global_rank != 0:
                 return {}
+            stage1 = _evaluate_module(run, first, write=False)  # the frozen stage-1 weights, unchanged
             metrics = self._evaluate_second(run, second, stage1, "best")
         metrics["test"]["epoch_seconds"] = float(np.mean(secs)) if secs else float("nan")
         return metrics

@@ -781,6 +781,10 @@ def _spearman_fuzz(ranker: str | None, correlation: bool = False):  # type: igno
     return factory
 
 
+def _pairs_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    return Example(_pt_fuzz(n, dtype, device, g), {"pairs": fuzz_choice(g, [1, 7, 16])})
+
+
 def _ranksim_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
     z = fuzz_tensor((n, *fuzz_choice(g, [(4,), (2, 3)])), dtype, device, g)
     y = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
@@ -848,8 +852,9 @@ register_loss(
 register_loss(
     "pairwise_difference.random",
     module=PairwiseDifferenceLoss,
-    example=lambda dt, dev: Example(_pt(dt, dev), {"pairs": "random"}),
+    example=lambda dt, dev: Example(_pt(dt, dev), {"pairs": 16}),
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"pairs": "random"}),
     stochastic=True,
+    fuzz=_pairs_fuzz,
     description="age-difference loss over B random pairs drawn with replacement (TSAN's sampling)",
 )(pairwise_difference_loss)

@@ -16,10 +16,14 @@ __version__ = "0.1.0"
 #: subpackages importable as attributes (``rankwise.data``, ...)
 _SUBPACKAGES = ("data", "distributed", "imbalanced", "losses", "models", "ops", "recipes", "sodeep")
 _FROM_LOSSES = ("get_loss", "list_losses", "register_loss")
+#: brain-age helpers re-exported at the top level (``rankwise.discretize_age``, ...)
+_FROM_BRAIN_AGE = ("correct_age_bias", "discretize_age")
 
 if TYPE_CHECKING:  # what the lazy loader provides, for type checkers and IDEs
     from rankwise import losses as losses
     from rankwise import ops as ops
+    from rankwise.brain_age import correct_age_bias as correct_age_bias
+    from rankwise.brain_age import discretize_age as discretize_age
     from rankwise.losses import get_loss as get_loss
     from rankwise.losses import list_losses as list_losses
     from rankwise.losses import register_loss as register_loss
@@ -50,14 +54,26 @@ def __getattr__(name: str) -> Any:
         return _all()
     if name.startswith("__"):
         raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
+    if name in _FROM_BRAIN_AGE:
+        return getattr(importlib.import_module("rankwise.brain_age"), name)
     if name in _load() or name in _FROM_LOSSES or name == "sodeep_sorter":
         return globals()[name]
     raise AttributeError(f"module 'rankwise' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SUBPACKAGES, *_FROM_LOSSES, "sodeep_sorter", *_load()})
+    return sorted({*globals(), *_SUBPACKAGES, *_FROM_LOSSES, *_FROM_BRAIN_AGE, "sodeep_sorter", *_load()})
 
 
 def _all() -> list[str]:
-    return ["__version__", "get_loss", "list_losses", "losses", "ops", "register_loss", "sodeep_sorter", *_load()]
+    return [
+        "__version__",
+        *_FROM_BRAIN_AGE,
+        "get_loss",
+        "list_losses",
+        "losses",
+        "ops",
+        "register_loss",
+        "sodeep_sorter",
+        *_load(),
+    ]

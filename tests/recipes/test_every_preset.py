@@ -51,6 +51,12 @@ BY_FAMILY = {
     ],
     "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
     "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
+    "brain_age": ["task.stage2_epochs=1", "data.batch_size=8", "data.num_workers=0", "data.options.shape=[32,36,32]"],
+}
+#: tiny networks of the brain-age presets (their model options differ per backbone)
+BRAIN_AGE_MODELS = {
+    "scale_dense": "model.options={nb_filter: 8, nb_block: 2, use_sex: true}",
+    "sfcn": "model.options={channels: [4, 4, 4, 4, 4, 4], bins: 14, age_range: [20.0, 90.0], dropout: 0.5}",
 }
 MNIST = ["data.options.test_fraction=0.05"]
 RRT_SOURCE = {
@@ -61,6 +67,8 @@ RRT_SOURCE = {
 
 
 def _family(name: str) -> str:
+    if name.startswith("brain_age"):
+        return "brain_age"
     if name.startswith("abalone"):
         return "abalone"
     if name.startswith(("agedb", "imdb")):
@@ -90,9 +98,34 @@ def image_split(tmp_path_factory):
     return root
 
 
-def _overrides(name: str, image_split, shared_dir: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def brain_cohort(tmp_path_factory):
+    """A synthetic brain-age cohort of 24 subjects at 6 mm (or None without the mri extra)."""
+    try:
+        from rankwise.data import make_brain_age_synthetic
+
+        root = tmp_path_factory.mktemp("brain_age")
+        return make_brain_age_synthetic(root / "cohort", n=24, spacing=6.0), root / "cache"
+    except ImportError:
+        return None
+
+
+def _brain_age_overrides(name: str, cohort) -> list[str]:
+    if cohort is None:
+        pytest.skip("nibabel / nilearn / torchio (the mri extra) absent")
+    csv, cache = cohort
+    cfg = load_config(name)
+    out = [f"data.options.csv={csv}", f"data.options.cache_dir={cache}", BRAIN_AGE_MODELS[cfg.model.backbone]]
+    if any(r.name == "spearman" for r in cfg.loss.regularizers):
+        out.append("loss.regularizers.spearman.options={ranker: isotonic}")  # SoDeep needs a batch of 32/64/128
+    return out
+
+
+def _overrides(name: str, image_split, shared_dir: Path, cohort=None) -> list[str]:
     fam = _family(name)
     out = [*COMMON, *BY_FAMILY[fam]]
+    if fam == "brain_age":
+        out += _brain_age_overrides(name, cohort)
     if fam == "dir_images":
         out.append(f"data.options.root={image_split}")
     if fam == "sts":
@@ -108,10 +141,10 @@ def _overrides(name: str, image_split, shared_dir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(list_presets()))
-def test_preset_trains_tiny(name, tmp_path, image_split):
+def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort):
     # only the STS-B-DIR presets need ../shared (skipped without it); the others run anywhere
     shared_dir = SHARED
-    sets = _overrides(name, image_split, shared_dir)
+    sets = _overrides(name, image_split, shared_dir, brain_cohort)
     if name in RRT_SOURCE:
         src = RRT_SOURCE[name]
         train(load_config(src, _overrides(src, image_split, shared_dir)), out=tmp_path / "src", progress=False)

@@ -36,6 +36,8 @@ from rankwise.data.images import (
     load_imdb_wiki_dir,
 )
 from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
+from rankwise.data.nifti import NiftiVolumeDataset, load_nifti_csv, preprocess_volume
+from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
 from rankwise.data.text import (
     TextPairDataset,
@@ -55,6 +57,7 @@ __all__ = [
     "DataFileNotFoundError",
     "DataFormatError",
     "LabelHistogram",
+    "NiftiVolumeDataset",
     "RegressionData",
     "TensorPairDataset",
     "TextPairDataset",
@@ -79,8 +82,11 @@ __all__ = [
     "load_imdb_wiki_dir",
     "load_mnist5k",
     "load_mnist5k_arrays",
+    "load_nifti_csv",
     "load_stsb_dir",
+    "make_brain_age_synthetic",
     "mnist5k_path",
+    "preprocess_volume",
     "random_split_indices",
     "read_sts_tsv",
     "register_dataset",

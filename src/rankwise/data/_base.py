@@ -86,9 +86,10 @@ class RegressionData:
     """A regression dataset split into train / val / test.
 
     Items of ``train``/``val``/``test`` are ``(x, y)``: ``x`` is a float tensor of shape ``(D,)``
-    (``kind="tabular"``), ``(C, H, W)`` (``"image"``) or a pair of ``int64`` token-id tensors
+    (``kind="tabular"``), ``(C, H, W)`` (``"image"``), a pair of ``int64`` token-id tensors
     (``"text_pair"``, batch them with :func:`rankwise.data.collate_text_pairs`, also in
-    ``meta["collate_fn"]``); ``y`` is a float32 scalar tensor. The ``*_labels`` arrays are the
+    ``meta["collate_fn"]``) or a dict ``{"volume": (1, D, H, W), "sex": (2,)}`` (``"volume"``, MRI
+    from :func:`rankwise.data.load_nifti_csv`); ``y`` is a float32 scalar tensor. The ``*_labels`` arrays are the
     same labels as float64 numpy arrays (for LDS weights and shot metrics).
 
     ``meta`` holds loader-specific extras; common keys: ``"split"`` (the split rule),
@@ -104,7 +105,7 @@ class RegressionData:
     train_labels: np.ndarray
     val_labels: np.ndarray
     test_labels: np.ndarray
-    kind: Literal["tabular", "image", "text_pair"]
+    kind: Literal["tabular", "image", "text_pair", "volume"]
     input_dim: int | None
     bin_width: float
     label_name: str

@@ -606,7 +606,11 @@ class SpearmanCorrelation(nn.Module):
 
 @batch_loss("pred", "target")
 def pairwise_difference_loss(
-    pred: torch.Tensor, target: torch.Tensor, *, distributed: DistributedFlag = False
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    pairs: Literal["all", "random"] | int = "all",
+    distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Age-difference loss :math:`L_d` of Cheng et al. (IEEE TMI 2021), computed in O(B).
 
@@ -619,10 +623,19 @@ def pairwise_difference_loss(
     predictions (pair it with an L1/MSE term) and is computed from centred residuals (stable).
     The mean over ordered and over unordered pairs is the same.
 
+    ``pairs="random"`` is the authors' sampling (TSAN's ``rank_difference_loss``): ``B`` pairs
+    ``(i, j)`` drawn uniformly **with replacement** (``i = j`` allowed) from torch's global RNG, and
+    :math:`L_d = \frac{1}{B} \sum_k ((\hat y_{i_k} - \hat y_{j_k}) - (y_{i_k} - y_{j_k}))^2`, an
+    estimate of :math:`\frac{B-1}{B}` times the all-pairs loss; an ``int`` ``k >= 1`` draws ``k``
+    pairs the same way (the same pairs for every leading index).
+
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the pairs range over the
     **global** batch (``pred`` gathered with gradient, ``target`` without, along the last dim);
     each rank returns ``world_size * 2 / (n - 1) * (sum of its own centred squared residuals)``
-    (averaged over leading dims), whose mean over ranks is the single-process loss.
+    (averaged over leading dims), whose mean over ranks is the single-process loss. With random
+    pairs every rank draws its own pairs (``B`` local-batch-size many, or ``k``) from the
+    **global** batch, so DDP's gradient averaging optimises their union: about as many random
+    pairs as the global batch has examples.
 
     Shape:
         - pred: :math:`(B,)`, :math:`(B, 1)` or :math:`(*, B)` floating (pairs along the last dim, a
@@ -637,9 +650,12 @@ def pairwise_difference_loss(
         >>> rankwise.losses.pairwise_difference_loss(pred, torch.tensor([20.0, 32.0, 40.0]))
         tensor(18., grad_fn=<...>)
     """
+    if isinstance(pairs, bool) or not (pairs in ("all", "random") or (isinstance(pairs, int) and pairs >= 1)):
+        raise ValueError(f"`pairs` must be 'all', 'random' or an int >= 1, got {pairs!r}")
     p, t = _pred_target(pred, target)
     cols: slice = slice(None)
     world = 1
+    n_local = p.shape[-1]
     if _global_batch_on(distributed):
         world = get_world_size()
         p, t, cols = _gather_last(p, t)
@@ -647,20 +663,29 @@ def pairwise_difference_loss(
     if p.numel() == 0 or n < 2:
         return (p - t).sum() * 0
     r = p - t
+    if pairs != "all":
+        k = n_local if pairs == "random" else int(pairs)
+        i = torch.randint(n, (k,), device=r.device)
+        j = torch.randint(n, (k,), device=r.device)
+        d = r[..., i] - r[..., j]
+        return (d * d).mean()
     r = r - r.mean(-1, keepdim=True)
     out = (2.0 / (n - 1)) * (r * r)[..., cols].sum(-1).mean()
     return out * world if world > 1 else out
 
 
 class PairwiseDifferenceLoss(nn.Module):
-    """Module twin of :func:`pairwise_difference_loss` (holds only ``distributed``)."""
+    """Module twin of :func:`pairwise_difference_loss` (holds ``pairs`` and ``distributed``)."""
 
-    def __init__(self, *, distributed: DistributedFlag = False) -> None:
+    def __init__(self, *, pairs: Literal["all", "random"] | int = "all", distributed: DistributedFlag = False) -> None:
         super().__init__()
+        if isinstance(pairs, bool) or not (pairs in ("all", "random") or (isinstance(pairs, int) and pairs >= 1)):
+            raise ValueError(f"`pairs` must be 'all', 'random' or an int >= 1, got {pairs!r}")
+        self.pairs = pairs
         self.distributed = distributed
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return pairwise_difference_loss(pred, target, distributed=self.distributed)
+        return pairwise_difference_loss(pred, target, pairs=self.pairs, distributed=self.distributed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -756,6 +781,10 @@ def _spearman_fuzz(ranker: str | None, correlation: bool = False):  # type: igno
     return factory
 
 
+def _pairs_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    return Example(_pt_fuzz(n, dtype, device, g), {"pairs": fuzz_choice(g, [1, 7, 16])})
+
+
 def _ranksim_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
     z = fuzz_tensor((n, *fuzz_choice(g, [(4,), (2, 3)])), dtype, device, g)
     y = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
@@ -819,4 +848,13 @@ register_loss(
     degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
     inputs={"pred": "predictions", "target": "targets"},
     fuzz=_spearman_fuzz(None),
+)(pairwise_difference_loss)
+register_loss(
+    "pairwise_difference.random",
+    module=PairwiseDifferenceLoss,
+    example=lambda dt, dev: Example(_pt(dt, dev), {"pairs": 16}),
+    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"pairs": "random"}),
+    stochastic=True,
+    fuzz=_pairs_fuzz,
+    description="age-difference loss over B random pairs drawn with replacement (TSAN's sampling)",
 )(pairwise_difference_loss)

@@ -5,6 +5,7 @@ module and its feature dimension. torchvision is imported only when a ResNet is 
 """
 
 from rankwise.models._registry import BACKBONES, backbone_info, build_backbone, list_backbones, register_backbone
+from rankwise.models.brain_age import SFCN, ScaleDense, TSANSecondStage, load_tsan_checkpoint, sex_one_hot
 from rankwise.models.cnn import SmallCNN, small_cnn
 from rankwise.models.mlp import MLPBackbone, mlp_backbone
 from rankwise.models.resnet import RESNET_FEATURE_DIMS, resnet_backbone
@@ -13,15 +14,20 @@ from rankwise.models.text import TextPairEncoder, text_pair_encoder
 __all__ = [
     "BACKBONES",
     "RESNET_FEATURE_DIMS",
+    "SFCN",
     "MLPBackbone",
+    "ScaleDense",
     "SmallCNN",
+    "TSANSecondStage",
     "TextPairEncoder",
     "backbone_info",
     "build_backbone",
     "list_backbones",
+    "load_tsan_checkpoint",
     "mlp_backbone",
     "register_backbone",
     "resnet_backbone",
+    "sex_one_hot",
     "small_cnn",
     "text_pair_encoder",
 ]

@@ -95,6 +95,7 @@ _BUILTIN = {
     "sort": "rankwise.recipes.sorting",
     "median": "rankwise.recipes.sorting",
     "dknn": "rankwise.recipes.dknn",
+    "brain_age": "rankwise.recipes.brain_age",
 }
 
 _REQUIRED = ("name", "description", "options", "uses", "data_kind", "report_kind")

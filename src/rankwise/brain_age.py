@@ -1,0 +1,188 @@
+r"""Brain-age utilities: TSAN's age discretisation, the bias correction of the brain-age gap, metrics.
+
+* :func:`discretize_age` -- the rule of TSAN's second stage (Cheng et al., IEEE TMI 2021): the
+  nearest multiple of ``step``, halves rounded up;
+* :func:`correct_age_bias` -- remove the regression-to-the-mean bias of predicted ages, fitted on
+  data the model was not trained on ("gap": Smith et al. 2019, Beheshti et al. 2019;
+  "prediction": Cole et al. 2018, de Lange & Cole 2020);
+* :func:`brain_age_metrics` -- MAE, RMSE, Pearson r, Spearman rho, R^2, the brain-age gap (BAG) mean
+  and SD, corr(BAG, age) and the MAE per age decade.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+__all__ = ["brain_age_metrics", "correct_age_bias", "discretize_age"]
+
+
+def discretize_age(age: torch.Tensor, step: float = 5) -> torch.Tensor:
+    r"""Round ages to the nearest multiple of ``step``, halves up (TSAN's second-stage input).
+
+    .. math::
+        d(a) = s \lfloor a / s \rfloor + s\,[\,a \bmod s \ge s / 2\,]
+
+    with :math:`\bmod` the floored remainder (as Python's ``%``), which is the authors'
+    ``discretize_age``: ``2.5 -> 5``, ``2.4 -> 0``, ``-2.5 -> 0``, ``-2.6 -> -5`` with ``step=5``.
+    The result carries no gradient (it is piecewise constant).
+
+    Shape:
+        - age: any shape, floating or integer; output: the same shape, floating (integer ages -> float32).
+
+    Example:
+        >>> discretize_age(torch.tensor([42.4, 42.5, 47.6, 63.0]))
+        tensor([40., 45., 50., 65.])
+    """
+    if not isinstance(age, torch.Tensor):
+        raise TypeError(f"`age` must be a torch.Tensor, got {type(age).__name__}")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not (math.isfinite(step) and step > 0):
+        raise ValueError(f"`step` must be a finite number > 0, got {step!r}")
+    a = age.detach()
+    if not a.is_floating_point():
+        a = a.float()
+    q = torch.div(a, step, rounding_mode="floor")
+    r = torch.remainder(a, step)
+    return torch.where(r < step / 2, q * step, (q + 1) * step)
+
+
+def _as_1d(x: Any, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(x, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(f"`{name}` must be a tensor or array of numbers, got {type(x).__name__}") from None
+    if not np.isfinite(arr).all():
+        raise ValueError(f"`{name}` must be finite, got NaN or inf values")
+    return arr
+
+
+def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``y = slope * x + intercept``."""
+    xc = x - x.mean()
+    slope = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    return slope, float(y.mean() - slope * x.mean())
+
+
+def correct_age_bias(
+    pred: Any,
+    age: Any,
+    *,
+    fit_pred: Any,
+    fit_age: Any,
+    method: Literal["gap", "prediction"] = "gap",
+) -> Any:
+    r"""Bias-corrected predicted ages, the linear correction fitted on ``(fit_pred, fit_age)``.
+
+    Predicted ages regress to the mean of the training ages, so the brain-age gap
+    :math:`\mathrm{BAG} = \hat a - a` correlates negatively with age. Both corrections fit a line on
+    a fitting set (the validation set: never the set being evaluated, whose ages would leak into
+    its own correction) and apply it to ``(pred, age)``:
+
+    * ``"gap"`` (Smith et al. 2019; Beheshti et al. 2019): fit :math:`\mathrm{BAG} = \alpha a + \beta`,
+      return :math:`\hat a - (\alpha a + \beta)` -- uses the chronological age of each subject;
+    * ``"prediction"`` (Cole et al. 2018; de Lange & Cole 2020): fit :math:`\hat a = \alpha a + \beta`,
+      return :math:`(\hat a - \beta) / \alpha`.
+
+    Returns a float64 tensor when ``pred`` is a tensor, else a float64 numpy array, shaped as ``pred``.
+    Raises ``ValueError`` when the fitting set has fewer than 2 subjects, a single age, or (for
+    ``"prediction"``) a slope of 0.
+
+    Shape:
+        - pred, age: :math:`(N,)` (any shape with N elements); fit_pred, fit_age: :math:`(M,)`.
+
+    Example:
+        >>> import numpy as np
+        >>> fit_age = np.array([20.0, 40.0, 60.0, 80.0])
+        >>> fit_pred = 0.5 * fit_age + 25  # shrunk towards the mean age 50
+        >>> correct_age_bias(np.array([35.0, 65.0]), np.array([20.0, 80.0]), fit_pred=fit_pred, fit_age=fit_age,
+        ...                  method="prediction")
+        array([20., 80.])
+    """
+    if method not in ("gap", "prediction"):
+        raise ValueError(f"`method` must be 'gap' or 'prediction', got {method!r}")
+    p, a = _as_1d(pred, "pred"), _as_1d(age, "age")
+    fp, fa = _as_1d(fit_pred, "fit_pred"), _as_1d(fit_age, "fit_age")
+    if p.size != a.size:
+        raise ValueError(f"`pred` and `age` must have the same number of elements, got {p.size} and {a.size}")
+    if fp.size != fa.size:
+        raise ValueError(f"`fit_pred` and `fit_age` must have the same number of elements, got {fp.size} and {fa.size}")
+    if fa.size < 2 or np.ptp(fa) == 0:
+        raise ValueError(f"`fit_age` must hold at least 2 different ages to fit the correction, got {fa.size} values")
+    if method == "gap":
+        slope, intercept = _linear_fit(fa, fp - fa)
+        out = p - (slope * a + intercept)
+    else:
+        slope, intercept = _linear_fit(fa, fp)
+        if abs(slope) < 1e-12:
+            raise ValueError("the fitted slope of `fit_pred` on `fit_age` is 0: the predictions carry no age signal")
+        out = (p - intercept) / slope
+    if isinstance(pred, torch.Tensor):
+        return torch.as_tensor(out, dtype=torch.float64, device=pred.device).reshape(pred.shape)
+    return out.reshape(np.shape(pred))
+
+
+def _corr(x: np.ndarray, y: np.ndarray) -> float:
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return np.asarray(rankdata(x), dtype=np.float64)
+
+
+def brain_age_metrics(pred: Any, age: Any, *, corrected: Any = None) -> dict[str, Any]:
+    r"""Brain-age metrics of predictions ``pred`` against chronological ``age``.
+
+    ``mae``, ``rmse``, ``pearson`` (the PCC of TSAN's paper), ``spearman``, ``r2``
+    (:math:`1 - SS_{res} / SS_{tot}`), ``bag_mean`` / ``bag_sd`` (BAG = pred - age, SD with ddof 1),
+    ``corr_bag_age``, ``mae_by_decade`` (``{"20-29": mae, ...}``), ``n``. With ``corrected`` (the
+    bias-corrected predictions of :func:`correct_age_bias`), the same BAG numbers of the corrected
+    ages under ``corrected``. Correlations of constant inputs are NaN.
+
+    Example:
+        >>> m = brain_age_metrics([30.0, 52.0, 70.0], [32.0, 50.0, 71.0])
+        >>> round(m["mae"], 3), m["mae_by_decade"]
+        (1.667, {'30-39': 2.0, '50-59': 2.0, '70-79': 1.0})
+    """
+    p, a = _as_1d(pred, "pred"), _as_1d(age, "age")
+    if p.size != a.size:
+        raise ValueError(f"`pred` and `age` must have the same number of elements, got {p.size} and {a.size}")
+    err = p - a
+    out: dict[str, Any] = {"n": int(p.size)}
+    if p.size == 0:
+        return out | {k: float("nan") for k in ("mae", "rmse", "pearson", "spearman", "r2", "bag_mean", "bag_sd")}
+    ss_tot = float(((a - a.mean()) ** 2).sum())
+    out |= {
+        "mae": float(np.abs(err).mean()),
+        "rmse": float(np.sqrt((err**2).mean())),
+        "pearson": _corr(p, a),
+        "spearman": _corr(_ranks(p), _ranks(a)),
+        "r2": float(1 - (err**2).sum() / ss_tot) if ss_tot > 0 else float("nan"),
+        "bag_mean": float(err.mean()),
+        "bag_sd": float(err.std(ddof=1)) if p.size > 1 else float("nan"),
+        "corr_bag_age": _corr(err, a),
+    }
+    decades = np.floor(a / 10).astype(int) * 10
+    out["mae_by_decade"] = {
+        f"{d}-{d + 9}": float(np.abs(err[decades == d]).mean()) for d in sorted(set(decades.tolist()))
+    }
+    if corrected is not None:
+        c = _as_1d(corrected, "corrected")
+        if c.size != a.size:
+            raise ValueError(f"`corrected` must have {a.size} elements, got {c.size}")
+        gap = c - a
+        out["corrected"] = {
+            "mae": float(np.abs(gap).mean()),
+            "bag_mean": float(gap.mean()),
+            "bag_sd": float(gap.std(ddof=1)) if c.size > 1 else float("nan"),
+            "corr_bag_age": _corr(gap, a),
+        }
+    return out

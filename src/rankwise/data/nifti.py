@@ -1,0 +1,390 @@
+"""T1-weighted MRI cohorts from a CSV of NIfTI files (``nifti``) and the offline synthetic cohort.
+
+``load_nifti_csv(csv, ...)`` reads a CSV with columns ``path`` (relative to the CSV's folder, or
+absolute), ``age`` and optionally ``sex`` (M/F, male/female, 1/0 with 1 = male), ``site``,
+``subject``, ``split`` (train/val/test). Every volume is checked, preprocessed once and cached:
+
+1. read with nibabel (3-D; a 4-D volume with one frame is accepted), finite voxels;
+2. ``spacing``: resampled to that voxel size (mm) with TorchIO's ``Resample``;
+3. ``shape``: centred crop/pad (TorchIO's ``CropOrPad``, ``resize="crop_or_pad"``) or a
+   resample to the grid (``Resize``, ``resize="resample"``); without ``shape`` every volume must
+   have the shape of the first one;
+4. intensities: z-score over the voxels > 0 (the brain, after skull stripping), voxels <= 0 kept
+   as they are, as the TSAN authors' loader (``normalize="brain_zscore"``; ``"none"`` keeps them).
+
+The preprocessed volumes are float16 ``.npy`` files in ``cache_dir`` keyed by the file's bytes and
+the options, read back as memory maps, so epochs after the first never decode gzip again. Any bad
+row raises :class:`~rankwise.data.DataFormatError` naming the CSV, the row and the volume.
+
+:func:`make_brain_age_synthetic` writes an offline cohort built from the MNI152 templates that
+the ``nilearn`` wheel ships (see its docstring for the age model). nibabel, nilearn and TorchIO
+(the ``mri`` extra) are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
+
+__all__ = [
+    "SEX_VALUES",
+    "NiftiVolumeDataset",
+    "load_nifti_csv",
+    "parse_sex",
+    "preprocess_volume",
+]
+
+#: accepted ``sex`` values (case-insensitive) -> 1 (male) / 0 (female)
+SEX_VALUES = {"m": 1, "male": 1, "1": 1, "f": 0, "female": 0, "0": 0}
+_SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+_CACHE_VERSION = "1"
+
+
+def parse_sex(value: str) -> int | None:
+    """``"M"``/``"male"``/``"1"`` -> 1, ``"F"``/``"female"``/``"0"`` -> 0, ``""`` -> None; else ``ValueError``."""
+    v = str(value).strip().lower()
+    if v == "":
+        return None
+    if v.endswith(".0") and v[:-2] in ("0", "1"):
+        v = v[:-2]
+    if v not in SEX_VALUES:
+        raise ValueError(f"unknown sex value {value!r}; expected one of M/F, male/female, 1/0 (1 = male)")
+    return SEX_VALUES[v]
+
+
+def _mri_modules() -> tuple[Any, Any]:
+    try:
+        import nibabel
+        import torchio
+    except ImportError as e:  # pragma: no cover - the mri extra is missing
+        raise ImportError(f"the nifti dataset needs nibabel and torchio: pip install 'rankwise[mri]' ({e})") from None
+    return nibabel, torchio
+
+
+def _brain_zscore(vol: np.ndarray) -> np.ndarray:
+    """z-score of the voxels > 0; voxels <= 0 unchanged; a constant brain gives zeros (the authors' rule)."""
+    mask = vol > 0
+    n = int(mask.sum())
+    if n == 0:
+        return np.zeros_like(vol)
+    brain = vol[mask].astype(np.float64)
+    mean = brain.mean()
+    std = math.sqrt(float(((brain - mean) ** 2).mean()))
+    if std == 0:
+        return np.zeros_like(vol)
+    out = vol.copy()
+    out[mask] = ((brain - mean) / std).astype(vol.dtype)
+    return out
+
+
+def preprocess_volume(
+    data: np.ndarray,
+    affine: np.ndarray,
+    *,
+    spacing: float | Sequence[float] | None = None,
+    shape: Sequence[int] | None = None,
+    resize: Literal["crop_or_pad", "resample"] = "crop_or_pad",
+    normalize: Literal["brain_zscore", "none"] = "brain_zscore",
+) -> np.ndarray:
+    """One volume through the preprocessing of :func:`load_nifti_csv` (float32 ``(D, H, W)``).
+
+    Example:
+        >>> vol = np.zeros((20, 20, 20), np.float32); vol[5:15, 5:15, 5:15] = 3.0; vol[8, 8, 8] = 5.0
+        >>> out = preprocess_volume(vol, np.eye(4), spacing=2.0, shape=(12, 12, 12))
+        >>> out.shape, round(float(out[out != 0].mean()), 2) == 0.0
+        ((12, 12, 12), True)
+    """
+    _, tio = _mri_modules()
+    img = tio.ScalarImage(tensor=torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None], affine=affine)
+    if spacing is not None:
+        img = tio.Resample(spacing)(img)
+    if shape is not None:
+        shape3 = tuple(int(s) for s in shape)
+        img = tio.CropOrPad(shape3)(img) if resize == "crop_or_pad" else tio.Resize(shape3)(img)
+    vol = img.data[0].numpy().astype(np.float32)
+    return _brain_zscore(vol) if normalize == "brain_zscore" else vol
+
+
+class NiftiVolumeDataset(Dataset):
+    """Items ``({"volume": (1, D, H, W) float32, "sex": (2,) one-hot}, age)`` from cached float16 volumes.
+
+    ``sex`` is all zeros for a subject without a sex value. ``transform``: an optional TorchIO
+    transform applied to every item (training augmentation).
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        ages: np.ndarray,
+        sex: np.ndarray,
+        subjects: Sequence[str],
+        transform: Any = None,
+    ) -> None:
+        self.files = list(files)
+        self.ages = np.asarray(ages, dtype=np.float32)
+        self.sex = np.asarray(sex, dtype=np.int64)
+        self.subjects = list(subjects)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        vol = torch.from_numpy(np.load(self.files[index], mmap_mode="r").astype(np.float32))[None]
+        if self.transform is not None:
+            vol = self.transform(vol)
+        s = int(self.sex[index])
+        onehot = torch.zeros(2)
+        if s >= 0:
+            onehot[s] = 1.0
+        return {"volume": vol, "sex": onehot}, torch.tensor(float(self.ages[index]))
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.ndarray]:
+    nib, _ = _mri_modules()
+    csv_path, row = where
+    if not path.is_file():
+        raise DataFileNotFoundError(csv_path, row, f"volume {path} does not exist")
+    try:
+        img = nib.load(str(path))
+        data = np.asarray(img.get_fdata(dtype=np.float32))
+        affine = np.asarray(img.affine, dtype=np.float64)
+    except Exception as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise DataFormatError(csv_path, row, f"volume {path} cannot be read (truncated or corrupt?): {msg}") from None
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise DataFormatError(csv_path, row, f"volume {path} must be a 3-D volume, got shape {tuple(data.shape)}")
+    bad = int((~np.isfinite(data)).sum())
+    if bad:
+        raise DataFormatError(csv_path, row, f"volume {path} has {bad} NaN/inf voxels")
+    return data, affine
+
+
+def _read_rows(csv_path: Path) -> list[dict[str, Any]]:
+    if not csv_path.is_file():
+        raise DataFileNotFoundError(csv_path, None, "CSV file does not exist")
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in ("path", "age") if c not in header]
+            if missing:
+                raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
+            reader.fieldnames = header
+            rows = []
+            for i, raw in enumerate(reader, start=2):
+                rows.append({k: (v or "").strip() for k, v in raw.items() if isinstance(k, str)} | {"_row": i})
+    except UnicodeDecodeError as e:
+        raise DataFormatError(csv_path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not rows:
+        raise DataFormatError(csv_path, None, "the CSV has no data rows")
+    return rows
+
+
+def _parse_row(r: dict[str, Any], csv_path: Path, root: Path) -> dict[str, Any]:
+    row = r["_row"]
+    if not r["path"]:
+        raise DataFormatError(csv_path, row, "empty `path`")
+    p = Path(r["path"])
+    path = p if p.is_absolute() else root / p
+    try:
+        age = float(r["age"])
+    except ValueError:
+        raise DataFormatError(csv_path, row, f"`age` must be a number, got {r['age']!r} ({path})") from None
+    if not math.isfinite(age) or age < 0:
+        raise DataFormatError(csv_path, row, f"`age` must be a finite number >= 0, got {r['age']!r} ({path})")
+    try:
+        sex = parse_sex(r.get("sex", ""))
+    except ValueError as e:
+        raise DataFormatError(csv_path, row, f"{e} ({path})") from None
+    split = r.get("split", "").lower()
+    if split and split not in _SPLITS:
+        raise DataFormatError(csv_path, row, f"`split` must be train, val or test, got {r['split']!r} ({path})")
+    subject = r.get("subject", "") or r["path"]
+    return {
+        "row": row,
+        "path": path,
+        "age": age,
+        "sex": -1 if sex is None else sex,
+        "site": r.get("site", ""),
+        "subject": subject,
+        "split": _SPLITS.get(split, ""),
+    }
+
+
+def _assign_splits(items: list[dict[str, Any]], csv_path: Path, val: float, test: float, seed: int) -> None:
+    by_subject: dict[str, list[dict[str, Any]]] = {}
+    for it in items:
+        by_subject.setdefault(it["subject"], []).append(it)
+    for subject, group in by_subject.items():
+        splits = {g["split"] for g in group if g["split"]}
+        if len(splits) > 1:
+            rows = ", ".join(f"row {g['row']} ({g['split']})" for g in group)
+            raise DataFormatError(
+                csv_path, group[-1]["row"], f"subject {subject!r} is in two splits: {rows} ({group[-1]['path']})"
+            )
+    if all(it["split"] for it in items):
+        return
+    if any(it["split"] for it in items):
+        row = next(it for it in items if not it["split"])
+        raise DataFormatError(csv_path, row["row"], f"empty `split` while other rows have one ({row['path']})")
+    subjects = sorted(by_subject)
+    perm = np.random.default_rng(seed).permutation(len(subjects))
+    n_val, n_test = round(val * len(subjects)), round(test * len(subjects))
+    for rank, k in enumerate(perm):
+        split = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
+        for it in by_subject[subjects[k]]:
+            it["split"] = split
+
+
+def _default_cache() -> Path:
+    base = os.environ.get("RANKWISE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rankwise")
+    return Path(base) / "volumes"
+
+
+@register_dataset("nifti", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation")
+def load_nifti_csv(
+    csv: str,
+    *,
+    shape: Sequence[int] | None = None,
+    spacing: float | Sequence[float] | None = None,
+    resize: Literal["crop_or_pad", "resample"] = "crop_or_pad",
+    normalize: Literal["brain_zscore", "none"] = "brain_zscore",
+    cache_dir: str | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    augment: bool = False,
+) -> RegressionData:
+    """Brain-age cohort: NIfTI volumes listed in ``csv`` (columns path, age[, sex, site, subject, split]).
+
+    Options: ``shape`` ([D, H, W] grid, centred crop/pad or, with ``resize="resample"``, a
+    resample), ``spacing`` (mm, resampled first), ``normalize`` ("brain_zscore": z-score over the
+    voxels > 0 as the TSAN authors' loader; "none"), ``cache_dir`` (float16 preprocessed volumes;
+    default ``$RANKWISE_CACHE/volumes`` or ``~/.cache/rankwise/volumes``), ``val_fraction`` /
+    ``test_fraction`` / ``seed`` (the seeded split by subject when the CSV has no ``split``
+    column: no subject in two splits), ``augment`` (random left-right flips and small affine
+    transforms of the training volumes, TorchIO). Items are ``({"volume": (1, D, H, W),
+    "sex": (2,) one-hot}, age)``; ``meta`` holds the subject ids, sites, CSV rows and source paths
+    of each split.
+
+    Raises :class:`~rankwise.data.DataFormatError` naming the CSV row and the volume for a missing,
+    truncated or corrupt file, a volume that is not 3-D, NaN/inf voxels, a shape that differs
+    from the cohort's without ``shape``, a negative or non-numeric age, an unknown sex value, or a
+    subject in two splits.
+    """
+    csv_path = Path(csv)
+    for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"`{name}` must be in [0, 1), got {frac!r}")
+    if shape is not None and (len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape)):
+        raise ValueError(f"`shape` must be three positive ints [D, H, W], got {shape!r}")
+    if resize not in ("crop_or_pad", "resample"):
+        raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {resize!r}")
+    if normalize not in ("brain_zscore", "none"):
+        raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {normalize!r}")
+    root = csv_path.resolve().parent
+    items = [_parse_row(r, csv_path, root) for r in _read_rows(csv_path)]
+    split_rule = "csv" if all(it["split"] for it in items) else "subject"
+    _assign_splits(items, csv_path, val_fraction, test_fraction, seed)
+    cache = Path(cache_dir) if cache_dir else _default_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    opts = json.dumps(
+        {"v": _CACHE_VERSION, "shape": shape, "spacing": spacing, "resize": resize, "normalize": normalize},
+        sort_keys=True,
+        default=list,
+    )
+    grid: tuple[tuple[int, ...], int] | None = None
+    for it in items:
+        where = (csv_path, it["row"])
+        if not it["path"].is_file():
+            raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
+        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
+        target = cache / f"{key}.npy"
+        if not target.is_file():
+            data, affine = _read_volume(it["path"], where)
+            vol = preprocess_volume(data, affine, spacing=spacing, shape=shape, resize=resize, normalize=normalize)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp.npy")
+            np.save(tmp, vol.astype(np.float16))
+            os.replace(tmp, target)
+        vshape = tuple(np.load(target, mmap_mode="r").shape)
+        if grid is None:
+            grid = (vshape, it["row"])
+        elif vshape != grid[0]:
+            raise DataFormatError(
+                csv_path,
+                it["row"],
+                f"volume {it['path']} has shape {vshape} after preprocessing, the cohort {grid[0]} (row {grid[1]}); "
+                "set `data.options.shape` to crop/pad every volume to one grid",
+            )
+        it["cache"] = str(target)
+    transform = None
+    if augment:
+        _, tio = _mri_modules()
+        transform = tio.Compose([tio.RandomFlip(axes=("LR",)), tio.RandomAffine(scales=0.05, degrees=5)])
+
+    def part(split: str) -> list[dict[str, Any]]:
+        return [it for it in items if it["split"] == split]
+
+    def dataset(split: str) -> NiftiVolumeDataset:
+        sel = part(split)
+        return NiftiVolumeDataset(
+            [it["cache"] for it in sel],
+            np.array([it["age"] for it in sel], dtype=np.float32),
+            np.array([it["sex"] for it in sel], dtype=np.int64),
+            [it["subject"] for it in sel],
+            transform if split == "train" else None,
+        )
+
+    labels = {s: np.array([it["age"] for it in part(s)], dtype=np.float64) for s in ("train", "val", "test")}
+    meta: dict[str, Any] = {
+        "source": str(csv_path),
+        "split": split_rule,
+        "seed": seed,
+        "shape": list(grid[0]) if grid else None,
+        "has_sex": all(it["sex"] >= 0 for it in items),
+        "cache_dir": str(cache),
+    }
+    for s in ("train", "val", "test"):
+        meta[f"{s}_subjects"] = [it["subject"] for it in part(s)]
+        meta[f"{s}_sites"] = [it["site"] for it in part(s)]
+        meta[f"{s}_rows"] = [it["row"] for it in part(s)]
+    return RegressionData(
+        name=f"nifti:{csv_path.name}",
+        train=dataset("train"),
+        val=dataset("val"),
+        test=dataset("test"),
+        train_labels=labels["train"],
+        val_labels=labels["val"],
+        test_labels=labels["test"],
+        kind="volume",
+        input_dim=None,
+        bin_width=1.0,
+        label_name="age",
+        meta=meta,
+        shot_thresholds=None,
+        label_unit="years",
+        label_description="age",
+    )

@@ -1,0 +1,447 @@
+"""Brain-age estimation from T1 MRI (``recipe: brain_age``): TSAN's two stages, or SFCN.
+
+TSAN (Cheng et al., "Brain Age Estimation From MRI Using Cascade Networks With Ranking Loss", IEEE
+TMI 2021), ``model.backbone: scale_dense``:
+
+* stage 1 (``RUN_DIR/stage1/``, ``trainer.max_epochs``): :class:`~rankwise.models.ScaleDense` on
+  ``(volume, sex)`` with the task loss ``loss.kind`` (MSE in the paper) plus ``loss.regularizers``
+  on the predicted ages -- the paper's ``lambda * (L_r + beta * L_d)`` is the ``spearman`` term
+  (weight lambda, any soft ranker: ``sodeep`` as the authors, ``isotonic``, ``neuralsort``) and the
+  ``pairwise_difference`` term (weight lambda * beta, ``pairs: random`` as the authors or ``all``);
+* stage 2 (``task.stages: 2``, ``RUN_DIR/checkpoints/``, ``task.stage2_epochs`` at
+  ``task.stage2_lr``): :class:`~rankwise.models.TSANSecondStage` on the volume, sex and stage 1's
+  prediction discretized with :func:`rankwise.discretize_age` (``task.step``); stage 1 is frozen
+  (eval mode, no gradient); the task loss applies to the residual (target ``age - discretized``),
+  the regularizers to the final age.
+
+SFCN (Peng et al., Medical Image Analysis 2021), ``model.backbone: sfcn``: one stage, KL loss between
+the predicted age-bin distribution and Gaussian soft labels (``task.sfcn_sigma``), plus any
+regularizers on the expected age.
+
+Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
+the Spearman and age-difference losses see the **global** batch (``N * data.batch_size``; a SoDeep
+sorter needs a bundled length 32/64/128 equal to it), the task loss is averaged by DDP.
+
+Validation MAE selects each stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearson r, Spearman rho,
+R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias correction
+(:func:`rankwise.correct_age_bias`, ``"gap"`` and ``"prediction"``, fitted on the validation set and
+applied to the test set), MAE per decade; ``predictions.csv`` (subject, site, split, age,
+predictions) and plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch import nn
+
+from rankwise.models.brain_age import ScaleDense
+from rankwise.recipes.base import RecipeBase
+from rankwise.recipes.common import check_finite, reseed, to_builtin
+from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.loss_terms import build_regularizers, check_loss_config
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_state_dict
+
+__all__ = ["BrainAgeModule", "BrainAgeOptions", "BrainAgeRecipe"]
+
+_NETWORKS = ("scale_dense", "sfcn")
+#: test metrics of the CLI tables (the report lists all of them)
+TABLE_METRICS = ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap", "stage1_mae", "epoch_seconds")
+Table = tuple[list[str], list[list[str]]]
+
+
+@dataclasses.dataclass
+class BrainAgeOptions:
+    """TSAN's stages (``model.backbone: scale_dense``) or SFCN (``sfcn``); losses in the ``loss`` section."""
+
+    stages: int = opt(2, doc="TSAN: 1 (ScaleDense only) or 2 (+ the second stage on its discretized ages)", ge=1, le=2)
+    step: float = opt(5.0, doc="TSAN: discretisation step of the stage-1 ages fed to stage 2 (years)", gt=0)
+    stage2_epochs: int | None = opt(None, doc="TSAN: epochs of stage 2 (default trainer.max_epochs)", ge=1)
+    stage2_lr: float = opt(1e-5, doc="TSAN: learning rate of stage 2", gt=0)
+    sfcn_sigma: float = opt(1.0, doc="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
+    montage: int = opt(3, doc="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
+    init_age_bias: bool = opt(
+        True, doc="TSAN: start the stage-1 output bias at the mean training age (else PyTorch's default)"
+    )
+
+
+class _EpochTimer(L.Callback):
+    """Wall seconds of every training epoch (``seconds``)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._t0 = 0.0
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.seconds.append(time.perf_counter() - self._t0)
+
+
+def _network(cfg: Config, backbone: str) -> nn.Module:
+    from rankwise import models
+
+    opts = dict(cfg.model.options)
+    net, _ = models.build_backbone(backbone, **opts)
+    return net
+
+
+def _freeze_unused_heads(net: nn.Module) -> None:
+    """The TSAN networks build both heads (with and without sex) as the authors' release does; the one
+    ``forward`` never uses (and, without sex, the sex branch) gets no gradient, so DDP does not wait for it."""
+    if not hasattr(net, "end_fc_without_gender"):
+        return
+    unused = ["end_fc_without_gender"] if net.use_sex else ["end_fc_with_gender", "male_fc"]
+    for name in unused:
+        getattr(net, name).requires_grad_(False)
+
+
+class BrainAgeModule(L.LightningModule):
+    """One training stage: ``stage="first"`` (ScaleDense or SFCN) or ``"second"`` (TSAN's second stage).
+
+    ``first`` (second stage only) is the trained, frozen stage-1 network (kept in eval mode).
+    """
+
+    def __init__(
+        self, cfg: Config, *, stage: Literal["first", "second"] = "first", first: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.cfg, self.task, self.stage = cfg, cfg.task, stage
+        backbone = cfg.model.backbone
+        self.kind = "sfcn" if backbone == "sfcn" else "tsan"
+        self.net = _network(cfg, "tsan_second_stage" if stage == "second" else backbone)
+        self.first = first
+        if first is not None:
+            first.requires_grad_(False)
+            first.eval()
+        self.terms = build_regularizers(cfg.loss.regularizers)
+        self.uses_sex = bool(getattr(self.net, "use_sex", False))
+        _freeze_unused_heads(self.net)
+
+    def train(self, mode: bool = True) -> BrainAgeModule:
+        super().train(mode)
+        if self.first is not None:
+            self.first.eval()  # frozen: BatchNorm keeps its statistics
+        return self
+
+    def predict_age(self, vol: torch.Tensor, sex: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"age": (B,), ...}``: the prediction of this stage and what its loss needs."""
+        from rankwise import discretize_age
+
+        if self.kind == "sfcn":
+            logp = self.net(vol)
+            return {"age": self.net.predict_age(logp), "log_probs": logp}  # type: ignore[operator]
+        if self.stage == "first":
+            return {"age": self.net(vol, sex).reshape(-1)}
+        assert self.first is not None
+        with torch.no_grad():
+            dis = discretize_age(self.first(vol, sex).reshape(-1, 1).float(), self.task.step)
+        residual, age = self.net(vol, sex, dis)
+        return {"age": age.reshape(-1), "residual": residual.reshape(-1), "discretized": dis.reshape(-1)}
+
+    def forward(self, vol: torch.Tensor, sex: torch.Tensor) -> torch.Tensor:
+        return self.predict_age(vol, sex)["age"]
+
+    def _task_loss(self, out: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        from rankwise.imbalanced import regression_loss
+
+        if self.kind == "sfcn":
+            from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
+
+            centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
+            return sfcn_kl_loss(out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma))
+        if self.stage == "second":
+            return regression_loss(out["residual"], y - out["discretized"], kind=self.cfg.loss.kind)
+        return regression_loss(out["age"], y, kind=self.cfg.loss.kind)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed + (31 if self.stage == "second" else 0), self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        y = y.reshape(-1).float()
+        out = self.predict_age(x["volume"], x["sex"])
+        task = self._task_loss(out, y)
+        loss = task
+        n = y.numel()
+        for term in self.terms:
+            value = term({"predictions": out["age"], "targets": y, "features": None, "weights": None})
+            self.log(f"train/{term.name}", value.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+            loss = loss + term.weight * value
+        check_finite(loss, self, f"brain-age ({self.stage} stage)")
+        self.log("train/task_loss", task.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log(
+            "train/mae",
+            (out["age"].detach() - y).abs().mean(),
+            on_step=False,
+            on_epoch=True,
+            batch_size=n,
+            sync_dist=True,
+        )
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        y = y.reshape(-1).float()
+        pred = self(x["volume"], x["sex"])
+        self.log("val/mae", (pred - y).abs().mean(), on_epoch=True, batch_size=y.numel(), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        x, y = batch
+        return {"pred": self(x["volume"], x["sex"]).float(), "label": y.reshape(-1).float()}
+
+    def configure_optimizers(self) -> Any:
+        lr = self.task.stage2_lr if self.stage == "second" else None
+        return configure(self, self.cfg.optimizer, self.cfg.schedule, lr=lr)
+
+
+# ------------------------------------------------------------------------------------------ stages
+
+
+def _loaders(run: Run) -> tuple[Any, Any, Any]:
+    from rankwise.recipes.dir import regression_loaders
+
+    return regression_loaders(run.data, run.cfg)
+
+
+def _fit_stage(run: Run, module: BrainAgeModule, *, stage: str, epochs: int) -> list[float]:
+    """Train one stage (best = lowest val MAE) unless its ``done`` marker exists; returns epoch seconds."""
+    import json
+
+    done = run.ckpt_dir(stage) / "done"
+    if done.is_file():
+        return list(json.loads(done.read_text()).get("epoch_seconds", []))
+    train_dl, val_dl, _ = _loaders(run)
+    timer = _EpochTimer()
+    run.callbacks = [*run.callbacks, timer]
+    try:
+        trainer = run.trainer(max_epochs=epochs, stage=stage, monitor="val/mae")
+    finally:
+        run.callbacks = [c for c in run.callbacks if c is not timer]
+    with warnings.catch_warnings():
+        # stage 2 holds the frozen stage-1 network in eval mode on purpose
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+        run.fit(trainer, module, train_dl, val_dl, stage=stage)
+    if trainer.global_rank == 0:
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(json.dumps({"epoch_seconds": timer.seconds}))
+    return timer.seconds
+
+
+def _two_stages(run: Run) -> bool:
+    return run.cfg.model.backbone == "scale_dense" and run.cfg.task.stages == 2
+
+
+def _second(run: Run, first: BrainAgeModule) -> BrainAgeModule:
+    """TSAN's second stage on the (trained, now frozen) first-stage network."""
+    return BrainAgeModule(run.cfg, stage="second", first=first.net)
+
+
+def _stage_dirs(run: Run) -> tuple[str, str | None]:
+    """Checkpoint folders of stage 1 and stage 2 (the last stage uses the main ``checkpoints``)."""
+    if _two_stages(run):
+        return "stage1", ""
+    return "", None
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def _predict(run: Run, module: BrainAgeModule, loader: Any) -> tuple[np.ndarray, np.ndarray]:
+    module.eval()
+    outs = run.local_trainer().predict(module, loader)
+    pred = torch.cat([o["pred"] for o in outs]).cpu().double().numpy()
+    label = torch.cat([o["label"] for o in outs]).cpu().double().numpy()
+    return pred, label
+
+
+def _evaluate_module(run: Run, module: BrainAgeModule, *, write: bool) -> dict[str, Any]:
+    """Val/test metrics with both bias corrections fitted on val; with ``write``, predictions.csv + plots."""
+    from rankwise.brain_age import brain_age_metrics, correct_age_bias
+
+    _, val_dl, test_dl = _loaders(run)
+    val_pred, val_age = _predict(run, module, val_dl)
+    test_pred, test_age = _predict(run, module, test_dl)
+    corrected: dict[str, np.ndarray] = {}
+    for method in ("gap", "prediction"):
+        try:
+            corrected[method] = correct_age_bias(
+                test_pred,
+                test_age,
+                fit_pred=val_pred,
+                fit_age=val_age,
+                method=method,  # type: ignore[arg-type]
+            )
+        except ValueError:
+            corrected[method] = np.full_like(test_pred, np.nan)
+    test = brain_age_metrics(test_pred, test_age)
+    flat = {k: v for k, v in test.items() if not isinstance(v, dict)}
+    for method, values in corrected.items():
+        m = brain_age_metrics(test_pred, test_age, corrected=values)["corrected"]
+        flat[f"corr_bag_age_{method}"] = m["corr_bag_age"]
+        flat[f"mae_{method}"] = m["mae"]
+    out = {
+        "test": flat,
+        "val": {k: v for k, v in brain_age_metrics(val_pred, val_age).items() if not isinstance(v, dict)},
+        "mae_by_decade": test.get("mae_by_decade", {}),
+    }
+    if write:
+        _write_predictions(run, val_pred, val_age, test_pred, test_age, corrected)
+    return to_builtin(out)
+
+
+def _write_predictions(
+    run: Run,
+    val_pred: np.ndarray,
+    val_age: np.ndarray,
+    test_pred: np.ndarray,
+    test_age: np.ndarray,
+    corrected: dict[str, np.ndarray],
+) -> None:
+    import csv
+
+    meta = run.data.meta
+    path = run.dir / "predictions.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["subject", "site", "split", "age", "pred", "pred_corrected_gap", "pred_corrected_prediction"])
+        for split, pred, age in (("val", val_pred, val_age), ("test", test_pred, test_age)):
+            subjects = meta.get(f"{split}_subjects", [""] * len(age))
+            sites = meta.get(f"{split}_sites", [""] * len(age))
+            for i in range(len(age)):
+                gap = corrected["gap"][i] if split == "test" else ""
+                pr = corrected["prediction"][i] if split == "test" else ""
+                w.writerow([subjects[i], sites[i], split, f"{age[i]:.3f}", f"{pred[i]:.6f}", _fmt(gap), _fmt(pr)])
+    pdir = run.plots_dir
+    if pdir is not None:
+        from rankwise.recipes import brain_age_plots as plots
+
+        title = f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
+        plots.plot_pred_vs_age(test_pred, test_age, pdir / "pred_vs_age.png", title=title)
+        plots.plot_bag_vs_age(test_pred, test_age, corrected, pdir / "bag_vs_age.png", title=title)
+        plots.plot_mae_by_decade(test_pred, test_age, pdir / "mae_by_decade.png", title=title)
+        if run.cfg.task.montage > 0:
+            plots.plot_montage(run.data.test, pdir / "inputs_montage.png", n=run.cfg.task.montage)
+        stage1 = run.dir / "logs" / "stage1" / "metrics.csv"
+        if stage1.is_file():
+            from rankwise.recipes.reports import plot_training_curves
+
+            plot_training_curves(stage1, pdir / "stage1_curves.png", title=f"stage 1: {title}")
+
+
+def _fmt(v: Any) -> str:
+    return "" if isinstance(v, str) else f"{float(v):.6f}"
+
+
+class BrainAgeRecipe(RecipeBase):
+    """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
+
+    name = "brain_age"
+    description = "brain age from T1 MRI: TSAN's two stages (ScaleDense + second stage) with ranking losses, or SFCN"
+    options: type = BrainAgeOptions
+    uses = frozenset({"loss"})
+    data_kind: Literal["regression", "classification"] = "regression"
+    report_kind = "brain_age"
+
+    def check(self, cfg: Config) -> None:
+        if cfg.model.backbone not in _NETWORKS:
+            raise ConfigError(
+                f"`model.backbone` of recipe 'brain_age' must be one of {list(_NETWORKS)}, got {cfg.model.backbone!r}"
+            )
+        if cfg.model.backbone == "sfcn" and cfg.task.stages != 1:
+            raise ConfigError("`task.stages` must be 1 with `model.backbone: sfcn` (SFCN has one stage)")
+        if cfg.loss.kind not in ("mse", "l1", "huber"):
+            raise ConfigError(f"`loss.kind` of recipe 'brain_age' must be mse, l1 or huber, got {cfg.loss.kind!r}")
+        default = type(cfg.loss)()
+        for key in ("name", "lds", "fds"):
+            if getattr(cfg.loss, key) != getattr(default, key):
+                raise ConfigError(
+                    f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)"
+                )
+        check_loss_config(cfg.loss)
+
+    def method(self, cfg: Config) -> str:
+        if cfg.model.backbone == "sfcn":
+            return "sfcn"
+        return "tsan" if cfg.task.stages == 2 else "scale_dense"
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        cfg = run.cfg
+        data = run.data
+        if getattr(data, "kind", None) != "volume":
+            raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
+        first = BrainAgeModule(cfg, stage="first")
+        if cfg.task.init_age_bias and isinstance(first.net, ScaleDense):
+            mean_age = float(np.mean(data.train_labels))
+            with torch.no_grad():
+                for head in (first.net.end_fc_with_gender, first.net.end_fc_without_gender):
+                    bias: torch.Tensor = head[1].bias  # type: ignore[assignment]
+                    bias.fill_(mean_age)
+        if first.uses_sex and not data.meta.get("has_sex", False):
+            raise ConfigError(
+                f"{data.meta.get('source', 'the CSV')}: the network uses sex (`model.options.use_sex`) but some rows "
+                "have no `sex` value; fill them or set `model.options.use_sex=false`"
+            )
+        dir1, _ = _stage_dirs(run)
+        secs = _fit_stage(run, first, stage=dir1, epochs=cfg.trainer.max_epochs)
+        # every process continues (under DDP stage 2 trains on all of them); rank 0 evaluates at the end
+        first.load_state_dict(load_state_dict(run.checkpoint("best", dir1)))
+        if not _two_stages(run):
+            if run.global_rank != 0:
+                return {}
+            metrics = _evaluate_module(run, first, write=True)
+        else:
+            second = _second(run, first)
+            secs = secs + _fit_stage(run, second, stage="", epochs=cfg.task.stage2_epochs or cfg.trainer.max_epochs)
+            if run.global_rank != 0:
+                return {}
+            stage1 = _evaluate_module(run, first, write=False)  # the frozen stage-1 weights, unchanged
+            metrics = self._evaluate_second(run, second, stage1, "best")
+        metrics["test"]["epoch_seconds"] = float(np.mean(secs)) if secs else float("nan")
+        return metrics
+
+    def _evaluate_second(
+        self, run: Run, second: BrainAgeModule, stage1: dict[str, Any], checkpoint: str
+    ) -> dict[str, Any]:
+        second.load_state_dict(load_state_dict(run.checkpoint(checkpoint)))
+        metrics = _evaluate_module(run, second, write=True)
+        for key in ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap"):
+            metrics["test"][f"stage1_{key}"] = stage1["test"][key]
+        metrics["stage1"] = stage1
+        return metrics
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        first = BrainAgeModule(run.cfg, stage="first")
+        dir1, _ = _stage_dirs(run)
+        name = checkpoint or "best"
+        if not _two_stages(run):
+            first.load_state_dict(load_state_dict(run.checkpoint(name, dir1)))
+            return _evaluate_module(run, first, write=True)
+        first.load_state_dict(load_state_dict(run.checkpoint("best", dir1)))
+        stage1 = _evaluate_module(run, first, write=False)
+        return self._evaluate_second(run, _second(run, first), stage1, name)
+
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
+        from rankwise.recipes.reports import scalar_table_rows
+
+        header, rows = scalar_table_rows(results)
+        keep = [i for i, h in enumerate(header) if h in ("method", "seeds", "train s", *TABLE_METRICS)]
+        return [([header[i] for i in keep], [[r[i] for i in keep] for r in rows])]
+
+    def summary(self, metrics: Mapping[str, Any]) -> str:
+        t = metrics["test"]
+        return f"test MAE {t['mae']:.3f}, r {t['pearson']:.3f}, corr(BAG, age) {t['corr_bag_age']:.3f}"
+
+
+register_recipe(BrainAgeRecipe())

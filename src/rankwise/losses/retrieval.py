@@ -231,7 +231,12 @@ def _recall_block(
 
 
 def _check_ks(k: Any, name: str) -> tuple[int, ...]:
-    ks = (k,) if isinstance(k, int) and not isinstance(k, bool) else tuple(k)
+    if isinstance(k, int) and not isinstance(k, bool):
+        ks: tuple[Any, ...] = (k,)
+    elif isinstance(k, (tuple, list)):
+        ks = tuple(k)
+    else:
+        raise TypeError(f"`{name}` must be an int or a sequence of ints, got {type(k).__name__} {k!r}")
     if not ks:
         raise ValueError(f"`{name}` must hold at least one k, got {k!r}")
     for v in ks:
@@ -364,7 +369,7 @@ def blackbox_ap_loss(
     ranks = _BlackboxRank.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
     within = _rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
     ap = (within / ranks * posf).sum(1) / posf.sum(1).clamp(min=1)
-    share = _mean_over_valid(1.0 - ap, pos.any(1), bt)
+    share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt)
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see grad_scale
 
 
@@ -416,7 +421,7 @@ def fastap_loss(
     dt = bt.sim.dtype
     delta = 4.0 / bins
     t = ((2.0 - 2.0 * bt.sim) / delta).clamp(0.0, float(bins))  # distance in bin units
-    lo = t.detach().floor().clamp(max=bins - 1).long()
+    lo = t.detach().nan_to_num(0.0).floor().clamp(0, bins - 1).long()  # (NaN: the loss is NaN anyway)
     hi_w = t - lo.to(dt)
     items = (~bt.own).to(dt)
     posf = bt.pos.to(dt)

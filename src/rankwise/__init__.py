@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 #: subpackages importable as attributes (``rankwise.data``, ...)
-_SUBPACKAGES = ("data", "distributed", "imbalanced", "losses", "models", "ops", "recipes", "sodeep")
+_SUBPACKAGES = ("data", "distributed", "imbalanced", "losses", "metrics", "models", "ops", "recipes", "sodeep")
 _FROM_LOSSES = ("get_loss", "list_losses", "register_loss")
 
 if TYPE_CHECKING:  # what the lazy loader provides, for type checkers and IDEs

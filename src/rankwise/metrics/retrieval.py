@@ -21,7 +21,7 @@ def retrieval_metrics(
     *,
     ks: Sequence[int] = (1, 2, 4, 8),
     distance: Distance = "euclidean",
-    block_size: int = 1024,
+    block_size: int = 256,
 ) -> dict[str, float]:
     r"""Recall@k, MAP@R and R-precision of every embedding queried against all the others.
 

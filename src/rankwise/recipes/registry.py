@@ -95,6 +95,7 @@ _BUILTIN = {
     "sort": "rankwise.recipes.sorting",
     "median": "rankwise.recipes.sorting",
     "dknn": "rankwise.recipes.dknn",
+    "retrieval": "rankwise.recipes.retrieval",
 }
 
 _REQUIRED = ("name", "description", "options", "uses", "data_kind", "report_kind")

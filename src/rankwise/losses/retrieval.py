@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
 from rankwise._validation import (
@@ -63,7 +62,8 @@ __all__ = [
 ]
 
 # Smooth-AP and Recall@k build a (queries, N, N) tensor of pairwise sigmoids: queries are processed
-# in blocks of at most this many elements, recomputed in backward (activation checkpointing).
+# in blocks of at most this many elements; the gradient on the similarities is formed per block in
+# forward (analytic) and kept, (B, B).
 _BLOCK_ELEMENTS = 1 << 22
 
 
@@ -123,26 +123,69 @@ def _mean_over_valid(per_query: torch.Tensor, valid: torch.Tensor, bt: _Batch) -
     return total * bt.world + zero_with_graph(bt.zg)
 
 
-def _blocks(fn: Callable[..., torch.Tensor], m: int, n: int, *tensors: torch.Tensor) -> torch.Tensor:
-    """``fn`` over blocks of query rows of ``tensors`` (each (m, ...)), concatenated; the blocks of an
-    autograd-recorded call are recomputed in backward, so memory stays at one block."""
-    if m == 0:
-        return fn(*tensors)
-    step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
-    if step >= m:
-        return fn(*tensors)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    outs = []
-    for start in range(0, m, step):
-        part = [t[start : start + step] for t in tensors]
-        outs.append(checkpoint(fn, *part, use_reentrant=False) if grad else fn(*part))
-    return torch.cat(outs, 0)
+class _PerQuery(torch.autograd.Function):
+    """Per-query values of a block function with their gradients on the similarities formed in forward.
+
+    ``block_fn(sim, *masks, need_grad) -> (values (c,), grads (c, N) or None)`` runs on blocks of
+    query rows (at most ``_BLOCK_ELEMENTS`` elements of the (c, N, N) pairwise tensor each); each
+    value depends on its own row of ``sim`` only, so backward is one multiplication by the saved
+    (m, N) gradients: memory O(block + m N) and no recomputation.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, sim: torch.Tensor, block_fn: Any, need_grad: bool, *masks: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        m, n = sim.shape
+        step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
+        values, grads = [], []
+        for start in range(0, max(m, 1), step):
+            rows = slice(start, start + step)
+            v, g = block_fn(sim[rows], *[t[rows] for t in masks], need_grad)
+            values.append(v)
+            if g is not None:
+                grads.append(g)
+        if need_grad:
+            ctx.save_for_backward(torch.cat(grads, 0))
+        return torch.cat(values, 0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_values: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        (grads,) = ctx.saved_tensors
+        return (grads * grad_values[:, None], None, None, *[None] * (len(ctx.needs_input_grad) - 3))
 
 
-def _soft_ranks(sim: torch.Tensor, sets: torch.Tensor, tau: float) -> torch.Tensor:
-    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j \ne i} \sigma((s_j - s_i) / \tau)` for each item ``i``
-    and each of the ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
-    sig = torch.sigmoid((sim[:, None, :] - sim[:, :, None]) / tau)  # [q, i, j]
+def _per_query(block_fn: Any, sim: torch.Tensor, *masks: torch.Tensor) -> torch.Tensor:
+    need_grad = sim.requires_grad and torch.is_grad_enabled()
+    return _PerQuery.apply(sim, block_fn, need_grad, *masks)
+
+
+def _pair_sigmoids(sim: torch.Tensor, tau: float) -> torch.Tensor:
+    """(c, N, N): ``[q, i, j] = sigmoid((s_qj - s_qi) / tau)`` (item ``j`` ranked above item ``i``)."""
+    scaled = sim / tau
+    return torch.sub(scaled[:, None, :], scaled[:, :, None]).sigmoid_()
+
+
+def _through_ranks(
+    sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, tau: float
+) -> torch.Tensor:
+    r"""Gradient on the similarities (c, N) of :math:`\sum_{i,k} w_{ik} r_{ik}` with the soft ranks
+    :math:`r_{ik} = 1 + \sum_j \sigma_{ij} S_{jk}` (``sets`` S (c, N, K), ``weights`` w (c, N, K)).
+
+    :math:`\partial \sigma_{ij} / \partial s_j = -\partial \sigma_{ij} / \partial s_i = \sigma'_{ij} / 	au`
+    with :math:`\sigma' = \sigma (1 - \sigma)`, so the gradient is
+    :math:`(\sum_k S_{jk} (\sigma'^	op w_k)_j - \sum_k w_{ik} (\sigma' S_k)_i) / 	au`: two batched
+    products with K columns (the constant :math:`\sigma_{ii} = 1/2` terms cancel).
+    """
+    deriv = torch.addcmul(sig, sig, sig, value=-1.0)  # sigma (1 - sigma) in one pass
+    cols = torch.bmm(deriv.transpose(1, 2), weights)
+    rows = torch.bmm(deriv, sets)
+    return ((sets * cols).sum(2) - (weights * rows).sum(2)) / tau
+
+
+def _soft_ranks(sig: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
+    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j 
+e i} \sigma_{ij}` for each item ``i`` and each of the
+    ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
     # the j = i term is sigmoid(0) = 1/2 for every i that belongs to the set
     return 1.0 + torch.bmm(sig, sets) - 0.5 * sets
 
@@ -155,11 +198,21 @@ def _retrieval_set(bt: _Batch, include_query: bool) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # Smooth-AP
 # --------------------------------------------------------------------------------------------------
-def _smooth_ap_block(sim: torch.Tensor, omega: torch.Tensor, pos: torch.Tensor, tau: float) -> torch.Tensor:
+def _smooth_ap_block(
+    sim: torch.Tensor, omega: torch.Tensor, pos: torch.Tensor, tau: float, need_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Smooth-AP of each query of the block and (``need_grad``) its gradient on the similarities."""
+    sig = _pair_sigmoids(sim, tau)
     sets = torch.stack([omega, pos], dim=2)
-    ranks = _soft_ranks(sim, sets, tau)
-    ratio = ranks[..., 1] / ranks[..., 0]
-    return (ratio * pos).sum(1) / pos.sum(1).clamp(min=1)
+    ranks = _soft_ranks(sig, sets)
+    r_all, r_pos = ranks[..., 0], ranks[..., 1]
+    inv_np = 1.0 / pos.sum(1, keepdim=True).clamp(min=1)
+    ap = (pos * r_pos / r_all * inv_np).sum(1)
+    if not need_grad:
+        return ap, None
+    w_pos = pos / r_all * inv_np  # d ap / d r_pos
+    w_all = -w_pos * r_pos / r_all  # d ap / d r_all
+    return ap, _through_ranks(sig, sets, torch.stack([w_all, w_pos], dim=2), tau)
 
 
 @batch_loss("embeddings", "labels")
@@ -190,8 +243,9 @@ def smooth_ap_loss(
     Unlike those two, any labels are accepted (not only equal-size classes sorted by class).
 
     Cost: :math:`O(B^3)` sigmoids (every item against every item for every query), computed in
-    blocks of queries of at most :math:`2^{22}` elements that are recomputed in backward, so memory
-    is :math:`O(B^2)`. Exact gradient (autograd).
+    blocks of queries of at most :math:`2^{22}` elements; the exact gradient on the similarities is
+    formed in the same pass (a few batched products with two columns) and kept, so memory is
+    :math:`O(B^2)` and backward recomputes nothing. Only first-order gradients (double backward raises).
 
     Shape:
         - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
@@ -212,8 +266,7 @@ def smooth_ap_loss(
     pos = bt.pos | bt.own if include_query else bt.pos
     omega = _retrieval_set(bt, include_query)
     dt = bt.sim.dtype
-    n = bt.sim.shape[1]
-    ap = _blocks(lambda s, o, p: _smooth_ap_block(s, o, p, tau), bt.sim.shape[0], n, bt.sim, omega.to(dt), pos.to(dt))
+    ap = _per_query(lambda s, o, p, g: _smooth_ap_block(s, o, p, tau, g), bt.sim, omega.to(dt), pos.to(dt))
     return _mean_over_valid(1.0 - ap, bt.pos.any(1), bt)
 
 
@@ -221,13 +274,28 @@ def smooth_ap_loss(
 # Recall@k surrogate
 # --------------------------------------------------------------------------------------------------
 def _recall_block(
-    sim: torch.Tensor, omega: torch.Tensor, pos: torch.Tensor, ks: torch.Tensor, k_taus: torch.Tensor, tau: float
-) -> torch.Tensor:
-    rank = _soft_ranks(sim, omega[..., None], tau)[..., 0]  # (c, N)
-    hits = torch.sigmoid((ks[None, None, :] - rank[..., None]) / k_taus)  # (c, N, K)
+    sim: torch.Tensor,
+    omega: torch.Tensor,
+    pos: torch.Tensor,
+    ks: torch.Tensor,
+    k_taus: torch.Tensor,
+    tau: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mean smooth recall over ``ks`` of each query of the block and (``need_grad``) its gradient."""
+    sig = _pair_sigmoids(sim, tau)
+    sets = omega[..., None]
+    rank = _soft_ranks(sig, sets)[..., 0]  # (c, N)
+    hits = torch.sigmoid((ks - rank[..., None]) / k_taus)  # (c, N, K)
     found = (hits * pos[..., None]).sum(1)  # (c, K)
-    norm = torch.minimum(ks[None, :], pos.sum(1, keepdim=True)).clamp(min=1)
-    return (torch.minimum(found, ks[None, :]) / norm).mean(1)
+    inv_norm = 1.0 / torch.minimum(ks, pos.sum(1, keepdim=True)).clamp(min=1) / ks.shape[0]
+    recall = (torch.minimum(found, ks) * inv_norm).sum(1)
+    if not need_grad:
+        return recall, None
+    # d recall / d rank_i = -sum_k [found_k < k] inv_norm_k p_i h'_ik / tau_k (the min's branch)
+    w = (found < ks) * inv_norm  # (c, K)
+    d_rank = -(pos[..., None] * hits * (1.0 - hits) / k_taus * w[:, None, :]).sum(2)
+    return recall, _through_ranks(sig, sets, d_rank[..., None], tau)
 
 
 def _check_ks(k: Any, name: str) -> tuple[int, ...]:
@@ -269,7 +337,7 @@ def recall_at_k_loss(
     items :math:`\Omega` (so every other item ranks behind it) while not being a positive; ``False``:
     :math:`\Omega` is the rest of the batch. Similarity Mixup (the paper's SiMix) is not part of the loss.
 
-    Cost :math:`O(B^3)` sigmoids in blocks recomputed in backward, as :func:`smooth_ap_loss`.
+    Cost :math:`O(B^3)` sigmoids in blocks with the gradient formed in forward, as :func:`smooth_ap_loss`.
 
     Shape:
         - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
@@ -299,9 +367,7 @@ def recall_at_k_loss(
     kt = torch.tensor([min(v, max(n, 1)) for v in ks], dtype=dt, device=dev)
     taus = torch.tensor(k_taus, dtype=dt, device=dev)
     omega = _retrieval_set(bt, include_query).to(dt)
-    recall = _blocks(
-        lambda s, o, p: _recall_block(s, o, p, kt, taus, tau), bt.sim.shape[0], n, bt.sim, omega, bt.pos.to(dt)
-    )
+    recall = _per_query(lambda s, o, p, g: _recall_block(s, o, p, kt, taus, tau, g), bt.sim, omega, bt.pos.to(dt))
     return _mean_over_valid(1.0 - recall, bt.pos.any(1), bt)
 
 

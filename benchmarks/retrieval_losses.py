@@ -38,9 +38,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import loadavg, machine  # noqa: E402
-
-from rankwise.losses import blackbox_ap_loss, fastap_loss, recall_at_k_loss, smooth_ap_loss  # noqa: E402
+from _timing import loadavg, machine
+from rankwise.losses import blackbox_ap_loss, fastap_loss, recall_at_k_loss, smooth_ap_loss
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 

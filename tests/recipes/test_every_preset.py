@@ -51,7 +51,12 @@ BY_FAMILY = {
     ],
     "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
     "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
-    "retrieval": ["task.steps=2", "task.classes_per_batch=3", "task.samples_per_class=3", "model.options.feature_dim=8"],
+    "retrieval": [
+        "task.steps=2",
+        "task.classes_per_batch=3",
+        "task.samples_per_class=3",
+        "model.options.feature_dim=8",
+    ],
 }
 MNIST = ["data.options.test_fraction=0.05"]
 RRT_SOURCE = {

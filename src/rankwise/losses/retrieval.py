@@ -165,15 +165,13 @@ def _pair_sigmoids(sim: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.sub(scaled[:, None, :], scaled[:, :, None]).sigmoid_()
 
 
-def _through_ranks(
-    sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, tau: float
-) -> torch.Tensor:
+def _through_ranks(sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, tau: float) -> torch.Tensor:
     r"""Gradient on the similarities (c, N) of :math:`\sum_{i,k} w_{ik} r_{ik}` with the soft ranks
     :math:`r_{ik} = 1 + \sum_j \sigma_{ij} S_{jk}` (``sets`` S (c, N, K), ``weights`` w (c, N, K)).
 
-    :math:`\partial \sigma_{ij} / \partial s_j = -\partial \sigma_{ij} / \partial s_i = \sigma'_{ij} / 	au`
+    :math:`\partial \sigma_{ij} / \partial s_j = -\partial \sigma_{ij} / \partial s_i = \sigma'_{ij} / \tau`
     with :math:`\sigma' = \sigma (1 - \sigma)`, so the gradient is
-    :math:`(\sum_k S_{jk} (\sigma'^	op w_k)_j - \sum_k w_{ik} (\sigma' S_k)_i) / 	au`: two batched
+    :math:`(\sum_k S_{jk} (\sigma'^\top w_k)_j - \sum_k w_{ik} (\sigma' S_k)_i) / \tau`: two batched
     products with K columns (the constant :math:`\sigma_{ii} = 1/2` terms cancel).
     """
     deriv = torch.addcmul(sig, sig, sig, value=-1.0)  # sigma (1 - sigma) in one pass
@@ -183,8 +181,7 @@ def _through_ranks(
 
 
 def _soft_ranks(sig: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
-    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j 
-e i} \sigma_{ij}` for each item ``i`` and each of the
+    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j \ne i} \sigma_{ij}` for each item ``i`` and each of the
     ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
     # the j = i term is sigmoid(0) = 1/2 for every i that belongs to the set
     return 1.0 + torch.bmm(sig, sets) - 0.5 * sets

@@ -113,14 +113,15 @@ def _batch(
     return _Batch(sim, pos, own, world, zg)
 
 
-def _mean_over_valid(per_query: torch.Tensor, valid: torch.Tensor, bt: _Batch) -> torch.Tensor:
-    """Mean of ``per_query`` over ``valid`` queries (of all ranks: world * local sum / global count)."""
+def _mean_over_valid(per_query: torch.Tensor, valid: torch.Tensor, bt: _Batch, *, scale: bool = True) -> torch.Tensor:
+    """Mean of ``per_query`` over ``valid`` queries (of all ranks: world * local sum / global count;
+    without ``scale`` the world factor is left out)."""
     per_query = torch.where(valid, per_query, torch.zeros_like(per_query))
     count = valid.sum().to(per_query.dtype)
     if bt.world > 1:
         count = all_reduce_sum(count)
     total = per_query.sum() / count.clamp(min=1)
-    return total * bt.world + zero_with_graph(bt.zg)
+    return (total * bt.world if scale else total) + zero_with_graph(bt.zg)
 
 
 class _PerQuery(torch.autograd.Function):
@@ -419,10 +420,9 @@ def blackbox_ap_loss(
     alpha = check_positive(margin, "margin", allow_zero=True)
     check_bool(include_query, "include_query")
     bt = _batch(embeddings, labels, distributed, grad_scale=True)
-    world, bt.world = bt.world, 1  # the world factor is on the gathered embeddings' gradient
     pos = bt.pos | bt.own if include_query else bt.pos
-    m, n = bt.sim.shape
-    if m == 0 or n == 0:
+    n = bt.sim.shape[1]
+    if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
         return zero_with_graph(bt.zg)
     dt = bt.sim.dtype
     posf = pos.to(dt)
@@ -432,8 +432,8 @@ def blackbox_ap_loss(
     ranks = _BlackboxRank.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
     within = _rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
     ap = (within / ranks * posf).sum(1) / posf.sum(1).clamp(min=1)
-    share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt)
-    return share + (world - 1) * share.detach()  # value: world * share; gradient: see grad_scale
+    share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt, scale=False)  # world: on the gathered gradient
+    return share + (bt.world - 1) * share.detach()  # value: world * share; gradient: see grad_scale
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,7 +479,7 @@ def fastap_loss(
     bins = check_positive_int(num_bins, "num_bins")
     bt = _batch(embeddings, labels, distributed)
     m, n = bt.sim.shape
-    if m == 0 or n == 0:
+    if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
         return zero_with_graph(bt.zg)
     dt = bt.sim.dtype
     delta = 4.0 / bins

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 #: subpackages importable as attributes (``rankwise.data``, ...)
-_SUBPACKAGES = ("data", "distributed", "imbalanced", "losses", "models", "ops", "recipes", "sodeep")
+_SUBPACKAGES = ("data", "distributed", "imbalanced", "losses", "metrics", "models", "ops", "recipes", "sodeep")
 _FROM_LOSSES = ("get_loss", "list_losses", "register_loss")
 #: brain-age helpers re-exported at the top level (``rankwise.discretize_age``, ...)
 _FROM_BRAIN_AGE = ("correct_age_bias", "discretize_age")

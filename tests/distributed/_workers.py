@@ -95,6 +95,14 @@ def _loss_cases(sizes: tuple[int, ...]) -> dict[str, Callable[[], dict[str, floa
         "triplet_hard_sum": lambda: _compare(
             losses.triplet_loss, views, [ints], sizes, kwargs=lambda: {"mining": "hard", "reduction": "sum"}
         ),
+        "smooth_ap": lambda: _compare(losses.smooth_ap_loss, flat, [ints], sizes, kwargs=lambda: {"temperature": 0.1}),
+        "recall_at_k": lambda: _compare(
+            losses.recall_at_k_loss, flat, [ints], sizes, kwargs=lambda: {"k": (1, 2), "temperature": 0.1}
+        ),
+        "blackbox_ap": lambda: _compare(
+            losses.blackbox_ap_loss, flat, [ints], sizes, kwargs=lambda: {"interpolation_lambda": 100.0, "margin": 1.0}
+        ),
+        "fastap": lambda: _compare(losses.fastap_loss, flat, [ints], sizes),
         "npairs": lambda: _compare(losses.npairs_loss, views, [ints], sizes, kwargs=lambda: {"temperature": 2.0}),
         "npairs_sum_nolabels": lambda: _compare(
             losses.npairs_loss, views, [], sizes, kwargs=lambda: {"reduction": "sum"}

@@ -52,6 +52,12 @@ BY_FAMILY = {
     "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
     "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
     "brain_age": ["task.stage2_epochs=1", "data.batch_size=8", "data.num_workers=0", "data.options.shape=[32,36,32]"],
+    "retrieval": [
+        "task.steps=2",
+        "task.classes_per_batch=3",
+        "task.samples_per_class=3",
+        "model.options.feature_dim=8",
+    ],
 }
 #: tiny networks of the brain-age presets (their model options differ per backbone)
 BRAIN_AGE_MODELS = {
@@ -77,6 +83,8 @@ def _family(name: str) -> str:
         return "sts"
     if name.startswith("large_mnist"):
         return "sort"
+    if name.endswith(("_smooth_ap", "_blackbox_ap", "_recall_at_k", "_fastap", "_retrieval")):
+        return "retrieval"
     return "dknn" if "knn" in name else "supcon"
 
 
@@ -133,7 +141,7 @@ def _overrides(name: str, image_split, shared_dir: Path, cohort=None) -> list[st
         if not (root / "train_new.tsv").is_file():
             pytest.skip("STS-B-DIR TSVs absent (../shared)")
         out.append(f"data.options.root={root}")
-    if fam in ("sort", "supcon", "dknn"):
+    if fam in ("sort", "supcon", "dknn", "retrieval"):
         out += MNIST
     if "rnc" in name:
         out.append("task.pretrain_epochs=1")

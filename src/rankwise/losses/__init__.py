@@ -7,6 +7,8 @@ from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
 from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
+from rankwise.losses.retrieval import *  # noqa: F403
+from rankwise.losses.retrieval import __all__ as _retrieval_all
 
 from rankwise.imbalanced.losses import *  # noqa: F403  isort: skip
 from rankwise.imbalanced.losses import __all__ as _imb_all  # isort: skip
@@ -20,6 +22,7 @@ __all__ = [
     "register_loss",
     *_ranking_all,
     *_contrastive_all,
+    *_retrieval_all,
     *_imb_all,
     *_bmse_all,
 ]

@@ -96,6 +96,7 @@ _BUILTIN = {
     "median": "rankwise.recipes.sorting",
     "dknn": "rankwise.recipes.dknn",
     "brain_age": "rankwise.recipes.brain_age",
+    "retrieval": "rankwise.recipes.retrieval",
 }
 
 _REQUIRED = ("name", "description", "options", "uses", "data_kind", "report_kind")

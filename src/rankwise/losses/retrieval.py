@@ -1,0 +1,690 @@
+r"""Retrieval losses on embeddings and class labels: Smooth-AP, blackbox AP, Recall@k surrogate, FastAP.
+
+Every loss treats each embedding of the batch as a query and the batch as its retrieval set, with
+cosine similarity (the embeddings are L2-normalized first), positives = items of the query's label.
+Conventions shared by the four losses:
+
+* ``include_query`` (Smooth-AP, blackbox AP, Recall@k): ``True`` reproduces the authors' code, in
+  which the query is also an item of its own retrieval set (similarity 1 to itself, so it ranks first);
+  ``False`` uses the rest of the batch only, as the papers' equations are written.
+* The loss is the mean over the queries that have at least one positive; a batch without any gives a
+  zero that keeps the graph.
+* ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): embeddings (with gradient) and
+  labels of all ranks are gathered, this rank's embeddings are the queries and the retrieval set is the
+  **global** batch; each rank returns ``world_size * (sum over its queries) / (valid queries of all
+  ranks)`` (the mean over ranks is the single-process loss, and DDP's gradient averaging gives the
+  single-process gradient). Blackbox AP puts the ``world_size`` factor on the gradient of the gathered
+  embeddings instead (its surrogate gradient is not linear in the incoming gradient).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._validation import (
+    batch_loss,
+    check_bool,
+    check_floating,
+    check_positive,
+    check_positive_int,
+    to_compute,
+)
+from rankwise.distributed import (
+    DistributedFlag,
+    _global_batch_on,
+    all_gather_no_grad,
+    all_gather_with_grad,
+    all_reduce_sum,
+    batch_layout,
+    get_world_size,
+    scale_grad,
+)
+from rankwise.losses._contrastive_common import as_labels, random_features, safe_normalize, zero_with_graph
+from rankwise.losses._registry import register_loss
+from rankwise.ops.ranking import _BlackboxRank, _rank_last
+
+__all__ = [
+    "BlackboxAPLoss",
+    "FastAPLoss",
+    "RecallAtKLoss",
+    "SmoothAPLoss",
+    "blackbox_ap_loss",
+    "fastap_loss",
+    "recall_at_k_loss",
+    "smooth_ap_loss",
+]
+
+# Smooth-AP and Recall@k build a (queries, N, N) tensor of pairwise sigmoids: queries are processed
+# in blocks of at most this many elements; the gradient on the similarities is formed per block in
+# forward (analytic) and kept, (B, B).
+_BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass
+class _Batch:
+    """Queries (this rank's rows) against the retrieval set (the local or global batch)."""
+
+    sim: torch.Tensor  # (m, N) cosine similarities
+    pos: torch.Tensor  # (m, N) bool: same label, the query itself excluded
+    own: torch.Tensor  # (m, N) bool: the query's own column
+    world: int  # ranks (1 without DDP)
+    zg: torch.Tensor  # the gathered, normalized embeddings (for a zero that keeps the graph)
+
+
+def _check_embeddings(embeddings: Any) -> torch.Tensor:
+    check_floating(embeddings, "embeddings")
+    if embeddings.dim() != 2:
+        raise ValueError(
+            f"`embeddings` must have shape (B, D), got shape {tuple(embeddings.shape)} ({embeddings.dim()} dims)"
+        )
+    return embeddings
+
+
+def _batch(
+    embeddings: torch.Tensor, labels: torch.Tensor, distributed: DistributedFlag, *, grad_scale: bool = False
+) -> _Batch:
+    """Normalize, gather under DDP (``grad_scale``: multiply the gathered gradient by the world size)."""
+    x = _check_embeddings(embeddings)
+    b = x.shape[0]
+    y = as_labels(labels, b).detach()
+    z = safe_normalize(to_compute(x), dim=1)
+    world, rows = 1, slice(None)
+    zg, yg = z, y
+    if _global_batch_on(distributed):
+        world = get_world_size()
+        layout = batch_layout(b, device=x.device)
+        zg = all_gather_with_grad(z, sizes=layout)
+        if grad_scale:
+            zg = scale_grad(zg, world)
+        yg = all_gather_no_grad(y, sizes=layout)
+        rows = layout.local
+    n = zg.shape[0]
+    q_index = torch.arange(n, device=x.device)[rows]
+    own = q_index[:, None] == torch.arange(n, device=x.device)[None, :]
+    sim = zg[rows] @ zg.T
+    pos = (yg[rows][:, None] == yg[None, :]) & ~own
+    return _Batch(sim, pos, own, world, zg)
+
+
+def _mean_over_valid(per_query: torch.Tensor, valid: torch.Tensor, bt: _Batch, *, scale: bool = True) -> torch.Tensor:
+    """Mean of ``per_query`` over ``valid`` queries (of all ranks: world * local sum / global count;
+    without ``scale`` the world factor is left out)."""
+    per_query = torch.where(valid, per_query, torch.zeros_like(per_query))
+    count = valid.sum().to(per_query.dtype)
+    if bt.world > 1:
+        count = all_reduce_sum(count)
+    total = per_query.sum() / count.clamp(min=1)
+    return (total * bt.world if scale else total) + zero_with_graph(bt.zg)
+
+
+class _PerQuery(torch.autograd.Function):
+    """Per-query values of a block function with their gradients on the similarities formed in forward.
+
+    ``block_fn(sim, *masks, need_grad) -> (values (c,), grads (c, N) or None)`` runs on blocks of
+    query rows (at most ``_BLOCK_ELEMENTS`` elements of the (c, N, N) pairwise tensor each); each
+    value depends on its own row of ``sim`` only, so backward is one multiplication by the saved
+    (m, N) gradients: memory O(block + m N) and no recomputation.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, sim: torch.Tensor, block_fn: Any, need_grad: bool, *masks: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        m, n = sim.shape
+        step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
+        values, grads = [], []
+        for start in range(0, max(m, 1), step):
+            rows = slice(start, start + step)
+            v, g = block_fn(sim[rows], *[t[rows] for t in masks], need_grad)
+            values.append(v)
+            if g is not None:
+                grads.append(g)
+        if need_grad:
+            ctx.save_for_backward(torch.cat(grads, 0))
+        return torch.cat(values, 0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_values: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        (grads,) = ctx.saved_tensors
+        return (grads * grad_values[:, None], None, None, *[None] * (len(ctx.needs_input_grad) - 3))
+
+
+def _per_query(block_fn: Any, sim: torch.Tensor, *masks: torch.Tensor) -> torch.Tensor:
+    need_grad = sim.requires_grad and torch.is_grad_enabled()
+    return _PerQuery.apply(sim, block_fn, need_grad, *masks)
+
+
+def _pair_sigmoids(sim: torch.Tensor, tau: float) -> torch.Tensor:
+    """(c, N, N): ``[q, i, j] = sigmoid((s_qj - s_qi) / tau)`` (item ``j`` ranked above item ``i``)."""
+    scaled = sim / tau
+    return torch.sub(scaled[:, None, :], scaled[:, :, None]).sigmoid_()
+
+
+def _through_ranks(sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, tau: float) -> torch.Tensor:
+    r"""Gradient on the similarities (c, N) of :math:`\sum_{i,k} w_{ik} r_{ik}` with the soft ranks
+    :math:`r_{ik} = 1 + \sum_j \sigma_{ij} S_{jk}` (``sets`` S (c, N, K), ``weights`` w (c, N, K)).
+
+    :math:`\partial \sigma_{ij} / \partial s_j = -\partial \sigma_{ij} / \partial s_i = \sigma'_{ij} / \tau`
+    with :math:`\sigma' = \sigma (1 - \sigma)`, so the gradient is
+    :math:`(\sum_k S_{jk} (\sigma'^\top w_k)_j - \sum_k w_{ik} (\sigma' S_k)_i) / \tau`: two batched
+    products with K columns (the constant :math:`\sigma_{ii} = 1/2` terms cancel).
+    """
+    deriv = torch.addcmul(sig, sig, sig, value=-1.0)  # sigma (1 - sigma) in one pass
+    cols = torch.bmm(deriv.transpose(1, 2), weights)
+    rows = torch.bmm(deriv, sets)
+    return ((sets * cols).sum(2) - (weights * rows).sum(2)) / tau
+
+
+def _soft_ranks(sig: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
+    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j \ne i} \sigma_{ij}` for each item ``i`` and each of the
+    ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
+    # the j = i term is sigmoid(0) = 1/2 for every i that belongs to the set
+    return 1.0 + torch.bmm(sig, sets) - 0.5 * sets
+
+
+def _retrieval_set(bt: _Batch, include_query: bool) -> torch.Tensor:
+    """(m, N) bool: the items ranked for each query (all but the query itself unless ``include_query``)."""
+    return torch.ones_like(bt.own) if include_query else ~bt.own
+
+
+# --------------------------------------------------------------------------------------------------
+# Smooth-AP
+# --------------------------------------------------------------------------------------------------
+def _smooth_ap_block(
+    sim: torch.Tensor, omega: torch.Tensor, pos: torch.Tensor, tau: float, need_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Smooth-AP of each query of the block and (``need_grad``) its gradient on the similarities."""
+    sig = _pair_sigmoids(sim, tau)
+    sets = torch.stack([omega, pos], dim=2)
+    ranks = _soft_ranks(sig, sets)
+    r_all, r_pos = ranks[..., 0], ranks[..., 1]
+    inv_np = 1.0 / pos.sum(1, keepdim=True).clamp(min=1)
+    ap = (pos * r_pos / r_all * inv_np).sum(1)
+    if not need_grad:
+        return ap, None
+    w_pos = pos / r_all * inv_np  # d ap / d r_pos
+    w_all = -w_pos * r_pos / r_all  # d ap / d r_all
+    return ap, _through_ranks(sig, sets, torch.stack([w_all, w_pos], dim=2), tau)
+
+
+@batch_loss("embeddings", "labels")
+def smooth_ap_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 0.01,
+    include_query: bool = True,
+    distributed: DistributedFlag = False,
+) -> torch.Tensor:
+    r"""Smooth-AP (Brown et al., ECCV 2020, "Smooth-AP: Smoothing the Path Towards Large-Scale Image Retrieval").
+
+    For a query :math:`q` with cosine similarities :math:`s_j` to the items :math:`j` of its retrieval
+    set :math:`\Omega`, positives :math:`P \subset \Omega` (same label) and
+    :math:`\mathcal{G}(x) = \sigma(x / \tau)`, the average precision with the indicator of
+    :math:`s_j > s_i` replaced by the sigmoid (eq. 9 of the paper):
+
+    .. math::
+        \mathrm{AP}_q = \frac{1}{|P|} \sum_{i \in P}
+            \frac{1 + \sum_{j \in P, j \ne i} \mathcal{G}(s_j - s_i)}
+                 {1 + \sum_{j \in \Omega, j \ne i} \mathcal{G}(s_j - s_i)}
+
+    and the loss is the mean of :math:`1 - \mathrm{AP}_q` over the queries with a positive other
+    than themselves. ``include_query=True`` (default) is the authors' code and pytorch-metric-learning's
+    ``SmoothAPLoss``: the query belongs to :math:`\Omega` and to :math:`P` (it ranks itself first and
+    adds a term close to 1); ``False``: :math:`\Omega` is the rest of the batch (eq. 9 as written).
+    Unlike those two, any labels are accepted (not only equal-size classes sorted by class).
+
+    Cost: :math:`O(B^3)` sigmoids (every item against every item for every query), computed in
+    blocks of queries of at most :math:`2^{22}` elements; the exact gradient on the similarities is
+    formed in the same pass (a few batched products with two columns) and kept, so memory is
+    :math:`O(B^2)` and backward recomputes nothing. Only first-order gradients (double backward raises).
+
+    Shape:
+        - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar; float32 for float16/bfloat16 input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> emb = torch.randn(8, 16, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.smooth_ap_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+        >>> loss.backward()
+        >>> bool(0 <= loss <= 1), emb.grad.shape
+        (True, torch.Size([8, 16]))
+    """
+    tau = check_positive(temperature, "temperature")
+    check_bool(include_query, "include_query")
+    bt = _batch(embeddings, labels, distributed)
+    pos = bt.pos | bt.own if include_query else bt.pos
+    omega = _retrieval_set(bt, include_query)
+    dt = bt.sim.dtype
+    ap = _per_query(lambda s, o, p, g: _smooth_ap_block(s, o, p, tau, g), bt.sim, omega.to(dt), pos.to(dt))
+    return _mean_over_valid(1.0 - ap, bt.pos.any(1), bt)
+
+
+# --------------------------------------------------------------------------------------------------
+# Recall@k surrogate
+# --------------------------------------------------------------------------------------------------
+def _recall_block(
+    sim: torch.Tensor,
+    omega: torch.Tensor,
+    pos: torch.Tensor,
+    ks: torch.Tensor,
+    k_taus: torch.Tensor,
+    tau: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mean smooth recall over ``ks`` of each query of the block and (``need_grad``) its gradient."""
+    sig = _pair_sigmoids(sim, tau)
+    sets = omega[..., None]
+    rank = _soft_ranks(sig, sets)[..., 0]  # (c, N)
+    hits = torch.sigmoid((ks - rank[..., None]) / k_taus)  # (c, N, K)
+    found = (hits * pos[..., None]).sum(1)  # (c, K)
+    inv_norm = 1.0 / torch.minimum(ks, pos.sum(1, keepdim=True)).clamp(min=1) / ks.shape[0]
+    recall = (torch.minimum(found, ks) * inv_norm).sum(1)
+    if not need_grad:
+        return recall, None
+    # d recall / d rank_i = -sum_k [found_k < k] inv_norm_k p_i h'_ik / tau_k (the min's branch)
+    w = (found < ks) * inv_norm  # (c, K)
+    d_rank = -(pos[..., None] * hits * (1.0 - hits) / k_taus * w[:, None, :]).sum(2)
+    return recall, _through_ranks(sig, sets, d_rank[..., None], tau)
+
+
+def _check_ks(k: Any, name: str) -> tuple[int, ...]:
+    if isinstance(k, int) and not isinstance(k, bool):
+        ks: tuple[Any, ...] = (k,)
+    elif isinstance(k, (tuple, list)):
+        ks = tuple(k)
+    else:
+        raise TypeError(f"`{name}` must be an int or a sequence of ints, got {type(k).__name__} {k!r}")
+    if not ks:
+        raise ValueError(f"`{name}` must hold at least one k, got {k!r}")
+    for v in ks:
+        check_positive_int(v, name)
+    return ks
+
+
+@batch_loss("embeddings", "labels")
+def recall_at_k_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    k: int | Sequence[int] = (1, 2, 4, 8, 16),
+    temperature: float = 0.01,
+    k_temperatures: Sequence[float] | None = None,
+    include_query: bool = True,
+    distributed: DistributedFlag = False,
+) -> torch.Tensor:
+    r"""Recall@k surrogate (Patel et al., CVPR 2022, "Recall@k Surrogate Loss with Large Batches and Similarity Mixup").
+
+    For a query with cosine similarities :math:`s_j`, positives :math:`P` (same label, never the query
+    itself) and the smooth rank of a positive :math:`r_i = 1 + \sum_{j \in \Omega, j \ne i}
+    \sigma((s_j - s_i) / \tau_1)`, the recall at each :math:`k` is
+    :math:`R_k = \min\bigl(\sum_{i \in P} \sigma((k - r_i) / \tau_2^{(k)}), k\bigr) / \min(k, |P|)` and
+    the loss is the mean over the queries with a positive of :math:`1 - \frac{1}{|K|}\sum_k R_k`.
+
+    Defaults are the authors': ``k = (1, 2, 4, 8, 16)``, :math:`\tau_1` = ``temperature`` = 0.01 and
+    :math:`\tau_2^{(k)} = k` (``k_temperatures=None``); each ``k`` is clipped to the batch size.
+    ``include_query=True`` (default) is the authors' code, in which the query is one of the ranked
+    items :math:`\Omega` (so every other item ranks behind it) while not being a positive; ``False``:
+    :math:`\Omega` is the rest of the batch. Similarity Mixup (the paper's SiMix) is not part of the loss.
+
+    Cost :math:`O(B^3)` sigmoids in blocks with the gradient formed in forward, as :func:`smooth_ap_loss`.
+
+    Shape:
+        - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar; float32 for float16/bfloat16 input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> emb = torch.randn(8, 16, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.recall_at_k_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), k=(1, 2))
+        >>> loss.backward()
+        >>> bool(0 <= loss <= 1), emb.grad.shape
+        (True, torch.Size([8, 16]))
+    """
+    ks = _check_ks(k, "k")
+    tau = check_positive(temperature, "temperature")
+    if k_temperatures is None:
+        k_taus: tuple[float, ...] = tuple(float(v) for v in ks)
+    else:
+        k_taus = tuple(check_positive(v, "k_temperatures") for v in k_temperatures)
+        if len(k_taus) != len(ks):
+            raise ValueError(f"`k_temperatures` must have one value per k ({len(ks)}), got {len(k_taus)}")
+    check_bool(include_query, "include_query")
+    bt = _batch(embeddings, labels, distributed)
+    n = bt.sim.shape[1]
+    dt, dev = bt.sim.dtype, bt.sim.device
+    kt = torch.tensor([min(v, max(n, 1)) for v in ks], dtype=dt, device=dev)
+    taus = torch.tensor(k_taus, dtype=dt, device=dev)
+    omega = _retrieval_set(bt, include_query).to(dt)
+    recall = _per_query(lambda s, o, p, g: _recall_block(s, o, p, kt, taus, tau, g), bt.sim, omega, bt.pos.to(dt))
+    return _mean_over_valid(1.0 - recall, bt.pos.any(1), bt)
+
+
+# --------------------------------------------------------------------------------------------------
+# Blackbox AP
+# --------------------------------------------------------------------------------------------------
+@batch_loss("embeddings", "labels")
+def blackbox_ap_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    interpolation_lambda: float = 4.0,
+    margin: float = 0.02,
+    include_query: bool = True,
+    distributed: DistributedFlag = False,
+) -> torch.Tensor:
+    r"""Blackbox AP (Rolínek et al., CVPR 2020, "Optimizing Rank-based Metrics with Blackbox Differentiation").
+
+    Exact average precision of every query's ranking of the batch by cosine similarity, with
+    gradients from blackbox differentiation of the ranks (:func:`rankwise.blackbox_rank`, Vlastelica
+    et al. ICLR 2020). The scores of the positives :math:`P` are lowered and those of the negatives
+    raised by ``margin`` / 2 (:math:`\alpha` of the paper) before ranking; with :math:`r_i` the rank of
+    item :math:`i` among all items and :math:`r^+_i` its rank among the positives (no gradient),
+
+    .. math::
+        \mathrm{AP}_q = \frac{1}{|P|} \sum_{i \in P} \frac{r^+_i}{r_i},
+
+    and the loss is the mean of :math:`1 - \mathrm{AP}_q` over the queries with a positive. The
+    backward of the ranks is :math:`-\frac{1}{\lambda}(r(s) - r(s + \lambda\, \partial L / \partial r))`
+    with :math:`\lambda` = ``interpolation_lambda`` (4 in the authors' retrieval code, margin 0.02).
+    ``include_query=True`` (default, the authors' code): the query is a positive of itself in its own
+    ranking; ``False``: it is left out. The authors' code scales the margin shift by a fresh
+    :math:`|\mathcal{N}(0, 1)|` per entry; here it is deterministic (:math:`\pm` margin / 2, as in the paper).
+
+    The gradient is a surrogate (it depends non-linearly on the incoming gradient, so scaling the
+    loss changes it); ties are broken by index (ordinal ranks).
+
+    Shape:
+        - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar; float32 for float16/bfloat16 input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> emb = torch.randn(8, 16, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.blackbox_ap_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+        >>> loss.backward()
+        >>> bool(0 <= loss <= 1), emb.grad.shape
+        (True, torch.Size([8, 16]))
+    """
+    lam = check_positive(interpolation_lambda, "interpolation_lambda")
+    alpha = check_positive(margin, "margin", allow_zero=True)
+    check_bool(include_query, "include_query")
+    bt = _batch(embeddings, labels, distributed, grad_scale=True)
+    pos = bt.pos | bt.own if include_query else bt.pos
+    n = bt.sim.shape[1]
+    if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
+        return zero_with_graph(bt.zg)
+    dt = bt.sim.dtype
+    posf = pos.to(dt)
+    scores = bt.sim - alpha * (posf - 0.5)
+    if not include_query:  # the query's own column ranks last and takes no part
+        scores = scores.masked_fill(bt.own, -math.inf)
+    ranks = _BlackboxRank.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
+    within = _rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
+    ap = (within / ranks * posf).sum(1) / posf.sum(1).clamp(min=1)
+    share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt, scale=False)  # world: on the gathered gradient
+    return share + (bt.world - 1) * share.detach()  # value: world * share; gradient: see grad_scale
+
+
+# --------------------------------------------------------------------------------------------------
+# FastAP
+# --------------------------------------------------------------------------------------------------
+@batch_loss("embeddings", "labels")
+def fastap_loss(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    num_bins: int = 10,
+    distributed: DistributedFlag = False,
+) -> torch.Tensor:
+    r"""FastAP (Cakir et al., CVPR 2019, "Deep Metric Learning to Rank"), as pytorch-metric-learning's ``FastAPLoss``.
+
+    Squared Euclidean distances of the L2-normalized embeddings, :math:`d \in [0, 4]`, are soft-binned
+    into ``num_bins + 1`` triangular bins centred at :math:`c_b = 4b / L` (width :math:`\Delta = 4 / L`,
+    :math:`L` = ``num_bins``): :math:`\delta_b(d) = \max(0, 1 - |d - c_b| / \Delta)`. With the
+    histograms of the query's positives :math:`h^+_b` and of all other items :math:`h_b` and their
+    cumulative sums :math:`H^+_b, H_b`,
+
+    .. math::
+        \mathrm{FastAP}_q = \frac{1}{|P|} \sum_b \frac{h^+_b H^+_b}{H_b}
+
+    (terms with :math:`h^+_b H^+_b = 0` or :math:`H_b = 0` left out), and the loss is the mean of
+    :math:`1 - \mathrm{FastAP}_q` over the queries with a positive. The query itself is never an item.
+    Each distance falls into two adjacent bins, so the histograms are two ``scatter_add`` of
+    :math:`O(B^2)` (no :math:`B \times B \times L` tensor).
+
+    Shape:
+        - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
+        - output: scalar; float32 for float16/bfloat16 input.
+
+    Example:
+        >>> import torch, rankwise
+        >>> g = torch.Generator().manual_seed(0)
+        >>> emb = torch.randn(8, 16, generator=g, requires_grad=True)
+        >>> loss = rankwise.losses.fastap_loss(emb, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+        >>> loss.backward()
+        >>> bool(0 <= loss <= 1), emb.grad.shape
+        (True, torch.Size([8, 16]))
+    """
+    bins = check_positive_int(num_bins, "num_bins")
+    bt = _batch(embeddings, labels, distributed)
+    m, n = bt.sim.shape
+    if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
+        return zero_with_graph(bt.zg)
+    dt = bt.sim.dtype
+    delta = 4.0 / bins
+    t = ((2.0 - 2.0 * bt.sim) / delta).clamp(0.0, float(bins))  # distance in bin units
+    lo = t.detach().nan_to_num(0.0).floor().clamp(0, bins - 1).long()  # (NaN: the loss is NaN anyway)
+    hi_w = t - lo.to(dt)
+    items = (~bt.own).to(dt)
+    posf = bt.pos.to(dt)
+
+    def hist(weight: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(m, bins + 1, dtype=dt, device=t.device)
+        h = h.scatter_add(1, lo, (1.0 - hi_w) * weight)
+        return h.scatter_add(1, lo + 1, hi_w * weight)
+
+    h_pos, h_all = hist(posf), hist(items)
+    cum_pos, cum_all = h_pos.cumsum(1), h_all.cumsum(1)
+    num = h_pos * cum_pos
+    ok = (num > 0) & (cum_all > 0)
+    terms = torch.where(ok, num / torch.where(ok, cum_all, torch.ones_like(cum_all)), torch.zeros_like(num))
+    npos = posf.sum(1)
+    fast_ap = terms.sum(1) / npos.clamp(min=1)
+    return _mean_over_valid(1.0 - fast_ap, npos > 0, bt)
+
+
+# --------------------------------------------------------------------------------------------------
+# module twins
+# --------------------------------------------------------------------------------------------------
+class SmoothAPLoss(nn.Module):
+    """Module twin of :func:`smooth_ap_loss`."""
+
+    def __init__(
+        self, *, temperature: float = 0.01, include_query: bool = True, distributed: DistributedFlag = False
+    ) -> None:
+        super().__init__()
+        self.temperature = check_positive(temperature, "temperature")
+        self.include_query = check_bool(include_query, "include_query")
+        self.distributed = distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return smooth_ap_loss(
+            embeddings,
+            labels,
+            temperature=self.temperature,
+            include_query=self.include_query,
+            distributed=self.distributed,
+        )
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, include_query={self.include_query}"
+
+
+class RecallAtKLoss(nn.Module):
+    """Module twin of :func:`recall_at_k_loss`."""
+
+    def __init__(
+        self,
+        *,
+        k: int | Sequence[int] = (1, 2, 4, 8, 16),
+        temperature: float = 0.01,
+        k_temperatures: Sequence[float] | None = None,
+        include_query: bool = True,
+        distributed: DistributedFlag = False,
+    ) -> None:
+        super().__init__()
+        self.k = _check_ks(k, "k")
+        self.temperature = check_positive(temperature, "temperature")
+        self.k_temperatures = None if k_temperatures is None else tuple(k_temperatures)
+        self.include_query = check_bool(include_query, "include_query")
+        self.distributed = distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return recall_at_k_loss(
+            embeddings,
+            labels,
+            k=self.k,
+            temperature=self.temperature,
+            k_temperatures=self.k_temperatures,
+            include_query=self.include_query,
+            distributed=self.distributed,
+        )
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, temperature={self.temperature}, include_query={self.include_query}"
+
+
+class BlackboxAPLoss(nn.Module):
+    """Module twin of :func:`blackbox_ap_loss`."""
+
+    def __init__(
+        self,
+        *,
+        interpolation_lambda: float = 4.0,
+        margin: float = 0.02,
+        include_query: bool = True,
+        distributed: DistributedFlag = False,
+    ) -> None:
+        super().__init__()
+        self.interpolation_lambda = check_positive(interpolation_lambda, "interpolation_lambda")
+        self.margin = check_positive(margin, "margin", allow_zero=True)
+        self.include_query = check_bool(include_query, "include_query")
+        self.distributed = distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return blackbox_ap_loss(
+            embeddings,
+            labels,
+            interpolation_lambda=self.interpolation_lambda,
+            margin=self.margin,
+            include_query=self.include_query,
+            distributed=self.distributed,
+        )
+
+    def extra_repr(self) -> str:
+        return f"interpolation_lambda={self.interpolation_lambda}, margin={self.margin}"
+
+
+class FastAPLoss(nn.Module):
+    """Module twin of :func:`fastap_loss`."""
+
+    def __init__(self, *, num_bins: int = 10, distributed: DistributedFlag = False) -> None:
+        super().__init__()
+        self.num_bins = check_positive_int(num_bins, "num_bins")
+        self.distributed = distributed
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return fastap_loss(embeddings, labels, num_bins=self.num_bins, distributed=self.distributed)
+
+    def extra_repr(self) -> str:
+        return f"num_bins={self.num_bins}"
+
+
+# --------------------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------------------
+def _example_factory(kwargs: dict[str, Any]) -> Callable[[torch.dtype, torch.device], Example]:
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        labels = torch.tensor([0, 1, 0, 2, 1, 2, 0, 3], device=device)
+        return Example((random_features(dtype, device, 8, 5), labels), dict(kwargs))
+
+    return example
+
+
+def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def f(*shape: int) -> torch.Tensor:
+        return random_features(dtype, device, *shape, seed=1)
+
+    long = torch.long
+    return [
+        Example((f(0, 4), torch.zeros(0, dtype=long, device=device))),  # empty batch
+        Example((f(1, 4), torch.zeros(1, dtype=long, device=device))),  # a single item
+        Example((f(4, 3), torch.arange(4, device=device))),  # no positives
+        Example((f(4, 3), torch.zeros(4, dtype=long, device=device))),  # all the same label
+        Example((torch.ones(4, 3, dtype=dtype, device=device).requires_grad_(), torch.tensor([0, 0, 1, 1]))),  # ties
+    ]
+
+
+def _fuzz_factory(options: Callable[[torch.Generator], dict[str, Any]]) -> Any:
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        emb = fuzz_tensor((n, fuzz_int(g, 1, 6)), dtype, device, g)
+        labels = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32]))
+        return Example((emb, labels), options(g))
+
+    return fuzz
+
+
+register_loss(
+    "smooth_ap",
+    module=SmoothAPLoss,
+    example=_example_factory({"temperature": 0.5}),
+    degenerate=_degenerate,
+    fuzz=_fuzz_factory(
+        lambda g: {"temperature": fuzz_choice(g, [0.05, 0.5]), "include_query": fuzz_choice(g, [False, True])}
+    ),
+)(smooth_ap_loss)
+register_loss(
+    "recall_at_k",
+    module=RecallAtKLoss,
+    example=_example_factory({"k": (1, 2, 4), "temperature": 0.5}),
+    degenerate=_degenerate,
+    fuzz=_fuzz_factory(
+        lambda g: {
+            "k": fuzz_choice(g, [(1, 2, 4), 1, (2, 16)]),
+            "temperature": fuzz_choice(g, [0.05, 0.5]),
+            "include_query": fuzz_choice(g, [False, True]),
+        }
+    ),
+)(recall_at_k_loss)
+register_loss(
+    "blackbox_ap",
+    module=BlackboxAPLoss,
+    example=_example_factory({"interpolation_lambda": 4.0, "margin": 0.02}),
+    degenerate=_degenerate,
+    gradient="surrogate",
+    fuzz=_fuzz_factory(
+        lambda g: {
+            "interpolation_lambda": fuzz_choice(g, [0.5, 4.0]),
+            "margin": fuzz_choice(g, [0.0, 0.1]),
+            "include_query": fuzz_choice(g, [False, True]),
+        }
+    ),
+)(blackbox_ap_loss)
+register_loss(
+    "fastap",
+    module=FastAPLoss,
+    example=_example_factory({"num_bins": 10}),
+    degenerate=_degenerate,
+    fuzz=_fuzz_factory(lambda g: {"num_bins": fuzz_choice(g, [1, 4, 10])}),
+)(fastap_loss)

@@ -1,0 +1,225 @@
+"""Deep metric learning for retrieval, ``recipe: retrieval``: one embedding network, any retrieval loss.
+
+A backbone (``model.backbone``, e.g. ``small_cnn``) and a linear layer to ``task.embedding_dim``
+are trained with one registered loss taking ``(embeddings, labels)`` (``task.loss``: ``smooth_ap``,
+``blackbox_ap``, ``recall_at_k``, ``fastap``, ``supcon``, ``triplet``, ...; ``task.loss_options``
+are its keyword options) on class-balanced batches: ``task.classes_per_batch`` classes x
+``task.samples_per_class`` images, drawn afresh for every step from a seed of the step index
+(:class:`BalancedBatches`), ``task.steps`` steps in epochs of at most ``task.steps_per_epoch``. The
+loss gets the global batch under DDP (``distributed="auto"``).
+
+Evaluation: the test split is embedded and every test image queries all the others
+(:func:`rankwise.metrics.retrieval_metrics`: ``recall@k`` for ``task.ks``, ``map@r``,
+``r_precision``, in percent); ``seconds_per_step`` is the wall time of one training step. Data: any
+:class:`~rankwise.data.ClassificationData` (the presets use ``mnist5k`` and scikit-learn's 8x8
+digits through ``mnist5k`` with ``source: sklearn``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rankwise.recipes.base import RecipeBase
+from rankwise.recipes.common import (
+    EpochIndexSampler,
+    build_backbone,
+    check_finite,
+    device_name,
+    encode,
+    item_seed,
+    plot_embedding,
+    reseed,
+    tensors,
+)
+from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.sorting import epochs_and_batches
+
+__all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalRecipe"]
+
+#: losses the recipe can train with (each takes ``(embeddings, labels, **options)`` and ``distributed``)
+RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
+
+
+@dataclasses.dataclass
+class RetrievalOptions:
+    """Embedding trained with a retrieval / metric-learning loss, evaluated by Recall@k and MAP@R."""
+
+    loss: str = opt("smooth_ap", doc=f"registered loss of (embeddings, labels): one of {', '.join(RETRIEVAL_LOSSES)}")
+    loss_options: dict[str, Any] = opt(factory=dict, doc="keyword options of the loss (e.g. {temperature: 0.01})")
+    classes_per_batch: int = opt(8, doc="classes in every batch", ge=1)
+    samples_per_class: int = opt(8, doc="images of each class in every batch", ge=2)
+    steps: int = opt(300, doc="training steps, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = opt(100, doc="steps per epoch (a checkpoint after each)", ge=1)
+    embedding_dim: int = opt(64, doc="width of the embedding (a linear layer on the backbone's features)", ge=1)
+    ks: list[int] = opt(factory=lambda: [1, 2, 4, 8], doc="k of the reported recall@k")
+
+
+class BalancedBatches(torch.utils.data.Dataset):
+    """Item ``g``: ``P`` random classes x ``M`` random images of each (seed ``item_seed(seed, g)``), sorted by class.
+
+    Classes with fewer than ``M`` images give all of theirs.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, p: int, m: int, length: int, seed: int) -> None:
+        self.x, self.y, self.m, self.length, self.seed = x, y, int(m), int(length), int(seed)
+        self.classes = torch.unique(y)
+        self.p = min(int(p), len(self.classes))
+        self.members = [torch.nonzero(y == c).flatten() for c in self.classes]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(item_seed(self.seed, int(g)))
+        picked = torch.randperm(len(self.classes), generator=gen)[: self.p]
+        idx = []
+        for c in picked.tolist():
+            members = self.members[c]
+            idx.append(members[torch.randperm(len(members), generator=gen)[: self.m]])
+        i = torch.cat(idx)
+        return self.x[i], self.y[i]
+
+
+class RetrievalModule(L.LightningModule):
+    """Backbone + linear embedding; ``batch`` = ``(images (B, ...), labels (B,))`` from :class:`BalancedBatches`."""
+
+    def __init__(self, cfg: Config, *, meta: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.task: RetrievalOptions = cfg.task
+        self.net, dim = build_backbone(cfg.model, meta=meta)
+        self.head = nn.Linear(int(dim), self.task.embedding_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.net(x)
+        return self.head(f.flatten(1) if f.dim() > 2 else f).float()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        from rankwise.losses import get_loss
+
+        x, y = batch
+        t = self.task
+        loss = get_loss(t.loss)(self(x), y, distributed="auto", **t.loss_options)
+        check_finite(loss, self, t.loss)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
+        return loss
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        return F.normalize(self(batch[0] if isinstance(batch, (list, tuple)) else batch), dim=-1)
+
+    def configure_optimizers(self) -> Any:
+        return configure(self, self.cfg.optimizer, self.cfg.schedule)
+
+
+class _StepTimer(L.Callback):
+    """Wall seconds of the training steps (forward, backward, optimizer; no data loading)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps, self._t0 = 0.0, 0, 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seconds += time.perf_counter() - self._t0
+        self.steps += 1
+
+
+class RetrievalRecipe(RecipeBase):
+    """An embedding trained with a retrieval loss; Recall@k, MAP@R and R-precision on the test split."""
+
+    name = "retrieval"
+    description = "metric learning: an embedding trained with a retrieval loss, test Recall@k / MAP@R"
+    options: type = RetrievalOptions
+
+    def method(self, cfg: Config) -> str:
+        return str(cfg.task.loss)
+
+    def check(self, cfg: Config) -> None:
+        t: RetrievalOptions = cfg.task
+        if t.loss not in RETRIEVAL_LOSSES:
+            raise ConfigError(f"`task.loss` must be one of {', '.join(RETRIEVAL_LOSSES)}; got {t.loss!r}")
+        if not t.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in t.ks):
+            raise ConfigError(f"`task.ks` must be a non-empty list of positive ints; got {t.ks!r}")
+        import inspect
+
+        from rankwise.losses import get_loss
+
+        params = inspect.signature(get_loss(t.loss)).parameters
+        for k in t.loss_options:
+            if k not in params or k in ("embeddings", "features", "labels", "distributed"):
+                takes = sorted(p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p != "distributed")
+                raise ConfigError(f"unknown option `task.loss_options.{k}` for loss {t.loss!r}; it takes: {takes}")
+
+    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
+        from rankwise.recipes.reports import scalar_table_rows
+
+        return [scalar_table_rows(results, per_step=True)]
+
+    def write_report(
+        self,
+        out_dir: Path,
+        results: Mapping[str, Sequence[Mapping[str, Any]]],
+        run_dirs: Mapping[str, Sequence[Path]],
+        *,
+        title: str,
+        extra: str,
+    ) -> Path:
+        from rankwise.recipes.reports import write_scalar_report
+
+        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=True)
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        from torch.utils.data import DataLoader
+
+        cfg, t = run.cfg, run.cfg.task
+        epochs, per_epoch = epochs_and_batches(t)
+        xtr, ytr = tensors(run.data.train)
+        torch.manual_seed(cfg.run.seed)
+        module = RetrievalModule(cfg, meta=run.data.meta)
+        ds = BalancedBatches(xtr, ytr, t.classes_per_batch, t.samples_per_class, per_epoch, cfg.run.seed)
+        kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
+        loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
+        timer = _StepTimer()
+        trainer = run.trainer(max_epochs=epochs)
+        trainer.callbacks.append(timer)
+        run.fit(trainer, module, loader)
+        if run.global_rank != 0:
+            return {}
+        out = self._test(run, module)
+        if timer.steps:
+            out["seconds_per_step"] = timer.seconds / timer.steps
+        return out
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        module = RetrievalModule(run.cfg, meta=run.data.meta)
+        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        return self._test(run, module)
+
+    def _test(self, run: Run, module: RetrievalModule) -> dict[str, Any]:
+        from rankwise.metrics import retrieval_metrics
+
+        xte, yte = tensors(run.data.test)
+        emb = encode(run, module, xte)
+        plot_embedding(run, emb, yte)
+        m = retrieval_metrics(emb, yte, ks=tuple(run.cfg.task.ks), distance="cosine")
+        test = {k: 100.0 * v for k, v in m.items() if k != "num_queries"}
+        return {"test": test, "device": device_name(run.cfg)}
+
+
+register_recipe(RetrievalRecipe())

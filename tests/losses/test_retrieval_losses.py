@@ -1,0 +1,211 @@
+"""Retrieval losses against pytorch-metric-learning and independent per-query references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from rankwise.losses import blackbox_ap_loss, fastap_loss, recall_at_k_loss, smooth_ap_loss
+from rankwise.losses import retrieval as retrieval_mod
+
+pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
+
+
+def _emb(b: int, d: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, d, generator=g, dtype=dtype).requires_grad_()
+
+
+def _value_grad(fn, e, *args, **kw):  # type: ignore[no-untyped-def]
+    v = fn(e, *args, **kw)
+    (g,) = torch.autograd.grad(v, e)
+    return v.detach(), g
+
+
+# ----------------------------------------------------------------------------------------------
+# independent references (loops over queries and items, written from the authors' formulations)
+# ----------------------------------------------------------------------------------------------
+def _smooth_ap_ref(e: torch.Tensor, y: torch.Tensor, tau: float, include_query: bool) -> torch.Tensor:
+    z = F.normalize(e, dim=1)
+    s = z @ z.T
+    b = len(y)
+    losses = []
+    for q in range(b):
+        items = [j for j in range(b) if include_query or j != q]
+        pos = [j for j in items if y[j] == y[q]]
+        if not any(j != q for j in pos):
+            continue
+        ap = 0.0
+        for i in pos:
+            r_all = 1 + sum(torch.sigmoid((s[q, j] - s[q, i]) / tau) for j in items if j != i)
+            r_pos = 1 + sum(torch.sigmoid((s[q, j] - s[q, i]) / tau) for j in pos if j != i)
+            ap = ap + r_pos / r_all
+        losses.append(1 - ap / len(pos))
+    return torch.stack(losses).mean()
+
+
+def _recall_ref(e: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...], tau: float, include_query: bool):  # type: ignore[no-untyped-def]
+    z = F.normalize(e, dim=1)
+    s = z @ z.T
+    b = len(y)
+    losses = []
+    for q in range(b):
+        items = [j for j in range(b) if include_query or j != q]
+        pos = [j for j in range(b) if y[j] == y[q] and j != q]
+        if not pos:
+            continue
+        recalls = []
+        for k in ks:
+            kk = min(k, b)
+            found = 0.0
+            for i in pos:
+                rank = 1 + sum(torch.sigmoid((s[q, j] - s[q, i]) / tau) for j in items if j != i)
+                found = found + torch.sigmoid((kk - rank) / k)
+            recalls.append(torch.clamp(found, max=kk) / min(kk, len(pos)))
+        losses.append(1 - torch.stack(recalls).mean())
+    return torch.stack(losses).mean()
+
+
+@pytest.mark.parametrize("classes", [4, 6])
+def test_smooth_ap_equals_pytorch_metric_learning(classes: int) -> None:
+    # pytorch-metric-learning's SmoothAPLoss needs equal-size classes sorted by class; it reshapes the
+    # batch as (samples per class, classes), which groups the right items only when both are equal
+    y = torch.arange(classes).repeat_interleave(classes)
+    for seed in range(3):
+        e = _emb(len(y), 8, seed)
+        v, g = _value_grad(smooth_ap_loss, e, y, temperature=0.01)
+        rv, rg = _value_grad(pml_losses.SmoothAPLoss(temperature=0.01), e, y)
+        # its per-query AP buffer is float32: agreement to float32 rounding
+        assert abs(float(v - rv)) < 1e-6
+        torch.testing.assert_close(g, rg, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("include_query", [True, False])
+def test_smooth_ap_matches_loop_reference_on_any_labels(include_query: bool) -> None:
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2])  # unequal classes, one singleton
+    e = _emb(len(y), 5, 3)
+    v, g = _value_grad(smooth_ap_loss, e, y, temperature=0.1, include_query=include_query)
+    rv, rg = _value_grad(_smooth_ap_ref, e, y, 0.1, include_query)
+    torch.testing.assert_close(v, rv)
+    torch.testing.assert_close(g, rg)
+
+
+@pytest.mark.parametrize("include_query", [True, False])
+def test_recall_at_k_matches_loop_reference(include_query: bool) -> None:
+    y = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3])
+    e = _emb(len(y), 6, 4)
+    ks = (1, 2, 4, 16)
+    v, g = _value_grad(recall_at_k_loss, e, y, k=ks, temperature=0.05, include_query=include_query)
+    rv, rg = _value_grad(_recall_ref, e, y, ks, 0.05, include_query)
+    torch.testing.assert_close(v, rv)
+    torch.testing.assert_close(g, rg)
+
+
+def test_recall_at_k_authors_query_convention() -> None:
+    # with the query among the ranked items, the best positive ranks 2nd: at k = 1 and a tiny rank
+    # temperature nothing is found, so the loss is 1 - sigmoid((1 - 2) / 1) for two perfect clusters
+    y = torch.tensor([0, 0, 1, 1])
+    e = torch.tensor([[1.0, 0, 0], [1, 0.15, 0], [0, 1, 0], [0, 1, 0.15]], dtype=torch.float64)
+    with_q = recall_at_k_loss(e, y, k=1, temperature=1e-4)
+    without = recall_at_k_loss(e, y, k=1, temperature=1e-4, include_query=False)
+    torch.testing.assert_close(with_q, torch.tensor(1 - torch.sigmoid(torch.tensor(-1.0)).item(), dtype=torch.float64))
+    torch.testing.assert_close(without, torch.tensor(0.5, dtype=torch.float64))  # rank 1: sigmoid(0)
+
+
+@pytest.mark.parametrize(("b", "classes"), [(16, 3), (40, 5), (64, 20)])
+def test_fastap_equals_pytorch_metric_learning(b: int, classes: int) -> None:
+    for seed in range(3):
+        g = torch.Generator().manual_seed(100 + seed)
+        y = torch.randint(classes, (b,), generator=g)
+        e = _emb(b, 8, seed)
+        for bins in (10, 3):
+            v, gr = _value_grad(fastap_loss, e, y, num_bins=bins)
+            rv, rg = _value_grad(pml_losses.FastAPLoss(num_bins=bins), e, y)
+            torch.testing.assert_close(v, rv.to(v.dtype), rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(gr, rg, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("include_query", [True, False])
+def test_blackbox_ap_forward_is_exact_average_precision(include_query: bool) -> None:
+    from sklearn.metrics import average_precision_score
+
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1])
+    e = _emb(len(y), 4, 5)
+    v = blackbox_ap_loss(e, y, margin=0.0, include_query=include_query)
+    z = F.normalize(e.detach(), dim=1)
+    s = (z @ z.T).numpy()
+    yn = y.numpy()
+    aps = []
+    for q in range(len(yn)):
+        keep = np.ones(len(yn), bool) if include_query else np.arange(len(yn)) != q
+        rel = (yn == yn[q])[keep]
+        if rel.sum() - int(include_query) < 1:
+            continue
+        aps.append(average_precision_score(rel, s[q][keep]))
+    assert float(v) == pytest.approx(1 - np.mean(aps), abs=1e-12)
+
+
+def test_blackbox_ap_gradient_is_the_blackbox_interpolation() -> None:
+    # the gradient on the similarity scores is -(r(s) - r(s + lambda * dL/dr)) / lambda
+    from rankwise.ops.ranking import _rank_last
+
+    y = torch.tensor([0, 1, 0, 1, 0, 1])
+    e = _emb(len(y), 3, 6)
+    lam = 3.0
+    captured: dict[str, torch.Tensor] = {}
+    orig = retrieval_mod._BlackboxRank.apply
+
+    def spy(scores, *args):  # type: ignore[no-untyped-def]
+        scores.register_hook(lambda g: captured.setdefault("ds", g))
+        r = orig(scores, *args)
+        r.register_hook(lambda g: captured.setdefault("dr", g))
+        captured["s"] = scores.detach()
+        return r
+
+    retrieval_mod._BlackboxRank.apply = spy  # type: ignore[method-assign]
+    try:
+        blackbox_ap_loss(e, y, interpolation_lambda=lam, margin=0.0).backward()
+    finally:
+        retrieval_mod._BlackboxRank.apply = orig  # type: ignore[method-assign]
+    s, dr = captured["s"], captured["dr"]
+    expected = -(_rank_last(s, True, "ordinal") - _rank_last(s + lam * dr, True, "ordinal")) / lam
+    torch.testing.assert_close(captured["ds"], expected)
+    assert captured["ds"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fn", [smooth_ap_loss, recall_at_k_loss])
+def test_blocks_give_the_same_value_and_gradient(fn, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1, 3])
+    e = _emb(len(y), 4, 7)
+    v, g = _value_grad(fn, e, y, temperature=0.1)
+    monkeypatch.setattr(retrieval_mod, "_BLOCK_ELEMENTS", 3 * len(y) ** 2 + 5)  # blocks of 3 queries
+    bv, bg = _value_grad(fn, e, y, temperature=0.1)
+    torch.testing.assert_close(v, bv)
+    torch.testing.assert_close(g, bg)
+
+
+@pytest.mark.parametrize("fn", [smooth_ap_loss, recall_at_k_loss, blackbox_ap_loss, fastap_loss])
+def test_perfect_clusters_give_low_loss_and_shuffled_ones_high(fn) -> None:  # type: ignore[no-untyped-def]
+    y = torch.arange(4).repeat_interleave(4)
+    centers = torch.eye(8, dtype=torch.float64)[:4]
+    good = centers[y] + 0.01 * torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    bad = centers[y[torch.randperm(16, generator=torch.Generator().manual_seed(1))]] + 0.01 * good
+    assert float(fn(good, y)) < float(fn(bad, y))
+
+
+def test_argument_errors() -> None:
+    e, y = _emb(4, 3, 0), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="embeddings"):
+        smooth_ap_loss(e[None], y)
+    with pytest.raises(ValueError, match="labels"):
+        fastap_loss(e, y[:3])
+    with pytest.raises(ValueError, match="k"):
+        recall_at_k_loss(e, y, k=(1, 0))
+    with pytest.raises(ValueError, match="k_temperatures"):
+        recall_at_k_loss(e, y, k=(1, 2), k_temperatures=(1.0,))
+    with pytest.raises(ValueError, match="interpolation_lambda"):
+        blackbox_ap_loss(e, y, interpolation_lambda=0.0)
+    with pytest.raises(ValueError, match="num_bins"):
+        fastap_loss(e, y, num_bins=0)

@@ -786,6 +786,12 @@ def soft_rank_isotonic(
     scale-dependent (it divides ``x``). Ascending values and gradients equal ``torchsort.soft_rank``;
     KL is computed in log space, so it stays finite at small strengths where torchsort's gives NaN.
 
+    Magnitudes: the projection only depends on differences of ``x / eps`` within runs of sorted entries
+    less than a gap limit apart (about ``2n``, or ``6 log n`` for ``"kl"``); rows whose ``|x| / eps`` is
+    far beyond it (1e18-scale inputs, tiny strengths) are laid out run by run before PAV (in float64 on
+    CPU), so soft ranks stay in ``[1, n]`` and equal the exact ranks where the strength is negligible
+    relative to the gaps (torchsort returns ranks of 0 there).
+
     Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
     (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
@@ -836,6 +842,12 @@ def soft_sort_isotonic(
     the ascending one is :math:`-s(-x)` (torchsort's convention). As :math:`\varepsilon \to 0`
     it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
     the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
+
+    Magnitudes: where ``1 / eps`` exceeds the row's gap limit (twice its spread for ``"l2"``, plus
+    ``2 log n + 1`` for ``"kl"``) every block is a single entry and the result is exactly the sorted
+    row, at any magnitude. ``"kl"`` works in absolute units (it projects ``exp(x)``): its soft part has
+    absolute round-off of about ``u n log n`` (``u`` the machine epsilon), so rows far below 1 in
+    magnitude keep only that absolute accuracy.
 
     Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``; a row holding a NaN or
     inf (``-inf`` included, for ``"kl"`` too) -> NaN for the whole row. Cost as in

@@ -588,6 +588,15 @@ def test_sinkhorn_epsilon_gives_a_valid_plan_or_a_clear_refusal(
         record("silent_wrong", f"{what}: accepted below the floor")
         raise AssertionError(what)
 
+    try:  # ties spread over fewer targets near the floor: an unbalanceable plan is refused, never returned
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rankwise_ops.sinkhorn_transport(x, epsilon=eps, num_targets=m)
+    except ValueError as exc:
+        assert "`epsilon`" in str(exc) and "too small for these inputs" in str(exc)
+        record("clear_error", what)
+        return
+
     def check() -> None:
         xr = x.clone().requires_grad_()
         with warnings.catch_warnings():

@@ -491,7 +491,11 @@ def test_plans_are_valid_at_every_epsilon_down_to_the_floor(dtype: torch.dtype) 
                 accepted = sk._default_tol(dtype, eps)[1]
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    plan = rankwise.sinkhorn_transport(x, epsilon=eps, num_targets=m).double()
+                    try:
+                        plan = rankwise.sinkhorn_transport(x, epsilon=eps, num_targets=m).double()
+                    except ValueError as exc:  # an unbalanceable plan is refused (never returned)
+                        assert "is too small for these inputs" in str(exc)
+                        continue
                     xr = x.clone().requires_grad_()
                     r = rankwise.soft_rank_sinkhorn(xr, epsilon=eps, num_targets=m)
                     s = rankwise.soft_sort_sinkhorn(x, epsilon=eps, num_targets=m).double()
@@ -578,3 +582,13 @@ def test_compiles_with_fullgraph_and_matches_eager(name: str, kw: dict) -> None:
     (gb,) = torch.autograd.grad((yb * w).sum(), b)
     torch.testing.assert_close(yb, ya, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(gb, ga, rtol=1e-7, atol=1e-7)
+
+
+def test_an_invalid_plan_is_refused_not_returned() -> None:
+    """Ties spread over fewer targets at epsilon = 1e-9 (float64): the marginals cannot be balanced to 1%;
+    a ValueError naming `epsilon` instead of a plan with columns off by 50%."""
+    x = torch.tensor([[1.0, 1.0, 2.0, 3.0, 3.0, 3.0]] * 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"`epsilon`=1e-09 is too small for these inputs in float64"):
+        rankwise.sinkhorn_transport(x, epsilon=1e-9, num_targets=3)
+    plan = rankwise.sinkhorn_transport(x, epsilon=1e-3, num_targets=3).double()
+    assert float((plan.sum(-2) * 3 - 1).abs().max()) < 1e-6

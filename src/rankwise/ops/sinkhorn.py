@@ -118,6 +118,9 @@ _COMPILED_NEWTON_STEPS = 6
 #: stop when the batch's error has not decreased for this many consecutive Newton steps
 _STALL = 3
 
+#: a plan whose relative column-marginal error stays above this (default ``tol``) is refused
+_INVALID_PLAN = 1e-2
+
 #: default ``tol`` per compute dtype (relative column-marginal error)
 _DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -446,6 +449,14 @@ def _plan_last(
     if not compiling:
         _warn_std_floor(floored)
     g = _ColumnPotential.apply(cost, eps, tol_, it)
+    if not compiling and _LAST[0].error > max(_INVALID_PLAN, accepted) and t is None:
+        # marginals off by more than 1%: an invalid plan (e.g. tied inputs spread over fewer targets at an
+        # epsilon near the floor) is refused rather than returned
+        raise ValueError(
+            f"`epsilon`={eps:g} is too small for these inputs in {str(flat.dtype).replace('torch.', '')}: the "
+            f"transport plan's column marginals stay off by {_LAST[0].error:.2g} (relative) after max_iter={it} "
+            "Newton steps; raise `epsilon` or compute in float64"
+        )
     if not compiling and _LAST[0].error > accepted:
         # the message holds only the options, so that Python's warning filter shows it once per call site
         warnings.warn(

@@ -542,3 +542,198 @@ def test_regression_loss_matches_torch(n: int, kind: str, seed: int) -> None:
         torch.testing.assert_close(got, ref)
 
     _parity(f"regression_{kind} vs torch n={n}", check)
+
+
+# --------------------------------------------------------------------------------------------------
+# the newer option spaces: Sinkhorn epsilon, isotonic magnitudes, Balanced-MSE mixtures, second derivatives
+# --------------------------------------------------------------------------------------------------
+@FUZZ
+@given(
+    n=st.sampled_from([1, 2, 3, 7, 16]),
+    log_eps=st.floats(-330.0, 0.0),
+    dtype=st.sampled_from(DTYPES),
+    pattern=st.sampled_from(["randn", "ties", "near_ties", "outlier", "huge", "tiny"]),
+    m_less=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sinkhorn_epsilon_gives_a_valid_plan_or_a_clear_refusal(
+    n: int, log_eps: float, dtype: torch.dtype, pattern: str, m_less: bool, seed: int
+) -> None:
+    """Any epsilon, down to the subnormals: ``epsilon`` below the dtype's floor is refused naming it;
+    otherwise soft ranks lie in [n/m, n], the plan's rows sum to 1/n, gradients are finite."""
+    from rankwise.ops import sinkhorn as sk
+
+    eps = max(10.0**log_eps, 5e-324)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, generator=g, dtype=torch.float64)
+    if pattern == "ties":
+        x = x.round()
+    elif pattern == "near_ties":
+        x = x.round() + 1e-9 * torch.randn(2, n, generator=g, dtype=torch.float64)
+    elif pattern == "outlier":
+        x[:, 0] = 1e3
+    elif pattern in ("huge", "tiny"):
+        x = x * (1e30 if pattern == "huge" else 1e-30)
+    x = x.to(dtype)
+    assume(bool(torch.isfinite(x).all()))  # (1e30 overflows float16; non-finite rows are NaN by policy)
+    m = max(1, n // 2) if m_less else n
+    what = f"sinkhorn eps={eps:g} {dtype} {pattern} n={n} m={m}"
+    if eps < sk.epsilon_floor(dtype):
+        try:
+            rankwise_ops.soft_rank(x, method="sinkhorn", epsilon=eps, num_targets=m)
+        except ValueError as exc:
+            assert "`epsilon`" in str(exc)
+            record("clear_error", what)
+            return
+        record("silent_wrong", f"{what}: accepted below the floor")
+        raise AssertionError(what)
+
+    try:  # ties spread over fewer targets near the floor: an unbalanceable plan is refused, never returned
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rankwise_ops.sinkhorn_transport(x, epsilon=eps, num_targets=m)
+    except ValueError as exc:
+        assert "`epsilon`" in str(exc) and "too small for these inputs" in str(exc)
+        record("clear_error", what)
+        return
+
+    def check() -> None:
+        xr = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the std-floor and tolerance warnings are tested elsewhere)
+            r = rankwise_ops.soft_rank(xr, method="sinkhorn", epsilon=eps, num_targets=m)
+            plan = rankwise_ops.sinkhorn_transport(x, epsilon=eps, num_targets=m).double()
+        rd = r.detach().double()
+        assert (rd >= n / m - 1e-3).all() and (rd <= n + 1e-3).all(), rd
+        # (the plan is returned in x's dtype: float16/bfloat16 round its entries)
+        row_tol = 1e-4 if dtype in (torch.float32, torch.float64) else 4 * m * torch.finfo(dtype).eps
+        assert float((plan.sum(-1) * n - 1).abs().max()) < row_tol
+        (gx,) = torch.autograd.grad(r.sum(), xr)
+        assert torch.isfinite(gx).all()
+
+    _parity(what, check)
+
+
+@FUZZ
+@given(
+    n=st.sampled_from([2, 3, 7, 64]),
+    exponent=st.integers(-35, 35),
+    log_eps=st.floats(-40.0, 4.0),
+    reg=st.sampled_from(["l2", "kl"]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    descending=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_isotonic_ranks_stay_in_the_permutahedron_at_any_magnitude(
+    n: int, exponent: int, log_eps: float, reg: str, dtype: torch.dtype, descending: bool, seed: int
+) -> None:
+    """Soft ranks in [1, n] summing to n(n+1)/2; the exact ranks where the strength is below 1/(4n) of
+    the smallest gap; the soft sort between the row's min and max."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(3, n, generator=g, dtype=torch.float64) * 10.0**exponent).to(dtype)
+    eps = 10.0**log_eps
+
+    def check() -> None:
+        kw = {"regularization": reg, "regularization_strength": eps, "descending": descending}
+        r = rankwise_ops.soft_rank(x, method="isotonic", **kw).double()
+        s = rankwise_ops.soft_sort(x, method="isotonic", **kw).double()
+        assert torch.isfinite(r).all() and (r >= 1 - 1e-4).all() and (r <= n + 1e-4).all(), r
+        torch.testing.assert_close(r.sum(-1), torch.full((3,), n * (n + 1) / 2, dtype=torch.float64), rtol=1e-5, atol=0)
+        xs = torch.sort(x.double(), dim=-1).values
+        gaps = (xs[:, 1:] - xs[:, :-1]).amin(-1)
+        sharp = gaps > 4 * n * eps
+        if sharp.any():
+            exact = rankwise_rank(x.double(), descending=descending)
+            torch.testing.assert_close(r[sharp], exact[sharp], rtol=0, atol=1e-3)
+        lo, hi = xs[:, :1], xs[:, -1:]
+        # kl works in absolute units (exp(x)): its soft part has absolute round-off ~ u n log n (documented)
+        slack = 1e-5 * (hi - lo) + (64 * n * math.log(n + 1) * torch.finfo(dtype).eps if reg == "kl" else 0.0)
+        assert (s >= lo - slack).all() and (s <= hi + slack).all()
+
+    _parity(f"isotonic {reg} 1e{exponent} eps={eps:g} {dtype} n={n}", check)
+
+
+@FUZZ
+@given(
+    k=st.integers(1, 4),
+    kind=st.sampled_from(["valid", "negative_var", "zero_var", "negative_weight", "zero_weights", "unnormalised"]),
+    cov=st.sampled_from(["isotropic", "full"]),
+    method=st.sampled_from(["gai", "bni"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_balanced_mse_mixtures_are_validated_or_normalised(k: int, kind: str, cov: str, method: str, seed: int) -> None:
+    """A valid mixture (weights rescaled by any positive factor) gives the loss of the normalised one; an
+    invalid one (variance <= 0, weight < 0, weights summing to 0) is refused naming the argument."""
+    g = torch.Generator().manual_seed(seed)
+    pred = torch.randn(5, 1, generator=g, dtype=torch.float64)
+    target = torch.randn(5, 1, generator=g, dtype=torch.float64)
+    means = torch.randn(k, 1, generator=g, dtype=torch.float64)
+    var = torch.rand(k, generator=g, dtype=torch.float64) + 0.1
+    w = torch.rand(k, generator=g, dtype=torch.float64) + 0.05
+    w = w / w.sum()
+    bad_w, bad_var = w.clone(), var.clone()
+    if kind == "negative_var":
+        bad_var[0] = -0.5
+    elif kind == "zero_var":
+        bad_var[0] = 0.0
+    elif kind == "negative_weight":
+        bad_w[0] = -0.1
+    elif kind == "zero_weights":
+        bad_w = torch.zeros_like(w)
+    elif kind == "unnormalised":
+        bad_w = w * float(torch.rand((), generator=g, dtype=torch.float64) * 3 + 0.1)
+    vv = bad_var[:, None, None] if cov == "full" else bad_var
+
+    def loss(variances: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if method == "gai":
+            return rankwise_losses.balanced_mse_loss(pred, target, 0.7, method="gai", gmm=(means, variances, weights))
+        return rankwise_losses.balanced_mse_loss(
+            pred, target, 0.7, method="bni", bucket_centers=means[:, 0], bucket_weights=weights
+        )
+
+    what = f"balanced_mse {method} {kind} {cov} k={k}"
+    invalid = kind in ("negative_weight", "zero_weights") or (method == "gai" and kind in ("negative_var", "zero_var"))
+    if invalid:
+        try:
+            loss(vv, bad_w)
+        except ValueError as exc:
+            assert "`gmm`" in str(exc) or "`bucket_weights`" in str(exc)
+            record("clear_error", what)
+            return
+        record("silent_wrong", f"{what}: accepted")
+        raise AssertionError(what)
+    _parity(
+        what, lambda: torch.testing.assert_close(loss(vv, bad_w), loss(var[:, None, None] if cov == "full" else var, w))
+    )
+
+
+@FUZZ
+@given(
+    n=st.sampled_from([2, 3, 5]),
+    network=st.sampled_from(["odd_even", "bitonic"]),
+    distribution=st.sampled_from(["cauchy", "logistic", "logistic_phi", "optimal", "gaussian", "reciprocal"]),
+    output=st.sampled_from(["values", "matrix", "ranks"]),
+    steepness=st.sampled_from([0.5, 2.0, 8.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_diffsort_second_derivatives(
+    n: int, network: str, distribution: str, output: str, steepness: float, seed: int
+) -> None:
+    """``gradgradcheck`` (float64) of the sorting network's values, relaxed permutation matrix and ranks."""
+    from rankwise.ops import diffsort
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, generator=g, dtype=torch.float64).requires_grad_()
+    kw = {"network": network, "distribution": distribution, "steepness": steepness}
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        if output == "values":
+            return diffsort(t, return_matrix=False, **kw)
+        if output == "matrix":
+            return diffsort(t, **kw)[1]
+        return rankwise_ops.soft_rank(t, method="diffsort", **kw)
+
+    _parity(
+        f"diffsort gradgradcheck {network} {distribution} {output} n={n}",
+        lambda: torch.autograd.gradgradcheck(fn, (x,), atol=1e-5, rtol=1e-4),
+    )

@@ -445,3 +445,108 @@ def test_module_fits_gmm_and_buckets_from_train_labels():
         BalancedMSELoss(method="bni", train_labels=[])
     with pytest.raises(TypeError, match=r"`train_labels` \(BNI fit\): `labels` must be a tensor, array or sequence"):
         BalancedMSELoss(method="bni", train_labels="abc")
+
+
+# --------------------------------------------------------------------------------------------------
+# mixture validation and the weight normalisation rule
+# --------------------------------------------------------------------------------------------------
+def test_gai_refuses_invalid_mixtures() -> None:
+    p, t = torch.randn(4, 1, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+    means = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    good_var = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    good_w = torch.tensor([0.7, 0.3], dtype=torch.float64)
+    cases = [
+        ((means, torch.tensor([-0.5, 2.0], dtype=torch.float64), good_w), r"`gmm` variances must be > 0.*-0\.5"),
+        ((means, torch.tensor([0.0, 2.0], dtype=torch.float64), good_w), r"`gmm` variances must be > 0"),
+        ((means, good_var, torch.tensor([-0.1, 1.1], dtype=torch.float64)), r"`gmm` weights must be >= 0.*-0\.1"),
+        ((means, good_var, torch.zeros(2, dtype=torch.float64)), r"`gmm` weights must have a positive sum.*0"),
+        # a full covariance that is not positive definite
+        (
+            (torch.zeros(2, 2), torch.tensor([[[1.0, 2.0], [2.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]]), good_w.float()),
+            r"`gmm` variances .*positive definite.*component 0",
+        ),
+    ]
+    for gmm, match in cases:
+        pp, tt = (p, t) if gmm[0].shape[-1] == 1 else (torch.randn(4, 2), torch.randn(4, 2))
+        with pytest.raises(ValueError, match=match):
+            balanced_mse_loss(pp, tt, 1.0, method="gai", gmm=gmm)
+        with pytest.raises(ValueError, match=match):
+            BalancedMSELoss(1.0, method="gai", gmm=gmm)(pp, tt)
+
+
+def test_gai_weights_are_normalised_to_sum_one() -> None:
+    """Weights summing to 0.6 give the loss of the same mixture normalised (the documented rule),
+    not a loss shifted by 2 sigma^2 log 0.6."""
+    g = torch.Generator().manual_seed(4)
+    p = torch.randn(5, 1, generator=g, dtype=torch.float64)
+    t = torch.randn(5, 1, generator=g, dtype=torch.float64)
+    means = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    var = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    w = torch.tensor([0.4, 0.2], dtype=torch.float64)
+    got = balanced_mse_loss(p, t, 0.8, method="gai", gmm=(means, var, w), reduction="none")
+    want = ref_loss(
+        p,
+        t,
+        torch.tensor(0.8, dtype=torch.float64),
+        "gai",
+        gmm=(means, var[:, None, None], w / w.sum()),
+        reduction="none",
+    )
+    torch.testing.assert_close(got, want)
+
+
+def test_bni_refuses_invalid_buckets_and_normalises() -> None:
+    p, t = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    c = [0.0, 1.0]
+    with pytest.raises(ValueError, match=r"`bucket_weights` must be >= 0.*-0\.5"):
+        balanced_mse_loss(p, t, 1.0, method="bni", bucket_centers=c, bucket_weights=[-0.5, 1.5])
+    with pytest.raises(ValueError, match=r"`bucket_weights` must have a positive sum"):
+        balanced_mse_loss(p, t, 1.0, method="bni", bucket_centers=c, bucket_weights=[0.0, 0.0])
+    got = balanced_mse_loss(p, t, 1.0, method="bni", bucket_centers=c, bucket_weights=[1.0, 1.0], reduction="none")
+    cen = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    want = ref_loss(
+        p,
+        t,
+        torch.tensor(1.0, dtype=torch.float64),
+        "bni",
+        centers=cen,
+        weights=torch.tensor([0.5, 0.5]),
+        reduction="none",
+    )
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_magnitudes_stay_finite_where_the_loss_is_representable(dtype: torch.dtype) -> None:
+    """A prediction of 1e20 against targets near 0: the squared differences (1e40) overflow float32,
+    and in float64 they absorb the targets' differences, but the losses do not: written as
+    differences of squares, (y_j - y_i)(2 yhat - y_i - y_j), they are (sigma^2 = 1)
+    BMC 2 * 2e20, BNI 2 * (1e20 + log 0.5) and GAI 1e40 * v / (1 + v) for one component of variance v."""
+    pred = torch.tensor([[1e20], [0.0], [1.0]], dtype=dtype, requires_grad=True)
+    target = torch.tensor([[0.0], [1.0], [2.0]], dtype=dtype)
+    bmc = balanced_mse_loss(pred, target, 1.0, reduction="none")
+    assert bmc[0].item() == pytest.approx(4e20, rel=1e-6)
+    bni = balanced_mse_loss(
+        pred, target, 1.0, method="bni", bucket_centers=[0.0, 1.0], bucket_weights=[0.5, 0.5], reduction="none"
+    )
+    assert bni[0].item() == pytest.approx(2e20, rel=1e-6)
+    gmm = (torch.zeros(1, 1, dtype=dtype), torch.tensor([0.01], dtype=dtype), torch.ones(1, dtype=dtype))
+    gai = balanced_mse_loss(pred[:1], torch.zeros(1, 1, dtype=dtype), 1.0, method="gai", gmm=gmm, reduction="none")
+    # + 2 sigma^2 (-0.5 log(1 + v)): negligible here
+    assert gai[0].item() == pytest.approx(1e40 * 0.01 / 1.01, rel=1e-4 if dtype == torch.float32 else 1e-9)
+    (bmc.sum() + bni.sum() + gai.sum()).backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+    # the other samples are unchanged by the large one's presence (their logits are finite)
+    small = balanced_mse_loss(pred[1:].detach().double(), target[1:].double(), 1.0, reduction="none")
+    assert torch.isfinite(bmc[1:]).all() and (bmc[1:].double() >= small - 1e-6).all()
+
+
+@pytest.mark.parametrize("method", ["gai", "bni"])
+def test_unrepresentable_loss_is_inf_not_nan(method: str) -> None:
+    """float32: a loss beyond the dtype's range is +-inf (not NaN from inf - inf); GAI: 2.5e39, BNI: -1.5e40."""
+    pred, target = torch.tensor([1e20, 0.0]), torch.tensor([0.0, 1.0])
+    kw: dict = {"gmm": (torch.zeros(1, 1), torch.ones(1), torch.ones(1))} if method == "gai" else {}
+    if method == "bni":
+        kw = {"bucket_centers": [-1e20, -2e20], "bucket_weights": [0.5, 0.5]}
+    got = balanced_mse_loss(pred, target, 1.0, method=method, reduction="none", **kw)
+    assert got[0].item() == (math.inf if method == "gai" else -math.inf) and not torch.isnan(got).any()

@@ -757,3 +757,96 @@ def test_nan_rows_on_the_cpu_fast_path(reg: str, shape: tuple[int, int]) -> None
         big[:, 0] = -1e38
         out = fn(big, regularization=reg, regularization_strength=1e30)
         assert torch.isfinite(out).all(), fn
+
+
+# --------------------------------------------------------------------------------------------------
+# huge magnitudes: the strength is negligible relative to the spread
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize(
+    ("scale", "eps"), [(1e18, 1.0), (1e30, 1.0), (1e15, 1e-3), (1e16, 1.0), (1.0, 1e-30), (1e-30, 1e-45)]
+)
+def test_exact_ranks_and_sort_where_the_strength_is_negligible(
+    backend: str, dtype: torch.dtype, reg: str, scale: float, eps: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(iso, "_BACKEND", backend)
+    x = torch.tensor([[1.0, 3.0, 2.0, 4.0], [4.0, -2.0, 0.5, 3.0]], dtype=torch.float64) * scale
+    if not torch.isfinite(x.to(dtype)).all() or (x.to(dtype) == 0).any():
+        pytest.skip("not representable in this dtype")
+    xt = x.to(dtype).requires_grad_()
+    kw = {"regularization": reg, "regularization_strength": eps}
+    r = rankwise.soft_rank(xt, method="isotonic", **kw)
+    torch.testing.assert_close(r.double(), rankwise.rank(x).double(), rtol=0, atol=1e-6)
+    r_desc = rankwise.soft_rank(xt, method="isotonic", descending=True, **kw)
+    torch.testing.assert_close(r_desc.double(), rankwise.rank(x, descending=True).double(), rtol=0, atol=1e-6)
+    # the exact-rank regime: ranks are locally constant (zero gradient)
+    (g_r,) = torch.autograd.grad(r.sum(), xt)
+    assert torch.equal(g_r, torch.zeros_like(g_r))
+    # the soft sort's strength acts on rho / eps: negligible when 1 / eps dwarfs the spread of x
+    s = rankwise.soft_sort(xt, method="isotonic", **kw)
+    if eps * scale < 1e-6:
+        torch.testing.assert_close(s, torch.sort(xt.detach(), dim=-1).values, rtol=1e-6, atol=0)
+        (g_s,) = torch.autograd.grad((s * torch.arange(1.0, 5.0, dtype=dtype)).sum(), xt)
+        order = torch.sort(xt.detach(), dim=-1).indices
+        want = torch.empty_like(g_s).scatter_(-1, order, torch.arange(1.0, 5.0).to(dtype).expand(2, 4))
+        torch.testing.assert_close(g_s, want)
+    elif reg == "l2":  # strongly regularized: l2 keeps the row's sum
+        torch.testing.assert_close(s.double().sum(-1), x.sum(-1), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("reg", REGS)
+def test_large_offsets_keep_the_soft_part_exact(backend: str, reg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries far apart (1e18) are ranked exactly; entries near each other are soft-ranked among
+    themselves as if the others were absent (the slow reference on the small block, shifted), also
+    when all of them sit on a large offset (1e18 + 128 k: exact float64 differences)."""
+    monkeypatch.setattr(iso, "_BACKEND", backend)
+    small = np.array([0.3, -0.2, 0.9])
+    x = torch.tensor([[2e18, 1e18, *small], [-1e18, 5e18, *small]], dtype=torch.float64)
+    r = rankwise.soft_rank(x, method="isotonic", regularization=reg, regularization_strength=0.5)
+    soft = torch.from_numpy(ref_rank(small, 0.5, reg))
+    torch.testing.assert_close(
+        r[0], torch.cat([torch.tensor([5.0, 4.0], dtype=torch.float64), soft]), atol=1e-9, rtol=0
+    )
+    torch.testing.assert_close(
+        r[1], torch.cat([torch.tensor([1.0, 5.0], dtype=torch.float64), soft + 1]), atol=1e-9, rtol=0
+    )
+    # on a large offset: the differences (multiples of 128 = ulp(1e18)) are exact
+    k = torch.tensor([[0.0, 3.0, 1.0, 2.0, 5.0, 4.0]], dtype=torch.float64)
+    x2 = 1e18 + 128.0 * k
+    r2 = rankwise.soft_rank(x2, method="isotonic", regularization=reg, regularization_strength=128.0 * 0.7)
+    ref2 = torch.from_numpy(ref_rank(k[0].numpy(), 0.7, reg))
+    torch.testing.assert_close(r2[0], ref2, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spearman_loss_zero_for_rank_correlated_huge_predictions(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(32, generator=g, dtype=torch.float64)
+    pred = (1e20 * (3.0 + torch.sort(torch.rand(32, generator=g, dtype=torch.float64)).values)).to(dtype)
+    pred = pred[torch.argsort(torch.argsort(target))].requires_grad_()  # the same order as target
+    loss = rankwise.losses.spearman_loss(pred, target.to(dtype))
+    assert abs(loss.item()) < 1e-9
+    loss.backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_soft_ranks_stay_in_range_at_any_magnitude(reg: str, dtype: torch.dtype) -> None:
+    """Soft ranks are a point of the permutahedron of (1..n): each in [1, n], their sum n(n+1)/2."""
+    g = torch.Generator().manual_seed(1)
+    n = 9
+    for e in range(-30, 31, 3):
+        for eps in (1e-6, 1e-2, 1.0, 1e3):
+            x = (torch.randn(4, n, generator=g, dtype=torch.float64) * 10.0**e).to(dtype)
+            x[1, 3] = x[1, 5]  # a tie
+            x[2] = x[2].abs() + 10.0**e  # one sign
+            r = rankwise.soft_rank(x, method="isotonic", regularization=reg, regularization_strength=eps).double()
+            assert torch.isfinite(r).all()
+            assert (r >= 1 - 1e-4).all() and (r <= n + 1e-4).all(), (e, eps, r)
+            torch.testing.assert_close(
+                r.sum(-1), torch.full((4,), n * (n + 1) / 2, dtype=torch.float64), rtol=1e-5, atol=0
+            )

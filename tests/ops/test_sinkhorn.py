@@ -59,7 +59,7 @@ def _unrolled_log_plan(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, int]:
     the marginals hold to 1e-13, differentiated by autograd through every sweep; returns the plan and the
     number of sweeps."""
     n = x.shape[-1]
-    cost = sk._cost(sk._squash(x), sk._targets(n, False, x), 2.0)
+    cost = sk._cost(sk._squash(x)[0], sk._targets(n, False, x), 2.0)
     g = torch.zeros(x.shape[0], n, dtype=x.dtype)
     e = 0.1
     for it in range(1, 20_000):
@@ -161,7 +161,7 @@ def test_float32_agrees_with_float64() -> None:
 @pytest.mark.parametrize("n", [16, 32])
 def test_solver_converges_in_few_newton_steps(eps: float, n: int) -> None:
     x = torch.randn(16, n, dtype=torch.float64)
-    cost = sk._cost(sk._squash(x), sk._targets(n, False, x), 2.0)
+    cost = sk._cost(sk._squash(x)[0], sk._targets(n, False, x), 2.0)
     g, info = sk._solve(cost, eps, 1e-10, 50)
     assert info.converged and info.error <= 1e-10
     assert info.newton_steps <= 8
@@ -238,13 +238,18 @@ def test_tends_to_hard_sort_and_rank(dtype: torch.dtype, spread: bool) -> None:
     hard_sort = torch.sort(x, dim=-1).values.double()
     rank_err, sort_err = [], []
     epsilons = (1e-1, 1e-2, 1e-3, 1e-4)
-    if not spread:  # float32 round-off limits the plan's accuracy below epsilon ~ 1e-5 (see _default_tol)
-        epsilons += (1e-5,) if dtype == torch.float32 else (1e-5, 1e-6)
+    if not spread and dtype == torch.float64:  # (float32's floor is 6.1e-5: see epsilon_floor)
+        epsilons += (1e-5, 1e-6)
     for eps in epsilons:
         rank_err.append(float((rankwise.soft_rank_sinkhorn(x, epsilon=eps).double() - hard_rank).abs().max()))
         sort_err.append(float((rankwise.soft_sort_sinkhorn(x, epsilon=eps).double() - hard_sort).abs().max()))
     assert rank_err == sorted(rank_err, reverse=True) and sort_err == sorted(sort_err, reverse=True)
-    limit = 5e-2 if dtype == torch.float32 and not spread else 1e-3  # near-ties need epsilon below float32's reach
+    limit = 1e-3
+    if dtype == torch.float32 and not spread:
+        # near-ties closer than float32's epsilon floor stay soft: the float32 result is the float64 one there
+        r64 = rankwise.soft_rank_sinkhorn(x.double(), epsilon=epsilons[-1])
+        assert float((rankwise.soft_rank_sinkhorn(x, epsilon=epsilons[-1]).double() - r64).abs().max()) < 1e-3
+        limit = 0.5
     assert rank_err[0] > 0.1 and rank_err[-1] < limit and sort_err[-1] < limit
     plan = rankwise.sinkhorn_transport(x, epsilon=epsilons[-1]).double() * 12
     perm = torch.zeros(6, 12, 12, dtype=torch.float64).scatter(-1, (hard_rank.long() - 1).unsqueeze(-1), 1.0)
@@ -458,3 +463,132 @@ def test_batched_newton_solve_with_two_threads_at_m_256_and_more() -> None:
         assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(grad).all())
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-7, atol=1e-9)
+
+
+# --------------------------------------------------------------------------------------------------
+# small epsilon: valid plans down to the documented floor, a clear refusal below it
+# --------------------------------------------------------------------------------------------------
+def _hostile_rows(dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    return [
+        torch.randn(3, 6, generator=gen, dtype=torch.float64).to(dtype),
+        torch.tensor([[0.0, 1e-9, 1.0, 2.0, 2.0 + 1e-12, 3.0]], dtype=torch.float64).to(dtype),  # near ties
+        torch.tensor([[1.0, 1.0, 2.0, 3.0, 3.0, 3.0]], dtype=dtype),  # ties
+        torch.cat([torch.zeros(2, 12), torch.full((2, 1), 1e3)], dim=-1).to(dtype),  # one outlier
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_plans_are_valid_at_every_epsilon_down_to_the_floor(dtype: torch.dtype) -> None:
+    """Rows sum to 1/n, columns to 1/m within the accepted round-off u / (2 eps) (or a RuntimeWarning says
+    otherwise), soft ranks lie in [n/m, n] with the right sum, soft sorts within [min, max], finite gradients."""
+    floor = sk.epsilon_floor(dtype)
+    epsilons = [floor, 3 * floor] + [e for e in (1e-12, 1e-9, 1e-7, 1e-5, 1e-4, 1e-3, 1e-2, 0.1) if e > floor]
+    for x in _hostile_rows(dtype):
+        n = x.shape[-1]
+        for eps in epsilons:
+            for m in (n, 4):
+                accepted = sk._default_tol(dtype, eps)[1]
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    try:
+                        plan = rankwise.sinkhorn_transport(x, epsilon=eps, num_targets=m).double()
+                    except ValueError as exc:  # an unbalanceable plan is refused (never returned)
+                        assert "is too small for these inputs" in str(exc)
+                        continue
+                    xr = x.clone().requires_grad_()
+                    r = rankwise.soft_rank_sinkhorn(xr, epsilon=eps, num_targets=m)
+                    s = rankwise.soft_sort_sinkhorn(x, epsilon=eps, num_targets=m).double()
+                warned = any(
+                    issubclass(w.category, RuntimeWarning) and "did not reach" in str(w.message) for w in caught
+                )
+                u = torch.finfo(dtype).eps
+                assert float((plan.sum(-1) * n - 1).abs().max()) < 16 * u * m, (eps, m)
+                assert warned or float((plan.sum(-2) * m - 1).abs().max()) <= 4 * accepted, (eps, m)
+                rd = r.detach().double()
+                assert (rd >= n / m - 1e-3).all() and (rd <= n + 1e-3).all(), (eps, m, rd)
+                if m == n:
+                    total = torch.full(rd.shape[:-1], n * (n + 1) / 2, dtype=torch.float64)
+                    torch.testing.assert_close(rd.sum(-1), total, rtol=1e-3, atol=0)
+                lo, hi = x.double().amin(-1, keepdim=True), x.double().amax(-1, keepdim=True)
+                assert (s >= lo - 1e-3 * (hi - lo)).all() and (s <= hi + 1e-3 * (hi - lo)).all()
+                (g,) = torch.autograd.grad(r.sum(), xr)
+                assert torch.isfinite(g).all(), (eps, m)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=["float32", "float64", "float16"])
+@pytest.mark.parametrize("eps", [1e-7, 1e-14, 1e-300, 5e-324])
+def test_epsilon_below_the_floor_is_refused_promptly(dtype: torch.dtype, eps: float) -> None:
+    floor = sk.epsilon_floor(dtype)
+    x = torch.randn(2, 6).to(dtype)
+    fns = (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn, rankwise.sinkhorn_transport)
+    if eps >= floor:
+        assert torch.isfinite(rankwise.soft_rank_sinkhorn(x, epsilon=eps)).all()
+        return
+    for fn in fns:
+        with pytest.raises(ValueError, match=rf"`epsilon` must be >= {floor:.3g} .*got {eps!r}"):
+            fn(x, epsilon=eps)
+    with pytest.raises(ValueError, match=r"`epsilon` must be >="):
+        rankwise.soft_rank(x, method="sinkhorn", epsilon=eps)
+    assert sk.epsilon_floor(torch.float32) == pytest.approx(6.1e-5, rel=1e-3)
+    assert sk.epsilon_floor(torch.float64) == pytest.approx(1.137e-13, rel=1e-3)
+
+
+def test_schedule_is_finite_for_every_epsilon() -> None:
+    for eps in (0.5, 0.1, 1e-2, 1e-6, 1e-13, 1e-300, 5e-324):
+        sched = sk._schedule(eps)
+        assert sched[-1] == eps and len(sched) < 400
+        assert sorted(set(sched), reverse=True) == sched  # strictly decreasing
+
+
+def test_rows_below_the_std_floor_warn_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The authors' 1e-6 floor on the row's standard deviation: rows spread less than it squash to nearly
+    one value and get nearly equal soft ranks; that is reported once per process (all-tied rows are not)."""
+    monkeypatch.setattr(sk, "_std_floor_warned", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rankwise.soft_rank_sinkhorn(torch.ones(2, 5, dtype=torch.float64), epsilon=0.1)  # all ties: no warning
+        rankwise.soft_rank_sinkhorn(torch.randn(2, 5, dtype=torch.float64) * 1e-5, epsilon=0.1)  # above it
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64) * 1e-30
+    with pytest.warns(RuntimeWarning, match=r"below the authors' floor of 1e-6.*shown once"):
+        r = rankwise.soft_rank_sinkhorn(x, epsilon=1e-3)
+    assert float(r.max() - r.min()) < 1e-3  # (nearly) equal ranks: the documented convention
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rankwise.soft_rank_sinkhorn(x, epsilon=1e-3)  # not again
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True): the solver has no data-dependent Python branch on the traced path
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("soft_rank", {"method": "sinkhorn", "epsilon": 1e-2}),
+        ("soft_sort_sinkhorn", {"epsilon": 1e-2, "descending": True}),
+        ("sinkhorn_transport", {"epsilon": 0.05, "num_targets": 4}),
+    ],
+)
+def test_compiles_with_fullgraph_and_matches_eager(name: str, kw: dict) -> None:
+    torch._dynamo.reset()
+    fn = getattr(rankwise, name)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    w = torch.randn(fn(x, **kw).shape, generator=gen, dtype=torch.float64)
+    compiled = torch.compile(lambda t: fn(t, **kw), fullgraph=True, backend="aot_eager")
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = fn(a, **kw), compiled(b)
+    (ga,) = torch.autograd.grad((ya * w).sum(), a)
+    (gb,) = torch.autograd.grad((yb * w).sum(), b)
+    torch.testing.assert_close(yb, ya, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(gb, ga, rtol=1e-7, atol=1e-7)
+
+
+def test_an_invalid_plan_is_refused_not_returned() -> None:
+    """Ties spread over fewer targets at epsilon = 1e-9 (float64): the marginals cannot be balanced to 1%;
+    a ValueError naming `epsilon` instead of a plan with columns off by 50%."""
+    x = torch.tensor([[1.0, 1.0, 2.0, 3.0, 3.0, 3.0]] * 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"`epsilon`=1e-09 is too small for these inputs in float64"):
+        rankwise.sinkhorn_transport(x, epsilon=1e-9, num_targets=3)
+    plan = rankwise.sinkhorn_transport(x, epsilon=1e-3, num_targets=3).double()
+    assert float((plan.sum(-2) * 3 - 1).abs().max()) < 1e-6

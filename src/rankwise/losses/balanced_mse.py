@@ -94,42 +94,91 @@ def _check_gmm(gmm: Any, d: int, dtype: torch.dtype, device: torch.device) -> tu
     return means, var, weights
 
 
+def _check_mixture(var: torch.Tensor | None, weights: torch.Tensor, var_name: str, w_name: str) -> torch.Tensor:
+    """Refuse a mixture whose finite entries are invalid; return the weights divided by their sum.
+
+    ``var`` (``None`` for BNI's buckets): diagonal/isotropic variances (K, d) must be > 0, full
+    covariances (K, d, d) positive definite; ``weights`` (K,) must be >= 0 with a positive sum. Non-finite
+    entries are left to the NaN policy (a NaN loss). One host synchronization (these are small tensors).
+    """
+    w_fin = torch.isfinite(weights)
+    bad_w = w_fin & (weights < 0)
+    w_sum = weights.sum()
+    flags = [bad_w.any(), w_fin.all() & ~(w_sum > 0)]
+    bad_v = None
+    if var is not None:
+        if var.dim() == 3:
+            fin = torch.isfinite(var).flatten(1).all(-1)
+            info = torch.linalg.cholesky_ex(torch.where(fin[:, None, None], var, torch.eye(var.shape[-1]).to(var)))[1]
+            bad_v = fin & (info != 0)
+        else:
+            bad_v = (torch.isfinite(var) & (var <= 0)).any(-1)
+        flags.append(bad_v.any())
+    if bool(torch.stack(flags).any()):
+        if var is not None and bad_v is not None and bool(bad_v.any()):
+            k = int(bad_v.nonzero()[0, 0])
+            if var.dim() == 3:
+                raise ValueError(
+                    f"{var_name} must be positive definite covariance matrices, got a matrix that is not "
+                    f"(component {k}: {var[k].tolist()})"
+                )
+            raise ValueError(f"{var_name} must be > 0, got {var[k].tolist()} (component {k})")
+        if bool(bad_w.any()):
+            k = int(bad_w.nonzero()[0, 0])
+            raise ValueError(f"{w_name} must be >= 0, got {weights[k].item()!r} (entry {k})")
+        raise ValueError(f"{w_name} must have a positive sum, got weights summing to {w_sum.item()!r}")
+    return weights / w_sum
+
+
 # --------------------------------------------------------------------------------------------------
 # the three implementations, per sample (B,), before the 2 sigma^2 scale
 # --------------------------------------------------------------------------------------------------
+def _half_sq_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(|a|^2 - |b|^2) / 2`` summed over the last dim, as ``(a - b)(a + b) / 2``: finite wherever the
+    result is, even when ``|a|^2`` and ``|b|^2`` overflow (a zero difference gives 0, never ``0 * inf``)."""
+    dif = a - b
+    prod = dif * (a + b)
+    return 0.5 * torch.where(dif == 0, torch.zeros_like(prod), prod).sum(-1)
+
+
 def _bmc(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    # logits[i, j] = log N(y_j; yhat_i, var I) up to a constant shared by the row
-    logits = -0.5 * (p.unsqueeze(1) - t.unsqueeze(0)).square().sum(-1) / var
-    return torch.logsumexp(logits, dim=1) - logits.diagonal()
+    # ell_i = lse_j(-|yhat_i - y_j|^2 / 2 var) + |yhat_i - y_i|^2 / 2 var, the two squares taken together:
+    # logits[i, j] = (|yhat_i - y_i|^2 - |yhat_i - y_j|^2) / 2 var = (y_j - y_i).(2 yhat_i - y_i - y_j) / 2 var
+    sd = var.sqrt()
+    dt = (t.unsqueeze(0) - t.unsqueeze(1)) / sd  # [i, j] = (y_j - y_i) / sigma
+    sm = ((p - t).unsqueeze(1) + (p.unsqueeze(1) - t.unsqueeze(0))) / sd  # (2 yhat_i - y_i - y_j) / sigma
+    logits = 0.5 * (dt * sm).sum(-1)
+    return torch.logsumexp(logits, dim=1)
 
 
 def _gai(p: torch.Tensor, t: torch.Tensor, var: torch.Tensor, gmm: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    # ell = d/2 log var + lse_k(log phi_k - logdet(S_k)/2 + (|a|^2 - |b_k|^2) / 2) with a = (yhat - y) / sigma and
+    # |b_k|^2 the Mahalanobis distance of yhat to mu_k under S_k: the two squares taken together (no overflow)
     means, cov, weights = gmm
     log_w = weights.log()  # a zero-weight component contributes nothing (log 0 = -inf in the log-sum-exp)
     d = p.shape[-1]
-    nll = 0.5 * (p - t).square().sum(-1) / var + 0.5 * d * torch.log(var)  # -log N(y; yhat, var I) + c
+    a = ((p - t) / var.sqrt()).unsqueeze(1)  # (B, 1, d)
     diff = p.unsqueeze(1) - means.unsqueeze(0)  # (B, K, d)
     if cov.dim() == 2:  # diagonal covariances: S_k = diag(v_k) + var I
         s = cov + var  # (K, d)
         logdet = torch.log(s).sum(-1)  # (K,)
-        maha = (diff.square() / s).sum(-1)  # (B, K)
+        b = diff / s.sqrt()  # (B, K, d)
     else:  # full covariances: Cholesky of S_k = Sigma_k + var I (no host sync; NaN if not positive definite)
         s = cov + var * torch.eye(d, dtype=p.dtype, device=p.device)
         chol, _ = torch.linalg.cholesky_ex(s)
         logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
-        z = torch.linalg.solve_triangular(chol, diff.permute(1, 2, 0), upper=False)  # (K, d, B)
-        maha = z.square().sum(-2).T
-    balancing = torch.logsumexp(log_w - 0.5 * logdet - 0.5 * maha, dim=-1)  # log int N(y'; yhat, var) p(y') + c
-    return nll + balancing
+        b = torch.linalg.solve_triangular(chol, diff.permute(1, 2, 0), upper=False).permute(2, 0, 1)  # (B, K, d)
+    return 0.5 * d * torch.log(var) + torch.logsumexp(log_w - 0.5 * logdet + _half_sq_diff(a, b), dim=-1)
 
 
 def _bni(
     p: torch.Tensor, t: torch.Tensor, var: torch.Tensor, centers: torch.Tensor, log_w: torch.Tensor
 ) -> torch.Tensor:
-    nll = 0.5 * (p - t).square().sum(-1) / var
-    sq = (p.unsqueeze(1) - centers.unsqueeze(0)).square().sum(-1)  # (B, M)
-    balancing = torch.logsumexp(log_w - 0.5 * sq / var, dim=-1)
-    return nll + balancing
+    # ell = lse_b(log w_b + (|yhat - y|^2 - |yhat - c_b|^2) / 2 var), the squares as (c_b - y).(2 yhat - y - c_b)
+    sd = var.sqrt()
+    dc = (centers.unsqueeze(0) - t.unsqueeze(1)) / sd  # (B, M, d)
+    sm = ((p - t).unsqueeze(1) + (p.unsqueeze(1) - centers.unsqueeze(0))) / sd
+    return torch.logsumexp(log_w + 0.5 * (dc * sm).sum(-1), dim=-1)
 
 
 def balanced_mse_loss(
@@ -171,10 +220,18 @@ def balanced_mse_loss(
 
     Each :math:`\ell_i` is multiplied by :math:`2\sigma^2` **detached** (a constant in backward, as in
     the authors' training code), then reduced: ``"mean"`` over the batch (the reference), ``"sum"`` or
-    ``"none"`` (shape ``(B,)``). Values and gradients w.r.t. ``pred`` and ``noise_var`` equal the
-    authors' ``bmc_loss``/``gai_loss``/``bni_loss`` (1-d) and ``bmc_loss_md``/``gai_loss_md`` (d-dim).
+    ``"none"`` (shape ``(B,)``). Each :math:`\ell_i` is evaluated with its two squared distances taken
+    together (as :math:`(a - b)\cdot(a + b)`, e.g. :math:`(y_j - y_i)\cdot(2\hat y_i - y_i - y_j)` for BMC), so
+    it stays finite wherever it is representable even when the squares themselves overflow (float32
+    predictions near 1e20); a loss beyond the dtype's range is ``inf``. Values and gradients w.r.t.
+    ``pred`` and ``noise_var`` equal the authors' ``bmc_loss``/``gai_loss``/``bni_loss`` (1-d) and
+    ``bmc_loss_md``/``gai_loss_md`` (d-dim).
     The GMM's ``variances`` may be full covariances ``(K, d, d)`` (scikit-learn's ``covariances_``),
-    diagonal ``(K, d)`` or isotropic ``(K,)``. ``noise_var`` must be positive (a tensor is not checked:
+    diagonal ``(K, d)`` or isotropic ``(K,)``. Mixtures are validated (a ``ValueError`` naming the
+    argument): variances > 0 (full covariances positive definite), ``weights`` and ``bucket_weights``
+    >= 0 with a positive sum; the weights are then divided by their sum (the rule for weights that do
+    not sum to 1; non-finite entries make the loss NaN instead). This check reads the (small) mixture
+    tensors on the host: one synchronization per call on a GPU. ``noise_var`` must be positive (a tensor is not checked:
     that would need a host sync). An empty batch gives 0 keeping the graph; a batch of one gives 0 for
     ``"bmc"`` (nothing to contrast with).
 
@@ -182,7 +239,7 @@ def balanced_mse_loss(
         - pred, target: :math:`(B,)` or :math:`(B, d)`, the same shape; floating ``pred``.
         - noise_var: scalar tensor (usually ``sigma ** 2`` of a learnt ``sigma``) or a positive float.
         - gmm: ``means`` :math:`(K, d)` (or :math:`(K,)` for d = 1), ``variances`` as above, ``weights`` :math:`(K,)`.
-        - bucket_centers: :math:`(M,)` (d = 1) or :math:`(M, d)`; bucket_weights: :math:`(M,)`, summing to 1.
+        - bucket_centers: :math:`(M,)` (d = 1) or :math:`(M, d)`; bucket_weights: :math:`(M,)` (normalised to sum 1).
         - output: scalar, or :math:`(B,)` for ``reduction="none"``; fp16/bf16 computed and returned in float32.
 
     Example:
@@ -236,6 +293,7 @@ def balanced_mse_loss(
         if gmm is None:
             raise ValueError("`gmm` is required for method='gai': fit it with rankwise.imbalanced.fit_label_gmm")
         g = _check_gmm(gmm, d, dt, p.device)
+        g = (g[0], g[1], _check_mixture(g[1], g[2], "`gmm` variances", "`gmm` weights"))
         shared = (*shared, *g)
         loss = _gai(p, t, var, g)
     elif method == "bni":
@@ -255,6 +313,7 @@ def balanced_mse_loss(
                 f"`bucket_centers` must have shape ({w.numel()},) or ({w.numel()}, {d}) to match `bucket_weights` "
                 f"and {d}-d targets, got {tuple(centers.shape)}"
             )
+        w = _check_mixture(None, w, "", "`bucket_weights`")
         shared = (*shared, centers, w)
         loss = _bni(p, t, var, centers, w.log())
     else:

@@ -403,6 +403,77 @@ class _PermutahedronProjection(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------------
+# conditioning: far-apart entries and large offsets (the strength negligible relative to the spread)
+# --------------------------------------------------------------------------------------------------
+#: inputs whose largest ``|x| / eps`` exceeds this many gap limits take the conditioned path on CPU
+_CONDITION_FACTOR = 64.0
+
+
+def _gap_limit(n: int, kl: bool) -> float:
+    r"""A gap between consecutive sorted ``z = x / eps`` beyond which PAV never pools across it.
+
+    With ``w`` the sorted weights (``rho`` or ``log rho``, spread ``n - 1`` or ``log n``), every pooled
+    value :math:`\gamma(j..k)` lies within ``[s_k - w_0 - log n, s_j - w_{n-1} + log n]`` (l2 without the
+    ``log n``), so a gap larger than ``spread(w) + 2 log n`` always separates two blocks; doubled (plus 2)
+    for a margin far above the tie tolerance."""
+    spread = math.log(n) if kl else n - 1.0
+    return 2.0 * (spread + 2.0 * math.log(max(n, 1)) + 1.0)
+
+
+def _sort_gap_limit(w: torch.Tensor, n: int, kl: bool) -> torch.Tensor:
+    """Per row of the sorted ``x`` (``w``, rows x n): the gap of the soft sort's targets ``rho / eps``
+    (their gaps are ``1 / eps``) beyond which no block pools: twice the spread of ``w`` for l2 (exactly
+    scale-free), :func:`_gap_limit`'s margin with the spread of ``w`` for kl."""
+    spread = (w[:, :1] - w[:, -1:]).abs()
+    if not kl:
+        return 2.0 * spread
+    return 2.0 * (spread + 2.0 * math.log(max(n, 1)) + 1.0)
+
+
+def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.Tensor:
+    r"""``s = y / eps`` for decreasingly sorted rows ``y``, as PAV should see them at any magnitude.
+
+    The projection depends on ``s`` only through the differences inside runs of gaps at most ``limit``
+    (:func:`_gap_limit`): a wider gap always separates blocks, and a constant added to a run shifts
+    its ``v`` by the same constant, leaving ``mu = s - v`` unchanged. Rows whose largest ``|s|``
+    exceeds ``_CONDITION_FACTOR * limit`` (where ``s - (s - w)`` would round ``w`` away: 1e18-scale
+    inputs gave ranks of 0) are replaced by runs laid out from 0 with gaps of exactly ``limit``
+    between them: ``(y_i - y_{start}) / eps`` (exact differences of nearby floats, never ``x / eps``
+    itself, which can overflow) plus the run's offset. The offsets are constants of the run, which
+    the projection's Jacobian annihilates, so the derivative is the plain ``1 / eps``. Same values as
+    the unconditioned formula in exact arithmetic; no host sync.
+    """
+    rows, n = y.shape
+    s = y / eps
+    if n < 2:
+        return s
+    yd = y.detach()
+    far = (yd.abs().amax(dim=-1, keepdim=True) / eps) > _CONDITION_FACTOR * limit
+    cut = (yd[:, :-1] - yd[:, 1:]) > limit * eps  # NaN gaps (non-finite rows, NaN-ed later) never cut
+    start = torch.cat([torch.ones_like(cut[:, :1]), cut], dim=-1)
+    idx = torch.arange(n, device=y.device).expand(rows, n)
+    first = torch.where(start, idx, 0).cummax(dim=-1).values
+    local = (y - yd.gather(-1, first)) / eps
+    ld = local.detach()
+    step = torch.zeros_like(ld)
+    step[:, 1:] = torch.where(cut, ld[:, :-1] - limit, 0.0)
+    return torch.where(far, local + step.cumsum(dim=-1), s)
+
+
+def _far_from_unit_scale(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> bool:
+    """CPU only (one host read): whether some row needs the conditioning of the composite path."""
+    n = xc.shape[-1]
+    if n < 2:
+        return False
+    if rank:
+        big = float(xc.detach().abs().amax()) / eps
+        return big > _CONDITION_FACTOR * _gap_limit(n, kl)  # NaN: False (the row is NaN-ed anyway)
+    lo, hi = torch.aminmax(xc.detach(), dim=-1)
+    limit = _sort_gap_limit(torch.stack([hi, lo], dim=-1).nan_to_num(nan=0.0), n, kl)
+    return 1.0 / eps > _CONDITION_FACTOR * float(limit.amin())
+
+
+# --------------------------------------------------------------------------------------------------
 # soft rank / soft sort on the last dim
 # --------------------------------------------------------------------------------------------------
 def _check_options(regularization: str, regularization_strength: float) -> float:
@@ -440,7 +511,10 @@ def _isotonic_last(
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
     nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
-    if nb is not None:
+    if nb is not None and _far_from_unit_scale(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl"):
+        # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
+        out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
+    elif nb is not None:
         out = cpu_op.apply(xc, eps, descending, regularization == "kl", nb)
     else:
         out = composite(xc, eps, descending, regularization)
@@ -464,10 +538,11 @@ def _soft_rank_last(
 
 
 def _soft_rank_composite(xc: torch.Tensor, eps: float, descending: bool, regularization: str) -> torch.Tensor:
-    """Soft ranks of the rows of ``xc`` from differentiable torch ops around the projection."""
+    """Soft ranks of the rows of ``xc`` from differentiable torch ops around the projection; the sorted
+    ``x / eps`` are conditioned first (:func:`_condition_rank_inputs`)."""
     n = xc.shape[-1]
-    z = xc / (-eps if descending else eps)
-    s, perm = sorted_values_last(z, descending=True)
+    y, perm = sorted_values_last(-xc if descending else xc, descending=True)
+    s = _condition_rank_inputs(y, eps, _gap_limit(n, regularization == "kl"))
     w = _rank_weights(n, xc.dtype, xc.device, regularization == "kl")
     mu = _PermutahedronProjection.apply(s, w, regularization)
     out = torch.empty_like(mu).scatter(-1, perm, mu)
@@ -498,9 +573,13 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
     if not descending:  # ascending sort = -(descending sort of -x), as torchsort / fast-soft-sort
         xc = -xc
     w, _ = sorted_values_last(xc, descending=True)
-    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device) / eps
-    s = rho.expand(w.shape[0], n).contiguous()
-    mu = _PermutahedronProjection.apply(s, w, regularization)
+    rho = torch.arange(n, 0, -1, dtype=xc.dtype, device=xc.device)
+    # 1 / eps beyond the row's gap limit: every block is a single entry and the result is exactly the
+    # sorted row (the projection's s - (s - w) would round w away at the magnitude of rho / eps)
+    limit = _sort_gap_limit(w.detach(), n, regularization == "kl")
+    hard = 1.0 / eps > limit
+    s = torch.where(hard, rho * limit, rho / eps)  # (no inf in the branch left unused)
+    mu = torch.where(hard, w, _PermutahedronProjection.apply(s, w, regularization))
     return mu if descending else -mu
 
 
@@ -762,6 +841,12 @@ def soft_rank_isotonic(
     scale-dependent (it divides ``x``). Ascending values and gradients equal ``torchsort.soft_rank``;
     KL is computed in log space, so it stays finite at small strengths where torchsort's gives NaN.
 
+    Magnitudes: the projection only depends on differences of ``x / eps`` within runs of sorted entries
+    less than a gap limit apart (about ``2n``, or ``6 log n`` for ``"kl"``); rows whose ``|x| / eps`` is
+    far beyond it (1e18-scale inputs, tiny strengths) are laid out run by run before PAV (in float64 on
+    CPU), so soft ranks stay in ``[1, n]`` and equal the exact ranks where the strength is negligible
+    relative to the gaps (torchsort returns ranks of 0 there).
+
     Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
     (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
@@ -813,6 +898,12 @@ def soft_sort_isotonic(
     the ascending one is :math:`-s(-x)` (torchsort's convention). As :math:`\varepsilon \to 0`
     it tends to ``torch.sort(x).values``; as :math:`\varepsilon \to \infty` every entry tends to
     the mean of ``x`` (l2). Ascending values and gradients equal ``torchsort.soft_sort``.
+
+    Magnitudes: where ``1 / eps`` exceeds the row's gap limit (twice its spread for ``"l2"``, plus
+    ``2 log n + 1`` for ``"kl"``) every block is a single entry and the result is exactly the sorted
+    row, at any magnitude. ``"kl"`` works in absolute units (it projects ``exp(x)``): its soft part has
+    absolute round-off of about ``u n log n`` (``u`` the machine epsilon), so rows far below 1 in
+    magnitude keep only that absolute accuracy.
 
     Degenerate inputs: empty -> empty; ``n = 1`` -> ``x``; all ties -> ``x``; a row holding a NaN or
     inf (``-inf`` included, for ``"kl"`` too) -> NaN for the whole row. Cost as in

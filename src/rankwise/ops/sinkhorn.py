@@ -36,6 +36,22 @@ Solver (forward). The plan is :math:`P_{ij} = a_i\,\mathrm{softmax}_j((g_j - C_{
    from 16 to 128 (``benchmarks/sinkhorn_convergence.py``), where the authors' plain iteration needs
    about 50 (``epsilon=0.1``), 450 (``1e-2``) and 3,700 to over 20,000 (``1e-3``) sweeps.
 
+All exponents are taken after subtracting the row's (or column's) largest ``g_j - C_ij`` and only then
+divided by ``epsilon``, so the rows of the plan sum to ``a`` up to the dtype's round-off at every
+``epsilon`` and nothing overflows. ``epsilon`` must be at least :func:`epsilon_floor` of the compute
+dtype (512 machine epsilons: 6.1e-5 in float32, 1.14e-13 in float64); below it the plan's relative
+round-off ``u / (2 epsilon)`` exceeds 1e-3 (ties and near-ties no longer balance the marginals) and
+a ``ValueError`` names the floor. Below ``epsilon`` = 1e-6 the schedule decays by 1/100 per sweep.
+
+Rows whose standard deviation is below the authors' floor (1e-6, in the units of ``x``) squash to
+nearly one value and so get nearly equal soft ranks (the authors' convention); a ``RuntimeWarning``
+says so once per process (all-tied rows are exact and do not warn).
+
+Under ``torch.compile`` (``fullgraph=True`` works) the traced solver reads nothing on the host: the
+same warm-up sweeps, then a fixed budget of ``min(max_iter, 6)`` Newton steps without the early stop
+(each keeps a row's potential where it does not lower the error), and no warning; the values equal
+eager mode's to the tolerance.
+
 The loop stops when the marginal error :math:`\max_j |(P^\top 1)_j - b_j| / b_j` (the authors'
 relative error; rows are exact) of every row is at most ``tol``, when it stops decreasing for 3
 steps (float round-off), or after ``max_iter`` Newton steps; a ``RuntimeWarning`` reports a plan
@@ -64,7 +80,14 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
-from rankwise._validation import check_dim, check_floating_nd, check_positive, rank_dtype, to_compute
+from rankwise._validation import (
+    check_dim,
+    check_floating_nd,
+    check_positive,
+    compute_dtype,
+    rank_dtype,
+    to_compute,
+)
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
 
@@ -72,6 +95,7 @@ __all__ = [
     "SinkhornSoftRank",
     "SinkhornSoftSort",
     "SinkhornTransport",
+    "epsilon_floor",
     "sinkhorn_transport",
     "soft_rank_sinkhorn",
     "soft_sort_sinkhorn",
@@ -80,14 +104,22 @@ __all__ = [
 #: the authors' epsilon-scaling schedule: start at 0.1, multiply by 0.95 per sweep
 _EPS0 = 0.1
 _DECAY = 0.95
+#: below this epsilon the schedule decays by _FAST_DECAY per sweep
+_FAST_BELOW = 1e-6
+_FAST_DECAY = 1e-2
 #: sweeps at the target epsilon after the decay, before Newton
 _EXTRA_SWEEPS = 5
 #: the authors' floor on the standard deviation in the squashing map
 _MIN_STD = 1e-6
 #: Newton step lengths tried (per row; 0 = keep the current potential)
 _STEPS = (1.0, 0.5, 0.25, 0.125)
+#: Newton steps of a solve traced by torch.compile (no data-dependent stop; 2 to 4 reach the tolerance)
+_COMPILED_NEWTON_STEPS = 6
 #: stop when the batch's error has not decreased for this many consecutive Newton steps
 _STALL = 3
+
+#: a plan whose relative column-marginal error stays above this (default ``tol``) is refused
+_INVALID_PLAN = 1e-2
 
 #: default ``tol`` per compute dtype (relative column-marginal error)
 _DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -109,7 +141,7 @@ def _default_tol(dtype: torch.dtype, eps: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class SolveInfo:
-    """Diagnostics of one solve: warm-up sweeps, Newton steps, final max marginal error."""
+    """Diagnostics of one solve: warm-up sweeps, Newton steps, final max marginal error (eager mode)."""
 
     sweeps: int
     newton_steps: int
@@ -120,7 +152,34 @@ class SolveInfo:
 # --------------------------------------------------------------------------------------------------
 # problem set-up
 # --------------------------------------------------------------------------------------------------
-def _squash(x: torch.Tensor) -> torch.Tensor:
+def epsilon_floor(dtype: torch.dtype) -> float:
+    """The smallest ``epsilon`` accepted for a computation in ``dtype`` (float16/bfloat16: float32):
+    512 times its machine epsilon ``u`` (float32: 6.10e-5, float64: 1.14e-13). The entries of the plan are
+    ``exp((g - C) / epsilon)`` with ``g`` and ``C`` on the unit interval's scale, so their relative round-off
+    is about ``u / (2 epsilon)``: at the floor, 1e-3 (ties and near-ties then no longer balance the
+    marginals; distinct inputs already give the hard permutation there)."""
+    return 512.0 * torch.finfo(compute_dtype(dtype)).eps
+
+
+_std_floor_warned = False
+
+
+def _warn_std_floor(floored: torch.Tensor) -> None:
+    """Warn once per process when a row with distinct entries had its spread below the std floor."""
+    global _std_floor_warned
+    if _std_floor_warned or floored.numel() == 0 or not bool(floored.any()):
+        return
+    _std_floor_warned = True
+    warnings.warn(
+        "rankwise.sinkhorn: a row's standard deviation is below the authors' floor of 1e-6 (in the units of x), "
+        "so its entries squash to nearly the same value and get (nearly) equal soft ranks; rescale x (e.g. "
+        "divide by its spread) to rank such rows. This warning is shown once.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def _squash(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid of the standardized rows (population std floored at 1e-6), scaled by sqrt(3)/pi.
 
     Standardization is invariant to scaling and shifting each row, so it is computed on
@@ -142,7 +201,8 @@ def _squash(x: torch.Tensor) -> torch.Tensor:
     floor = _MIN_STD / c
     root = torch.where(var > 0, var, torch.ones_like(var)).sqrt()
     std = torch.where((var > 0) & (root > floor), root, floor)
-    return torch.sigmoid((xs - mu) / (std * (math.sqrt(3.0) / math.pi)))
+    floored = (var > 0) & ~(root > floor)  # distinct entries whose spread the floor flattens
+    return torch.sigmoid((xs - mu) / (std * (math.sqrt(3.0) / math.pi))), floored
 
 
 def _targets(m: int, descending: bool, like: torch.Tensor) -> torch.Tensor:
@@ -165,8 +225,11 @@ def _cost(xs: torch.Tensor, y: torch.Tensor, p: float) -> torch.Tensor:
 def _log_plan(g: torch.Tensor, cost: torch.Tensor, eps: float) -> torch.Tensor:
     """``log P`` with rows summing to ``a = 1/n``: ``log a + log_softmax_j((g_j - C_ij) / eps)``."""
     n = cost.shape[-2]
-    z = (g.unsqueeze(-2) - cost) / eps
+    d = g.unsqueeze(-2) - cost
+    # shifted by the row's largest (g_j - C_ij) before dividing by eps: the entries that matter keep
+    # exponents of order 1 (no u / eps round-off from large |z|), so the rows sum to a exactly up to u;
     # (z - logsumexp) rather than log_softmax: the same values, and much faster on small CPU tensors
+    z = (d - d.detach().amax(dim=-1, keepdim=True).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)) / eps
     return z - (torch.logsumexp(z, dim=-1, keepdim=True) + math.log(n))
 
 
@@ -179,8 +242,15 @@ def _col_error(log_p: torch.Tensor) -> torch.Tensor:
 def _sweep(g: torch.Tensor, cost: torch.Tensor, eps: float) -> torch.Tensor:
     """One Sinkhorn sweep: the column update ``g`` given the exact row potential ``f(g)``."""
     n, m = cost.shape[-2:]
-    f = -math.log(n) * eps - eps * torch.logsumexp((g.unsqueeze(-2) - cost) / eps, dim=-1)
-    return -math.log(m) * eps - eps * torch.logsumexp((f.unsqueeze(-1) - cost) / eps, dim=-2)
+    f = -math.log(n) * eps - _soft_max(g.unsqueeze(-2) - cost, eps, -1)
+    return -math.log(m) * eps - _soft_max(f.unsqueeze(-1) - cost, eps, -2)
+
+
+def _soft_max(d: torch.Tensor, eps: float, dim: int) -> torch.Tensor:
+    """``eps * logsumexp(d / eps)`` along ``dim``, shifted by the largest ``d`` before dividing (exponents
+    of order 1: no round-off of order ``u |d| / eps``, and no overflow of ``d / eps`` at any ``eps``)."""
+    top = d.amax(dim=dim, keepdim=True).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return top.squeeze(dim) + eps * torch.logsumexp((d - top) / eps, dim=dim)
 
 
 def _jittered_schur(p: torch.Tensor) -> torch.Tensor:
@@ -217,41 +287,44 @@ def _worst(err: torch.Tensor) -> float:
     return float(err.nan_to_num(nan=0.0).max()) if err.numel() else 0.0
 
 
+def _schedule(eps: float) -> list[float]:
+    """The epsilon-scaling schedule: the authors' ``max(0.1 * 0.95^k, eps)`` down to ``_FAST_BELOW``,
+    then a factor 1/100 per sweep (about 160 sweeps from 1e-6 down to the smallest subnormal, where
+    0.95 per sweep would need 14,000, and a product that rounds back to itself would never end)."""
+    out = []
+    e = max(_EPS0, eps)
+    while e > eps:
+        out.append(e)
+        nxt = e * (_DECAY if e > _FAST_BELOW else _FAST_DECAY)
+        e = eps if nxt >= e else max(nxt, eps)  # (a subnormal product may round back to e)
+    out.append(eps)
+    return out
+
+
 def _solve(cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> tuple[torch.Tensor, SolveInfo]:
     """Column potential ``g`` (B, m) of the entropic plan for ``cost`` (B, n, m); no autograd."""
     sweeps = 0
     g = torch.zeros(cost.shape[0], cost.shape[-1], dtype=cost.dtype, device=cost.device)
-    e = max(_EPS0, eps)
-    while True:  # epsilon scaling: a fixed schedule of sweeps (depends on eps only)
+    for e in _schedule(eps):  # epsilon scaling: a fixed schedule of sweeps (depends on eps only)
         g = _sweep(g, cost, e)
         sweeps += 1
-        if e <= eps:
-            break
-        e = max(e * _DECAY, eps)
     for _ in range(_EXTRA_SWEEPS):
         g = _sweep(g, cost, eps)
         sweeps += 1
 
     err = _col_error(_log_plan(g, cost, eps))
-    m = cost.shape[-1]
+    if torch.compiler.is_compiling():  # traced: a fixed budget of Newton steps, no host read, no early stop
+        for _ in range(min(max_iter, _COMPILED_NEWTON_STEPS)):
+            g, err = _newton_step(g, err, cost, eps)
+        return g, SolveInfo(
+            sweeps=sweeps, newton_steps=min(max_iter, _COMPILED_NEWTON_STEPS), error=-1.0, converged=True
+        )
     best = math.inf
     stalled = 0
     steps = 0
     worst = _worst(err)  # host sync: one per Newton step
     while worst > tol and steps < max_iter:
-        p = _log_plan(g, cost, eps).exp()
-        resid = p.sum(dim=-2) - 1.0 / m
-        delta = _solve_sym(_jittered_schur(p), -eps * resid)
-        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
-        g_best, e_best = g, err
-        for t in _STEPS:
-            g_t = g + t * delta
-            e_t = _col_error(_log_plan(g_t, cost, eps))
-            better = e_t < e_best  # False for NaN: a failed solve is never taken
-            g_best = torch.where(better.unsqueeze(-1), g_t, g_best)
-            e_best = torch.where(better, e_t, e_best)
-        g = _sweep(g_best, cost, eps)
-        err = _col_error(_log_plan(g, cost, eps))
+        g, err = _newton_step(g, err, cost, eps)
         steps += 1
         worst = _worst(err)
         if worst < best:
@@ -261,6 +334,27 @@ def _solve(cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> tuple[t
             if stalled >= _STALL:
                 break
     return g, SolveInfo(sweeps=sweeps, newton_steps=steps, error=worst, converged=worst <= tol)
+
+
+def _newton_step(
+    g: torch.Tensor, err: torch.Tensor, cost: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Newton step on the column potential (the best of the step lengths per row, 0 included), then one
+    Sinkhorn sweep; returns the new potential and its per-row marginal error."""
+    m = cost.shape[-1]
+    p = _log_plan(g, cost, eps).exp()
+    resid = p.sum(dim=-2) - 1.0 / m
+    delta = _solve_sym(_jittered_schur(p), -eps * resid)
+    delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
+    g_best, e_best = g, err
+    for t in _STEPS:
+        g_t = g + t * delta
+        e_t = _col_error(_log_plan(g_t, cost, eps))
+        better = e_t < e_best  # False for NaN: a failed solve is never taken
+        g_best = torch.where(better.unsqueeze(-1), g_t, g_best)
+        e_best = torch.where(better, e_t, e_best)
+    g = _sweep(g_best, cost, eps)
+    return g, _col_error(_log_plan(g, cost, eps))
 
 
 #: diagnostics of the last solve (for tests and benchmarks; not thread-safe)
@@ -273,7 +367,8 @@ class _ColumnPotential(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> torch.Tensor:
         g, info = _solve(cost, eps, tol, max_iter)
-        _LAST[:] = [info]
+        if not torch.compiler.is_compiling():
+            _LAST[:] = [info]
         ctx.eps = eps
         ctx.save_for_backward(cost, g)
         return g
@@ -285,9 +380,11 @@ class _ColumnPotential(torch.autograd.Function):
         n = cost.shape[-2]
         p = _log_plan(g, cost, eps).exp()
         v = grad_g - grad_g.mean(dim=-1, keepdim=True)  # dL/dg is orthogonal to the gauge direction 1
-        w = _solve_sym(_jittered_schur(p), eps * v)
+        # (P / eps) (w_j - n (P w)_i) with S w = eps v, written with w' = w / eps = S^{-1} v: no division by
+        # eps (P / eps overflowed to inf, times 0, at subnormal eps)
+        w = _solve_sym(_jittered_schur(p), v)
         pw = (p @ w.unsqueeze(-1)).squeeze(-1)
-        grad_cost = p / eps * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
+        grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
         return grad_cost, None, None, None
 
 
@@ -338,10 +435,29 @@ def _plan_last(
     flat = xc.reshape(-1, n)
     if flat.shape[0] == 0:
         return xc, flat.new_zeros((*lead, n, m)) + flat.sum() * 0
+    floor = epsilon_floor(flat.dtype)
+    if eps < floor:
+        raise ValueError(
+            f"`epsilon` must be >= {floor:.3g} for {str(flat.dtype).replace('torch.', '')} computation "
+            f"(512 x the machine epsilon u: below it the plan's round-off, u / (2 epsilon), exceeds 1e-3), "
+            f"got {epsilon!r}; raise `epsilon` or compute in float64 (floor {epsilon_floor(torch.float64):.3g})"
+        )
     tol_, accepted = (t, t) if t is not None else _default_tol(flat.dtype, eps)
-    cost = _cost(_squash(flat), _targets(m, descending, flat), pw)
+    squashed, floored = _squash(flat)
+    cost = _cost(squashed, _targets(m, descending, flat), pw)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _warn_std_floor(floored)
     g = _ColumnPotential.apply(cost, eps, tol_, it)
-    if _LAST[0].error > accepted:
+    if not compiling and _LAST[0].error > max(_INVALID_PLAN, accepted) and t is None:
+        # marginals off by more than 1%: an invalid plan (e.g. tied inputs spread over fewer targets at an
+        # epsilon near the floor) is refused rather than returned
+        raise ValueError(
+            f"`epsilon`={eps:g} is too small for these inputs in {str(flat.dtype).replace('torch.', '')}: the "
+            f"transport plan's column marginals stay off by {_LAST[0].error:.2g} (relative) after max_iter={it} "
+            "Newton steps; raise `epsilon` or compute in float64"
+        )
+    if not compiling and _LAST[0].error > accepted:
         # the message holds only the options, so that Python's warning filter shows it once per call site
         warnings.warn(
             f"rankwise.sinkhorn: the transport plan did not reach tol={accepted:g} at epsilon={eps:g} within "

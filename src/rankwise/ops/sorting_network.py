@@ -31,7 +31,6 @@ from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
@@ -239,6 +238,68 @@ def _blend(v: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor, w1: torch.Tensor
     return v.index_select(0, i1).mul_(w1).add_(v.index_select(0, i2).mul_(w2))
 
 
+def _alpha_differentiable(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
+    """:func:`_alpha` with out-of-place torch ops (autograd can differentiate it any number of times)."""
+    v = d * steepness
+    if distribution == "logistic":
+        return torch.sigmoid(v)
+    if distribution == "logistic_phi":
+        return torch.sigmoid(v / (d.abs() + _PHI_EPS).pow(art_lambda))
+    if distribution == "optimal":
+        tail = 1 / (16 * (v.abs() + _OPTIMAL_EPS))
+        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1 - tail, tail))
+    if distribution == "cauchy":
+        return torch.atan(v) / math.pi + 0.5
+    if distribution == "reciprocal":
+        return (v / (2 + v.abs()) + 1) * 0.5
+    return torch.erf(v / math.sqrt(2.0)) * 0.5 + 0.5
+
+
+def _network_differentiable(
+    x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`_SortingNetwork`'s forward from differentiable torch ops (for higher derivatives)."""
+    alphas = []
+    for layer in range(lay.depth):
+        t = lay[layer]
+        xa, xb = x.index_select(0, t.a), x.index_select(0, t.b)
+        alpha = _alpha_differentiable(xb - xa, distribution, steepness, art_lambda)
+        alphas.append(alpha)
+        beta = 1 - alpha
+        x = xa * torch.where(t.is_min, alpha, beta) + xb * torch.where(t.is_min, beta, alpha)
+    return x, torch.stack(alphas)
+
+
+def _matrix_differentiable(alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:
+    """:class:`_NetworkMatrix`'s forward from differentiable torch ops (for higher derivatives)."""
+    n, batch = alphas.shape[1], alphas.shape[2]
+    pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n)
+    for layer in range(lay.depth):
+        pt = _forward_blend(pt, alphas[layer], lay[layer])
+    return pt.permute(1, 2, 0)
+
+
+def _ranks_differentiable(alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:
+    """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives)."""
+    for layer in reversed(range(lay.depth)):
+        v = _transposed_blend(v, alphas[layer], lay[layer])
+    return v
+
+
+def _grad_of(
+    outputs: list[torch.Tensor | None], grads: list[torch.Tensor | None], inputs: list[torch.Tensor]
+) -> list[Any]:
+    """``d(sum <grads, outputs>)/d(inputs)`` with a graph (double backward); ``None`` pairs are skipped."""
+    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o is not None and g is not None]
+    wanted = [t for t in inputs if t.requires_grad]
+    if not pairs or not wanted:
+        return [None] * len(inputs)
+    got = iter(
+        torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True)
+    )
+    return [next(got) if t.requires_grad else None for t in inputs]
+
+
 class _SortingNetwork(torch.autograd.Function):
     """``x`` (n, B) -> (sorted values (n, B), per-layer per-wire ``α`` (L, n, B)).
 
@@ -251,6 +312,7 @@ class _SortingNetwork(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x_in = x
         alphas = x.new_empty((lay.depth, *x.shape))
         signed_d = x.new_empty((lay.depth, *x.shape))
         for layer in range(lay.depth):
@@ -263,14 +325,19 @@ class _SortingNetwork(torch.autograd.Function):
             x = xa.mul_(torch.where(t.is_min, alpha, beta)).add_(xb.mul_(torch.where(t.is_min, beta, alpha)))
             d.mul_(t.msign)  # keep ∂x_new/∂α = ±(x_a - x_b) = ∓d for backward
         ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
-        ctx.save_for_backward(alphas, signed_d)
+        ctx.save_for_backward(alphas, signed_d, x_in)
         return x, alphas
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
-        alphas, signed_d = ctx.saved_tensors
+        alphas, signed_d, x_in = ctx.saved_tensors
         lay: _Layers = ctx.lay
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            with torch.enable_grad():
+                out, alphas_d = _network_differentiable(x_in, lay, *ctx.opts)
+                (gx,) = _grad_of([out, alphas_d], [g, g_alphas], [x_in])
+            return gx, None, None, None, None
+        g, g_alphas = g.detach(), None if g_alphas is None else g_alphas.detach()
         for layer in reversed(range(lay.depth)):
             alpha, sd, t = alphas[layer], signed_d[layer], lay[layer]
             g_alpha = sd * g  # x_new = wa x_a + wb x_b, (wa, wb) = (α, 1-α) or (1-α, α)
@@ -304,10 +371,14 @@ class _NetworkMatrix(torch.autograd.Function):
         return pt.permute(1, 2, 0).contiguous()  # P[b, input, wire]
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
         alphas, *checkpoints = ctx.saved_tensors
         lay: _Layers = ctx.lay
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            with torch.enable_grad():
+                (ga,) = _grad_of([_matrix_differentiable(alphas, lay)], [grad], [alphas])
+            return ga, None
+        grad = grad.detach()
         seg, depth = ctx.seg, lay.depth
         g_alphas = torch.empty_like(alphas)
         gt = grad.permute(2, 0, 1).contiguous()  # (wires, B, inputs)
@@ -330,19 +401,24 @@ class _NetworkRanks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+        v_in = v
         inputs = alphas.new_empty(alphas.shape)
         for layer in reversed(range(lay.depth)):
             inputs[layer] = v
             v = _transposed_blend(v, alphas[layer], lay[layer])
         ctx.lay = lay
-        ctx.save_for_backward(alphas, inputs)
+        ctx.save_for_backward(alphas, inputs, v_in)
         return v
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        alphas, inputs = ctx.saved_tensors
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
+        alphas, inputs, v_in = ctx.saved_tensors
         lay: _Layers = ctx.lay
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            with torch.enable_grad():
+                (ga,) = _grad_of([_ranks_differentiable(alphas, v_in, lay)], [g], [alphas])
+            return ga, None, None
+        g = g.detach()
         g_alphas = torch.empty_like(alphas)
         for layer in range(lay.depth):
             vin, t = inputs[layer], lay[layer]
@@ -463,6 +539,11 @@ def diffsort(
     permutation. Values and gradients equal those of the authors' ``diffsort`` package (both
     networks, every distribution) to rounding; the ``gaussian`` backward differs from it by
     ~1e-8 relative because that package rounds ``1 / steepness`` to float32 in its backward.
+
+    Gradients of any order: the first-order backward is a hand-written pass over the layers; under
+    ``create_graph=True`` (Hessian-vector products, ``torch.autograd.gradgradcheck``) the backward
+    instead differentiates the same network written with differentiable torch ops, so second
+    derivatives are exact (at autograd's memory cost, O(L n²) per row for ``P``).
 
     Cost: ``L`` layers (``n`` for odd-even, ``⌈log2 n⌉(⌈log2 n⌉+1)/2`` for bitonic), each O(n)
     per row (two gathers and an element-wise blend). With ``return_matrix=False`` only the sorted

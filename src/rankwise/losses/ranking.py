@@ -238,7 +238,7 @@ def _ranksim_rows(
     m = keep.sum().to(x.dtype).clamp_min(1)  # |M| as a tensor: no host sync
     scale = batch / m  # exactly 1 when nothing is masked
     col = keep.unsqueeze(0)
-    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
+    neg_inf = torch.full((), -math.inf, dtype=x.dtype, device=x.device)  # a fill: no host copy
     # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
     # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
     # (the internal node skips blackbox_rank's NaN-slice passes: a non-finite feature makes the
@@ -277,7 +277,7 @@ def _label_ranks(y_rows: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> t
         _label_kernel(y_rows.detach().contiguous().numpy(), yn, kn, order, out)
         return torch.from_numpy(out)
     label_sim = -(y_rows.unsqueeze(1) - y.unsqueeze(0)).abs()
-    neg_inf = torch.tensor(float("-inf"), dtype=label_sim.dtype, device=label_sim.device)
+    neg_inf = torch.full((), -math.inf, dtype=label_sim.dtype, device=label_sim.device)
     return rank(torch.where(keep.unsqueeze(0), label_sim, neg_inf), descending=True)
 
 

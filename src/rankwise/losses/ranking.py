@@ -20,6 +20,7 @@ from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
+    autocast_off,
     batch_loss,
     check_bool,
     check_floating,
@@ -118,12 +119,14 @@ class _Gram(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(x)
-        return x @ x.transpose(0, 1)
+        with autocast_off(x.device):  # in x's (compute) dtype: float32 under autocast too
+            return x @ x.transpose(0, 1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (x,) = ctx.saved_tensors
-        return (grad + grad.transpose(0, 1)) @ x
+        with autocast_off(x.device):
+            return (grad + grad.transpose(0, 1)).to(x.dtype) @ x
 
 
 @batch_loss("features", "targets")
@@ -248,7 +251,8 @@ def _ranksim_rows(
     label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
     diff = (feat_rank - label_rank).masked_fill_(~pair, 0).reshape(-1)
-    return (diff @ diff) / m
+    with autocast_off(diff.device):
+        return (diff @ diff) / m
 
 
 _label_kernel: Any = None  # the numba label-rank kernel, imported on first CPU use (False: unavailable)
@@ -305,7 +309,8 @@ def _ranksim_global(
     if layout.sizes[layout.rank] == 0:
         return zg.sum() * 0
     zn = safe_normalize(zg, dim=1)
-    sim = zn[rows] @ zn.transpose(0, 1)
+    with autocast_off(zn.device):  # float32 under autocast, as the local path
+        sim = zn[rows] @ zn.transpose(0, 1)
     share = _ranksim_rows(sim, yg, keep, keep[rows], lam, rows)
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
 

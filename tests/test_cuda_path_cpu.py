@@ -129,8 +129,8 @@ def test_cpu_autocast_keeps_float32(key: str, half: torch.dtype) -> None:
         args = [a.detach().clone().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in ex.args]
         with torch.autocast("cpu", dtype=half, enabled=autocast):
             outs = _outputs(entry.fn(*args, **ex.kwargs))
-        sum(t.sum() for t in outs).backward()  # outside autocast, as a training step does
-        return outs, [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        torch.stack([t.sum() for t in outs]).sum().backward()  # outside autocast, as a training step does
+        return outs, [a.grad for a in args if isinstance(a, torch.Tensor) and a.grad is not None]
 
     torch.manual_seed(0)
     ref, ref_grads = run(False)
@@ -140,8 +140,9 @@ def test_cpu_autocast_keeps_float32(key: str, half: torch.dtype) -> None:
         assert t.dtype == r.dtype == torch.float32
         # computed in float32 with autocast off inside: the same values
         torch.testing.assert_close(t, r, rtol=1e-6, atol=1e-6)
+    assert grads
     for g, rg in zip(grads, ref_grads, strict=True):
-        assert g is not None and rg is not None and g.dtype == rg.dtype
+        assert g.dtype == rg.dtype
         torch.testing.assert_close(g, rg, rtol=1e-5, atol=1e-6)
 
 
@@ -155,3 +156,40 @@ def test_fake_cuda_sync_check_can_fail() -> None:
     assert spy.seen and "host-to-device" in spy.seen[0]
     with mode, spy, pytest.raises(Exception, match=""):
         x[x > 0]
+
+
+def test_supcon_cuda_one_pass_threshold_and_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, SupCon ("out") takes the one-pass path up to the dense limit (B = 1024 and 4096 with
+    two views included); its torch branch (the one CUDA runs) equals the general blockwise path."""
+    import rankwise.losses._supcon as sc
+
+    assert 4096 * 2 * 4096 * 2 <= sc._SMALL_MAX_ELEMENTS_CUDA
+    assert 1024 * 2 * 1024 * 2 > sc._SMALL_MAX_ELEMENTS  # CPU: unchanged threshold
+    calls: list[int] = []
+    real = sc._SupConOutSmall.apply
+
+    def counted(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(sc._SupConOutSmall, "apply", counted)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 2, 16, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 7, (300,), generator=gen)
+
+    def value_and_grad() -> tuple[torch.Tensor, torch.Tensor]:
+        xr = x.clone().requires_grad_()
+        out = sc.supcon_loss(xr, y, temperature=0.2)
+        out.backward()
+        assert xr.grad is not None
+        return out.detach(), xr.grad
+
+    monkeypatch.setattr(sc, "_NUMBA_MAX_N", 0)  # the torch branch, as on CUDA
+    monkeypatch.setattr(sc, "_SMALL_MAX_ELEMENTS", 1 << 30)
+    one_pass = value_and_grad()
+    assert calls == [1]
+    monkeypatch.setattr(sc, "_SMALL_MAX_ELEMENTS", 0)
+    general = value_and_grad()
+    assert calls == [1]
+    torch.testing.assert_close(one_pass[0], general[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(one_pass[1], general[1], rtol=1e-10, atol=1e-12)

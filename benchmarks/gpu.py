@@ -24,6 +24,11 @@ Sections (each written to the JSON as soon as it is done, so a run cut short kee
 * ``compiled``: ``torch.compile`` of a selection (``--quick``) or of every case above at one shape:
   time after compilation, compilation time, and whether the values equal eager.
 
+``--quick`` keeps the summary's cases: the isotonic operators and torchsort at (256, 256),
+(32, 4096), (1, 1e3 ... 1e6), the losses with a public reference at batch 256, 1024, 4096, the
+crossover and a few compiled cases. TF32 matmuls are off (PyTorch's default) for rankwise and the
+references alike (``allow_tf32`` in the JSON's environment).
+
 Timing: CUDA events around each forward+backward call, after a warm-up call, median (and
 quartiles) of up to ``--repeats`` calls or ``--case-seconds`` of them; peak memory:
 ``torch.cuda.max_memory_allocated`` during one call minus the memory allocated before it, in MiB.

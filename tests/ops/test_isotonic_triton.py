@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import types
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,7 @@ def test_cuda_matches_cpu_kernels(reg: str, descending: bool) -> None:
                 # differs between the numba and the torch-ops paths), the other rows' are compared
                 bad = ~torch.isfinite(x).all(-1)
                 assert got[0][bad].isnan().all()
-                tol = _tol(dtype)
+                tol: dict[str, Any] = _tol(dtype)
                 if reg == "kl" and dtype == torch.float32:
                     # soft_rank kl: the CPU kernel fuses ``exp`` and the projection's backward in
                     # float64; on CUDA autograd hands the projection ``g * exp(mu)`` already rounded

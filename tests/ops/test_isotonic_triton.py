@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 import types
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch

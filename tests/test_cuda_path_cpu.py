@@ -193,3 +193,29 @@ def test_supcon_cuda_one_pass_threshold_and_values(monkeypatch: pytest.MonkeyPat
     assert calls == [1]
     torch.testing.assert_close(one_pass[0], general[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(one_pass[1], general[1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("numba", [True, False], ids=["numba", "torch"])
+def test_supcon_one_pass_under_autocast(half: torch.dtype, numba: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-pass SupCon path (CUDA takes it up to B = 4096) computes in float32 under autocast."""
+    import rankwise.losses._supcon as sc
+
+    if not numba:
+        monkeypatch.setattr(sc, "_NUMBA_MAX_N", 0)  # the torch branch, as on CUDA
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 2, 16, generator=gen)
+    y = torch.randint(0, 5, (64,), generator=gen)
+
+    def run(autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        xr = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=half, enabled=autocast):
+            out = sc.supcon_loss(xr, y, temperature=0.2)
+        out.backward()
+        assert xr.grad is not None
+        return out.detach(), xr.grad
+
+    ref, got = run(False), run(True)
+    assert got[0].dtype == torch.float32
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-7)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
-from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
+from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
     _global_batch_on,
@@ -628,7 +628,8 @@ def supcon_loss(
         else:
             pos = torch.eye(b, dtype=x.dtype, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
-        return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
+        with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
+            return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:

@@ -3,7 +3,7 @@
 Usage (repository root, a CUDA device)::
 
     python benchmarks/gpu.py --out benchmarks/results/gpu.json           # every shape, eager and compiled
-    python benchmarks/gpu.py --quick --out $OUT/gpu.json                   # a subset, under ~4 minutes
+    python benchmarks/gpu.py --quick --out $OUT/gpu.json                   # isotonic vs torchsort + public losses
     python benchmarks/gpu.py --dry-run --out /tmp/gpu_dry.json             # tiny shapes on CPU (no GPU)
 
 Sections (each written to the JSON as soon as it is done, so a run cut short keeps what it has):
@@ -23,6 +23,11 @@ Sections (each written to the JSON as soon as it is done, so a run cut short kee
   ``benchmarks/losses.py`` beside ``supcon_loss`` / ``ranksim_loss`` / ``rnc_loss``.
 * ``compiled``: ``torch.compile`` of a selection (``--quick``) or of every case above at one shape:
   time after compilation, compilation time, and whether the values equal eager.
+
+``--quick`` keeps the summary's cases: the isotonic operators and torchsort at (256, 256),
+(32, 4096), (1, 1e3 ... 1e6), the losses with a public reference at batch 256, 1024, 4096, the
+crossover and a few compiled cases. TF32 matmuls are off (PyTorch's default) for rankwise and the
+references alike (``allow_tf32`` in the JSON's environment).
 
 Timing: CUDA events around each forward+backward call, after a warm-up call, median (and
 quartiles) of up to ``--repeats`` calls or ``--case-seconds`` of them; peak memory:
@@ -57,6 +62,7 @@ from losses import ranksim_reference, rnc_reference, supcon_reference  # benchma
 from rankwise.losses import LOSSES, ranksim_loss, rnc_loss, supcon_loss
 from rankwise.ops import OPS
 from rankwise.ops import isotonic as iso
+from rankwise.sodeep.hub import available_sorters
 
 #: operators that stay O(n log n) in time and O(n) in memory per row (timed at every n)
 LINEAR_OPS = (
@@ -81,6 +87,10 @@ QUICK_COMPILED = (
     ("losses", "spearman", 1024),
     ("losses", "rnc", 1024),
 )
+#: --quick: only these operators (the isotonic ones and their torchsort references) and the losses
+#: that have a public reference, so that every shape and batch of the summary fits the budget
+QUICK_OPS = ("soft_rank.isotonic_l2", "soft_rank.isotonic_kl", "soft_sort.isotonic_l2", "soft_sort.isotonic_kl")
+QUICK_LOSSES = ("supcon", "ranksim", "rnc")
 #: share of the remaining time budget each section may use (the compiled cases take what is left)
 SECTION_SHARES = {"ops": 0.4, "crossover": 0.15, "losses": 0.5}
 #: registry kwargs that only make the examples small (dropped for the benchmark)
@@ -263,8 +273,14 @@ def section_ops(r: Runner, shapes: list[tuple[int, int]], out: dict[str, Any]) -
         res: dict[str, Any] = out.setdefault(_shape_key(shape), {})
         big = n > a.max_quadratic_n
         for entry in OPS.entries():
+            if a.quick and entry.name not in QUICK_OPS:
+                continue
             if big and entry.name not in LINEAR_OPS:
                 res[entry.name] = {"skipped": f"O(n^2) memory or time beyond n = {a.max_quadratic_n}"}
+                continue
+            if entry.name == "soft_rank.sodeep" and ("gru", n) not in available_sorters():
+                # a learned sorter exists per sequence length: none bundled for this n
+                res[entry.name] = {"skipped": f"no bundled SoDeep sorter for n = {n}"}
                 continue
             if n > 1024 and entry.name not in LINEAR_OPS:
                 probe = _probe_seconds(r, entry, rows, n // 4)
@@ -286,7 +302,7 @@ def section_ops(r: Runner, shapes: list[tuple[int, int]], out: dict[str, Any]) -
         # references: torchsort, the diffsort package, NeuralSort / SoftSort formulas (benchmarks/ops.py)
         refs = ops_bench.make_cases(shape, r.device)
         for key, case in refs.items():
-            if case.reference_of is None:
+            if case.reference_of is None or (a.quick and not key.startswith("torchsort")):
                 continue
             if case.mem_bytes > a.mem_budget_gb * 2**30 or (big and not key.startswith("torchsort")):
                 res[f"ref:{key}"] = {"skipped": f"estimated memory {case.mem_bytes / 2**30:.1f} GiB or O(n^2)"}
@@ -364,6 +380,8 @@ def section_losses(r: Runner, batches: list[int], out: dict[str, Any]) -> None:
     for batch in batches:
         res: dict[str, Any] = out.setdefault(f"B={batch}", {})
         for entry in LOSSES.entries():
+            if a.quick and entry.name not in QUICK_LOSSES:
+                continue
             try:
                 args, kwargs = loss_inputs(entry.name, batch, r.device)
             except Exception as exc:
@@ -511,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cuda")
         if a.quick:
-            op_shapes = [(1, 1_000_000), (1, 100_000), (1, 1000), (256, 256), (32, 4096)]
-            batches = [256, 1024]
+            op_shapes = [(256, 256), (32, 4096), (1, 1000), (1, 10_000), (1, 100_000), (1, 1_000_000)]
+            batches = [256, 1024, 4096]
             cross_ns, cross_rows = [8, 32, 128, 512], 256
             compiled = list(QUICK_COMPILED)
             defaults = {"budget_s": 200.0, "repeats": 10, "case_seconds": 0.2}
@@ -530,9 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         compiled = []
     sections = set(a.sections.split(","))
 
+    # one matmul precision for rankwise and the references alike: TF32 off (PyTorch's default), so
+    # float32 matmuls are float32 on both sides of every ratio
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     result: dict[str, Any] = {
-        "environment": _environment(device),
+        "environment": {**_environment(device), "allow_tf32": False},
         "mode": "dry-run" if a.dry_run else ("quick" if a.quick else "full"),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "timing": "CUDA events, median of the calls after one warm-up call; peak = max_memory_allocated "

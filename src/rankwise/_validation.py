@@ -8,6 +8,7 @@ down in ``docs/conventions.md``; new operators and losses use them instead of th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -280,3 +281,11 @@ def to_compute(x: torch.Tensor) -> torch.Tensor:
     """Upcast fp16/bf16 (and integer) tensors to the dtype used for computation."""
     dt = compute_dtype(x.dtype)
     return x if x.dtype == dt else x.to(dt)
+
+
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """A context in which autocast is disabled on ``device`` (matmuls inside keep their input dtype:
+    an op that computes in float32 stays float32 under ``torch.autocast``)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()

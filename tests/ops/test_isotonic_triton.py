@@ -13,6 +13,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -181,7 +182,18 @@ def test_cuda_matches_cpu_kernels(reg: str, descending: bool) -> None:
                 # differs between the numba and the torch-ops paths), the other rows' are compared
                 bad = ~torch.isfinite(x).all(-1)
                 assert got[0][bad].isnan().all()
-                torch.testing.assert_close(got[1].cpu()[~bad], want[1][~bad], **_tol(dtype))
+                tol: dict[str, Any] = _tol(dtype)
+                if reg == "kl" and dtype == torch.float32:
+                    # soft_rank kl: the CPU kernel fuses ``exp`` and the projection's backward in
+                    # float64; on CUDA autograd hands the projection ``g * exp(mu)`` already rounded
+                    # to float32 (entries up to |g| n), and the block softmax backward
+                    # ``g' - softmax_B * sum_B g'`` cancels them down to O(|g|), times 1/strength:
+                    # an absolute error of a few float32 ulps of max |g * y| / strength (measured on
+                    # an H100: 7e-4 at n = 1000, 0.1% of the entries; bound here about 4x that).
+                    g = torch.randn(want[0].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+                    scale = (g * want[0].double()).nan_to_num(0.0, 0.0, 0.0).abs().max().item() / 0.2
+                    tol = {"rtol": 1e-5, "atol": max(1e-5, 2 * torch.finfo(torch.float32).eps * scale)}
+                torch.testing.assert_close(got[1].cpu()[~bad], want[1][~bad], **tol)
                 assert (got[1].cpu()[bad].nan_to_num(0.0) == 0).all()
 
 

@@ -168,7 +168,7 @@ def triplet_loss(
         hardest_neg = torch.where(neg, d, big).amin(1)
         loss = torch.relu(hardest_pos - hardest_neg + m)
     else:
-        inf = torch.tensor(math.inf, dtype=d.dtype, device=d.device)
+        inf = torch.full((), math.inf, dtype=d.dtype, device=d.device)  # a fill: no host copy
         neg_sorted = torch.where(neg, d, inf).sort(dim=1).values  # finite first, +inf at the end
         finite = torch.isfinite(neg_sorted)
         prefix = torch.cat([zero[:, :1], torch.where(finite, neg_sorted, zero).cumsum(1)], dim=1)

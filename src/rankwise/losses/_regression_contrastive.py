@@ -402,7 +402,7 @@ def conr_loss(
     if weights is not None:
         wa = w if rows is None else w[rows]
         log_push = log_push + torch.log(wa.to(logits.dtype))[:, None]
-    neg_inf = torch.tensor(-math.inf, dtype=logits.dtype, device=logits.device)
+    neg_inf = torch.full((), -math.inf, dtype=logits.dtype, device=logits.device)  # a fill: no host copy
     keep = valid[:, None]
     # invalid rows are computed on finite dummies and zeroed afterwards (no NaN in backward)
     den = torch.where(pos, logits, torch.where(neg, logits + log_push, neg_inf))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
-from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
+from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
     _global_batch_on,
@@ -52,6 +52,11 @@ _SYMMETRIC_MAX_N = 512
 # (:class:`_SupConOutSmall`): an explicit positive-weight matrix, the gradient formed in forward,
 # few torch ops, because at this size per-op overhead costs more than passes over the logits.
 _SMALL_MAX_ELEMENTS = 1 << 20
+# On CUDA (launch-bound at these sizes: few ops matter more than passes) the one-pass path is taken up
+# to the dense limit: 61 kernel-launching ops forward + backward at B = 1024 (two views, with the
+# input normalization) against the general path's 102; its (m, N) logits, probabilities and
+# gradient weights take 768 MiB in float32 at 2**26 elements (B = 4096, two views).
+_SMALL_MAX_ELEMENTS_CUDA = _DENSE_MAX_ELEMENTS
 
 
 def _check_chunk(chunk_size: int | None) -> int | None:
@@ -613,7 +618,8 @@ def supcon_loss(
         return _supcon_global(x, y, tau, tau_b, contrast_mode, variant, chunk, normalize)
     n = b * v
     va = v if contrast_mode == "all" else 1
-    if variant == "out" and n >= 2 and b * va * n <= _SMALL_MAX_ELEMENTS and (chunk is None or chunk >= b * va):
+    small_max = _SMALL_MAX_ELEMENTS_CUDA if x.device.type == "cuda" else _SMALL_MAX_ELEMENTS
+    if variant == "out" and n >= 2 and b * va * n <= small_max and (chunk is None or chunk >= b * va):
         if mask is not None:
             pos = sample_mask(mask, b).to(x.dtype)
         elif labels is not None:
@@ -622,7 +628,8 @@ def supcon_loss(
         else:
             pos = torch.eye(b, dtype=x.dtype, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
-        return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
+        with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
+            return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:

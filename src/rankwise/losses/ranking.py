@@ -20,6 +20,7 @@ from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
+    autocast_off,
     batch_loss,
     check_bool,
     check_floating,
@@ -118,12 +119,14 @@ class _Gram(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(x)
-        return x @ x.transpose(0, 1)
+        with autocast_off(x.device):  # in x's (compute) dtype: float32 under autocast too
+            return x @ x.transpose(0, 1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (x,) = ctx.saved_tensors
-        return (grad + grad.transpose(0, 1)) @ x
+        with autocast_off(x.device):
+            return (grad + grad.transpose(0, 1)).to(x.dtype) @ x
 
 
 @batch_loss("features", "targets")
@@ -238,7 +241,7 @@ def _ranksim_rows(
     m = keep.sum().to(x.dtype).clamp_min(1)  # |M| as a tensor: no host sync
     scale = batch / m  # exactly 1 when nothing is masked
     col = keep.unsqueeze(0)
-    neg_inf = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
+    neg_inf = torch.full((), -math.inf, dtype=x.dtype, device=x.device)  # a fill: no host copy
     # blackbox_rank(c * s, lam, normalize=True) * c with c = B / m equals ranks / m with the
     # backward of blackbox_rank(s_sub, lam, normalize=True) on the subset (perturbation x + lam * g).
     # (the internal node skips blackbox_rank's NaN-slice passes: a non-finite feature makes the
@@ -248,7 +251,8 @@ def _ranksim_rows(
     label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
     diff = (feat_rank - label_rank).masked_fill_(~pair, 0).reshape(-1)
-    return (diff @ diff) / m
+    with autocast_off(diff.device):
+        return (diff @ diff) / m
 
 
 _label_kernel: Any = None  # the numba label-rank kernel, imported on first CPU use (False: unavailable)
@@ -277,7 +281,7 @@ def _label_ranks(y_rows: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> t
         _label_kernel(y_rows.detach().contiguous().numpy(), yn, kn, order, out)
         return torch.from_numpy(out)
     label_sim = -(y_rows.unsqueeze(1) - y.unsqueeze(0)).abs()
-    neg_inf = torch.tensor(float("-inf"), dtype=label_sim.dtype, device=label_sim.device)
+    neg_inf = torch.full((), -math.inf, dtype=label_sim.dtype, device=label_sim.device)
     return rank(torch.where(keep.unsqueeze(0), label_sim, neg_inf), descending=True)
 
 
@@ -305,7 +309,8 @@ def _ranksim_global(
     if layout.sizes[layout.rank] == 0:
         return zg.sum() * 0
     zn = safe_normalize(zg, dim=1)
-    sim = zn[rows] @ zn.transpose(0, 1)
+    with autocast_off(zn.device):  # float32 under autocast, as the local path
+        sim = zn[rows] @ zn.transpose(0, 1)
     share = _ranksim_rows(sim, yg, keep, keep[rows], lam, rows)
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
 

@@ -51,8 +51,11 @@ _REGULARIZATIONS = ("l2", "kl")
 _BACKEND: Literal["auto", "torch", "triton"] = "auto"
 
 #: CUDA rows of at least this length use the Triton projection, shorter ones the O(n^2) min-max
-#: formulation (``benchmarks/gpu.py`` times both on a GPU: the crossover)
-_TRITON_MIN_N = 1
+#: formulation. ``benchmarks/gpu.py`` times both (its "crossover" section; measured on an NVIDIA H100
+#: 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0: benchmarks/results/gpu.json): Triton was faster at
+#: every measured length, 256 rows x n = 8, 32, 128, 512 (l2 1.45 vs 2.89 ms and kl 1.63 vs 3.75 ms
+#: at n = 8; kl 1.29 vs 8.13 ms and 7 vs 1031 MiB at n = 512). Shorter rows were not measured.
+_TRITON_MIN_N = 8
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
 #: ``_TIE_TOL * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|`` (``kl``: plus

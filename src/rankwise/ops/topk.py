@@ -13,6 +13,7 @@ from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
+    autocast_off,
     check_choice,
     check_dim,
     check_floating,
@@ -22,6 +23,7 @@ from rankwise._validation import (
     check_tensor,
     compute_dtype,
     nan_slices,
+    to_compute,
 )
 from rankwise.ops._registry import register_op
 from rankwise.ops.permutation import (
@@ -197,8 +199,10 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
     c = _check_int(num_classes, "num_classes", low=1)
     check_same_device("membership", membership, ("labels", labels))
     classes = torch.arange(c, device=labels.device)
-    onehot = (labels.unsqueeze(-1) == classes).to(membership.dtype)  # (*, N, C)
-    return membership @ onehot
+    m = to_compute(membership)  # fp16/bf16: summed in float32, returned in the dtype of membership
+    onehot = (labels.unsqueeze(-1) == classes).to(m.dtype)  # (*, N, C)
+    with autocast_off(m.device):  # the documented dtype under torch.autocast too
+        return (m @ onehot).to(membership.dtype)
 
 
 class SoftTopK(nn.Module):

@@ -600,8 +600,14 @@ def test_kernel_loading_modes(mode: str) -> None:
 
 def test_large_inputs_wait_for_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """While the kernels load in the background, inputs beyond the PyTorch path's budget wait for them."""
-    monkeypatch.setattr(iso, "_NUMBA_MODE", "background")
-    assert iso._kernels_for(1, 1 + int(iso._WARMUP_TORCH_MAX**0.5)) is kiso.FAMILY.load()
+    loaded = kiso.FAMILY.load()
+    monkeypatch.setattr(_loader, "MODE", "background")
+    monkeypatch.setattr(kiso.FAMILY, "kernels", _loader._UNSET)
+    monkeypatch.setattr(kiso.FAMILY, "_unloaded_calls", 0)
+    monkeypatch.setattr(kiso.FAMILY, "_thread", None)
+    assert not kiso.ready(1, 8)  # small: the torch path (the first call starts nothing)
+    assert kiso.ready(1, 1 + int(_loader.WARMUP_TORCH_MAX**0.5)) == (loaded is not None)
+    assert kiso.FAMILY.kernels is loaded
 
 
 # --------------------------------------------------------------------------------------------------

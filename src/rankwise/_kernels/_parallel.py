@@ -14,9 +14,10 @@ small pool of Python threads (:func:`over_rows`; the kernels release the GIL). B
 serially below :data:`PARALLEL_MIN_NUMEL` elements or with one torch thread.
 
 Fork safety: a forked child (a ``DataLoader`` worker) inherits neither the parent's OpenMP team
-nor its thread pool. torch sets one intra-op thread in a forked child, so every pass there runs
-serially on the calling thread (no team and no pool is used, nothing waits for threads that do not
-exist); the pool is re-created on first use in a child that asks for more threads.
+nor its thread pool, and libgomp cannot start a new team in a child forked after the parent used
+one (the call hangs). A fork handler (``os.register_at_fork``) therefore turns the team route off
+in every child: its float32 passes run serially, or on Python threads when the child asks for
+more than one torch thread; the thread pool is re-created in the child on first use.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def team_threads(rows: int, numel: int, dtype: torch.dtype) -> int:
     """Members of torch's OpenMP team a float32 pass over ``rows`` rows should run on (0: none)."""
     threads = min(torch.get_num_threads(), rows)
     if threads < 2 or numel < PARALLEL_MIN_NUMEL or dtype != torch.float32 or gomp is None:
-        return 0
+        return 0  # (None in a forked child)
     return threads
 
 
@@ -115,7 +116,14 @@ def run_task(task: int, rows: int, n: int, threads: int, operands: list[Any], sc
 
 
 _pool: ThreadPoolExecutor | None = None
-_pool_pid = 0
+
+
+def _after_fork_in_child() -> None:
+    global gomp, _gomp_searched, _pool
+    gomp, _gomp_searched, _pool = None, True, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def over_rows(rows: int, numel: int, run: Callable[[int, int], None]) -> None:
@@ -124,10 +132,9 @@ def over_rows(rows: int, numel: int, run: Callable[[int, int], None]) -> None:
     if threads < 2 or numel < PARALLEL_MIN_NUMEL:
         run(0, rows)
         return
-    global _pool, _pool_pid
-    if _pool is None or _pool._max_workers < threads - 1 or _pool_pid != os.getpid():
+    global _pool
+    if _pool is None or _pool._max_workers < threads - 1:
         _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="rankwise-kernels")
-        _pool_pid = os.getpid()  # a forked child does not inherit the pool's threads
     bounds = [rows * t // threads for t in range(threads + 1)]
     futures = [_pool.submit(run, bounds[t], bounds[t + 1]) for t in range(1, threads)]
     run(bounds[0], bounds[1])

@@ -26,12 +26,30 @@ ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + 
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 _SINKHORN = "iterative solver: data-dependent convergence check"
+_SAMPLING = "sampling: the compiled graph draws a different random stream than eager"
 #: entries that do not compile with ``fullgraph=True`` yet, and why
 NOT_COMPILABLE: dict[str, str] = {
     "sinkhorn_transport": _SINKHORN,
     "soft_rank.sinkhorn": _SINKHORN,
     "soft_sort.sinkhorn": _SINKHORN,
     "soft_sort.sinkhorn_quantized": _SINKHORN,
+    "perturbed_rank.normal": _SAMPLING,
+    "stochastic_neural_sort": _SAMPLING,
+    "stochastic_neural_sort.hard": _SAMPLING,
+}
+
+_BF16_OUT = "the result follows autocast's bfloat16 matmul instead of the inputs' float32"
+_SINKHORN_BF16 = "the Sinkhorn solver's linear solve has no bfloat16 CPU kernel under autocast"
+#: entries that do not give the float32 output dtype (or fail) under CPU bfloat16 autocast yet
+AUTOCAST_FAILS: dict[str, str] = {
+    "dknn_class_scores": _BF16_OUT,
+    "conr": _BF16_OUT,
+    "npairs": _BF16_OUT,
+    "ranksim": _BF16_OUT,
+    "sinkhorn_transport": _SINKHORN_BF16,
+    "soft_rank.sinkhorn": _SINKHORN_BF16,
+    "soft_sort.sinkhorn": _SINKHORN_BF16,
+    "soft_sort.sinkhorn_quantized": _SINKHORN_BF16,
 }
 
 #: inductor and dynamic-shape runs (slow to compile): one entry per kernel family and main loss
@@ -96,7 +114,7 @@ PARAMS = [pytest.param(kind, e, id=i, marks=_marks(e)) for (kind, e), i in zip(E
 
 def test_not_compilable_names_exist() -> None:
     names = {e.name for _, e in ENTRIES}
-    assert set(NOT_COMPILABLE) <= names and set(SUBSET) <= names
+    assert set(NOT_COMPILABLE) <= names and set(SUBSET) <= names and set(AUTOCAST_FAILS) <= names
 
 
 def test_constant_result_mark_matches_torch() -> None:
@@ -180,7 +198,18 @@ def _expected_dtype(entry: RegistryEntry, out: torch.Tensor, want: torch.Tensor)
     assert out.dtype == want.dtype, (entry.name, out.dtype, want.dtype)
 
 
-@pytest.mark.parametrize(("kind", "entry"), [(k, e) for k, e in ENTRIES], ids=IDS)
+AUTOCAST_PARAMS = [
+    pytest.param(
+        kind,
+        e,
+        id=i,
+        marks=[pytest.mark.xfail(reason=AUTOCAST_FAILS[e.name], strict=True)] if e.name in AUTOCAST_FAILS else [],
+    )
+    for (kind, e), i in zip(ENTRIES, IDS)
+]
+
+
+@pytest.mark.parametrize(("kind", "entry"), AUTOCAST_PARAMS)
 def test_autocast_bf16_dtype_and_finite(kind: str, entry: RegistryEntry) -> None:
     ex = entry.example(torch.float32, torch.device("cpu"))
     want = _run(entry.fn, entry, _fresh(ex))

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from rankwise._kernels import _loader
 
@@ -33,7 +32,7 @@ def test_only_the_kernel_layer_imports_numba_and_ctypes() -> None:
         inside = p.relative_to(SRC).parts[0] == "_kernels"
         if not inside and _imported_roots(p) & {"numba", "ctypes"}:
             offenders.append(str(p.relative_to(SRC)))
-        if not inside and "RANKWISE_NUMBA\"" in p.read_text() and "environ" in p.read_text():
+        if not inside and 'RANKWISE_NUMBA"' in p.read_text() and "environ" in p.read_text():
             offenders.append(f"{p.relative_to(SRC)} (reads RANKWISE_NUMBA)")
     assert offenders == []
 
@@ -101,7 +100,9 @@ _, status = os.waitpid(pid, 0)
 print("child", os.waitstatus_to_exitcode(status))
 loader = torch.utils.data.DataLoader(
     torch.utils.data.TensorDataset(x), batch_size=64, num_workers=2, multiprocessing_context="fork",
-    collate_fn=lambda b: rankwise.soft_rank(torch.stack([t[0] for t in b]), method="isotonic", regularization_strength=0.5),
+    collate_fn=lambda b: rankwise.soft_rank(
+        torch.stack([t[0] for t in b]), method="isotonic", regularization_strength=0.5
+    ),
 )
 got = torch.cat(list(loader))
 print("loader", bool(torch.allclose(got, ref_soft, rtol=1e-6, atol=1e-6)))

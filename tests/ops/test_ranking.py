@@ -231,7 +231,9 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
     real_run_task = _parallel.run_task
     team: list[tuple[int, int]] = []
     monkeypatch.setattr(
-        _parallel, "run_task", lambda task, rows, n, th, *a: team.append((task, th)) or real_run_task(task, rows, n, th, *a)
+        _parallel,
+        "run_task",
+        lambda task, rows, n, th, *a: team.append((task, th)) or real_run_task(task, rows, n, th, *a),
     )
     for threads in (1, 2):
         monkeypatch.setattr(_sort.torch, "get_num_threads", lambda threads=threads: threads)

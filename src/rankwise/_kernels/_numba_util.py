@@ -59,4 +59,6 @@ next_chunk: Any = intrinsic(_next_chunk_intrinsic)
 def task(fn: Any) -> int:
     """The address of ``fn`` compiled as a ``void(void*)`` C callback (cached by numba against the
     module that defines ``fn``, so it is recompiled whenever that kernel changes)."""
-    return int(cfunc(types.void(types.voidptr), cache=True)(fn).address)
+    address = cfunc(types.void(types.voidptr), cache=True)(fn).address
+    assert address is not None
+    return int(address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any, Literal
@@ -193,6 +194,22 @@ def _softmax_lse(logits: torch.Tensor, lse_out: torch.Tensor) -> torch.Tensor:
     return prob
 
 
+def _autocast_off(fn: Any) -> Any:
+    """Run an autograd Function's ``forward`` / ``backward`` with autocast off: its inputs are already
+    in the compute dtype and its hand-written gradient mixes matmuls with in-place and ``out=`` ops
+    that must keep that dtype (autocast would turn the matmuls into bfloat16 / float16)."""
+
+    @functools.wraps(fn)
+    def run(ctx: Any, *args: Any) -> Any:
+        with torch.autocast("cpu", enabled=False):
+            if torch.cuda.is_available():
+                with torch.autocast("cuda", enabled=False):
+                    return fn(ctx, *args)
+            return fn(ctx, *args)
+
+    return run
+
+
 class _SupCon(torch.autograd.Function):
     r"""SupCon as one autograd node: (B, V, D) views -> the scalar loss, with an analytic backward.
 
@@ -216,6 +233,7 @@ class _SupCon(torch.autograd.Function):
     """
 
     @staticmethod
+    @_autocast_off
     def forward(  # type: ignore[override]
         ctx: Any,
         x: torch.Tensor,
@@ -279,6 +297,7 @@ class _SupCon(torch.autograd.Function):
         return total
 
     @staticmethod
+    @_autocast_off
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         saved = ctx.saved_tensors
@@ -388,6 +407,7 @@ class _SupConOutSmall(torch.autograd.Function):
     """
 
     @staticmethod
+    @_autocast_off
     def forward(  # type: ignore[override]
         ctx: Any,
         x: torch.Tensor,
@@ -450,6 +470,7 @@ class _SupConOutSmall(torch.autograd.Function):
         return total
 
     @staticmethod
+    @_autocast_off
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (grad,) = ctx.saved_tensors

@@ -189,6 +189,21 @@ def test_isotonic_kernel_ops_compile() -> None:
     assert hasattr(torch.ops.rankwise, "isotonic_rank_forward") and hasattr(torch.ops.rankwise, "sort_rows")
 
 
+def test_first_call_compiled_loads_the_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled Spearman loss with an explicit ranker as the very first call (the soft-method
+    plugins not imported yet) traces without a graph break."""
+    from rankwise.losses import spearman_loss
+    from rankwise.ops import soft
+
+    monkeypatch.setattr(soft, "_PLUGINS_LOADED", False)
+    torch._dynamo.reset()
+    p = torch.randn(16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    y = torch.arange(16.0)
+    fn = torch.compile(lambda a, b: spearman_loss(a, b, ranker="isotonic"), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(fn(p, y), spearman_loss(p, y, ranker="isotonic"))
+    assert soft._PLUGINS_LOADED
+
+
 # --------------------------------------------------------------------------------------------------
 # autocast (CPU bfloat16)
 # --------------------------------------------------------------------------------------------------

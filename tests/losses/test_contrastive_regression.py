@@ -140,7 +140,7 @@ def test_rnc_cpu_kernels_match_the_pytorch_path(dtype, monkeypatch):
         for rows in (None, torch.tensor([3, 20, 0, 25, 7])):
 
             def run(use_kernels, y=y, rows=rows):
-                monkeypatch.setattr(rc, "_rnc_kernels_cache", None if use_kernels else False)
+                monkeypatch.setattr(rc.kernels, "ready", (lambda: True) if use_kernels else (lambda: False))
                 if rows is None:
                     loss = rnc_loss(x, y, temperature=0.6)
                 else:  # what one rank computes: its anchors against every view
@@ -152,7 +152,7 @@ def test_rnc_cpu_kernels_match_the_pytorch_path(dtype, monkeypatch):
                 return loss, grad
 
             fast, g_fast = run(True)
-            assert rc._rnc_kernels_cache, "the numba kernels ran"
+            assert rc.kernels.FAMILY.loaded, "the numba kernels ran"
             slow, g_slow = run(False)
             if torch.isnan(slow):
                 assert torch.isnan(fast)

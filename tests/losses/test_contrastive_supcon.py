@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rankwise._kernels import _loader
+from rankwise._kernels import supcon as ksup
 from rankwise.losses import SupConLoss, _supcon, get_loss_entry, list_losses, supcon_loss
 from tests.conftest import gradcheck, tol
 
@@ -445,7 +447,7 @@ def test_one_pass_path_equals_general_paths(seed, kernel, monkeypatch):
         monkeypatch.setattr(_supcon, "_NUMBA_MAX_N", 0)
     else:
         pytest.importorskip("numba")
-        monkeypatch.setattr(_supcon, "_NUMBA_MODE", "sync")
+        monkeypatch.setattr(_loader, "MODE", "sync")
     g = torch.Generator().manual_seed(seed)
 
     def pick(options):
@@ -513,9 +515,10 @@ def test_one_pass_path_gradcheck_half_input_and_no_grad():
 
 
 def _fresh_loader(monkeypatch, mode):
-    monkeypatch.setattr(_supcon, "_NUMBA_MODE", mode)
-    monkeypatch.setattr(_supcon, "_kernel", _supcon._UNSET)
-    monkeypatch.setattr(_supcon, "_loader", None)
+    monkeypatch.setattr(_loader, "MODE", mode)
+    monkeypatch.setattr(ksup.FAMILY, "kernels", _loader._UNSET)
+    monkeypatch.setattr(ksup.FAMILY, "_thread", None)
+    monkeypatch.setattr(ksup.FAMILY, "_unloaded_calls", 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -526,9 +529,10 @@ def test_numba_kernel_equals_torch_ops(dtype, mode, monkeypatch):
     (no gradient wanted: the kernel's ``out=0``)."""
     pytest.importorskip("numba")
     _fresh_loader(monkeypatch, "sync")
-    real = _supcon._load_kernel()
+    ksup.FAMILY.load()
+    real = ksup.supcon_out
     calls = []
-    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append((args[3], args[6])) or real(*args))
+    monkeypatch.setattr(ksup, "supcon_out", lambda *args: calls.append((args[3], args[6])) or real(*args))
     g = torch.Generator().manual_seed(3)
     rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-11, 1e-13)
     for b, v in ((_supcon._NUMBA_MAX_N // 2, 2), (7, 3), (1, 2)):
@@ -557,9 +561,10 @@ def test_numba_kernel_scaling_at_its_smallest_temperature(dtype, monkeypatch):
     at the largest batch, against the torch ops; just below that temperature the tiled transpose."""
     pytest.importorskip("numba")
     _fresh_loader(monkeypatch, "sync")
-    real = _supcon._load_kernel()
+    ksup.FAMILY.load()
+    real = ksup.supcon_out
     calls = []
-    monkeypatch.setattr(_supcon, "_kernel", lambda *args: calls.append(args[6]) or real(*args))
+    monkeypatch.setattr(ksup, "supcon_out", lambda *args: calls.append(args[6]) or real(*args))
     tau = _supcon._FACTOR_MIN_TAU[dtype]
     b = _supcon._NUMBA_MAX_N // 2
     g = torch.Generator().manual_seed(5)
@@ -583,7 +588,7 @@ def test_numba_kernel_when_every_positive_underflows(dtype, monkeypatch):
     float32, the kernel then takes the log-sum-exp from the row's maximum (finite, as the torch ops)."""
     pytest.importorskip("numba")
     _fresh_loader(monkeypatch, "sync")
-    _supcon._load_kernel()
+    ksup.FAMILY.load()
     x = _feats(24, 2, 8, seed=11, dtype=dtype, scale=30.0).detach()
     y = torch.arange(24) % 3
     kw = {"temperature": 0.01, "normalize": False}
@@ -612,12 +617,12 @@ def test_numba_kernel_loads_in_the_background_and_off_means_never(monkeypatch):
     want = supcon_loss(x, y)
     _fresh_loader(monkeypatch, "off")
     torch.testing.assert_close(supcon_loss(x, y), want)
-    assert _supcon._kernel is _supcon._UNSET and _supcon._loader is None
+    assert ksup.FAMILY.kernels is _loader._UNSET and ksup.FAMILY._thread is None
     _fresh_loader(monkeypatch, "background")
     torch.testing.assert_close(supcon_loss(x, y), want)  # the torch ops while the kernel loads
-    assert _supcon._loader is not None
-    _supcon._loader.join(timeout=120)
-    assert _supcon._kernel is not None and _supcon._kernel is not _supcon._UNSET
+    assert ksup.FAMILY._thread is not None
+    ksup.FAMILY._thread.join(timeout=120)
+    assert ksup.FAMILY.loaded
     torch.testing.assert_close(supcon_loss(x, y), want)
 
 
@@ -625,11 +630,11 @@ def test_without_numba_the_small_path_uses_torch_ops(monkeypatch):
     import sys
 
     _fresh_loader(monkeypatch, "sync")
-    monkeypatch.setitem(sys.modules, "rankwise.losses._supcon_numba", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "rankwise._kernels._numba_supcon", None)  # import raises ImportError
     x = _feats(5, 2, 4, seed=5)
     y = torch.tensor([0, 1, 0, 2, 1])
     loss = supcon_loss(x, y)
-    assert _supcon._kernel is None
+    assert ksup.FAMILY.kernels is None
     torch.testing.assert_close(loss, slow_supcon(x, y).to(loss.dtype))
 
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import rankwise
+from rankwise._kernels import _loader, _parallel
+from rankwise._kernels import isotonic as kiso
 from rankwise.ops import isotonic as iso
 from tests.conftest import gradcheck, tol
 
@@ -224,7 +226,7 @@ def test_torch_path_equals_numba_path(
 
 def test_torch_path_block_ids_match_pav(monkeypatch: pytest.MonkeyPatch) -> None:
     """The min-max block structure equals PAV's, ties included (all-equal and repeated values)."""
-    if iso._numba_kernels() is None:
+    if kiso.FAMILY.load() is None:
         pytest.skip("numba is unavailable")
     base = torch.randn(3, 12, dtype=torch.float64)
     base[1] = 1.0
@@ -439,12 +441,13 @@ def test_falls_back_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """If numba fails to import, one RuntimeWarning and the PyTorch path give the same result."""
     x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     want = iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.3)
-    monkeypatch.setattr(iso, "_nb", iso._UNSET)
-    monkeypatch.setitem(sys.modules, "rankwise.ops._isotonic_numba", None)  # makes the import fail
-    monkeypatch.delattr(rankwise.ops, "_isotonic_numba", raising=False)
+    monkeypatch.setattr(kiso.FAMILY, "kernels", _loader._UNSET)
+    monkeypatch.setattr(_loader, "MODE", "sync")
+    monkeypatch.setitem(sys.modules, "rankwise._kernels._numba_isotonic", None)  # makes the import fail
+    monkeypatch.delattr(rankwise._kernels, "_numba_isotonic", raising=False)
     with pytest.warns(RuntimeWarning, match="numba is unavailable"):
         got = iso.soft_rank_isotonic(x, regularization="kl", regularization_strength=0.3)
-    assert iso._nb is None
+    assert kiso.FAMILY.kernels is None
     torch.testing.assert_close(got, want)
     got.sum().backward()
 
@@ -554,7 +557,7 @@ def test_bad_inputs() -> None:
 # --------------------------------------------------------------------------------------------------
 _LOADING_SCRIPT = """
 import sys, torch, rankwise
-from rankwise.ops import isotonic as iso
+from rankwise._kernels import isotonic as kiso
 x = torch.tensor([[3.0, 1.0, 2.0, -1.0], [0.5, 0.25, 2.0, 1.0]], dtype=torch.float64, requires_grad=True)
 outs = []
 for i in range(3):
@@ -562,11 +565,11 @@ for i in range(3):
     (g,) = torch.autograd.grad((y * torch.arange(8.0).view(2, 4)).sum(), x)
     outs.append((y.detach(), g))
     if i == 0:  # after the first call: numba not imported (background, off) or loaded (sync)
-        print("numba" in sys.modules, iso._loader is not None)
-print(iso._loader is not None)
-if iso._loader is not None:
-    iso._loader.join()
-print(iso._nb is not iso._UNSET and iso._nb is not None)
+        print("numba" in sys.modules, kiso.FAMILY._thread is not None)
+print(kiso.FAMILY._thread is not None)
+if kiso.FAMILY._thread is not None:
+    kiso.FAMILY._thread.join()
+print(kiso.FAMILY.loaded)
 y = rankwise.soft_rank(x, method="isotonic", regularization="kl", regularization_strength=0.7)
 (g,) = torch.autograd.grad((y * torch.arange(8.0).view(2, 4)).sum(), x)
 for a, b in outs:
@@ -598,8 +601,14 @@ def test_kernel_loading_modes(mode: str) -> None:
 
 def test_large_inputs_wait_for_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """While the kernels load in the background, inputs beyond the PyTorch path's budget wait for them."""
-    monkeypatch.setattr(iso, "_NUMBA_MODE", "background")
-    assert iso._kernels_for(1, 1 + int(iso._WARMUP_TORCH_MAX**0.5)) is iso._numba_kernels()
+    loaded = kiso.FAMILY.load()
+    monkeypatch.setattr(_loader, "MODE", "background")
+    monkeypatch.setattr(kiso.FAMILY, "kernels", _loader._UNSET)
+    monkeypatch.setattr(kiso.FAMILY, "_unloaded_calls", 0)
+    monkeypatch.setattr(kiso.FAMILY, "_thread", None)
+    assert not kiso.ready(1, 8)  # small: the torch path (the first call starts nothing)
+    assert kiso.ready(1, 1 + int(_loader.WARMUP_TORCH_MAX**0.5)) == (loaded is not None)
+    assert kiso.FAMILY.kernels is loaded
 
 
 # --------------------------------------------------------------------------------------------------
@@ -621,15 +630,15 @@ def test_sort_inside_kernels_equals_torch_sorted_path(
     x[1, :4] = torch.tensor([0.0, -0.0, 0.0, -0.0], dtype=dtype)  # signed zeros tie
     g = torch.randn(300, 17, generator=gen, dtype=dtype)
     kw = {"regularization": reg, "regularization_strength": 0.3, "descending": descending}
-    monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 64)
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_NUMEL", 64)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         results = []
         for max_n in (0, 128) if dtype == torch.float64 else (128,):  # 0: torch sorts
-            monkeypatch.setattr(iso, "_SORT_INSIDE_MAX_N", max_n)
-            monkeypatch.setattr(iso, "_SORT_INSIDE_WHEN_THREADED", max_n == 128)
-            assert iso._sort_inside(*x.shape, dtype) == (max_n == 128)
+            monkeypatch.setattr(kiso, "SORT_INSIDE_MAX_N", max_n)
+            monkeypatch.setattr(kiso, "SORT_INSIDE_WHEN_THREADED", max_n == 128)
+            assert kiso._sort_inside(*x.shape, dtype) == (max_n == 128)
             for fn in (rankwise.soft_rank, rankwise.soft_sort):
                 results.append(_value_and_grad(lambda t, fn=fn: fn(t, **kw), x, g))
     finally:
@@ -651,12 +660,12 @@ def test_sort_inside_rule() -> None:
     f64 = torch.float64
     try:
         torch.set_num_threads(1)
-        assert iso._sort_inside(256, 256) and iso._sort_inside(1, 100000)
-        assert iso._sort_inside(4096, 64, f64) and iso._sort_inside(1, 1000, f64)
-        assert not iso._sort_inside(256, 256, f64)
+        assert kiso._sort_inside(256, 256, torch.float32) and kiso._sort_inside(1, 100000, torch.float32)
+        assert kiso._sort_inside(4096, 64, f64) and kiso._sort_inside(1, 1000, f64)
+        assert not kiso._sort_inside(256, 256, f64)
         torch.set_num_threads(2)
-        assert iso._sort_inside(256, 256, f64) and iso._sort_inside(2, 4096, f64)
-        assert not iso._sort_inside(1, 4096, f64)
+        assert kiso._sort_inside(256, 256, f64) and kiso._sort_inside(2, 4096, f64)
+        assert not kiso._sort_inside(1, 4096, f64)
     finally:
         torch.set_num_threads(old)
 
@@ -665,26 +674,27 @@ def test_sort_inside_rule() -> None:
 def test_openmp_team_equals_python_threads_and_serial(shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """float32 rows split over torch's OpenMP team (the default with 2 threads) give bit-identical
     values and gradients to the Python-thread split and to one serial pass, ties included."""
-    omp = iso._load_omp()
+    kiso.FAMILY.load()
+    omp = _parallel.gomp
     if omp is None:
         pytest.skip("torch's OpenMP runtime is not usable here")
     gen = torch.Generator().manual_seed(5)
     x = torch.randint(-4, 5, shape, generator=gen).float() / 2
     x[::2] += torch.randn(x[::2].shape, generator=gen)
     g = torch.randn(shape, generator=gen)
-    monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 64)
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_NUMEL", 64)
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert iso._omp_team(shape[0], shape[0] * shape[1], torch.float32)[0] is omp
+        assert _parallel.team_threads(shape[0], shape[0] * shape[1], torch.float32) == 2
         for fn in (rankwise.soft_rank, rankwise.soft_sort):
             for reg in REGS:
                 for descending in (False, True):
                     kw = {"regularization": reg, "regularization_strength": 0.3, "descending": descending}
                     results = []
                     for mode in ("omp", "python", "serial"):
-                        monkeypatch.setattr(iso, "_omp", omp if mode == "omp" else None)
-                        monkeypatch.setattr(iso, "_PARALLEL_MIN_NUMEL", 1 << 60 if mode == "serial" else 64)
+                        monkeypatch.setattr(_parallel, "gomp", omp if mode == "omp" else None)
+                        monkeypatch.setattr(_parallel, "PARALLEL_MIN_NUMEL", 1 << 60 if mode == "serial" else 64)
                         results.append(_value_and_grad(lambda t, fn=fn, kw=kw: fn(t, **kw), x, g))
                     for y, gx in results[1:]:
                         assert torch.equal(y, results[0][0]) and torch.equal(gx, results[0][1]), (fn, kw)
@@ -697,14 +707,15 @@ def test_openmp_team_rule() -> None:
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        big = iso._PARALLEL_MIN_NUMEL
-        expect = iso._load_omp()
-        assert iso._omp_team(64, big, torch.float32)[0] is expect
-        assert iso._omp_team(64, big, torch.float64)[0] is None
-        assert iso._omp_team(1, big, torch.float32)[0] is None
-        assert iso._omp_team(64, big - 1, torch.float32)[0] is None
+        big = _parallel.PARALLEL_MIN_NUMEL
+        kiso.FAMILY.load()
+        expect = 2 if _parallel.gomp is not None else 0
+        assert _parallel.team_threads(64, big, torch.float32) == expect
+        assert _parallel.team_threads(64, big, torch.float64) == 0
+        assert _parallel.team_threads(1, big, torch.float32) == 0
+        assert _parallel.team_threads(64, big - 1, torch.float32) == 0
         torch.set_num_threads(1)
-        assert iso._omp_team(64, big, torch.float32)[0] is None
+        assert _parallel.team_threads(64, big, torch.float32) == 0
     finally:
         torch.set_num_threads(old)
 
@@ -715,7 +726,9 @@ def test_kernel_sort_is_torch_stable_descending_sort(n: int, dtype: torch.dtype)
     """The kernels' row sort (float32: insertion for short rows, radix with 8- then 11-bit digits;
     float64: merge sort) is ``torch.sort(descending=True, stable=True)``: ties in index order, -0.0
     equal to +0.0, subnormals, huge values, constant and presorted rows."""
-    nb = iso._numba_kernels()
+    from rankwise._kernels import _numba_sort
+
+    nb = kiso.FAMILY.load()
     if nb is None:
         pytest.skip("numba unavailable")
     gen = torch.Generator().manual_seed(n)
@@ -733,7 +746,7 @@ def test_kernel_sort_is_torch_stable_descending_sort(n: int, dtype: torch.dtype)
         z = z.to(dtype).contiguous()
         want = torch.sort(z, descending=True, stable=True).indices
         perm = torch.empty(n, dtype=torch.int64)
-        nb._descending_order(z.numpy(), perm.numpy(), *nb._sort_scratch(n))
+        _numba_sort._descending_order(z.numpy(), perm.numpy(), *_numba_sort._sort_scratch(n))
         assert torch.equal(perm, want)
 
 

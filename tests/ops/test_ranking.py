@@ -211,9 +211,12 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
     """Once loaded, float32 CPU inputs are sorted by numba's row radix sort (torch.sort is not
     called): exactly torch.sort(stable=True)'s permutation in both directions, with ties, +-0.0,
     NaN of either sign, +-inf, subnormals and the largest floats, on 1 and 2 threads."""
-    from rankwise.ops import _sort, isotonic
+    from rankwise._kernels import _parallel
+    from rankwise._kernels import sort as ksort
+    from rankwise.ops import _sort
 
-    if isotonic._numba_kernels() is None:
+    nb = ksort.FAMILY.load()
+    if nb is None:
         pytest.skip("numba unavailable")
     gen = torch.Generator().manual_seed(shape[-1])
     inputs = [
@@ -225,10 +228,12 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
     real_sort = torch.sort
     calls: list[object] = []
     monkeypatch.setattr(_sort.torch, "sort", lambda *a, **k: calls.append(a) or real_sort(*a, **k))
-    real_on_team = isotonic._on_team
-    team: list[tuple[str, int]] = []
+    real_run_task = _parallel.run_task
+    team: list[tuple[int, int]] = []
     monkeypatch.setattr(
-        isotonic, "_on_team", lambda omp, th, task, *a: team.append((task, th)) or real_on_team(omp, th, task, *a)
+        _parallel,
+        "run_task",
+        lambda task, rows, n, th, *a: team.append((task, th)) or real_run_task(task, rows, n, th, *a),
     )
     for threads in (1, 2):
         monkeypatch.setattr(_sort.torch, "get_num_threads", lambda threads=threads: threads)
@@ -240,8 +245,8 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
                 assert torch.equal(perm, want)
     assert calls == []
     # rows split over torch's OpenMP team on 2 threads from _PARALLEL_MIN_NUMEL elements on
-    big = shape[0] > 1 and shape[0] * shape[1] >= isotonic._PARALLEL_MIN_NUMEL and isotonic._load_omp() is not None
-    assert team == ([("SORT_ROWS", 2)] * 8 if big else [])
+    big = shape[0] > 1 and shape[0] * shape[1] >= _parallel.PARALLEL_MIN_NUMEL and _parallel.gomp is not None
+    assert team == ([(nb.SORT_ROWS, 2)] * 8 if big else [])
     x = torch.randn(2, 3, 700, generator=gen).requires_grad_()  # leading dims, a leaf with grad
     _, perm = _sort.sort_last(x, True)
     assert perm.shape == x.shape and torch.equal(
@@ -252,24 +257,27 @@ def test_sort_last_numba_row_sort_is_torch_sort(shape: tuple[int, ...], monkeypa
 def test_sort_last_waits_for_no_numba_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before the kernels are loaded, "background" sorts with torch (and starts the load on the
     second call), "off" always does; neither waits for numba."""
-    from rankwise.ops import _sort, isotonic
+    from rankwise._kernels import _loader
+    from rankwise._kernels import sort as ksort
+    from rankwise.ops import _sort
 
     x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(3))
     want = torch.sort(x, dim=-1, stable=True).indices
-    monkeypatch.setattr(isotonic, "_nb", isotonic._UNSET)
-    monkeypatch.setattr(isotonic, "_NUMBA_MODE", "off")
-    assert _sort._row_sort_kernel() is None
+    fam = ksort.FAMILY
+    monkeypatch.setattr(fam, "kernels", _loader._UNSET)
+    monkeypatch.setattr(_loader, "MODE", "off")
+    assert not ksort.ready()
     assert torch.equal(_sort.sort_last(x, False)[1], want)
-    monkeypatch.setattr(isotonic, "_NUMBA_MODE", "background")
-    monkeypatch.setattr(isotonic, "_unloaded_calls", 0)
+    monkeypatch.setattr(_loader, "MODE", "background")
+    monkeypatch.setattr(fam, "_unloaded_calls", 0)
     started: list[bool] = []
-    monkeypatch.setattr(isotonic, "_loader", None)
-    monkeypatch.setattr(isotonic, "_load_and_warm_up", lambda: started.append(True))
-    monkeypatch.setattr(isotonic.atexit, "register", lambda fn: None)
-    assert _sort._row_sort_kernel() is None and isotonic._loader is None
+    monkeypatch.setattr(fam, "_thread", None)
+    monkeypatch.setattr(fam, "load", lambda: started.append(True))
+    monkeypatch.setattr(_loader.atexit, "register", lambda fn: None)
+    assert not ksort.ready() and fam._thread is None
     assert torch.equal(_sort.sort_last(x, False)[1], want)  # the second call starts the load
-    assert isotonic._loader is not None
-    isotonic._loader.join(timeout=60)
+    assert fam._thread is not None
+    fam._thread.join(timeout=60)
     assert started == [True]
 
 
@@ -279,7 +287,7 @@ def test_sort_last_uses_row_sort_when_threaded(monkeypatch: pytest.MonkeyPatch) 
     sort. Both give torch.sort's stable permutation."""
     from rankwise.ops import _sort
 
-    monkeypatch.setattr(_sort, "_row_sort_kernel", lambda: None)
+    monkeypatch.setattr(_sort.kernels, "ready", lambda: False)
     x = torch.randn(40, 97, generator=torch.Generator().manual_seed(1))
     calls: list[tuple[int, ...]] = []
     real_sort = torch.sort

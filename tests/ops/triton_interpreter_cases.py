@@ -21,10 +21,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 import rankwise
 from rankwise.ops import isotonic as iso
 
-try:  # the numba kernels (CPU references)
-    from rankwise._kernels import _numba_isotonic as nb
-except ImportError:
-    from rankwise.ops import _isotonic_numba as nb
+from rankwise._kernels import _numba_isotonic as nb  # the numba kernels (CPU references)
 
 pytest.importorskip("triton")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
+from rankwise._kernels import rnc as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
 from rankwise._validation import (
     batch_loss,
@@ -144,10 +144,9 @@ def rnc_loss(
         return zero_with_graph(features if layout is None else x)
     z = x.transpose(0, 1).reshape(n, d)
     yv = _repeat_views(y, v)
-    kernels = _rnc_kernels() if z.device.type == "cpu" else None
-    if kernels is not None:
-        order_np, gend_np = _rnc_order(kernels, yv, rows, n)
-        return _RnC.apply(z, rows, order_np, gend_np, tau, scale / (n * (n - 1)), kernels)
+    if z.device.type == "cpu" and kernels.ready():
+        order, gend = _rnc_order(yv, rows, n)
+        return _RnC.apply(z, rows, order, gend, tau, scale / (n * (n - 1)))
     ld = _label_distance(yv)
     if rows is None:
         eye = torch.eye(n, dtype=torch.bool, device=z.device)
@@ -175,31 +174,12 @@ def _descending_order(ld: torch.Tensor, eye: torch.Tensor) -> tuple[torch.Tensor
     return order, ends.flip(1).cummin(1).values.flip(1)
 
 
-_rnc_kernels_cache: Any = None  # the numba kernels module, imported on first CPU use (False: unavailable)
-
-
-def _rnc_kernels() -> Any:
-    global _rnc_kernels_cache
-    if _rnc_kernels_cache is None:
-        try:
-            from rankwise.losses import _numba_kernels
-
-            _rnc_kernels_cache = _numba_kernels
-        except Exception:  # numba missing or broken: the PyTorch path
-            _rnc_kernels_cache = False
-    return _rnc_kernels_cache or None
-
-
-def _rnc_order(kernels: Any, yv: torch.Tensor, rows: torch.Tensor | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _rnc_order(yv: torch.Tensor, rows: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(m, n - 1) order of every anchor's other views by decreasing label distance and group ends."""
-    m = n if rows is None else rows.shape[0]
     if yv.dim() == 1:  # one label: merge the two label-sorted runs of every row, no per-row sort
-        y = _label_values(yv).numpy()
-        srt = np.argsort(y, kind="stable")  # NaN last
-        self_cols = np.arange(n) if rows is None else rows.numpy()
-        order = np.empty((m, n - 1), np.int64)
-        gend = np.empty((m, n - 1), np.int64)
-        kernels.rnc_order(y if rows is None else y[self_cols], y, self_cols, srt, order, gend)
+        y = _label_values(yv)
+        self_cols = torch.arange(n) if rows is None else rows
+        order, gend = kernels.order(y if rows is None else y[self_cols], y, self_cols)
         return order, gend
     ld = _label_distance(yv)
     if rows is None:
@@ -207,8 +187,7 @@ def _rnc_order(kernels: Any, yv: torch.Tensor, rows: torch.Tensor | None, n: int
     else:
         ld = ld[rows]
         eye = rows[:, None] == torch.arange(n)[None, :]
-    order_t, last = _descending_order(ld, eye)
-    return order_t.numpy(), last.numpy()
+    return _descending_order(ld, eye)
 
 
 class _RnC(torch.autograd.Function):
@@ -226,31 +205,26 @@ class _RnC(torch.autograd.Function):
         ctx: Any,
         z: torch.Tensor,
         rows: torch.Tensor | None,
-        order: np.ndarray,
-        gend: np.ndarray,
+        order: torch.Tensor,
+        gend: torch.Tensor,
         tau: float,
         scale: float,
-        kernels: Any,
     ) -> torch.Tensor:
         d2 = sq_dist(z, rows)
         tiny = torch.finfo(d2.dtype).tiny
         dist = d2.clamp_min(tiny).sqrt_()
         s = dist / -tau
-        lcse = np.empty(order.shape, np.float64)
-        total = kernels.rnc_forward(s.numpy(), order, gend, lcse)
-        ctx.save_for_backward(z, rows, s, dist, d2 >= tiny)  # distances at 0 get no gradient
-        ctx.arrays = (order, gend, lcse)
-        ctx.cfg = (tau, scale, kernels)
-        return torch.tensor(total * scale, dtype=z.dtype)
+        total, lcse = kernels.forward(s, order, gend)
+        ctx.save_for_backward(z, rows, s, dist, d2 >= tiny, order, gend, lcse)  # distances at 0: no gradient
+        ctx.cfg = (tau, scale)
+        return (total * scale).to(z.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        z, rows, s, dist, flows = ctx.saved_tensors
-        order, gend, lcse = ctx.arrays
-        tau, scale, kernels = ctx.cfg
-        g = torch.empty_like(s)
-        kernels.rnc_backward(s.numpy(), order, gend, lcse, g.numpy())
+        z, rows, s, dist, flows, order, gend, lcse = ctx.saved_tensors
+        tau, scale = ctx.cfg
+        g = kernels.backward(s, order, gend, lcse)
         # W = dL/ds / (tau d); ds_ik/dz_i = -(z_i - z_k) / (tau d_ik), ds_ik/dz_k = -ds_ik/dz_i
         w = g.mul_(flows).div_(dist).mul_(grad_out * (scale / tau))
         za = z if rows is None else z[rows]
@@ -260,7 +234,7 @@ class _RnC(torch.autograd.Function):
             grad += grad_anchor
         else:
             grad.index_add_(0, rows, grad_anchor)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 class RnCLoss(nn.Module):

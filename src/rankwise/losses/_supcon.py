@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
+import functools
 import logging
 import math
-import os
-import threading
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from rankwise._kernels import supcon as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
 from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
@@ -200,6 +199,22 @@ def _softmax_lse(logits: torch.Tensor, lse_out: torch.Tensor) -> torch.Tensor:
     return prob
 
 
+def _autocast_off(fn: Any) -> Any:
+    """Run an autograd Function's ``forward`` / ``backward`` with autocast off: its inputs are already
+    in the compute dtype and its hand-written gradient mixes matmuls with in-place and ``out=`` ops
+    that must keep that dtype (autocast would turn the matmuls into bfloat16 / float16)."""
+
+    @functools.wraps(fn)
+    def run(ctx: Any, *args: Any) -> Any:
+        with torch.autocast("cpu", enabled=False):
+            if torch.cuda.is_available():
+                with torch.autocast("cuda", enabled=False):
+                    return fn(ctx, *args)
+            return fn(ctx, *args)
+
+    return run
+
+
 class _SupCon(torch.autograd.Function):
     r"""SupCon as one autograd node: (B, V, D) views -> the scalar loss, with an analytic backward.
 
@@ -223,6 +238,7 @@ class _SupCon(torch.autograd.Function):
     """
 
     @staticmethod
+    @_autocast_off
     def forward(  # type: ignore[override]
         ctx: Any,
         x: torch.Tensor,
@@ -286,6 +302,7 @@ class _SupCon(torch.autograd.Function):
         return total
 
     @staticmethod
+    @_autocast_off
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         saved = ctx.saved_tensors
@@ -347,12 +364,12 @@ class _SupCon(torch.autograd.Function):
         return grad_views, *[None] * 9
 
 
-#: ``B V`` up to which the one-pass path does its per-element work in the numba kernel of
-#: :mod:`rankwise.losses._supcon_numba` (one call instead of ~25 small torch ops and the transposing
+#: ``B V`` up to which the one-pass path does its per-element work in the kernel of
+#: :mod:`rankwise._kernels.supcon` (one call instead of ~25 small torch ops and the transposing
 #: add); above, the torch ops (multi-threaded) win on more than one thread. Loaded as
-#: ``RANKWISE_NUMBA`` says (see :mod:`rankwise.ops.isotonic`): "background" (default): calls before
-#: the kernel is compiled or read from numba's cache use the torch ops (same values up to float
-#: rounding) while a daemon thread loads it; "sync": the first call loads it; "off": never.
+#: ``RANKWISE_NUMBA`` says (see :mod:`rankwise._kernels._loader`): "background" (default): calls
+#: before the kernel is loaded use the torch ops (same values up to float rounding) while a daemon
+#: thread loads it; "sync": the first call loads it; "off": never.
 _NUMBA_MAX_N = 512
 #: Smallest temperature at which the kernel forms ``W + W^T`` of normalized views by row and column
 #: scaling (``out=3``): with all views anchors the logits are symmetric, so
@@ -362,49 +379,6 @@ _NUMBA_MAX_N = 512
 #: number at these temperatures (float32: 2e-21 at N = 512); the two logits of a pair differ only
 #: by the matmul's rounding, as do the softmax's own inputs.
 _FACTOR_MIN_TAU = {torch.float32: 0.05, torch.float64: 0.005}
-_NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
-_UNSET: Any = object()
-_kernel: Any = _UNSET
-_kernel_lock = threading.Lock()
-_loader: threading.Thread | None = None
-
-
-def _load_kernel() -> Any:
-    """The numba kernel (importing and compiling or reading it now if needed), or ``None`` when numba
-    cannot be used (the torch ops are used then)."""
-    global _kernel
-    with _kernel_lock:
-        if _kernel is _UNSET:
-            try:
-                import numpy as np
-
-                from rankwise.losses._supcon_numba import supcon_out
-
-                one = np.full((2, 2), 0.5, dtype=np.float32)  # compiles (or reads) the float32 version
-                supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.float32), 2, 2, 1.0, 2)
-                _kernel = supcon_out
-            except Exception as exc:  # numba missing or broken
-                logger.debug("rankwise: SupCon uses torch ops only (numba kernel unavailable: %r)", exc)
-                _kernel = None
-    return _kernel
-
-
-def _numba_kernel() -> Any:
-    """The kernel if loaded, else ``None`` (and the load starts, see ``_NUMBA_MODE``)."""
-    global _loader
-    if _kernel is not _UNSET:
-        return _kernel
-    if _NUMBA_MODE == "off":
-        return None
-    if _NUMBA_MODE == "sync":
-        return _load_kernel()
-    if _loader is None:
-        with _kernel_lock:
-            if _loader is None:
-                _loader = threading.Thread(target=_load_kernel, name="rankwise-supcon-numba", daemon=True)
-                _loader.start()
-                atexit.register(_loader.join)  # never stop the interpreter inside LLVM
-    return None
 
 
 def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
@@ -433,11 +407,12 @@ class _SupConOutSmall(torch.autograd.Function):
     The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
     over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
     weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
-    (:func:`rankwise.losses._supcon_numba.supcon_out`, which visits only the positives besides one
+    (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives besides one
     dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only.
     """
 
     @staticmethod
+    @_autocast_off
     def forward(  # type: ignore[override]
         ctx: Any,
         x: torch.Tensor,
@@ -462,14 +437,13 @@ class _SupConOutSmall(torch.autograd.Function):
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
         prob = torch.softmax(logits, 1)
-        use_kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and not torch.compiler.is_compiling()
-        kernel = _numba_kernel() if use_kernel else None  # (numpy views: not under torch.compile tracing)
-        if kernel is not None:  # weights, value and W (+ W^T) in one numba call
+        kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and kernels.ready()
+        if kernel:  # weights, value and W (+ W^T) in one kernel call
             # out: 0 the value only, 1 W, 2 W + W^T, 3 W + W^T from the symmetric logits (see below)
             sym = va == v
             factor = normalize and tau >= _FACTOR_MIN_TAU.get(x.dtype, math.inf)
             out = ((3 if factor else 2) if sym else 1) if need_grad else 0
-            total = logits.new_tensor(kernel(prob.numpy(), logits.numpy(), mask.numpy(), v, va, scale, out))
+            total = kernels.supcon_out(prob, logits, mask, v, va, scale, out)
             w = prob
         else:
             npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
@@ -487,7 +461,7 @@ class _SupConOutSmall(torch.autograd.Function):
             if va != v:
                 grad = torch.mm(w.T, anchors)
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
-            elif kernel is not None and sym:  # w is W + W^T already
+            elif kernel and sym:  # w is W + W^T already
                 grad = torch.mm(w, zs)
             elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (~4x faster than
                 # `w + w.T` on one thread) but single-threaded, the transposed add uses every thread
@@ -501,6 +475,7 @@ class _SupConOutSmall(torch.autograd.Function):
         return total
 
     @staticmethod
+    @_autocast_off
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (grad,) = ctx.saved_tensors
@@ -563,7 +538,7 @@ def supcon_loss(
     larger torch ops that forms the gradient already in forward (when ``features`` needs one)
     and keeps only that (B, V, D) gradient for backward; on CPU up to ``B V = 256`` its
     per-element work between the two matrix products is one numba call (when numba is installed;
-    loaded as ``RANKWISE_NUMBA`` says, see :mod:`rankwise.ops.isotonic`), same values up to
+    loaded as ``RANKWISE_NUMBA`` says), same values up to
     float rounding.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
+from rankwise._kernels import ranksim as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     autocast_off,
@@ -255,31 +255,17 @@ def _ranksim_rows(
         return (diff @ diff) / m
 
 
-_label_kernel: Any = None  # the numba label-rank kernel, imported on first CPU use (False: unavailable)
-
-
 def _label_ranks(y_rows: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``rank(where(keep, -|y_rows[:, None] - y|, -inf), descending=True)`` (ordinal, stable ties).
 
-    On CPU a numba kernel merges, per row, the two label-sorted runs left and right of the row's
-    label (O(B) per row after one O(B log B) sort of the labels) instead of sorting every row;
+    On CPU a kernel (:mod:`rankwise._kernels.ranksim`) merges, per row, the two label-sorted runs
+    left and right of the row's label (O(B) per row after one O(B log B) sort of the labels)
+    instead of sorting every row;
     elsewhere, or without numba, the rows are sorted.
     """
-    global _label_kernel
-    if y.device.type == "cpu" and _label_kernel is None:
-        try:
-            from rankwise.losses._numba_kernels import label_distance_ranks
-
-            _label_kernel = label_distance_ranks
-        except Exception:  # numba missing or broken: sort the rows with torch
-            _label_kernel = False
-    if y.device.type == "cpu" and _label_kernel:
-        yn, kn = y.detach().contiguous().numpy(), keep.contiguous().numpy()
-        kept = np.flatnonzero(kn)
-        order = kept[np.argsort(yn[kept], kind="stable")]  # NaN labels last
-        out = np.empty((y_rows.shape[0], yn.shape[0]), dtype=yn.dtype)
-        _label_kernel(y_rows.detach().contiguous().numpy(), yn, kn, order, out)
-        return torch.from_numpy(out)
+    if y.device.type == "cpu" and kernels.ready():
+        out: torch.Tensor = kernels.label_distance_ranks(y_rows, y, keep)
+        return out
     label_sim = -(y_rows.unsqueeze(1) - y.unsqueeze(0)).abs()
     neg_inf = torch.full((), -math.inf, dtype=label_sim.dtype, device=label_sim.device)
     return rank(torch.where(keep.unsqueeze(0), label_sim, neg_inf), descending=True)

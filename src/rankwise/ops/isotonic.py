@@ -4,26 +4,23 @@ Registers the soft method ``"isotonic"`` (``rankwise.soft_rank(x, method="isoton
 operators ``soft_rank.isotonic_l2``, ``soft_rank.isotonic_kl``, ``soft_sort.isotonic_l2`` and
 ``soft_sort.isotonic_kl``.
 
-Backends: on CPU a numba pool-adjacent-violators (PAV) kernel (O(n) after the O(n log n) sort);
-on CUDA a Triton PAV kernel (``rankwise._kernels.triton_isotonic``; O(n) time and memory per row
-after ``torch.sort``, rows in parallel, no host sync); on other devices, or when numba / Triton
-cannot be imported, a vectorized PyTorch formulation based on the min-max characterization of
-isotonic regression (O(n^2) time and memory per row, no host sync).
+Backends: on CPU the pool-adjacent-violators (PAV) kernels of :mod:`rankwise._kernels.isotonic`
+(O(n) after the O(n log n) sort; loaded as ``RANKWISE_NUMBA`` says, see
+:mod:`rankwise._kernels._loader`); on CUDA a Triton PAV kernel (``rankwise._kernels.triton_isotonic``;
+O(n) time and memory per row after ``torch.sort``, rows in parallel, no host sync); on other devices,
+or before / without those kernels, a vectorized PyTorch formulation based on the min-max
+characterization of isotonic regression (O(n^2) time and memory per row, no host sync).
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import math
-import os
-import threading
-import warnings
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from rankwise._kernels import isotonic as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
@@ -36,7 +33,7 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops._sort import register_row_sort, sort_last, sorted_values_last
+from rankwise.ops._sort import sorted_values_last
 from rankwise.ops.soft import register_soft_method
 
 __all__ = ["IsotonicSoftRank", "IsotonicSoftSort", "soft_rank_isotonic", "soft_sort_isotonic"]
@@ -60,125 +57,12 @@ _TRITON_MIN_N = 8
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
 #: ``_TIE_TOL * (m_left + m_right)``, ``m`` = the block's largest ``|s|`` + largest ``|w|`` (``kl``: plus
 #: ``|lse(s_B)| + |lse(w_B)| + 1``): a few ulps of the local magnitudes, never growing with n; the same
-#: rule as the numba kernels (``_isotonic_numba.TIE_ULPS``)
+#: rule as the CPU kernels (``rankwise._kernels._numba_isotonic.TIE_ULPS``)
 _TIE_ULPS = 4.0
 _TIE_TOL = _TIE_ULPS * torch.finfo(torch.float64).eps
 
 #: element budget (rows * n * n) of one chunk of the O(n^2) PyTorch path
 _MINMAX_BUDGET = 1 << 24
-
-_UNSET: Any = object()
-_nb: Any = _UNSET  # the numba kernels module, imported on first CPU use (keeps `import rankwise` fast)
-_load_lock = threading.Lock()
-_loader: threading.Thread | None = None
-_loader_stop = threading.Event()
-_unloaded_calls = 0
-
-#: ``RANKWISE_NUMBA`` says how the CPU kernels load. "background" (default): calls made before
-#: they are loaded take the PyTorch path (same values up to float rounding) and the second such
-#: call starts loading them (importing numba, reading or compiling the cached kernels) in a
-#: background thread, so that the first call does not wait for numba (about a second with a warm
-#: cache, more on a fresh install); inputs larger than ``_WARMUP_TORCH_MAX`` (rows * n^2) wait for
-#: the kernels instead. At exit, a load in progress stops after its current step. "sync": the first
-#: call loads the kernels and waits (the path never depends on timing); "off": never use numba.
-_NUMBA_MODE = os.environ.get("RANKWISE_NUMBA", "background")
-_WARMUP_TORCH_MAX = 1 << 22
-
-
-def _numba_kernels() -> Any:
-    """The numba PAV kernels (loading them now if needed), or ``None`` (with one warning) when
-    numba cannot be imported."""
-    global _nb
-    if _nb is _UNSET:
-        with _load_lock:
-            if _nb is _UNSET:
-                try:
-                    from rankwise.ops import _isotonic_numba
-
-                    _nb = _isotonic_numba
-                except Exception as exc:  # numba missing or broken: fall back to the PyTorch path
-                    _nb = None
-                    warnings.warn(
-                        f"rankwise: numba is unavailable ({exc!r}); isotonic soft sort/rank use the slower "
-                        "O(n^2)-memory PyTorch path on CPU",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
-    return _nb
-
-
-def _kernels_for(rows: int, n: int, *, call: bool = True) -> Any:
-    """The kernels for a CPU call on ``rows x n``, or ``None`` for the PyTorch path (see
-    ``_NUMBA_MODE``); ``call``: an operator call (counted), not a step inside one."""
-    global _unloaded_calls, _loader
-    if _nb is not _UNSET:
-        return _nb
-    if _NUMBA_MODE == "off":
-        return None
-    if _NUMBA_MODE == "sync" or rows * n * n > _WARMUP_TORCH_MAX:
-        return _numba_kernels()
-    if not call:
-        return None
-    _unloaded_calls += 1
-    if _unloaded_calls >= 2:
-        with _load_lock:
-            if _loader is None:
-                _loader = threading.Thread(target=_load_and_warm_up, name="rankwise-numba-loader", daemon=True)
-                atexit.register(_stop_loader)
-                _loader.start()
-    return None
-
-
-def _row_sort() -> Any:
-    """:func:`_sort_rows` for :func:`rankwise.ops._sort.sort_last` once the kernels are loaded, else
-    ``None``; the call counts towards their background load (``RANKWISE_NUMBA``: "sync" loads them
-    now, "off" never), so a sort never waits for numba to compile."""
-    return None if _kernels_for(1, 1) is None else _sort_rows
-
-
-def _sort_rows(values: torch.Tensor, descending: bool, perm: torch.Tensor) -> None:
-    """``perm`` = numba's stable row sort of the contiguous float32 (rows, n) ``values`` (``sort_rows``),
-    on torch's OpenMP team when torch has more than one thread (as the soft operators' rows)."""
-    rows, n = values.shape
-    omp, threads = _omp_team(rows, rows * n, values.dtype)
-    if omp is not None:
-        _on_team(omp, threads, "SORT_ROWS", rows, n, [values, perm, descending], 0.0)
-    else:
-        _nb.sort_rows(values.numpy(), descending, perm.numpy())
-
-
-register_row_sort(_row_sort)
-
-
-def _stop_loader() -> None:
-    """At exit: let the loader finish its current step (never kill it inside LLVM), then stop."""
-    _loader_stop.set()
-    if _loader is not None:
-        _loader.join()
-
-
-def _load_and_warm_up() -> None:
-    """Background thread: import numba and the kernels, then read (or compile) the float32
-    specializations the operators use, one at a time, by calling them on small inputs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the calling thread warns when it loads them itself
-        try:
-            nb = _numba_kernels()
-            if nb is None:
-                return
-            x = torch.tensor([[0.3, -1.2, 0.7], [2.0, 0.1, -0.4]], requires_grad=True)  # (no global RNG use)
-            for fn in (_SoftRankCPU, _SoftSortCPU):  # float32 rows are always sorted in the kernels
-                for kl in (False, True):
-                    if _loader_stop.is_set():
-                        return
-                    fn.apply(x, 1.0, False, kl, nb).sum().backward()
-            if _loader_stop.is_set():
-                return
-            nb.sort_rows(x.detach().numpy(), True, torch.empty(x.shape, dtype=torch.int64).numpy())  # sort_last's
-            if not _loader_stop.is_set():
-                _load_omp()  # the row-parallel tasks (read from numba's cache once the kernels are)
-        except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
-            return
 
 
 # --------------------------------------------------------------------------------------------------
@@ -318,14 +202,8 @@ def _triton_for(s: torch.Tensor) -> Any:
 
 def _isotonic(s: torch.Tensor, w: torch.Tensor, reg: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``mu = s - v`` and the block ids of the decreasing isotonic regression ``v`` (no autograd)."""
-    nb = _kernels_for(*s.shape, call=False) if _BACKEND == "auto" and s.device.type == "cpu" else None
-    if nb is not None:
-        s_np = s.detach().contiguous().numpy()
-        w_np = w.detach().to(s.dtype).contiguous().numpy()
-        mu = torch.empty(s.shape, dtype=s.dtype)
-        ids = torch.empty(s.shape, dtype=torch.int64)
-        kernel = nb.pav_l2 if reg == "l2" else nb.pav_kl
-        kernel(s_np, w_np, mu.numpy(), ids.numpy())
+    if _cpu_kernels(s, call=False):
+        mu, ids = kernels.pav(s.detach(), w.detach(), reg == "kl")
         return mu, ids
     with torch.no_grad():
         ids = _block_ids_minmax(s.detach(), w.detach(), reg)
@@ -366,24 +244,9 @@ class _PermutahedronProjection(torch.autograd.Function):
                 grads = ctx.triton.projection_backward(grad, s, w, (ids, *state), ctx.reg == "kl", need_s, need_w)
                 return grads[0], grads[1], None
             ids = ids.long()  # double backward: the differentiable segment ops below
-        cpu = _BACKEND == "auto" and s.device.type == "cpu" and not grad.requires_grad
-        nb = _kernels_for(*s.shape, call=False) if cpu else None
-        if nb is not None:  # CPU: one pass over the blocks in the JIT
-            g_np = grad.detach().contiguous()
-            gs_buf = torch.empty_like(g_np) if need_s else torch.empty((1, 1), dtype=s.dtype)
-            gw_buf = torch.zeros(w.shape, dtype=s.dtype) if need_w else torch.empty((1, 1), dtype=s.dtype)
-            nb.pav_backward(
-                g_np.numpy(),
-                s.detach().contiguous().numpy(),
-                w.detach().to(s.dtype).contiguous().numpy(),
-                ids.numpy(),
-                ctx.reg == "kl",
-                need_s,
-                need_w,
-                gs_buf.numpy(),
-                gw_buf.numpy(),
-            )
-            return (gs_buf if need_s else None), (gw_buf if need_w else None), None
+        if not grad.requires_grad and _cpu_kernels(s, call=False):  # CPU: one pass over the blocks
+            gs, gw = kernels.pav_backward(grad, s, w, ids, ctx.reg == "kl", need_s, need_w)
+            return (gs if need_s else None), (gw if need_w else None), None
         flat = _flat_ids(ids)
         gsum = _seg_sum(grad, flat)
         grad_s: torch.Tensor | None = None
@@ -488,7 +351,7 @@ def _nan_rows(out: torch.Tensor, xc: torch.Tensor, cpu: bool) -> torch.Tensor:
     """:func:`nan_slices` of the rows of ``xc``. On CPU (``cpu``: no device to synchronize with) the
     common all-finite case is recognized from one sum and costs no extra autograd node: a NaN or inf
     in ``xc`` makes the sum non-finite (an overflowing sum only takes the full path needlessly)."""
-    if cpu and math.isfinite(float(xc.detach().sum())):
+    if cpu and not torch.compiler.is_compiling() and math.isfinite(float(xc.detach().sum())):
         return out
     return nan_slices(out, xc)
 
@@ -502,8 +365,8 @@ def _isotonic_last(
     regularization: Regularization,
     regularization_strength: float,
 ) -> torch.Tensor:
-    """Soft ranks or sorts of ``x`` along its last dim: ``cpu_op`` (a fused numba autograd Function)
-    on CPU when the kernels are loaded, else ``composite`` (torch ops); a NaN/inf in a row makes the
+    """Soft ranks or sorts of ``x`` along its last dim: ``cpu_op`` (an autograd Function around the
+    fused CPU kernels) on CPU when the kernels are loaded, else ``composite`` (torch ops); a NaN/inf in a row makes the
     whole row NaN (KL with -inf gave finite values); the result in ``out_dtype``."""
     eps = _check_options(regularization, regularization_strength)
     check_bool(descending, "descending")
@@ -513,15 +376,19 @@ def _isotonic_last(
     xc = to_compute(x)
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
-    nb = _kernels_for(*xc.shape) if _BACKEND == "auto" and xc.device.type == "cpu" else None
-    if nb is not None and _far_from_unit_scale(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl"):
+    cpu = _cpu_kernels(xc)
+    if (
+        cpu
+        and not torch.compiler.is_compiling()
+        and _far_from_unit_scale(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl")
+    ):
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
-    elif nb is not None:
-        out = cpu_op.apply(xc, eps, descending, regularization == "kl", nb)
+    elif cpu:
+        out = cpu_op.apply(xc, eps, descending, regularization == "kl")
     else:
         out = composite(xc, eps, descending, regularization)
-    out = _nan_rows(out, xc, nb is not None)
+    out = _nan_rows(out, xc, cpu)
     if out.shape != x.shape:
         out = out.reshape(x.shape)
     return out if out.dtype == out_dtype else out.to(out_dtype)
@@ -587,232 +454,60 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
 
 
 # --------------------------------------------------------------------------------------------------
-# CPU: sort + one fused numba pass per row, forward and backward (rows split across torch's threads)
+# CPU: sort + one fused kernel pass per row, forward and backward (rankwise._kernels.isotonic)
 # --------------------------------------------------------------------------------------------------
-#: from this many elements on, rows are split across ``torch.get_num_threads()`` threads: torch's own
-#: OpenMP team for float32 (``_isotonic_omp``), else Python threads (the kernels release the GIL)
-_PARALLEL_MIN_NUMEL = 1 << 15
-#: float64 inputs below this many elements are sorted in the kernels (numba's merge sort beats
-#: torch.sort's overhead); float32 rows are always sorted in the kernels (insertion / radix sort of
-#: the float bits: faster than torch's sort at every shape, and no torch op between the passes)
-_SORT_INSIDE_MAX_NUMEL = 2048
-#: float64 rows up to this length are sorted inside the kernels whatever their number (short rows:
-#: numba's merge sort per row beats torch's sort)
-_SORT_INSIDE_MAX_N = int(os.environ.get("RANKWISE_SORT_INSIDE_MAX_N", "128"))
-
-
-#: with more than one torch thread, float64 rows (2 or more) are sorted inside the kernels at every
-#: length: the rows are then split across the threads in ONE parallel region per pass, instead of
-#: one per torch op of the sort (each a barrier, costly when other processes share the cores)
-_SORT_INSIDE_WHEN_THREADED = True
-
-
-def _sort_inside(rows: int, n: int, dtype: torch.dtype = torch.float32) -> bool:
-    if dtype == torch.float32 or rows * n < _SORT_INSIDE_MAX_NUMEL or n <= _SORT_INSIDE_MAX_N:
-        return True
-    return _SORT_INSIDE_WHEN_THREADED and rows > 1 and torch.get_num_threads() > 1
-
-
-_pool: Any = None
-
-
-@functools.lru_cache(maxsize=64)
-def _rank_weights_cpu(n: int, dtype: torch.dtype, kl: bool) -> torch.Tensor:
-    """Cached :func:`_rank_weights` on CPU (read-only use)."""
-    return _rank_weights(n, dtype, torch.device("cpu"), kl)
-
-
-@functools.lru_cache(maxsize=64)
-def _sort_targets_cpu(n: int, dtype: torch.dtype, eps: float) -> torch.Tensor:
-    """Cached ``rho / eps`` as a (1, n) row on CPU, as :func:`_soft_sort_composite` computes it."""
-    return (torch.arange(n, 0, -1, dtype=dtype) / eps).unsqueeze(0)
-
-
-_omp: Any = _UNSET  # rankwise.ops._isotonic_omp when torch's OpenMP runtime can run the tasks, else None
-
-
-def _omp_team(rows: int, numel: int, dtype: torch.dtype) -> tuple[Any, int]:
-    """``(the _isotonic_omp module, threads)`` when a float32 pass over ``rows`` rows should run on
-    torch's OpenMP team, else ``(None, 0)``."""
-    threads = min(torch.get_num_threads(), rows)
-    if threads < 2 or numel < _PARALLEL_MIN_NUMEL or dtype != torch.float32:
-        return None, 0
-    omp = _load_omp()
-    return (omp, threads) if omp is not None else (None, 0)
-
-
-def _load_omp() -> Any:
-    """The ``_isotonic_omp`` module (loading it now if needed: its tasks come from numba's cache), or
-    ``None`` where torch's OpenMP runtime cannot run them."""
-    global _omp
-    if _omp is _UNSET:
-        with _load_lock:
-            if _omp is _UNSET:
-                try:
-                    from rankwise.ops import _isotonic_omp
-
-                    _omp = _isotonic_omp if _isotonic_omp.available() else None
-                except Exception:  # no usable OpenMP runtime / numba feature: Python threads instead
-                    _omp = None
-    return _omp
-
-
-def _on_team(omp: Any, threads: int, task: str, rows: int, n: int, operands: list[Any], scalar: float) -> None:
-    """Run the ``_isotonic_omp`` ``task`` over the rows (``operands``: contiguous tensors, by address,
-    and integer flags), in ``_CHUNKS_PER_THREAD`` chunks per thread taken dynamically."""
-    addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else int(t) for t in operands]
-    omp.run(getattr(omp, task), rows, n, threads, min(rows, threads * _CHUNKS_PER_THREAD), addresses, scalar)
-
-
-#: row chunks per thread of a parallel pass (taken dynamically: a core shared with another process
-#: takes fewer)
-_CHUNKS_PER_THREAD = 4
-
-
-def _over_rows(rows: int, numel: int, run: Any) -> None:
-    """``run(r0, r1)`` over the row range, in parallel chunks (Python threads) when it pays off."""
-    threads = min(torch.get_num_threads(), rows)
-    if threads < 2 or numel < _PARALLEL_MIN_NUMEL:
-        run(0, rows)
-        return
-    global _pool
-    if _pool is None or _pool._max_workers < threads - 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="rankwise-isotonic")
-    bounds = [rows * t // threads for t in range(threads + 1)]
-    futures = [_pool.submit(run, bounds[t], bounds[t + 1]) for t in range(1, threads)]
-    run(bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+def _cpu_kernels(x: torch.Tensor, *, call: bool = True) -> bool:
+    """Whether the CPU kernels serve ``x`` (rows on the last dim) now; ``call``: an operator call
+    (counted towards their background load), not a step inside one."""
+    if _BACKEND != "auto" or x.device.type != "cpu":
+        return False
+    return kernels.ready(math.prod(x.shape[:-1]), x.shape[-1], call=call)
 
 
 class _SoftRankCPU(torch.autograd.Function):
     """Soft ranks of the rows of ``xc`` (CPU): ``z = x / eps`` (negated for descending), one sort,
-    then gather, PAV and scatter (and ``exp`` for kl) in one numba pass per row; backward is one
-    numba pass too. Double backward recomputes the composite path from the saved input."""
+    then gather, PAV and scatter (and ``exp`` for kl) in one kernel pass per row; backward is one
+    kernel pass too. Double backward recomputes the composite path from the saved input."""
 
     @staticmethod
-    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
-        rows, n = xc.shape
-        div = -eps if descending else eps
-        w = _rank_weights_cpu(n, torch.float64, kl)  # float64 for every input dtype (one specialization)
-        out = torch.empty((rows, n), dtype=xc.dtype)
-        ids = torch.empty((rows, n), dtype=torch.int64)
-        on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
-        omp, threads = _omp_team(rows, rows * n, xc.dtype)
-        if omp is not None:  # float32: divide and sort in the kernel, rows on torch's OpenMP team
-            z = torch.empty((rows, n), dtype=xc.dtype)
-            perm = torch.empty((rows, n), dtype=torch.int64)
-            operands = [z, perm, w, out, ids, xc.contiguous(), kl]
-            _on_team(omp, threads, "RANK_FORWARD", rows, n, operands, div)
-        elif _sort_inside(rows, n, xc.dtype):  # divide and sort in the kernel too (no torch ops)
-            z = torch.empty((rows, n), dtype=xc.dtype)
-            perm = torch.empty((rows, n), dtype=torch.int64)
-            x_np, zn, pn = xc.contiguous().numpy(), z.numpy(), perm.numpy()
-            dv = x_np.dtype.type(div)
-            _over_rows(
-                rows,
-                rows * n,
-                lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], x_np[a:b], dv),
-            )
-        else:
-            z = (xc / div).contiguous()
-            perm = sort_last(z, True)[1].contiguous()
-            zn, pn = z.numpy(), perm.numpy()
-            _over_rows(
-                rows,
-                rows * n,
-                lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], None, 1.0),
-            )
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
+        out, z, perm, ids = kernels.rank_forward(xc, eps, descending, kl)
         ctx.save_for_backward(xc, z, perm, ids, out)
-        ctx.cfg = (eps, descending, kl, nb)
+        ctx.cfg = (eps, descending, kl)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         xc, z, perm, ids, out = ctx.saved_tensors
-        eps, descending, kl, nb = ctx.cfg
+        eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             with torch.enable_grad():
                 y = _soft_rank_composite(xc, eps, descending, "kl" if kl else "l2")
-                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
-        rows, n = z.shape
-        g = grad.contiguous() if grad.dtype == z.dtype else grad.to(z.dtype).contiguous()
-        grad_x = torch.empty_like(z)
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None
         scale = (-1.0 if descending else 1.0) / eps
-        omp, threads = _omp_team(rows, rows * n, z.dtype)
-        if omp is not None:
-            _on_team(omp, threads, "RANK_BACKWARD", rows, n, [g, z, perm, ids, out, grad_x, kl], scale)
-            return grad_x, None, None, None, None
-        gn, zn, pn, idn, on, gx = g.numpy(), z.numpy(), perm.numpy(), ids.numpy(), out.numpy(), grad_x.numpy()
-        _over_rows(
-            rows,
-            rows * n,
-            lambda a, b: nb.soft_rank_backward(gn[a:b], zn[a:b], pn[a:b], idn[a:b], on[a:b], kl, scale, gx[a:b]),
-        )
-        return grad_x, None, None, None, None
+        return kernels.rank_backward(grad, z, perm, ids, out, kl, scale), None, None, None
 
 
 class _SoftSortCPU(torch.autograd.Function):
     """Soft sort of the rows of ``xc`` (CPU): one sort of ``sign * x``, then gather and PAV in one
-    numba pass per row; backward is one numba pass. Double backward as in :class:`_SoftRankCPU`."""
+    kernel pass per row; backward is one kernel pass. Double backward as in :class:`_SoftRankCPU`."""
 
     @staticmethod
-    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, nb: Any) -> torch.Tensor:  # type: ignore[override]
-        rows, n = xc.shape
-        sign = 1.0 if descending else -1.0  # ascending sort = -(descending sort of -x)
-        s = _sort_targets_cpu(n, xc.dtype, eps)
-        x_np = xc.contiguous().numpy()
-        out = torch.empty((rows, n), dtype=xc.dtype)
-        ids = torch.empty((rows, n), dtype=torch.int64)
-        sn, on, idn = s.numpy(), out.numpy(), ids.numpy()
-        omp, threads = _omp_team(rows, rows * n, xc.dtype)
-        if omp is not None:  # float32: sort in the kernel, rows on torch's OpenMP team
-            perm = torch.empty((rows, n), dtype=torch.int64)
-            xcc = xc.contiguous()
-            _on_team(omp, threads, "SORT_FORWARD", rows, n, [xcc, perm, s, out, ids, kl], sign)
-        elif _sort_inside(rows, n, xc.dtype):  # sort in the kernel too
-            perm = torch.empty((rows, n), dtype=torch.int64)
-            pn = perm.numpy()
-            _over_rows(
-                rows,
-                rows * n,
-                lambda a, b: nb.soft_sort_forward(x_np[a:b], pn[a:b], sign, sn, kl, on[a:b], idn[a:b], True),
-            )
-        else:
-            perm = sort_last(xc if descending else -xc, True)[1].contiguous()
-            pn = perm.numpy()
-            _over_rows(
-                rows,
-                rows * n,
-                lambda a, b: nb.soft_sort_forward(x_np[a:b], pn[a:b], sign, sn, kl, on[a:b], idn[a:b], False),
-            )
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
+        out, perm, ids = kernels.sort_forward(xc, eps, descending, kl)
         ctx.save_for_backward(xc, perm, ids)
-        ctx.cfg = (eps, descending, kl, nb)
+        ctx.cfg = (eps, descending, kl)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         xc, perm, ids = ctx.saved_tensors
-        eps, descending, kl, nb = ctx.cfg
+        eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             with torch.enable_grad():
                 y = _soft_sort_composite(xc, eps, descending, "kl" if kl else "l2")
-                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
-        rows, n = xc.shape
-        sign = 1.0 if descending else -1.0
-        g = grad.contiguous() if grad.dtype == xc.dtype else grad.to(xc.dtype).contiguous()
-        grad_x = torch.empty((rows, n), dtype=xc.dtype)
-        omp, threads = _omp_team(rows, rows * n, xc.dtype)
-        if omp is not None:
-            _on_team(omp, threads, "SORT_BACKWARD", rows, n, [g, xc.contiguous(), perm, ids, grad_x, kl], sign)
-            return grad_x, None, None, None, None
-        gn, xn, pn, idn, gx = g.numpy(), xc.contiguous().numpy(), perm.numpy(), ids.numpy(), grad_x.numpy()
-        _over_rows(
-            rows, rows * n, lambda a, b: nb.soft_sort_backward(gn[a:b], xn[a:b], pn[a:b], idn[a:b], sign, kl, gx[a:b])
-        )
-        return grad_x, None, None, None, None
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None
+        return kernels.sort_backward(grad, xc, perm, ids, descending, kl), None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:

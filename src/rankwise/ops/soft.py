@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rankwise._kernels._custom import constant_result
 from rankwise._validation import check_bool, check_dim, check_floating, nan_slices, to_compute
 
 __all__ = ["SoftRank", "SoftSort", "list_soft_methods", "register_soft_method", "soft_rank", "soft_sort"]
@@ -50,9 +51,11 @@ _PLUGINS_LOADED = False
 PLUGIN_MODULES: list[str] = ["rankwise.sodeep.hub"]
 
 
-def _load_plugins() -> None:
+@constant_result
+def _load_plugins() -> bool:
     """Import :data:`PLUGIN_MODULES` once, so that their methods are available however rankwise was
-    imported (``import rankwise.ops`` alone, or the lazy top-level package)."""
+    imported (``import rankwise.ops`` alone, or the lazy top-level package). Under ``torch.compile``
+    the tracer runs it eagerly (a constant of the trace: imports cannot be traced)."""
     global _PLUGINS_LOADED
     if not _PLUGINS_LOADED:
         _PLUGINS_LOADED = True
@@ -60,6 +63,7 @@ def _load_plugins() -> None:
 
         for name in PLUGIN_MODULES:
             importlib.import_module(name)
+    return True
 
 
 def register_soft_method(

@@ -1,4 +1,4 @@
-r"""Numba pool-adjacent-violators kernels for :mod:`rankwise.ops.isotonic` (CPU).
+r"""Numba pool-adjacent-violators kernels of the isotonic soft sort / rank (:mod:`rankwise.ops.isotonic`, CPU).
 
 Both kernels solve, for every row ``r`` of ``s`` (shape ``(R, n)``) and ``w`` (shape ``(R, n)`` or
 ``(1, n)``, broadcast over rows), the *decreasing* isotonic regression
@@ -23,27 +23,27 @@ the vectorized PyTorch path.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numba
 import numpy as np
-from numba import carray, types
-from numba.core.extending import intrinsic
+from numba import carray
+
+from rankwise._kernels._numba_sort import _descending_order, _sort_scratch
+from rankwise._kernels._numba_util import TASK_ARGS, f32p, f64p, i64p, next_chunk, task
 
 __all__ = [
-    "TASK_ARGS",
+    "RANK_BACKWARD",
+    "RANK_FORWARD",
+    "SORT_BACKWARD",
+    "SORT_FORWARD",
     "TIE_ULPS",
     "pav_backward",
     "pav_kl",
     "pav_l2",
-    "rank_backward_task",
-    "rank_forward_task",
     "soft_rank_backward",
     "soft_rank_forward",
     "soft_sort_backward",
     "soft_sort_forward",
-    "sort_backward_task",
-    "sort_forward_task",
 ]
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
@@ -252,114 +252,6 @@ def pav_backward(g, s, w, ids, kl, need_s, need_w, grad_s, grad_w):  # type: ign
 # --------------------------------------------------------------------------------------------------
 # fused soft rank / soft sort: gather by the sort permutation, PAV, scatter back, in one pass per row
 # --------------------------------------------------------------------------------------------------
-#: float32 rows up to this length are sorted by insertion (fewer steps than the radix passes' buckets)
-_INSERTION_MAX_N = 64
-#: float32 rows from this length on are sorted with 11-bit digits (3 passes), shorter ones with 8-bit digits
-_RADIX11_MIN_N = 8192
-
-
-@numba.njit(cache=True, nogil=True)
-def _sort_scratch(n):  # type: ignore[no-untyped-def]
-    """Scratch arrays of :func:`_descending_order` for rows of length ``n``: keys, their copy (uint32),
-    a permutation buffer (int64) and the radix histograms (4 passes of up to 2^11 buckets)."""
-    return np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.int64), np.empty(4 << 11, np.int64)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _sort_key(b, flip):  # type: ignore[no-untyped-def]
-    """uint32 key of float32 bits ``b`` whose ascending order is the order of ``torch.sort``: -0.0
-    and +0.0 equal, every NaN equal and above +inf; ``flip`` = ``0xFFFFFFFF`` reverses it
-    (descending: NaN first), 0 keeps it. The sign is applied without a branch (random signs would
-    mispredict): positives get the top bit set, negatives all bits inverted."""
-    a = b & np.uint32(0x7FFFFFFF)
-    if a == 0:
-        b = np.uint32(0)  # -0.0 -> +0.0
-    k = b ^ (np.uint32(0) - (b >> np.uint32(31)) | np.uint32(0x80000000))
-    if a > np.uint32(0x7F800000):  # NaN
-        k = np.uint32(0xFFFFFFFF)
-    return np.uint32(k ^ flip)
-
-
-@numba.njit(cache=True, nogil=True)
-def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
-    """``perm_row`` = the stable order of ``z_row`` (ties in index order), exactly
-    ``torch.sort(z_row, descending=descending, stable=True).indices``. float32: insertion sort of
-    uint32 keys (:func:`_sort_key`) for short rows, else an LSD radix sort of the keys (8-bit
-    digits, 11-bit for long rows; a pass whose digit is the same for every key is skipped);
-    float64: numba's merge sort (finite values)."""
-    n = z_row.shape[0]
-    if z_row.itemsize != 4:
-        perm_row[:] = np.argsort(-z_row if descending else z_row, kind="mergesort")
-        return
-    u = z_row.view(np.uint32)
-    flip = np.uint32(0xFFFFFFFF) if descending else np.uint32(0)
-    if n <= _INSERTION_MAX_N:
-        for i in range(n):
-            k = _sort_key(u[i], flip)
-            j = i
-            while j > 0 and keys[j - 1] > k:
-                keys[j] = keys[j - 1]
-                perm_row[j] = perm_row[j - 1]
-                j -= 1
-            keys[j] = k
-            perm_row[j] = i
-        return
-    bits = 11 if n >= _RADIX11_MIN_N else 8
-    passes = (32 + bits - 1) // bits
-    buckets = 1 << bits
-    mask = np.uint32(buckets - 1)
-    hist[: passes * buckets] = 0
-    for i in range(n):
-        k = _sort_key(u[i], flip)
-        keys[i] = k
-        for d in range(passes):
-            hist[d * buckets + ((k >> np.uint32(d * bits)) & mask)] += 1
-    src_k, dst_k, src_p, dst_p = keys, tmp_keys, perm_row, tmp_perm
-    first = True
-    done = 0
-    for d in range(passes):
-        base = d * buckets
-        shift = np.uint32(d * bits)
-        if hist[base + ((src_k[0] >> shift) & mask)] == n:
-            continue  # every key has this digit
-        total = 0
-        for j in range(buckets):
-            c = hist[base + j]
-            hist[base + j] = total
-            total += c
-        for i in range(n):
-            k = src_k[i]
-            slot = base + ((k >> shift) & mask)
-            pos = hist[slot]
-            hist[slot] = pos + 1
-            dst_k[pos] = k
-            dst_p[pos] = i if first else src_p[i]
-        first = False
-        done += 1
-        src_k, dst_k, src_p, dst_p = dst_k, src_k, dst_p, src_p
-    if first:  # all keys equal
-        for i in range(n):
-            perm_row[i] = i
-    elif done % 2 == 1:  # the result is in tmp_perm
-        perm_row[:] = tmp_perm
-
-
-@numba.njit(cache=True, nogil=True)
-def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
-    """``perm_row`` = the stable descending order of ``z_row``, as ``torch.sort`` (see
-    :func:`_stable_order`; the soft operators' rows are finite, NaN rows are overwritten by the
-    caller)."""
-    _stable_order(z_row, True, perm_row, keys, tmp_keys, tmp_perm, hist)
-
-
-@numba.njit(cache=True, nogil=True)
-def sort_rows(z, descending, perm):  # type: ignore[no-untyped-def]
-    """``perm[r]`` = ``torch.sort(z[r], descending=descending, stable=True).indices`` for every
-    row of the float32 (rows, n) array ``z`` (NaN, +-inf and +-0.0 ordered as torch orders them):
-    one LSD radix sort per row, linear in n (:func:`_stable_order`)."""
-    keys, tmp_keys, tmp_perm, hist = _sort_scratch(z.shape[1])
-    for r in range(z.shape[0]):
-        _stable_order(z[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -502,66 +394,25 @@ def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignor
 
 
 # --------------------------------------------------------------------------------------------------
-# row-parallel tasks: plain functions that ``_isotonic_omp`` compiles as ``void(void*)`` cfuncs (cached
-# against THIS file, so that they are recompiled whenever the kernels change) and runs on torch's
-# OpenMP team. The argument block is one int64 array: [0] the chunk counter (zero), [1] the number
-# of chunks, [2] rows, [3] n, then the operands (float32 array addresses, flags, a float64 scalar
-# stored by bit pattern) in the order each task documents. Every team member takes chunks of rows
-# from the atomic counter until none is left.
+# row-parallel tasks: plain functions compiled as ``void(void*)`` C callbacks (``_numba_util.task``,
+# cached against THIS file, so that they are recompiled whenever the kernels change) and run by the
+# dispatcher on torch's OpenMP team; argument block as ``_numba_util`` describes.
 # --------------------------------------------------------------------------------------------------
-TASK_ARGS = 16  # length of the argument block of the row-parallel tasks
-
-
-def _pointer_intrinsic(dtype: Any) -> Any:
-    @intrinsic
-    def to_pointer(typingctx, addr):  # type: ignore[no-untyped-def]
-        sig = types.CPointer(dtype)(addr)
-
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            ty = context.get_value_type(signature.return_type)
-            if isinstance(signature.args[0], types.Integer):
-                return builder.inttoptr(args[0], ty)
-            return builder.bitcast(args[0], ty)
-
-        return sig, codegen
-
-    return to_pointer
-
-
-_f32p = _pointer_intrinsic(types.float32)
-_f64p = _pointer_intrinsic(types.float64)
-_i64p = _pointer_intrinsic(types.int64)
-
-
-def _next_chunk_intrinsic(typingctx, counter):  # type: ignore[no-untyped-def]
-    """Atomically ``counter[0] += 1``; the value before."""
-    sig = types.int64(counter)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        one = context.get_constant(types.int64, 1)
-        return builder.atomic_rmw("add", args[0], one, "monotonic")
-
-    return sig, codegen
-
-
-_next_chunk: Any = intrinsic(_next_chunk_intrinsic)
-
-
 def rank_forward_task(data):  # type: ignore[no-untyped-def]
     """args[4:11]: z, perm, w (1, n, float64), out, ids, x, kl; float64 at [11]: the divisor."""
-    a = carray(_i64p(data), TASK_ARGS)
-    f = carray(_f64p(data), TASK_ARGS)
+    a = carray(i64p(data), TASK_ARGS)
+    f = carray(f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
-    z = carray(_f32p(a[4]), (rows, n))
-    perm = carray(_i64p(a[5]), (rows, n))
-    w = carray(_f64p(a[6]), (1, n))
-    out = carray(_f32p(a[7]), (rows, n))
-    ids = carray(_i64p(a[8]), (rows, n))
-    x = carray(_f32p(a[9]), (rows, n))
+    z = carray(f32p(a[4]), (rows, n))
+    perm = carray(i64p(a[5]), (rows, n))
+    w = carray(f64p(a[6]), (1, n))
+    out = carray(f32p(a[7]), (rows, n))
+    ids = carray(i64p(a[8]), (rows, n))
+    x = carray(f32p(a[9]), (rows, n))
     kl = a[10] != 0
     div = np.float32(f[11])
     while True:
-        c = _next_chunk(_i64p(data))
+        c = next_chunk(i64p(data))
         if c >= chunks:
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
@@ -570,19 +421,19 @@ def rank_forward_task(data):  # type: ignore[no-untyped-def]
 
 def rank_backward_task(data):  # type: ignore[no-untyped-def]
     """args[4:11]: grad, z, perm, ids, out, grad_z, kl; float64 at [11]: the scale."""
-    a = carray(_i64p(data), TASK_ARGS)
-    f = carray(_f64p(data), TASK_ARGS)
+    a = carray(i64p(data), TASK_ARGS)
+    f = carray(f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
-    g = carray(_f32p(a[4]), (rows, n))
-    z = carray(_f32p(a[5]), (rows, n))
-    perm = carray(_i64p(a[6]), (rows, n))
-    ids = carray(_i64p(a[7]), (rows, n))
-    out = carray(_f32p(a[8]), (rows, n))
-    gz = carray(_f32p(a[9]), (rows, n))
+    g = carray(f32p(a[4]), (rows, n))
+    z = carray(f32p(a[5]), (rows, n))
+    perm = carray(i64p(a[6]), (rows, n))
+    ids = carray(i64p(a[7]), (rows, n))
+    out = carray(f32p(a[8]), (rows, n))
+    gz = carray(f32p(a[9]), (rows, n))
     kl = a[10] != 0
     scale = f[11]
     while True:
-        c = _next_chunk(_i64p(data))
+        c = next_chunk(i64p(data))
         if c >= chunks:
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
@@ -591,54 +442,46 @@ def rank_backward_task(data):  # type: ignore[no-untyped-def]
 
 def sort_forward_task(data):  # type: ignore[no-untyped-def]
     """args[4:10]: x, perm, s (1, n), out, ids, kl; float64 at [10]: the sign."""
-    a = carray(_i64p(data), TASK_ARGS)
-    f = carray(_f64p(data), TASK_ARGS)
+    a = carray(i64p(data), TASK_ARGS)
+    f = carray(f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
-    x = carray(_f32p(a[4]), (rows, n))
-    perm = carray(_i64p(a[5]), (rows, n))
-    s = carray(_f32p(a[6]), (1, n))
-    out = carray(_f32p(a[7]), (rows, n))
-    ids = carray(_i64p(a[8]), (rows, n))
+    x = carray(f32p(a[4]), (rows, n))
+    perm = carray(i64p(a[5]), (rows, n))
+    s = carray(f32p(a[6]), (1, n))
+    out = carray(f32p(a[7]), (rows, n))
+    ids = carray(i64p(a[8]), (rows, n))
     kl = a[9] != 0
     sign = f[10]
     while True:
-        c = _next_chunk(_i64p(data))
+        c = next_chunk(i64p(data))
         if c >= chunks:
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
         soft_sort_forward(x[r0:r1], perm[r0:r1], sign, s, kl, out[r0:r1], ids[r0:r1], True)
 
 
-def sort_rows_task(data):  # type: ignore[no-untyped-def]
-    """args[4:7]: z (float32), perm, descending (:func:`sort_rows` on a chunk of rows)."""
-    a = carray(_i64p(data), TASK_ARGS)
-    rows, n, chunks = a[2], a[3], a[1]
-    z = carray(_f32p(a[4]), (rows, n))
-    perm = carray(_i64p(a[5]), (rows, n))
-    descending = a[6] != 0
-    while True:
-        c = _next_chunk(_i64p(data))
-        if c >= chunks:
-            break
-        r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
-        sort_rows(z[r0:r1], descending, perm[r0:r1])
-
-
 def sort_backward_task(data):  # type: ignore[no-untyped-def]
     """args[4:10]: grad, x, perm, ids, grad_x, kl; float64 at [10]: the sign."""
-    a = carray(_i64p(data), TASK_ARGS)
-    f = carray(_f64p(data), TASK_ARGS)
+    a = carray(i64p(data), TASK_ARGS)
+    f = carray(f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
-    g = carray(_f32p(a[4]), (rows, n))
-    x = carray(_f32p(a[5]), (rows, n))
-    perm = carray(_i64p(a[6]), (rows, n))
-    ids = carray(_i64p(a[7]), (rows, n))
-    gx = carray(_f32p(a[8]), (rows, n))
+    g = carray(f32p(a[4]), (rows, n))
+    x = carray(f32p(a[5]), (rows, n))
+    perm = carray(i64p(a[6]), (rows, n))
+    ids = carray(i64p(a[7]), (rows, n))
+    gx = carray(f32p(a[8]), (rows, n))
     kl = a[9] != 0
     sign = f[10]
     while True:
-        c = _next_chunk(_i64p(data))
+        c = next_chunk(i64p(data))
         if c >= chunks:
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
         soft_sort_backward(g[r0:r1], x[r0:r1], perm[r0:r1], ids[r0:r1], sign, kl, gx[r0:r1])
+
+
+#: addresses of the tasks as C callbacks for the dispatcher (:mod:`rankwise._kernels._parallel`)
+RANK_FORWARD = task(rank_forward_task)
+RANK_BACKWARD = task(rank_backward_task)
+SORT_FORWARD = task(sort_forward_task)
+SORT_BACKWARD = task(sort_backward_task)

@@ -50,3 +50,7 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"rankwise.recipes.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'rankwise.recipes' has no attribute {name!r}")
+
+
+# the own-data route adds its raw-config hook to load_config (rankwise.recipes.config imports no recipe)
+from rankwise.recipes import own_data as _own_data  # noqa: E402, F401  isort: skip

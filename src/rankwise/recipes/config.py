@@ -29,7 +29,7 @@ import itertools
 import math
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
@@ -774,6 +774,18 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = upgrade_legacy(source)
     else:
         raw = load_raw(source)
-    from rankwise.recipes.own_data import retarget
+    for hook in _RAW_HOOKS:
+        raw = hook(raw, overrides)
+    return config_from_dict(apply_overrides(raw, overrides))
 
-    return config_from_dict(apply_overrides(retarget(raw, overrides), overrides))
+
+#: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the
+#: order registered (:mod:`rankwise.recipes.own_data` registers the switch of a preset to another
+#: dataset); the config layer knows no recipe or dataset itself
+_RAW_HOOKS: list[Callable[[dict[str, Any], list[str] | None], dict[str, Any]]] = []
+
+
+def register_raw_hook(hook: Callable[[dict[str, Any], list[str] | None], dict[str, Any]]) -> None:
+    """Add ``hook`` to the raw-config transformations of :func:`load_config` (once)."""
+    if hook not in _RAW_HOOKS:
+        _RAW_HOOKS.append(hook)

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rankwise.recipes.config import register_raw_hook
+
 __all__ = [
     "DataDefaults",
     "DataDefaultsWarning",
@@ -359,3 +361,6 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
         notes.append("replacing the preset's " + ", ".join(replaced))
     warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
     return out
+
+
+register_raw_hook(retarget)

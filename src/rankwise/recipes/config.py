@@ -781,7 +781,9 @@ def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | N
         raise ConfigError(f"`extends` cycle through {path}")
     raw = parse_yaml(_read_config_text(path), f"config file {path}")
     if raw is None or raw == {}:
-        raise ConfigError(f"config file {path} is empty; write at least `extends:` or `recipe:` (see `rankwise presets`)")
+        raise ConfigError(
+            f"config file {path} is empty; write at least `extends:` or `recipe:` (see `rankwise presets`)"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must contain a mapping, got {type(raw).__name__}")
     raw = upgrade_legacy(raw)

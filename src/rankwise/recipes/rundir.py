@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -65,6 +66,7 @@ __all__ = [
     "load_state_dict",
     "load_weights",
     "run_recipe",
+    "target_limit",
     "write_json",
 ]
 
@@ -689,6 +691,38 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
             raise ConfigError(
                 f"dataset `{cfg.data.name}` (options {cfg.data.options}) has an empty {s} split; it needs at least "
                 f"one example in each of {', '.join(splits)} (more rows, or other `data.options`)"
+            )
+    if regression:
+        _check_target_range(cfg, data)
+
+
+def target_limit(precision: str) -> float:
+    """The largest ``|target|`` a regression run trains on at ``trainer.precision``.
+
+    float32 (and bfloat16, same range): ``sqrt(float32 max) / 2`` (about 9.2e18), so that the
+    squared error of a prediction within the target range stays finite; ``16-true``: a quarter of
+    the float16 maximum (16,376); ``64-true``: the float64 counterpart.
+    """
+    if precision in ("64-true", "64"):
+        return math.sqrt(float(np.finfo(np.float64).max)) / 2
+    if precision == "16-true":
+        return float(np.finfo(np.float16).max) / 4
+    return math.sqrt(float(np.finfo(np.float32).max)) / 2
+
+
+def _check_target_range(cfg: Config, data: Any) -> None:
+    """Refuse targets whose losses overflow the training dtype (the run would stop at its first step)."""
+    limit = target_limit(str(cfg.trainer.precision))
+    for split in ("train", "val", "test"):
+        y = np.asarray(getattr(data, f"{split}_labels", None) if hasattr(data, f"{split}_labels") else [])
+        if y.size == 0 or not np.issubdtype(y.dtype, np.number):
+            continue
+        top = float(np.max(np.abs(y)))
+        if not top <= limit:
+            raise ConfigError(
+                f"dataset `{cfg.data.name}`: {split} targets reach |y| = {top:.3g}, beyond {limit:.3g}, the largest "
+                f"target whose squared error stays finite at `trainer.precision` {cfg.trainer.precision!r}; "
+                "rescale the target column (e.g. divide it by a power of ten)"
             )
 
 

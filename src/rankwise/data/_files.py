@@ -83,6 +83,8 @@ def check_file(path: str | Path, what: str = "data file") -> Path:
     if p.is_dir():
         raise DataFormatError(p, None, f"is a directory, expected a {what}")
     if not p.is_file():
+        if p.exists():  # a FIFO, a device, a socket: never opened (a FIFO would block)
+            raise DataFormatError(p, None, f"is not a regular file (a device, FIFO or socket), expected a {what}")
         raise DataFileNotFoundError(p, None, f"{what} not found")
     return p
 

@@ -119,6 +119,8 @@ def _check_expansion(root: Any, where: str) -> None:
 
     Iterative post-order walk, each distinct node once: linear in the file, whatever the aliases.
     """
+    import yaml
+
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
     on_path: set[int] = set()
@@ -129,7 +131,8 @@ def _check_expansion(root: Any, where: str) -> None:
         if done:
             kids = _yaml_children(node)
             size[k] = 1 + sum(size[id(c)] for c in kids)
-            depth[k] = 1 + max((depth[id(c)] for c in kids), default=0)
+            nesting = 0 if isinstance(node, yaml.ScalarNode) else 1  # depth counts mappings and lists
+            depth[k] = nesting + max((depth[id(c)] for c in kids), default=0)
             on_path.discard(k)
             if size[k] > MAX_YAML_VALUES:
                 raise ConfigError(

@@ -453,3 +453,23 @@ def test_targets_that_overflow_the_training_dtype_are_refused_before_training(tm
     line = one_error(invoke([*args, "--out", out]))
     assert "rescale the target" in line
     assert not (out / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------------------ a diverged run's plots
+
+
+@pytest.mark.parametrize("features", ["zeros", "nan"])
+def test_tsne_of_a_dead_or_diverged_network_does_not_crash(tmp_path, features):
+    """`optimizer.lr=1000` kills every ReLU of abalone's MLP: constant features made scikit-learn's
+    t-SNE crash the process (SIGSEGV) after training; run in a subprocess, which a crash cannot take down."""
+    import rankwise
+
+    code = (
+        "import numpy as np; from rankwise.recipes.reports import plot_tsne; "
+        f"f = np.{'zeros' if features == 'zeros' else 'full'}((200, 8){', np.nan' if features == 'nan' else ''}); "
+        f"p = plot_tsne(f, np.arange(200.0), {str(tmp_path / 't.png')!r}); print(p)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(rankwise.__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "t.png").is_file()

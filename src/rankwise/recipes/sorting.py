@@ -319,6 +319,21 @@ register_relaxation(
 )
 
 
+def _try_relaxation(t: SortOptions) -> None:
+    """Run the relaxation once on a tiny batch: its own checks of ``task.options`` values become a ConfigError."""
+    r = RELAXATIONS[t.method]
+    scores = torch.linspace(0.0, 1.0, t.n).reshape(1, t.n)
+    try:
+        with torch.no_grad():
+            if r.kind == "permutation":
+                r.fn(scores, t)
+            else:
+                r.fn(scores, true_ranks(scores), t)
+    except (ValueError, TypeError, KeyError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"invalid options of relaxation {t.method!r} (`task.options` {t.options}): {msg}") from None
+
+
 def relaxation_options(t: SortOptions) -> dict[str, Any]:
     """The extra options of the relaxation ``t.method``: its declared defaults updated by ``task.options``."""
     return {**RELAXATIONS[t.method].options, **t.options}
@@ -697,21 +712,6 @@ class SortRecipe(RecipeBase):
             raise ConfigError(f"`task.n` ({t.n}) distinct numbers need more than `task.digits` = {t.digits} digits")
         if t.method in RELAXATIONS:
             _try_relaxation(t)
-
-
-def _try_relaxation(t: SortOptions) -> None:
-    """Run the relaxation once on a tiny batch: its own checks of ``task.options`` values become a ConfigError."""
-    r = RELAXATIONS[t.method]
-    scores = torch.linspace(0.0, 1.0, t.n).reshape(1, t.n)
-    try:
-        with torch.no_grad():
-            if r.kind == "permutation":
-                r.fn(scores, t)
-            else:
-                r.fn(scores, true_ranks(scores), t)
-    except (ValueError, TypeError, KeyError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"invalid options of relaxation {t.method!r} (`task.options` {t.options}): {msg}") from None
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
         from rankwise.recipes.reports import scalar_table_rows

@@ -13,7 +13,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -134,10 +134,10 @@ def check_positive(value: Any, name: str, *, allow_zero: bool = False) -> float:
 
 
 def check_positive_int(value: Any, name: str) -> int:
-    """``value`` must be an ``int`` (not ``bool``) >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` must be an integer (``int`` or a NumPy integer, not ``bool``) >= 1; returned as ``int``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ValueError(f"`{name}` must be a positive int, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:

@@ -159,7 +159,7 @@ def _error_code(e: BaseException) -> tuple[int, str] | None:
         return 1, str(e)
     if isinstance(e, RunTerminated):
         return 128 + e.signum, f"{e}; the run is marked failed in its meta.json (continue it with --resume)"
-    if isinstance(e, KeyboardInterrupt):
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C outside a run (a run raises RunTerminated(SIGINT))
         return 130, "interrupted; the run is marked failed in its meta.json (continue it with --resume)"
     if isinstance(e, SystemExit) and type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM stop
         return 128 + signal.SIGTERM, "terminated by signal SIGTERM; the run is marked failed in its meta.json"
@@ -198,7 +198,10 @@ def _parse_devices(devices: str | None) -> Any:
     if d.isdigit() or (d.startswith("-") and d[1:].isdigit()):
         return int(d)
     if "," in d:
-        return [int(v) for v in d.split(",") if v.strip()]
+        parts = [v.strip() for v in d.split(",")]
+        if not all(v.isdigit() for v in parts):
+            _fail(f"--devices expects auto, a count or a list of device indices such as 0,1; got {devices!r}")
+        return [int(v) for v in parts]
     return d
 
 
@@ -567,8 +570,6 @@ def data_show(
     info_only: Annotated[bool, typer.Option("--info-only", help="print the description without loading")] = False,
 ) -> None:
     """Describe a dataset, load it and print split sizes and the training label histogram."""
-    import yaml
-
     from rankwise.data import dataset_info, label_histogram
 
     con = _console()
@@ -578,12 +579,19 @@ def data_show(
         _fail(str(e))
     if info_only:
         return
+    from rankwise.recipes.config import UserError, parse_yaml
+
     opts: dict[str, Any] = {}
     for item in option or []:
         if "=" not in item:
             _fail(f"--option expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        opts[k.strip()] = yaml.safe_load(v)
+        try:
+            opts[k.strip()] = parse_yaml(v, f"--option {k.strip()}") if v.strip() else ""
+        except UserError as e:
+            _fail(str(e))
+    if plot is not None:
+        plot = _plot_target(plot)
     from rankwise.data import get_dataset
 
     def load() -> Any:
@@ -627,15 +635,37 @@ def data_show(
     if plot is not None:
         from rankwise.recipes.reports import plot_label_histogram
 
-        plot_label_histogram(
-            data.train_labels,
-            data.bin_width,
-            plot,
-            test_labels=data.test_labels,
-            title=f"{data.name}: {data.label_name}",
-            label=data.label_axis,
-        )
-        con.print(f"histogram: {plot}")
+        target = plot
+
+        def draw() -> Path:
+            from rankwise.recipes.config import ConfigError
+
+            try:
+                return plot_label_histogram(
+                    data.train_labels,
+                    data.bin_width,
+                    target,
+                    test_labels=data.test_labels,
+                    title=f"{data.name}: {data.label_name}",
+                    label=data.label_axis,
+                )
+            except ValueError as e:  # e.g. an image format matplotlib does not write
+                raise ConfigError(f"--plot {target}: {e}") from None
+
+        con.print(f"histogram: {_run_guarded(draw)}")
+
+
+def _plot_target(plot: Path) -> Path:
+    """The PNG file ``--plot`` writes (``.png`` added without a suffix); refuse a folder or a missing parent."""
+    target = plot if plot.suffix else plot.with_name(plot.name + ".png")
+    if plot.is_dir() or target.is_dir():
+        _fail(f"--plot {plot} is a directory; give a file name such as {plot / 'labels.png'}")
+    parent = target.parent
+    if not parent.is_dir():
+        _fail(f"--plot {plot}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        _fail(f"--plot {plot}: the folder {parent} is not writable")
+    return target
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,13 @@ Rules shared by every text loader in :mod:`rankwise.data`:
   allowed); Python-only spellings such as ``1_000``, non-ASCII digits, ``nan`` and ``inf`` are
   rejected, and so is any value outside the float32 range (``|v| > 3.4e38``), since the values
   become float32 tensors for training;
-* header names are stripped of surrounding spaces and must be non-empty and distinct.
+* header names are stripped of surrounding spaces and must be non-empty and distinct;
+* limits, checked before the file is read in full: a file (or the decompressed content of a
+  ``.gz`` file or a zip member) of at most :data:`MAX_DATA_BYTES` (1 GiB), a table of at most
+  :data:`MAX_COLUMNS` (100,000) columns; beyond them the file is refused;
+* a quoted field must be closed (an unterminated quote is a malformed record, not a field that
+  swallows the rest of the file);
+* an error never repeats more than a short excerpt (:data:`ECHO_CHARS` characters) of a value.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import os
 import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,6 +36,18 @@ from rankwise.data._base import DataFileNotFoundError, DataFormatError
 
 #: the largest finite float32 (labels and features become float32 tensors)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: the largest data file read (bytes; for a ``.gz`` file or a zip member: its decompressed content)
+MAX_DATA_BYTES = 2**30
+#: the most columns of a CSV/TSV table
+MAX_COLUMNS = 100_000
+#: the most characters of a value from a data file that an error message repeats
+ECHO_CHARS = 40
+
+
+def excerpt(value: str) -> str:
+    """``repr`` of at most :data:`ECHO_CHARS` characters of ``value`` (for error messages)."""
+    return repr(value) if len(value) <= ECHO_CHARS else repr(value[:ECHO_CHARS]) + "..."
+
 
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _NON_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
@@ -41,14 +60,14 @@ def parse_number(value: str, path: str | Path, row: int, column: str) -> float:
     if text == "":
         raise DataFormatError(path, row, f"missing value in column {column!r}")
     if _NON_FINITE.fullmatch(text):
-        raise DataFormatError(path, row, f"column {column!r}: value {value!r} is not finite")
+        raise DataFormatError(path, row, f"column {column!r}: value {excerpt(value)} is not finite")
     if not _DECIMAL.fullmatch(text):
         hint = " (digit separators such as '_' are not accepted)" if "_" in text else ""
-        raise DataFormatError(path, row, f"column {column!r}: cannot parse {value!r} as a number{hint}")
+        raise DataFormatError(path, row, f"column {column!r}: cannot parse {excerpt(value)} as a number{hint}")
     v = float(text)
     if not abs(v) <= FLOAT32_MAX:
         raise DataFormatError(
-            path, row, f"column {column!r}: value {value!r} is outside the float32 range (|value| <= 3.4e38)"
+            path, row, f"column {column!r}: value {excerpt(value)} is outside the float32 range (|value| <= 3.4e38)"
         )
     return v
 
@@ -64,6 +83,8 @@ def check_file(path: str | Path, what: str = "data file") -> Path:
     if p.is_dir():
         raise DataFormatError(p, None, f"is a directory, expected a {what}")
     if not p.is_file():
+        if p.exists():  # a FIFO, a device, a socket: never opened (a FIFO would block)
+            raise DataFormatError(p, None, f"is not a regular file (a device, FIFO or socket), expected a {what}")
         raise DataFileNotFoundError(p, None, f"{what} not found")
     return p
 
@@ -78,16 +99,39 @@ def check_dir(path: str | Path, option: str = "root") -> Path:
     return p
 
 
+def _too_big(p: Path, size: int, what: str) -> DataFormatError:
+    return DataFormatError(
+        p, None, f"{what} of {size:,} bytes or more is larger than the limit of {MAX_DATA_BYTES:,} bytes"
+    )
+
+
+def read_limited(fh: Any, p: Path, what: str = "the file") -> bytes:
+    """At most :data:`MAX_DATA_BYTES` bytes of the binary stream ``fh``, else a :class:`DataFormatError`."""
+    data = fh.read(MAX_DATA_BYTES + 1)
+    if len(data) > MAX_DATA_BYTES:
+        raise _too_big(p, len(data), what)
+    return data
+
+
 def read_bytes(path: str | Path, what: str = "data file") -> bytes:
-    """The bytes of an existing file (a ``.gz`` file is decompressed); errors name the file."""
+    """The bytes of an existing file (a ``.gz`` file is decompressed); errors name the file.
+
+    The size on disk is checked before the file is read and a ``.gz`` file is decompressed in
+    chunks: beyond :data:`MAX_DATA_BYTES` either way, the file is refused (a sparse file, a gzip bomb).
+    """
     p = check_file(path, what)
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_DATA_BYTES:
+                raise _too_big(p, size, "the file")
+            data = read_limited(fh, p)
     except OSError as err:
         raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from err
     if p.suffix == ".gz":
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+                data = read_limited(gz, p, "the decompressed content")
         except (OSError, EOFError, zlib.error) as err:
             raise DataFormatError(p, None, f"not a valid gzip file: {err}") from err
     return data
@@ -139,7 +183,8 @@ def csv_records(
     A malformed record (e.g. a NUL byte, an unterminated quote at the end of the file) raises
     :class:`DataFormatError` naming ``display`` and the row.
     """
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting)
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting, strict=True)
+    kind = "TSV" if delimiter == "\t" else "CSV"
     row_no = 0
     while True:
         try:
@@ -147,8 +192,14 @@ def csv_records(
         except StopIteration:
             return
         except csv.Error as err:
-            kind = "TSV" if delimiter == "\t" else "CSV"
-            raise DataFormatError(display, row_no + 1, f"malformed {kind} record: {err}") from None
+            hint = " (a quote that is never closed?)" if "end of data" in str(err) else ""
+            raise DataFormatError(display, row_no + 1, f"malformed {kind} record: {err}{hint}") from None
         row_no += 1
+        if len(row) > MAX_COLUMNS:
+            raise DataFormatError(
+                display,
+                row_no,
+                f"{len(row):,} fields: more than the limit of {MAX_COLUMNS:,} columns of a {kind} table",
+            )
         if row:
             yield row_no, row

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -22,7 +23,17 @@ from rankwise.data._base import (
     suggest_bin_width,
     suggest_shot_thresholds,
 )
-from rankwise.data._files import check_file, check_header, csv_records, decode_text, parse_number, read_bytes
+from rankwise.data._files import (
+    MAX_DATA_BYTES,
+    check_file,
+    check_header,
+    csv_records,
+    decode_text,
+    excerpt,
+    parse_number,
+    read_bytes,
+    read_limited,
+)
 
 __all__ = ["ABALONE_COLUMNS", "abalone_path", "load_abalone", "load_csv"]
 
@@ -49,15 +60,35 @@ def _read_text(path: Path) -> tuple[str, str]:
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as zf:
-                members = [m for m in zf.namelist() if not m.endswith("/")]
+                members = [m for m in zf.infolist() if not m.is_dir()]
                 if len(members) != 1:
-                    raise DataFormatError(path, None, f"expected one file in the archive, found {members}")
-                display = f"{path}::{members[0]}"
-                data = zf.read(members[0])
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as err:
+                    names = [excerpt(m.filename) for m in members[:5]]
+                    raise DataFormatError(
+                        path, None, f"expected one file in the archive, found {len(members)}: {names}"
+                    )
+                display = f"{path}::{members[0].filename}"
+                if members[0].file_size > MAX_DATA_BYTES:
+                    raise DataFormatError(
+                        display, None, f"{members[0].file_size:,} bytes: larger than the limit of {MAX_DATA_BYTES:,}"
+                    )
+                with zf.open(members[0]) as fh:  # the declared size may lie: read at most the limit
+                    data = read_limited(fh, Path(display), "the decompressed member")
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as err:
             raise DataFormatError(path, None, f"cannot read the zip archive: {err}") from err
         return decode_text(data, display), display
-    return decode_text(read_bytes(path), path), str(path)
+    data = read_bytes(path)
+    if data[:4] == b"PK\x03\x04":
+        raise DataFormatError(path, None, "is a truncated or corrupt zip archive (no central directory)")
+    return decode_text(data, path), str(path)
+
+
+def _columns_text(header: list[str]) -> str:
+    """The header for an error message: short, and nothing of a file that is not a table (one column)."""
+    if len(header) == 1:
+        return "the file has a single column (is `delimiter` right? is it a CSV table?)"
+    shown = ", ".join(excerpt(h) for h in header[:20])
+    more = f", ... ({len(header):,} in all)" if len(header) > 20 else ""
+    return f"columns are [{shown}{more}]"
 
 
 def _check_splits(display: str, sizes: tuple[int, int, int], rule: str) -> None:
@@ -120,10 +151,11 @@ def load_abalone(
     if first is None:
         raise DataFormatError(display, None, "the file is empty")
     header = check_header(first[1], display)
-    missing = [c for c in ABALONE_COLUMNS if c not in header]
+    position = {c: i for i, c in enumerate(header)}
+    missing = [c for c in ABALONE_COLUMNS if c not in position]
     if missing:
         raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(ABALONE_COLUMNS)}")
-    col = {c: header.index(c) for c in ABALONE_COLUMNS}
+    col = {c: position[c] for c in ABALONE_COLUMNS}
     sexes: list[int] = []
     numeric: list[list[float]] = []
     for row_no, row in records:
@@ -232,18 +264,19 @@ def load_csv(
     if first is None:
         raise DataFormatError(display, None, "the file is empty")
     header = check_header(first[1], display)
-    if target not in header:
-        raise ValueError(f"`target` must be a column of {display}; got {target!r}, columns are {header}")
+    position = {c: i for i, c in enumerate(header)}  # names are distinct (check_header): linear look-ups
+    if target not in position:
+        raise ValueError(f"`target` must be a column of {display}; got {target!r}, {_columns_text(header)}")
     feats = [c for c in header if c != target] if features is None else list(features)
-    unknown = [c for c in feats if c not in header]
+    unknown = [c for c in feats if c not in position]
     if unknown:
-        raise ValueError(f"`features` must be columns of {display}; unknown {unknown}, columns are {header}")
+        raise ValueError(f"`features` must be columns of {display}; unknown {unknown[:5]}, {_columns_text(header)}")
     if target in feats:
         raise ValueError(f"`features` must not contain the target column {target!r}")
     if not feats:
         raise ValueError(f"`features` is empty: {display} has no column besides the target {target!r}")
-    fidx = [header.index(c) for c in feats]
-    tidx = header.index(target)
+    fidx = [position[c] for c in feats]
+    tidx = position[target]
     xs: list[list[float]] = []
     ys: list[float] = []
     for row_no, row in records:

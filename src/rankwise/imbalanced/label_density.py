@@ -38,6 +38,10 @@ def _labels_2d(labels: Any) -> torch.Tensor:
     return y
 
 
+#: labels spanning more than this are fitted after scaling (their squares would overflow float64 in EM)
+_GMM_RAW_SPAN = 1e100
+
+
 def fit_label_gmm(
     labels: Any, n_components: int = 8, *, random_state: int | None = 0, **gmm_options: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -76,10 +80,25 @@ def fit_label_gmm(
     options = {"covariance_type": "full", **gmm_options}
     if options["covariance_type"] != "full":
         raise ValueError(f"`covariance_type` must be 'full' (the GAI loss takes full covariances), got {options!r}")
-    gmm = GaussianMixture(n_components=k, random_state=random_state, **options).fit(y.numpy())
+    yn = y.numpy()
+    with np.errstate(over="ignore"):
+        center = yn.mean(axis=0) if np.isfinite(yn.mean(axis=0)).all() else np.zeros(yn.shape[1])
+    scale = float(np.max(np.abs(yn - center))) if yn.size else 1.0
+    if scale <= _GMM_RAW_SPAN:  # scikit-learn on the labels themselves (the authors' preprocessing)
+        center, scale = np.zeros(yn.shape[1]), 1.0
+    else:  # squares of such labels overflow float64: EM on scaled labels, the mixture mapped back
+        options.setdefault("reg_covar", 1e-6 / scale / scale)
+    gmm = GaussianMixture(n_components=k, random_state=random_state, **options).fit((yn - center) / scale)
+    with np.errstate(over="ignore"):
+        means = np.asarray(gmm.means_, dtype=np.float64) * scale + center
+        covs = np.asarray(gmm.covariances_, dtype=np.float64) * (scale * scale)
+    if not (np.isfinite(means).all() and np.isfinite(covs).all()):
+        raise ValueError(
+            f"`labels` span {scale:.3g}: the variances of their mixture overflow float64; rescale the labels"
+        )
     return (
-        torch.from_numpy(np.asarray(gmm.means_, dtype=np.float64)),
-        torch.from_numpy(np.asarray(gmm.covariances_, dtype=np.float64)),
+        torch.from_numpy(means),
+        torch.from_numpy(covs),
         torch.from_numpy(np.asarray(gmm.weights_, dtype=np.float64)),
     )
 

@@ -125,7 +125,17 @@ def build_backbone(
     opts = {**defaults, **dict((meta or {}).get("backbone_options", {}) or {}), **m.options}
     if m.backbone == "mlp" and "in_dim" not in opts and input_dim is not None:
         opts["in_dim"] = input_dim
-    module, feature_dim = models.build_backbone(m.backbone, **opts)
+    try:
+        module, feature_dim = models.build_backbone(m.backbone, **opts)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ConfigError(
+            f"cannot build `model.backbone` {m.backbone!r} with `model.options` {m.options}: {e}"
+        ) from None
+    except (RuntimeError, MemoryError) as e:  # e.g. a negative size, or more memory than the machine has
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"cannot build `model.backbone` {m.backbone!r} with `model.options` {m.options} (too large?): {first}"
+        ) from None
     if m.weights:
         load_backbone_weights(module, m.weights)
     return module, int(feature_dim)

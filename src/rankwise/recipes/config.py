@@ -27,6 +27,9 @@ import dataclasses
 import difflib
 import itertools
 import math
+import os
+import re
+import stat
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -37,6 +40,9 @@ from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 from rankwise.recipes import registry
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_VALUES",
     "Config",
     "ConfigError",
     "DataConfig",
@@ -60,9 +66,13 @@ __all__ = [
     "load_config",
     "load_raw",
     "opt",
+    "parse_yaml",
     "preset_path",
     "upgrade_legacy",
 ]
+
+#: a plain decimal number written as a string ("1e-4": YAML 1.1 reads it as a string); no "1_000", "nan"
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -78,6 +88,110 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """A config key or value is invalid (the message names the dotted key)."""
+
+
+#: the largest config file read (bytes); a bigger one is refused before it is parsed
+MAX_CONFIG_BYTES = 1_000_000
+#: the deepest nesting of mappings/lists in a YAML config, ``--set`` value or ``-O`` option
+MAX_YAML_DEPTH = 64
+#: the most values (scalars, mappings, lists) a YAML document may expand to, aliases expanded
+MAX_YAML_VALUES = 100_000
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (an error message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _yaml_children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: Any, where: str) -> None:
+    """Refuse a composed YAML node graph that expands beyond the documented limits, or into itself.
+
+    Iterative post-order walk, each distinct node once: linear in the file, whatever the aliases.
+    """
+    import yaml
+
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        k = id(node)
+        if done:
+            kids = _yaml_children(node)
+            size[k] = 1 + sum(size[id(c)] for c in kids)
+            nesting = 0 if isinstance(node, yaml.ScalarNode) else 1  # depth counts mappings and lists
+            depth[k] = nesting + max((depth[id(c)] for c in kids), default=0)
+            on_path.discard(k)
+            if size[k] > MAX_YAML_VALUES:
+                raise ConfigError(
+                    f"{where}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
+                    "(an alias bomb?); rankwise refuses it"
+                )
+            if depth[k] > MAX_YAML_DEPTH:
+                raise ConfigError(f"{where}: the YAML is nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded)")
+            continue
+        if k in size:
+            continue
+        if k in on_path:
+            raise ConfigError(f"{where}: the YAML holds a recursive alias (a value that contains itself)")
+        on_path.add(k)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _yaml_children(node) if id(c) not in size)
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error as one line: the problem and its line/column, never a snippet of the text."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{e.problem or e.context or 'invalid YAML'}{where}"
+    return type(e).__name__
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)`` within the documented limits; any problem is a one-line :class:`ConfigError`.
+
+    ``where`` names the source in the message (a file, ``--set key``). Refused: more than
+    :data:`MAX_CONFIG_BYTES` bytes, nesting deeper than :data:`MAX_YAML_DEPTH`, more than
+    :data:`MAX_YAML_VALUES` values once aliases are expanded (an alias bomb), a recursive alias, a
+    tag of a Python object (``!!python/object``: the safe loader constructs plain data only).
+    """
+    import yaml
+
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: the YAML is larger than {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        level = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # iterative: no recursion on deep input
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                level += 1
+                if level > MAX_YAML_DEPTH:
+                    raise ConfigError(f"{where}: the YAML is nested deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                level -= 1
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return None
+        _check_expansion(node, where)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: invalid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:  # pragma: no cover - the depth limit comes first
+        raise ConfigError(f"{where}: the YAML is nested too deeply") from None
 
 
 def opt(
@@ -271,7 +385,7 @@ def _check_range(value: Any, meta: Any, key: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"`{key}` must be a finite number, got {value!r}")
+        raise ConfigError(f"`{key}` must be a finite number, got {_short(value)}")
     for bound, ok, sym in (
         ("gt", lambda v, b: v > b, ">"),
         ("ge", lambda v, b: v >= b, ">="),
@@ -280,7 +394,7 @@ def _check_range(value: Any, meta: Any, key: str) -> None:
     ):
         b = meta.get(bound) if meta else None
         if b is not None and not ok(value, b):
-            raise ConfigError(f"`{key}` must be {sym} {b:g}, got {value!r}")
+            raise ConfigError(f"`{key}` must be {sym} {b:g}, got {_short(value)}")
 
 
 def _coerce(value: Any, tp: Any, key: str, meta: Any = None) -> Any:
@@ -295,7 +409,7 @@ def _coerce(value: Any, tp: Any, key: str, meta: Any = None) -> Any:
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.4)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-            raise ConfigError(f"`{key}` must be one of {list(choices)}, got {value!r}{hint}")
+            raise ConfigError(f"`{key}` must be one of {list(choices)}, got {_short(value)}{hint}")
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -314,20 +428,20 @@ def _coerce(value: Any, tp: Any, key: str, meta: Any = None) -> Any:
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {_short(value)}")
         return build(tp, value, key)
     if origin is dict:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {_short(value)}")
         _, vt = get_args(tp)
         return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
     if origin is list:
         if value is None:
             return []
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"`{key}` must be a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"`{key}` must be a list, got {type(value).__name__} {_short(value)}")
         (et,) = get_args(tp)
         out = []
         for i, v in enumerate(value):
@@ -336,27 +450,24 @@ def _coerce(value: Any, tp: Any, key: str, meta: Any = None) -> Any:
         return out
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+            raise ConfigError(f"`{key}` must be true or false, got {_short(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+            raise ConfigError(f"`{key}` must be an integer, got {_short(value)}")
         _check_range(value, meta, key)
         return value
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):  # YAML 1.1 reads "1e-4" as a string
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"`{key}` must be a number, got {value!r}")
+            raise ConfigError(f"`{key}` must be a number, got {_short(value)}")
         value = float(value)
         _check_range(value, meta, key)
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"`{key}` must be a string, got {value!r}")
+            raise ConfigError(f"`{key}` must be a string, got {_short(value)}")
         return value
     return value  # pragma: no cover - unknown annotation
 
@@ -392,11 +503,11 @@ def _check_limit(value: Any, key: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"`{key}` must be a count or a fraction in [0, 1], got {value!r}")
+        raise ConfigError(f"`{key}` must be a count or a fraction in [0, 1], got {_short(value)}")
     if isinstance(value, float) and not (math.isfinite(value) and 0 <= value <= 1):
-        raise ConfigError(f"`{key}` as a fraction must be in [0, 1], got {value!r}")
+        raise ConfigError(f"`{key}` as a fraction must be in [0, 1], got {_short(value)}")
     if isinstance(value, int) and value < 0:
-        raise ConfigError(f"`{key}` must be >= 0, got {value!r}")
+        raise ConfigError(f"`{key}` must be >= 0, got {_short(value)}")
 
 
 def check_run_name(name: str, key: str = "run.name") -> str:
@@ -620,43 +731,75 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve_source(source: str | Path, base_dir: Path | None = None) -> Path:
-    """An explicit path is a path (relative to ``base_dir`` for ``extends``); a bare name is a preset."""
-    if isinstance(source, Path):
-        path = source
-    else:
-        cand = (base_dir / source) if base_dir is not None else Path(source)
-        if cand.is_file():
-            return cand
-        if _looks_like_path(source):
-            raise ConfigError(f"config file {cand} does not exist")
-        return preset_path(source)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+def _check_regular_file(path: Path) -> Path:
+    """``path`` if it is a regular file (a symlink to one counts); else a :class:`ConfigError` saying what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"config file {path} is a directory, expected a YAML file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"config file {path} is not a regular file (a device, FIFO or socket), expected a YAML file")
     return path
 
 
-def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | None = None) -> dict[str, Any]:
-    """Read a YAML file or preset into a raw dict, resolving ``extends:`` (path or preset name)."""
-    import yaml
+def _resolve_source(source: str | Path, base_dir: Path | None = None) -> Path:
+    """An explicit path is a path (relative to ``base_dir`` for ``extends``); a bare name is a preset."""
+    if isinstance(source, Path):
+        return _check_regular_file(source)
+    cand = (base_dir / source) if base_dir is not None else Path(source)
+    if os.path.lexists(cand) or _looks_like_path(source):
+        return _check_regular_file(cand)
+    return preset_path(source)
 
+
+def _read_config_text(path: Path) -> str:
+    """The UTF-8 text of a config file, its size checked before it is read (errors name the file, never its text)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config file {path} is {size:,} bytes; the limit is {MAX_CONFIG_BYTES:,}")
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES:,} bytes")
+    if data[:4] == b"PK\x03\x04" or b"\0" in data:
+        raise ConfigError(f"config file {path} is a binary file, expected YAML text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})") from None
+
+
+def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | None = None) -> dict[str, Any]:
+    """Read a YAML file or preset into a raw dict, resolving ``extends:`` (path or preset name).
+
+    A file must be a regular UTF-8 file of at most :data:`MAX_CONFIG_BYTES` holding a non-empty
+    mapping, within the limits of :func:`parse_yaml`.
+    """
     path = _resolve_source(source, _base)
     key = str(path.resolve())
     if key in _seen:
         raise ConfigError(f"`extends` cycle through {path}")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse YAML file {path}: {e}") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    raw = parse_yaml(_read_config_text(path), f"config file {path}")
+    if raw is None or raw == {}:
+        raise ConfigError(
+            f"config file {path} is empty; write at least `extends:` or `recipe:` (see `rankwise presets`)"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must contain a mapping, got {type(raw).__name__}")
     raw = upgrade_legacy(raw)
     parent = raw.pop("extends", None)
-    if parent:
-        raw = _deep_merge(load_raw(str(parent), (*_seen, key), _base=path.parent), raw)
+    if parent is not None:
+        if not isinstance(parent, str) or not parent:
+            raise ConfigError(f"`extends` in {path} must be a preset name or a file path, got {_short(parent)}")
+        raw = _deep_merge(load_raw(parent, (*_seen, key), _base=path.parent), raw)
     return raw
 
 
@@ -691,10 +834,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
     """Apply ``a.b.c=value`` strings (value parsed as YAML) to a raw dict (copied).
 
     In a list of named entries (``loss.regularizers``) a key part selects the entry by ``name``
-    (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``.
+    (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``. Values are parsed by
+    :func:`parse_yaml` (its limits apply to each value).
     """
-    import yaml
-
     out = copy.deepcopy(raw)
     for item in overrides or []:
         if "=" not in item:
@@ -703,10 +845,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
         key = key.strip()
         if not key or any(not p for p in key.split(".")):
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as e:
-            raise ConfigError(f"cannot parse the value of --set {key}: {e}") from e
+        value = parse_yaml(text, f"--set {key}") if text.strip() else ""
         node: Any = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

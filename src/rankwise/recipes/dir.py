@@ -38,7 +38,7 @@ from rankwise.recipes.config import Config, ConfigError, opt
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run, load_state_dict, load_weights
 
 __all__ = [
     "DIROptions",
@@ -390,7 +390,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
 
     cfg, data = run.cfg, run.data
     ckpt = run.checkpoint(checkpoint)
-    module.load_state_dict(load_state_dict(ckpt))
+    load_weights(module, ckpt)
     module.eval()
     _, val_dl, test_dl = regression_loaders(data, cfg)
     trainer = run.local_trainer()

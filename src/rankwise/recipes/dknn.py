@@ -37,7 +37,7 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, opt
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run, load_weights
 from rankwise.recipes.sorting import epochs_and_batches
 
 __all__ = ["DKNNModule", "DKNNOptions", "DKNNRecipe", "Episodes"]
@@ -167,7 +167,7 @@ class DKNNRecipe(RecipeBase):
         if run.cfg.task.method == "knn_pixels":
             return self._pixels(run)
         module = self._module(run, len(run.data.train))
-        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        load_weights(module, run.checkpoint(checkpoint or "last"))
         return self._test(run, module)
 
     def _pixels(self, run: Run) -> dict[str, Any]:

@@ -261,7 +261,12 @@ def plot_tsne(
     f = np.asarray(features, dtype=np.float64)
     n = f.shape[0]
     fig, ax = plt.subplots(figsize=(4.5, 4))
-    if n >= 5:
+    # non-finite or identical features (a diverged or dead network): scikit-learn's PCA initialisation
+    # divides by their zero variance and its Barnes-Hut code may crash on the NaN that follow
+    degenerate = n >= 5 and not (np.isfinite(f).all() and float(np.ptp(f, axis=0).max()) > 0)
+    if degenerate:
+        ax.text(0.5, 0.5, "features are constant or not finite:\nno t-SNE", ha="center", va="center")
+    elif n >= 5:
         from threadpoolctl import threadpool_limits
 
         # one thread: sklearn's OpenMP Barnes-Hut is ~10x slower when the CPUs are oversubscribed

@@ -22,7 +22,7 @@ from rankwise.recipes.config import Config, opt
 from rankwise.recipes.dir import DIRRecipe, build_regressor, fit_regressor
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run, load_weights
 
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
 
@@ -105,7 +105,7 @@ class RnCRecipe(DIRRecipe):
             if trainer.global_rank == 0:
                 done.write_text("ok")
         else:
-            pre.load_state_dict(load_state_dict(run.checkpoint("last", "pretrain")))
+            load_weights(pre, run.checkpoint("last", "pretrain"))
         module = build_regressor(run, freeze_backbone=True)
         module.backbone.load_state_dict(pre.backbone.state_dict())
         return fit_regressor(run, module)

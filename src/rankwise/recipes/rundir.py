@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -38,7 +39,6 @@ import sys
 import threading
 import time
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,13 +56,17 @@ __all__ = [
     "RunDir",
     "RunDirError",
     "RunTerminated",
+    "check_resume_checkpoint",
+    "check_state_matches",
     "evaluate_run",
     "git_hash",
     "is_rankwise_run_dir",
     "load_checkpoint",
     "load_data",
     "load_state_dict",
+    "load_weights",
     "run_recipe",
+    "target_limit",
     "write_json",
 ]
 
@@ -80,10 +84,11 @@ class CheckpointError(UserError):
 
 
 class RunTerminated(BaseException):
-    """The process received SIGTERM (or SIGHUP) during a run; the CLI exits with ``128 + signum``."""
+    """The process received SIGTERM, SIGHUP or SIGINT during a run; the CLI exits with ``128 + signum``."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"terminated by signal {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({name})" if signum == signal.SIGINT else f"terminated by signal {name}")
         self.signum = int(signum)
 
 
@@ -133,18 +138,94 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
             f"checkpoint {path} was refused: it holds objects other than tensors and plain data, and rankwise "
             "only loads checkpoints in weights-only mode"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except MemoryError:
+        raise
+    except Exception as e:  # any byte sequence: RuntimeError, EOFError, BadZipFile, IndexError, ...
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot read checkpoint {path} (truncated or corrupt?): {first}") from None
 
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The model ``state_dict`` of a Lightning checkpoint (or a plain state dict), weights-only."""
-    ckpt = load_checkpoint(path)
-    state = ckpt["state_dict"] if isinstance(ckpt, dict) and "state_dict" in ckpt else ckpt
+def _check_state(state: Any, path: str | Path) -> dict[str, torch.Tensor]:
+    """A state dict: a mapping of names to tensors, every floating tensor finite."""
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds no state dict (got {type(state).__name__})")
+    for k, v in state.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise CheckpointError(
+                f"checkpoint {path} is not a state dict: entry {str(k)[:60]!r} holds a {type(v).__name__}, not a tensor"
+            )
+        if v.is_floating_point() and v.numel() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"checkpoint {path} holds NaN or infinite weights in {k!r}")
     return state
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model ``state_dict`` of a Lightning checkpoint (or a plain state dict), weights-only.
+
+    Raises :class:`CheckpointError` naming the file when it holds no mapping of names to tensors
+    or a NaN/infinite weight.
+    """
+    ckpt = load_checkpoint(path)
+    state = ckpt["state_dict"] if isinstance(ckpt, dict) and "state_dict" in ckpt else ckpt
+    return _check_state(state, path)
+
+
+def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """``state`` has exactly the keys of ``module.state_dict()`` with the same shapes, else :class:`CheckpointError`."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s), e.g. {missing[:3]}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {[k[:60] for k in unexpected[:3]]}")
+        raise CheckpointError(f"checkpoint {path} does not fit this run's model: {'; '.join(parts)}")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this run's model: {k!r} has shape {tuple(state[k].shape)}, "
+                f"the model's is {tuple(v.shape)}"
+            )
+
+
+def load_weights(module: torch.nn.Module, path: str | Path) -> None:
+    """Load the (Lightning or plain) checkpoint ``path`` into ``module``, every key and shape checked."""
+    state = load_state_dict(path)
+    check_state_matches(module, state, path)
+    module.load_state_dict(state)
+
+
+def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> None:
+    """A ``last.ckpt`` that ``--resume`` can continue: a Lightning checkpoint of this run's model.
+
+    Refused with :class:`CheckpointError` naming the file: not a regular file (a symlink to a
+    device, a directory), not a Lightning checkpoint (no ``state_dict``, ``optimizer_states``,
+    ``loops``, ``epoch``), a state dict whose keys or shapes differ from the model's, NaN weights.
+    """
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise CheckpointError(f"cannot --resume: checkpoint {path} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"cannot --resume: checkpoint {path} is not a regular file")
+    ckpt = load_checkpoint(path)
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"cannot --resume: checkpoint {path} is not a Lightning checkpoint (a {type(ckpt).__name__})"
+        )
+    missing = [k for k in ("state_dict", "optimizer_states", "loops", "epoch", "global_step") if k not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"cannot --resume: checkpoint {path} is not a Lightning training checkpoint (no {', '.join(missing)})"
+        )
+    opt = ckpt["optimizer_states"]
+    if not isinstance(opt, list) or not all(isinstance(o, dict) and "param_groups" in o for o in opt):
+        raise CheckpointError(f"cannot --resume: checkpoint {path} has no valid optimizer state")
+    check_state_matches(module, _check_state(ckpt["state_dict"], path), path)
 
 
 def _atomic_checkpoint_io() -> Any:
@@ -228,6 +309,8 @@ class RunDir:
 
     @classmethod
     def _open(cls, path: Path, *, resume: bool, overwrite: bool) -> RunDir:
+        if resume and overwrite:
+            raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
         if path.exists() and not path.is_dir():
             raise RunDirError(f"run directory {path} exists and is not a directory")
         contents = [p for p in path.iterdir() if p.name != LOCK_NAME] if path.is_dir() else []
@@ -495,10 +578,28 @@ class Run:
 
     def fit(self, trainer: Any, module: Any, train_dl: Any, val_dl: Any = None, *, stage: str = "") -> None:
         """``trainer.fit``; with ``resume``, the stage continues from its ``last.ckpt`` when there is one."""
-        last = self.ckpt_dir(stage) / "last.ckpt"
-        ckpt = str(last) if self.resume and last.is_file() else None
+        ckpt = self._resume_from(module, stage) if self.resume else None
         trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
+
+    def _resume_from(self, module: Any, stage: str) -> str | None:
+        """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet.
+
+        A stage directory holding other checkpoints (``best.ckpt``) but no usable ``last.ckpt``
+        is refused: retraining it from epoch 1 would silently discard the finished epochs.
+        """
+        last = self.ckpt_dir(stage) / "last.ckpt"
+        if not os.path.lexists(last):
+            folder = self.ckpt_dir(stage)
+            others = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
+            if others:
+                raise CheckpointError(
+                    f"cannot --resume: {last} is missing (the directory holds {', '.join(others)}); rankwise "
+                    "resumes only from last.ckpt: restore it, or start again with --overwrite"
+                )
+            return None
+        check_resume_checkpoint(last, module)
+        return str(last)
 
     def local_trainer(
         self,
@@ -549,8 +650,9 @@ def _make_trainer(cls: Any, kwargs: dict[str, Any]) -> Any:
 
     try:
         return cls(**kwargs)
-    except MisconfigurationException as e:
-        raise ConfigError(f"invalid `trainer` settings: {e}") from None
+    except (MisconfigurationException, ValueError, TypeError) as e:  # e.g. an unknown `trainer.strategy`
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"invalid `trainer` settings: {first}") from None
 
 
 # ------------------------------------------------------------------------------------------ lifecycle
@@ -590,11 +692,47 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
                 f"dataset `{cfg.data.name}` (options {cfg.data.options}) has an empty {s} split; it needs at least "
                 f"one example in each of {', '.join(splits)} (more rows, or other `data.options`)"
             )
+    if regression:
+        _check_target_range(cfg, data)
+
+
+def target_limit(precision: str) -> float:
+    """The largest ``|target|`` a regression run trains on at ``trainer.precision``.
+
+    float32 (and bfloat16, same range): ``sqrt(float32 max) / 2`` (about 9.2e18), so that the
+    squared error of a prediction within the target range stays finite; ``16-true``: a quarter of
+    the float16 maximum (16,376); ``64-true``: the float64 counterpart.
+    """
+    if precision in ("64-true", "64"):
+        return math.sqrt(float(np.finfo(np.float64).max)) / 2
+    if precision == "16-true":
+        return float(np.finfo(np.float16).max) / 4
+    return math.sqrt(float(np.finfo(np.float32).max)) / 2
+
+
+def _check_target_range(cfg: Config, data: Any) -> None:
+    """Refuse targets whose losses overflow the training dtype (the run would stop at its first step)."""
+    limit = target_limit(str(cfg.trainer.precision))
+    for split in ("train", "val", "test"):
+        y = np.asarray(getattr(data, f"{split}_labels", None) if hasattr(data, f"{split}_labels") else [])
+        if y.size == 0 or not np.issubdtype(y.dtype, np.number):
+            continue
+        top = float(np.max(np.abs(y)))
+        if not top <= limit:
+            raise ConfigError(
+                f"dataset `{cfg.data.name}`: {split} targets reach |y| = {top:.3g}, beyond {limit:.3g}, the largest "
+                f"target whose squared error stays finite at `trainer.precision` {cfg.trainer.precision!r}; "
+                "rescale the target column (e.g. divide it by a power of ten)"
+            )
 
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM / SIGHUP into :class:`RunTerminated` in the main thread for the duration of a run."""
+    """Turn SIGTERM / SIGHUP / SIGINT into :class:`RunTerminated` in the main thread for the duration of a run.
+
+    SIGINT (Ctrl-C) too: Lightning turns a ``KeyboardInterrupt`` into ``exit(1)`` without a word,
+    whereas the CLI promises exit status 130 and an "interrupted" line.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -602,7 +740,7 @@ def _signals_raise() -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         raise RunTerminated(signum)
 
-    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    sigs = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     old = {s: signal.signal(s, handler) for s in sigs}
     try:
         yield

@@ -80,6 +80,8 @@ def train(
     good checkpoint stays on disk); any error marks the run ``failed`` in meta.json.
     """
     run_dir = Path(out) if out is not None else Path(cfg.run.out_dir) / cfg.run.name
+    if resume and overwrite:
+        raise rundir.RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     if resume:
         if not (run_dir / "config.yaml").is_file():
             raise rundir.RunDirError(f"cannot --resume: {run_dir} is not a run directory (no config.yaml)")
@@ -115,6 +117,22 @@ def evaluate(
     return rundir.evaluate_run(
         get_recipe(cfg.recipe), cfg, Path(run_dir), checkpoint=checkpoint, plots=plots, data=data
     )
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    """A run's ``metrics.json``; unreadable, not JSON or not an object: a RunDirError naming the file."""
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not valid JSON" if isinstance(e, ValueError) else "not UTF-8"
+        raise rundir.RunDirError(
+            f"cannot read {path} ({why}); re-evaluate the run with `rankwise evaluate {path.parent}`"
+        ) from None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("test"), dict):
+        raise rundir.RunDirError(
+            f"{path} holds no test metrics; re-evaluate the run with `rankwise evaluate {path.parent}`"
+        )
+    return metrics
 
 
 def _is_run_dir(p: str) -> bool:
@@ -162,7 +180,7 @@ def compare(
     for kind, src in planned:
         if kind == "run":
             metrics_file = Path(src) / "metrics.json"
-            metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else evaluate(src)
+            metrics = _read_metrics(metrics_file) if metrics_file.is_file() else evaluate(src)
             name = Path(src).name
             results.setdefault(name, []).append(metrics)
             run_dirs.setdefault(name, []).append(Path(src))
@@ -173,7 +191,7 @@ def compare(
             run_dir = out / "runs" / method / f"seed{seed}"
             meta = rundir.read_meta(run_dir)
             if (run_dir / "metrics.json").is_file() and meta and meta.get("status") == "completed" and not overwrite:
-                res = RunResult(run_dir, json.loads((run_dir / "metrics.json").read_text()), cfg)
+                res = RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg)
             else:
                 key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
                 if key not in data_cache:

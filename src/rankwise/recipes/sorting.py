@@ -86,7 +86,7 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, ConfigError, opt
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run, load_weights
 
 __all__ = [
     "RELAXATIONS",
@@ -317,6 +317,21 @@ register_relaxation(
     description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, Berthet et al.); "
     "`n_samples` perturbations",
 )
+
+
+def _try_relaxation(t: SortOptions) -> None:
+    """Run the relaxation once on a tiny batch: its own checks of ``task.options`` values become a ConfigError."""
+    r = RELAXATIONS[t.method]
+    scores = torch.linspace(0.0, 1.0, t.n).reshape(1, t.n)
+    try:
+        with torch.no_grad():
+            if r.kind == "permutation":
+                r.fn(scores, t)
+            else:
+                r.fn(scores, true_ranks(scores), t)
+    except (ValueError, TypeError, KeyError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"invalid options of relaxation {t.method!r} (`task.options` {t.options}): {msg}") from None
 
 
 def relaxation_options(t: SortOptions) -> dict[str, Any]:
@@ -695,6 +710,8 @@ class SortRecipe(RecipeBase):
                 raise ConfigError(f"unknown option `task.options.{k}` for relaxation {t.method!r}; it takes: {takes}")
         if 10**t.digits < t.n:
             raise ConfigError(f"`task.n` ({t.n}) distinct numbers need more than `task.digits` = {t.digits} digits")
+        if t.method in RELAXATIONS:
+            _try_relaxation(t)
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
         from rankwise.recipes.reports import scalar_table_rows
@@ -739,7 +756,7 @@ class SortRecipe(RecipeBase):
         if run.global_rank != 0:
             return {}
         if monitor is not None:  # the reference tests the best validation checkpoint
-            module.load_state_dict(load_state_dict(run.checkpoint("best")))
+            load_weights(module, run.checkpoint("best"))
         out = self._test(run, module, ds.sampler)
         if timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
@@ -749,7 +766,7 @@ class SortRecipe(RecipeBase):
         t = run.cfg.task
         xtr, ytr, *_ = digit_pools(run)
         module = SortingModule(run.cfg, meta=run.data.meta)
-        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "best")))
+        load_weights(module, run.checkpoint(checkpoint or "best"))
         return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
 
     def _test(self, run: Run, module: SortingModule, sampler: ListSampler) -> dict[str, Any]:

@@ -64,7 +64,7 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, opt
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run, load_weights
 
 __all__ = [
     "ContrastivePretrainer",
@@ -318,7 +318,7 @@ class SupConRecipe(RecipeBase):
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         xtr, ytr = _train_images(run)
         module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
-        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        load_weights(module, run.checkpoint(checkpoint or "last"))
         return self._test(run, module, xtr, ytr)
 
     def _test(self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor) -> dict[str, Any]:

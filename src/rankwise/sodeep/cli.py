@@ -10,8 +10,9 @@ Until the top-level ``rankwise`` CLI mounts it, run it as ``python -m rankwise.s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,6 +24,22 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; a bad option or file prints one ``error: ...`` line and exits 2, Ctrl-C exits 130."""
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted", err=True)
+        raise typer.Exit(130) from None
+    except (ValueError, TypeError, OSError) as e:
+        if isinstance(e, OSError) and e.filename:
+            msg = f"{e.strerror or e}: {e.filename}"
+        else:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command(cls=Command)
@@ -46,20 +63,22 @@ def train(
     """Train a sorter on synthetic sequences, save ``{model}_{seq_len}.pt`` and print its evaluation."""
     from rankwise.sodeep.train import format_report, train_sorter
 
-    res = train_sorter(
-        seq_len,
-        model,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        out=out,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_features=num_features,
-        eval_num=eval_num,
-        progress_bar=progress,
-        num_threads=threads,
+    res = _guarded(
+        lambda: train_sorter(
+            seq_len,
+            model,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            out=out,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_features=num_features,
+            eval_num=eval_num,
+            progress_bar=progress,
+            num_threads=threads,
+        )
     )
     typer.echo(format_report(res["report"]))
     typer.echo(f"trained in {res['seconds']:.1f} s; weights: {res['weights']}")
@@ -80,8 +99,8 @@ def evaluate(
     from rankwise.sodeep.train import evaluate_sorter, format_report
     from rankwise.sodeep.weights_io import load_sorter
 
-    sorter = load_sorter(weights) if weights is not None else sodeep_sorter(seq_len, model=model)
-    report = evaluate_sorter(sorter, num=num, seed=seed, real=real)
+    sorter = _guarded(lambda: load_sorter(weights) if weights is not None else sodeep_sorter(seq_len, model=model))
+    report = _guarded(lambda: evaluate_sorter(sorter, num=num, seed=seed, real=real))
     typer.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 

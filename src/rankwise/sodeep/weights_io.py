@@ -43,11 +43,23 @@ def save_sorter(
 
 def load_sorter(path: str | Path, *, map_location: str | torch.device = "cpu") -> Sorter:
     """Rebuild a sorter from a file written by :func:`save_sorter` (``weights_only=True`` load)."""
-    payload = torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # any byte sequence: truncated zip, text, a pickle the weights-only loader refuses
+        raise ValueError(
+            f"`path` {str(path)!r} is not a sorter file written by rankwise.sodeep.save_sorter "
+            f"(unreadable by the weights-only loader: {type(e).__name__})"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"`path` must be a sorter file written by rankwise.sodeep.save_sorter, got {str(path)!r}")
-    sorter = build_sorter(payload["model"], **payload["hparams"])
-    sorter.load_state_dict(payload["state_dict"])
+    try:
+        sorter = build_sorter(payload["model"], **payload["hparams"])
+        sorter.load_state_dict(payload["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"`path` {str(path)!r} holds an invalid sorter: {first}") from None
     sorter.metadata = {"metrics": payload.get("metrics", {}), "train": payload.get("train", {})}  # type: ignore[assignment]
     return sorter.eval()
 

@@ -13,7 +13,21 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "rankwise"
 
 #: packages of the library: they never import the training system (recipes) or the command line
-LIBRARY = ("ops", "losses", "imbalanced", "data", "models", "sodeep", "distributed", "_registry", "_validation")
+LIBRARY = (
+    "_kernels",
+    "ops",
+    "losses",
+    "metrics",
+    "imbalanced",
+    "data",
+    "models",
+    "sodeep",
+    "distributed",
+    "brain_age",
+    "_registry",
+    "_validation",
+    "_binning",
+)
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -297,7 +297,7 @@ def test_preset_names_and_run_names_stay_in_their_folders(tmp_path, monkeypatch)
     assert not (tmp_path / "a" / "escaped").exists() and not (sub / "runs").exists()
 
 
-# ------------------------------------------------------------------------------ issue 17, item 7: quiet logs
+# ------------------------------------------------------------------------------ quiet logs
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The reproductions of issue 12, items 2, 3, 4, 6 and 8, as tests of docs/conventions.md.
+"""The conventions of docs/conventions.md (NaN/inf, half precision, ties), as tests.
 
 * half-precision inputs give exact (float32) ranks everywhere a rank is materialized;
 * two tensors are promoted to a common compute dtype, never cast to the first one's;

@@ -1,4 +1,4 @@
-"""Property/fuzz suite over EVERY registered operator and loss (issue 12, "Guard it").
+"""Property/fuzz suite over EVERY registered operator and loss .
 
 The registries are iterated, so entries added later are covered automatically. Each entry's ``fuzz``
 factory (``rankwise._registry.RegistryEntry.fuzz``) builds random inputs of any size ``n``; the suite

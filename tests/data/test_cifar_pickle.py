@@ -191,7 +191,7 @@ def test_bad_batches_name_the_file(tmp_path) -> None:
 
 
 def test_cli_data_show_refuses_a_crafted_pickle(tmp_path) -> None:
-    """``rankwise data show cifar_dir -O root=DIR`` (the probe of issue 12): one error line, no code run."""
+    """``rankwise data show cifar_dir -O root=DIR`` (a hostile folder): one error line, no code run."""
     from typer.testing import CliRunner
 
     from rankwise.cli import app

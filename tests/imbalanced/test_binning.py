@@ -1,6 +1,6 @@
 """One binning rule for every label dtype: data.label_bins, LDS bin_labels, FDS buckets, shot metrics.
 
-Issue 12, item 7: float32 labels landed one bin low (``label_bins(np.float32([0.7, 3.8, 4.6]), 0.1)``
+float32 labels used to land one bin low (``label_bins(np.float32([0.7, 3.8, 4.6]), 0.1)``
 gave [6, 37, 45]); item 6: absurd label ranges overflowed int64 or tried huge allocations.
 """
 

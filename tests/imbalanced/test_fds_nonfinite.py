@@ -1,4 +1,4 @@
-"""FDS and non-finite inputs (issue 12, item 5): NaN/inf features or labels are rejected by the
+"""FDS and non-finite inputs: NaN/inf features or labels are rejected by the
 statistics update with a ValueError naming the argument, and nothing changes; calibration
 propagates NaN instead of binning a NaN label into bin 0."""
 

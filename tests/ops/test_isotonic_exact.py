@@ -1,7 +1,7 @@
 """Isotonic soft sort/rank against an exact pool-adjacent-violators, and torchsort at large n.
 
 The tie tolerance under which the kernels pool two block values must not grow with n: at n = 1000
-two values 1e-9 apart are not tied (issue 12, item 1). The reference (:mod:`tests.ops._exact_pav`)
+two values 1e-9 apart are not tied. The reference (:mod:`tests.ops._exact_pav`)
 pools exactly (integer arithmetic for l2, 192-bit mpmath for kl), so on random inputs the block
 structure of every path must equal it exactly, and values/gradients follow from it.
 """
@@ -61,7 +61,7 @@ def _grad_from_blocks(x: torch.Tensor, g: torch.Tensor, eps: float, reg: str) ->
 
 
 # --------------------------------------------------------------------------------------------------
-# the reproduction of issue 12, item 1
+# the reproduction: values 1e-9 apart were pooled as ties
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("n", [10, 1000])

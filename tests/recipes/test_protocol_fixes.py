@@ -1,4 +1,4 @@
-"""Protocol fixes of issue 14 / 15: SupCon's loss scale, RankSim before FDS, Balanced MSE presets."""
+"""The reference protocols: SupCon's loss scale, RankSim before FDS, Balanced MSE presets."""
 
 from __future__ import annotations
 

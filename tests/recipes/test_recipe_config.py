@@ -68,7 +68,7 @@ def test_bad_values_name_the_key():
 
 @pytest.mark.parametrize(
     "override,match",
-    [  # issue 12, item 16: every field's range is checked where the config is read
+    [  # every field's range is checked where the config is read
         ("schedule.gamma=-1", r"`schedule\.gamma` must be > 0, got -1\.0"),
         ("schedule.gamma=2", r"`schedule\.gamma` must be <= 1"),
         ("optimizer.lr=.nan", r"`optimizer\.lr` must be a finite number, got nan"),
@@ -120,7 +120,7 @@ def test_run_name_is_one_path_component():
 
 
 def test_preset_names_come_from_the_registry(tmp_path, monkeypatch):
-    # issue 12, item 17: a preset name never resolves to a file outside the presets folder
+    # a preset name never resolves to a file outside the presets folder
     outside = tmp_path / "x.yaml"
     outside.write_text("optimizer: {lr: 0.5}\n")
     sub = tmp_path / "a" / "b"

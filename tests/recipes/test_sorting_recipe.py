@@ -1,11 +1,11 @@
-"""The sort / median recipes against the reference protocol (issue 14 defects 1, 2, 5; issue 15 item 5).
+"""The sort / median recipes against the reference protocol (Grover et al., ICLR 2019).
 
 * vanilla RS trains at the reference's learning rate (neuralsort ``tf/run_sort.py``: ``lr`` 1e-4);
 * the median task has a score network and a separate regression network and minimises the
   paper's expected loss (checked against a slow loop over lists, samples and candidates);
 * full resolution, a cosine schedule spanning the recipe's actual steps, and the best checkpoint
   on a held-out validation split (the reference keeps the best validation epoch);
-* every relaxation of issue 15 is a ``task.method`` with the recipe's orientation (row ``i`` = the
+* every registered relaxation is a ``task.method`` with the recipe's orientation (row ``i`` = the
   ``i``-th largest), the rank-based ones through a loss on soft ranks.
 """
 
@@ -212,7 +212,7 @@ def _ckpt_states(ckpt):
     return [v for k, v in ckpt.get("callbacks", {}).items() if "ModelCheckpoint" in k and "best_model_score" in v]
 
 
-# ------------------------------------------------------------------------------------------ issue 15 item 5
+# ------------------------------------------------------------------------------------------ every relaxation
 
 
 PERMUTATION = ["neuralsort", "softsort", "diffsort_odd_even", "diffsort_bitonic", "sinkhorn"]

@@ -45,7 +45,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 data_app = typer.Typer(
-    cls=Group, help="Offline datasets: list them, show one with its label histogram, make a synthetic one.", no_args_is_help=True
+    cls=Group,
+    help="Offline datasets: list them, show one with its label histogram, make a synthetic one.",
+    no_args_is_help=True,
 )
 app.add_typer(data_app, name="data")
 

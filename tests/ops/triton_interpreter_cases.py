@@ -19,9 +19,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
 
 import rankwise
-from rankwise.ops import isotonic as iso
-
 from rankwise._kernels import _numba_isotonic as nb  # the numba kernels (CPU references)
+from rankwise.ops import isotonic as iso
 
 pytest.importorskip("triton")
 

@@ -5,6 +5,8 @@ from rankwise.losses.balanced_mse import *  # noqa: F403
 from rankwise.losses.balanced_mse import __all__ as _bmse_all
 from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
+from rankwise.losses.learning_to_rank import *  # noqa: F403
+from rankwise.losses.learning_to_rank import __all__ as _ltr_all
 from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
 
@@ -22,4 +24,5 @@ __all__ = [
     *_contrastive_all,
     *_imb_all,
     *_bmse_all,
+    *_ltr_all,
 ]

@@ -114,8 +114,9 @@ def _lists(
     ind = _check_indicator(padded_value_indicator)
     dt = common_compute_dtype(y_pred, y_true)
     n = y_pred.shape[-1]
-    p = y_pred.to(dt).reshape(-1, n)
-    t = y_true.detach().to(dt).reshape(-1, n)
+    rows = math.prod(y_pred.shape[:-1])
+    p = y_pred.to(dt).reshape(rows, n)
+    t = y_true.detach().to(dt).reshape(rows, n)
     return p, t, t != ind
 
 
@@ -444,7 +445,7 @@ def approx_ndcg_loss(
 # --------------------------------------------------------------------------------------------------
 # NeuralNDCG
 # --------------------------------------------------------------------------------------------------
-def _masked_neural_sort(s: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
+def _masked_neural_sort(s: torch.Tensor, valid: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     r"""NeuralSort of the real items of each list (rows: positions ``0..n_valid-1``), 0 elsewhere.
 
     The padded slots get a score :math:`f` below every real score of their list. For a real item,
@@ -575,10 +576,12 @@ def neural_ndcg_loss(
 # --------------------------------------------------------------------------------------------------
 # PiRank
 # --------------------------------------------------------------------------------------------------
-def _permutation_matrix(s: torch.Tensor, method: str, options: dict[str, Any]) -> torch.Tensor | None:
+def _permutation_matrix(
+    s: torch.Tensor, valid: torch.Tensor, method: str, options: dict[str, Any]
+) -> torch.Tensor | None:
     """Relaxed descending permutation matrix (row r selects the r-th largest) of the methods that have one."""
     if method == "neuralsort":
-        return neural_sort(s, **options)
+        return _masked_neural_sort(s, valid, **options)
     if method == "softsort":
         return softsort_matrix(s, **options)
     if method == "diffsort":
@@ -614,7 +617,9 @@ def pirank_ndcg_loss(
     ``"sinkhorn"``, ...) give soft ranks :math:`\hat r_i` and the gain of item :math:`i` is discounted
     at its soft rank, :math:`\sum_i g_i\, \min(1, \max(0, k + 1 - \hat r_i)) / \log_2(1 + \hat r_i)`
     (exact NDCG@k at exact ranks). ``method_options`` go to the method (e.g. ``tau=0.1``,
-    ``regularization_strength=0.1``). Padded slots take a score below every real one and gain 0.
+    ``regularization_strength=0.1``). Padded slots have gain 0; NeuralSort relaxes the real items
+    alone (rows of the real positions, renormalised over the real items), the other methods see the
+    padded slots as items scored below every real one (a small shift of the real items' soft ranks).
 
     Shape:
         - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
@@ -636,15 +641,17 @@ def pirank_ndcg_loss(
     n = p.shape[-1]
     if p.numel() == 0:
         return _zero(p)
-    lo = torch.where(valid, p.detach(), torch.finfo(p.dtype).max).amin(dim=-1, keepdim=True)
-    hi = torch.where(valid, p.detach(), -torch.finfo(p.dtype).max).amax(dim=-1, keepdim=True)
+    # padded slots: below every real score (with its gradient: the relaxations other than NeuralSort
+    # let them shift the real items' soft positions a little); NeuralSort excludes them exactly
+    lo = torch.where(valid, p, torch.finfo(p.dtype).max).amin(dim=-1, keepdim=True)
+    hi = torch.where(valid, p, -torch.finfo(p.dtype).max).amax(dim=-1, keepdim=True)
     fill = torch.where(valid.any(dim=-1, keepdim=True), lo - (hi - lo) - 1.0, torch.zeros_like(lo))
     s = torch.where(valid, p, fill)
     gains = torch.where(valid, t, 0.0).clamp(min=0.0)
     if powered_relevancies:
         gains = torch.pow(2.0, gains) - 1.0
     d = _discounts(n, p)
-    mat = _permutation_matrix(s, method, method_options)
+    mat = _permutation_matrix(s, valid, method, method_options)
     if mat is not None:
         dcg = ((mat.to(p.dtype) @ gains.unsqueeze(-1)).squeeze(-1) / d)[..., :kk].sum(dim=-1)
     else:

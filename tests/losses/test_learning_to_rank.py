@@ -46,7 +46,9 @@ def _batch(seed: int, bsz: int, n: int, *, ties: bool, end_padding: bool) -> tup
     return pred, true.masked_fill(pad, PAD)
 
 
-def _value_and_grad(fn: Any, pred: torch.Tensor, true: torch.Tensor, seed: int | None = None) -> tuple[float, torch.Tensor]:
+def _value_and_grad(
+    fn: Any, pred: torch.Tensor, true: torch.Tensor, seed: int | None = None
+) -> tuple[float, torch.Tensor]:
     x = pred.clone().requires_grad_()
     if seed is not None:
         torch.manual_seed(seed)
@@ -119,7 +121,9 @@ def test_ranknet_matches_allrank(weights: dict[str, bool]) -> None:
         "rankNetWeightedByGTDiffPowed_scheme",
     ],
 )
-@pytest.mark.parametrize("options", [{}, {"k": 4, "reduction": "mean"}, {"sigma": 2.0, "mu": 3.0, "reduction_log": "natural"}])
+@pytest.mark.parametrize(
+    "options", [{}, {"k": 4, "reduction": "mean"}, {"sigma": 2.0, "mu": 3.0, "reduction_log": "natural"}]
+)
 def test_lambda_loss_matches_allrank(scheme: str | None, options: dict[str, Any]) -> None:
     al, _ = load()
     kw = {"weighing_scheme": scheme, **options}
@@ -219,7 +223,9 @@ def test_allrank_listnet_cases() -> None:
     def wrap(p: list[float], t: list[float], eps: float = 1e-10) -> float:
         return float(R.listNet(torch.tensor([p]), torch.tensor([t]), eps))
 
-    assert wrap([0.5, 0.2], [1.0, 0.0], eps=0.0) == pytest.approx(-np.sum(softmax([1.0, 0.0]) * np.log(softmax([0.5, 0.2]))))
+    assert wrap([0.5, 0.2], [1.0, 0.0], eps=0.0) == pytest.approx(
+        -np.sum(softmax([1.0, 0.0]) * np.log(softmax([0.5, 0.2])))
+    )
     got = wrap([0.5, -1e30], [1.0, 0.0])
     assert math.isfinite(got)
     assert got == pytest.approx(-np.sum(softmax([1.0, 0.0]) * np.log(softmax([0.5, -1e30]) + 1e-10)))
@@ -277,7 +283,13 @@ def test_allrank_approxndcg_case() -> None:
 def _neural_wrap(p: list[float], t: list[float], *, stochastic: bool, temperature: float = 1e-4, **kw: Any) -> float:
     # allRank's test wrapper: temperature 1e-4, 1024 samples, beta 0.001
     out = R.neuralNDCG(
-        torch.tensor([p]), torch.tensor([t]), temperature=temperature, stochastic=stochastic, n_samples=1024, beta=0.001, **kw
+        torch.tensor([p]),
+        torch.tensor([t]),
+        temperature=temperature,
+        stochastic=stochastic,
+        n_samples=1024,
+        beta=0.001,
+        **kw,
     )
     return float(out)
 
@@ -342,7 +354,15 @@ def test_invalid_options_name_the_argument() -> None:
         listnet_loss(pred, true[:, :3])
 
 
-@pytest.mark.parametrize(("method", "options"), [("neuralsort", {"tau": 1e-3}), ("softsort", {"tau": 1e-3}), ("diffsort", {"steepness": 200.0}), ("isotonic", {"regularization_strength": 1e-4})])
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("neuralsort", {"tau": 1e-3}),
+        ("softsort", {"tau": 1e-3}),
+        ("diffsort", {"steepness": 200.0}),
+        ("isotonic", {"regularization_strength": 1e-4}),
+    ],
+)
 def test_pirank_tends_to_one_minus_ndcg(method: str, options: dict[str, Any]) -> None:
     """At a small temperature / strength every relaxation gives 1 - NDCG@k of the exact ranking."""
     pred, true = _batch(7, 4, 8, ties=False, end_padding=False)

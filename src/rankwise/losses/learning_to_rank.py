@@ -50,6 +50,7 @@ from rankwise.ops.soft import list_soft_methods, soft_rank
 from rankwise.ops.sorting_network import diffsort
 
 __all__ = [
+    "WEIGHING_SCHEMES",
     "ApproxNDCGLoss",
     "LambdaLoss",
     "ListMLELoss",
@@ -57,7 +58,6 @@ __all__ = [
     "NeuralNDCGLoss",
     "PiRankNDCGLoss",
     "RankNetLoss",
-    "WEIGHING_SCHEMES",
     "approx_ndcg_loss",
     "lambda_loss",
     "listmle_loss",
@@ -100,9 +100,7 @@ def _check_k(k: Any) -> int | None:
     return check_positive_int(k, "k")
 
 
-def _lists(
-    y_pred: Any, y_true: Any, padded_value_indicator: Any
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(B, n)`` predictions and labels in the compute dtype and the mask of real (unpadded) slots."""
     check_floating(y_pred, "y_pred")
     check_real(y_true, "y_true")
@@ -829,7 +827,12 @@ def _padded_batch(dtype: torch.dtype, device: torch.device, seed: int = 0) -> tu
     g = torch.Generator().manual_seed(seed)
     pred = torch.randn(4, 6, generator=g, dtype=torch.float64)
     true = torch.tensor(
-        [[3.0, 0.0, 1.0, 2.0, 0.0, 1.0], [1.0, 2.0, 0.0, -1.0, -1.0, -1.0], [0.0, 2.0, -1.0, 1.0, 3.0, -1.0], [2.0, 1.0, 0.0, 0.0, 3.0, 1.0]]
+        [
+            [3.0, 0.0, 1.0, 2.0, 0.0, 1.0],
+            [1.0, 2.0, 0.0, -1.0, -1.0, -1.0],
+            [0.0, 2.0, -1.0, 1.0, 3.0, -1.0],
+            [2.0, 1.0, 0.0, 0.0, 3.0, 1.0],
+        ]
     )
     return pred.to(device=device, dtype=dtype).requires_grad_(), true.to(device=device, dtype=torch.float32)
 
@@ -906,7 +909,12 @@ for _scheme in (None, *WEIGHING_SCHEMES[:5]):
         lambda_loss,
         LambdaLoss,
         {"weighing_scheme": _scheme, "k": 4, "sigma": 1.5, "reduction": "mean"} if _scheme else {"reduction": "sum"},
-        {"weighing_scheme": [_scheme], "k": [None, 1, 3], "reduction": ["sum", "mean"], "reduction_log": ["binary", "natural"]},
+        {
+            "weighing_scheme": [_scheme],
+            "k": [None, 1, 3],
+            "reduction": ["sum", "mean"],
+            "reduction_log": ["binary", "natural"],
+        },
         description=f"LambdaLoss, weighing scheme {_scheme} (allRank lambdaLoss)",
     )
 _register(

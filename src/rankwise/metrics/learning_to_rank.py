@@ -45,7 +45,8 @@ def _flat_lists(y_pred: Any, y_true: Any, padding_indicator: Any) -> tuple[torch
     check_same_device("y_pred", y_pred, ("y_true", y_true))
     if y_pred.shape != y_true.shape or y_pred.dim() == 0:
         raise ValueError(
-            f"`y_pred` and `y_true` must have the same shape (*, n), got {tuple(y_pred.shape)} and {tuple(y_true.shape)}"
+            "`y_pred` and `y_true` must have the same shape (*, n), "
+            f"got {tuple(y_pred.shape)} and {tuple(y_true.shape)}"
         )
     if isinstance(padding_indicator, bool) or not isinstance(padding_indicator, (int, float)):
         raise TypeError(f"`padding_indicator` must be a number, got {type(padding_indicator).__name__}")

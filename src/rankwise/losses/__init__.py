@@ -5,6 +5,8 @@ from rankwise.losses.balanced_mse import *  # noqa: F403
 from rankwise.losses.balanced_mse import __all__ as _bmse_all
 from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
+from rankwise.losses.learning_to_rank import *  # noqa: F403
+from rankwise.losses.learning_to_rank import __all__ as _ltr_all
 from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
 from rankwise.losses.retrieval import *  # noqa: F403
@@ -25,4 +27,5 @@ __all__ = [
     *_retrieval_all,
     *_imb_all,
     *_bmse_all,
+    *_ltr_all,
 ]

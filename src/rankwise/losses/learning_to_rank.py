@@ -1,0 +1,958 @@
+r"""Learning-to-rank losses on padded lists, with allRank's option names, defaults and conventions.
+
+Every loss takes ``(y_pred, y_true, *, ...)``: predicted scores and graded relevance labels of shape
+``(batch, n)`` (any leading dims are flattened into the batch); a slot whose label equals
+``padded_value_indicator`` (default ``-1``) is padding and takes no part. The option names, defaults
+and reductions are those of allRank 1.4.3 (``allrank.models.losses``), so its users can swap the
+import; where allRank gives NaN (a list made only of padding, no valid pair) these losses give 0
+and keep the graph.
+
+* :func:`listnet_loss` — ListNet (Cao et al., ICML 2007, "Learning to Rank: From Pairwise Approach to
+  Listwise Approach"), top-one cross entropy.
+* :func:`listmle_loss` — ListMLE (Xia et al., ICML 2008, "Listwise Approach to Learning to Rank:
+  Theory and Algorithm"), Plackett-Luce likelihood of the label order.
+* :func:`ranknet_loss` — RankNet (Burges et al., ICML 2005, "Learning to Rank using Gradient Descent").
+* :func:`lambda_loss` — the LambdaLoss framework (Wang et al., CIKM 2018, "The LambdaLoss Framework for
+  Ranking Metric Optimization"): NDCG-Loss1/2/2++, LambdaRank and RankNet weighings.
+* :func:`approx_ndcg_loss` — ApproxNDCG (Qin et al., Information Retrieval 2010, "A General Approximation
+  Framework for Direct Optimization of Information Retrieval Measures").
+* :func:`neural_ndcg_loss` — NeuralNDCG (Pobrotyn & Białobrzeski, 2021, "NeuralNDCG: Direct Optimisation of
+  a Ranking Metric via Differentiable Relaxation of Sorting"): rankwise's NeuralSort, Sinkhorn scaling.
+* :func:`pirank_ndcg_loss` — the PiRank NDCG surrogate (Swezey et al., NeurIPS 2021, "PiRank: Scalable
+  Learning To Rank via Differentiable Sorting") through any soft sorting method of rankwise.
+
+Each loss has an ``nn.Module`` twin and is registered with ``register_loss``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_tensor
+from rankwise._validation import (
+    batch_loss,
+    check_bool,
+    check_choice,
+    check_floating,
+    check_positive,
+    check_positive_int,
+    check_real,
+    common_compute_dtype,
+)
+from rankwise.losses._registry import register_loss
+from rankwise.ops.permutation import neural_sort, softsort_matrix
+from rankwise.ops.soft import list_soft_methods, soft_rank
+from rankwise.ops.sorting_network import diffsort
+
+__all__ = [
+    "WEIGHING_SCHEMES",
+    "ApproxNDCGLoss",
+    "LambdaLoss",
+    "ListMLELoss",
+    "ListNetLoss",
+    "NeuralNDCGLoss",
+    "PiRankNDCGLoss",
+    "RankNetLoss",
+    "approx_ndcg_loss",
+    "lambda_loss",
+    "listmle_loss",
+    "listnet_loss",
+    "neural_ndcg_loss",
+    "pirank_ndcg_loss",
+    "ranknet_loss",
+]
+
+#: allRank's padding label and epsilon
+PADDED_Y_VALUE = -1
+DEFAULT_EPS = 1e-10
+
+#: the ``weighing_scheme`` values of :func:`lambda_loss` (allRank's function names)
+WEIGHING_SCHEMES = (
+    "ndcgLoss1_scheme",
+    "ndcgLoss2_scheme",
+    "lambdaRank_scheme",
+    "ndcgLoss2PP_scheme",
+    "rankNet_scheme",
+    "rankNetWeightedByGTDiff_scheme",
+    "rankNetWeightedByGTDiffPowed_scheme",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# shared helpers
+# --------------------------------------------------------------------------------------------------
+def _check_indicator(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
+        raise TypeError(f"`padded_value_indicator` must be a number, got {value!r}")
+    return float(value)
+
+
+def _check_k(k: Any) -> int | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"`k` must be None or a positive int, got {type(k).__name__} {k!r}")
+    return check_positive_int(k, "k")
+
+
+def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(B, n)`` predictions and labels in the compute dtype and the mask of real (unpadded) slots."""
+    check_floating(y_pred, "y_pred")
+    check_real(y_true, "y_true")
+    if y_pred.dim() == 0 or y_pred.shape != y_true.shape:
+        raise ValueError(
+            "`y_pred` and `y_true` must have the same shape (batch, n) (any leading dims), "
+            f"got {tuple(y_pred.shape)} and {tuple(y_true.shape)}"
+        )
+    ind = _check_indicator(padded_value_indicator)
+    dt = common_compute_dtype(y_pred, y_true)
+    n = y_pred.shape[-1]
+    rows = math.prod(y_pred.shape[:-1])
+    p = y_pred.to(dt).reshape(rows, n)
+    t = y_true.detach().to(dt).reshape(rows, n)
+    return p, t, t != ind
+
+
+def _zero(p: torch.Tensor) -> torch.Tensor:
+    """A 0 that keeps the graph of ``p``."""
+    return p.sum() * 0.0
+
+
+def _masked_softmax(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Softmax over the valid slots (0 elsewhere; all 0 for a list without a valid slot)."""
+    any_valid = valid.any(dim=-1, keepdim=True)
+    logits = x.masked_fill(~valid, float("-inf")).masked_fill(~any_valid, 0.0)
+    return torch.softmax(logits, dim=-1) * valid
+
+
+def _discounts(n: int, like: torch.Tensor) -> torch.Tensor:
+    """``log2(r + 1)`` for the 1-based ranks ``r = 1..n``."""
+    return torch.log2(torch.arange(2, n + 2, device=like.device, dtype=like.dtype))
+
+
+def _ideal_dcg(t: torch.Tensor, valid: torch.Tensor, k: int | None, powered: bool) -> torch.Tensor:
+    """DCG@k of the labels sorted by themselves (padding last with gain 0), labels clamped at 0."""
+    ideal, _ = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ideal = ideal.clamp(min=0.0)
+    gains = torch.pow(2.0, ideal) - 1.0 if powered else ideal
+    return (gains / _discounts(t.shape[-1], t))[:, :k].sum(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# ListNet, ListMLE, RankNet
+# --------------------------------------------------------------------------------------------------
+@batch_loss("y_pred", "y_true")
+def listnet_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    eps: float = DEFAULT_EPS,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+) -> torch.Tensor:
+    r"""ListNet's top-one cross entropy (Cao et al., ICML 2007), as allRank's ``listNet``.
+
+    .. math::
+        L = \frac{1}{B} \sum_{b} -\sum_{i} \operatorname{softmax}(y)_i \,
+            \log\bigl(\operatorname{softmax}(\hat y)_i + \epsilon\bigr)
+
+    with both softmaxes over the real (unpadded) slots of a list; the labels are the logits of the
+    target distribution. A list made only of padding adds 0 (allRank: NaN) and still counts in :math:`B`.
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape (real), padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import listnet_loss
+        >>> listnet_loss(torch.tensor([[0.5, 0.2, 0.9]]), torch.tensor([[1.0, 0.0, -1.0]]))
+        tensor(0.6350)
+    """
+    e = check_positive(eps, "eps", allow_zero=True)
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    if p.numel() == 0:
+        return _zero(p)
+    q = _masked_softmax(t, valid)
+    sp = _masked_softmax(p, valid)
+    log_sp = torch.log(torch.where(valid, sp + e, 1.0))
+    return -(q * log_sp).sum(dim=-1).mean()
+
+
+def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
+    # drawn on the CPU like allRank's ``torch.randperm(n)``, so the same seed gives the same tie order
+    return torch.randperm(n, generator=generator).to(p.device)
+
+
+@batch_loss("y_pred", "y_true")
+def listmle_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    eps: float = DEFAULT_EPS,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""ListMLE (Xia et al., ICML 2008): negative Plackett-Luce log-likelihood of the label order.
+
+    With :math:`\pi` the real items sorted by descending label and :math:`m = \max_j \hat y_j`:
+
+    .. math::
+        L = \frac{1}{B}\sum_b \sum_{i} \Bigl[\log\Bigl(\sum_{j \ge i} e^{\hat y_{\pi(j)} - m}
+            + \epsilon\Bigr) - (\hat y_{\pi(i)} - m)\Bigr]
+
+    Ties among labels are broken at random, as in allRank: the list is shuffled with
+    ``torch.randperm(n, generator=generator)`` (the global CPU generator by default, so a seed
+    reproduces allRank's draw) before a descending sort by label.
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import listmle_loss
+        >>> listmle_loss(torch.tensor([[0.5, 0.3, 0.5]]), torch.tensor([[1.0, 0.0, -1.0]]))
+        tensor(0.5981)
+    """
+    e = check_positive(eps, "eps", allow_zero=True)
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    n = p.shape[-1]
+    perm = _shuffle(n, p, generator)
+    if p.numel() == 0:
+        return _zero(p)
+    p, t, valid = p[:, perm], t[:, perm], valid[:, perm]
+    _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ps = p.gather(-1, idx)
+    vs = valid.gather(-1, idx)
+    top, _ = ps.masked_fill(~vs, float("-inf")).max(dim=-1, keepdim=True)
+    top = torch.where(vs.any(dim=-1, keepdim=True), top, torch.zeros_like(top))
+    z = torch.where(vs, ps - top, 0.0)
+    tail = torch.flip(torch.cumsum(torch.flip(torch.exp(z) * vs, dims=[-1]), dim=-1), dims=[-1])
+    obs = torch.log(torch.where(vs, tail + e, 1.0)) - z
+    return torch.where(vs, obs, 0.0).sum(dim=-1).mean()
+
+
+@batch_loss("y_pred", "y_true")
+def ranknet_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    weight_by_diff: bool = False,
+    weight_by_diff_powed: bool = False,
+) -> torch.Tensor:
+    r"""RankNet (Burges et al., ICML 2005): logistic loss on the score difference of ordered pairs.
+
+    Over every pair of real items of a list with :math:`y_i > y_j` (all lists together, :math:`N` pairs):
+
+    .. math::
+        L = \frac{1}{N} \sum_{(i, j)} w_{ij} \log\bigl(1 + e^{-(\hat y_i - \hat y_j)}\bigr)
+
+    with :math:`w_{ij} = 1`, :math:`|y_i - y_j|` (``weight_by_diff``) or :math:`|y_i^2 - y_j^2|`
+    (``weight_by_diff_powed``; ``weight_by_diff`` wins if both are set), as allRank's ``rankNet``
+    (``BCEWithLogitsLoss(weight=w)``: the weights are not normalised). No pair gives 0 (allRank: NaN).
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs. Memory :math:`O(B n^2)`.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import ranknet_loss
+        >>> ranknet_loss(torch.tensor([[0.5, 0.2, 0.1]]), torch.tensor([[1.0, 0.0, 0.0]]))
+        tensor(0.5337)
+    """
+    check_bool(weight_by_diff, "weight_by_diff")
+    check_bool(weight_by_diff_powed, "weight_by_diff_powed")
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    if p.numel() == 0:
+        return _zero(p)
+    tt = torch.where(valid, t, 0.0)
+    true_diff = tt[:, :, None] - tt[:, None, :]
+    pairs = valid[:, :, None] & valid[:, None, :] & (true_diff > 0)
+    losses = F.softplus(-(p[:, :, None] - p[:, None, :]))
+    if weight_by_diff:
+        losses = losses * true_diff.abs()
+    elif weight_by_diff_powed:
+        losses = losses * (tt[:, :, None] ** 2 - tt[:, None, :] ** 2).abs()
+    count = pairs.sum().clamp(min=1).to(p.dtype)
+    return torch.where(pairs, losses, 0.0).sum() / count
+
+
+# --------------------------------------------------------------------------------------------------
+# LambdaLoss and ApproxNDCG
+# --------------------------------------------------------------------------------------------------
+def _scheme_weights(
+    scheme: str | None, g: torch.Tensor, d: torch.Tensor, mu: float, true_sorted: torch.Tensor
+) -> torch.Tensor | float:
+    """Pair weights :math:`w_{ij}` of the LambdaLoss weighing schemes (positions in predicted order)."""
+    if scheme is None or scheme == "rankNet_scheme":
+        return 1.0
+    if scheme == "ndcgLoss1_scheme":
+        return (g / d)[:, :, None]
+    gap = (g[:, :, None] - g[:, None, :]).abs()
+    inv = 1.0 / d
+    lambda_rank = (inv[:, None] - inv[None, :]).abs() * gap
+    if scheme == "lambdaRank_scheme":
+        return lambda_rank
+    if scheme in ("ndcgLoss2_scheme", "ndcgLoss2PP_scheme"):
+        n = d.shape[0]
+        pos = torch.arange(n, device=d.device)
+        delta = (pos[:, None] - pos[None, :]).abs()
+        # |1/D(|i-j|) - 1/D(|i-j|+1)| with D(r) = log2(1 + r): 0 on the diagonal
+        deltas = (inv[(delta - 1).clamp(min=0)] - inv[delta]).abs() * (delta > 0)
+        loss2 = deltas * gap
+        return loss2 if scheme == "ndcgLoss2_scheme" else mu * loss2 + lambda_rank
+    ts = true_sorted
+    if scheme == "rankNetWeightedByGTDiff_scheme":
+        return (ts[:, :, None] - ts[:, None, :]).abs()
+    return (ts[:, :, None] ** 2 - ts[:, None, :] ** 2).abs()
+
+
+@batch_loss("y_pred", "y_true")
+def lambda_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    eps: float = DEFAULT_EPS,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    weighing_scheme: str | None = None,
+    k: int | None = None,
+    sigma: float = 1.0,
+    mu: float = 10.0,
+    reduction: str = "sum",
+    reduction_log: str = "binary",
+) -> torch.Tensor:
+    r"""The LambdaLoss framework (Wang et al., CIKM 2018), as allRank's ``lambdaLoss``.
+
+    Items are put in descending order of ``y_pred`` (positions :math:`i, j = 1..n`); with gains
+    :math:`G_i = (2^{y_i} - 1)/\mathrm{IDCG@}k` (labels clamped at 0) and discounts
+    :math:`D_i = \log_2(1 + i)`, the loss over the pairs of real items with :math:`y_i > y_j` (every
+    pair for ``ndcgLoss1_scheme``) whose positions are both :math:`\le k` is
+
+    .. math::
+        L = -\sum_{(i, j)} \log_2 \Bigl(\max\bigl(\sigma(\sigma_s(\hat y_i - \hat y_j)), \epsilon\bigr)^{w_{ij}}\Bigr)
+
+    (``reduction="mean"``: the mean over those pairs; ``reduction_log="natural"``: :math:`\ln`). The
+    weights :math:`w_{ij}` of ``weighing_scheme``: ``None`` / ``"rankNet_scheme"``: 1;
+    ``"ndcgLoss1_scheme"``: :math:`G_i / D_i`; ``"lambdaRank_scheme"``: :math:`|1/D_i - 1/D_j|\,|G_i - G_j|`;
+    ``"ndcgLoss2_scheme"``: :math:`|1/D_{|i-j|} - 1/D_{|i-j|+1}|\,|G_i - G_j|`; ``"ndcgLoss2PP_scheme"``:
+    :math:`\mu` times NDCG-Loss2's weight plus LambdaRank's; ``"rankNetWeightedByGTDiff_scheme"`` /
+    ``"rankNetWeightedByGTDiffPowed_scheme"``: :math:`|y_i - y_j|` / :math:`|y_i^2 - y_j^2|`.
+    Note the default ``reduction="sum"`` adds over the whole batch (allRank's convention).
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs. Memory :math:`O(B n^2)`.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import lambda_loss
+        >>> y_pred, y_true = torch.tensor([[0.5, 0.3, 0.5]]), torch.tensor([[0.5, 0.3, 0.5]])
+        >>> lambda_loss(y_pred, y_true, weighing_scheme="ndcgLoss2PP_scheme")
+        tensor(1.1244)
+    """
+    e = check_positive(eps, "eps", allow_zero=True)
+    if weighing_scheme is not None:
+        check_choice(weighing_scheme, "weighing_scheme", WEIGHING_SCHEMES)
+    kk = _check_k(k)
+    s = check_positive(sigma, "sigma")
+    m = check_positive(mu, "mu", allow_zero=True)
+    check_choice(reduction, "reduction", ("sum", "mean"))
+    check_choice(reduction_log, "reduction_log", ("binary", "natural"))
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    n = p.shape[-1]
+    if p.numel() == 0:
+        return _zero(p)
+    ps, idx = p.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    vs = valid.gather(-1, idx)
+    ps = torch.where(vs, ps, 0.0)
+    ts = torch.where(vs, t.gather(-1, idx), 0.0)
+    true_diff = ts[:, :, None] - ts[:, None, :]
+    pairs = vs[:, :, None] & vs[:, None, :]
+    if weighing_scheme != "ndcgLoss1_scheme":
+        pairs = pairs & (true_diff > 0)
+    if kk is not None and kk < n:
+        top = torch.arange(n, device=p.device) < kk
+        pairs = pairs & top[:, None] & top[None, :]
+    ts0 = ts.clamp(min=0.0)
+    d = _discounts(n, p)
+    max_dcg = _ideal_dcg(t, valid, kk, powered=True).clamp(min=e)
+    g = (torch.pow(2.0, ts0) - 1.0) / max_dcg[:, None]
+    weights = _scheme_weights(weighing_scheme, g, d, m, ts0)
+    diffs = (ps[:, :, None] - ps[:, None, :]).clamp(min=-1e8, max=1e8)
+    probas = (torch.sigmoid(s * diffs).clamp(min=e) ** weights).clamp(min=e)
+    logs = torch.log2(probas) if reduction_log == "binary" else torch.log(probas)
+    total = -torch.where(pairs, logs, 0.0).sum()
+    if reduction == "mean":
+        return total / pairs.sum().clamp(min=1).to(total.dtype)
+    return total
+
+
+@batch_loss("y_pred", "y_true")
+def approx_ndcg_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    eps: float = DEFAULT_EPS,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    r"""ApproxNDCG (Qin et al., Information Retrieval 2010), as allRank's ``approxNDCGLoss``.
+
+    The rank of item :math:`i` is approximated by a sum of sigmoids over the other real items,
+    :math:`\hat\pi_i = 1 + \sum_{j \ne i} \max(\sigma(-\alpha(\hat y_i - \hat y_j)), \epsilon)`, and
+
+    .. math::
+        L = -\frac{1}{B} \sum_b \sum_i \frac{2^{y_i} - 1}{\mathrm{IDCG}\,\log_2(1 + \hat\pi_i)}
+
+    (labels clamped at 0, IDCG over the whole list clamped at :math:`\epsilon`; no truncation).
+    Lists without a relevant item or made only of padding add 0 and count in :math:`B`.
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs. Memory :math:`O(B n^2)`.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import approx_ndcg_loss
+        >>> approx_ndcg_loss(torch.tensor([[0.5, 0.3, 0.5]]), torch.tensor([[0.5, 0.3, 0.5]]))
+        tensor(-0.8499)
+    """
+    e = check_positive(eps, "eps", allow_zero=True)
+    a = check_positive(alpha, "alpha")
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    n = p.shape[-1]
+    if p.numel() == 0:
+        return _zero(p)
+    max_dcg = _ideal_dcg(t, valid, None, powered=True).clamp(min=e)
+    g = (torch.pow(2.0, torch.where(valid, t, 0.0).clamp(min=0.0)) - 1.0) / max_dcg[:, None]
+    pairs = valid[:, :, None] & valid[:, None, :] & ~torch.eye(n, dtype=torch.bool, device=p.device)
+    diffs = torch.where(pairs, p[:, :, None] - p[:, None, :], 0.0)
+    approx_pos = 1.0 + (pairs * torch.sigmoid(-a * diffs).clamp(min=e)).sum(dim=-1)
+    return -(g / torch.log2(1.0 + approx_pos)).sum(dim=-1).mean()
+
+
+# --------------------------------------------------------------------------------------------------
+# NeuralNDCG
+# --------------------------------------------------------------------------------------------------
+def _masked_neural_sort(s: torch.Tensor, valid: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    r"""NeuralSort of the real items of each list (rows: positions ``0..n_valid-1``), 0 elsewhere.
+
+    The padded slots get a score :math:`f` below every real score of their list. For a real item,
+    :math:`A_s\mathbf 1` then gains :math:`m (s_i - f)` (:math:`m` padded slots), which with the
+    row coefficient :math:`n + 1 - 2r` gives :math:`(n_{valid} + 1 - 2r) s_i - \sum_{valid} |s_i - s_k|`
+    plus a constant of the row: restricted to the real columns, rows :math:`r \le n_{valid}` are
+    exactly NeuralSort of the real items alone (the zeroed padded columns are renormalised by the
+    Sinkhorn scaling that follows), whatever the position of the padding in the list.
+    """
+    big = torch.finfo(s.dtype).max
+    # strictly below the smallest real score: |s_i - f| must not sit at the kink of abs for any real item
+    f = torch.where(valid, s.detach(), big).amin(dim=-1, keepdim=True) - 1.0
+    f = torch.where(valid.any(dim=-1, keepdim=True), f, torch.zeros_like(f))
+    p = neural_sort(torch.where(valid, s, f), tau=tau)
+    n = s.shape[-1]
+    rows = torch.arange(n, device=s.device)[:, None] < valid.sum(dim=-1)[..., None, None]
+    p = torch.where(rows & valid[..., None, :], p, 0.0)
+    return p / torch.where(rows, p.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+
+
+def _sinkhorn_scaling(
+    mat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, tol: float = 1e-6, max_iter: int = 50
+) -> torch.Tensor:
+    """Alternate column / row normalisation of the blocks ``rows x cols`` (allRank's Sinkhorn scaling).
+
+    allRank stops at the first iteration whose row and column sums are all within ``tol`` of 1 over
+    the whole batch; the same stop is applied here without a host sync (the iterations after it
+    leave the matrices unchanged), so values and gradients are allRank's.
+    """
+    done = torch.zeros((), dtype=torch.bool, device=mat.device)
+    col_in, row_in = cols[..., None, :], rows[..., :, None]
+    for _ in range(max_iter):
+        # outside the blocks the sums are 0: divide by 1 there (a clamped 0 would scale gradients by 1e10)
+        cand = mat / torch.where(col_in, mat.sum(dim=-2, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+        cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+        mat = torch.where(done, mat, cand)
+        row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
+        col_err = torch.where(cols, (mat.sum(dim=-2) - 1.0).abs(), 0.0)
+        done = done | ((row_err < tol).all() & (col_err < tol).all())
+    return mat
+
+
+def _gumbel_like(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Gumbel(0, 1) noise drawn like allRank's ``sample_gumbel`` (float32 uniforms, eps 1e-10)."""
+    u = torch.rand(shape, generator=generator, device=like.device if generator is None else generator.device)
+    return (-torch.log(-torch.log(u + 1e-10) + 1e-10)).to(device=like.device, dtype=like.dtype)
+
+
+@batch_loss("y_pred", "y_true")
+def neural_ndcg_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    temperature: float = 1.0,
+    powered_relevancies: bool = True,
+    k: int | None = None,
+    stochastic: bool = False,
+    n_samples: int = 32,
+    beta: float = 0.1,
+    log_scores: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""NeuralNDCG (Pobrotyn & Białobrzeski, 2021), as allRank's ``neuralNDCG``.
+
+    The permutation matrix of the descending sort of each list is relaxed by rankwise's
+    :func:`~rankwise.ops.neural_sort` at ``temperature`` (real items only) and made doubly stochastic
+    by Sinkhorn scaling (at most 50 iterations, tolerance 1e-6); the relaxed sort of the gains
+    :math:`\hat g = \hat P g`, :math:`g = 2^y - 1` (``powered_relevancies``) or :math:`y`, gives
+
+    .. math::
+        L = -\frac{1}{|\mathcal B|} \sum_{b \in \mathcal B}
+            \frac{\sum_{r=1}^{k} \hat g_r / \log_2(r + 1)}{\mathrm{IDCG@}k + 10^{-10}}
+
+    over the lists :math:`\mathcal B` with IDCG > 0 (0 if there is none). ``stochastic=True``
+    averages ``n_samples`` relaxations of Gumbel-perturbed scores
+    :math:`\log(\hat y + |\min \hat y| + 10^{-10}) + \beta g` (``log_scores``; without the log otherwise;
+    the min over the whole batch as in allRank), the noise drawn from ``generator`` (or the global
+    generator) with allRank's shapes, so a seed reproduces its draw.
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs. Memory :math:`O(S B n^2)` (:math:`S` samples).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import neural_ndcg_loss
+        >>> y_pred = torch.tensor([[0.5, 0.2, 0.1, 0.4, 1.0, -1.0, 0.63]])
+        >>> y_true = torch.tensor([[1.0, 2.0, 2.0, 4.0, 1.0, 4.0, 3.0]])
+        >>> neural_ndcg_loss(y_pred, y_true, temperature=1e-4)
+        tensor(-0.6303)
+    """
+    tau = check_positive(temperature, "temperature")
+    check_bool(powered_relevancies, "powered_relevancies")
+    kk = _check_k(k)
+    check_bool(stochastic, "stochastic")
+    samples = check_positive_int(n_samples, "n_samples")
+    b = check_positive(beta, "beta", allow_zero=True)
+    check_bool(log_scores, "log_scores")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    bsz, n = p.shape
+    if p.numel() == 0:
+        return _zero(p)
+    if stochastic:
+        s = p + p.min().abs()
+        if log_scores:
+            s = torch.log(s + DEFAULT_EPS)
+        s = s.unsqueeze(0) + b * _gumbel_like((samples, bsz, n), p, generator)
+        mask = valid.expand(samples, bsz, n)
+    else:
+        s, mask = p.unsqueeze(0), valid.unsqueeze(0)
+    rows = torch.arange(n, device=p.device) < valid.sum(dim=-1, keepdim=True)
+    mat = _sinkhorn_scaling(_masked_neural_sort(s, mask, tau), rows.expand_as(mask), mask)
+    gains = torch.where(valid, t, 0.0)
+    if powered_relevancies:
+        gains = torch.pow(2.0, gains) - 1.0
+    sorted_gains = (mat @ gains.unsqueeze(-1)).squeeze(-1)
+    dcg = (sorted_gains / _discounts(n, p))[..., :kk].sum(dim=-1)
+    idcg = _ideal_dcg(t, valid, kk, powered=powered_relevancies)
+    has = idcg != 0
+    ndcg = torch.where(has, dcg / (idcg + DEFAULT_EPS), 0.0)
+    count = has.sum().clamp(min=1).to(p.dtype) * ndcg.shape[0]
+    return -ndcg.sum() / count
+
+
+# --------------------------------------------------------------------------------------------------
+# PiRank
+# --------------------------------------------------------------------------------------------------
+def _permutation_matrix(
+    s: torch.Tensor, valid: torch.Tensor, method: str, options: dict[str, Any]
+) -> torch.Tensor | None:
+    """Relaxed descending permutation matrix (row r selects the r-th largest) of the methods that have one."""
+    if method == "neuralsort":
+        return _masked_neural_sort(s, valid, **options)
+    if method == "softsort":
+        return softsort_matrix(s, **options)
+    if method == "diffsort":
+        _, pm = diffsort(s, **options)
+        # diffsort: sort(x) = x @ P ascending; row r of the descending matrix is column n-1-r of P
+        return pm.transpose(-1, -2).flip(-2)
+    return None
+
+
+@batch_loss("y_pred", "y_true")
+def pirank_ndcg_loss(
+    y_pred: torch.Tensor,
+    y_true: torch.Tensor,
+    *,
+    method: str = "neuralsort",
+    k: int | None = None,
+    powered_relevancies: bool = True,
+    padded_value_indicator: float = PADDED_Y_VALUE,
+    **method_options: Any,
+) -> torch.Tensor:
+    r"""PiRank's NDCG@k surrogate (Swezey et al., NeurIPS 2021) through any soft sort of rankwise.
+
+    PiRank relaxes the sorting permutation of the scores (NeuralSort in the paper) and computes
+    NDCG@k on the relaxed sort of the gains, :math:`\hat g = \hat P g`:
+
+    .. math::
+        L = 1 - \frac{1}{|\mathcal B|}\sum_{b \in \mathcal B}
+            \frac{\sum_{r=1}^{k} \hat g_r / \log_2(r + 1)}{\mathrm{IDCG@}k}
+
+    over the lists with IDCG > 0 (0 if there is none). ``method`` is any method of
+    :func:`rankwise.soft_rank`; ``"neuralsort"`` (default; option ``tau``), ``"softsort"`` and
+    ``"diffsort"`` give :math:`\hat P` and use the formula above; the others (``"isotonic"``,
+    ``"sinkhorn"``, ...) give soft ranks :math:`\hat r_i` and the gain of item :math:`i` is discounted
+    at its soft rank, :math:`\sum_i g_i\, \min(1, \max(0, k + 1 - \hat r_i)) / \log_2(1 + \hat r_i)`
+    (exact NDCG@k at exact ranks). ``method_options`` go to the method (e.g. ``tau=0.1``,
+    ``regularization_strength=0.1``). Padded slots have gain 0; NeuralSort relaxes the real items
+    alone (rows of the real positions, renormalised over the real items), the other methods see the
+    padded slots as items scored below every real one (a small shift of the real items' soft ranks).
+
+    Shape:
+        - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
+        - output: scalar, float32 for fp16/bf16 inputs.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import pirank_ndcg_loss
+        >>> y_pred, y_true = torch.tensor([[2.0, 0.0, 1.0]]), torch.tensor([[2.0, 0.0, 1.0]])
+        >>> pirank_ndcg_loss(y_pred, y_true, tau=1e-3).abs() < 1e-6
+        tensor(True)
+        >>> round(float(pirank_ndcg_loss(y_pred, y_true, method="isotonic", regularization_strength=1e-3)), 6)
+        0.0
+    """
+    check_choice(method, "method", list_soft_methods())
+    kk = _check_k(k)
+    check_bool(powered_relevancies, "powered_relevancies")
+    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    n = p.shape[-1]
+    if p.numel() == 0:
+        return _zero(p)
+    # padded slots: below every real score (with its gradient: the relaxations other than NeuralSort
+    # let them shift the real items' soft positions a little); NeuralSort excludes them exactly
+    lo = torch.where(valid, p, torch.finfo(p.dtype).max).amin(dim=-1, keepdim=True)
+    hi = torch.where(valid, p, -torch.finfo(p.dtype).max).amax(dim=-1, keepdim=True)
+    fill = torch.where(valid.any(dim=-1, keepdim=True), lo - (hi - lo) - 1.0, torch.zeros_like(lo))
+    s = torch.where(valid, p, fill)
+    gains = torch.where(valid, t, 0.0).clamp(min=0.0)
+    if powered_relevancies:
+        gains = torch.pow(2.0, gains) - 1.0
+    d = _discounts(n, p)
+    mat = _permutation_matrix(s, valid, method, method_options)
+    if mat is not None:
+        dcg = ((mat.to(p.dtype) @ gains.unsqueeze(-1)).squeeze(-1) / d)[..., :kk].sum(dim=-1)
+    else:
+        r = soft_rank(s, method=method, descending=True, **method_options).to(p.dtype)
+        cut = (float(kk if kk is not None else n) + 1.0 - r).clamp(0.0, 1.0)
+        dcg = (gains * cut / torch.log2(1.0 + r.clamp(min=1.0))).sum(dim=-1)
+    idcg = _ideal_dcg(t, valid, kk, powered=powered_relevancies)
+    has = idcg > 0
+    ndcg = torch.where(has, dcg / torch.where(has, idcg, 1.0), 0.0)
+    count = has.sum().clamp(min=1).to(p.dtype)
+    return torch.where(has.any(), 1.0 - ndcg.sum() / count, 0.0) + _zero(p)
+
+
+# --------------------------------------------------------------------------------------------------
+# Module twins
+# --------------------------------------------------------------------------------------------------
+class _Twin(nn.Module):
+    """Module twin holding the options of a functional loss."""
+
+    _fn: Any = None
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self.options = options
+
+    def forward(self, y_pred: torch.Tensor, y_true: torch.Tensor) -> torch.Tensor:
+        return type(self)._fn(y_pred, y_true, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+class ListNetLoss(_Twin):
+    """Module twin of :func:`listnet_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(listnet_loss)
+
+    def __init__(self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE) -> None:
+        super().__init__(eps=eps, padded_value_indicator=padded_value_indicator)
+
+
+class ListMLELoss(_Twin):
+    """Module twin of :func:`listmle_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(listmle_loss)
+
+    def __init__(
+        self,
+        *,
+        eps: float = DEFAULT_EPS,
+        padded_value_indicator: float = PADDED_Y_VALUE,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(eps=eps, padded_value_indicator=padded_value_indicator, generator=generator)
+
+
+class RankNetLoss(_Twin):
+    """Module twin of :func:`ranknet_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(ranknet_loss)
+
+    def __init__(
+        self,
+        *,
+        padded_value_indicator: float = PADDED_Y_VALUE,
+        weight_by_diff: bool = False,
+        weight_by_diff_powed: bool = False,
+    ) -> None:
+        super().__init__(
+            padded_value_indicator=padded_value_indicator,
+            weight_by_diff=weight_by_diff,
+            weight_by_diff_powed=weight_by_diff_powed,
+        )
+
+
+class LambdaLoss(_Twin):
+    """Module twin of :func:`lambda_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(lambda_loss)
+
+    def __init__(
+        self,
+        *,
+        eps: float = DEFAULT_EPS,
+        padded_value_indicator: float = PADDED_Y_VALUE,
+        weighing_scheme: str | None = None,
+        k: int | None = None,
+        sigma: float = 1.0,
+        mu: float = 10.0,
+        reduction: str = "sum",
+        reduction_log: str = "binary",
+    ) -> None:
+        super().__init__(
+            eps=eps,
+            padded_value_indicator=padded_value_indicator,
+            weighing_scheme=weighing_scheme,
+            k=k,
+            sigma=sigma,
+            mu=mu,
+            reduction=reduction,
+            reduction_log=reduction_log,
+        )
+
+
+class ApproxNDCGLoss(_Twin):
+    """Module twin of :func:`approx_ndcg_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(approx_ndcg_loss)
+
+    def __init__(
+        self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE, alpha: float = 1.0
+    ) -> None:
+        super().__init__(eps=eps, padded_value_indicator=padded_value_indicator, alpha=alpha)
+
+
+class NeuralNDCGLoss(_Twin):
+    """Module twin of :func:`neural_ndcg_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(neural_ndcg_loss)
+
+    def __init__(
+        self,
+        *,
+        padded_value_indicator: float = PADDED_Y_VALUE,
+        temperature: float = 1.0,
+        powered_relevancies: bool = True,
+        k: int | None = None,
+        stochastic: bool = False,
+        n_samples: int = 32,
+        beta: float = 0.1,
+        log_scores: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(
+            padded_value_indicator=padded_value_indicator,
+            temperature=temperature,
+            powered_relevancies=powered_relevancies,
+            k=k,
+            stochastic=stochastic,
+            n_samples=n_samples,
+            beta=beta,
+            log_scores=log_scores,
+            generator=generator,
+        )
+
+
+class PiRankNDCGLoss(_Twin):
+    """Module twin of :func:`pirank_ndcg_loss` (keyword options as the function)."""
+
+    _fn = staticmethod(pirank_ndcg_loss)
+
+    def __init__(
+        self,
+        *,
+        method: str = "neuralsort",
+        k: int | None = None,
+        powered_relevancies: bool = True,
+        padded_value_indicator: float = PADDED_Y_VALUE,
+        **method_options: Any,
+    ) -> None:
+        super().__init__(
+            method=method,
+            k=k,
+            powered_relevancies=powered_relevancies,
+            padded_value_indicator=padded_value_indicator,
+            **method_options,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+def _padded_batch(dtype: torch.dtype, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """4 lists of 6 slots, graded labels 0..3 without ties in the scores, padding at the end and inside."""
+    g = torch.Generator().manual_seed(seed)
+    pred = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    true = torch.tensor(
+        [
+            [3.0, 0.0, 1.0, 2.0, 0.0, 1.0],
+            [1.0, 2.0, 0.0, -1.0, -1.0, -1.0],
+            [0.0, 2.0, -1.0, 1.0, 3.0, -1.0],
+            [2.0, 1.0, 0.0, 0.0, 3.0, 1.0],
+        ]
+    )
+    return pred.to(device=device, dtype=dtype).requires_grad_(), true.to(device=device, dtype=torch.float32)
+
+
+def _degenerate(options: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def factory(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        def p(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=torch.Generator().manual_seed(3)).to(device, dtype).requires_grad_()
+
+        def y(rows: list[list[float]]) -> torch.Tensor:
+            return torch.tensor(rows, device=device)
+
+        return [
+            Example((p(0, 5), torch.zeros(0, 5, device=device)), options),  # empty batch
+            Example((p(2, 0), torch.zeros(2, 0, device=device)), options),  # empty lists
+            Example((p(2, 3), y([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])), options),  # all padding
+            Example((p(2, 1), y([[1.0], [0.0]])), options),  # a single item
+            Example((p(2, 4), y([[2.0, 2.0, 2.0, 2.0], [1.0, 1.0, -1.0, -1.0]])), options),  # all-equal relevance
+            Example((p(2, 4), y([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, -1.0]])), options),  # no relevant item
+            Example((p(2, 3), y([[-1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])), options),  # mixed
+        ]
+
+    return factory
+
+
+def _fuzz(options: dict[str, list[Any]]):  # type: ignore[no-untyped-def]
+    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        bsz = fuzz_int(g, 1, 4)
+        pred = fuzz_tensor((bsz, n), dtype, device, g)
+        labels = torch.randint(-1, 4, (bsz, n), generator=g)
+        true = labels.to(device=device, dtype=fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
+        return Example((pred, true), {k: fuzz_choice(g, v) for k, v in options.items()})
+
+    return factory
+
+
+def _register(
+    name: str,
+    fn: Any,
+    module: type[nn.Module],
+    example: dict[str, Any],
+    fuzz: dict[str, list[Any]],
+    *,
+    stochastic: bool = False,
+    description: str = "",
+) -> None:
+    register_loss(
+        name,
+        module=module,
+        example=lambda dt, dev: Example(_padded_batch(dt, dev), dict(example)),
+        degenerate=_degenerate(example),
+        stochastic=stochastic,
+        description=description,
+        inputs={"y_pred": "predictions", "y_true": "targets"},
+        fuzz=_fuzz(fuzz),
+    )(fn)
+
+
+_register("listnet", listnet_loss, ListNetLoss, {}, {"eps": [0.0, 1e-10]}, description="ListNet (allRank listNet)")
+_register(
+    "listmle", listmle_loss, ListMLELoss, {}, {"eps": [1e-10]}, stochastic=True, description="ListMLE (allRank listMLE)"
+)
+_register(
+    "ranknet",
+    ranknet_loss,
+    RankNetLoss,
+    {"weight_by_diff": True},
+    {"weight_by_diff": [False, True], "weight_by_diff_powed": [False, True]},
+    description="RankNet (allRank rankNet)",
+)
+for _scheme in (None, *WEIGHING_SCHEMES[:5]):
+    _register(
+        "lambda_loss" if _scheme is None else f"lambda_loss.{_scheme.removesuffix('_scheme')}",
+        lambda_loss,
+        LambdaLoss,
+        {"weighing_scheme": _scheme, "k": 4, "sigma": 1.5, "reduction": "mean"} if _scheme else {"reduction": "sum"},
+        {
+            "weighing_scheme": [_scheme],
+            "k": [None, 1, 3],
+            "reduction": ["sum", "mean"],
+            "reduction_log": ["binary", "natural"],
+        },
+        description=f"LambdaLoss, weighing scheme {_scheme} (allRank lambdaLoss)",
+    )
+_register(
+    "approx_ndcg",
+    approx_ndcg_loss,
+    ApproxNDCGLoss,
+    {"alpha": 2.0},
+    {"alpha": [0.5, 1.0, 10.0]},
+    description="ApproxNDCG (allRank approxNDCGLoss)",
+)
+_register(
+    "neural_ndcg",
+    neural_ndcg_loss,
+    NeuralNDCGLoss,
+    {"temperature": 0.5, "k": 4},
+    {"temperature": [0.1, 1.0], "k": [None, 2], "powered_relevancies": [True, False]},
+    description="NeuralNDCG with rankwise NeuralSort and Sinkhorn scaling (allRank neuralNDCG)",
+)
+_register(
+    "neural_ndcg.stochastic",
+    neural_ndcg_loss,
+    NeuralNDCGLoss,
+    {"stochastic": True, "n_samples": 3, "temperature": 0.5},
+    {"stochastic": [True], "n_samples": [1, 4], "beta": [0.1, 1.0], "log_scores": [True, False]},
+    stochastic=True,
+    description="stochastic NeuralNDCG (allRank neuralNDCG, stochastic=True)",
+)
+for _method, _opts in (
+    ("neuralsort", {"tau": 0.5}),
+    ("softsort", {"tau": 0.5}),
+    ("diffsort", {"steepness": 5.0}),
+    ("isotonic", {"regularization_strength": 0.5}),
+):
+    _register(
+        "pirank" if _method == "neuralsort" else f"pirank.{_method}",
+        pirank_ndcg_loss,
+        PiRankNDCGLoss,
+        {"method": _method, "k": 4, **_opts},
+        {"method": [_method], "k": [None, 2], **{key: [v] for key, v in _opts.items()}},
+        description=f"PiRank NDCG@k surrogate through the {_method!r} soft sort",
+    )

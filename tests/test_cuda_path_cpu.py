@@ -26,7 +26,18 @@ from rankwise.ops import OPS
 
 #: entries whose CUDA path is checked here (those that run without data-dependent Python control
 #: flow outside the registry's example, numba or Triton, which fake tensors cannot execute)
-SYNC_FREE = ["loss:conr", "loss:triplet", "loss:ranksim", "loss:supcon"]
+SYNC_FREE = [
+    "loss:conr",
+    "loss:triplet",
+    "loss:ranksim",
+    "loss:supcon",
+    "loss:recall_at_k",
+    "loss:balanced_mse",
+    "loss:balanced_mse.bmc",
+    "loss:balanced_mse.bni",
+    "loss:balanced_mse.gai",
+    "loss:balanced_mse.gai_2d",
+]
 
 _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape")
 

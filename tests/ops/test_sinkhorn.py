@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -371,12 +372,42 @@ def test_cuda_matches_cpu() -> None:
     for fn in (rankwise.soft_rank_sinkhorn, rankwise.soft_sort_sinkhorn):
         outs = []
         for dev in ("cpu", "cuda"):
-            xi = x.to(dev).requires_grad_()
+            # a fresh leaf per device and op (x.to("cpu") is x itself: requires_grad_ on it made the later
+            # x.to("cuda") a non-leaf without .grad, and accumulated the CPU gradients across the ops)
+            xi = x.detach().clone().to(dev).requires_grad_()
             o = fn(xi, epsilon=1e-2)
             (o * w.to(dev)).sum().backward()
+            assert xi.grad is not None
             outs.append((o.detach().cpu(), xi.grad.cpu()))
         torch.testing.assert_close(outs[0][0], outs[1][0])
         torch.testing.assert_close(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_solves_in_float32(half: torch.dtype) -> None:
+    """Under autocast the solve (LDL^T of the Newton and backward systems included, which has no half
+    kernel) runs in float32: outputs, dtypes and gradients equal those computed without autocast."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 12, generator=gen)
+    w = torch.randn(3, 12, generator=gen)
+    fns = [
+        functools.partial(rankwise.soft_rank, method="sinkhorn"),
+        functools.partial(rankwise.soft_sort, method="sinkhorn", num_targets=5),
+        rankwise.sinkhorn_transport,
+    ]
+    for fn in fns:
+        got = []
+        for enabled in (False, True):
+            xi = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=half, enabled=enabled):
+                o = fn(xi, epsilon=5e-2)
+            # outside the autocast region, as a training step does
+            (o * w[..., : o.shape[-1]].reshape(o.shape[0], *[1] * (o.dim() - 2), -1)).sum().backward()
+            assert o.dtype == torch.float32 and xi.grad is not None
+            got.append((o.detach(), xi.grad))
+        assert torch.isfinite(got[1][0]).all() and torch.isfinite(got[1][1]).all()
+        torch.testing.assert_close(got[1][0], got[0][0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[1][1], got[0][1], rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ def _check_mixture(var: torch.Tensor | None, weights: torch.Tensor, var_name: st
 
     ``var`` (``None`` for BNI's buckets): diagonal/isotropic variances (K, d) must be > 0, full
     covariances (K, d, d) positive definite; ``weights`` (K,) must be >= 0 with a positive sum. Non-finite
-    entries are left to the NaN policy (a NaN loss). One host synchronization (these are small tensors).
+    entries are left to the NaN policy (a NaN loss). On CPU tensors an invalid mixture raises a
+    ValueError (one host read of small tensors); on other devices the check is ``torch._assert_async``
+    (no host synchronization: an invalid mixture fails asynchronously with a device-side assertion).
     """
     w_fin = torch.isfinite(weights)
     bad_w = w_fin & (weights < 0)
@@ -109,11 +111,15 @@ def _check_mixture(var: torch.Tensor | None, weights: torch.Tensor, var_name: st
     if var is not None:
         if var.dim() == 3:
             fin = torch.isfinite(var).flatten(1).all(-1)
-            info = torch.linalg.cholesky_ex(torch.where(fin[:, None, None], var, torch.eye(var.shape[-1]).to(var)))[1]
+            eye = torch.eye(var.shape[-1], dtype=var.dtype, device=var.device)  # no host-to-device copy
+            info = torch.linalg.cholesky_ex(torch.where(fin[:, None, None], var, eye))[1]
             bad_v = fin & (info != 0)
         else:
             bad_v = (torch.isfinite(var) & (var <= 0)).any(-1)
         flags.append(bad_v.any())
+    if weights.device.type != "cpu":  # no host read: a device-side assertion
+        torch._assert_async(~torch.stack(flags).any(), f"invalid mixture: {var_name} or {w_name}")
+        return weights / w_sum
     if bool(torch.stack(flags).any()):
         if var is not None and bad_v is not None and bool(bad_v.any()):
             k = int(bad_v.nonzero()[0, 0])
@@ -281,7 +287,7 @@ def balanced_mse_loss(
         dt = torch.promote_types(dt, compute_dtype(noise_var.dtype))
         var = noise_var.to(dt).reshape(())
     else:
-        var = torch.tensor(check_positive(noise_var, "noise_var"), dtype=dt, device=pred.device)
+        var = torch.full((), check_positive(noise_var, "noise_var"), dtype=dt, device=pred.device)  # no host copy
     p = pred.to(dt)
     t = target.to(dt)
     if p.dim() == 1:

@@ -362,8 +362,9 @@ def recall_at_k_loss(
     bt = _batch(embeddings, labels, distributed)
     n = bt.sim.shape[1]
     dt, dev = bt.sim.dtype, bt.sim.device
-    kt = torch.tensor([min(v, max(n, 1)) for v in ks], dtype=dt, device=dev)
-    taus = torch.tensor(k_taus, dtype=dt, device=dev)
+    # filled on the device (a fill kernel per k): no blocking host-to-device copy
+    kt = torch.stack([torch.full((), float(min(v, max(n, 1))), dtype=dt, device=dev) for v in ks])
+    taus = torch.stack([torch.full((), v, dtype=dt, device=dev) for v in k_taus])
     omega = _retrieval_set(bt, include_query).to(dt)
     recall = _per_query(lambda s, o, p, g: _recall_block(s, o, p, kt, taus, tau, g), bt.sim, omega, bt.pos.to(dt))
     return _mean_over_valid(1.0 - recall, bt.pos.any(1), bt)

@@ -81,6 +81,7 @@ from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
+    autocast_off,
     check_dim,
     check_floating_nd,
     check_positive,
@@ -378,13 +379,14 @@ class _ColumnPotential(torch.autograd.Function):
         cost, g = ctx.saved_tensors
         eps = ctx.eps
         n = cost.shape[-2]
-        p = _log_plan(g, cost, eps).exp()
-        v = grad_g - grad_g.mean(dim=-1, keepdim=True)  # dL/dg is orthogonal to the gauge direction 1
-        # (P / eps) (w_j - n (P w)_i) with S w = eps v, written with w' = w / eps = S^{-1} v: no division by
-        # eps (P / eps overflowed to inf, times 0, at subnormal eps)
-        w = _solve_sym(_jittered_schur(p), v)
-        pw = (p @ w.unsqueeze(-1)).squeeze(-1)
-        grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
+        with autocast_off(cost.device):  # a backward run inside an autocast region: still float32
+            p = _log_plan(g, cost, eps).exp()
+            v = (grad_g - grad_g.mean(dim=-1, keepdim=True)).to(cost.dtype)  # orthogonal to the gauge direction 1
+            # (P / eps) (w_j - n (P w)_i) with S w = eps v, written with w' = w / eps = S^{-1} v: no division
+            # by eps (P / eps overflowed to inf, times 0, at subnormal eps)
+            w = _solve_sym(_jittered_schur(p), v)
+            pw = (p @ w.unsqueeze(-1)).squeeze(-1)
+            grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
         return grad_cost, None, None, None
 
 
@@ -501,10 +503,11 @@ def _soft_rank_last(
     tol: float | None = None,
     max_iter: int = 50,
 ) -> torch.Tensor:
-    _, plan = _plan_last(
-        x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
-    )
-    return _rank_from_plan(plan).to(rank_dtype(x.dtype))  # ranks reach n: float32 for fp16/bf16
+    with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
+        _, plan = _plan_last(
+            x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
+        )
+        return _rank_from_plan(plan).to(rank_dtype(x.dtype))  # ranks reach n: float32 for fp16/bf16
 
 
 def _soft_sort_last(
@@ -517,10 +520,11 @@ def _soft_sort_last(
     tol: float | None = None,
     max_iter: int = 50,
 ) -> torch.Tensor:
-    xc, plan = _plan_last(
-        x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
-    )
-    return _sort_from_plan(xc, plan).to(x.dtype)
+    with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
+        xc, plan = _plan_last(
+            x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
+        )
+        return _sort_from_plan(xc, plan).to(x.dtype)
 
 
 def sinkhorn_transport(
@@ -577,15 +581,16 @@ def sinkhorn_transport(
     """
     check_floating_nd(x, "x")
     d = check_dim(x, dim)
-    _, plan = _plan_last(
-        x.movedim(d, -1),
-        epsilon=epsilon,
-        p=p,
-        num_targets=num_targets,
-        descending=descending,
-        tol=tol,
-        max_iter=max_iter,
-    )
+    with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
+        _, plan = _plan_last(
+            x.movedim(d, -1),
+            epsilon=epsilon,
+            p=p,
+            num_targets=num_targets,
+            descending=descending,
+            tol=tol,
+            max_iter=max_iter,
+        )
     return plan.to(x.dtype)
 
 

@@ -25,31 +25,21 @@ from rankwise.ops import OPS
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
-_SINKHORN = "iterative solver: data-dependent convergence check"
+_RNN = "dynamo does not trace nn.GRU / nn.LSTM (the SoDeep sorter's recurrent network)"
 _SAMPLING = "sampling: the compiled graph draws a different random stream than eager"
 #: entries that do not compile with ``fullgraph=True`` yet, and why
 NOT_COMPILABLE: dict[str, str] = {
-    "sinkhorn_transport": _SINKHORN,
-    "soft_rank.sinkhorn": _SINKHORN,
-    "soft_sort.sinkhorn": _SINKHORN,
-    "soft_sort.sinkhorn_quantized": _SINKHORN,
+    "soft_rank.sodeep": _RNN,
     "perturbed_rank.normal": _SAMPLING,
     "stochastic_neural_sort": _SAMPLING,
     "stochastic_neural_sort.hard": _SAMPLING,
 }
 
 _BF16_OUT = "the result follows autocast's bfloat16 matmul instead of the inputs' float32"
-_SINKHORN_BF16 = "the Sinkhorn solver's linear solve has no bfloat16 CPU kernel under autocast"
 #: entries that do not give the float32 output dtype (or fail) under CPU bfloat16 autocast yet
 AUTOCAST_FAILS: dict[str, str] = {
-    "dknn_class_scores": _BF16_OUT,
     "conr": _BF16_OUT,
     "npairs": _BF16_OUT,
-    "ranksim": _BF16_OUT,
-    "sinkhorn_transport": _SINKHORN_BF16,
-    "soft_rank.sinkhorn": _SINKHORN_BF16,
-    "soft_sort.sinkhorn": _SINKHORN_BF16,
-    "soft_sort.sinkhorn_quantized": _SINKHORN_BF16,
 }
 
 #: inductor and dynamic-shape runs (slow to compile): one entry per kernel family and main loss

@@ -654,7 +654,7 @@ def data_show(
             except ValueError as e:  # e.g. an image format matplotlib does not write
                 raise ConfigError(f"--plot {target}: {e}") from None
 
-        con.print(f"histogram: {_run_guarded(draw)}")
+        con.print(f"histogram: {_run_guarded(draw)}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _plot_target(plot: Path) -> Path:

@@ -32,6 +32,8 @@ class RecipeBase:
     uses: frozenset[str] = frozenset()
     data_kind: Literal["regression", "classification"] = "classification"
     report_kind: str = "scalar"
+    #: the scalar tables and report add a seconds-per-step column (recipes that time their steps)
+    per_step: bool = False
 
     def check(self, cfg: Config) -> None:
         """No cross-field constraint by default."""
@@ -53,7 +55,7 @@ class RecipeBase:
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
         from rankwise.recipes.reports import scalar_table_rows
 
-        return [scalar_table_rows(results)]
+        return [scalar_table_rows(results, per_step=self.per_step)]
 
     def write_report(
         self,
@@ -66,7 +68,7 @@ class RecipeBase:
     ) -> Path:
         from rankwise.recipes.reports import write_scalar_report
 
-        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra)
+        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=self.per_step)
 
 
 class RegressionRecipe(RecipeBase):

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -144,6 +142,7 @@ class RetrievalRecipe(RecipeBase):
     """An embedding trained with a retrieval loss; Recall@k, MAP@R and R-precision on the test split."""
 
     name = "retrieval"
+    per_step = True
     description = "metric learning: an embedding trained with a retrieval loss, test Recall@k / MAP@R"
     options: type = RetrievalOptions
 
@@ -165,24 +164,6 @@ class RetrievalRecipe(RecipeBase):
             if k not in params or k in ("embeddings", "features", "labels", "distributed"):
                 takes = sorted(p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p != "distributed")
                 raise ConfigError(f"unknown option `task.loss_options.{k}` for loss {t.loss!r}; it takes: {takes}")
-
-    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
-        from rankwise.recipes.reports import scalar_table_rows
-
-        return [scalar_table_rows(results, per_step=True)]
-
-    def write_report(
-        self,
-        out_dir: Path,
-        results: Mapping[str, Sequence[Mapping[str, Any]]],
-        run_dirs: Mapping[str, Sequence[Path]],
-        *,
-        title: str,
-        extra: str,
-    ) -> Path:
-        from rankwise.recipes.reports import write_scalar_report
-
-        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=True)
 
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader

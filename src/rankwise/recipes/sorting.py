@@ -64,8 +64,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
 import lightning as L
@@ -679,6 +678,7 @@ class SortRecipe(RecipeBase):
     """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
 
     name = "sort"
+    per_step = True
     description = "NeuralSort large-MNIST sorting: lists of multi-digit numbers, relaxed-sort supervision"
     options: type = SortOptions
 
@@ -712,24 +712,6 @@ class SortRecipe(RecipeBase):
             raise ConfigError(f"`task.n` ({t.n}) distinct numbers need more than `task.digits` = {t.digits} digits")
         if t.method in RELAXATIONS:
             _try_relaxation(t)
-
-    def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[list[str], list[list[str]]]]:
-        from rankwise.recipes.reports import scalar_table_rows
-
-        return [scalar_table_rows(results, per_step=True)]
-
-    def write_report(
-        self,
-        out_dir: Path,
-        results: Mapping[str, Sequence[Mapping[str, Any]]],
-        run_dirs: Mapping[str, Sequence[Path]],
-        *,
-        title: str,
-        extra: str,
-    ) -> Path:
-        from rankwise.recipes.reports import write_scalar_report
-
-        return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=True)
 
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader

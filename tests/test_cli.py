@@ -15,17 +15,9 @@ pytest.importorskip("sklego")
 from typer.testing import CliRunner
 
 from rankwise.cli import ENV_DEMO_QUICK, app
+from tests.cli_helpers import TINY as CLI_TINY
 
-TINY = [
-    "model.options.hidden=[16]",
-    "model.options.feature_dim=8",
-    "data.batch_size=128",
-    "trainer.max_epochs=2",
-    "trainer.limit_train_batches=3",
-    "trainer.num_threads=1",
-    "trainer.log_every_n_steps=1",
-    "run.plots=false",
-]
+TINY = [*CLI_TINY, "trainer.log_every_n_steps=1"]
 
 
 def _sets(extra=()):

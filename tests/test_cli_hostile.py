@@ -29,16 +29,8 @@ import torch
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-
-TINY = [
-    "model.options.hidden=[16]",
-    "model.options.feature_dim=8",
-    "data.batch_size=128",
-    "trainer.max_epochs=2",
-    "trainer.limit_train_batches=3",
-    "trainer.num_threads=1",
-    "run.plots=false",
-]
+from tests.cli_helpers import TINY
+from tests.cli_helpers import one_error_line as one_error
 
 runner = CliRunner()
 
@@ -64,16 +56,6 @@ def invoke(args, seconds=120):
 
 def _sets(extra=()):
     return [a for s in [*TINY, *extra] for a in ("--set", s)]
-
-
-def one_error(r, code=2):
-    """The command failed with ``code`` and printed exactly one ``error: ...`` line and no traceback."""
-    assert r.exit_code == code, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1, r.output
-    assert "Traceback" not in r.output and not errors[0].startswith("error: unexpected"), r.output
-    return errors[0]
 
 
 def _alias_bomb(levels=9, width=10, indent=""):

@@ -24,18 +24,11 @@ import torch
 from typer.testing import CliRunner
 
 from rankwise.cli import app
+from tests.cli_helpers import TINY
+from tests.cli_helpers import one_error_line as _one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = [
-    "model.options.hidden=[16]",
-    "model.options.feature_dim=8",
-    "data.batch_size=128",
-    "trainer.max_epochs=2",
-    "trainer.limit_train_batches=3",
-    "trainer.num_threads=1",
-    "run.plots=false",
-]
 
 runner = CliRunner()
 
@@ -46,16 +39,6 @@ def _sets(extra=()):
 
 def invoke(args):
     return runner.invoke(app, args, catch_exceptions=False)
-
-
-def _one_error_line(r, code=2):
-    """The command failed with ``code`` and printed exactly one ``error: ...`` line and no traceback."""
-    assert r.exit_code == code, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    assert len(errors) == 1, r.output
-    assert "Traceback" not in r.output
-    return errors[0]
 
 
 def _train(tmp_path, name="run", extra=()):

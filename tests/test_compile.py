@@ -21,6 +21,7 @@ from rankwise._kernels import _custom
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_helpers import tensors as _tensors
 
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
@@ -44,16 +45,6 @@ AUTOCAST_FAILS: dict[str, str] = {
 
 #: inductor and dynamic-shape runs (slow to compile): one entry per kernel family and main loss
 SUBSET = ["rank", "soft_rank.isotonic_l2", "soft_sort.isotonic_kl", "supcon", "rnc", "ranksim", "spearman"]
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
 
 
 def _fresh(ex: Example) -> Example:

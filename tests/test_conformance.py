@@ -18,19 +18,10 @@ from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
 from tests.conftest import DEVICES
+from tests.registry_helpers import tensors as _tensors
 
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
 
 
 def _grad_inputs(ex: Example) -> list[torch.Tensor]:

@@ -22,6 +22,7 @@ import torch
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_helpers import tensors as _tensors
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -39,16 +40,6 @@ KNOWN_SYNC: dict[str, str] = {
     "soft_sort.sinkhorn": _SINKHORN,
     "soft_sort.sinkhorn_quantized": _SINKHORN,
 }
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
 
 
 def _moved(obj: Any, device: torch.device) -> Any:

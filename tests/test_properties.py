@@ -42,6 +42,7 @@ from rankwise.losses import LOSSES
 from rankwise.ops import OPS
 from rankwise.ops import blackbox_rank as rankwise_blackbox_rank
 from rankwise.ops import rank as rankwise_rank
+from tests.registry_helpers import tensors as _tensors
 
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
@@ -75,16 +76,6 @@ def record(outcome: str, what: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
-
-
 def _call(entry: RegistryEntry, ex: Example) -> Any:
     if entry.stochastic:
         torch.manual_seed(1234)

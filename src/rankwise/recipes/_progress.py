@@ -1,12 +1,14 @@
-"""The progress bar of a training stage: epochs counted from 1, as the per-epoch lines count them."""
+"""Progress callbacks of a training stage: the progress bar (epochs counted from 1, as the per-epoch
+lines count them) and the step timer of the recipes that report seconds per step."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 
-__all__ = ["EpochProgressBar"]
+__all__ = ["EpochProgressBar", "StepTimer"]
 
 
 class EpochProgressBar(RichProgressBar):  # type: ignore[misc]
@@ -19,3 +21,17 @@ class EpochProgressBar(RichProgressBar):  # type: ignore[misc]
             text += f"/{trainer.max_epochs}"
         width = len(self.validation_description)
         return f"{text:{width}}" if width > len(text) else text
+
+
+class StepTimer(Callback):  # type: ignore[misc]
+    """Wall seconds of the training steps (forward, backward, optimizer; no validation, no data loading)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps, self._t0 = 0.0, 0, 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seconds += time.perf_counter() - self._t0
+        self.steps += 1

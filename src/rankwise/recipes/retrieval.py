@@ -18,7 +18,6 @@ digits through ``mnist5k`` with ``source: sklearn``).
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import lightning as L
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
@@ -124,20 +124,6 @@ class RetrievalModule(L.LightningModule):
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
-class _StepTimer(L.Callback):
-    """Wall seconds of the training steps (forward, backward, optimizer; no data loading)."""
-
-    def __init__(self) -> None:
-        self.seconds, self.steps, self._t0 = 0.0, 0, 0.0
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.seconds += time.perf_counter() - self._t0
-        self.steps += 1
-
-
 class RetrievalRecipe(RecipeBase):
     """An embedding trained with a retrieval loss; Recall@k, MAP@R and R-precision on the test split."""
 
@@ -176,7 +162,7 @@ class RetrievalRecipe(RecipeBase):
         ds = BalancedBatches(xtr, ytr, t.classes_per_batch, t.samples_per_class, per_epoch, cfg.run.seed)
         kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
-        timer = _StepTimer()
+        timer = StepTimer()
         trainer = run.trainer(max_epochs=epochs)
         trainer.callbacks.append(timer)
         run.fit(trainer, module, loader)

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
@@ -72,6 +71,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
@@ -497,20 +497,6 @@ class MedianRegressor(nn.Module):
         return [self.scorer] if self.regressor is None else [self.scorer, self.regressor]
 
 
-class _StepTimer(L.Callback):
-    """Wall seconds of the training steps (forward, backward, optimizer; no validation, no data loading)."""
-
-    def __init__(self) -> None:
-        self.seconds, self.steps, self._t0 = 0.0, 0, 0.0
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.seconds += time.perf_counter() - self._t0
-        self.steps += 1
-
-
 class SortingModule(L.LightningModule):
     """Large-MNIST sorting (``recipe: sort``) or median regression (``median``) of :class:`SortOptions`.
 
@@ -731,7 +717,7 @@ class SortRecipe(RecipeBase):
             val = RandomLists(ListSampler(xva, yva, t.n, t.digits), t.val_lists, VAL_SEED)
             val_loader = DataLoader(val, batch_size=100)
             monitor, mode = _monitor(cfg.recipe)
-        timer = _StepTimer()
+        timer = StepTimer()
         trainer = run.trainer(max_epochs=epochs, monitor=monitor, mode=mode)
         trainer.callbacks.append(timer)
         run.fit(trainer, module, loader, val_loader)

@@ -58,7 +58,9 @@ class LTROptions:
     """A per-document scorer trained on query lists with a learning-to-rank loss (``loss.name``)."""
 
     slate_length: int | None = opt(
-        240, doc="training lists longer than this are randomly subsampled to it (allRank slate_length; null: whole)", ge=1
+        240,
+        doc="training lists longer than this are randomly subsampled to it (allRank slate_length; null: whole)",
+        ge=1,
     )
     ats: list[int] = opt(factory=lambda: [1, 3, 5, 10], doc="ranks k of the reported ndcg@k", ge=1)
     val_metric: str = opt("ndcg@5", doc="validation metric selecting best.ckpt: ndcg@<k> or mrr (higher is better)")
@@ -154,7 +156,9 @@ class LTRRecipe(RecipeBase):
     per_step = True
     uses = frozenset({"loss"})
     data_kind: Literal["regression", "classification", "ranking"] = "ranking"
-    description = "learning to rank: a per-document scorer trained on query lists with a ranking loss, test NDCG@k / MRR"
+    description = (
+        "learning to rank: a per-document scorer trained on query lists with a ranking loss, test NDCG@k / MRR"
+    )
     options: type = LTROptions
 
     def method(self, cfg: Config) -> str:
@@ -175,7 +179,10 @@ class LTRRecipe(RecipeBase):
             if getattr(loss, key) != getattr(default, key):
                 raise ConfigError(f"`loss.{key}` applies to the regression recipes; recipe 'ltr' does not use it")
         check_loss_config(loss)
-        for key, name in [("loss.name", loss.name), *[(f"loss.regularizers.{r.name}", r.name) for r in loss.regularizers]]:
+        for key, name in [
+            ("loss.name", loss.name),
+            *[(f"loss.regularizers.{r.name}", r.name) for r in loss.regularizers],
+        ]:
             if not _takes_padded_lists(name):
                 raise ConfigError(
                     f"`{key}`: loss {name!r} does not take padded query lists (no `padded_value_indicator` option); "
@@ -184,8 +191,10 @@ class LTRRecipe(RecipeBase):
                 )
         valid = [f"ndcg@{k}" for k in t.ats] + ["mrr"]
         if t.val_metric not in valid:
-            raise ConfigError(f"`task.val_metric` must be one of {', '.join(valid)} (ndcg@k for k in `task.ats`); "
-                              f"got {t.val_metric!r}")
+            raise ConfigError(
+                f"`task.val_metric` must be one of {', '.join(valid)} (ndcg@k for k in `task.ats`); "
+                f"got {t.val_metric!r}"
+            )
         if not t.ats or len(set(t.ats)) != len(t.ats):
             raise ConfigError(f"`task.ats` must be a non-empty list of distinct positive ints; got {t.ats!r}")
 

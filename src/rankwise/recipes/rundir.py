@@ -678,7 +678,11 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
     ranking = hasattr(data, "num_features") and not regression
     if (recipe.data_kind == "ranking") != ranking:
         kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
-        need = "a ranking dataset (letor, ltr_synthetic)" if recipe.data_kind == "ranking" else f"a {recipe.data_kind} dataset"
+        need = (
+            "a ranking dataset (letor, ltr_synthetic)"
+            if recipe.data_kind == "ranking"
+            else f"a {recipe.data_kind} dataset"
+        )
         raise ConfigError(
             f"dataset `{cfg.data.name}` is {kind}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
         )

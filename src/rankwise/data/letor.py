@@ -226,7 +226,7 @@ class SlateSampler(Dataset):
 
     A query with more documents than ``slate_length`` is replaced by a uniform random subset of
     ``slate_length`` of them in random order (allRank's ``FixLength``), drawn from a generator
-    seeded by ``item_seed(seed, g)``, so every epoch (with :class:`~rankwise.recipes.common.EpochIndexSampler`)
+    seeded by ``(seed, g)`` (``numpy.random.SeedSequence``), so every epoch (with :class:`~rankwise.recipes.common.EpochIndexSampler`)
     draws anew and a resumed run replays the same draws. When the subset holds no relevant document
     (relevance > 0) and the query has some, one chosen slot is replaced by a relevant document drawn
     uniformly (allRank's ``FixLength`` likewise keeps a relevant document in the slate). Shorter queries are
@@ -244,13 +244,12 @@ class SlateSampler(Dataset):
         return self.length
 
     def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from rankwise.recipes.common import item_seed
-
         x, y = self.lists[int(g) % len(self.lists)]
         n, m = int(y.shape[0]), self.slate_length
         if m is None or n <= m:
             return x, y
-        gen = torch.Generator().manual_seed(item_seed(self.seed, int(g)))
+        state = np.random.SeedSequence([self.seed, int(g)]).generate_state(1, np.uint64)[0]
+        gen = torch.Generator().manual_seed(int(state >> np.uint64(1)))
         idx = torch.randperm(n, generator=gen)[:m]
         if not bool((y[idx] > 0).any()):
             relevant = torch.nonzero(y > 0).flatten()

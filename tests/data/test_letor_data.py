@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("sklearn")
 
-from rankwise.data import (  # noqa: E402
+from rankwise.data import (
     DataFileNotFoundError,
     DataFormatError,
     SlateSampler,
@@ -22,7 +22,7 @@ from rankwise.data import (  # noqa: E402
     pad_lists,
     read_letor,
 )
-from rankwise.data.letor import QueryLists, group_queries  # noqa: E402
+from rankwise.data.letor import QueryLists, group_queries
 
 TRAIN = """\
 # a comment line
@@ -161,7 +161,7 @@ def test_queries_without_relevant_documents_kept_or_dropped(tmp_path: Path) -> N
     hx, _, _ = _hand_parse(TRAIN, 4)
     np.testing.assert_allclose(train_only.meta["mean"], hx.mean(0))
     with pytest.raises(ValueError, match="drop_no_relevant"):
-        load_letor(str(root), drop_no_relevant="some")
+        load_letor(str(root), drop_no_relevant="some")  # type: ignore[arg-type]
 
 
 def test_fold_layout_and_missing_files(tmp_path: Path) -> None:

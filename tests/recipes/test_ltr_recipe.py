@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("lightning")
 pytest.importorskip("sklearn")
 
-from rankwise.recipes.config import ConfigError, load_config  # noqa: E402
-from rankwise.recipes.learning_to_rank import ltr_metrics  # noqa: E402
-from rankwise.recipes.runner import train  # noqa: E402
+from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes.learning_to_rank import ltr_metrics
+from rankwise.recipes.runner import train
 
 #: a small synthetic dataset and network: a run takes a few seconds
 TINY = [
@@ -65,7 +65,7 @@ def test_data_kinds_are_checked(tmp_path) -> None:
 
 
 def test_tiny_run_learns_to_rank_and_evaluate_reproduces_it(tmp_path) -> None:
-    from rankwise.data import get_dataset, pad_lists
+    from rankwise.data import QueryLists, get_dataset, pad_lists
     from rankwise.recipes.runner import evaluate
 
     cfg = load_config("ltr_synthetic_lambda_ndcgloss2", [*TINY, "loss.regularizers=[{name: listnet, weight: 0.5}]"])
@@ -78,7 +78,9 @@ def test_tiny_run_learns_to_rank_and_evaluate_reproduces_it(tmp_path) -> None:
     assert (d / "checkpoints" / "best.ckpt").is_file() and (d / "plots" / "ndcg_at_k.png").is_file()
     # the trained scorer beats random scores on the same test queries by a wide margin
     data = get_dataset("ltr_synthetic", seed=0, train_queries=120, val_queries=30, test_queries=60, max_docs=30)
-    _, y = pad_lists([data.test[i] for i in range(len(data.test))])
+    test_lists = data.test
+    assert isinstance(test_lists, QueryLists)
+    _, y = pad_lists([test_lists[i] for i in range(len(test_lists))])
     g = torch.Generator().manual_seed(0)
     chance = np.mean([ltr_metrics(torch.rand(y.shape, generator=g), y, [10])["ndcg@10"].mean() for _ in range(20)])
     assert test["ndcg@10"] > 100 * chance + 10, (test, chance)
@@ -98,6 +100,7 @@ def test_compare_tabulates_the_losses(tmp_path) -> None:
         out=tmp_path / "cmp",
         overrides=[*TINY, "trainer.max_epochs=1", "run.plots=false"],
     )
+    assert res.recipe is not None
     (header, rows), *_ = res.recipe.tables(res.results)
     assert header[:2] == ["method", "seeds"] and {"ndcg@1", "ndcg@5", "ndcg@10", "s/step"} <= set(header)
     assert [r[0] for r in rows] == ["ltr_synthetic_listnet", "ltr_synthetic_approx_ndcg"]

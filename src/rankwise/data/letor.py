@@ -226,11 +226,12 @@ class SlateSampler(Dataset):
 
     A query with more documents than ``slate_length`` is replaced by a uniform random subset of
     ``slate_length`` of them in random order (allRank's ``FixLength``), drawn from a generator
-    seeded by ``(seed, g)`` (``numpy.random.SeedSequence``), so every epoch (with :class:`~rankwise.recipes.common.EpochIndexSampler`)
-    draws anew and a resumed run replays the same draws. When the subset holds no relevant document
-    (relevance > 0) and the query has some, one chosen slot is replaced by a relevant document drawn
-    uniformly (allRank's ``FixLength`` likewise keeps a relevant document in the slate). Shorter queries are
-    returned whole (:func:`pad_lists` pads the batch). ``slate_length`` None: every list whole.
+    seeded by ``(seed, g)`` (``numpy.random.SeedSequence``): with
+    :class:`~rankwise.recipes.common.EpochIndexSampler` every epoch draws anew and a resumed run
+    replays the same draws. When the subset holds no relevant document (relevance > 0) and the
+    query has some, one chosen slot is replaced by a relevant document drawn uniformly (allRank's
+    ``FixLength`` also keeps a relevant document, by redrawing). Shorter queries are returned whole
+    (:func:`pad_lists` pads the batch). ``slate_length`` None: every list whole.
     """
 
     def __init__(self, lists: QueryLists, slate_length: int | None, seed: int, length: int | None = None) -> None:
@@ -298,13 +299,11 @@ def group_queries(x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> QueryLists:
 
 def _drop_without_relevant(lists: QueryLists) -> tuple[QueryLists, int]:
     y = lists.y.numpy()
-    keep = np.array([bool((y[a:b] > 0).any()) for a, b in zip(lists.offsets[:-1], lists.offsets[1:])], dtype=bool)
+    query_of = np.repeat(np.arange(len(lists)), lists.lengths)
+    keep = np.bincount(query_of, weights=(y > 0).astype(np.float64), minlength=len(lists)) > 0
     if keep.all():
         return lists, 0
-    rows = np.concatenate(
-        [np.arange(a, b) for a, b, k in zip(lists.offsets[:-1], lists.offsets[1:], keep) if k] or [[]]
-    )
-    rows = rows.astype(np.int64)
+    rows = keep[query_of]
     offsets = np.concatenate([[0], np.cumsum(lists.lengths[keep])])
     return QueryLists(lists.x.numpy()[rows], y[rows], offsets, lists.qids[keep]), int((~keep).sum())
 

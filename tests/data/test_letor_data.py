@@ -169,7 +169,7 @@ def test_fold_layout_and_missing_files(tmp_path: Path) -> None:
     assert load_letor(str(tmp_path / "mslr"), fold=2, num_features=4).sizes() == (2, 1, 2)
     with pytest.raises(DataFileNotFoundError, match="Fold1"):
         load_letor(str(tmp_path / "mslr"), fold=1)
-    with pytest.raises(DataFileNotFoundError, match="directory not found"):
+    with pytest.raises(DataFileNotFoundError, match="LETOR folder not found"):
         load_letor(str(tmp_path / "absent"))
     with pytest.raises(DataFileNotFoundError, match=r"vali\.txt.*the val file is missing"):
         _write_fold(tmp_path / "partial", TRAIN, VAL, TEST)

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, register_dataset
-from rankwise.data._files import FLOAT32_MAX, check_dir, check_file, excerpt
+from rankwise.data._files import FLOAT32_MAX, check_file, excerpt
 
 __all__ = [
     "PADDED_Y_VALUE",
@@ -383,7 +383,14 @@ def load_letor(
     """
     if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 1):
         raise ValueError(f"`fold` must be a positive int or None, got {fold!r}")
-    root = check_dir(path, "path")
+    if not Path(path).is_dir():
+        raise DataFileNotFoundError(
+            path,
+            None,
+            "LETOR folder not found (option `path`, in a config `data.options.path`: the folder holding "
+            "Fold1..Fold5 of MSLR-WEB10K / 30K, or the Yahoo LTR set1.*.txt files, or train.txt / vali.txt / test.txt)",
+        )
+    root = Path(path)
     folder = root if fold is None else root / f"Fold{fold}"
     if not folder.is_dir():
         raise DataFileNotFoundError(folder, None, f"fold folder not found (`fold` = {fold}) under `path` {root}")
@@ -391,7 +398,7 @@ def load_letor(
     for s, f in files.items():
         if not f.is_file():
             raise DataFileNotFoundError(
-                f, None, f"the {s} file is missing (`data.options.path` = {root}; expected {train}, {val}, {test})"
+                f, None, f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test})"
             )
     parts = {s: read_letor(f, num_features=num_features) for s, f in files.items()}
     d = num_features if num_features is not None else max(p[0].shape[1] for p in parts.values())

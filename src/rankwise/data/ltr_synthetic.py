@@ -51,7 +51,7 @@ def _positive(value: Any, name: str) -> int:
     return int(value)
 
 
-def ltr_synthetic_arrays(
+def _draws(
     *,
     seed: int = 0,
     train_queries: int = 500,
@@ -61,17 +61,8 @@ def ltr_synthetic_arrays(
     max_docs: int = 50,
     num_features: int = 46,
     informative: int = 10,
-) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``{split: (features float32 (N, D), relevance float32 (N,), qid int64 (N,))}`` of the model above.
-
-    Query ids run from 1 over the train, then val, then test queries.
-
-    Example:
-        >>> parts = ltr_synthetic_arrays(train_queries=20, val_queries=5, test_queries=5)
-        >>> x, y, qid = parts["train"]
-        >>> x.shape, y[:8].tolist(), qid[:3].tolist()
-        ((557, 46), [3.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0], [1, 1, 1])
-    """
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
+    """``({split: (features, latent score s, noise-free part of s, qid)}, grade thresholds)`` of the model."""
     sizes = {
         "train": _positive(train_queries, "train_queries"),
         "val": _positive(val_queries, "val_queries"),
@@ -97,7 +88,7 @@ def ltr_synthetic_arrays(
     w /= np.linalg.norm(w)
     scale = 10.0 ** ((np.arange(d) % 4) - 1)
     offset = np.arange(d, dtype=np.float64)
-    raw: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    raw: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     next_qid = 1
     for split, q in sizes.items():
         n_docs = rng.integers(lo, hi + 1, size=q)
@@ -107,13 +98,47 @@ def ltr_synthetic_arrays(
         b = np.repeat(rng.normal(0.0, 0.6, size=q), n_docs)
         m = np.repeat(rng.normal(0.0, 0.5, size=(q, d)), n_docs, axis=0)
         z = rng.standard_normal((n, d))
-        s = z[:, :k] @ w + 0.3 * (z[:, 0] ** 2 - 1.0) + b + rng.normal(0.0, 0.5, size=n)
+        signal = z[:, :k] @ w + 0.3 * (z[:, 0] ** 2 - 1.0) + b
+        s = signal + rng.normal(0.0, 0.5, size=n)
         x = (scale * (z + m) + offset).astype(np.float32)
-        raw[split] = (x, s, qid.astype(np.int64))
-    thresholds = np.quantile(raw["train"][1], _GRADE_QUANTILES)
+        raw[split] = (x, s, signal, qid.astype(np.int64))
+    return raw, np.quantile(raw["train"][1], _GRADE_QUANTILES)
+
+
+def ltr_synthetic_arrays(
+    *,
+    seed: int = 0,
+    train_queries: int = 500,
+    val_queries: int = 100,
+    test_queries: int = 200,
+    min_docs: int = 10,
+    max_docs: int = 50,
+    num_features: int = 46,
+    informative: int = 10,
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{split: (features float32 (N, D), relevance float32 (N,), qid int64 (N,))}`` of the model above.
+
+    Query ids run from 1 over the train, then val, then test queries.
+
+    Example:
+        >>> parts = ltr_synthetic_arrays(train_queries=20, val_queries=5, test_queries=5)
+        >>> x, y, qid = parts["train"]
+        >>> x.shape, y[:8].tolist(), qid[:3].tolist()
+        ((557, 46), [3.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0], [1, 1, 1])
+    """
+    raw, thresholds = _draws(
+        seed=seed,
+        train_queries=train_queries,
+        val_queries=val_queries,
+        test_queries=test_queries,
+        min_docs=min_docs,
+        max_docs=max_docs,
+        num_features=num_features,
+        informative=informative,
+    )
     return {
         split: (x, (s[:, None] > thresholds[None, :]).sum(axis=1).astype(np.float32), qid)
-        for split, (x, s, qid) in raw.items()
+        for split, (x, s, _, qid) in raw.items()
     }
 
 

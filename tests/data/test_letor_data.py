@@ -263,3 +263,21 @@ def test_synthetic_relevance_model() -> None:
     assert parts["val"][2].min() == 401 and parts["test"][2].min() == 451
     with pytest.raises(ValueError, match="min_docs"):
         ltr_synthetic_arrays(min_docs=5, max_docs=4)
+
+
+def test_blockwise_standardisation_equals_numpy_and_leaves_the_inputs_alone(monkeypatch) -> None:
+    import rankwise.data.letor as letor
+    from rankwise.data import build_ranking_data
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((11, 3)) * [1.0, 1e3, 1e-3] + [5.0, -2e4, 0.0]).astype(np.float32)
+    y = rng.integers(0, 3, 11).astype(np.float32)
+    qid = np.repeat(np.arange(4), [3, 3, 3, 2])
+    parts = {s: (x.copy(), y.copy(), qid.copy()) for s in ("train", "val", "test")}
+    monkeypatch.setattr(letor, "_BLOCK_ROWS", 2)  # six blocks
+    data = build_ranking_data("t", parts)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(data.meta["mean"], x64.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(data.meta["std"], x64.std(0), rtol=1e-10)
+    np.testing.assert_allclose(data.test.x.numpy(), (x64 - x64.mean(0)) / x64.std(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(parts["train"][0], x)  # the caller's arrays are not standardised in place

@@ -143,7 +143,7 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
         raise ImportError(f"reading LETOR files needs scikit-learn: pip install 'rankwise[train]' ({e})") from None
     try:
         x, y, qid = load_svmlight_file(
-            str(p), n_features=num_features, dtype=np.float64, zero_based=False, query_id=True
+            str(p), n_features=num_features, dtype=np.float32, zero_based=False, query_id=True
         )
     except (ValueError, UnicodeDecodeError) as err:
         _locate_error(p, num_features)
@@ -155,14 +155,13 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
         len(qid) != n
         or not np.isfinite(y).all()
         or (y < 0).any()
-        or not np.isfinite(x.data).all()
-        or (np.abs(x.data) > FLOAT32_MAX).any()
+        or not np.isfinite(x.data).all()  # NaN, inf, or beyond the float32 range (parsed as inf)
     ):
         _locate_error(p, num_features)
         raise DataFormatError(p, None, "cannot read the file as LETOR / svmlight")  # pragma: no cover
     if n == 0:
         raise DataFormatError(p, None, "no document in the file (expected `<relevance> qid:<id> <index>:<value> ...`)")
-    return x.astype(np.float32), y.astype(np.float32), np.asarray(qid, dtype=np.int64)
+    return x, y.astype(np.float32), np.asarray(qid, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------------------------- lists
@@ -294,7 +293,31 @@ def group_queries(x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> QueryLists:
     rank[by_first] = np.arange(len(uniq))
     order = np.argsort(rank[inverse], kind="stable")
     offsets = np.concatenate([[0], np.cumsum(counts[by_first])])
+    if np.array_equal(order, np.arange(len(order))):  # queries already contiguous: no copy
+        return QueryLists(x, y, offsets, uniq[by_first])
     return QueryLists(x[order], y[order], offsets, uniq[by_first])
+
+
+#: rows per block when standardising (float64 temporaries of this many rows, not of the whole split)
+_BLOCK_ROWS = 1 << 16
+
+
+def _train_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and population standard deviation (0 -> 1) of ``x``, in float64, two passes by blocks."""
+    n = x.shape[0]
+    blocks = range(0, n, _BLOCK_ROWS)
+    mean = sum(x[i : i + _BLOCK_ROWS].sum(axis=0, dtype=np.float64) for i in blocks) / n
+    var = sum(((x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) ** 2).sum(axis=0) for i in blocks) / n
+    std = np.sqrt(var)
+    return mean, np.where(std > 0, std, 1.0)
+
+
+def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """A new float32 array ``(x - mean) / std`` (computed in float64 by blocks of rows)."""
+    out = np.empty(x.shape, dtype=np.float32)
+    for i in range(0, x.shape[0], _BLOCK_ROWS):
+        out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
+    return out
 
 
 def _drop_without_relevant(lists: QueryLists) -> tuple[QueryLists, int]:
@@ -335,12 +358,9 @@ def build_ranking_data(
     d = lists["train"].x.shape[1]
     mean = std = None
     if standardize and lists["train"].num_documents:
-        xt = lists["train"].x.numpy().astype(np.float64)
-        mean = xt.mean(axis=0)
-        s = xt.std(axis=0)
-        std = np.where(s > 0, s, 1.0)
-        for s_ in lists.values():
-            s_.x = torch.from_numpy(((s_.x.numpy().astype(np.float64) - mean) / std).astype(np.float32))
+        mean, std = _train_moments(lists["train"].x.numpy())
+        for part in lists.values():
+            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std))
     info |= {"mean": mean, "std": std, "dropped_queries": dropped, "standardize": bool(standardize)}
     return RankingData(name, lists["train"], lists["val"], lists["test"], d, info)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 from pathlib import Path
 
@@ -75,6 +76,10 @@ def test_read_letor_equals_a_hand_parse(tmp_path: Path) -> None:
     gz = tmp_path / "train.txt.gz"
     gz.write_bytes(gzip.compress(TRAIN.encode()))
     np.testing.assert_array_equal(read_letor(gz, num_features=4)[0].toarray(), hx.astype(np.float32))
+    bad = tmp_path / "bad.txt.bz2"
+    bad.write_bytes(bz2.compress(b"1 qid:1 1:1\n2 qid:1 2:x\n"))
+    with pytest.raises(DataFormatError, match=r"row 2: feature 2: cannot parse 'x'"):
+        read_letor(bad)  # a compressed file's bad line is found too
     assert read_letor(p)[0].shape == (5, 4)  # num_features None: the largest index
 
 

@@ -107,9 +107,10 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> 
 
 def _locate_error(path: Path, num_features: int | None) -> None:
     """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+    import bz2
     import gzip
 
-    opener: Any = gzip.open if path.suffix == ".gz" else open
+    opener: Any = {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
     with opener(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
             _check_line(raw, path, line, num_features)
@@ -120,7 +121,7 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
 
     ``features`` is a float32 ``scipy.sparse.csr_matrix`` of shape ``(documents, num_features)``
     (``num_features`` None: the largest index in the file), ``relevance`` float32 and ``qid``
-    int64 arrays of length ``documents``, in file order. A ``.gz`` file is decompressed. Every
+    int64 arrays of length ``documents``, in file order. A ``.gz`` or ``.bz2`` file is decompressed. Every
     error is a :class:`~rankwise.data.DataFormatError` naming the file (and the line of a
     malformed line; see the module docstring).
 

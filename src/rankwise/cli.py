@@ -572,6 +572,7 @@ def data_make_ltr_synthetic(
     val_queries: Annotated[int, typer.Option(help="validation queries")] = 100,
     test_queries: Annotated[int, typer.Option(help="test queries")] = 200,
     num_features: Annotated[int, typer.Option(help="features per document")] = 46,
+    informative: Annotated[int, typer.Option(help="features carrying the relevance signal (the first ones)")] = 10,
 ) -> None:
     """Synthetic learning-to-rank queries as LETOR files (dataset ltr_synthetic; every number from it is synthetic)."""
 
@@ -586,6 +587,7 @@ def data_make_ltr_synthetic(
                 val_queries=val_queries,
                 test_queries=test_queries,
                 num_features=num_features,
+                informative=informative,
             )
         except (ValueError, FileExistsError) as e:
             from rankwise.recipes.config import UserError

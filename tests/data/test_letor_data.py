@@ -286,3 +286,27 @@ def test_blockwise_standardisation_equals_numpy_and_leaves_the_inputs_alone(monk
     np.testing.assert_allclose(data.meta["std"], x64.std(0), rtol=1e-10)
     np.testing.assert_allclose(data.test.x.numpy(), (x64 - x64.mean(0)) / x64.std(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(parts["train"][0], x)  # the caller's arrays are not standardised in place
+
+
+def test_cli_make_show_and_missing_dataset_folder(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+    from tests.cli_helpers import one_error_line
+
+    runner = CliRunner()
+    out = tmp_path / "syn"
+    args = ["data", "make", "ltr-synthetic", "--out", str(out), "--train-queries", "6", "--val-queries", "2"]
+    bad = one_error_line(runner.invoke(app, [*args, "--num-features", "5"]))
+    assert bad == "error: `informative` (10) must be <= `num_features` (5)"
+    r = runner.invoke(app, [*args, "--test-queries", "3", "--num-features", "5", "--informative", "2"])
+    assert r.exit_code == 0, r.output
+    assert load_letor(str(out), num_features=5).sizes() == (6, 2, 3)
+    again = one_error_line(runner.invoke(app, [*args, "--test-queries", "3"]))
+    assert "train.txt exists" in again
+    shown = runner.invoke(app, ["data", "show", "letor", "-O", f"path={out}"])
+    assert shown.exit_code == 0 and "queries train/val/test = 6/2/3" in shown.output and "grades 0:" in shown.output
+    monkeypatch.chdir(tmp_path)
+    for preset in ("mslr_web10k_listnet", "yahoo_ltr_neural_ndcg"):
+        line = one_error_line(runner.invoke(app, ["train", preset, "--out", str(tmp_path / preset)]))
+        assert "LETOR folder not found" in line and "data.options.path" in line

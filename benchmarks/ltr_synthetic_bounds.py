@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rankwise.data import get_dataset, pad_lists
+from rankwise.data import load_ltr_synthetic, pad_lists
 from rankwise.data.ltr_synthetic import _draws
 from rankwise.metrics import mrr, ndcg
 
@@ -37,7 +37,7 @@ def _metrics(scores: np.ndarray, lists) -> dict[str, float]:
 
 
 def main() -> None:
-    data = get_dataset("ltr_synthetic", seed=0)
+    data = load_ltr_synthetic(seed=0)
     test = data.test
     raw, _ = _draws(seed=0)
     signal = raw["test"][2]  # documents of the test split in file order = grouped order (contiguous queries)

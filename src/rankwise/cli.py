@@ -347,10 +347,9 @@ def evaluate(
     def go() -> Any:
         from rankwise.recipes.registry import get_recipe
         from rankwise.recipes.runner import evaluate as run_eval
-        from rankwise.recipes.runner import load_run_config
 
-        recipe = get_recipe(load_run_config(run_dir).recipe)
-        return recipe, run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+        metrics = run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+        return get_recipe(metrics["recipe"]), metrics
 
     recipe, metrics = _run_guarded(go)
     _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")

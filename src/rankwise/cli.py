@@ -623,9 +623,16 @@ def data_show(
     )
     from rankwise.recipes.own_data import shot_thresholds
 
-    many, few = shot_thresholds(data)
+    def histogram() -> Any:
+        from rankwise.recipes.config import ConfigError
+
+        try:
+            return shot_thresholds(data), label_histogram(data.train_labels, data.bin_width)
+        except ValueError as e:  # e.g. labels too far from the origin for the bin width
+            raise ConfigError(f"dataset {name!r}: cannot bin the training labels: {e}") from None
+
+    (many, few), hist = _run_guarded(histogram)
     con.print(f"shot groups: many > {many:.3g}, few < {few:.3g} training examples per bin", highlight=False)
-    hist = label_histogram(data.train_labels, data.bin_width)
     counts = hist.counts
     top = max(int(counts.max()) if counts.size else 1, 1)
     step = max(1, len(counts) // 60)

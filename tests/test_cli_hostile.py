@@ -461,3 +461,11 @@ def test_tsne_of_a_dead_or_diverged_network_does_not_crash(tmp_path, features):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "t.png").is_file()
+
+
+def test_set_into_a_scalar_section_is_refused(tmp_path):
+    cfg = tmp_path / "scalar.yaml"
+    cfg.write_text("extends: abalone_vanilla\ntrainer: 3\n")
+    line = one_error(invoke(["train", cfg, *_sets(), "--out", tmp_path / "run", "--no-progress"]))
+    assert "`trainer` is int 3" in line
+    assert not (tmp_path / "run").exists()

@@ -29,7 +29,9 @@ import torch
 OUT = Path(sys.argv[1]).resolve()
 WORKERS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 SECTIONS = set((sys.argv[3] if len(sys.argv) > 3 else "cfg,set,flag,data,ckpt,nifti").split(","))
-RESULTS = Path(os.environ.get("PROBE_JSON") or Path(__file__).resolve().parents[1] / "benchmarks/results/probe_cli.json")
+RESULTS = Path(
+    os.environ.get("PROBE_JSON") or Path(__file__).resolve().parents[1] / "benchmarks/results/probe_cli.json"
+)
 SRC = os.environ["PYTHONPATH"]
 shutil.rmtree(OUT, ignore_errors=True)
 OUT.mkdir(parents=True)
@@ -84,12 +86,17 @@ os.mkfifo(F / "fifo")
 cfgs = {
     "alias_bomb": "extends: abalone_vanilla\ndata:\n  options:\n" + bomb(indent="    "),
     "alias_bomb_small_wide": "extends: abalone_vanilla\nx:\n" + bomb(1000, 3, "  "),
-    "alias_bomb_merge": "extends: abalone_vanilla\nx:\n  a: &a {" + ", ".join(f"k{i}: [1,2,3,4,5,6,7,8,9,10]" for i in range(10)) + "}\n"
+    "alias_bomb_merge": "extends: abalone_vanilla\nx:\n  a: &a {"
+    + ", ".join(f"k{i}: [1,2,3,4,5,6,7,8,9,10]" for i in range(10))
+    + "}\n"
     + "".join(f"  b{i}: &b{i} [{', '.join(['*a' if i == 0 else f'*b{i - 1}'] * 10)}]\n" for i in range(6)),
     "deep_5000_flow": "extends: abalone_vanilla\nx: " + "[" * 5000 + "]" * 5000 + "\n",
     "deep_5000_map": "extends: abalone_vanilla\nx: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n",
     "deep_65": "extends: abalone_vanilla\nx: " + "[" * 65 + "]" * 65 + "\n",
-    "deep_block_200": "extends: abalone_vanilla\n" + "".join("  " * i + "a:\n" for i in range(200)) + "  " * 200 + "a: 1\n",
+    "deep_block_200": "extends: abalone_vanilla\n"
+    + "".join("  " * i + "a:\n" for i in range(200))
+    + "  " * 200
+    + "a: 1\n",
     "recursive_alias": "extends: abalone_vanilla\nx: &a [*a]\n",
     "recursive_map": "extends: abalone_vanilla\nx: &a {y: *a}\n",
     "empty": "",
@@ -159,9 +166,20 @@ for name, text in cfgs.items():
 for name in cfgs:
     if name in ("epochs_string", "epochs_float", "section_scalar"):
         # TINY's --set trainer.max_epochs would replace the file's bad value (a --set wins): leave it out
-        cases.append((f"cfg:{name}", ["train", str(F / f"{name}.yaml"),
-                                      *[a for t in TINY if not t.startswith("trainer.max_epochs")
-                                        for a in ("--set", t)], "--out", out_dir(), "--no-progress"], "refuse"))
+        cases.append(
+            (
+                f"cfg:{name}",
+                [
+                    "train",
+                    str(F / f"{name}.yaml"),
+                    *[a for t in TINY if not t.startswith("trainer.max_epochs") for a in ("--set", t)],
+                    "--out",
+                    out_dir(),
+                    "--no-progress",
+                ],
+                "refuse",
+            )
+        )
     elif name == "epochs_huge":  # a valid int (train long); TINY's max_epochs=2 replaces it
         train(f"cfg:{name}", F / f"{name}.yaml", expect="either")
     else:
@@ -178,64 +196,166 @@ train("cfg:missing", F / "missing.yaml")
 
 # ---------------------------------------------------------------- B. --set values
 numeric_fields = [
-    "data.batch_size", "data.eval_batch_size", "data.num_workers", "optimizer.lr", "optimizer.weight_decay",
-    "optimizer.momentum", "schedule.gamma", "schedule.warmup_epochs", "trainer.max_epochs", "trainer.num_nodes",
-    "trainer.log_every_n_steps", "trainer.num_threads", "run.seed", "run.plot_samples", "run.many_shot",
-    "loss.lds.ks", "loss.lds.sigma", "loss.fds.momentum",
+    "data.batch_size",
+    "data.eval_batch_size",
+    "data.num_workers",
+    "optimizer.lr",
+    "optimizer.weight_decay",
+    "optimizer.momentum",
+    "schedule.gamma",
+    "schedule.warmup_epochs",
+    "trainer.max_epochs",
+    "trainer.num_nodes",
+    "trainer.log_every_n_steps",
+    "trainer.num_threads",
+    "run.seed",
+    "run.plot_samples",
+    "run.many_shot",
+    "loss.lds.ks",
+    "loss.lds.sigma",
+    "loss.fds.momentum",
 ]
 hostile_values = ["-1", "abc", "[1,2]", "{a: 1}", "true", ".nan", "1e999", '"1_0"']
 for f in numeric_fields:
     for v in hostile_values:
         train(f"set:{f}={v}", "abalone_vanilla", [f"{f}={v}"])
 for s in [
-    "optimizer.name=bogus", "trainer.precision=bogus", "trainer.accelerator=bogus", "trainer.strategy=bogus",
-    "trainer.devices=[-1]", "trainer.devices=abc", "trainer.devices=[]", "loss.kind=bogus", "model.backbone=bogus",
-    "data.name=bogus", "recipe=bogus", "run.name=../x", 'run.name=""', "run.out_dir=[1]",
-    "model.options.hidden=-3", "model.options.hidden=[abc]", "model.options.hidden=[100000000000]",
-    "model.options.hidden=[0]", "model.options.bogus=1", "model.weights=/etc/passwd", "model.weights=/dev/zero",
-    "model.weights=/nonexistent.pt", f"model.weights={F}", "data.options.per_label=abc", "data.options.per_label=-1",
-    "data.options.path=/etc/shadow", "data.options.path=/dev/zero", "data.options.bogus=1",
-    "loss.regularizers.ranksim.weight=-1", "loss.regularizers.ranksim.options.bogus=1", "loss.regularizers.bogus.weight=1",
-    "loss.regularizers.ranksim.options.interpolation_lambda=abc", "schedule.milestones=[3,1]", "schedule.kind=bogus",
-    "trainer.limit_train_batches=-1", "trainer.limit_train_batches=abc", "trainer.limit_train_batches=0",
-    "trainer.deterministic=abc", "run.few_shot=500", "loss.lds.ks=4", "loss.lds.lds=true",
-    "data.x=" + "{" + bomb().strip().replace("\n", ", ") + "}", "data.options.x=" + "[" * 3000 + "]" * 3000,
-    "noequals", "=1", "a..b=1", "trainer.max_epochs.x=1",
+    "optimizer.name=bogus",
+    "trainer.precision=bogus",
+    "trainer.accelerator=bogus",
+    "trainer.strategy=bogus",
+    "trainer.devices=[-1]",
+    "trainer.devices=abc",
+    "trainer.devices=[]",
+    "loss.kind=bogus",
+    "model.backbone=bogus",
+    "data.name=bogus",
+    "recipe=bogus",
+    "run.name=../x",
+    'run.name=""',
+    "run.out_dir=[1]",
+    "model.options.hidden=-3",
+    "model.options.hidden=[abc]",
+    "model.options.hidden=[100000000000]",
+    "model.options.hidden=[0]",
+    "model.options.bogus=1",
+    "model.weights=/etc/passwd",
+    "model.weights=/dev/zero",
+    "model.weights=/nonexistent.pt",
+    f"model.weights={F}",
+    "data.options.per_label=abc",
+    "data.options.per_label=-1",
+    "data.options.path=/etc/shadow",
+    "data.options.path=/dev/zero",
+    "data.options.bogus=1",
+    "loss.regularizers.ranksim.weight=-1",
+    "loss.regularizers.ranksim.options.bogus=1",
+    "loss.regularizers.bogus.weight=1",
+    "loss.regularizers.ranksim.options.interpolation_lambda=abc",
+    "schedule.milestones=[3,1]",
+    "schedule.kind=bogus",
+    "trainer.limit_train_batches=-1",
+    "trainer.limit_train_batches=abc",
+    "trainer.limit_train_batches=0",
+    "trainer.deterministic=abc",
+    "run.few_shot=500",
+    "loss.lds.ks=4",
+    "loss.lds.lds=true",
+    "data.x=" + "{" + bomb().strip().replace("\n", ", ") + "}",
+    "data.options.x=" + "[" * 3000 + "]" * 3000,
+    "noequals",
+    "=1",
+    "a..b=1",
+    "trainer.max_epochs.x=1",
 ]:
     train(f"set:{s[:60]}", "abalone_vanilla", [s])
 
 # ---------------------------------------------------------------- C. flags
 for d in ["0,,x", "abc", "-5", "0,-1", ",", "1.5"]:
     train(f"flag:--devices {d}", "abalone_vanilla", flags=["--devices", d])
-for flag, v in [("--precision", "bogus"), ("--accelerator", "bogus"), ("--num-nodes", "0"), ("--num-nodes", "-1"),
-                ("--strategy", "bogus")]:
+for flag, v in [
+    ("--precision", "bogus"),
+    ("--accelerator", "bogus"),
+    ("--num-nodes", "0"),
+    ("--num-nodes", "-1"),
+    ("--strategy", "bogus"),
+]:
     train(f"flag:{flag} {v}", "abalone_vanilla", flags=[flag, v])
-cases.append(("flag:--resume --overwrite on a fresh dir", ["train", "abalone_vanilla", "--resume", "--overwrite",
-                                                          "--out", out_dir()], "refuse"))
-cases.append(("flag:--resume without a run dir", ["train", "abalone_vanilla", "--resume", "--out", out_dir()], "refuse"))
+cases.append(
+    (
+        "flag:--resume --overwrite on a fresh dir",
+        ["train", "abalone_vanilla", "--resume", "--overwrite", "--out", out_dir()],
+        "refuse",
+    )
+)
+cases.append(
+    ("flag:--resume without a run dir", ["train", "abalone_vanilla", "--resume", "--out", out_dir()], "refuse")
+)
 for seeds in ["a", "3-1", "-1", "", "1,,x", "0-100000000000"]:
-    cases.append((f"flag:compare --seeds {seeds!r}", ["compare", "abalone_vanilla", "--seeds", seeds, "--out", out_dir()],
-                  "refuse"))
+    cases.append(
+        (
+            f"flag:compare --seeds {seeds!r}",
+            ["compare", "abalone_vanilla", "--seeds", seeds, "--out", out_dir()],
+            "refuse",
+        )
+    )
 cases.append(("flag:evaluate --checkpoint bogus", ["evaluate", str(F), "--checkpoint", "bogus"], "refuse"))
 cases.append(("flag:evaluate missing dir", ["evaluate", str(F / "nope")], "refuse"))
 cases.append(("flag:evaluate a file", ["evaluate", "/etc/passwd"], "refuse"))
 cases.append(("flag:evaluate a non-run dir", ["evaluate", str(F)], "refuse"))
-for o in ["noeq", "path=[unclosed", "path=!!python/object:os.system x", "per_label=-1", "per_label=abc", "bogus=1",
-          "path=/etc/shadow", "path=/dev/zero", "path=" + "[" * 3000]:
+for o in [
+    "noeq",
+    "path=[unclosed",
+    "path=!!python/object:os.system x",
+    "per_label=-1",
+    "per_label=abc",
+    "bogus=1",
+    "path=/etc/shadow",
+    "path=/dev/zero",
+    "path=" + "[" * 3000,
+]:
     cases.append((f"flag:data show -O {o[:40]}", ["data", "show", "abalone", "-O", o], "refuse"))
 cases.append(("flag:data show bogus", ["data", "show", "bogus"], "refuse"))
 (F / "plotdir").mkdir()
-for p, exp in [(F / "nope" / "h.png", "refuse"), ("/proc/h.png", "refuse"), (F / "plotdir", "refuse"),
-               (F / "h.txt", "refuse"), (F / "hist", "accept"), (F / "nope" / "full", "refuse")]:
+for p, exp in [
+    (F / "nope" / "h.png", "refuse"),
+    ("/proc/h.png", "refuse"),
+    (F / "plotdir", "refuse"),
+    (F / "h.txt", "refuse"),
+    (F / "hist", "accept"),
+    (F / "nope" / "full", "refuse"),
+]:
     cases.append((f"flag:data show --plot {p}", ["data", "show", "abalone", "--plot", str(p)], exp))
-for args in [["--seq-len", "0"], ["--seq-len", "-1"], ["--model", "bogus"], ["--steps", "0"], ["--batch-size", "0"],
-             ["--lr", "-1"], ["--hidden-size", "0"], ["--num-layers", "-1"], ["--eval-num", "0"], ["--threads", "0"],
-             ["--lr", "nan"]]:
+for args in [
+    ["--seq-len", "0"],
+    ["--seq-len", "-1"],
+    ["--model", "bogus"],
+    ["--steps", "0"],
+    ["--batch-size", "0"],
+    ["--lr", "-1"],
+    ["--hidden-size", "0"],
+    ["--num-layers", "-1"],
+    ["--eval-num", "0"],
+    ["--threads", "0"],
+    ["--lr", "nan"],
+]:
     extra = [] if "--steps" in args else ["--steps", "1"]
-    cases.append((f"flag:sodeep train {' '.join(args)}",
-                  ["sodeep", "train", *args, *extra, "--out", out_dir(), "--no-progress"], "refuse"))
-for args in [["--weights", "/etc/passwd"], ["--weights", "/dev/zero"], ["--weights", str(F / "nope.pt")],
-             ["--weights", str(F)], ["--seq-len", "7"], ["--num", "0"], ["--model", "bogus"]]:
+    cases.append(
+        (
+            f"flag:sodeep train {' '.join(args)}",
+            ["sodeep", "train", *args, *extra, "--out", out_dir(), "--no-progress"],
+            "refuse",
+        )
+    )
+for args in [
+    ["--weights", "/etc/passwd"],
+    ["--weights", "/dev/zero"],
+    ["--weights", str(F / "nope.pt")],
+    ["--weights", str(F)],
+    ["--seq-len", "7"],
+    ["--num", "0"],
+    ["--model", "bogus"],
+]:
     cases.append((f"flag:sodeep evaluate {' '.join(args)}", ["sodeep", "evaluate", *args, "--no-real"], "refuse"))
 
 # ---------------------------------------------------------------- D. data files (data show csv, and train for targets)
@@ -261,8 +381,16 @@ datafiles["text_after_quote"] = "\n".join(bad) + "\n"
 bad = list(rows)
 bad[50] = "0.1,nan,3"
 datafiles["extra_field"] = "\n".join(bad) + "\n"
-for tag, val in [("nan", "nan"), ("inf", "inf"), ("1e39", "1e39"), ("empty", ""), ("text", "abc"), ("under", "1_0"),
-                 ("hex", "0x10"), ("arabic_digit", "\u0661")]:
+for tag, val in [
+    ("nan", "nan"),
+    ("inf", "inf"),
+    ("1e39", "1e39"),
+    ("empty", ""),
+    ("text", "abc"),
+    ("under", "1_0"),
+    ("hex", "0x10"),
+    ("arabic_digit", "\u0661"),
+]:
     bad = list(rows)
     bad[60] = f"0.5,0.5,{val}"
     datafiles[f"value_{tag}"] = "\n".join(bad) + "\n"
@@ -309,17 +437,41 @@ for name in [*datafiles, "latin1", "utf16", "nul"]:
     p = F / f"{name}.csv"
     exp = "accept" if name in ("valid", "targets_3e38", "targets_-3e38", "targets_1e20") else "refuse"
     cases.append((f"data:{name}", ["data", "show", "csv", "-O", f"path={p}", "-O", "target=y"], exp))
-for name in ["bomb.csv.gz", "truncated.csv.gz", "notgzip.csv.gz", "good.zip", "truncated.zip", "two.zip", "zipbomb.zip",
-             "sparse.csv", "link_loop.csv", "folder", "fifo", "nope.csv"]:
+for name in [
+    "bomb.csv.gz",
+    "truncated.csv.gz",
+    "notgzip.csv.gz",
+    "good.zip",
+    "truncated.zip",
+    "two.zip",
+    "zipbomb.zip",
+    "sparse.csv",
+    "link_loop.csv",
+    "folder",
+    "fifo",
+    "nope.csv",
+]:
     p = F / name
-    cases.append((f"data:{name}", ["data", "show", "csv", "-O", f"path={p}", "-O", "target=y"],
-                  "accept" if name == "good.zip" else "refuse"))
+    cases.append(
+        (
+            f"data:{name}",
+            ["data", "show", "csv", "-O", f"path={p}", "-O", "target=y"],
+            "accept" if name == "good.zip" else "refuse",
+        )
+    )
 cases.append(("data:/dev/zero", ["data", "show", "csv", "-O", "path=/dev/zero", "-O", "target=y"], "refuse"))
 for name in ["targets_3e38", "targets_-3e38", "targets_1e20", "unterminated_quote", "secret"]:
-    train(f"data-train:{name}", "abalone_vanilla", ["data.name=csv", f"data.options={{path: {F / (name + '.csv')}, target: y}}"])
-train("data-train:valid", "abalone_vanilla", ["data.name=csv", f"data.options={{path: {F / 'valid.csv'}, target: y}}"],
-      expect="accept")
-
+    train(
+        f"data-train:{name}",
+        "abalone_vanilla",
+        ["data.name=csv", f"data.options={{path: {F / (name + '.csv')}, target: y}}"],
+    )
+train(
+    "data-train:valid",
+    "abalone_vanilla",
+    ["data.name=csv", f"data.options={{path: {F / 'valid.csv'}, target: y}}"],
+    expect="accept",
+)
 
 
 # ---------------------------------------------------------------- E. NIfTI cohorts (data show nifti, data make)
@@ -382,11 +534,18 @@ def nifti_cases():
             print("skip", tag, e)
             continue
         rows = [*base[:-1], f"{path.name},50,M,bad"]
-        expect = "accept" if tag in ("values_1e5", "int16", "uint8", "float64", "all_zero", "huge_values",
-                                     "tiny_values") else "refuse"  # brain_zscore rescales huge/tiny volumes
+        expect = (
+            "accept"
+            if tag in ("values_1e5", "int16", "uint8", "float64", "all_zero", "huge_values", "tiny_values")
+            else "refuse"
+        )  # brain_zscore rescales huge/tiny volumes
         show(tag, cohort(f"c_{tag}", rows), expect)
-    for tag, affine in {"affine_nan": np.full((4, 4), np.nan), "affine_zero": np.zeros((4, 4)),
-                        "affine_neg": np.diag([-2.0, 2.0, 2.0, 1.0]), "affine_huge": np.diag([1e30, 1e30, 1e30, 1.0])}.items():
+    for tag, affine in {
+        "affine_nan": np.full((4, 4), np.nan),
+        "affine_zero": np.zeros((4, 4)),
+        "affine_neg": np.diag([-2.0, 2.0, 2.0, 1.0]),
+        "affine_huge": np.diag([1e30, 1e30, 1e30, 1.0]),
+    }.items():
         try:
             path = save(tag, vol(), affine=affine)
         except Exception as e:  # nibabel refuses to write some affines
@@ -397,18 +556,32 @@ def nifti_cases():
         show(tag + "_spacing", cohort(f"c_{tag}_sp", rows), "either", ["-O", "spacing=4", "-O", "shape=[6,6,6]"])
     raw = good[0].read_bytes()
     gzraw = good[-1].read_bytes()
-    for tag, data in {"truncated": raw[:400], "truncated_data": raw[:-500], "truncated_gz": gzraw[: len(gzraw) // 2],
-                      "empty": b"", "text": b"hello\n", "random": rng2.bytes(2000),
-                      "header_dims_huge": None, "header_dims_zero": None, "header_dims_neg": None,
-                      "header_pixdim_nan": None, "header_pixdim_zero": None, "header_datatype_bogus": None}.items():
+    for tag, data in {
+        "truncated": raw[:400],
+        "truncated_data": raw[:-500],
+        "truncated_gz": gzraw[: len(gzraw) // 2],
+        "empty": b"",
+        "text": b"hello\n",
+        "random": rng2.bytes(2000),
+        "header_dims_huge": None,
+        "header_dims_zero": None,
+        "header_dims_neg": None,
+        "header_pixdim_nan": None,
+        "header_pixdim_zero": None,
+        "header_datatype_bogus": None,
+    }.items():
         name = tag + (".nii.gz" if tag == "truncated_gz" else ".nii")
         path = N / name
         if data is None:
             hdr = bytearray(raw)
             import struct
+
             if tag.startswith("header_dims"):
-                dims = {"header_dims_huge": (3, 30000, 30000, 30000), "header_dims_zero": (3, 0, 14, 12),
-                        "header_dims_neg": (3, -12, 14, 12)}[tag]
+                dims = {
+                    "header_dims_huge": (3, 30000, 30000, 30000),
+                    "header_dims_zero": (3, 0, 14, 12),
+                    "header_dims_neg": (3, -12, 14, 12),
+                }[tag]
                 struct.pack_into("<4h", hdr, 40, *dims)
             elif tag == "header_datatype_bogus":
                 struct.pack_into("<2h", hdr, 70, 999, 7)
@@ -418,48 +591,105 @@ def nifti_cases():
                 struct.pack_into("<2h", hdr, 252, 0, 0)  # no qform/sform: the affine comes from pixdim
             data = bytes(hdr)
         path.write_bytes(data)
-        show(tag, cohort(f"c_{tag}", [*base[:-1], f"{name},50,M,bad"]),
-             "either" if tag == "header_pixdim_zero" else "refuse")  # nibabel reads 0 voxel sizes as 1 (warns)
+        show(
+            tag,
+            cohort(f"c_{tag}", [*base[:-1], f"{name},50,M,bad"]),
+            "either" if tag == "header_pixdim_zero" else "refuse",
+        )  # nibabel reads 0 voxel sizes as 1 (warns)
     big = N / "sparse.nii"
     with open(big, "wb") as fh:
         fh.write(raw[:352])
         fh.truncate(8 * 2**30)
     show("sparse_8GiB", cohort("c_sparse", [*base[:-1], "sparse.nii,50,M,bad"]))
-    for tag, row in {"age_neg": "s0.nii,-3,M,x", "age_text": "s0.nii,abc,M,x", "age_nan": "s0.nii,nan,M,x",
-                     "age_inf": "s0.nii,inf,M,x", "age_1e400": "s0.nii,1e400,M,x", "age_empty": "s0.nii,,M,x",
-                     "age_huge": "s0.nii,1e30,M,x", "sex_bogus": "s0.nii,40,X,x", "sex_2": "s0.nii,40,2,x",
-                     "path_empty": ",40,M,x", "path_missing": "nope.nii,40,M,x", "path_dir": ".,40,M,x",
-                     "path_etc_shadow": "/etc/shadow,40,M,x", "path_devzero": "/dev/zero,40,M,x",
-                     "path_csv_itself": "c_path_csv_itself.csv,40,M,x", "extra_field": "s0.nii,40,M,x,extra",
-                     "short_row": "s0.nii"}.items():
+    for tag, row in {
+        "age_neg": "s0.nii,-3,M,x",
+        "age_text": "s0.nii,abc,M,x",
+        "age_nan": "s0.nii,nan,M,x",
+        "age_inf": "s0.nii,inf,M,x",
+        "age_1e400": "s0.nii,1e400,M,x",
+        "age_empty": "s0.nii,,M,x",
+        "age_huge": "s0.nii,1e30,M,x",
+        "sex_bogus": "s0.nii,40,X,x",
+        "sex_2": "s0.nii,40,2,x",
+        "path_empty": ",40,M,x",
+        "path_missing": "nope.nii,40,M,x",
+        "path_dir": ".,40,M,x",
+        "path_etc_shadow": "/etc/shadow,40,M,x",
+        "path_devzero": "/dev/zero,40,M,x",
+        "path_csv_itself": "c_path_csv_itself.csv,40,M,x",
+        "extra_field": "s0.nii,40,M,x,extra",
+        "short_row": "s0.nii",
+    }.items():
         show(tag, cohort(f"c_{tag}", [*base[:-1], row]))
     show("no_rows", cohort("c_no_rows", []))
     show("no_age_column", cohort("c_noage", [f"{g.name}" for g in good], header="path"))
-    show("header_only_path_age", cohort("c_min", [f"{g.name},{40 + i}" for i, g in enumerate(good)], "path,age"), "accept")
+    show(
+        "header_only_path_age",
+        cohort("c_min", [f"{g.name},{40 + i}" for i, g in enumerate(good)], "path,age"),
+        "accept",
+    )
     show("one_subject", cohort("c_one", [base[0]]), "either")
     split_rows = [f"{g.name},{30 + i},M,sub{i},{['train', 'val', 'test'][i % 3]}" for i, g in enumerate(good)]
     show("split_valid", cohort("c_split", split_rows, "path,age,sex,subject,split"), "accept")
-    show("split_bogus", cohort("c_split_bogus", [*split_rows[:-1], f"{good[-1].name},40,M,z,bogus"],
-                               "path,age,sex,subject,split"))
-    show("split_subject_two", cohort("c_split_two", [*split_rows, f"{good[0].name},40,M,sub1,test"],
-                                     "path,age,sex,subject,split"))
-    show("split_partial", cohort("c_split_part", [*split_rows[:-1], f"{good[-1].name},40,M,z,"],
-                                 "path,age,sex,subject,split"))
-    show("split_no_train", cohort("c_split_notrain", [f"{g.name},{30 + i},M,sub{i},test" for i, g in enumerate(good)],
-                                  "path,age,sex,subject,split"))
+    show(
+        "split_bogus",
+        cohort("c_split_bogus", [*split_rows[:-1], f"{good[-1].name},40,M,z,bogus"], "path,age,sex,subject,split"),
+    )
+    show(
+        "split_subject_two",
+        cohort("c_split_two", [*split_rows, f"{good[0].name},40,M,sub1,test"], "path,age,sex,subject,split"),
+    )
+    show(
+        "split_partial",
+        cohort("c_split_part", [*split_rows[:-1], f"{good[-1].name},40,M,z,"], "path,age,sex,subject,split"),
+    )
+    show(
+        "split_no_train",
+        cohort(
+            "c_split_notrain",
+            [f"{g.name},{30 + i},M,sub{i},test" for i, g in enumerate(good)],
+            "path,age,sex,subject,split",
+        ),
+    )
     (N / "latin1.csv").write_bytes(("path,age\n" + "\n".join(f"{g.name},4\xe9" for g in good) + "\n").encode("latin-1"))
     show("csv_latin1", N / "latin1.csv")
     show("csv_missing", N / "nope.csv")
     show("csv_dir", N)
     show("csv_devzero", "/dev/zero")
-    for o in ["shape=[0,8,8]", "shape=[8,8]", "shape=abc", "shape=[8.5,8,8]", "shape=[100000,100000,100000]",
-              "spacing=0", "spacing=-2", "spacing=abc", "spacing=.nan", "spacing=1e-3", "resize=bogus",
-              "normalize=bogus", "val_fraction=1.5", "test_fraction=-0.1", "seed=abc", "augment=abc", "bogus=1",
-              "cache_dir=/proc/x", "cache_dir=/etc/passwd"]:
+    for o in [
+        "shape=[0,8,8]",
+        "shape=[8,8]",
+        "shape=abc",
+        "shape=[8.5,8,8]",
+        "shape=[100000,100000,100000]",
+        "spacing=0",
+        "spacing=-2",
+        "spacing=abc",
+        "spacing=.nan",
+        "spacing=1e-3",
+        "resize=bogus",
+        "normalize=bogus",
+        "val_fraction=1.5",
+        "test_fraction=-0.1",
+        "seed=abc",
+        "augment=abc",
+        "bogus=1",
+        "cache_dir=/proc/x",
+        "cache_dir=/etc/passwd",
+    ]:
         show(f"opt:{o[:30]}", cohort("c_opt", base), opts=["-O", o])
-    for args in [["--n", "0"], ["--n", "-1"], ["--spacing", "0"], ["--spacing", "-1"], ["--spacing", "nan"],
-                 ["--spacing", "0.05"], ["--sites", "0"], ["--n", "2", "--out", "/proc/x"],
-                 ["--n", "2", "--out", "/etc/passwd"], ["--n", "abc"]]:
+    for args in [
+        ["--n", "0"],
+        ["--n", "-1"],
+        ["--spacing", "0"],
+        ["--spacing", "-1"],
+        ["--spacing", "nan"],
+        ["--spacing", "0.05"],
+        ["--sites", "0"],
+        ["--n", "2", "--out", "/proc/x"],
+        ["--n", "2", "--out", "/etc/passwd"],
+        ["--n", "abc"],
+    ]:
         argv = ["data", "make", "brain-age-synthetic", *args]
         if "--out" not in args:
             argv += ["--out", str(N / f"syn_{len(out)}")]
@@ -478,8 +708,12 @@ def classify(rc, output, expect, timed_out):
         return "crash"
     if rc == 0:
         return "silent" if expect == "refuse" else "ok"
-    if rc == 2 and not errors and "─ Error ─" in output and ("Invalid value" in output or "No such option" in output
-                                                          or "Missing" in output):
+    if (
+        rc == 2
+        and not errors
+        and "─ Error ─" in output
+        and ("Invalid value" in output or "No such option" in output or "Missing" in output)
+    ):
         errors = ["error: (the command line parser's usage error)"]  # click's own refusal of a flag's type
     if rc in (2, 130) and len(errors) == 1:
         return "false_refusal" if expect == "accept" else "clear"
@@ -557,8 +791,15 @@ def run_all(allcases, workers, on_result, timeout=90.0):
             leak = "SECRETHASH" in output or "daemon:*" in output
             if leak:
                 outcome = "silent"
-            res = {"name": name, "expect": expect, "rc": rc, "outcome": outcome, "seconds": round(time.time() - t0, 1),
-                   "tail": output.strip().splitlines()[-3:] if output.strip() else [], "leak": leak}
+            res = {
+                "name": name,
+                "expect": expect,
+                "rc": rc,
+                "outcome": outcome,
+                "seconds": round(time.time() - t0, 1),
+                "tail": output.strip().splitlines()[-3:] if output.strip() else [],
+                "leak": leak,
+            }
             results[i] = res
             on_result(res)
     return results
@@ -586,8 +827,12 @@ def checkpoint_cases(run_dir: Path):
         "no_optimizer": {k: v for k, v in good.items() if k != "optimizer_states"},
         "no_loops": {k: v for k, v in good.items() if k != "loops"},
         "optimizer_junk": {**good, "optimizer_states": [5]},
-        "nan_weights": {**good, "state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-                                               for k, v in state.items()}},
+        "nan_weights": {
+            **good,
+            "state_dict": {
+                k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()
+            },
+        },
         "inf_weight": {**good, "state_dict": {**state, first: torch.full_like(state[first], float("inf"))}},
         "state_dict_not_tensors": {**good, "state_dict": {k: 1 for k in state}},
     }
@@ -623,21 +868,50 @@ def checkpoint_cases(run_dir: Path):
                 exp = "either"  # evaluation reads the weights only
             if cmd == "evaluate" and name == "missing_with_best":
                 exp = "refuse"
-            argv = (["train", "abalone_vanilla", "--resume", "--out", str(dst), "--no-progress"] if cmd == "resume"
-                    else ["evaluate", str(dst), "--no-plots", "--checkpoint", "best"])
+            argv = (
+                ["train", "abalone_vanilla", "--resume", "--out", str(dst), "--no-progress"]
+                if cmd == "resume"
+                else ["evaluate", str(dst), "--no-plots", "--checkpoint", "best"]
+            )
             out.append((f"ckpt:{name}:{cmd}", argv, exp))
     return out
 
 
 def main():
     base = OUT / "trained"
-    r = subprocess.run(["true"]) if "ckpt" not in SECTIONS else subprocess.run([sys.executable, "-m", "rankwise.cli", "train", "abalone_vanilla", *sets(), "--out", str(base),
-                        "--no-progress"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC},
-                       timeout=300)
+    r = (
+        subprocess.run(["true"])
+        if "ckpt" not in SECTIONS
+        else subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rankwise.cli",
+                "train",
+                "abalone_vanilla",
+                *sets(),
+                "--out",
+                str(base),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": SRC},
+            timeout=300,
+        )
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    allcases = cases + (checkpoint_cases(base) if "ckpt" in SECTIONS else []) + (nifti_cases() if "nifti" in SECTIONS else [])
-    prefixes = {"cfg": ("cfg:",), "set": ("set:",), "flag": ("flag:",), "data": ("data:", "data-train:"),
-                "ckpt": ("ckpt:",), "nifti": ("nifti:",)}
+    allcases = (
+        cases + (checkpoint_cases(base) if "ckpt" in SECTIONS else []) + (nifti_cases() if "nifti" in SECTIONS else [])
+    )
+    prefixes = {
+        "cfg": ("cfg:",),
+        "set": ("set:",),
+        "flag": ("flag:",),
+        "data": ("data:", "data-train:"),
+        "ckpt": ("ckpt:",),
+        "nifti": ("nifti:",),
+    }
     allcases = [c for c in allcases if any(c[0].startswith(p) for s in SECTIONS for p in prefixes[s])]
     log = open(OUT / "progress.log", "w")
 
@@ -649,7 +923,7 @@ def main():
     import matplotlib
 
     matplotlib.use("Agg")
-    import rankwise.cli  # noqa: F401
+    import rankwise.cli
     import rankwise.recipes.runner  # noqa: F401
 
     torch.set_num_threads(1)
@@ -665,8 +939,16 @@ def main():
     summary = {"cases": len(results), "counts": counts, "payload_ran": payload_ran, "seconds": round(time.time() - t0)}
     summary["sections"] = sorted(SECTIONS)
     (OUT / "results.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    RESULTS.write_text(json.dumps({"command": " ".join(sys.argv), "summary": summary,
-                                   "not_ok": [r for r in results if r["outcome"] not in ("ok", "clear")]}, indent=1))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "command": " ".join(sys.argv),
+                "summary": summary,
+                "not_ok": [r for r in results if r["outcome"] not in ("ok", "clear")],
+            },
+            indent=1,
+        )
+    )
     print(json.dumps(summary))
     for res in results:
         if res["outcome"] not in ("ok", "clear"):

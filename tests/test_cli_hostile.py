@@ -179,6 +179,7 @@ def _hostile_checkpoints(good):
         "missing key": {**good, "state_dict": {k: v for k, v in state.items() if k != first}},
         "wrong shape": {**good, "state_dict": {**state, first: torch.zeros(7, 7)}},
         "no optimizer state": {k: v for k, v in good.items() if k != "optimizer_states"},
+        "integer weights": {**good, "state_dict": {k: v.long() for k, v in state.items()}},
         "NaN weights": {
             **good,
             "state_dict": {
@@ -189,7 +190,7 @@ def _hostile_checkpoints(good):
 
 
 @pytest.mark.parametrize(
-    "kind", ["plain dict", "list", "missing key", "wrong shape", "no optimizer state", "NaN weights"]
+    "kind", ["plain dict", "list", "missing key", "wrong shape", "no optimizer state", "integer weights", "NaN weights"]
 )
 def test_resume_and_evaluate_refuse_a_checkpoint_of_the_wrong_structure(trained, tmp_path, kind):
     run = _copy(trained, tmp_path)
@@ -215,6 +216,11 @@ def test_resume_and_evaluate_refuse_a_checkpoint_of_the_wrong_structure(trained,
         (["train", "abalone_vanilla", "--devices", "0,,x"], "--devices"),
         (["sodeep", "train", "--seq-len", "0", "--steps", "1"], "seq_len"),
         (["sodeep", "train", "--model", "bogus", "--steps", "1"], "model"),
+        (["sodeep", "train", "--threads", "0", "--steps", "1"], "num_threads"),
+        (["sodeep", "train", "--eval-num", "0", "--steps", "1"], "eval_num"),
+        (["sodeep", "evaluate", "--num", "0", "--no-real"], "num"),
+        (["compare", "abalone_vanilla", "--seeds", "0-100000000000"], "--seeds"),
+        (["compare", "abalone_vanilla", "--seeds", "3-1"], "--seeds"),
     ],
 )
 def test_flags_that_showed_a_traceback(tmp_path, args, needle):
@@ -489,3 +495,11 @@ def test_sigterm_stops_compare_at_once_with_143(tmp_path):
     assert json.loads((run / "meta.json").read_text())["status"] == "failed"
     assert not (out / "runs" / "abalone_lds").exists()  # no further run was started
     assert took < 5, f"the process took {took:.1f} s to exit after SIGTERM"
+
+
+def test_set_into_a_scalar_section_is_refused(tmp_path):
+    cfg = tmp_path / "scalar.yaml"
+    cfg.write_text("extends: abalone_vanilla\ntrainer: 3\n")
+    line = one_error(invoke(["train", cfg, *_sets(), "--out", tmp_path / "run", "--no-progress"]))
+    assert "`trainer` is int 3" in line
+    assert not (tmp_path / "run").exists()

@@ -357,16 +357,21 @@ def evaluate(
     _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")
 
 
+#: most seeds one `rankwise compare` accepts
+MAX_SEEDS = 1000
+
+
 def _parse_seeds(seeds: str) -> list[int]:
     try:
         if "-" in seeds and "," not in seeds:
-            lo, hi = seeds.split("-")
-            return list(range(int(lo), int(hi) + 1))
-        out = [int(s) for s in seeds.split(",") if s.strip()]
+            lo, hi = (int(v) for v in seeds.split("-"))
+            out = list(range(lo, hi + 1)) if 0 <= hi - lo < MAX_SEEDS else []
+        else:
+            out = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         out = []
-    if not out or any(s < 0 for s in out):
-        _fail(f"--seeds expects e.g. 0,1,2 or 0-4 (seeds >= 0), got {seeds!r}")
+    if not out or any(s < 0 for s in out) or len(out) > MAX_SEEDS:
+        _fail(f"--seeds expects e.g. 0,1,2 or 0-4 (seeds >= 0, increasing, at most {MAX_SEEDS}), got {seeds!r}")
     return out
 
 
@@ -688,9 +693,16 @@ def data_show(
     )
     from rankwise.recipes.own_data import shot_thresholds
 
-    many, few = shot_thresholds(data)
+    def histogram() -> Any:
+        from rankwise.recipes.config import ConfigError
+
+        try:
+            return shot_thresholds(data), label_histogram(data.train_labels, data.bin_width)
+        except ValueError as e:  # e.g. labels too far from the origin for the bin width
+            raise ConfigError(f"dataset {name!r}: cannot bin the training labels: {e}") from None
+
+    (many, few), hist = _run_guarded(histogram)
     con.print(f"shot groups: many > {many:.3g}, few < {few:.3g} training examples per bin", highlight=False)
-    hist = label_histogram(data.train_labels, data.bin_width)
     counts = hist.counts
     top = max(int(counts.max()) if counts.size else 1, 1)
     step = max(1, len(counts) // 60)

@@ -162,3 +162,91 @@ def test_cli_bad_input_is_one_error_line_and_writes_no_run(tmp_path: Path) -> No
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.output
     assert "cohort.csv, row 14" in lines[0] and "unknown sex value 'unknown'" in lines[0]
     assert not out.exists()
+
+
+def _patched_header(tmp_path: Path, name: str, offset: int, fmt: str, *values: float) -> None:
+    import struct
+
+    rng = np.random.default_rng(4)
+    path = tmp_path / name
+    nib.save(nib.Nifti1Image(_volume(rng), np.diag([2.0, 2.0, 2.0, 1.0])), str(path))
+    raw = bytearray(path.read_bytes())
+    struct.pack_into(fmt, raw, offset, *values)
+    if offset == 80:  # pixdim: drop qform/sform so the affine comes from pixdim
+        struct.pack_into("<2h", raw, 252, 0, 0)
+    path.write_bytes(bytes(raw))
+
+
+def test_hostile_volumes_and_rows_name_file_and_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rankwise.data.nifti as nifti
+
+    _cohort(tmp_path)
+    rng = np.random.default_rng(5)
+    nib.save(nib.Nifti1Image(_volume(rng).astype(np.complex64), np.eye(4)), str(tmp_path / "cplx.nii"))
+    _patched_header(tmp_path, "pixnan.nii", 80, "<3f", np.nan, np.nan, np.nan)
+    _patched_header(tmp_path, "huge.nii", 40, "<4h", 3, 30000, 30000, 30000)
+    nib.save(nib.Nifti1Image(_volume(rng), np.diag([1e30, 1e30, 1e30, 1.0])), str(tmp_path / "far.nii"))
+    cases = {
+        "cplx.nii,40,M,s,x1": (r"row 14: volume .*cplx\.nii holds complex64 voxels", {}),
+        "pixnan.nii,40,M,s,x1": (r"row 14: volume .*pixnan\.nii: the header's affine is not finite", {}),
+        "huge.nii,40,M,s,x1": (r"row 14: volume .*huge\.nii: its header declares \(30000, 30000, 30000\)", {}),
+        "far.nii,40,M,s,x1": (r"row 14: volume .*far\.nii: resampling .* gives more than", {"spacing": 4.0}),
+        "s1.nii.gz,40,M,s,x1,extra": (r"row 14: 6 fields, the header has 5", {}),
+    }
+    for row, (message, opts) in cases.items():
+        csv = _cohort(tmp_path, rows=["KEEP", row])
+        with pytest.raises(DataFormatError, match=r"cohort\.csv, " + message) as err:
+            load_nifti_csv(str(csv), cache_dir=str(tmp_path / "cache"), **opts)
+        assert "\n" not in str(err.value)
+    csv = _cohort(tmp_path)
+    with pytest.raises(DataFormatError, match=r"row 2: volume .*s0\.nii\.gz: resampling .* gives more than"):
+        load_nifti_csv(str(csv), cache_dir=str(tmp_path / "cache"), spacing=1e-3)
+    monkeypatch.setattr(nifti, "MAX_VOLUME_BYTES", 1000)
+    with pytest.raises(DataFormatError, match=r"row 2: volume .*s0\.nii\.gz is [\d,]+ bytes, over the limit of 1,000"):
+        load_nifti_csv(str(csv), cache_dir=str(tmp_path / "cache2"))
+
+
+def test_hostile_options_and_splits(tmp_path: Path) -> None:
+    csv = _cohort(tmp_path)
+    kw = {"cache_dir": str(tmp_path / "cache")}
+    for spacing in (float("nan"), float("inf"), "1e-3", [2.0, 2.0], True, -1.0):
+        with pytest.raises(ValueError, match="`spacing` must be a positive number of mm or three"):
+            load_nifti_csv(str(csv), spacing=spacing, **kw)
+    with pytest.raises(ValueError, match=r"`shape` \[100000, 100000, 100000\] has more than"):
+        load_nifti_csv(str(csv), shape=[100000, 100000, 100000], **kw)
+    with pytest.raises(TypeError, match="`augment` must be true or false, got 'abc'"):
+        load_nifti_csv(str(csv), augment="abc", **kw)  # type: ignore[arg-type]
+    (tmp_path / "t.csv").write_text("path,age,split\ns0.nii.gz,30,test\ns1.nii.gz,40,val\n")
+    with pytest.raises(DataFormatError, match=r"t\.csv: no row is in the train split"):
+        load_nifti_csv(str(tmp_path / "t.csv"), **kw)
+
+
+@pytest.mark.parametrize("scale", [1e6, 1e-30])
+def test_cache_keeps_intensities_float16_cannot_hold(tmp_path: Path, scale: float) -> None:
+    rng = np.random.default_rng(6)
+    vols = []
+    lines = ["path,age"]
+    for i in range(6):
+        vol = _volume(rng) * np.float32(scale / 150.0)
+        vols.append(vol)
+        _write(tmp_path / f"v{i}.nii", vol)
+        lines.append(f"v{i}.nii,{30 + i}")
+    (tmp_path / "c.csv").write_text("\n".join(lines) + "\n")
+    data = load_nifti_csv(str(tmp_path / "c.csv"), cache_dir=str(tmp_path / "k"), normalize="none", test_fraction=0.0)
+    for ds in (data.train, data.val):
+        for j in range(len(ds)):
+            x, _ = ds[j]
+            ref = torch.from_numpy(vols[int(Path(ds.subjects[j]).stem[1:])])
+            assert torch.isfinite(x["volume"]).all()
+            assert torch.allclose(x["volume"][0], ref, rtol=1e-3, atol=0.0)
+
+
+def test_cli_data_show_labels_beyond_the_bins_is_one_error_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+    from tests.cli_helpers import one_error_line
+
+    csv = _cohort(tmp_path, rows=["KEEP", "s1.nii.gz,1e30,M,s,x1"])
+    r = CliRunner().invoke(app, ["data", "show", "nifti", "-O", f"csv={csv}", "-O", f"cache_dir={tmp_path / 'k'}"])
+    assert "cannot bin the training labels" in one_error_line(r)

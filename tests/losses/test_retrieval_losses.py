@@ -209,3 +209,37 @@ def test_argument_errors() -> None:
         blackbox_ap_loss(e, y, interpolation_lambda=0.0)
     with pytest.raises(ValueError, match="num_bins"):
         fastap_loss(e, y, num_bins=0)
+
+
+@pytest.mark.parametrize("name", ["smooth_ap", "recall_at_k", "blackbox_ap", "fastap", "supcon"])
+@pytest.mark.parametrize("scale", [1e20, 1e-20])
+def test_cosine_losses_are_scale_free_at_any_finite_magnitude(name: str, scale: float) -> None:
+    # the L2 normalisation squared 1e20 to inf (all similarities 0) and 1e-20 to 0 in float32
+    from rankwise.losses import LOSSES
+
+    entry = next(e for e in LOSSES.entries() if e.name == name)
+    kw = dict(entry.example(torch.float32, torch.device("cpu")).kwargs)
+    x = torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(12) % 4
+    ref = entry.fn(x.double().requires_grad_(), labels, **kw)
+    xs = (x * scale).requires_grad_()
+    got = entry.fn(xs, labels, **kw)
+    got.backward()
+    assert torch.isfinite(xs.grad).all()
+    torch.testing.assert_close(got.double(), ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["smooth_ap_loss", "recall_at_k_loss", "blackbox_ap_loss", "fastap_loss"])
+def test_compiles_fullgraph_without_gradients(name: str) -> None:
+    # evaluation (no input requiring grad, or torch.no_grad): dynamo inlined the per-query autograd.Function
+    # and lost its arguments ("AttributeError: shape")
+    import rankwise
+
+    fn = getattr(rankwise.losses, name)
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(3))
+    labels = torch.arange(6) % 2
+    compiled = torch.compile(lambda v: fn(v, labels), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), fn(x, labels))
+    xg = x.clone().requires_grad_()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(xg), fn(xg, labels))

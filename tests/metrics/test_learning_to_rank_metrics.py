@@ -98,3 +98,25 @@ def test_map_at_k_truncation_by_hand() -> None:
     got = map_at_k(pred, true, ats=[1, 3, 5])[0].tolist()
     assert got == pytest.approx([0.0, (1 / 2 + 2 / 3) / 3, (1 / 2 + 2 / 3 + 3 / 5) / 3])
     assert map_at_k(pred, torch.zeros_like(true)).tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4), (2, 0, 5), (2, 3, 0)])
+def test_empty_lists_and_batches(shape: tuple[int, ...]) -> None:
+    from rankwise.metrics import dcg
+
+    p, t = torch.zeros(shape), torch.zeros(shape)
+    for m in (dcg, ndcg, mrr, map_at_k):
+        out = m(p, t)
+        assert out.shape == (*shape[:-1], 1), (m.__name__, out.shape)
+
+
+def test_nan_prediction_in_a_real_slot_gives_a_nan_row() -> None:
+    from rankwise.metrics import dcg
+
+    p = torch.tensor([[0.5, math.nan, 0.9, 0.1], [0.5, 0.2, 0.9, math.nan], [0.3, 0.2, 0.1, 0.0]])
+    t = torch.tensor([[1.0, 0.0, 2.0, 0.0], [1.0, 0.0, 2.0, -1.0], [0.0, 1.0, 0.0, 0.0]])
+    for m in (dcg, ndcg, mrr, map_at_k):
+        out = m(p, t, ats=[1, 3])
+        assert torch.isnan(out[0]).all(), m.__name__  # a NaN score has no rank
+        clean = m(p[1:, :3], t[1:, :3], ats=[1, 3])  # a NaN in a padded slot is never read
+        assert torch.equal(out[1:], clean), m.__name__

@@ -80,3 +80,22 @@ def test_errors() -> None:
         retrieval_metrics(torch.randn(4, 2), torch.arange(4), ks=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="distance"):
         retrieval_metrics(torch.randn(4, 2), torch.arange(4), distance="l1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("scale", [1e20, 1e-20, 1e-30])
+def test_metrics_do_not_depend_on_the_magnitude(distance: str, scale: float) -> None:
+    x = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(40) % 5
+    assert retrieval_metrics(x * scale, y, distance=distance) == retrieval_metrics(x, y, distance=distance)
+
+
+def test_a_nan_or_infinite_embedding_gives_nan_metrics() -> None:
+    x = torch.randn(10, 3, generator=torch.Generator().manual_seed(2))
+    y = torch.arange(10) % 2
+    for bad in (float("nan"), float("inf")):
+        x2 = x.clone()
+        x2[4, 1] = bad
+        m = retrieval_metrics(x2, y)
+        assert m["num_queries"] == 10.0
+        assert all(np.isnan(v) for k, v in m.items() if k != "num_queries"), m

@@ -863,3 +863,38 @@ def test_soft_ranks_stay_in_range_at_any_magnitude(reg: str, dtype: torch.dtype)
             torch.testing.assert_close(
                 r.sum(-1), torch.full((4,), n * (n + 1) / 2, dtype=torch.float64), rtol=1e-5, atol=0
             )
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+@pytest.mark.parametrize(("scale", "eps"), [(1.0, 1e-30), (1.0, 1e-3), (1e-3, 1e-6), (0.1, 1.0), (1e3, 1e-3)])
+def test_block_constant_cotangent_gives_an_exact_zero_gradient(
+    backend: str, dtype: torch.dtype, reg: str, scale: float, eps: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # soft ranks always sum to n (n + 1) / 2, so d(sum r)/dx = 0 exactly; the vector-Jacobian product of a
+    # constant cotangent must not leave a round-off of u |x| / eps (float16 -inf at eps = 1e-30 for kl)
+    monkeypatch.setattr(iso, "_BACKEND", backend)
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 9, generator=g, dtype=torch.float64) * scale).to(dtype)
+    x[:, 3] = x[:, 5]
+    x[0] = x[0].sign()  # a row of two tied blocks
+    x = x.requires_grad_()
+    y = rankwise.soft_rank(x, method="isotonic", regularization=reg, regularization_strength=eps)
+    assert torch.allclose(y.double().sum(-1), torch.full((4,), 45.0, dtype=torch.float64), rtol=1e-3)
+    (y * 2.5).sum().backward()
+    assert x.grad is not None and x.grad.dtype == dtype
+    assert torch.isfinite(x.grad).all()
+    assert x.grad.abs().max().item() <= 1e-6 / eps, x.grad
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("eps", [1e-3, 0.3, 3.0])
+def test_kl_rank_gradients_exact_on_both_paths(backend: str, eps: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(iso, "_BACKEND", backend)
+    g = torch.Generator().manual_seed(4)
+    for scale in (1.0, 1e3):  # 1e3 / 1e-3 takes the conditioned float64 path on CPU
+        x = (torch.randn(3, 6, generator=g, dtype=torch.float64) * scale).requires_grad_()
+        fn = lambda v: rankwise.soft_rank(v, method="isotonic", regularization="kl", regularization_strength=eps)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (x,))
+        assert torch.autograd.gradgradcheck(fn, (x,))

@@ -293,24 +293,28 @@ def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-unty
 @numba.njit(cache=True, nogil=True)
 def soft_rank_backward(grad_out, z, perm, ids, out, kl, scale, grad_z):  # type: ignore[no-untyped-def]
     """Vector-Jacobian product of :func:`soft_rank_forward`, times ``scale`` (the derivative of ``z``
-    in the input): l2 ``g - mean_B(g)``, kl ``g - softmax_B(s) sum_B(g)`` with ``g = grad * out``."""
+    in the input): l2 ``g - mean_B(g)``, kl ``out * (g - sum_B(softmax_B(s) g))`` with ``g = grad``
+    centred on each block (exactly 0 for a block-constant ``grad``)."""
     rows, n = z.shape
     g = np.empty(n, np.float64)
     e = np.empty(n, np.float64)  # kl: exp(z - block max), once per element
     for r in range(rows):
         for i in range(n):
             g[i] = np.float64(grad_out[r, perm[r, i]])
-            if kl:
-                g[i] *= np.float64(out[r, perm[r, i]])
         lo = 0
         while lo < n:
             hi = lo + 1
             while hi < n and ids[r, hi] == ids[r, lo]:
                 hi += 1
-            gsum = 0.0
+            # centred on the block's first cotangent: a block-constant cotangent gives exactly 0
+            # (kl: r_i = p_i sum_B rho, so the product is r_j (g_j - sum_i p_i g_i))
+            c0 = g[lo]
             for i in range(lo, hi):
-                gsum += g[i]
+                g[i] -= c0
             if not kl:
+                gsum = 0.0
+                for i in range(lo, hi):
+                    gsum += g[i]
                 mean = gsum / (hi - lo)
                 for i in range(lo, hi):
                     grad_z[r, perm[r, i]] = (g[i] - mean) * scale
@@ -322,9 +326,12 @@ def soft_rank_backward(grad_out, z, perm, ids, out, kl, scale, grad_z):  # type:
                 for i in range(lo, hi):
                     e[i] = math.exp(np.float64(z[r, perm[r, i]]) - m)
                     tot += e[i]
+                wsum = 0.0
                 for i in range(lo, hi):
-                    p = e[i] / tot
-                    grad_z[r, perm[r, i]] = (g[i] - p * gsum) * scale
+                    wsum += e[i] * g[i]
+                wsum /= tot
+                for i in range(lo, hi):
+                    grad_z[r, perm[r, i]] = np.float64(out[r, perm[r, i]]) * (g[i] - wsum) * scale
             lo = hi
 
 

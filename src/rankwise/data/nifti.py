@@ -12,9 +12,10 @@ absolute), ``age`` and optionally ``sex`` (M/F, male/female, 1/0 with 1 = male),
 4. intensities: z-score over the voxels > 0 (the brain, after skull stripping), voxels <= 0 kept
    as they are, as the TSAN authors' loader (``normalize="brain_zscore"``; ``"none"`` keeps them).
 
-The preprocessed volumes are float16 ``.npy`` files in ``cache_dir`` keyed by the file's bytes and
-the options, read back as memory maps, so epochs after the first never decode gzip again. Any bad
-row raises :class:`~rankwise.data.DataFormatError` naming the CSV, the row and the volume.
+The preprocessed volumes are float16 ``.npy`` files (float32 where float16 cannot hold them) in
+``cache_dir`` keyed by the file's bytes and the options, read back as memory maps, so epochs after
+the first never decode gzip again. Any bad row raises :class:`~rankwise.data.DataFormatError`
+naming the CSV, the row and the volume.
 
 :func:`make_brain_age_synthetic` writes an offline cohort built from the MNI152 templates that
 the ``nilearn`` wheel ships (see its docstring for the age model). nibabel, nilearn and TorchIO
@@ -50,6 +51,10 @@ __all__ = [
 SEX_VALUES = {"m": 1, "male": 1, "1": 1, "f": 0, "female": 0, "0": 0}
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 _CACHE_VERSION = "1"
+#: largest volume file (on disk) and largest decoded volume (header dims x voxel size), bytes
+MAX_VOLUME_BYTES = 2**30
+#: largest preprocessed grid (voxels) that ``shape`` / ``spacing`` may ask for
+MAX_GRID_VOXELS = 2**27
 
 
 def parse_sex(value: str) -> int | None:
@@ -167,11 +172,33 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
         raise DataFileNotFoundError(csv_path, row, f"volume {path} does not exist")
     try:
         img = nib.load(str(path))
+        dims = tuple(int(d) for d in img.shape)
+        kind = np.dtype(img.get_data_dtype()).kind
+        declared = math.prod(dims) * np.dtype(img.get_data_dtype()).itemsize
+    except Exception as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise DataFormatError(csv_path, row, f"volume {path} cannot be read (truncated or corrupt?): {msg}") from None
+    if declared > MAX_VOLUME_BYTES:
+        raise DataFormatError(
+            csv_path,
+            row,
+            f"volume {path}: its header declares {dims} voxels ({declared:,} bytes), larger than "
+            f"the limit of {MAX_VOLUME_BYTES:,} bytes",
+        )
+    if kind not in "iuf":
+        raise DataFormatError(
+            csv_path, row, f"volume {path} holds {np.dtype(img.get_data_dtype())} voxels; expected real intensities"
+        )
+    try:
         data = np.asarray(img.get_fdata(dtype=np.float32))
         affine = np.asarray(img.affine, dtype=np.float64)
     except Exception as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise DataFormatError(csv_path, row, f"volume {path} cannot be read (truncated or corrupt?): {msg}") from None
+    if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
+        raise DataFormatError(
+            csv_path, row, f"volume {path}: the header's affine is not finite or not invertible (voxel sizes)"
+        )
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
     if data.ndim != 3:
@@ -195,6 +222,12 @@ def _read_rows(csv_path: Path) -> list[dict[str, Any]]:
             reader.fieldnames = header
             rows = []
             for i, raw in enumerate(reader, start=2):
+                if raw.get(None):  # type: ignore[call-overload]
+                    raise DataFormatError(
+                        csv_path,
+                        i,
+                        f"{len(header) + len(raw[None])} fields, the header has {len(header)}",  # type: ignore[index]
+                    )
                 rows.append({k: (v or "").strip() for k, v in raw.items() if isinstance(k, str)} | {"_row": i})
     except UnicodeDecodeError as e:
         raise DataFormatError(csv_path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
@@ -259,6 +292,46 @@ def _assign_splits(items: list[dict[str, Any]], csv_path: Path, val: float, test
             it["split"] = split
 
 
+def _check_spacing(spacing: Any) -> float | tuple[float, ...] | None:
+    """``spacing``: None, a positive finite number of mm, or three of them."""
+    if spacing is None:
+        return None
+    vals = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing]
+    ok = len(vals) in (1, 3) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in vals
+    )
+    if not ok:
+        raise ValueError(f"`spacing` must be a positive number of mm or three of them, got {spacing!r}")
+    return float(vals[0]) if len(vals) == 1 else tuple(float(v) for v in vals)
+
+
+def _check_grid(dims: tuple[int, ...], affine: np.ndarray, spacing: Any, where: tuple[Path, int], path: Path) -> None:
+    """Refuse a resampling to ``spacing`` whose grid would exceed :data:`MAX_GRID_VOXELS`."""
+    if spacing is None:
+        return
+    zooms = np.sqrt((affine[:3, :3] ** 2).sum(0))
+    target = np.broadcast_to(np.asarray(spacing, dtype=np.float64), (3,))
+    with np.errstate(over="ignore", invalid="ignore"):
+        voxels = float(np.prod(np.asarray(dims[:3], dtype=np.float64) * zooms / target))
+    if not math.isfinite(voxels) or voxels > MAX_GRID_VOXELS:
+        raise DataFormatError(
+            where[0],
+            where[1],
+            f"volume {path}: resampling its {dims} voxels of {np.round(zooms, 4).tolist()} mm "
+            f"to `spacing` {spacing} gives more than {MAX_GRID_VOXELS:,} voxels",
+        )
+
+
+def _cache_array(vol: np.ndarray) -> np.ndarray:
+    """float16 when the largest ``|voxel|`` lies in [2**-4, 65504] (or all are 0): a relative precision of
+    about 1e-3 for every voxel that matters; otherwise float32 (raw intensities beyond the float16 range
+    became inf, tiny ones 0)."""
+    amax = float(np.abs(vol).max()) if vol.size else 0.0
+    if amax == 0.0 or 2.0**-4 <= amax <= float(np.finfo(np.float16).max):
+        return vol.astype(np.float16)
+    return vol.astype(np.float32)
+
+
 def _default_cache() -> Path:
     base = os.environ.get("RANKWISE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rankwise")
     return Path(base) / "volumes"
@@ -282,8 +355,9 @@ def load_nifti_csv(
 
     Options: ``shape`` ([D, H, W] grid, centred crop/pad or, with ``resize="resample"``, a
     resample), ``spacing`` (mm, resampled first), ``normalize`` ("brain_zscore": z-score over the
-    voxels > 0 as the TSAN authors' loader; "none"), ``cache_dir`` (float16 preprocessed volumes;
-    default ``$RANKWISE_CACHE/volumes`` or ``~/.cache/rankwise/volumes``), ``val_fraction`` /
+    voxels > 0 as the TSAN authors' loader; "none"), ``cache_dir`` (float16 preprocessed volumes,
+    float32 where float16 cannot hold the intensities; default ``$RANKWISE_CACHE/volumes`` or
+    ``~/.cache/rankwise/volumes``), ``val_fraction`` /
     ``test_fraction`` / ``seed`` (the seeded split by subject when the CSV has no ``split``
     column: no subject in two splits), ``augment`` (random left-right flips and small affine
     transforms of the training volumes, TorchIO). Items are ``({"volume": (1, D, H, W),
@@ -292,8 +366,10 @@ def load_nifti_csv(
 
     Raises :class:`~rankwise.data.DataFormatError` naming the CSV row and the volume for a missing,
     truncated or corrupt file, a volume that is not 3-D, NaN/inf voxels, a shape that differs
-    from the cohort's without ``shape``, a negative or non-numeric age, an unknown sex value, or a
-    subject in two splits.
+    from the cohort's without ``shape``, a negative or non-numeric age, an unknown sex value, a
+    subject in two splits, a row with more fields than the header, complex voxels, a header whose
+    affine is not finite or not invertible, a file over :data:`MAX_VOLUME_BYTES` on disk or as
+    declared by its header, a resampling beyond :data:`MAX_GRID_VOXELS`, or no training row.
     """
     csv_path = Path(csv)
     for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
@@ -301,6 +377,11 @@ def load_nifti_csv(
             raise ValueError(f"`{name}` must be in [0, 1), got {frac!r}")
     if shape is not None and (len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape)):
         raise ValueError(f"`shape` must be three positive ints [D, H, W], got {shape!r}")
+    if shape is not None and math.prod(shape) > MAX_GRID_VOXELS:
+        raise ValueError(f"`shape` {list(shape)} has more than {MAX_GRID_VOXELS:,} voxels")
+    spacing = _check_spacing(spacing)
+    if not isinstance(augment, bool):
+        raise TypeError(f"`augment` must be true or false, got {augment!r}")
     if resize not in ("crop_or_pad", "resample"):
         raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {resize!r}")
     if normalize not in ("brain_zscore", "none"):
@@ -309,6 +390,8 @@ def load_nifti_csv(
     items = [_parse_row(r, csv_path, root) for r in _read_rows(csv_path)]
     split_rule = "csv" if all(it["split"] for it in items) else "subject"
     _assign_splits(items, csv_path, val_fraction, test_fraction, seed)
+    if not any(it["split"] == "train" for it in items):
+        raise DataFormatError(csv_path, None, "no row is in the train split")
     cache = Path(cache_dir) if cache_dir else _default_cache()
     cache.mkdir(parents=True, exist_ok=True)
     opts = json.dumps(
@@ -321,13 +404,25 @@ def load_nifti_csv(
         where = (csv_path, it["row"])
         if not it["path"].is_file():
             raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
+        size = it["path"].stat().st_size
+        if size > MAX_VOLUME_BYTES:
+            raise DataFormatError(
+                csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
+            )
         key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
         target = cache / f"{key}.npy"
         if not target.is_file():
             data, affine = _read_volume(it["path"], where)
-            vol = preprocess_volume(data, affine, spacing=spacing, shape=shape, resize=resize, normalize=normalize)
+            _check_grid(data.shape, affine, spacing, where, it["path"])
+            try:
+                vol = preprocess_volume(data, affine, spacing=spacing, shape=shape, resize=resize, normalize=normalize)
+            except (ValueError, ArithmeticError, RuntimeError) as e:
+                msg = " ".join(str(e).split()) or type(e).__name__
+                raise DataFormatError(
+                    csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}"
+                ) from None
             tmp = target.with_suffix(f".{os.getpid()}.tmp.npy")
-            np.save(tmp, vol.astype(np.float16))
+            np.save(tmp, _cache_array(vol))
             os.replace(tmp, target)
         vshape = tuple(np.load(target, mmap_mode="r").shape)
         if grid is None:

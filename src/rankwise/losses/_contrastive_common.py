@@ -28,14 +28,23 @@ def as_views(features: torch.Tensor, name: str = "features", *, normalize: bool 
     return x
 
 
+def robust_norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.linalg.vector_norm(x, dim=dim, keepdim=True)`` computed as ``s * |x / s|`` with ``s`` the
+    (detached) largest ``|x|`` of the vector: no overflow of the squares at ``|x| ~ 1e20`` in float32
+    (inf, then cosine similarities of 0) nor underflow at ``1e-20`` (a norm of 0). Same gradient."""
+    s = x.detach().abs().amax(dim=dim, keepdim=True)
+    s = torch.where((s > 0) & torch.isfinite(s), s, torch.ones_like(s))
+    return s * torch.linalg.vector_norm(x / s, dim=dim, keepdim=True)
+
+
 def safe_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``F.normalize(x, dim)`` with a zero (not ``1 / 1e-12``) gradient at an all-zero vector.
 
     ``F.normalize`` divides by ``max(|x|, 1e-12)``, so an exactly-zero feature vector (a dead ReLU
     layer, or zero-padding) gets gradients of order 1e12: finite in float32, ``inf`` once cast back
-    to float16. Its value is 0 either way.
+    to float16. Its value is 0 either way. The norm is :func:`robust_norm` (any finite magnitude).
     """
-    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    norm = robust_norm(x, dim)
     nonzero = norm > 0
     return torch.where(nonzero, x / torch.where(nonzero, norm, torch.ones_like(norm)), torch.zeros_like(x))
 

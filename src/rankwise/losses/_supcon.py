@@ -26,6 +26,7 @@ from rankwise.losses._contrastive_common import (
     as_labels,
     as_views,
     random_features,
+    robust_norm,
     sample_mask,
     zero_with_graph,
 )
@@ -256,7 +257,7 @@ class _SupCon(torch.autograd.Function):
         contrast = x.reshape(n_samples * v, d)
         norm = radial = None
         if normalize:  # z = x / |x| (as safe_normalize: an all-zero vector stays 0 and gets a zero gradient)
-            raw_norm = torch.linalg.vector_norm(contrast, dim=1, keepdim=True)
+            raw_norm = robust_norm(contrast, dim=1)
             radial = raw_norm > 0
             norm = torch.where(radial, raw_norm, torch.ones_like(raw_norm))
             contrast = contrast / norm
@@ -427,7 +428,7 @@ class _SupConOutSmall(torch.autograd.Function):
         n, m = b * v, b * va
         xf = x.reshape(n, d)
         if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-            norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
+            norm = robust_norm(xf, dim=1)
             norm.masked_fill_(norm == 0, math.inf)
             z = xf / norm
         else:

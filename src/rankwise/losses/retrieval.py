@@ -135,18 +135,10 @@ class _PerQuery(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, sim: torch.Tensor, block_fn: Any, need_grad: bool, *masks: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        m, n = sim.shape
-        step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
-        values, grads = [], []
-        for start in range(0, max(m, 1), step):
-            rows = slice(start, start + step)
-            v, g = block_fn(sim[rows], *[t[rows] for t in masks], need_grad)
-            values.append(v)
-            if g is not None:
-                grads.append(g)
+        values, grads = _blocks(sim, block_fn, need_grad, masks)
         if need_grad:
-            ctx.save_for_backward(torch.cat(grads, 0))
-        return torch.cat(values, 0)
+            ctx.save_for_backward(grads)
+        return values
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -155,8 +147,26 @@ class _PerQuery(torch.autograd.Function):
         return (grads * grad_values[:, None], None, None, *[None] * (len(ctx.needs_input_grad) - 3))
 
 
+def _blocks(
+    sim: torch.Tensor, block_fn: Any, need_grad: bool, masks: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``block_fn`` over blocks of query rows: the per-query values and (``need_grad``) their gradients."""
+    m, n = sim.shape
+    step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
+    values, grads = [], []
+    for start in range(0, max(m, 1), step):
+        rows = slice(start, start + step)
+        v, g = block_fn(sim[rows], *[t[rows] for t in masks], need_grad)
+        values.append(v)
+        if g is not None:
+            grads.append(g)
+    return torch.cat(values, 0), (torch.cat(grads, 0) if need_grad else None)
+
+
 def _per_query(block_fn: Any, sim: torch.Tensor, *masks: torch.Tensor) -> torch.Tensor:
     need_grad = sim.requires_grad and torch.is_grad_enabled()
+    if not need_grad:  # no autograd.Function: dynamo inlines one without grad and loses its arguments
+        return _blocks(sim, block_fn, False, masks)[0]
     return _PerQuery.apply(sim, block_fn, need_grad, *masks)
 
 

@@ -5,11 +5,13 @@ whose ``y_true`` equals ``padding_indicator`` (default ``-1``) is padding and is
 real item. The conventions (gain :math:`2^y - 1`, discount :math:`1/\log_2(r + 1)` at 1-based rank
 :math:`r`, ``ats`` clipped to the list length, the order among tied predictions given by
 ``torch.sort(descending=True)``) are those of allRank 1.4.3 (``allrank.models.metrics``), so its
-users can swap the import; the outputs are ``(batch, len(ats))``.
+users can swap the import; the outputs are ``(batch, len(ats))``. A list with a NaN prediction in a
+real slot has no ranking: its row is NaN (the padded slots' predictions are never read).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,8 +54,9 @@ def _flat_lists(y_pred: Any, y_true: Any, padding_indicator: Any) -> tuple[torch
         raise TypeError(f"`padding_indicator` must be a number, got {type(padding_indicator).__name__}")
     dt = common_compute_dtype(y_pred, y_true)
     n = y_pred.shape[-1]
-    p = y_pred.detach().to(dt).reshape(-1, n)
-    t = y_true.detach().reshape(-1, n)
+    rows = math.prod(y_pred.shape[:-1])
+    p = y_pred.detach().to(dt).reshape(rows, n)
+    t = y_true.detach().reshape(rows, n)
     valid = t != padding_indicator
     return p, t.to(dt), valid
 
@@ -80,7 +83,9 @@ def _dcg_flat(
     return cum[:, torch.tensor(ats, device=ts.device) - 1]
 
 
-def _unflatten(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _unflatten(out: torch.Tensor, like: torch.Tensor, p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``out`` with a NaN row where a real slot's prediction is NaN (no rank), in the leading dims of ``like``."""
+    out = torch.where((torch.isnan(p) & valid).any(dim=-1, keepdim=True), float("nan"), out)
     return out.reshape(*like.shape[:-1], out.shape[-1]) if like.dim() > 2 else out
 
 
@@ -109,7 +114,7 @@ def dcg(
         tensor([[0.6309]])
     """
     p, t, valid = _flat_lists(y_pred, y_true, padding_indicator)
-    return _unflatten(_dcg_flat(p, t, valid, _check_ats(ats, p.shape[-1]), gain_function), y_pred)
+    return _unflatten(_dcg_flat(p, t, valid, _check_ats(ats, p.shape[-1]), gain_function), y_pred, p, valid)
 
 
 def ndcg(
@@ -146,7 +151,7 @@ def ndcg(
     got = _dcg_flat(p, t, valid, a, gain_function)
     zero = ideal == 0
     out = torch.where(zero, torch.full_like(got, float(filler_value)), got / torch.where(zero, 1.0, ideal))
-    return _unflatten(out, y_pred)
+    return _unflatten(out, y_pred, p, valid)
 
 
 def mrr(
@@ -182,13 +187,13 @@ def mrr(
     a = _check_ats(ats, max(p.shape[-1], 1)) if ats is not None else [p.shape[-1]]
     ts, _ = _true_sorted_by_pred(p, t, valid)
     if ts.shape[-1] == 0:
-        return _unflatten(ts.new_zeros(ts.shape[0], len(a)), y_pred)
+        return _unflatten(ts.new_zeros(ts.shape[0], len(a)), y_pred, p, valid)
     best, first = ts.max(dim=-1)
     rank = first.to(ts.dtype) + 1.0
     rr = torch.where(best > 0, 1.0 / rank, torch.zeros_like(rank))
     at = torch.tensor(a, device=ts.device, dtype=ts.dtype)
     out = rr[:, None] * (rank[:, None] <= at).to(ts.dtype)
-    return _unflatten(out, y_pred)
+    return _unflatten(out, y_pred, p, valid)
 
 
 def map_at_k(
@@ -225,7 +230,7 @@ def map_at_k(
     n = p.shape[-1]
     a = _check_ats(ats, max(n, 1)) if ats is not None else [max(n, 1)]
     if n == 0:
-        return _unflatten(p.new_full((p.shape[0], len(a)), float(filler_value)), y_pred)
+        return _unflatten(p.new_full((p.shape[0], len(a)), float(filler_value)), y_pred, p, valid)
     ts, vs = _true_sorted_by_pred(p, t, valid)
     rel = ((ts > 0) & vs).to(p.dtype)
     hits = torch.cumsum(rel, dim=-1)
@@ -236,4 +241,4 @@ def map_at_k(
     denom = torch.minimum(at.to(p.dtype)[None, :], n_rel)
     got = cum_ap[:, at - 1]
     out = torch.where(denom > 0, got / denom.clamp(min=1.0), torch.full_like(got, float(filler_value)))
-    return _unflatten(out, y_pred)
+    return _unflatten(out, y_pred, p, valid)

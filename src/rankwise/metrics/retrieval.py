@@ -40,7 +40,8 @@ def retrieval_metrics(
     * ``r_precision``: mean fraction of positives among the first :math:`R` neighbours.
 
     Averages run over the queries with at least one positive (as ``AccuracyCalculator``, which
-    leaves out "lone" query labels); ``num_queries`` is their number (``nan`` metrics when it is 0).
+    leaves out "lone" query labels); ``num_queries`` is their number (``nan`` metrics when it is 0, and
+    when an embedding is NaN or infinite: distances to it have no order).
     Queries are processed in blocks of ``block_size`` rows against all embeddings, keeping only the
     :math:`\max(R, k)` nearest neighbours of each block, so memory is
     :math:`O(\text{block\_size} \cdot B)` (100k embeddings fit easily); computed in float64 for
@@ -76,16 +77,22 @@ def retrieval_metrics(
     x = embeddings.detach().to(dt)
     y = y.to(x.device)
     n = x.shape[0]
-    if distance == "cosine":
-        x = torch.nn.functional.normalize(x, dim=1)
+    # one positive scale for every embedding keeps both orders and keeps |x|^2 representable (1e20 or
+    # 1e-20 in float32 overflowed / underflowed to distances of inf - inf or 0)
+    top = x.abs().amax() if x.numel() else x.new_ones(())
+    finite = bool(torch.isfinite(top))
+    if finite and float(top) > 0:
+        x = x / top
+    if distance == "cosine":  # each row scaled to max |x| = 1 first: no row's norm underflows
+        x = torch.nn.functional.normalize(x / x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(dt).tiny), dim=1)
     _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
     r_all = counts[inverse] - 1  # other embeddings of the same label
     valid = r_all > 0
     nq = int(valid.sum())
     out = {f"recall@{k}": 0.0 for k in ks}
     out.update({"map@r": 0.0, "r_precision": 0.0})
-    if nq == 0:
-        return {**{k: float("nan") for k in out}, "num_queries": 0.0}
+    if nq == 0 or not finite:  # no query with a positive, or a NaN/inf embedding (no order)
+        return {**{k: float("nan") for k in out}, "num_queries": float(nq)}
     k_top = min(n - 1, max(int(r_all.max()), *ks))
     sq = (x * x).sum(1)
     sums = torch.zeros(len(ks) + 2, dtype=torch.float64, device=x.device)

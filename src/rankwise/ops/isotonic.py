@@ -270,6 +270,47 @@ class _PermutahedronProjection(torch.autograd.Function):
         return grad_s, grad_w, None
 
 
+def _centred(grad: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``grad`` minus its block maximum: exactly 0 where ``grad`` is constant on a block, so the
+    Jacobian products below do not turn the round-off of a constant cotangent into ``u / eps``."""
+    gf = grad.reshape(-1)
+    top = torch.full_like(gf, -math.inf).scatter_reduce_(0, flat, gf, reduce="amax", include_self=True)
+    return grad - top.index_select(0, flat).reshape(grad.shape)
+
+
+class _KLRankProjection(torch.autograd.Function):
+    r"""``r = exp(s - v(s, w))`` (KL soft ranks, both sorted decreasingly; ``w`` receives no gradient).
+
+    Per PAV block ``B``, :math:`r_i = p_i \sum_B e^{w}` with :math:`p = \mathrm{softmax}_B(s)`, so the
+    vector-Jacobian product is :math:`r_j (g_j - \sum_{i \in B} p_i g_i)`, evaluated on the block-centred
+    cotangent: exactly 0 for a cotangent constant on each block (the sum of the ranks is constant), where
+    ``g * r - p * sum(g * r)`` left a round-off of ``u |s|`` that ``1 / eps`` scales past the float16 range.
+    """
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        tk = _triton_for(s)
+        if tk is not None:
+            mu, state = tk.projection_forward(s, w, True)
+            ids = state[0].long()
+        else:
+            mu, ids = _isotonic(s, w, "kl")
+        r = torch.exp(mu)
+        ctx.save_for_backward(s, w, ids, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        s, w, ids, r = ctx.saved_tensors
+        flat = _flat_ids(ids)
+        s64 = s.double()  # as the forward's block statistics: softmax of |s| ~ 1e3 loses u |s| in float32
+        if grad.requires_grad or s.requires_grad:  # double backward: r from differentiable ops of s
+            r = torch.exp(s64 - _seg_logsumexp(s64, flat) + _seg_logsumexp(w.double().expand_as(s), flat))
+        d = _centred(grad.double(), flat)
+        p = torch.exp(s64 - _seg_logsumexp(s64, flat))
+        return (r.double() * (d - _seg_sum(p * d, flat))).to(s.dtype), None
+
+
 # --------------------------------------------------------------------------------------------------
 # conditioning: far-apart entries and large offsets (the strength negligible relative to the spread)
 # --------------------------------------------------------------------------------------------------
@@ -420,9 +461,11 @@ def _soft_rank_composite(xc: torch.Tensor, eps: float, descending: bool, regular
     y, perm = sorted_values_last(-xc if descending else xc, descending=True)
     s = _condition_rank_inputs(y, eps, _gap_limit(n, regularization == "kl"))
     w = _rank_weights(n, xc.dtype, xc.device, regularization == "kl")
+    if regularization == "kl":
+        r = _KLRankProjection.apply(s, w)
+        return torch.empty_like(r).scatter(-1, perm, r)
     mu = _PermutahedronProjection.apply(s, w, regularization)
-    out = torch.empty_like(mu).scatter(-1, perm, mu)
-    return torch.exp(out) if regularization == "kl" else out
+    return torch.empty_like(mu).scatter(-1, perm, mu)
 
 
 def _rank_weights(n: int, dtype: torch.dtype, device: torch.device, kl: bool) -> torch.Tensor:

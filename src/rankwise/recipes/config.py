@@ -852,6 +852,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
             if isinstance(node, list):
                 node = _select(node, part, item)
                 continue
+            if node.get(part) is not None and not isinstance(node[part], (dict, list)):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"--set {item}: `{where}` is {type(node[part]).__name__} {_short(node[part])} in the config, "
+                    "not a mapping"
+                )
             if not isinstance(node.get(part), (dict, list)):
                 node[part] = [] if _is_list_field(parts[: i + 1]) else {}
             node = node[part]

@@ -171,7 +171,8 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str | Path) -> None:
-    """``state`` has exactly the keys of ``module.state_dict()`` with the same shapes, else :class:`CheckpointError`."""
+    """``state`` has exactly the keys of ``module.state_dict()`` with the same shapes and kinds of dtype
+    (floating or not), else :class:`CheckpointError`."""
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -187,6 +188,11 @@ def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor],
             raise CheckpointError(
                 f"checkpoint {path} does not fit this run's model: {k!r} has shape {tuple(state[k].shape)}, "
                 f"the model's is {tuple(v.shape)}"
+            )
+        if state[k].is_floating_point() != v.is_floating_point():  # integer weights would load truncated
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this run's model: {k!r} has dtype {state[k].dtype}, "
+                f"the model's is {v.dtype}"
             )
 
 

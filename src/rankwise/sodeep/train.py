@@ -117,6 +117,8 @@ def evaluate_sorter(sorter: Sorter, *, num: int = 512, seed: int = 0, real: bool
     result maps each family (and ``"real:<name>"``) to its metrics; ``"families_mean"`` averages
     the synthetic families.
     """
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(f"`num` (held-out sequences per family) must be an int >= 1, got {num!r}")
     sorter = sorter.eval()
     n = sorter.seq_len
     g = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
@@ -234,6 +236,10 @@ def train_sorter(
         raise ValueError(f"`model` must be one of 'gru', 'lstm', 'mlp' for training; got {model!r}")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"`steps` and `batch_size` must be >= 1, got steps={steps}, batch_size={batch_size}")
+    if eval_num < 1:
+        raise ValueError(f"`eval_num` (held-out sequences per family) must be >= 1, got {eval_num}")
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"`num_threads` must be >= 1, got {num_threads}")
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     out = Path(out)

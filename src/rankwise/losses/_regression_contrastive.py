@@ -22,10 +22,10 @@ from rankwise._validation import (
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
+    global_batch_on,
 )
 from rankwise.losses._contrastive_common import (
     as_labels,
@@ -71,7 +71,7 @@ def _l2_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
 
 def _global_views(x: torch.Tensor, distributed: DistributedFlag) -> tuple[torch.Tensor, BatchLayout | None]:
     """Gather the (B, V, D) views of every rank (with gradient) when ``distributed`` resolves to on."""
-    if not _global_batch_on(distributed):
+    if not global_batch_on(distributed):
         return x, None
     layout = batch_layout(x.shape[0], device=x.device)
     return all_gather_with_grad(x, sizes=layout), layout

@@ -33,17 +33,17 @@ from rankwise._validation import (
 )
 from rankwise.distributed import (
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
     broadcast,
     get_world_size,
+    global_batch_on,
     scale_grad,
 )
 from rankwise.losses._contrastive_common import safe_normalize
 from rankwise.losses._registry import register_loss
-from rankwise.ops.ranking import _BlackboxRank, blackbox_rank, rank
+from rankwise.ops.ranking import BlackboxRankFunction, blackbox_rank, rank
 from rankwise.ops.soft import list_soft_methods, soft_rank
 
 __all__ = [
@@ -215,7 +215,7 @@ def ranksim_loss(
     # label distances in the labels' own precision: float64 for integer labels (exact up to 2**53)
     y = to_compute(y) if y.is_floating_point() else y.to(torch.float64)
     x = to_compute(features)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         return _ranksim_global(x, y, lam, unique_labels, generator)
     if batch == 0:
         return x.sum() * 0
@@ -247,7 +247,7 @@ def _ranksim_rows(
     # (the internal node skips blackbox_rank's NaN-slice passes: a non-finite feature makes the
     # whole loss NaN anyway, see batch_loss)
     masked = torch.where(col, sim, neg_inf) * scale
-    feat_rank = _BlackboxRank.apply(masked, lam, True, True, False) * scale
+    feat_rank = BlackboxRankFunction.apply(masked, lam, True, True, False) * scale
     label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
     diff = (feat_rank - label_rank).masked_fill_(~pair, 0).reshape(-1)
@@ -450,7 +450,7 @@ def spearman_loss(
     _check_ranker(ranker, ranker_kwargs)
     w = check_positive(l1_weight, "l1_weight", allow_zero=True)
     p, t = _pred_target(pred, target)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         return _spearman_global(p, t, ranker, w, ranker_kwargs)
     if p.numel() == 0 or p.shape[-1] <= 1:
         mse = _soft_ranks(p, ranker, ranker_kwargs).sum() * 0  # the ranker still checks its options
@@ -552,7 +552,7 @@ def spearman_correlation(
     """
     _check_ranker(ranker, ranker_kwargs)
     p, t = _pred_target(pred, target)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         p, t, _ = _gather_last(p, t)
     if p.numel() == 0 or p.shape[-1] <= 1:
         out = _soft_ranks(p, ranker, ranker_kwargs).sum(-1) * 0  # the ranker still checks its options
@@ -647,7 +647,7 @@ def pairwise_difference_loss(
     cols: slice = slice(None)
     world = 1
     n_local = p.shape[-1]
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         world = get_world_size()
         p, t, cols = _gather_last(p, t)
     n = p.shape[-1]

@@ -38,17 +38,17 @@ from rankwise._validation import (
 )
 from rankwise.distributed import (
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
     get_world_size,
+    global_batch_on,
     scale_grad,
 )
 from rankwise.losses._contrastive_common import as_labels, random_features, safe_normalize, zero_with_graph
 from rankwise.losses._registry import register_loss
-from rankwise.ops.ranking import _BlackboxRank, _rank_last
+from rankwise.ops.ranking import BlackboxRankFunction, rank_last
 
 __all__ = [
     "BlackboxAPLoss",
@@ -97,7 +97,7 @@ def _batch(
     z = safe_normalize(to_compute(x), dim=1)
     world, rows = 1, slice(None)
     zg, yg = z, y
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         world = get_world_size()
         layout = batch_layout(b, device=x.device)
         zg = all_gather_with_grad(z, sizes=layout)
@@ -430,8 +430,8 @@ def blackbox_ap_loss(
     scores = bt.sim - alpha * (posf - 0.5)
     if not include_query:  # the query's own column ranks last and takes no part
         scores = scores.masked_fill(bt.own, -math.inf)
-    ranks = _BlackboxRank.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
-    within = _rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
+    ranks = BlackboxRankFunction.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
+    within = rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
     ap = (within / ranks * posf).sum(1) / posf.sum(1).clamp(min=1)
     share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt, scale=False)  # world: on the gathered gradient
     return share + (bt.world - 1) * share.detach()  # value: world * share; gradient: see grad_scale

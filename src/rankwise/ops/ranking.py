@@ -34,7 +34,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return rank_dtype(x.dtype)
 
 
-def _rank_last(
+def rank_last(
     x: torch.Tensor, descending: bool, ties: str, normalize: bool = False, *, nan_check: bool = True
 ) -> torch.Tensor:
     """Ranks (1..n, float; divided by n when ``normalize``) along the last dim of ``x`` (any leading dims).
@@ -126,13 +126,13 @@ def rank(
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
     xt = x.detach().movedim(d, -1)
-    return _rank_last(xt, descending, ties, normalize).movedim(-1, d)
+    return rank_last(xt, descending, ties, normalize).movedim(-1, d)
 
 
-class _BlackboxRank(torch.autograd.Function):
+class BlackboxRankFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool, nan_check: bool = True):  # type: ignore[override]
-        r = _rank_last(x, descending, "ordinal", normalize, nan_check=nan_check).to(x.dtype)
+        r = rank_last(x, descending, "ordinal", normalize, nan_check=nan_check).to(x.dtype)
         ctx.lambda_val = lambda_val
         ctx.descending = descending
         ctx.normalize = normalize
@@ -145,7 +145,7 @@ class _BlackboxRank(torch.autograd.Function):
         x, r = ctx.saved_tensors
         lam = ctx.lambda_val
         x_prime = x + lam * grad_output.to(x.dtype)
-        r_prime = _rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize, nan_check=ctx.nan_check)
+        r_prime = rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize, nan_check=ctx.nan_check)
         return (r_prime - r).mul_(1.0 / lam), None, None, None, None
 
 
@@ -197,7 +197,7 @@ def blackbox_rank(
     xt = to_compute(x.movedim(d, -1))  # fp16/bf16: ranks (and their blackbox backward) in float32
     if xt.numel() == 0:
         return xt * 0
-    r = _BlackboxRank.apply(xt, lam, descending, normalize)
+    r = BlackboxRankFunction.apply(xt, lam, descending, normalize)
     return r.movedim(-1, d)
 
 

@@ -274,7 +274,7 @@ def _solve_sym(s: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """``s^{-1} rhs`` for symmetric ``s`` (batched LDL^T with Bunch-Kaufman pivoting) without host
     synchronization; a failed solve gives non-finite entries.
 
-    Not ``torch.linalg.solve``: on CPU with more than one thread, torch 2.15's batched LU returns
+    Not ``torch.linalg.solve``: on CPU with more than one thread, torch's batched LU has returned
     invalid pivots for matrices of size 256 and more (``solve`` then raises "Pivots given to
     lu_solve must all be greater or equal to 1"); the symmetric factorization is unaffected, and
     is the natural one for this symmetric system anyway.

@@ -52,7 +52,7 @@ PLUGIN_MODULES: list[str] = ["rankwise.sodeep.hub"]
 
 
 @constant_result
-def _load_plugins() -> bool:
+def load_plugins() -> bool:
     """Import :data:`PLUGIN_MODULES` once, so that their methods are available however rankwise was
     imported (``import rankwise.ops`` alone, or the lazy top-level package). Under ``torch.compile``
     the tracer runs it eagerly (a constant of the trace: imports cannot be traced)."""
@@ -82,13 +82,13 @@ def register_soft_method(
 
 def list_soft_methods() -> list[str]:
     """Methods accepted by :func:`soft_sort` / :func:`soft_rank`."""
-    _load_plugins()
+    load_plugins()
     return sorted(_METHODS)
 
 
 def _impl(method: Any, kind: str) -> SoftImpl:
     if method not in _METHODS:
-        _load_plugins()
+        load_plugins()
     if method not in _METHODS or getattr(_METHODS[method], kind) is None:
         valid = ", ".join(repr(m) for m in sorted(m for m, v in _METHODS.items() if getattr(v, kind)))
         raise ValueError(f"`method` must be one of {valid} for soft_{kind}; got {method!r}")

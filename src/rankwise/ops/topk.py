@@ -18,6 +18,9 @@ from rankwise._validation import (
     check_dim,
     check_floating,
     check_floating_nd,
+    check_generator,
+    check_int,
+    check_k,
     check_positive,
     check_same_device,
     check_tensor,
@@ -26,26 +29,12 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.permutation import (
-    _check_generator,
-    _check_int,
-    _gumbel,
-    _neural_sort_rows,
-    _softsort_rows,
-)
+from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 
 __all__ = ["DKNN", "DKNNClassScores", "SoftTopK", "dknn", "dknn_class_scores", "soft_topk"]
 
 TopKMethod = Literal["neuralsort", "softsort"]
 DKNNMethod = Literal["deterministic", "stochastic"]
-
-
-def _check_k(k: Any, n: int, what: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"`k` must be an int, got {type(k).__name__}")
-    if not 1 <= k <= n:
-        raise ValueError(f"`k` must be in [1, {n}] ({what} {n}), got {k}")
-    return k
 
 
 def soft_topk(
@@ -84,10 +73,10 @@ def soft_topk(
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("neuralsort", "softsort"))
     d = check_dim(scores, dim)
-    k = _check_k(k, scores.shape[d], "n =")
+    k = check_k(k, scores.shape[d], "n =")
     s = scores.movedim(d, -1)
     s = s.to(compute_dtype(s.dtype))
-    p = _neural_sort_rows(s, t, rows=k) if method == "neuralsort" else _softsort_rows(s, t, 1.0, rows=k)
+    p = neural_sort_rows(s, t, rows=k) if method == "neuralsort" else softsort_rows(s, t, 1.0, rows=k)
     return nan_slices(p.sum(dim=-2), s).movedim(-1, d).to(scores.dtype)
 
 
@@ -147,21 +136,21 @@ def dknn(
         raise ValueError(
             f"`query` and `neighbors` must have the same feature size, got {query.shape[-1]} and {neighbors.shape[-1]}"
         )
-    k = _check_k(k, neighbors.shape[-2], "number of neighbours N =")
+    k = check_k(k, neighbors.shape[-2], "number of neighbours N =")
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("deterministic", "stochastic"))
-    m = _check_int(n_samples, "n_samples", low=1)
+    m = check_int(n_samples, "n_samples", low=1)
     check_same_device("query", query, ("neighbors", neighbors))
-    gen = _check_generator(generator, query)
+    gen = check_generator(generator, query)
     out_dtype = torch.promote_types(query.dtype, neighbors.dtype)
     cdt = compute_dtype(out_dtype)
     q, y = query.to(cdt), neighbors.to(cdt)
     scores = 2 * (q @ y.transpose(-1, -2)) - (y * y).sum(-1).unsqueeze(-2)  # (*, M, N)
     if method == "deterministic":
-        member = _neural_sort_rows(scores, t, rows=k).sum(dim=-2)
+        member = neural_sort_rows(scores, t, rows=k).sum(dim=-2)
     else:
-        perturbed = scores.unsqueeze(0) + _gumbel((m, *scores.shape), scores, gen)
-        member = _neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
+        perturbed = scores.unsqueeze(0) + gumbel_noise((m, *scores.shape), scores, gen)
+        member = neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
     # NaN/inf policy: a non-finite query makes its row NaN, a non-finite neighbour every row
     return nan_slices(member, scores).to(out_dtype)
 
@@ -196,7 +185,7 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
         raise ValueError(
             f"`labels` must have shape (..., N) with N = {membership.shape[-1]}, got shape {tuple(labels.shape)}"
         )
-    c = _check_int(num_classes, "num_classes", low=1)
+    c = check_int(num_classes, "num_classes", low=1)
     check_same_device("membership", membership, ("labels", labels))
     classes = torch.arange(c, device=labels.device)
     m = to_compute(membership)  # fp16/bf16: summed in float32, returned in the dtype of membership
@@ -210,7 +199,7 @@ class SoftTopK(nn.Module):
 
     def __init__(self, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort") -> None:
         super().__init__()
-        self.k = _check_int(k, "k", low=1)
+        self.k = check_int(k, "k", low=1)
         self.tau = check_positive(tau, "tau")
         self.dim = dim
         self.method = check_choice(method, "method", ("neuralsort", "softsort"))
@@ -235,10 +224,10 @@ class DKNN(nn.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        self.k = _check_int(k, "k", low=1)
+        self.k = check_int(k, "k", low=1)
         self.tau = check_positive(tau, "tau")
         self.method = check_choice(method, "method", ("deterministic", "stochastic"))
-        self.n_samples = _check_int(n_samples, "n_samples", low=1)
+        self.n_samples = check_int(n_samples, "n_samples", low=1)
         self.generator = generator
 
     def forward(self, query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
@@ -261,7 +250,7 @@ class DKNNClassScores(nn.Module):
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
-        self.num_classes = _check_int(num_classes, "num_classes", low=1)
+        self.num_classes = check_int(num_classes, "num_classes", low=1)
 
     def forward(self, membership: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return dknn_class_scores(membership, labels, self.num_classes)

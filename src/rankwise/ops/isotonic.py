@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rankwise._kernels import isotonic as kernels
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -726,6 +726,12 @@ def _fuzz(reg: str):  # type: ignore[no-untyped-def]
     return factory
 
 
+_ISOTONIC_RELAXATION = RelaxationInfo(
+    "isotonic",
+    kind="soft_rank",
+    options={"regularization": "l2", "regularization_strength": 1.0},
+    description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
+)
 for _reg in _REGULARIZATIONS:
     register_op(
         f"soft_rank.isotonic_{_reg}",
@@ -734,6 +740,7 @@ for _reg in _REGULARIZATIONS:
         degenerate=_degenerate(_reg),
         gradient="exact",
         fuzz=_fuzz(_reg),
+        relaxation=_ISOTONIC_RELAXATION if _reg == "l2" else None,
     )(soft_rank_isotonic)
     register_op(
         f"soft_sort.isotonic_{_reg}",

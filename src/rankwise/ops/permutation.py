@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_dim,
@@ -526,6 +526,7 @@ def _register(
     gradient: Any = "exact",
     stochastic: bool = False,
     positive: bool = False,
+    relaxation: RelaxationInfo | None = None,
 ) -> None:
     ex, deg = _examples(kwargs, positive)
     register_op(
@@ -536,10 +537,19 @@ def _register(
         gradient=gradient,
         stochastic=stochastic,
         fuzz=_fuzz(kwargs, positive),
+        relaxation=relaxation,
     )(fn)
 
 
-_register("neural_sort", neural_sort, NeuralSort, {"tau": 0.7})
+_register(
+    "neural_sort",
+    neural_sort,
+    NeuralSort,
+    {"tau": 0.7},
+    relaxation=RelaxationInfo(
+        "neuralsort", params=("tau", "hard"), description="deterministic NeuralSort (rankwise.neural_sort)"
+    ),
+)
 _register("neural_sort.hard", neural_sort, NeuralSort, {"tau": 0.7, "hard": True}, gradient="surrogate")
 _register(
     "stochastic_neural_sort",
@@ -548,6 +558,12 @@ _register(
     {"tau": 0.7, "n_samples": 2},
     stochastic=True,
     positive=True,
+    relaxation=RelaxationInfo(
+        "stochastic",
+        fixed={"log_scores": True},
+        params=("tau", "n_samples", "hard"),
+        description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores",
+    ),
 )
 _register(
     "stochastic_neural_sort.hard",
@@ -558,7 +574,17 @@ _register(
     stochastic=True,
     positive=True,
 )
-_register("softsort", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "power": 1.0})
+_register(
+    "softsort",
+    softsort_matrix,
+    SoftSortMatrix,
+    {"tau": 0.7, "power": 1.0},
+    relaxation=RelaxationInfo(
+        "softsort",
+        params=("tau", "power", "hard"),
+        description="SoftSort (rankwise.softsort_matrix), distance power `power`",
+    ),
+)
 _register("softsort.hard", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "hard": True}, gradient="surrogate")
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -478,9 +478,26 @@ def _fuzz(kwargs: dict[str, Any], kind: str):  # type: ignore[no-untyped-def]
     return factory
 
 
-def _register(name: str, fn: Any, module: type[nn.Module], factories: Any, fuzz: Any, gradient: Any) -> None:
+def _register(
+    name: str,
+    fn: Any,
+    module: type[nn.Module],
+    factories: Any,
+    fuzz: Any,
+    gradient: Any,
+    relaxation: RelaxationInfo | None = None,
+) -> None:
     ex, deg = factories
-    register_op(name, module=module, example=ex, degenerate=deg, gradient=gradient, stochastic=True, fuzz=fuzz)(fn)
+    register_op(
+        name,
+        module=module,
+        example=ex,
+        degenerate=deg,
+        gradient=gradient,
+        stochastic=True,
+        fuzz=fuzz,
+        relaxation=relaxation,
+    )(fn)
 
 
 for _name, _kw in (
@@ -492,6 +509,21 @@ _topk = _rank_examples({"n_samples": 8, "sigma": 0.5}, topk=True)
 _register("perturbed_topk", perturbed_topk, PerturbedTopK, _topk, _fuzz({}, "topk"), "surrogate")
 # gradient "exact": the exact gradient of the returned Monte-Carlo value (at fixed noise)
 _fy = (_fy_example, _fy_degenerate)
-_register("perturbed_fy_loss", perturbed_fy_loss, PerturbedFYLoss, _fy, _fuzz({}, "fy"), "exact")
+_register(
+    "perturbed_fy_loss",
+    perturbed_fy_loss,
+    PerturbedFYLoss,
+    _fy,
+    _fuzz({}, "fy"),
+    "exact",
+    RelaxationInfo(
+        "perturbed",
+        kind="rank_loss",
+        params=("n_samples",),
+        options={"sigma": 0.1, "noise": "gumbel"},
+        description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, "
+        "Berthet et al.); `n_samples` perturbations",
+    ),
+)
 _soft = _rank_examples({"method": "perturbed", "n_samples": 8})
 _register("soft_rank.perturbed", soft_rank, SoftRank, _soft, _fuzz({"method": "perturbed"}, "rank"), "surrogate")

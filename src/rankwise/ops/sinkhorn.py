@@ -79,7 +79,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     autocast_off,
     check_dim,
@@ -806,6 +806,17 @@ def _fuzz(**kwargs: Any):  # type: ignore[no-untyped-def]
     return factory
 
 
+#: ``n`` times the plan to ``n`` descending targets is doubly stochastic; ``P[i, j]``: input ``i``, target ``j``
+_SINKHORN_RELAXATION = RelaxationInfo(
+    "sinkhorn",
+    orientation="columns",
+    mass="uniform",
+    fixed={"descending": True},
+    options={"epsilon": 0.1, "p": 2.0, "max_iter": 200},
+    straight_through=True,
+    description="optimal-transport sort: n x the Sinkhorn plan to n targets "
+    "(rankwise.sinkhorn_transport, Cuturi et al.)",
+)
 for _name, _fn, _mod, _kw in (
     ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport, {"epsilon": 0.1}),
     ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank, {"epsilon": 0.1}),
@@ -819,4 +830,5 @@ for _name, _fn, _mod, _kw in (
         degenerate=_degenerate(**_kw),
         gradient="exact",
         fuzz=_fuzz(**_kw),
+        relaxation=_SINKHORN_RELAXATION if _name == "sinkhorn_transport" else None,
     )(_fn)

@@ -32,7 +32,7 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -713,13 +713,35 @@ def _fuzz(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
     return factory
 
 
-def _register(name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any]) -> None:
+def _register(
+    name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any], relaxation: RelaxationInfo | None = None
+) -> None:
     ex, deg = _examples(kwargs)
-    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs))(fn)
+    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs), relaxation=relaxation)(fn)
 
 
-_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True})
-_register("diffsort.bitonic", diffsort, DiffSort, {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
+def _relaxation(network: Network) -> RelaxationInfo:
+    """``diffsort(scores, descending=True)`` as a relaxed sort: ``P[i, j]`` is the weight of input ``i``
+    in position ``j`` of the descending order (columns), the matrix is the second output."""
+    return RelaxationInfo(
+        f"diffsort_{network}",
+        orientation="columns",
+        output=1,
+        fixed={"network": network, "descending": True},
+        options={"steepness": 10.0, "distribution": "cauchy"},
+        straight_through=True,
+        description=f"differentiable {network.replace('_', '-')} sorting network (rankwise.diffsort, Petersen et al.)",
+    )
+
+
+_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True}, _relaxation("odd_even"))
+_register(
+    "diffsort.bitonic",
+    diffsort,
+    DiffSort,
+    {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"},
+    _relaxation("bitonic"),
+)
 _register(
     "diffsort.logistic_phi",
     diffsort,

@@ -26,6 +26,7 @@ LIBRARY = (
     "brain_age",
     "_registry",
     "_validation",
+    "_twin",
     "_binning",
 )
 

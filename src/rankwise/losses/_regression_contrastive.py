@@ -10,6 +10,7 @@ from torch import nn
 
 from rankwise._kernels import rnc as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -237,19 +238,17 @@ class _RnC(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-class RnCLoss(nn.Module):
+class RnCLoss(FunctionModule):
     """Module twin of :func:`rnc_loss` holding ``temperature`` and ``distributed``."""
+
+    _function = staticmethod(rnc_loss)
+    _options = ("temperature", "distributed")
+    _shown = ("temperature",)
 
     def __init__(self, *, temperature: float = 2.0, distributed: DistributedFlag = False) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.distributed = distributed
-
-    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return rnc_loss(features, labels, temperature=self.temperature, distributed=self.distributed)
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}"
 
 
 def _per_view(t: torch.Tensor, b: int, v: int, name: str) -> torch.Tensor:

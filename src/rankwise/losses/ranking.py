@@ -19,6 +19,7 @@ from torch import nn
 
 from rankwise._kernels import ranksim as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
     batch_loss,
@@ -301,8 +302,12 @@ def _ranksim_global(
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
 
 
-class RankSimLoss(nn.Module):
+class RankSimLoss(FunctionModule):
     """Module twin of :func:`ranksim_loss` holding ``interpolation_lambda``, ``unique_labels`` and ``generator``."""
+
+    _function = staticmethod(ranksim_loss)
+    _options = ("interpolation_lambda", "unique_labels", "generator", "distributed")
+    _shown = ("interpolation_lambda", "unique_labels")
 
     def __init__(
         self,
@@ -317,19 +322,6 @@ class RankSimLoss(nn.Module):
         self.unique_labels = unique_labels
         self.generator = generator
         self.distributed = distributed
-
-    def forward(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return ranksim_loss(
-            features,
-            targets,
-            interpolation_lambda=self.interpolation_lambda,
-            unique_labels=self.unique_labels,
-            generator=self.generator,
-            distributed=self.distributed,
-        )
-
-    def extra_repr(self) -> str:
-        return f"interpolation_lambda={self.interpolation_lambda}, unique_labels={self.unique_labels}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -665,8 +657,12 @@ def pairwise_difference_loss(
     return out * world if world > 1 else out
 
 
-class PairwiseDifferenceLoss(nn.Module):
+class PairwiseDifferenceLoss(FunctionModule):
     """Module twin of :func:`pairwise_difference_loss` (holds ``pairs`` and ``distributed``)."""
+
+    _function = staticmethod(pairwise_difference_loss)
+    _options = ("pairs", "distributed")
+    _shown = ()
 
     def __init__(self, *, pairs: Literal["all", "random"] | int = "all", distributed: DistributedFlag = False) -> None:
         super().__init__()
@@ -674,9 +670,6 @@ class PairwiseDifferenceLoss(nn.Module):
             raise ValueError(f"`pairs` must be 'all', 'random' or an int >= 1, got {pairs!r}")
         self.pairs = pairs
         self.distributed = distributed
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return pairwise_difference_loss(pred, target, pairs=self.pairs, distributed=self.distributed)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -508,8 +508,12 @@ def fastap_loss(
 # --------------------------------------------------------------------------------------------------
 # module twins
 # --------------------------------------------------------------------------------------------------
-class SmoothAPLoss(nn.Module):
+class SmoothAPLoss(FunctionModule):
     """Module twin of :func:`smooth_ap_loss`."""
+
+    _function = staticmethod(smooth_ap_loss)
+    _options = ("temperature", "include_query", "distributed")
+    _shown = ("temperature", "include_query")
 
     def __init__(
         self, *, temperature: float = 0.01, include_query: bool = True, distributed: DistributedFlag = False
@@ -519,21 +523,13 @@ class SmoothAPLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return smooth_ap_loss(
-            embeddings,
-            labels,
-            temperature=self.temperature,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, include_query={self.include_query}"
-
-
-class RecallAtKLoss(nn.Module):
+class RecallAtKLoss(FunctionModule):
     """Module twin of :func:`recall_at_k_loss`."""
+
+    _function = staticmethod(recall_at_k_loss)
+    _options = ("k", "temperature", "k_temperatures", "include_query", "distributed")
+    _shown = ("k", "temperature", "include_query")
 
     def __init__(
         self,
@@ -551,23 +547,13 @@ class RecallAtKLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return recall_at_k_loss(
-            embeddings,
-            labels,
-            k=self.k,
-            temperature=self.temperature,
-            k_temperatures=self.k_temperatures,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, temperature={self.temperature}, include_query={self.include_query}"
-
-
-class BlackboxAPLoss(nn.Module):
+class BlackboxAPLoss(FunctionModule):
     """Module twin of :func:`blackbox_ap_loss`."""
+
+    _function = staticmethod(blackbox_ap_loss)
+    _options = ("interpolation_lambda", "margin", "include_query", "distributed")
+    _shown = ("interpolation_lambda", "margin")
 
     def __init__(
         self,
@@ -583,33 +569,18 @@ class BlackboxAPLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return blackbox_ap_loss(
-            embeddings,
-            labels,
-            interpolation_lambda=self.interpolation_lambda,
-            margin=self.margin,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"interpolation_lambda={self.interpolation_lambda}, margin={self.margin}"
-
-
-class FastAPLoss(nn.Module):
+class FastAPLoss(FunctionModule):
     """Module twin of :func:`fastap_loss`."""
+
+    _function = staticmethod(fastap_loss)
+    _options = ("num_bins", "distributed")
+    _shown = ("num_bins",)
 
     def __init__(self, *, num_bins: int = 10, distributed: DistributedFlag = False) -> None:
         super().__init__()
         self.num_bins = check_positive_int(num_bins, "num_bins")
         self.distributed = distributed
-
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return fastap_loss(embeddings, labels, num_bins=self.num_bins, distributed=self.distributed)
-
-    def extra_repr(self) -> str:
-        return f"num_bins={self.num_bins}"
 
 
 # --------------------------------------------------------------------------------------------------

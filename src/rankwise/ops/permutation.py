@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_dim,
@@ -391,8 +392,11 @@ register_soft_method("softsort", sort=_softsort_soft_sort, rank=_softsort_soft_r
 # ----------------------------------------------------------------------------------------------
 # Module twins
 # ----------------------------------------------------------------------------------------------
-class NeuralSort(nn.Module):
+class NeuralSort(FunctionModule):
     """Module twin of :func:`neural_sort` holding ``tau``, ``hard`` and ``dim``."""
+
+    _function = staticmethod(neural_sort)
+    _options = ("tau", "hard", "dim")
 
     def __init__(self, *, tau: float = 1.0, hard: bool = False, dim: int = -1) -> None:
         super().__init__()
@@ -400,15 +404,13 @@ class NeuralSort(nn.Module):
         self.hard = _check_bool(hard, "hard")
         self.dim = dim
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return neural_sort(scores, tau=self.tau, hard=self.hard, dim=self.dim)
 
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, hard={self.hard}, dim={self.dim}"
-
-
-class StochasticNeuralSort(nn.Module):
+class StochasticNeuralSort(FunctionModule):
     """Module twin of :func:`stochastic_neural_sort` (the optional ``generator`` is kept by reference)."""
+
+    _function = staticmethod(stochastic_neural_sort)
+    _options = ("tau", "hard", "n_samples", "generator", "log_scores", "dim")
+    _shown = ("tau", "hard", "n_samples", "log_scores", "dim")
 
     def __init__(
         self,
@@ -428,26 +430,12 @@ class StochasticNeuralSort(nn.Module):
         self.log_scores = _check_bool(log_scores, "log_scores")
         self.dim = dim
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return stochastic_neural_sort(
-            scores,
-            tau=self.tau,
-            hard=self.hard,
-            n_samples=self.n_samples,
-            generator=self.generator,
-            log_scores=self.log_scores,
-            dim=self.dim,
-        )
 
-    def extra_repr(self) -> str:
-        return (
-            f"tau={self.tau}, hard={self.hard}, n_samples={self.n_samples}, "
-            f"log_scores={self.log_scores}, dim={self.dim}"
-        )
-
-
-class SoftSortMatrix(nn.Module):
+class SoftSortMatrix(FunctionModule):
     """Module twin of :func:`softsort_matrix` (``rankwise.SoftSort`` is the twin of ``soft_sort``)."""
+
+    _function = staticmethod(softsort_matrix)
+    _options = ("tau", "power", "hard", "dim")
 
     def __init__(self, *, tau: float = 1.0, power: float = 1.0, hard: bool = False, dim: int = -1) -> None:
         super().__init__()
@@ -455,12 +443,6 @@ class SoftSortMatrix(nn.Module):
         self.power = check_positive(power, "power")
         self.hard = _check_bool(hard, "hard")
         self.dim = dim
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return softsort_matrix(scores, tau=self.tau, power=self.power, hard=self.hard, dim=self.dim)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, power={self.power}, hard={self.hard}, dim={self.dim}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -201,8 +201,12 @@ def blackbox_rank(
     return r.movedim(-1, d)
 
 
-class Rank(nn.Module):
+class Rank(FunctionModule):
     """Module twin of :func:`rank`."""
+
+    _function = staticmethod(rank)
+    _options = ("dim", "descending", "ties", "normalize")
+    _shown = ("dim", "descending", "ties!r", "normalize")
 
     def __init__(
         self, *, dim: int = -1, descending: bool = False, ties: Ties = "ordinal", normalize: bool = False
@@ -213,15 +217,13 @@ class Rank(nn.Module):
         check_bool(normalize, "normalize")
         self.dim, self.descending, self.ties, self.normalize = dim, descending, ties, normalize
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rank(x, dim=self.dim, descending=self.descending, ties=self.ties, normalize=self.normalize)
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, descending={self.descending}, ties={self.ties!r}, normalize={self.normalize}"
-
-
-class BlackboxRank(nn.Module):
+class BlackboxRank(FunctionModule):
     """Module twin of :func:`blackbox_rank` holding ``lambda_val``."""
+
+    _function = staticmethod(blackbox_rank)
+    _options = ("dim", "descending", "normalize")
+    _positional = ("lambda_val",)
 
     def __init__(
         self, lambda_val: float = 2.0, *, dim: int = -1, descending: bool = False, normalize: bool = False
@@ -231,12 +233,6 @@ class BlackboxRank(nn.Module):
         check_bool(descending, "descending")
         check_bool(normalize, "normalize")
         self.dim, self.descending, self.normalize = dim, descending, normalize
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return blackbox_rank(x, self.lambda_val, dim=self.dim, descending=self.descending, normalize=self.normalize)
-
-    def extra_repr(self) -> str:
-        return f"lambda_val={self.lambda_val}, dim={self.dim}, descending={self.descending}, normalize={self.normalize}"
 
 
 def _rank_example(dtype: torch.dtype, device: torch.device) -> Example:

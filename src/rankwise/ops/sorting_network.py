@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -592,8 +593,12 @@ def diffsort(
     return sorted_x, nan_slices(_matrix(layers, alphas, xc), xc, out_dims=2).to(x.dtype)
 
 
-class DiffSort(nn.Module):
+class DiffSort(FunctionModule):
     """Module twin of :func:`diffsort` holding the network and its relaxation."""
+
+    _function = staticmethod(diffsort)
+    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix")
+    _shown = ("network!r", "steepness", "distribution!r", "art_lambda", "descending", "dim", "return_matrix")
 
     def __init__(
         self,
@@ -612,25 +617,6 @@ class DiffSort(nn.Module):
         self.descending = check_bool(descending, "descending")
         self.return_matrix = check_bool(return_matrix, "return_matrix")
         self.dim = dim
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
-        return diffsort(  # type: ignore[call-overload,no-any-return]
-            x,
-            network=self.network,  # type: ignore[arg-type]
-            steepness=self.steepness,
-            distribution=self.distribution,  # type: ignore[arg-type]
-            art_lambda=self.art_lambda,
-            descending=self.descending,
-            dim=self.dim,
-            return_matrix=self.return_matrix,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"network={self.network!r}, steepness={self.steepness}, distribution={self.distribution!r}, "
-            f"art_lambda={self.art_lambda}, descending={self.descending}, dim={self.dim}, "
-            f"return_matrix={self.return_matrix}"
-        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
     check_choice,
@@ -194,8 +194,13 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
         return (m @ onehot).to(membership.dtype)
 
 
-class SoftTopK(nn.Module):
+class SoftTopK(FunctionModule):
     """Module twin of :func:`soft_topk` holding ``k`` and its options."""
+
+    _function = staticmethod(soft_topk)
+    _options = ("tau", "dim", "method")
+    _positional = ("k",)
+    _shown = ("k", "tau", "dim", "method!r")
 
     def __init__(self, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort") -> None:
         super().__init__()
@@ -204,15 +209,14 @@ class SoftTopK(nn.Module):
         self.dim = dim
         self.method = check_choice(method, "method", ("neuralsort", "softsort"))
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return soft_topk(scores, self.k, tau=self.tau, dim=self.dim, method=self.method)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, tau={self.tau}, dim={self.dim}, method={self.method!r}"
-
-
-class DKNN(nn.Module):
+class DKNN(FunctionModule):
     """Module twin of :func:`dknn`: ``DKNN(k, tau=...)(query, neighbors)``."""
+
+    _function = staticmethod(dknn)
+    _options = ("tau", "method", "n_samples", "generator")
+    _positional = ("k",)
+    _shown = ("k", "tau", "method!r", "n_samples")
 
     def __init__(
         self,
@@ -230,33 +234,17 @@ class DKNN(nn.Module):
         self.n_samples = check_int(n_samples, "n_samples", low=1)
         self.generator = generator
 
-    def forward(self, query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
-        return dknn(
-            query,
-            neighbors,
-            self.k,
-            tau=self.tau,
-            method=self.method,
-            n_samples=self.n_samples,
-            generator=self.generator,
-        )
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, tau={self.tau}, method={self.method!r}, n_samples={self.n_samples}"
-
-
-class DKNNClassScores(nn.Module):
+class DKNNClassScores(FunctionModule):
     """Module twin of :func:`dknn_class_scores` holding ``num_classes``."""
+
+    _function = staticmethod(dknn_class_scores)
+    _options = ()
+    _positional = ("num_classes",)
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         self.num_classes = check_int(num_classes, "num_classes", low=1)
-
-    def forward(self, membership: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return dknn_class_scores(membership, labels, self.num_classes)
-
-    def extra_repr(self) -> str:
-        return f"num_classes={self.num_classes}"
 
 
 # ----------------------------------------------------------------------------------------------

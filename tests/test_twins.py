@@ -27,7 +27,7 @@ def _twin_entries() -> list[tuple[str, RegistryEntry]]:
 
 def test_the_twins_use_the_base() -> None:
     names = {e.module.__name__ for _, e in _twin_entries() if e.module is not None}
-    assert {"NeuralSort", "Rank", "DiffSort", "SoftTopK", "RnCLoss", "FastAPLoss"} <= names
+    assert {"NeuralSort", "Rank", "DiffSort", "SoftTopK", "SoftRank", "SpearmanLoss", "RnCLoss", "FastAPLoss"} <= names
 
 
 @pytest.mark.parametrize(("name", "entry"), _twin_entries(), ids=[n for n, _ in _twin_entries()])

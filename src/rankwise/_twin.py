@@ -38,17 +38,25 @@ class FunctionModule(nn.Module):
     #: the function's positional-or-keyword options after the tensors (``k`` of ``soft_topk(scores, k)``),
     #: passed by name too (so the tensors may come by position or by name)
     _positional: ClassVar[tuple[str, ...]] = ()
-    #: what ``repr`` shows (``None``: ``_positional`` then ``_options``); ``"name!r"`` shows ``repr(value)``
+    #: the attribute holding a dict of further options passed on as ``**kwargs`` (``None``: none)
+    _kwargs: ClassVar[str | None] = None
+    #: what ``repr`` shows (``None``: ``_positional`` then ``_options``); ``"name!r"`` shows
+    #: ``repr(value)``; ``"**"`` shows the ``_kwargs`` options (as ``name=repr(value)``)
     _shown: ClassVar[tuple[str, ...] | None] = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         options = {k: getattr(self, k) for k in (*self._positional, *self._options)}
-        return type(self)._function(*args, **kwargs, **options)
+        more = getattr(self, self._kwargs) if self._kwargs is not None else {}
+        return type(self)._function(*args, **kwargs, **options, **more)
 
     def extra_repr(self) -> str:
         shown = (*self._positional, *self._options) if self._shown is None else self._shown
-        parts = []
+        parts: list[str] = []
         for k in shown:
+            if k == "**":
+                more = getattr(self, self._kwargs) if self._kwargs is not None else {}
+                parts.extend(f"{name}={value!r}" for name, value in more.items())
+                continue
             name = k.removesuffix("!r")
             value = getattr(self, name)
             parts.append(f"{name}={value!r}" if k.endswith("!r") else f"{name}={value}")

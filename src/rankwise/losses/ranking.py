@@ -15,7 +15,6 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import ranksim as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
@@ -470,8 +469,13 @@ def _spearman_global(
     return spearman_loss(pg, tg, ranker=ranker, l1_weight=w, **ranker_kwargs)
 
 
-class SpearmanLoss(nn.Module):
+class SpearmanLoss(FunctionModule):
     """Module twin of :func:`spearman_loss` holding ``ranker``, ``l1_weight`` and the ranker's options."""
+
+    _function = staticmethod(spearman_loss)
+    _options = ("ranker", "l1_weight", "distributed")
+    _kwargs = "ranker_kwargs"
+    _shown = ("ranker!r", "l1_weight", "**")
 
     def __init__(
         self,
@@ -487,20 +491,6 @@ class SpearmanLoss(nn.Module):
         self.l1_weight = check_positive(l1_weight, "l1_weight", allow_zero=True)
         self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_loss(
-            pred,
-            target,
-            ranker=self.ranker,
-            l1_weight=self.l1_weight,
-            distributed=self.distributed,
-            **self.ranker_kwargs,
-        )
-
-    def extra_repr(self) -> str:
-        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
-        return f"ranker={self.ranker!r}, l1_weight={self.l1_weight}{opts}"
 
 
 def spearman_correlation(
@@ -562,8 +552,13 @@ def spearman_correlation(
     return nan_slices(nan_slices(out, p, out_dims=0), t, out_dims=0)
 
 
-class SpearmanCorrelation(nn.Module):
+class SpearmanCorrelation(FunctionModule):
     """Module twin of :func:`spearman_correlation` holding ``ranker`` and its options."""
+
+    _function = staticmethod(spearman_correlation)
+    _options = ("ranker", "distributed")
+    _kwargs = "ranker_kwargs"
+    _shown = ("ranker!r", "**")
 
     def __init__(self, *, ranker: str = "isotonic", distributed: DistributedFlag = False, **ranker_kwargs: Any) -> None:
         super().__init__()
@@ -571,15 +566,6 @@ class SpearmanCorrelation(nn.Module):
         self.ranker = ranker
         self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_correlation(
-            pred, target, ranker=self.ranker, distributed=self.distributed, **self.ranker_kwargs
-        )
-
-    def extra_repr(self) -> str:
-        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
-        return f"ranker={self.ranker!r}{opts}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankwise._kernels._custom import constant_result
 from rankwise._registry import Registry
+from rankwise._twin import FunctionModule
 from rankwise._validation import check_bool, check_dim, check_floating, nan_slices, to_compute
 
 __all__ = ["SoftRank", "SoftSort", "list_soft_methods", "register_soft_method", "soft_rank", "soft_sort"]
@@ -208,8 +208,13 @@ def soft_rank(
     return _apply("rank", x, method, descending, dim, kwargs)
 
 
-class SoftSort(nn.Module):
+class SoftSort(FunctionModule):
     """Module twin of :func:`soft_sort` holding ``method`` and its options."""
+
+    _function = staticmethod(soft_sort)
+    _options = ("method", "descending", "dim")
+    _kwargs = "kwargs"
+    _shown = ()
 
     def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
@@ -217,18 +222,17 @@ class SoftSort(nn.Module):
         check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_sort(x, method=self.method, descending=self.descending, dim=self.dim, **self.kwargs)
 
-
-class SoftRank(nn.Module):
+class SoftRank(FunctionModule):
     """Module twin of :func:`soft_rank` holding ``method`` and its options."""
+
+    _function = staticmethod(soft_rank)
+    _options = ("method", "descending", "dim")
+    _kwargs = "kwargs"
+    _shown = ()
 
     def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
         _check_options("rank", method, kwargs)
         check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_rank(x, method=self.method, descending=self.descending, dim=self.dim, **self.kwargs)

@@ -20,9 +20,10 @@ import torch
 from rankwise._kernels import _custom
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
-from rankwise.ops import OPS
+from rankwise.ops import OPS, list_ops
 from tests.registry_helpers import tensors as _tensors
 
+list_ops()  # the plugin operators (SoDeep) too, whichever test file ran first
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 

@@ -26,6 +26,7 @@ LIBRARY = (
     "brain_age",
     "_registry",
     "_validation",
+    "_twin",
     "_binning",
 )
 
@@ -164,3 +165,52 @@ def test_imbalanced_does_not_import_losses():
     g = import_graph()
     bad = {m: sorted(d for d in deps if d.startswith("rankwise.losses")) for m, deps in g.items()}
     assert not {m: d for m, d in bad.items() if d and m.startswith("rankwise.imbalanced")}
+
+
+def private_imports() -> list[str]:
+    """``from rankwise.m import _x`` (and relative forms) where ``_x`` is a private name of another
+    module, not a submodule: shared helpers live under a public name (``rankwise._validation``, or a
+    name outside the module's ``__all__``), so a private name is only ever used where it is defined."""
+    mods = _modules()
+    found = []
+    for mod, (path, is_pkg) in sorted(mods.items()):
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = mod if is_pkg else mod.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                full = f"{base}.{node.module}" if node.module else base
+            else:
+                full = node.module or ""
+            if full != "rankwise" and not full.startswith("rankwise."):
+                continue
+            for a in node.names:
+                private = a.name.startswith("_") and not (a.name.startswith("__") and a.name.endswith("__"))
+                if private and f"{full}.{a.name}" not in mods:
+                    found.append(f"{mod}: from {full} import {a.name}")
+    return found
+
+
+def test_the_private_import_walker_finds_one(tmp_path: Path) -> None:
+    pkg = tmp_path / "rankwise"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "_private_mod.py").write_text("")
+    (pkg / "a.py").write_text("def _helper(): ...\n")
+    (pkg / "b.py").write_text(
+        "from rankwise.a import _helper\nfrom rankwise.sub import _private_mod\nfrom .a import __doc__\n"
+    )
+    global SRC
+    saved, SRC = SRC, pkg
+    try:
+        assert private_imports() == ["rankwise.b: from rankwise.a import _helper"]
+    finally:
+        SRC = saved
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    found = private_imports()
+    assert not found, "private names imported across modules:\n" + "\n".join(found)

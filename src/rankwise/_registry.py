@@ -1,4 +1,5 @@
-"""Generic registries for operators and losses.
+"""The one registry class of rankwise: operators, losses, backbones, datasets, soft methods,
+sorting relaxations and training recipes are each a :class:`Registry`.
 
 Every public operator and loss is registered together with a small factory of example inputs so
 that one generic conformance test (``tests/test_conformance.py``) can exercise all of them:
@@ -10,6 +11,8 @@ invalid arguments; see ``docs/conventions.md``.
 
 from __future__ import annotations
 
+import difflib
+import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -19,7 +22,7 @@ import torch
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
 #: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``
 INPUT_ROLES = ("features", "predictions", "targets", "weights")
-__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "Registry", "RegistryEntry"]
+__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "Registry", "RegistryEntry", "RelaxationInfo"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,6 +46,40 @@ DegenerateFactory = Callable[[torch.dtype, torch.device], list[Example]]
 #: inputs in ``dtype`` and options drawn from ``generator``; integer label tensors stay integer.
 FuzzFactory = Callable[[int, torch.dtype, torch.device, torch.Generator], "Example | None"]
 NonFinite = Literal["propagate", "order"]
+
+
+@dataclass(frozen=True)
+class RelaxationInfo:
+    """How an operator serves as a relaxed sort (metadata of its registry entry).
+
+    The sorting recipes (``recipe: sort`` / ``median``) build ``task.method: name`` from it, so a
+    new relaxation is one ``register_op(..., relaxation=RelaxationInfo(...))`` next to the operator.
+
+    ``kind``: ``"permutation"`` (the operator returns a relaxed permutation matrix),
+    ``"soft_rank"`` (soft ranks 1..n, ascending; the recipe's loss is their mean squared error to the
+    true ranks) or ``"rank_loss"`` (the operator is a loss ``fn(scores, ranks, ...)`` of the scores
+    against the true ranks). For permutations, ``orientation`` says what ``P[i, j]`` is:
+    ``"rows"``: the weight of input ``j`` in sorted position ``i`` (row ``i`` softly selects the
+    ``i``-th largest, NeuralSort's :math:`\\hat P`); ``"columns"``: the weight of input ``i`` in
+    position ``j`` (the recipe transposes it). ``mass="uniform"``: a transport plan with mass ``1/n``
+    per input and per target (the recipe multiplies it by ``n``). ``output``: the position of the
+    matrix in a tuple output. ``fixed``: keyword options always passed (e.g. ``descending=True``);
+    ``params``: the operator's keyword options that the caller's common hyperparameters fill
+    (``tau``, ``power``, ``n_samples``, ``hard``); ``options``: further options and their defaults
+    (a config may override them; a value is converted to its default's type). ``straight_through``:
+    the operator has no ``hard`` option, the caller applies a straight-through estimator.
+    """
+
+    name: str
+    kind: Literal["permutation", "soft_rank", "rank_loss"] = "permutation"
+    orientation: Literal["rows", "columns"] = "rows"
+    mass: Literal["stochastic", "uniform"] = "stochastic"
+    output: int | None = None
+    fixed: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    params: tuple[str, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    straight_through: bool = False
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,14 +108,24 @@ class RegistryEntry:
     #: NaN (or +-inf where IEEE arithmetic gives one); "order": exact ordering ops rank +-inf as the
     #: largest/smallest values (finite outputs) and only NaN propagates.
     nonfinite: NonFinite = "propagate"
+    #: operators: how the operator serves as a relaxed sort (``None``: it does not)
+    relaxation: RelaxationInfo | None = None
 
 
 class Registry(Generic[F]):
-    """A name -> :class:`RegistryEntry` mapping with helpful errors."""
+    """A name -> :class:`RegistryEntry` mapping with helpful errors.
 
-    def __init__(self, kind: str) -> None:
+    Operators and losses are functions registered with :meth:`register` (with test metadata); other
+    registries (soft methods, relaxations, recipes) store any object with :meth:`add`. Reading it as
+    a mapping (``reg[name]``, ``name in reg``, ``iter``, ``items()``) gives the stored objects.
+    ``lazy`` maps names to the modules that register them: a look-up of such a name imports its
+    module first (the built-in recipes load on first use).
+    """
+
+    def __init__(self, kind: str, *, lazy: Mapping[str, str] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, RegistryEntry] = {}
+        self._lazy: dict[str, str] = dict(lazy or {})
 
     def register(
         self,
@@ -93,6 +140,7 @@ class Registry(Generic[F]):
         inputs: Mapping[str, str] | None = None,
         fuzz: FuzzFactory | None = None,
         nonfinite: NonFinite = "propagate",
+        relaxation: RelaxationInfo | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``."""
         if not isinstance(name, str) or not name:
@@ -118,29 +166,69 @@ class Registry(Generic[F]):
                 inputs=dict(inputs) if inputs is not None else None,
                 fuzz=fuzz,
                 nonfinite=nonfinite,
+                relaxation=relaxation,
             )
             return fn
 
         return decorator
 
+    def add(self, name: str, obj: Any, *, replace: bool = False, description: str = "") -> Any:
+        """Store ``obj`` under ``name`` (``replace=False``: a second, different object is an error);
+        returns ``obj``."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"`name` must be a non-empty string, got {name!r}")
+        if not replace and name in self._entries and self._entries[name].fn is not obj:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = RegistryEntry(name=name, fn=obj, description=description)
+        return obj
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        """Remove ``name``; its object, or ``default`` when it was not registered."""
+        entry = self._entries.pop(name, None)
+        return default if entry is None else entry.fn
+
+    def _load(self, name: object) -> None:
+        if name not in self._entries and isinstance(name, str) and name in self._lazy:
+            importlib.import_module(self._lazy[name])
+
     def entry(self, name: str) -> RegistryEntry:
+        self._load(name)
         try:
             return self._entries[name]
         except KeyError:
-            valid = ", ".join(sorted(self._entries))
-            raise ValueError(f"unknown {self.kind} {name!r}; expected one of: {valid}") from None
+            valid = sorted({*self._entries, *self._lazy})
+            close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise ValueError(f"unknown {self.kind} {name!r}; {hint}expected one of: {', '.join(valid)}") from None
 
-    def get(self, name: str) -> Callable[..., Any]:
+    def get(self, name: str) -> Any:
+        """The function (or object) registered as ``name``."""
         return self.entry(name).fn
 
-    def names(self) -> list[str]:
+    def names(self, *, load: bool = False) -> list[str]:
+        """Registered names, sorted (``load``: import the ``lazy`` modules first)."""
+        if load:
+            for module in sorted(set(self._lazy.values())):
+                importlib.import_module(module)
         return sorted(self._entries)
 
     def entries(self) -> Iterator[RegistryEntry]:
         for name in self.names():
             yield self._entries[name]
 
+    def items(self) -> list[tuple[str, Any]]:
+        """``(name, object)`` pairs, sorted by name."""
+        return [(e.name, e.fn) for e in self.entries()]
+
+    def __getitem__(self, name: str) -> Any:
+        self._load(name)
+        return self._entries[name].fn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
     def __contains__(self, name: object) -> bool:
+        self._load(name)
         return name in self._entries
 
     def __len__(self) -> int:

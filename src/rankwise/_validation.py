@@ -9,6 +9,7 @@ down in ``docs/conventions.md``; new operators and losses use them instead of th
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import math
@@ -28,6 +29,9 @@ __all__ = [
     "check_dim",
     "check_floating",
     "check_floating_nd",
+    "check_generator",
+    "check_int",
+    "check_k",
     "check_ndim",
     "check_positive",
     "check_positive_int",
@@ -36,6 +40,7 @@ __all__ = [
     "check_tensor",
     "common_compute_dtype",
     "compute_dtype",
+    "did_you_mean",
     "nan_if_nonfinite",
     "nan_slices",
     "rank_dtype",
@@ -140,12 +145,54 @@ def check_positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def check_int(value: Any, name: str, *, low: int) -> int:
+    """``value`` as an int ``>= low`` (``bool`` is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"`{name}` must be >= {low}, got {value}")
+    return value
+
+
+def check_k(k: Any, n: int, what: str) -> int:
+    """``k`` as an int in ``[1, n]`` (``what`` names ``n`` in the message, e.g. "row length")."""
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"`k` must be an int, got {type(k).__name__}")
+    if not 1 <= k <= n:
+        raise ValueError(f"`k` must be in [1, {n}] ({what} {n}), got {k}")
+    return k
+
+
+def check_generator(generator: Any, x: torch.Tensor) -> torch.Generator | None:
+    """``generator`` (``None`` or a ``torch.Generator`` on the device of ``x``)."""
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
+    gdev = torch.device(generator.device)
+    same = gdev.type == x.device.type and (gdev.index is None or x.device.index is None or gdev.index == x.device.index)
+    if not same:
+        raise ValueError(
+            f"`generator` is on device {gdev} but the input is on {x.device}; "
+            f"create it with torch.Generator(device={str(x.device)!r})"
+        )
+    return generator
+
+
 def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
     options = tuple(choices)
     if value not in options:
         valid = ", ".join(repr(c) for c in options)
         raise ValueError(f"`{name}` must be one of {valid}; got {value!r}")
     return value
+
+
+def did_you_mean(value: str, valid: Iterable[str], what: str = "keys") -> str:
+    """``"did you mean 'x'? valid <what>: a, b, c"`` (the hint only when a close match exists)."""
+    names = sorted(valid)
+    close = difflib.get_close_matches(value, names, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{hint}valid {what}: {', '.join(names)}"
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -247,7 +294,7 @@ def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         where = [(n, positional.index(n) if n in positional else None) for n in tensor_args]
 
         def lookup(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]] | None:
-            """The tensor arguments by name without ``Signature.bind`` (about 10 us a call); None for a
+            """The tensor arguments by name without ``Signature.bind`` (which is slow per call); None for a
             call that binding would reject (``fn`` then raises its own error)."""
             if not simple:
                 try:

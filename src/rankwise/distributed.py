@@ -112,7 +112,7 @@ def resolve_distributed(flag: DistributedFlag) -> bool:
     raise ValueError(f"`distributed` must be True, False or 'auto', got {flag!r}")
 
 
-def _global_batch_on(flag: DistributedFlag) -> bool:
+def global_batch_on(flag: DistributedFlag) -> bool:
     """Whether a loss with ``distributed=flag`` takes its global-batch path (on, and more than one rank)."""
     return resolve_distributed(flag) and get_world_size() > 1
 

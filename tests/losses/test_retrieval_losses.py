@@ -149,13 +149,13 @@ def test_blackbox_ap_forward_is_exact_average_precision(include_query: bool) -> 
 
 def test_blackbox_ap_gradient_is_the_blackbox_interpolation() -> None:
     # the gradient on the similarity scores is -(r(s) - r(s + lambda * dL/dr)) / lambda
-    from rankwise.ops.ranking import _rank_last
+    from rankwise.ops.ranking import rank_last
 
     y = torch.tensor([0, 1, 0, 1, 0, 1])
     e = _emb(len(y), 3, 6)
     lam = 3.0
     captured: dict[str, torch.Tensor] = {}
-    orig = retrieval_mod._BlackboxRank.apply
+    orig = retrieval_mod.BlackboxRankFunction.apply
 
     def spy(scores, *args):  # type: ignore[no-untyped-def]
         scores.register_hook(lambda g: captured.setdefault("ds", g))
@@ -164,13 +164,13 @@ def test_blackbox_ap_gradient_is_the_blackbox_interpolation() -> None:
         captured["s"] = scores.detach()
         return r
 
-    retrieval_mod._BlackboxRank.apply = spy  # type: ignore[method-assign]
+    retrieval_mod.BlackboxRankFunction.apply = spy  # type: ignore[method-assign]
     try:
         blackbox_ap_loss(e, y, interpolation_lambda=lam, margin=0.0).backward()
     finally:
-        retrieval_mod._BlackboxRank.apply = orig  # type: ignore[method-assign]
+        retrieval_mod.BlackboxRankFunction.apply = orig  # type: ignore[method-assign]
     s, dr = captured["s"], captured["dr"]
-    expected = -(_rank_last(s, True, "ordinal") - _rank_last(s + lam * dr, True, "ordinal")) / lam
+    expected = -(rank_last(s, True, "ordinal") - rank_last(s + lam * dr, True, "ordinal")) / lam
     torch.testing.assert_close(captured["ds"], expected)
     assert captured["ds"].abs().sum() > 0
 

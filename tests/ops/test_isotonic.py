@@ -746,7 +746,7 @@ def test_kernel_sort_is_torch_stable_descending_sort(n: int, dtype: torch.dtype)
         z = z.to(dtype).contiguous()
         want = torch.sort(z, descending=True, stable=True).indices
         perm = torch.empty(n, dtype=torch.int64)
-        _numba_sort._descending_order(z.numpy(), perm.numpy(), *_numba_sort._sort_scratch(n))
+        _numba_sort.descending_order(z.numpy(), perm.numpy(), *_numba_sort.sort_scratch(n))
         assert torch.equal(perm, want)
 
 

@@ -42,12 +42,12 @@ def registered():
     from rankwise.recipes import registry
     from rankwise.recipes.sorting import RELAXATIONS
 
-    added: list[tuple[dict[str, Any], str]] = []
+    added: list[tuple[Any, str]] = []
 
-    def add(table: dict[str, Any], name: str) -> None:
+    def add(table: Any, name: str) -> None:
         added.append((table, name))
 
-    yield {"add": add, "losses": LOSSES._entries, "recipes": registry._RECIPES, "relaxations": RELAXATIONS}
+    yield {"add": add, "losses": LOSSES._entries, "recipes": registry.RECIPES, "relaxations": RELAXATIONS}
     for table, name in added:
         table.pop(name, None)
 

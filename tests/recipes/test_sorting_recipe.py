@@ -300,3 +300,26 @@ def test_new_methods_train_tiny(tmp_path, tiny_digits, preset):
     res = train(load_config(preset, sets), out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     assert res.metrics["test"]
     assert all(math.isfinite(v) for v in res.metrics["test"].values())
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("neuralsort", {}),
+        ("softsort", {}),
+        ("diffsort_odd_even", {"steepness": 200.0}),
+        ("diffsort_bitonic", {"steepness": 200.0}),
+        ("sinkhorn", {"epsilon": 0.01, "max_iter": 2000}),
+    ],
+)
+def test_permutation_relaxations_from_op_entries_select_the_largest_first(method, options):
+    """The op entries' orientation and mass metadata give the recipe's P̂: row i ~ the i-th largest."""
+    from rankwise.ops import OPS
+
+    assert any(e.relaxation is not None and e.relaxation.name == method for e in OPS.entries())
+    scores = torch.tensor([[0.3, 2.0, -1.0, 1.1, 0.0], [5.0, -2.0, 1.0, 3.0, 4.0]])
+    t = SortOptions(method=method, tau=0.01, options=options)
+    p_hat = RELAXATIONS[method].fn(scores, t)
+    assert p_hat.shape == (2, 5, 5)
+    assert torch.equal(p_hat.argmax(-1), scores.argsort(-1, descending=True))
+    torch.testing.assert_close(p_hat.sum(-1), torch.ones(2, 5), atol=2e-2, rtol=0)

@@ -7,9 +7,9 @@ it calls the custom operator ``torch.ops.rankwise.<name>`` (``torch.library.cust
 ``register_fake`` shape function, and ``register_autograd`` where the operator has a backward
 kernel), which the compiled graph keeps as one opaque node.
 
-Registering an operator takes about 10 ms, so they are registered lazily, all at once, the first
-time a trace reaches one (:func:`_register_all`, evaluated eagerly by the tracer as a constant):
-``import rankwise`` stays fast.
+Registering an operator is not free (schema parsing, dispatcher entries), so they are registered
+lazily, all at once, the first time a trace reaches one (:func:`_register_all`, evaluated eagerly
+by the tracer as a constant): ``import rankwise`` stays fast.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numba import carray
 
-from rankwise._kernels._numba_sort import _descending_order, _sort_scratch
+from rankwise._kernels._numba_sort import descending_order, sort_scratch
 from rankwise._kernels._numba_util import TASK_ARGS, f32p, f64p, i64p, next_chunk, task
 
 __all__ = [
@@ -270,12 +270,12 @@ def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-unty
     acc_b = np.empty(n, np.float64)
     max_s = np.empty(n, np.float64)
     max_w = np.empty(n, np.float64)
-    keys, tmp_keys, tmp_perm, hist = _sort_scratch(n)
+    keys, tmp_keys, tmp_perm, hist = sort_scratch(n)
     for r in range(rows):
         if x is not None:
             for i in range(n):
                 z[r, i] = x[r, i] / div
-            _descending_order(z[r], perm[r], keys, tmp_keys, tmp_perm, hist)
+            descending_order(z[r], perm[r], keys, tmp_keys, tmp_perm, hist)
         for i in range(n):
             s[i] = z[r, perm[r, i]]
         if kl:
@@ -348,12 +348,12 @@ def soft_sort_forward(x, perm, sign, s, kl, out, ids, sort):  # type: ignore[no-
     acc_b = np.empty(n, np.float64)
     max_s = np.empty(n, np.float64)
     max_w = np.empty(n, np.float64)
-    keys, tmp_keys, tmp_perm, hist = _sort_scratch(n)
+    keys, tmp_keys, tmp_perm, hist = sort_scratch(n)
     for r in range(rows):
         if sort:
             for i in range(n):
                 w[i] = sign * x[r, i]
-            _descending_order(w, perm[r], keys, tmp_keys, tmp_perm, hist)
+            descending_order(w, perm[r], keys, tmp_keys, tmp_perm, hist)
         for i in range(n):
             w[i] = sign * x[r, perm[r, i]]
         if kl:

@@ -23,8 +23,8 @@ _RADIX11_MIN_N = 8192
 
 
 @numba.njit(cache=True, nogil=True)
-def _sort_scratch(n):  # type: ignore[no-untyped-def]
-    """Scratch arrays of :func:`_descending_order` for rows of length ``n``: keys, their copy (uint32),
+def sort_scratch(n):  # type: ignore[no-untyped-def]
+    """Scratch arrays of :func:`descending_order` for rows of length ``n``: keys, their copy (uint32),
     a permutation buffer (int64) and the radix histograms (4 passes of up to 2^11 buckets)."""
     return np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.int64), np.empty(4 << 11, np.int64)
 
@@ -109,7 +109,7 @@ def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist): 
 
 
 @numba.njit(cache=True, nogil=True)
-def _descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
+def descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
     """``perm_row`` = the stable descending order of ``z_row``, as ``torch.sort`` (see
     :func:`_stable_order`; the soft operators' rows are finite, NaN rows are overwritten by the
     caller)."""
@@ -121,7 +121,7 @@ def sort_rows(z, descending, perm):  # type: ignore[no-untyped-def]
     """``perm[r]`` = ``torch.sort(z[r], descending=descending, stable=True).indices`` for every
     row of the float32 (rows, n) array ``z`` (NaN, +-inf and +-0.0 ordered as torch orders them):
     one LSD radix sort per row, linear in n (:func:`_stable_order`)."""
-    keys, tmp_keys, tmp_perm, hist = _sort_scratch(z.shape[1])
+    keys, tmp_keys, tmp_perm, hist = sort_scratch(z.shape[1])
     for r in range(z.shape[0]):
         _stable_order(z[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
 

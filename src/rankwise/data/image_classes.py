@@ -17,8 +17,8 @@ import torch
 
 from rankwise.data._base import ClassificationData, DataFormatError, TensorPairDataset, register_dataset
 from rankwise.data._files import check_dir, read_bytes
-from rankwise.data.images import _open_rgb_image
-from rankwise.data.mnist import _stratified_split
+from rankwise.data.images import open_rgb_image
+from rankwise.data.mnist import stratified_split
 
 __all__ = ["load_cifar_dir", "load_image_folder"]
 
@@ -28,7 +28,7 @@ def _split(
 ) -> ClassificationData:
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"`test_fraction` must be in (0, 1), got {test_fraction!r}")
-    test_idx = _stratified_split(y, test_fraction, np.random.default_rng(seed))
+    test_idx = stratified_split(y, test_fraction, np.random.default_rng(seed))
     train_idx = np.setdiff1d(np.arange(len(y)), test_idx)
     if len(train_idx) == 0 or len(test_idx) == 0:
         raise DataFormatError(
@@ -70,7 +70,7 @@ def _read_folder(root: Path, image_size: int, grayscale: bool) -> tuple[torch.Te
     tf = [T.Grayscale()] if grayscale else [T.RGB()]
     tf += [T.Resize((image_size, image_size)), T.ToImage(), T.ToDtype(torch.float32, scale=True)]
     try:
-        ds = ImageFolder(str(root), transform=T.Compose(tf), loader=_open_rgb_image)
+        ds = ImageFolder(str(root), transform=T.Compose(tf), loader=open_rgb_image)
     except FileNotFoundError as err:  # no class folder, or class folders without images
         raise DataFormatError(root, None, f"no images found: {err}") from None
     if len(ds) == 0:

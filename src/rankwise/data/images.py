@@ -73,11 +73,11 @@ class DIRImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
             raise RuntimeError("this dataset was loaded with labels_only=True: images are not available")
-        image = _open_rgb_image(self.paths[index], self.csv_path, self.rows[index])
+        image = open_rgb_image(self.paths[index], self.csv_path, self.rows[index])
         return self.transform(image), self.labels[index]
 
 
-def _open_rgb_image(path: str | Path, listed_in: Path | None = None, row: int | None = None) -> Any:
+def open_rgb_image(path: str | Path, listed_in: Path | None = None, row: int | None = None) -> Any:
     """The image at ``path`` as an RGB PIL image; an unreadable, truncated or empty file raises
     :class:`~rankwise.data.DataFormatError` naming it (and the split file row that lists it)."""
     from PIL import Image

@@ -49,7 +49,7 @@ def _parse_mnist_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     for i, ln in numbered:
         if ln.count(",") != 784:
             raise DataFormatError(path, i, f"expected 785 fields (784 pixels + label), got {ln.count(',') + 1}")
-    try:  # the values are integers: an integer parse is ~6x faster than a float one
+    try:  # the values are integers: an integer parse is faster than a float one
         arr = np.loadtxt(io.StringIO("\n".join(ln for _, ln in numbered)), delimiter=",", dtype=np.int64, ndmin=2)
     except (ValueError, OverflowError):
         for i, ln in numbered:  # find the offending row for the message
@@ -100,7 +100,7 @@ def load_mnist5k_arrays(*, source: Source = "auto", path: str | Path | None = No
     return images, np.asarray(digits.target, dtype=np.int64)
 
 
-def _stratified_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+def stratified_split(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
     """Indices of ``round(fraction * count)`` random examples of each class (sorted)."""
     picked = []
     for c in np.unique(labels):
@@ -135,9 +135,9 @@ def load_mnist5k(
         raise ValueError(f"`test_fraction` + `val_fraction` must be < 1, got {test_fraction} + {val_fraction}")
     images, labels = load_mnist5k_arrays(source=source, path=path)
     rng = np.random.default_rng(seed)
-    test_idx = _stratified_split(labels, test_fraction, rng)
+    test_idx = stratified_split(labels, test_fraction, rng)
     rest = np.setdiff1d(np.arange(len(labels)), test_idx)
-    val_idx = rest[_stratified_split(labels[rest], val_fraction / (1.0 - test_fraction), rng)] if val_fraction else None
+    val_idx = rest[stratified_split(labels[rest], val_fraction / (1.0 - test_fraction), rng)] if val_fraction else None
     train_idx = rest if val_idx is None else np.setdiff1d(rest, val_idx)
     sizes = {"train": len(train_idx), "test": len(test_idx)} | ({} if val_idx is None else {"val": len(val_idx)})
     if min(sizes.values()) == 0:

@@ -19,7 +19,7 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.distributed import all_reduce_sum
-from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, get_lds_kernel_window, range_num_bins, smooth_bins
+from rankwise.imbalanced.lds import Kernel, as_float64_tensor, get_lds_kernel_window, range_num_bins, smooth_bins
 
 __all__ = ["FDS"]
 
@@ -169,7 +169,7 @@ class FDS(nn.Module):
         if not 0 < lo_c <= hi_c:
             raise ValueError(f"`clip` must be (low, high) with 0 < low <= high, got {clip!r}")
         if bins is not None:
-            edges = _as_float64_tensor(bins, "bins").reshape(-1)
+            edges = as_float64_tensor(bins, "bins").reshape(-1)
             if edges.numel() < 2 or not bool((edges[1:] > edges[:-1]).all()):
                 raise ValueError("`bins` must be at least 2 strictly increasing edges")
             if not bool(torch.isfinite(edges).all()):

@@ -21,7 +21,7 @@ import torch
 
 from rankwise._binning import snap_floor
 from rankwise._validation import check_choice, check_positive_int
-from rankwise.imbalanced.lds import Kernel, _as_float64_tensor, bin_labels, get_lds_kernel_window, smooth_bins
+from rankwise.imbalanced.lds import Kernel, as_float64_tensor, bin_labels, get_lds_kernel_window, smooth_bins
 
 __all__ = ["bni_buckets", "fit_label_gmm"]
 
@@ -29,7 +29,7 @@ _KERNELS = ("gaussian", "triang", "laplace")
 
 
 def _labels_2d(labels: Any) -> torch.Tensor:
-    y = _as_float64_tensor(labels, "labels")
+    y = as_float64_tensor(labels, "labels")
     if y.dim() > 2:
         raise ValueError(f"`labels` must have shape (N,) or (N, d), got {tuple(y.shape)}")
     y = y.reshape(-1, 1) if y.dim() <= 1 else y
@@ -138,7 +138,7 @@ def bni_buckets(
     """
     check_choice(centers, "centers", ("left", "mid"))
     check_choice(kernel, "kernel", _KERNELS)
-    y = _as_float64_tensor(labels, "labels").reshape(-1)
+    y = as_float64_tensor(labels, "labels").reshape(-1)
     if y.numel() == 0:
         raise ValueError("`labels` must hold at least one training label, got none")
     if not bool(torch.isfinite(y).all()):
@@ -147,7 +147,7 @@ def bni_buckets(
     idx, nb = bin_labels(y, bin_width=bin_width, bins=bins, label_range=label_range)
     counts = torch.bincount(idx, minlength=nb).to(torch.float64)
     if bins is not None:
-        edges = _as_float64_tensor(bins, "bins").reshape(-1)
+        edges = as_float64_tensor(bins, "bins").reshape(-1)
         left, right = edges[:-1], edges[1:]
     else:
         w = float(bin_width)

@@ -75,7 +75,7 @@ def get_lds_kernel_window(kernel: Kernel = "gaussian", ks: int = 5, sigma: float
     return torch.from_numpy(w / w.max())
 
 
-def _as_float64_tensor(x: Any, name: str) -> torch.Tensor:
+def as_float64_tensor(x: Any, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         t = x.detach()
     else:
@@ -115,11 +115,11 @@ def bin_labels(
     when the bins would number more than ``2**24`` (e.g. labels spanning ``1e10`` with ``bin_width=1``)
     or when a label lies ``2**53`` or more bin widths from 0 (data-driven bins).
     """
-    y = _as_float64_tensor(labels, "labels").reshape(-1)
+    y = as_float64_tensor(labels, "labels").reshape(-1)
     if y.numel() and not bool(torch.isfinite(y).all()):
         raise ValueError("`labels` must be finite, got NaN or inf")
     if bins is not None:
-        edges = _as_float64_tensor(bins, "bins").reshape(-1).to(y.device)
+        edges = as_float64_tensor(bins, "bins").reshape(-1).to(y.device)
         if edges.numel() < 2:
             raise ValueError(f"`bins` must hold at least 2 edges, got {edges.numel()}")
         if not bool((edges[1:] > edges[:-1]).all()):
@@ -256,7 +256,7 @@ def lds_weights(
         raise ValueError(f"`inverse_clip` must be (low, high) with 0 < low <= high, got {inverse_clip!r}")
     window = get_lds_kernel_window(kernel, ks, sigma) if lds else None
     is_tensor = isinstance(labels, torch.Tensor)
-    y = _as_float64_tensor(labels, "labels").reshape(-1)
+    y = as_float64_tensor(labels, "labels").reshape(-1)
     if is_tensor:
         out_dtype = compute_dtype(labels.dtype)
     n = y.numel()

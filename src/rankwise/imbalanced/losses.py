@@ -14,7 +14,7 @@ __all__ = ["RegressionLoss", "regression_loss"]
 Kind = Literal["l1", "mse", "focal_l1", "focal_mse", "huber"]
 Activate = Literal["sigmoid", "tanh"]
 Reduction = Literal["mean", "sum", "none"]
-_KINDS = ("l1", "mse", "focal_l1", "focal_mse", "huber")
+REGRESSION_KINDS = ("l1", "mse", "focal_l1", "focal_mse", "huber")
 _ACTIVATE = ("sigmoid", "tanh")
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -108,7 +108,7 @@ def regression_loss(
     """
     check_floating(pred, "pred")
     check_real(target, "target")
-    check_choice(kind, "kind", _KINDS)
+    check_choice(kind, "kind", REGRESSION_KINDS)
     check_choice(activate, "activate", _ACTIVATE)
     check_choice(reduction, "reduction", _REDUCTIONS)
     beta = check_positive(beta, "beta")
@@ -166,7 +166,7 @@ class RegressionLoss(nn.Module):
         reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
-        check_choice(kind, "kind", _KINDS)
+        check_choice(kind, "kind", REGRESSION_KINDS)
         check_choice(activate, "activate", _ACTIVATE)
         check_choice(reduction, "reduction", _REDUCTIONS)
         self.kind = kind

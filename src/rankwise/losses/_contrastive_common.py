@@ -10,7 +10,7 @@ from rankwise._validation import check_choice, check_floating, check_tensor, to_
 from rankwise.distributed import BatchLayout
 
 Reduction = Literal["mean", "sum", "none"]
-_REDUCTIONS = ("mean", "sum", "none")
+REDUCTIONS = ("mean", "sum", "none")
 
 
 def as_views(features: torch.Tensor, name: str = "features", *, normalize: bool = False) -> torch.Tensor:
@@ -91,7 +91,7 @@ def local_view_rows(layout: BatchLayout, v: int, device: torch.device) -> torch.
 
 def reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
     """Mean over ``valid`` anchors (0 with graph when none), sum, or the per-anchor vector."""
-    check_choice(reduction, "reduction", _REDUCTIONS)
+    check_choice(reduction, "reduction", REDUCTIONS)
     loss = torch.where(valid, loss, torch.zeros_like(loss))
     if reduction == "none":
         return loss

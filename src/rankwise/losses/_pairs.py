@@ -13,14 +13,14 @@ from rankwise._validation import batch_loss, check_bool, check_choice, check_pos
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
+    global_batch_on,
 )
 from rankwise.losses._contrastive_common import (
-    _REDUCTIONS,
+    REDUCTIONS,
     Reduction,
     as_labels,
     as_views,
@@ -130,7 +130,7 @@ def triplet_loss(
     m = check_positive(margin, "margin", allow_zero=True)
     check_choice(distance, "distance", ("squared", "euclidean"))
     check_choice(mining, "mining", ("all", "hard"))
-    check_choice(reduction, "reduction", _REDUCTIONS)
+    check_choice(reduction, "reduction", REDUCTIONS)
     check_bool(normalize, "normalize")
     if labels is not None and mask is not None:
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither)")
@@ -138,7 +138,7 @@ def triplet_loss(
     b, v, dd = x.shape
     layout: BatchLayout | None = None
     rows: torch.Tensor | None = None
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         if mask is not None:
             raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither)")
         layout = batch_layout(b, device=x.device)
@@ -230,13 +230,13 @@ def npairs_loss(
         torch.Size([4, 2, 8])
     """
     tau = check_positive(temperature, "temperature")
-    check_choice(reduction, "reduction", _REDUCTIONS)
+    check_choice(reduction, "reduction", REDUCTIONS)
     check_bool(normalize, "normalize")
     x = as_views(features, normalize=normalize)
     b, v, _ = x.shape
     if v != 2:
         raise ValueError(f"`features` must have shape (B, 2, D) (anchor, positive), got shape {tuple(features.shape)}")
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         return _npairs_global(x, labels, tau, reduction)
     if b == 0:
         z0 = zero_with_graph(features)
@@ -294,7 +294,7 @@ class TripletLoss(nn.Module):
         self.distance = check_choice(distance, "distance", ("squared", "euclidean"))
         self.mining = check_choice(mining, "mining", ("all", "hard"))
         self.normalize = normalize
-        self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+        self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
 
     def forward(
@@ -333,7 +333,7 @@ class NPairsLoss(nn.Module):
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.normalize = normalize
-        self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
+        self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rankwise._registry import Example, fuzz_choice, fuzz_tensor
-from rankwise.imbalanced.losses import _KINDS, RegressionLoss, regression_loss
+from rankwise.imbalanced.losses import REGRESSION_KINDS, RegressionLoss, regression_loss
 from rankwise.losses._registry import register_loss
 
 _EXAMPLE_KWARGS: dict[str, dict[str, object]] = {
@@ -64,7 +64,7 @@ def _make_fuzz(kind: str):
     return fuzz
 
 
-for _kind in _KINDS:
+for _kind in REGRESSION_KINDS:
     register_loss(
         f"regression_{_kind}",
         module=RegressionLoss,

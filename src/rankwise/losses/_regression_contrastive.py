@@ -10,6 +10,7 @@ from torch import nn
 
 from rankwise._kernels import rnc as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -22,10 +23,10 @@ from rankwise._validation import (
 from rankwise.distributed import (
     BatchLayout,
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
+    global_batch_on,
 )
 from rankwise.losses._contrastive_common import (
     as_labels,
@@ -71,7 +72,7 @@ def _l2_dist(z: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
 
 def _global_views(x: torch.Tensor, distributed: DistributedFlag) -> tuple[torch.Tensor, BatchLayout | None]:
     """Gather the (B, V, D) views of every rank (with gradient) when ``distributed`` resolves to on."""
-    if not _global_batch_on(distributed):
+    if not global_batch_on(distributed):
         return x, None
     layout = batch_layout(x.shape[0], device=x.device)
     return all_gather_with_grad(x, sizes=layout), layout
@@ -237,19 +238,17 @@ class _RnC(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-class RnCLoss(nn.Module):
+class RnCLoss(FunctionModule):
     """Module twin of :func:`rnc_loss` holding ``temperature`` and ``distributed``."""
+
+    _function = staticmethod(rnc_loss)
+    _options = ("temperature", "distributed")
+    _shown = ("temperature",)
 
     def __init__(self, *, temperature: float = 2.0, distributed: DistributedFlag = False) -> None:
         super().__init__()
         self.temperature = check_positive(temperature, "temperature")
         self.distributed = distributed
-
-    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return rnc_loss(features, labels, temperature=self.temperature, distributed=self.distributed)
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}"
 
 
 def _per_view(t: torch.Tensor, b: int, v: int, name: str) -> torch.Tensor:

@@ -15,12 +15,12 @@ from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz
 from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
     get_world_size,
+    global_batch_on,
 )
 from rankwise.losses._contrastive_common import (
     as_labels,
@@ -375,7 +375,7 @@ _NUMBA_MAX_N = 512
 #: Smallest temperature at which the kernel forms ``W + W^T`` of normalized views by row and column
 #: scaling (``out=3``): with all views anchors the logits are symmetric, so
 #: :math:`P_{ji} = P_{ij} e^{\operatorname{lse}_i - \operatorname{lse}_j}` and no transposed access is
-#: needed (2-3x faster than the tiled transpose). Normalized logits lie in [-1/tau, 1/tau], so every
+#: needed (faster than the tiled transpose). Normalized logits lie in [-1/tau, 1/tau], so every
 #: probability is at least :math:`e^{-2/\tau} / N` and stays far above the dtype's smallest normal
 #: number at these temperatures (float32: 2e-21 at N = 512); the two logits of a pair differ only
 #: by the matmul's rounding, as do the softmax's own inputs.
@@ -464,7 +464,7 @@ class _SupConOutSmall(torch.autograd.Function):
                 grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
             elif kernel and sym:  # w is W + W^T already
                 grad = torch.mm(w, zs)
-            elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (~4x faster than
+            elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (faster than
                 # `w + w.T` on one CPU thread) but single-threaded, the transposed add uses every thread
                 # (on other devices, and under torch.compile where the thread count is not traceable)
                 one_thread = (
@@ -591,7 +591,7 @@ def supcon_loss(
         raise ValueError("`labels` and `mask` cannot both be given; pass one of them (or neither for SimCLR)")
     x = as_views(features)
     b, v, _ = x.shape
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         if mask is not None:
             raise ValueError("`mask` is not supported with `distributed` on; pass `labels` (or neither for SimCLR)")
         y = None if labels is None else as_labels(labels, b).detach()

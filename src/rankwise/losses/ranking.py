@@ -15,10 +15,10 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import ranksim as kernels
 from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
     batch_loss,
@@ -33,17 +33,17 @@ from rankwise._validation import (
 )
 from rankwise.distributed import (
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     batch_layout,
     broadcast,
     get_world_size,
+    global_batch_on,
     scale_grad,
 )
 from rankwise.losses._contrastive_common import safe_normalize
 from rankwise.losses._registry import register_loss
-from rankwise.ops.ranking import _BlackboxRank, blackbox_rank, rank
+from rankwise.ops.ranking import BlackboxRankFunction, blackbox_rank, rank
 from rankwise.ops.soft import list_soft_methods, soft_rank
 
 __all__ = [
@@ -215,7 +215,7 @@ def ranksim_loss(
     # label distances in the labels' own precision: float64 for integer labels (exact up to 2**53)
     y = to_compute(y) if y.is_floating_point() else y.to(torch.float64)
     x = to_compute(features)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         return _ranksim_global(x, y, lam, unique_labels, generator)
     if batch == 0:
         return x.sum() * 0
@@ -247,7 +247,7 @@ def _ranksim_rows(
     # (the internal node skips blackbox_rank's NaN-slice passes: a non-finite feature makes the
     # whole loss NaN anyway, see batch_loss)
     masked = torch.where(col, sim, neg_inf) * scale
-    feat_rank = _BlackboxRank.apply(masked, lam, True, True, False) * scale
+    feat_rank = BlackboxRankFunction.apply(masked, lam, True, True, False) * scale
     label_rank = _label_ranks(y[rows], y, keep).to(x.dtype) / m
     pair = row_keep.unsqueeze(1) & col
     diff = (feat_rank - label_rank).masked_fill_(~pair, 0).reshape(-1)
@@ -301,8 +301,12 @@ def _ranksim_global(
     return share + (world - 1) * share.detach()  # value: world * share; gradient: see scale_grad above
 
 
-class RankSimLoss(nn.Module):
+class RankSimLoss(FunctionModule):
     """Module twin of :func:`ranksim_loss` holding ``interpolation_lambda``, ``unique_labels`` and ``generator``."""
+
+    _function = staticmethod(ranksim_loss)
+    _options = ("interpolation_lambda", "unique_labels", "generator", "distributed")
+    _shown = ("interpolation_lambda", "unique_labels")
 
     def __init__(
         self,
@@ -317,19 +321,6 @@ class RankSimLoss(nn.Module):
         self.unique_labels = unique_labels
         self.generator = generator
         self.distributed = distributed
-
-    def forward(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return ranksim_loss(
-            features,
-            targets,
-            interpolation_lambda=self.interpolation_lambda,
-            unique_labels=self.unique_labels,
-            generator=self.generator,
-            distributed=self.distributed,
-        )
-
-    def extra_repr(self) -> str:
-        return f"interpolation_lambda={self.interpolation_lambda}, unique_labels={self.unique_labels}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,7 +441,7 @@ def spearman_loss(
     _check_ranker(ranker, ranker_kwargs)
     w = check_positive(l1_weight, "l1_weight", allow_zero=True)
     p, t = _pred_target(pred, target)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         return _spearman_global(p, t, ranker, w, ranker_kwargs)
     if p.numel() == 0 or p.shape[-1] <= 1:
         mse = _soft_ranks(p, ranker, ranker_kwargs).sum() * 0  # the ranker still checks its options
@@ -478,8 +469,13 @@ def _spearman_global(
     return spearman_loss(pg, tg, ranker=ranker, l1_weight=w, **ranker_kwargs)
 
 
-class SpearmanLoss(nn.Module):
+class SpearmanLoss(FunctionModule):
     """Module twin of :func:`spearman_loss` holding ``ranker``, ``l1_weight`` and the ranker's options."""
+
+    _function = staticmethod(spearman_loss)
+    _options = ("ranker", "l1_weight", "distributed")
+    _kwargs = "ranker_kwargs"
+    _shown = ("ranker!r", "l1_weight", "**")
 
     def __init__(
         self,
@@ -495,20 +491,6 @@ class SpearmanLoss(nn.Module):
         self.l1_weight = check_positive(l1_weight, "l1_weight", allow_zero=True)
         self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_loss(
-            pred,
-            target,
-            ranker=self.ranker,
-            l1_weight=self.l1_weight,
-            distributed=self.distributed,
-            **self.ranker_kwargs,
-        )
-
-    def extra_repr(self) -> str:
-        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
-        return f"ranker={self.ranker!r}, l1_weight={self.l1_weight}{opts}"
 
 
 def spearman_correlation(
@@ -552,7 +534,7 @@ def spearman_correlation(
     """
     _check_ranker(ranker, ranker_kwargs)
     p, t = _pred_target(pred, target)
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         p, t, _ = _gather_last(p, t)
     if p.numel() == 0 or p.shape[-1] <= 1:
         out = _soft_ranks(p, ranker, ranker_kwargs).sum(-1) * 0  # the ranker still checks its options
@@ -570,8 +552,13 @@ def spearman_correlation(
     return nan_slices(nan_slices(out, p, out_dims=0), t, out_dims=0)
 
 
-class SpearmanCorrelation(nn.Module):
+class SpearmanCorrelation(FunctionModule):
     """Module twin of :func:`spearman_correlation` holding ``ranker`` and its options."""
+
+    _function = staticmethod(spearman_correlation)
+    _options = ("ranker", "distributed")
+    _kwargs = "ranker_kwargs"
+    _shown = ("ranker!r", "**")
 
     def __init__(self, *, ranker: str = "isotonic", distributed: DistributedFlag = False, **ranker_kwargs: Any) -> None:
         super().__init__()
@@ -579,15 +566,6 @@ class SpearmanCorrelation(nn.Module):
         self.ranker = ranker
         self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_correlation(
-            pred, target, ranker=self.ranker, distributed=self.distributed, **self.ranker_kwargs
-        )
-
-    def extra_repr(self) -> str:
-        opts = "".join(f", {k}={v!r}" for k, v in self.ranker_kwargs.items())
-        return f"ranker={self.ranker!r}{opts}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -647,7 +625,7 @@ def pairwise_difference_loss(
     cols: slice = slice(None)
     world = 1
     n_local = p.shape[-1]
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         world = get_world_size()
         p, t, cols = _gather_last(p, t)
     n = p.shape[-1]
@@ -665,8 +643,12 @@ def pairwise_difference_loss(
     return out * world if world > 1 else out
 
 
-class PairwiseDifferenceLoss(nn.Module):
+class PairwiseDifferenceLoss(FunctionModule):
     """Module twin of :func:`pairwise_difference_loss` (holds ``pairs`` and ``distributed``)."""
+
+    _function = staticmethod(pairwise_difference_loss)
+    _options = ("pairs", "distributed")
+    _shown = ()
 
     def __init__(self, *, pairs: Literal["all", "random"] | int = "all", distributed: DistributedFlag = False) -> None:
         super().__init__()
@@ -674,9 +656,6 @@ class PairwiseDifferenceLoss(nn.Module):
             raise ValueError(f"`pairs` must be 'all', 'random' or an int >= 1, got {pairs!r}")
         self.pairs = pairs
         self.distributed = distributed
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return pairwise_difference_loss(pred, target, pairs=self.pairs, distributed=self.distributed)
 
 
 # --------------------------------------------------------------------------------------------------

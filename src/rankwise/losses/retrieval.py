@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -38,17 +38,17 @@ from rankwise._validation import (
 )
 from rankwise.distributed import (
     DistributedFlag,
-    _global_batch_on,
     all_gather_no_grad,
     all_gather_with_grad,
     all_reduce_sum,
     batch_layout,
     get_world_size,
+    global_batch_on,
     scale_grad,
 )
 from rankwise.losses._contrastive_common import as_labels, random_features, safe_normalize, zero_with_graph
 from rankwise.losses._registry import register_loss
-from rankwise.ops.ranking import _BlackboxRank, _rank_last
+from rankwise.ops.ranking import BlackboxRankFunction, rank_last
 
 __all__ = [
     "BlackboxAPLoss",
@@ -97,7 +97,7 @@ def _batch(
     z = safe_normalize(to_compute(x), dim=1)
     world, rows = 1, slice(None)
     zg, yg = z, y
-    if _global_batch_on(distributed):
+    if global_batch_on(distributed):
         world = get_world_size()
         layout = batch_layout(b, device=x.device)
         zg = all_gather_with_grad(z, sizes=layout)
@@ -440,8 +440,8 @@ def blackbox_ap_loss(
     scores = bt.sim - alpha * (posf - 0.5)
     if not include_query:  # the query's own column ranks last and takes no part
         scores = scores.masked_fill(bt.own, -math.inf)
-    ranks = _BlackboxRank.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
-    within = _rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
+    ranks = BlackboxRankFunction.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
+    within = rank_last(scores.detach().masked_fill(~pos, -math.inf), True, "ordinal")
     ap = (within / ranks * posf).sum(1) / posf.sum(1).clamp(min=1)
     share = _mean_over_valid(1.0 - ap, bt.pos.any(1), bt, scale=False)  # world: on the gathered gradient
     return share + (bt.world - 1) * share.detach()  # value: world * share; gradient: see grad_scale
@@ -518,8 +518,12 @@ def fastap_loss(
 # --------------------------------------------------------------------------------------------------
 # module twins
 # --------------------------------------------------------------------------------------------------
-class SmoothAPLoss(nn.Module):
+class SmoothAPLoss(FunctionModule):
     """Module twin of :func:`smooth_ap_loss`."""
+
+    _function = staticmethod(smooth_ap_loss)
+    _options = ("temperature", "include_query", "distributed")
+    _shown = ("temperature", "include_query")
 
     def __init__(
         self, *, temperature: float = 0.01, include_query: bool = True, distributed: DistributedFlag = False
@@ -529,21 +533,13 @@ class SmoothAPLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return smooth_ap_loss(
-            embeddings,
-            labels,
-            temperature=self.temperature,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, include_query={self.include_query}"
-
-
-class RecallAtKLoss(nn.Module):
+class RecallAtKLoss(FunctionModule):
     """Module twin of :func:`recall_at_k_loss`."""
+
+    _function = staticmethod(recall_at_k_loss)
+    _options = ("k", "temperature", "k_temperatures", "include_query", "distributed")
+    _shown = ("k", "temperature", "include_query")
 
     def __init__(
         self,
@@ -561,23 +557,13 @@ class RecallAtKLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return recall_at_k_loss(
-            embeddings,
-            labels,
-            k=self.k,
-            temperature=self.temperature,
-            k_temperatures=self.k_temperatures,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, temperature={self.temperature}, include_query={self.include_query}"
-
-
-class BlackboxAPLoss(nn.Module):
+class BlackboxAPLoss(FunctionModule):
     """Module twin of :func:`blackbox_ap_loss`."""
+
+    _function = staticmethod(blackbox_ap_loss)
+    _options = ("interpolation_lambda", "margin", "include_query", "distributed")
+    _shown = ("interpolation_lambda", "margin")
 
     def __init__(
         self,
@@ -593,33 +579,18 @@ class BlackboxAPLoss(nn.Module):
         self.include_query = check_bool(include_query, "include_query")
         self.distributed = distributed
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return blackbox_ap_loss(
-            embeddings,
-            labels,
-            interpolation_lambda=self.interpolation_lambda,
-            margin=self.margin,
-            include_query=self.include_query,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"interpolation_lambda={self.interpolation_lambda}, margin={self.margin}"
-
-
-class FastAPLoss(nn.Module):
+class FastAPLoss(FunctionModule):
     """Module twin of :func:`fastap_loss`."""
+
+    _function = staticmethod(fastap_loss)
+    _options = ("num_bins", "distributed")
+    _shown = ("num_bins",)
 
     def __init__(self, *, num_bins: int = 10, distributed: DistributedFlag = False) -> None:
         super().__init__()
         self.num_bins = check_positive_int(num_bins, "num_bins")
         self.distributed = distributed
-
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return fastap_loss(embeddings, labels, num_bins=self.num_bins, distributed=self.distributed)
-
-    def extra_repr(self) -> str:
-        return f"num_bins={self.num_bins}"
 
 
 # --------------------------------------------------------------------------------------------------

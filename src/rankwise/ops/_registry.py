@@ -15,9 +15,9 @@ register_op = OPS.register
 
 
 def _load_plugins() -> None:
-    from rankwise.ops.soft import _load_plugins  # operators registered from outside rankwise.ops
+    from rankwise.ops.soft import load_plugins  # operators registered from outside rankwise.ops
 
-    _load_plugins()
+    load_plugins()
 
 
 def get_op(name: str) -> Callable[..., Any]:

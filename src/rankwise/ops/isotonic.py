@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rankwise._kernels import isotonic as kernels
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -48,10 +48,9 @@ _REGULARIZATIONS = ("l2", "kl")
 _BACKEND: Literal["auto", "torch", "triton"] = "auto"
 
 #: CUDA rows of at least this length use the Triton projection, shorter ones the O(n^2) min-max
-#: formulation. ``benchmarks/gpu.py`` times both (its "crossover" section; measured on an NVIDIA H100
-#: 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0: benchmarks/results/gpu.json): Triton was faster at
-#: every measured length, 256 rows x n = 8, 32, 128, 512 (l2 1.45 vs 2.89 ms and kl 1.63 vs 3.75 ms
-#: at n = 8; kl 1.29 vs 8.13 ms and 7 vs 1031 MiB at n = 512). Shorter rows were not measured.
+#: formulation. ``benchmarks/gpu.py`` times both (its "crossover" section, figures in
+#: benchmarks/results/gpu.json): Triton was faster, and used O(n) instead of O(n^2) memory, at every
+#: length it measured (n >= 8); shorter rows were not measured.
 _TRITON_MIN_N = 8
 
 #: two block values count as tied (and are pooled) when the left one exceeds the right one by at most
@@ -240,8 +239,8 @@ class _PermutahedronProjection(torch.autograd.Function):
         grad = grad.to(s.dtype)
         need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if ctx.triton is not None:
-            # l2 only: on an H100 (torch 2.11, Triton 3.6) the kl backward kernel gave gradients off by
-            # up to 1.2e5 on ~0.1% of the entries of long rows, so kl takes the O(n) segment ops below
+            # l2 only: on a GPU the kl backward kernel gave wrong gradients on a small fraction of the
+            # entries of long rows, so kl takes the O(n) segment ops below
             if not grad.requires_grad and ctx.reg == "l2":
                 grads = ctx.triton.projection_backward(grad, s, w, (ids, *state), False, need_s, need_w)
                 return grads[0], grads[1], None
@@ -774,6 +773,12 @@ def _fuzz(reg: str):  # type: ignore[no-untyped-def]
     return factory
 
 
+_ISOTONIC_RELAXATION = RelaxationInfo(
+    "isotonic",
+    kind="soft_rank",
+    options={"regularization": "l2", "regularization_strength": 1.0},
+    description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
+)
 for _reg in _REGULARIZATIONS:
     register_op(
         f"soft_rank.isotonic_{_reg}",
@@ -782,6 +787,7 @@ for _reg in _REGULARIZATIONS:
         degenerate=_degenerate(_reg),
         gradient="exact",
         fuzz=_fuzz(_reg),
+        relaxation=_ISOTONIC_RELAXATION if _reg == "l2" else None,
     )(soft_rank_isotonic)
     register_op(
         f"soft_sort.isotonic_{_reg}",

@@ -15,8 +15,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
-from rankwise._validation import check_bool, check_dim, check_floating_nd, check_positive, nan_slices, to_compute
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
+from rankwise._validation import (
+    check_bool,
+    check_dim,
+    check_floating_nd,
+    check_generator,
+    check_int,
+    check_positive,
+    nan_slices,
+    to_compute,
+)
 from rankwise.ops._registry import register_op
 from rankwise.ops._sort import sort_last
 from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
@@ -37,14 +47,6 @@ __all__ = [
 _check_bool = check_bool
 
 
-def _check_int(value: Any, name: str, *, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"`{name}` must be >= {low}, got {value}")
-    return value
-
-
 def _abs_row_sum(s: torch.Tensor) -> torch.Tensor:
     r"""``B_j = sum_k |s_j - s_k|`` along the last dim in O(n log n) time and O(n) memory.
 
@@ -61,7 +63,7 @@ def _abs_row_sum(s: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(b_sorted).scatter(-1, perm, b_sorted)
 
 
-def _neural_sort_rows(s: torch.Tensor, tau: float, rows: int | None = None) -> torch.Tensor:
+def neural_sort_rows(s: torch.Tensor, tau: float, rows: int | None = None) -> torch.Tensor:
     r"""First ``rows`` rows (all if ``None``) of NeuralSort's :math:`\hat P` for ``s`` (..., n).
 
     ``s`` must already be in the compute dtype. Time and memory O(rows * n) (+ a sort).
@@ -122,25 +124,10 @@ def _straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
     return hard + (soft - soft.detach())
 
 
-def _gumbel(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def gumbel_noise(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     u = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
     tiny = torch.finfo(like.dtype).tiny
     return -torch.log(-torch.log(u.clamp_min(tiny)))
-
-
-def _check_generator(generator: Any, x: torch.Tensor) -> torch.Generator | None:
-    if generator is None:
-        return None
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
-    gdev = torch.device(generator.device)
-    same = gdev.type == x.device.type and (gdev.index is None or x.device.index is None or gdev.index == x.device.index)
-    if not same:
-        raise ValueError(
-            f"`generator` is on device {gdev} but the input is on {x.device}; "
-            f"create it with torch.Generator(device={str(x.device)!r})"
-        )
-    return generator
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,7 +181,7 @@ def neural_sort(scores: torch.Tensor, *, tau: float = 1.0, hard: bool = False, d
     _check_bool(hard, "hard")
     d = check_dim(scores, dim)
     s = to_compute(scores.movedim(d, -1))
-    p = _neural_sort_rows(s, t)
+    p = neural_sort_rows(s, t)
     if hard:
         p = _straight_through(_hard_rows(s), p)
     return nan_slices(p, s, out_dims=2).to(scores.dtype)
@@ -246,9 +233,9 @@ def stochastic_neural_sort(
     t = check_positive(tau, "tau")
     _check_bool(hard, "hard")
     _check_bool(log_scores, "log_scores")
-    m = _check_int(n_samples, "n_samples", low=1)
+    m = check_int(n_samples, "n_samples", low=1)
     d = check_dim(scores, dim)
-    gen = _check_generator(generator, scores)
+    gen = check_generator(generator, scores)
     s = to_compute(scores.movedim(d, -1))
     if not log_scores:
         if s.device.type == "cpu" and s.numel() > 0 and bool((s.detach() <= 0).any()):
@@ -257,8 +244,8 @@ def stochastic_neural_sort(
                 f"got min {float(s.detach().min())}"
             )
         s = torch.log(s)
-    perturbed = s.unsqueeze(0) + _gumbel((m, *s.shape), s, gen)
-    p = _neural_sort_rows(perturbed, t)
+    perturbed = s.unsqueeze(0) + gumbel_noise((m, *s.shape), s, gen)
+    p = neural_sort_rows(perturbed, t)
     if hard:
         p = _straight_through(_hard_rows(perturbed), p)
     return nan_slices(p, perturbed, out_dims=2).to(scores.dtype)
@@ -309,7 +296,7 @@ class _SoftSortSoftmax(torch.autograd.Function):
         return h.sum(dim=-1) * scale, h.sum(dim=-2) * (-scale), None, None
 
 
-def _softsort_rows(s: torch.Tensor, tau: float, power: float, rows: int | None = None) -> torch.Tensor:
+def softsort_rows(s: torch.Tensor, tau: float, power: float, rows: int | None = None) -> torch.Tensor:
     n = s.shape[-1]
     m = n if rows is None else rows
     if m == n:
@@ -355,7 +342,7 @@ def softsort_matrix(
     _check_bool(hard, "hard")
     d = check_dim(scores, dim)
     s = to_compute(scores.movedim(d, -1))
-    p = _softsort_rows(s, t, pw)
+    p = softsort_rows(s, t, pw)
     if hard:
         p = _straight_through(_hard_rows(s), p)
     return nan_slices(p, s, out_dims=2).to(scores.dtype)
@@ -378,23 +365,23 @@ def _rank_from_p(p: torch.Tensor, descending: bool) -> torch.Tensor:
 
 def _neuralsort_soft_sort(x: torch.Tensor, *, descending: bool, tau: float = 1.0) -> torch.Tensor:
     xc = to_compute(x)
-    return _sort_from_p(xc, _neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
+    return _sort_from_p(xc, neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
 
 
 def _neuralsort_soft_rank(x: torch.Tensor, *, descending: bool, tau: float = 1.0) -> torch.Tensor:
     xc = to_compute(x)
-    return _rank_from_p(_neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
+    return _rank_from_p(neural_sort_rows(xc, check_positive(tau, "tau")), descending).to(x.dtype)
 
 
 def _softsort_soft_sort(x: torch.Tensor, *, descending: bool, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
     xc = to_compute(x)
-    p = _softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
+    p = softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
     return _sort_from_p(xc, p, descending).to(x.dtype)
 
 
 def _softsort_soft_rank(x: torch.Tensor, *, descending: bool, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
     xc = to_compute(x)
-    p = _softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
+    p = softsort_rows(xc, check_positive(tau, "tau"), check_positive(power, "power"))
     return _rank_from_p(p, descending).to(x.dtype)
 
 
@@ -405,8 +392,11 @@ register_soft_method("softsort", sort=_softsort_soft_sort, rank=_softsort_soft_r
 # ----------------------------------------------------------------------------------------------
 # Module twins
 # ----------------------------------------------------------------------------------------------
-class NeuralSort(nn.Module):
+class NeuralSort(FunctionModule):
     """Module twin of :func:`neural_sort` holding ``tau``, ``hard`` and ``dim``."""
+
+    _function = staticmethod(neural_sort)
+    _options = ("tau", "hard", "dim")
 
     def __init__(self, *, tau: float = 1.0, hard: bool = False, dim: int = -1) -> None:
         super().__init__()
@@ -414,15 +404,13 @@ class NeuralSort(nn.Module):
         self.hard = _check_bool(hard, "hard")
         self.dim = dim
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return neural_sort(scores, tau=self.tau, hard=self.hard, dim=self.dim)
 
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, hard={self.hard}, dim={self.dim}"
-
-
-class StochasticNeuralSort(nn.Module):
+class StochasticNeuralSort(FunctionModule):
     """Module twin of :func:`stochastic_neural_sort` (the optional ``generator`` is kept by reference)."""
+
+    _function = staticmethod(stochastic_neural_sort)
+    _options = ("tau", "hard", "n_samples", "generator", "log_scores", "dim")
+    _shown = ("tau", "hard", "n_samples", "log_scores", "dim")
 
     def __init__(
         self,
@@ -437,31 +425,17 @@ class StochasticNeuralSort(nn.Module):
         super().__init__()
         self.tau = check_positive(tau, "tau")
         self.hard = _check_bool(hard, "hard")
-        self.n_samples = _check_int(n_samples, "n_samples", low=1)
+        self.n_samples = check_int(n_samples, "n_samples", low=1)
         self.generator = generator
         self.log_scores = _check_bool(log_scores, "log_scores")
         self.dim = dim
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return stochastic_neural_sort(
-            scores,
-            tau=self.tau,
-            hard=self.hard,
-            n_samples=self.n_samples,
-            generator=self.generator,
-            log_scores=self.log_scores,
-            dim=self.dim,
-        )
 
-    def extra_repr(self) -> str:
-        return (
-            f"tau={self.tau}, hard={self.hard}, n_samples={self.n_samples}, "
-            f"log_scores={self.log_scores}, dim={self.dim}"
-        )
-
-
-class SoftSortMatrix(nn.Module):
+class SoftSortMatrix(FunctionModule):
     """Module twin of :func:`softsort_matrix` (``rankwise.SoftSort`` is the twin of ``soft_sort``)."""
+
+    _function = staticmethod(softsort_matrix)
+    _options = ("tau", "power", "hard", "dim")
 
     def __init__(self, *, tau: float = 1.0, power: float = 1.0, hard: bool = False, dim: int = -1) -> None:
         super().__init__()
@@ -469,12 +443,6 @@ class SoftSortMatrix(nn.Module):
         self.power = check_positive(power, "power")
         self.hard = _check_bool(hard, "hard")
         self.dim = dim
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return softsort_matrix(scores, tau=self.tau, power=self.power, hard=self.hard, dim=self.dim)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, power={self.power}, hard={self.hard}, dim={self.dim}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -540,6 +508,7 @@ def _register(
     gradient: Any = "exact",
     stochastic: bool = False,
     positive: bool = False,
+    relaxation: RelaxationInfo | None = None,
 ) -> None:
     ex, deg = _examples(kwargs, positive)
     register_op(
@@ -550,10 +519,19 @@ def _register(
         gradient=gradient,
         stochastic=stochastic,
         fuzz=_fuzz(kwargs, positive),
+        relaxation=relaxation,
     )(fn)
 
 
-_register("neural_sort", neural_sort, NeuralSort, {"tau": 0.7})
+_register(
+    "neural_sort",
+    neural_sort,
+    NeuralSort,
+    {"tau": 0.7},
+    relaxation=RelaxationInfo(
+        "neuralsort", params=("tau", "hard"), description="deterministic NeuralSort (rankwise.neural_sort)"
+    ),
+)
 _register("neural_sort.hard", neural_sort, NeuralSort, {"tau": 0.7, "hard": True}, gradient="surrogate")
 _register(
     "stochastic_neural_sort",
@@ -562,6 +540,12 @@ _register(
     {"tau": 0.7, "n_samples": 2},
     stochastic=True,
     positive=True,
+    relaxation=RelaxationInfo(
+        "stochastic",
+        fixed={"log_scores": True},
+        params=("tau", "n_samples", "hard"),
+        description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores",
+    ),
 )
 _register(
     "stochastic_neural_sort.hard",
@@ -572,7 +556,17 @@ _register(
     stochastic=True,
     positive=True,
 )
-_register("softsort", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "power": 1.0})
+_register(
+    "softsort",
+    softsort_matrix,
+    SoftSortMatrix,
+    {"tau": 0.7, "power": 1.0},
+    relaxation=RelaxationInfo(
+        "softsort",
+        params=("tau", "power", "hard"),
+        description="SoftSort (rankwise.softsort_matrix), distance power `power`",
+    ),
+)
 _register("softsort.hard", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "hard": True}, gradient="surrogate")
 
 

@@ -26,12 +26,15 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     check_bool,
     check_choice,
     check_dim,
     check_floating_nd,
+    check_generator,
+    check_int,
+    check_k,
     check_positive,
     check_real,
     check_same_device,
@@ -41,10 +44,9 @@ from rankwise._validation import (
     rank_dtype,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.permutation import _check_generator, _check_int, _gumbel
-from rankwise.ops.ranking import _rank_last
+from rankwise.ops.permutation import gumbel_noise
+from rankwise.ops.ranking import rank_last
 from rankwise.ops.soft import SoftRank, register_soft_method, soft_rank
-from rankwise.ops.topk import _check_k
 
 __all__ = [
     "PerturbedFYLoss",
@@ -69,7 +71,7 @@ def _sample(
     if noise == "normal":
         z = torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
         return z, z
-    z = _gumbel(shape, like, generator)
+    z = gumbel_noise(shape, like, generator)
     return z, -torch.expm1(-z)  # 1 - exp(-z)
 
 
@@ -102,7 +104,7 @@ class _Perturbed(torch.autograd.Function):
 
 def _check_common(sigma: Any, n_samples: Any, noise: Any, descending: Any) -> tuple[float, int]:
     s = check_positive(sigma, "sigma")
-    m = _check_int(n_samples, "n_samples", low=1)
+    m = check_int(n_samples, "n_samples", low=1)
     check_choice(noise, "noise", _NOISES)
     check_bool(descending, "descending")
     return s, m
@@ -118,7 +120,7 @@ def _perturbed(
 
 
 def _ranks_solver(descending: bool) -> Solver:
-    return lambda v: _rank_last(v, descending, "ordinal")
+    return lambda v: rank_last(v, descending, "ordinal")
 
 
 def perturbed_rank(
@@ -172,7 +174,7 @@ def perturbed_rank(
     check_floating_nd(x, "x")
     s, m = _check_common(sigma, n_samples, noise, descending)
     d = check_dim(x, dim)
-    gen = _check_generator(generator, x)
+    gen = check_generator(generator, x)
     xc = x.movedim(d, -1)
     xc = xc.to(compute_dtype(xc.dtype))
     out = nan_slices(_perturbed(xc, _ranks_solver(descending), s, m, noise, gen), xc)
@@ -213,8 +215,8 @@ def perturbed_topk(
     check_floating_nd(x, "x")
     s, m = _check_common(sigma, n_samples, noise, False)
     d = check_dim(x, dim)
-    kk = _check_k(k, x.shape[d], "n =")
-    gen = _check_generator(generator, x)
+    kk = check_k(k, x.shape[d], "n =")
+    gen = check_generator(generator, x)
     xc = x.movedim(d, -1)
     xc = xc.to(compute_dtype(xc.dtype))
 
@@ -285,7 +287,7 @@ def perturbed_fy_loss(
     s, m = _check_common(sigma, n_samples, noise, descending)
     check_choice(reduction, "reduction", _REDUCTIONS)
     d = check_dim(x, dim)
-    gen = _check_generator(generator, x)
+    gen = check_generator(generator, x)
     cdt = common_compute_dtype(x, target_ranks)
     theta = x.movedim(d, -1).to(cdt)
     y = target_ranks.detach().movedim(d, -1).to(cdt)
@@ -293,7 +295,7 @@ def perturbed_fy_loss(
     pert = theta.unsqueeze(0) + s * z  # (S, ..., n)
     if descending:
         pert = -pert
-    ystar = _rank_last(pert.detach(), False, "ordinal")  # maximizer of <y, pert> over the permutahedron
+    ystar = rank_last(pert.detach(), False, "ordinal")  # maximizer of <y, pert> over the permutahedron
     per_row = ((ystar - y) * pert).sum(-1).mean(0)  # (...,), >= 0
     per_row = nan_slices(nan_slices(per_row, theta, out_dims=0), y, out_dims=0)  # NaN/inf policy: per row
     if reduction == "none":
@@ -373,7 +375,7 @@ class PerturbedTopK(_PerturbedModule):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(sigma=sigma, n_samples=n_samples, noise=noise, dim=dim, generator=generator)
-        self.k = _check_int(k, "k", low=1)
+        self.k = check_int(k, "k", low=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return perturbed_topk(x, self.k, **self._kwargs())
@@ -476,9 +478,26 @@ def _fuzz(kwargs: dict[str, Any], kind: str):  # type: ignore[no-untyped-def]
     return factory
 
 
-def _register(name: str, fn: Any, module: type[nn.Module], factories: Any, fuzz: Any, gradient: Any) -> None:
+def _register(
+    name: str,
+    fn: Any,
+    module: type[nn.Module],
+    factories: Any,
+    fuzz: Any,
+    gradient: Any,
+    relaxation: RelaxationInfo | None = None,
+) -> None:
     ex, deg = factories
-    register_op(name, module=module, example=ex, degenerate=deg, gradient=gradient, stochastic=True, fuzz=fuzz)(fn)
+    register_op(
+        name,
+        module=module,
+        example=ex,
+        degenerate=deg,
+        gradient=gradient,
+        stochastic=True,
+        fuzz=fuzz,
+        relaxation=relaxation,
+    )(fn)
 
 
 for _name, _kw in (
@@ -490,6 +509,21 @@ _topk = _rank_examples({"n_samples": 8, "sigma": 0.5}, topk=True)
 _register("perturbed_topk", perturbed_topk, PerturbedTopK, _topk, _fuzz({}, "topk"), "surrogate")
 # gradient "exact": the exact gradient of the returned Monte-Carlo value (at fixed noise)
 _fy = (_fy_example, _fy_degenerate)
-_register("perturbed_fy_loss", perturbed_fy_loss, PerturbedFYLoss, _fy, _fuzz({}, "fy"), "exact")
+_register(
+    "perturbed_fy_loss",
+    perturbed_fy_loss,
+    PerturbedFYLoss,
+    _fy,
+    _fuzz({}, "fy"),
+    "exact",
+    RelaxationInfo(
+        "perturbed",
+        kind="rank_loss",
+        params=("n_samples",),
+        options={"sigma": 0.1, "noise": "gumbel"},
+        description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, "
+        "Berthet et al.); `n_samples` perturbations",
+    ),
+)
 _soft = _rank_examples({"method": "perturbed", "n_samples": 8})
 _register("soft_rank.perturbed", soft_rank, SoftRank, _soft, _fuzz({"method": "perturbed"}, "rank"), "surrogate")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -34,7 +34,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return rank_dtype(x.dtype)
 
 
-def _rank_last(
+def rank_last(
     x: torch.Tensor, descending: bool, ties: str, normalize: bool = False, *, nan_check: bool = True
 ) -> torch.Tensor:
     """Ranks (1..n, float; divided by n when ``normalize``) along the last dim of ``x`` (any leading dims).
@@ -126,13 +126,13 @@ def rank(
         raise ValueError("`x` must have at least 1 dimension, got a 0-d tensor")
     d = check_dim(x, dim)
     xt = x.detach().movedim(d, -1)
-    return _rank_last(xt, descending, ties, normalize).movedim(-1, d)
+    return rank_last(xt, descending, ties, normalize).movedim(-1, d)
 
 
-class _BlackboxRank(torch.autograd.Function):
+class BlackboxRankFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, lambda_val: float, descending: bool, normalize: bool, nan_check: bool = True):  # type: ignore[override]
-        r = _rank_last(x, descending, "ordinal", normalize, nan_check=nan_check).to(x.dtype)
+        r = rank_last(x, descending, "ordinal", normalize, nan_check=nan_check).to(x.dtype)
         ctx.lambda_val = lambda_val
         ctx.descending = descending
         ctx.normalize = normalize
@@ -145,7 +145,7 @@ class _BlackboxRank(torch.autograd.Function):
         x, r = ctx.saved_tensors
         lam = ctx.lambda_val
         x_prime = x + lam * grad_output.to(x.dtype)
-        r_prime = _rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize, nan_check=ctx.nan_check)
+        r_prime = rank_last(x_prime, ctx.descending, "ordinal", ctx.normalize, nan_check=ctx.nan_check)
         return (r_prime - r).mul_(1.0 / lam), None, None, None, None
 
 
@@ -197,12 +197,16 @@ def blackbox_rank(
     xt = to_compute(x.movedim(d, -1))  # fp16/bf16: ranks (and their blackbox backward) in float32
     if xt.numel() == 0:
         return xt * 0
-    r = _BlackboxRank.apply(xt, lam, descending, normalize)
+    r = BlackboxRankFunction.apply(xt, lam, descending, normalize)
     return r.movedim(-1, d)
 
 
-class Rank(nn.Module):
+class Rank(FunctionModule):
     """Module twin of :func:`rank`."""
+
+    _function = staticmethod(rank)
+    _options = ("dim", "descending", "ties", "normalize")
+    _shown = ("dim", "descending", "ties!r", "normalize")
 
     def __init__(
         self, *, dim: int = -1, descending: bool = False, ties: Ties = "ordinal", normalize: bool = False
@@ -213,15 +217,13 @@ class Rank(nn.Module):
         check_bool(normalize, "normalize")
         self.dim, self.descending, self.ties, self.normalize = dim, descending, ties, normalize
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rank(x, dim=self.dim, descending=self.descending, ties=self.ties, normalize=self.normalize)
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, descending={self.descending}, ties={self.ties!r}, normalize={self.normalize}"
-
-
-class BlackboxRank(nn.Module):
+class BlackboxRank(FunctionModule):
     """Module twin of :func:`blackbox_rank` holding ``lambda_val``."""
+
+    _function = staticmethod(blackbox_rank)
+    _options = ("dim", "descending", "normalize")
+    _positional = ("lambda_val",)
 
     def __init__(
         self, lambda_val: float = 2.0, *, dim: int = -1, descending: bool = False, normalize: bool = False
@@ -231,12 +233,6 @@ class BlackboxRank(nn.Module):
         check_bool(descending, "descending")
         check_bool(normalize, "normalize")
         self.dim, self.descending, self.normalize = dim, descending, normalize
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return blackbox_rank(x, self.lambda_val, dim=self.dim, descending=self.descending, normalize=self.normalize)
-
-    def extra_repr(self) -> str:
-        return f"lambda_val={self.lambda_val}, dim={self.dim}, descending={self.descending}, normalize={self.normalize}"
 
 
 def _rank_example(dtype: torch.dtype, device: torch.device) -> Example:

@@ -80,7 +80,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
 from rankwise._validation import (
     autocast_off,
     check_dim,
@@ -276,7 +276,7 @@ def _solve_sym(s: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """``s^{-1} rhs`` for symmetric ``s`` (batched LDL^T with Bunch-Kaufman pivoting) without host
     synchronization; a failed solve gives non-finite entries.
 
-    Not ``torch.linalg.solve``: on CPU with more than one thread, torch 2.15's batched LU returns
+    Not ``torch.linalg.solve``: on CPU with more than one thread, torch's batched LU has returned
     invalid pivots for matrices of size 256 and more (``solve`` then raises "Pivots given to
     lu_solve must all be greater or equal to 1"); the symmetric factorization is unaffected, and
     is the natural one for this symmetric system anyway.
@@ -825,6 +825,17 @@ def _fuzz(**kwargs: Any):  # type: ignore[no-untyped-def]
     return factory
 
 
+#: ``n`` times the plan to ``n`` descending targets is doubly stochastic; ``P[i, j]``: input ``i``, target ``j``
+_SINKHORN_RELAXATION = RelaxationInfo(
+    "sinkhorn",
+    orientation="columns",
+    mass="uniform",
+    fixed={"descending": True},
+    options={"epsilon": 0.1, "p": 2.0, "max_iter": 200},
+    straight_through=True,
+    description="optimal-transport sort: n x the Sinkhorn plan to n targets "
+    "(rankwise.sinkhorn_transport, Cuturi et al.)",
+)
 for _name, _fn, _mod, _kw in (
     ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport, {"epsilon": 0.1}),
     ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank, {"epsilon": 0.1}),
@@ -838,4 +849,5 @@ for _name, _fn, _mod, _kw in (
         degenerate=_degenerate(**_kw),
         gradient="exact",
         fuzz=_fuzz(**_kw),
+        relaxation=_SINKHORN_RELAXATION if _name == "sinkhorn_transport" else None,
     )(_fn)

@@ -1,7 +1,8 @@
 """``soft_sort`` / ``soft_rank``: one entry point over every differentiable sorting method.
 
-Each method registers its implementation with :func:`register_soft_method`; ``method="..."`` picks
-it from that registry (no string dispatch in this module). Implementations receive the input
+Each method registers its implementation with :func:`register_soft_method` in :data:`SOFT_METHODS`
+(a :class:`rankwise._registry.Registry`); ``method="..."`` picks it from that registry (no string
+dispatch in this module). Implementations receive the input
 already moved so that the sorted dimension is last and must accept any leading dims.
 """
 
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankwise._kernels._custom import constant_result
+from rankwise._registry import Registry
+from rankwise._twin import FunctionModule
 from rankwise._validation import check_bool, check_dim, check_floating, nan_slices, to_compute
 
 __all__ = ["SoftRank", "SoftSort", "list_soft_methods", "register_soft_method", "soft_rank", "soft_sort"]
@@ -43,7 +45,8 @@ def _options(fn: SoftImpl) -> tuple[str, ...] | None:
     return tuple(p.name for p in params if p.kind in kinds and p.name != "descending")
 
 
-_METHODS: dict[str, _SoftMethod] = {}
+#: soft sort / soft rank implementations by method name
+SOFT_METHODS: Registry[Any] = Registry("soft method")
 _PLUGINS_LOADED = False
 #: modules outside :mod:`rankwise.ops` that register operators and soft methods when imported (the
 #: SoDeep sorters: ``soft_rank(method="sodeep")``). They import ``rankwise.ops``, so ``ops`` names them
@@ -52,7 +55,7 @@ PLUGIN_MODULES: list[str] = ["rankwise.sodeep.hub"]
 
 
 @constant_result
-def _load_plugins() -> bool:
+def load_plugins() -> bool:
     """Import :data:`PLUGIN_MODULES` once, so that their methods are available however rankwise was
     imported (``import rankwise.ops`` alone, or the lazy top-level package). Under ``torch.compile``
     the tracer runs it eagerly (a constant of the trace: imports cannot be traced)."""
@@ -76,23 +79,24 @@ def register_soft_method(
     ``handles_nonfinite=True`` declares that they already return NaN for every slice holding a NaN
     or inf (docs/conventions.md), so :func:`soft_sort` / :func:`soft_rank` skip their own pass.
     """
-    old = _METHODS.get(name, _SoftMethod(None, None))
-    _METHODS[name] = _SoftMethod(sort=sort or old.sort, rank=rank or old.rank, handles_nonfinite=handles_nonfinite)
+    old = SOFT_METHODS[name] if name in SOFT_METHODS else _SoftMethod(None, None)
+    method = _SoftMethod(sort=sort or old.sort, rank=rank or old.rank, handles_nonfinite=handles_nonfinite)
+    SOFT_METHODS.add(name, method, replace=True)
 
 
 def list_soft_methods() -> list[str]:
     """Methods accepted by :func:`soft_sort` / :func:`soft_rank`."""
-    _load_plugins()
-    return sorted(_METHODS)
+    load_plugins()
+    return SOFT_METHODS.names()
 
 
 def _impl(method: Any, kind: str) -> SoftImpl:
-    if method not in _METHODS:
-        _load_plugins()
-    if method not in _METHODS or getattr(_METHODS[method], kind) is None:
-        valid = ", ".join(repr(m) for m in sorted(m for m, v in _METHODS.items() if getattr(v, kind)))
+    if method not in SOFT_METHODS:
+        load_plugins()
+    if method not in SOFT_METHODS or getattr(SOFT_METHODS[method], kind) is None:
+        valid = ", ".join(repr(m) for m, v in SOFT_METHODS.items() if getattr(v, kind))
         raise ValueError(f"`method` must be one of {valid} for soft_{kind}; got {method!r}")
-    fn: SoftImpl = getattr(_METHODS[method], kind)
+    fn: SoftImpl = getattr(SOFT_METHODS[method], kind)
     return fn
 
 
@@ -106,8 +110,8 @@ def _check_options(kind: str, method: str, kwargs: dict[str, Any]) -> None:
     if not unknown:
         return
     per_method = []
-    for name in sorted(_METHODS):
-        impl = getattr(_METHODS[name], kind)
+    for name, registered in SOFT_METHODS.items():
+        impl = getattr(registered, kind)
         if impl is not None:
             opts = _options(impl)
             per_method.append(f"{name}: {', '.join(opts) if opts else 'no options'}" if opts is not None else name)
@@ -134,7 +138,7 @@ def _apply(kind: str, x: torch.Tensor, method: str, descending: bool, dim: int, 
         xm = to_compute(xm)
     out = fn(xm, descending=descending, **kwargs)
     # NaN/inf policy: every soft value of a slice depends on the whole slice
-    if not _METHODS[method].handles_nonfinite:
+    if not SOFT_METHODS[method].handles_nonfinite:
         out = nan_slices(out, xm)
     return out if last else out.movedim(-1, d)
 
@@ -204,8 +208,13 @@ def soft_rank(
     return _apply("rank", x, method, descending, dim, kwargs)
 
 
-class SoftSort(nn.Module):
+class SoftSort(FunctionModule):
     """Module twin of :func:`soft_sort` holding ``method`` and its options."""
+
+    _function = staticmethod(soft_sort)
+    _options = ("method", "descending", "dim")
+    _kwargs = "kwargs"
+    _shown = ()
 
     def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
@@ -213,18 +222,17 @@ class SoftSort(nn.Module):
         check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_sort(x, method=self.method, descending=self.descending, dim=self.dim, **self.kwargs)
 
-
-class SoftRank(nn.Module):
+class SoftRank(FunctionModule):
     """Module twin of :func:`soft_rank` holding ``method`` and its options."""
+
+    _function = staticmethod(soft_rank)
+    _options = ("method", "descending", "dim")
+    _kwargs = "kwargs"
+    _shown = ()
 
     def __init__(self, *, method: str = "isotonic", descending: bool = False, dim: int = -1, **kwargs: Any) -> None:
         super().__init__()
         _check_options("rank", method, kwargs)
         check_bool(descending, "descending")
         self.method, self.descending, self.dim, self.kwargs = method, descending, dim, kwargs
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_rank(x, method=self.method, descending=self.descending, dim=self.dim, **self.kwargs)

@@ -32,7 +32,8 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -592,8 +593,12 @@ def diffsort(
     return sorted_x, nan_slices(_matrix(layers, alphas, xc), xc, out_dims=2).to(x.dtype)
 
 
-class DiffSort(nn.Module):
+class DiffSort(FunctionModule):
     """Module twin of :func:`diffsort` holding the network and its relaxation."""
+
+    _function = staticmethod(diffsort)
+    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix")
+    _shown = ("network!r", "steepness", "distribution!r", "art_lambda", "descending", "dim", "return_matrix")
 
     def __init__(
         self,
@@ -612,25 +617,6 @@ class DiffSort(nn.Module):
         self.descending = check_bool(descending, "descending")
         self.return_matrix = check_bool(return_matrix, "return_matrix")
         self.dim = dim
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
-        return diffsort(  # type: ignore[call-overload,no-any-return]
-            x,
-            network=self.network,  # type: ignore[arg-type]
-            steepness=self.steepness,
-            distribution=self.distribution,  # type: ignore[arg-type]
-            art_lambda=self.art_lambda,
-            descending=self.descending,
-            dim=self.dim,
-            return_matrix=self.return_matrix,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"network={self.network!r}, steepness={self.steepness}, distribution={self.distribution!r}, "
-            f"art_lambda={self.art_lambda}, descending={self.descending}, dim={self.dim}, "
-            f"return_matrix={self.return_matrix}"
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -713,13 +699,35 @@ def _fuzz(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
     return factory
 
 
-def _register(name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any]) -> None:
+def _register(
+    name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any], relaxation: RelaxationInfo | None = None
+) -> None:
     ex, deg = _examples(kwargs)
-    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs))(fn)
+    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs), relaxation=relaxation)(fn)
 
 
-_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True})
-_register("diffsort.bitonic", diffsort, DiffSort, {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
+def _relaxation(network: Network) -> RelaxationInfo:
+    """``diffsort(scores, descending=True)`` as a relaxed sort: ``P[i, j]`` is the weight of input ``i``
+    in position ``j`` of the descending order (columns), the matrix is the second output."""
+    return RelaxationInfo(
+        f"diffsort_{network}",
+        orientation="columns",
+        output=1,
+        fixed={"network": network, "descending": True},
+        options={"steepness": 10.0, "distribution": "cauchy"},
+        straight_through=True,
+        description=f"differentiable {network.replace('_', '-')} sorting network (rankwise.diffsort, Petersen et al.)",
+    )
+
+
+_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True}, _relaxation("odd_even"))
+_register(
+    "diffsort.bitonic",
+    diffsort,
+    DiffSort,
+    {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"},
+    _relaxation("bitonic"),
+)
 _register(
     "diffsort.logistic_phi",
     diffsort,

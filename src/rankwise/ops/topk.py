@@ -9,15 +9,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_lead, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
     check_choice,
     check_dim,
     check_floating,
     check_floating_nd,
+    check_generator,
+    check_int,
+    check_k,
     check_positive,
     check_same_device,
     check_tensor,
@@ -26,26 +29,12 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.permutation import (
-    _check_generator,
-    _check_int,
-    _gumbel,
-    _neural_sort_rows,
-    _softsort_rows,
-)
+from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 
 __all__ = ["DKNN", "DKNNClassScores", "SoftTopK", "dknn", "dknn_class_scores", "soft_topk"]
 
 TopKMethod = Literal["neuralsort", "softsort"]
 DKNNMethod = Literal["deterministic", "stochastic"]
-
-
-def _check_k(k: Any, n: int, what: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"`k` must be an int, got {type(k).__name__}")
-    if not 1 <= k <= n:
-        raise ValueError(f"`k` must be in [1, {n}] ({what} {n}), got {k}")
-    return k
 
 
 def soft_topk(
@@ -84,10 +73,10 @@ def soft_topk(
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("neuralsort", "softsort"))
     d = check_dim(scores, dim)
-    k = _check_k(k, scores.shape[d], "n =")
+    k = check_k(k, scores.shape[d], "n =")
     s = scores.movedim(d, -1)
     s = s.to(compute_dtype(s.dtype))
-    p = _neural_sort_rows(s, t, rows=k) if method == "neuralsort" else _softsort_rows(s, t, 1.0, rows=k)
+    p = neural_sort_rows(s, t, rows=k) if method == "neuralsort" else softsort_rows(s, t, 1.0, rows=k)
     return nan_slices(p.sum(dim=-2), s).movedim(-1, d).to(scores.dtype)
 
 
@@ -147,21 +136,21 @@ def dknn(
         raise ValueError(
             f"`query` and `neighbors` must have the same feature size, got {query.shape[-1]} and {neighbors.shape[-1]}"
         )
-    k = _check_k(k, neighbors.shape[-2], "number of neighbours N =")
+    k = check_k(k, neighbors.shape[-2], "number of neighbours N =")
     t = check_positive(tau, "tau")
     check_choice(method, "method", ("deterministic", "stochastic"))
-    m = _check_int(n_samples, "n_samples", low=1)
+    m = check_int(n_samples, "n_samples", low=1)
     check_same_device("query", query, ("neighbors", neighbors))
-    gen = _check_generator(generator, query)
+    gen = check_generator(generator, query)
     out_dtype = torch.promote_types(query.dtype, neighbors.dtype)
     cdt = compute_dtype(out_dtype)
     q, y = query.to(cdt), neighbors.to(cdt)
     scores = 2 * (q @ y.transpose(-1, -2)) - (y * y).sum(-1).unsqueeze(-2)  # (*, M, N)
     if method == "deterministic":
-        member = _neural_sort_rows(scores, t, rows=k).sum(dim=-2)
+        member = neural_sort_rows(scores, t, rows=k).sum(dim=-2)
     else:
-        perturbed = scores.unsqueeze(0) + _gumbel((m, *scores.shape), scores, gen)
-        member = _neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
+        perturbed = scores.unsqueeze(0) + gumbel_noise((m, *scores.shape), scores, gen)
+        member = neural_sort_rows(perturbed, t, rows=k).sum(dim=-2).mean(dim=0)
     # NaN/inf policy: a non-finite query makes its row NaN, a non-finite neighbour every row
     return nan_slices(member, scores).to(out_dtype)
 
@@ -196,7 +185,7 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
         raise ValueError(
             f"`labels` must have shape (..., N) with N = {membership.shape[-1]}, got shape {tuple(labels.shape)}"
         )
-    c = _check_int(num_classes, "num_classes", low=1)
+    c = check_int(num_classes, "num_classes", low=1)
     check_same_device("membership", membership, ("labels", labels))
     classes = torch.arange(c, device=labels.device)
     m = to_compute(membership)  # fp16/bf16: summed in float32, returned in the dtype of membership
@@ -205,25 +194,29 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
         return (m @ onehot).to(membership.dtype)
 
 
-class SoftTopK(nn.Module):
+class SoftTopK(FunctionModule):
     """Module twin of :func:`soft_topk` holding ``k`` and its options."""
+
+    _function = staticmethod(soft_topk)
+    _options = ("tau", "dim", "method")
+    _positional = ("k",)
+    _shown = ("k", "tau", "dim", "method!r")
 
     def __init__(self, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort") -> None:
         super().__init__()
-        self.k = _check_int(k, "k", low=1)
+        self.k = check_int(k, "k", low=1)
         self.tau = check_positive(tau, "tau")
         self.dim = dim
         self.method = check_choice(method, "method", ("neuralsort", "softsort"))
 
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return soft_topk(scores, self.k, tau=self.tau, dim=self.dim, method=self.method)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, tau={self.tau}, dim={self.dim}, method={self.method!r}"
-
-
-class DKNN(nn.Module):
+class DKNN(FunctionModule):
     """Module twin of :func:`dknn`: ``DKNN(k, tau=...)(query, neighbors)``."""
+
+    _function = staticmethod(dknn)
+    _options = ("tau", "method", "n_samples", "generator")
+    _positional = ("k",)
+    _shown = ("k", "tau", "method!r", "n_samples")
 
     def __init__(
         self,
@@ -235,39 +228,23 @@ class DKNN(nn.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        self.k = _check_int(k, "k", low=1)
+        self.k = check_int(k, "k", low=1)
         self.tau = check_positive(tau, "tau")
         self.method = check_choice(method, "method", ("deterministic", "stochastic"))
-        self.n_samples = _check_int(n_samples, "n_samples", low=1)
+        self.n_samples = check_int(n_samples, "n_samples", low=1)
         self.generator = generator
 
-    def forward(self, query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
-        return dknn(
-            query,
-            neighbors,
-            self.k,
-            tau=self.tau,
-            method=self.method,
-            n_samples=self.n_samples,
-            generator=self.generator,
-        )
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, tau={self.tau}, method={self.method!r}, n_samples={self.n_samples}"
-
-
-class DKNNClassScores(nn.Module):
+class DKNNClassScores(FunctionModule):
     """Module twin of :func:`dknn_class_scores` holding ``num_classes``."""
+
+    _function = staticmethod(dknn_class_scores)
+    _options = ()
+    _positional = ("num_classes",)
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
-        self.num_classes = _check_int(num_classes, "num_classes", low=1)
-
-    def forward(self, membership: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return dknn_class_scores(membership, labels, self.num_classes)
-
-    def extra_repr(self) -> str:
-        return f"num_classes={self.num_classes}"
+        self.num_classes = check_int(num_classes, "num_classes", low=1)
 
 
 # ----------------------------------------------------------------------------------------------

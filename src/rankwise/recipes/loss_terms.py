@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise.recipes.config import ConfigError, LossConfig, RegularizerConfig, _suggest, check_kwargs
+from rankwise._validation import did_you_mean
+from rankwise.recipes.config import ConfigError, LossConfig, RegularizerConfig, check_kwargs
 
 __all__ = ["LossTerm", "build_regularizers", "build_task_loss", "check_loss_config", "usable_losses"]
 
@@ -46,9 +47,7 @@ def _entry(name: str, key: str) -> Any:
     try:
         entry = get_loss_entry(name)
     except ValueError:
-        raise ConfigError(
-            f"`{key}`: unknown loss {name!r}; " + _suggest(name, usable).replace("keys", "losses")
-        ) from None
+        raise ConfigError(f"`{key}`: unknown loss {name!r}; " + did_you_mean(name, usable, "losses")) from None
     if not entry.inputs:
         raise ConfigError(
             f"`{key}`: loss {name!r} declares no recipe inputs in its registry entry, so a recipe cannot call it; "

@@ -13,11 +13,11 @@ import every recipe's dependencies); a new recipe registers itself with :func:`r
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from rankwise._registry import Registry
 
 if TYPE_CHECKING:
     from rankwise.recipes.config import Config
@@ -85,8 +85,6 @@ class Recipe(Protocol):
         """``OUT/report.md`` of ``compare``."""
 
 
-_RECIPES: dict[str, Recipe] = {}
-
 #: built-in recipe -> module that registers it (imported on first use)
 _BUILTIN = {
     "dir": "rankwise.recipes.dir",
@@ -101,6 +99,9 @@ _BUILTIN = {
     "ltr": "rankwise.recipes.learning_to_rank",
 }
 
+#: recipes by name (the built-in ones are imported on first look-up)
+RECIPES: Registry[Any] = Registry("recipe", lazy=_BUILTIN)
+
 _REQUIRED = ("name", "description", "options", "uses", "data_kind", "report_kind")
 
 
@@ -112,26 +113,18 @@ def register_recipe(recipe: Recipe) -> Recipe:
     name = recipe.name
     if not isinstance(name, str) or not name:
         raise TypeError(f"`recipe.name` must be a non-empty string, got {name!r}")
-    if name in _RECIPES and _RECIPES[name] is not recipe:
+    if name in RECIPES._entries and RECIPES[name] is not recipe:
         raise ValueError(f"recipe {name!r} is already registered")
-    _RECIPES[name] = recipe
+    RECIPES.add(name, recipe, description=str(recipe.description))
     return recipe
 
 
 def get_recipe(name: str) -> Recipe:
     """The recipe registered as ``name`` (``ValueError`` with the valid names otherwise)."""
-    if name not in _RECIPES and name in _BUILTIN:
-        importlib.import_module(_BUILTIN[name])
-    if name not in _RECIPES:
-        valid = sorted({*_RECIPES, *_BUILTIN})
-        close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-        raise ValueError(f"unknown recipe {name!r}; {hint}expected one of: {', '.join(valid)}")
-    return _RECIPES[name]
+    recipe: Recipe = RECIPES.get(name)
+    return recipe
 
 
 def list_recipes() -> list[str]:
     """Names of every recipe (the built-in ones are imported), sorted."""
-    for module in sorted(set(_BUILTIN.values())):
-        importlib.import_module(module)
-    return sorted(_RECIPES)
+    return RECIPES.names(load=True)

@@ -71,6 +71,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rankwise._registry import Registry, RegistryEntry
+from rankwise.ops import OPS
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
@@ -182,8 +184,10 @@ class Relaxation:
     kind: Literal["permutation", "rank_loss"] = "permutation"
 
 
-#: relaxations by name (``task.method``); extend with :func:`register_relaxation`
-RELAXATIONS: dict[str, Relaxation] = {}
+#: relaxations by name (``task.method``): every operator whose registry entry carries
+#: :class:`rankwise._registry.RelaxationInfo` (see :func:`_from_op`), and those added with
+#: :func:`register_relaxation`
+RELAXATIONS: Registry[Any] = Registry("relaxation")
 
 
 def register_relaxation(
@@ -199,25 +203,7 @@ def register_relaxation(
         raise ValueError(f"relaxation {name!r} is already defined")
     if kind not in ("permutation", "rank_loss"):
         raise ValueError(f"`kind` must be 'permutation' or 'rank_loss', got {kind!r}")
-    RELAXATIONS[name] = Relaxation(fn, dict(options or {}), description, kind)
-
-
-def _neuralsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import neural_sort
-
-    return neural_sort(scores, tau=t.tau, hard=t.hard)
-
-
-def _stochastic(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import stochastic_neural_sort
-
-    return stochastic_neural_sort(scores, tau=t.tau, n_samples=t.n_samples, log_scores=True, hard=t.hard)
-
-
-def _softsort(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import softsort_matrix
-
-    return softsort_matrix(scores, tau=t.tau, power=t.power, hard=t.hard)
+    RELAXATIONS.add(name, Relaxation(fn, dict(options or {}), description, kind), description=description)
 
 
 def _straight_through(p_soft: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -226,96 +212,52 @@ def _straight_through(p_soft: torch.Tensor, scores: torch.Tensor) -> torch.Tenso
     return exact + p_soft - p_soft.detach()
 
 
-def _diffsort(network: Literal["odd_even", "bitonic"]) -> Callable[[torch.Tensor, SortOptions], torch.Tensor]:
-    def fn(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
-        from rankwise.ops import diffsort
-
-        o = relaxation_options(t)
-        # descending=True: the network on -scores; P[i, j] = weight of input i in position j of the
-        # DESCENDING order, so the recipe's P̂ (row j selects the j-th largest) is its transpose
-        _, p = diffsort(
-            scores, network=network, steepness=float(o["steepness"]), distribution=o["distribution"], descending=True
-        )
-        p_hat = p.transpose(-1, -2)
-        return _straight_through(p_hat, scores) if t.hard else p_hat
-
-    return fn
-
-
-def _sinkhorn(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import sinkhorn_transport
-
-    o = relaxation_options(t)
-    n = scores.shape[-1]
-    # rows: inputs (mass 1/n), columns: the n targets in DESCENDING order (mass 1/n); n * plan is doubly
-    # stochastic, and its transpose has row j = the j-th largest
-    plan = sinkhorn_transport(
-        scores, epsilon=float(o["epsilon"]), p=float(o["p"]), descending=True, max_iter=int(o["max_iter"])
-    )
-    p_hat = (plan * n).transpose(-1, -2)
-    return _straight_through(p_hat, scores) if t.hard else p_hat
-
-
 def true_ranks(values: torch.Tensor) -> torch.Tensor:
     """Ranks 1..n of ``values`` along the last dim, ascending (the largest gets ``n``; values distinct)."""
     return values.argsort(-1).argsort(-1).to(torch.float32) + 1
 
 
-def _isotonic(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import soft_rank
-
-    o = relaxation_options(t)
-    soft = soft_rank(
-        scores.float(),
-        method="isotonic",
-        regularization=o["regularization"],
-        regularization_strength=float(o["regularization_strength"]),
-    )
-    return (soft - ranks).pow(2).mean()
+def _option(value: Any, default: Any) -> Any:
+    """A ``task.options`` value in the type of its declared default (YAML gives ``1`` for ``1.0``)."""
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(value, (int, float)):
+        return type(default)(value)
+    return value
 
 
-def _perturbed(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
-    from rankwise.ops import perturbed_fy_loss
+def _from_op(entry: RegistryEntry) -> Relaxation:
+    """The relaxation an operator's registry entry describes (:class:`rankwise._registry.RelaxationInfo`)."""
+    info = entry.relaxation
+    assert info is not None
+    op = entry.fn
 
-    o = relaxation_options(t)
-    return perturbed_fy_loss(scores.float(), ranks, sigma=float(o["sigma"]), n_samples=t.n_samples, noise=o["noise"])
+    def kwargs(t: SortOptions) -> dict[str, Any]:
+        o = relaxation_options(t)
+        extra = {k: _option(o[k], d) for k, d in info.options.items()}
+        return {**info.fixed, **{k: getattr(t, k) for k in info.params}, **extra}
+
+    if info.kind == "permutation":
+
+        def permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+            p = op(scores, **kwargs(t))
+            p = p[info.output] if info.output is not None else p
+            p = p * scores.shape[-1] if info.mass == "uniform" else p
+            p = p.transpose(-1, -2) if info.orientation == "columns" else p
+            return _straight_through(p, scores) if t.hard and info.straight_through else p
+
+        return Relaxation(permutation, dict(info.options), info.description, "permutation")
+
+    def rank_loss(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
+        if info.kind == "soft_rank":
+            return (op(scores.float(), **kwargs(t)) - ranks).pow(2).mean()
+        out: torch.Tensor = op(scores.float(), ranks, **kwargs(t))
+        return out
+
+    return Relaxation(rank_loss, dict(info.options), info.description, "rank_loss")
 
 
-register_relaxation("neuralsort", _neuralsort, description="deterministic NeuralSort (rankwise.neural_sort)")
-register_relaxation(
-    "stochastic", _stochastic, description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores"
-)
-register_relaxation("softsort", _softsort, description="SoftSort (rankwise.softsort_matrix), distance power `power`")
-_NETWORKS: tuple[Literal["odd_even", "bitonic"], ...] = ("odd_even", "bitonic")
-for _net in _NETWORKS:
-    register_relaxation(
-        f"diffsort_{_net}",
-        _diffsort(_net),
-        options={"steepness": 10.0, "distribution": "cauchy"},
-        description=f"differentiable {_net.replace('_', '-')} sorting network (rankwise.diffsort, Petersen et al.)",
-    )
-register_relaxation(
-    "sinkhorn",
-    _sinkhorn,
-    options={"epsilon": 0.1, "p": 2.0, "max_iter": 200},
-    description="optimal-transport sort: n x the Sinkhorn plan to n targets "
-    "(rankwise.sinkhorn_transport, Cuturi et al.)",
-)
-register_relaxation(
-    "isotonic",
-    _isotonic,
-    kind="rank_loss",
-    options={"regularization": "l2", "regularization_strength": 1.0},
-    description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
-)
-register_relaxation(
-    "perturbed",
-    _perturbed,
-    kind="rank_loss",
-    options={"sigma": 0.1, "noise": "gumbel"},
-    description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, Berthet et al.); "
-    "`n_samples` perturbations",
-)
+for _entry in OPS.entries():
+    if _entry.relaxation is not None:
+        RELAXATIONS.add(_entry.relaxation.name, _from_op(_entry), description=_entry.relaxation.description)
 
 
 def _try_relaxation(t: SortOptions) -> None:

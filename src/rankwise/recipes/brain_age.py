@@ -346,6 +346,25 @@ def _fmt(v: Any) -> str:
     return "" if isinstance(v, str) else f"{float(v):.6f}"
 
 
+def _check_sodeep_batch(cfg: Config) -> None:
+    """A bundled SoDeep sorter ranks sequences of one length: the (global) training batch must be one of them."""
+    from rankwise.sodeep import BUNDLED_SEQ_LENS
+
+    d = cfg.trainer.devices
+    devices = len(d) if isinstance(d, (list, tuple)) else int(d) if str(d).isdigit() and int(d) > 0 else 1
+    batch = cfg.data.batch_size * devices
+    for reg in cfg.loss.regularizers:
+        opts = reg.options or {}
+        if reg.name == "spearman" and opts.get("ranker") == "sodeep" and opts.get("sorter") is None:
+            if batch not in BUNDLED_SEQ_LENS:
+                raise ConfigError(
+                    f"`loss.regularizers.spearman.options.ranker` 'sodeep' uses a bundled sorter of length "
+                    f"{list(BUNDLED_SEQ_LENS)}, which the training batch must equal (the authors' sorter has the "
+                    f"batch's length); got data.batch_size={cfg.data.batch_size} x {devices} device(s) = {batch}: "
+                    "set `data.batch_size` to one of them or another ranker (isotonic, neuralsort)"
+                )
+
+
 class BrainAgeRecipe(RecipeBase):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
@@ -372,6 +391,7 @@ class BrainAgeRecipe(RecipeBase):
                     f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)"
                 )
         check_loss_config(cfg.loss)
+        _check_sodeep_batch(cfg)
 
     def method(self, cfg: Config) -> str:
         if cfg.model.backbone == "sfcn":

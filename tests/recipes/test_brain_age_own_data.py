@@ -95,3 +95,16 @@ def test_a_batch_no_sodeep_sorter_fits_is_one_error_line(cohort: Path, tmp_path:
     lines = res.output.strip().splitlines()
     assert lines[-1].startswith("error: `loss.regularizers.spearman.options.ranker` 'sodeep'"), res.output
     assert "data.batch_size=4 x 1 device(s) = 4" in lines[-1]
+
+
+def test_the_label_column_is_an_option(cohort: Path, tmp_path: Path) -> None:
+    from rankwise.data.nifti import load_nifti_csv, looks_like_nifti_csv
+
+    data = load_nifti_csv(str(cohort), target="age_at_scan", cache_dir=str(tmp_path))
+    ages = sorted(float(r["age_at_scan"]) for r in csv.DictReader(open(cohort)))
+    got = sorted([*data.train_labels, *data.val_labels, *data.test_labels])
+    assert data.label_name == "age_at_scan" and got == pytest.approx(ages)
+    assert looks_like_nifti_csv(cohort)
+    table = tmp_path / "table.csv"
+    table.write_text("path,age\nimg.png,40\n")
+    assert not looks_like_nifti_csv(table) and not looks_like_nifti_csv(tmp_path / "missing.csv")

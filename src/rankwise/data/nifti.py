@@ -343,14 +343,14 @@ def load_nifti_csv(
         if not it["path"].is_file():
             raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
         key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
-        target = cache / f"{key}.npy"
-        if not target.is_file():
+        cached = cache / f"{key}.npy"
+        if not cached.is_file():
             data, affine = _read_volume(it["path"], where)
             vol = preprocess_volume(data, affine, spacing=spacing, shape=shape, resize=resize, normalize=normalize)
-            tmp = target.with_suffix(f".{os.getpid()}.tmp.npy")
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(tmp, vol.astype(np.float16))
-            os.replace(tmp, target)
-        vshape = tuple(np.load(target, mmap_mode="r").shape)
+            os.replace(tmp, cached)
+        vshape = tuple(np.load(cached, mmap_mode="r").shape)
         if grid is None:
             grid = (vshape, it["row"])
         elif vshape != grid[0]:
@@ -360,7 +360,7 @@ def load_nifti_csv(
                 f"volume {it['path']} has shape {vshape} after preprocessing, the cohort {grid[0]} (row {grid[1]}); "
                 "set `data.options.shape` to crop/pad every volume to one grid",
             )
-        it["cache"] = str(target)
+        it["cache"] = str(cached)
     transform = None
     if augment:
         _, tio = _mri_modules()

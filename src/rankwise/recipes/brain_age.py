@@ -174,8 +174,9 @@ class BrainAgeModule(L.LightningModule):
             from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
 
             centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
+            width: float = self.net.bin_step  # type: ignore[assignment]
             return sfcn_kl_loss(
-                out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma, bin_width=self.net.bin_step)
+                out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma, bin_width=width)
             )
         if self.stage == "second":
             return regression_loss(out["residual"], y - out["discretized"], kind=self.cfg.loss.kind)

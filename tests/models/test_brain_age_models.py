@@ -4,7 +4,12 @@ The reference values in ``data/tsan_reference.pt`` were produced by running the 
 code (networks with 8 filters and 2 blocks on a 20x24x20 grid, BatchNorm statistics randomised, in
 eval mode; their ``discretize_age``; their ``rank_difference_loss`` with an exact sorter in place
 of the LSTM and numpy seed 123); ``data/tsan_reference_keys.json`` lists their default networks'
-``state_dict`` keys and shapes. Only tensors are stored (loaded with ``weights_only=True``).
+``state_dict`` keys and shapes. ``data/sfcn_reference.pt`` holds values produced by running Peng et
+al.'s released code (UKBiobank_deep_pretrain: their ``SFCN`` with channels 4-4-8-8-8-4 and 10 outputs
+at their 160x192x160 grid, input ``numpy.random.default_rng(0).standard_normal``, BatchNorm
+statistics randomised; their ``num2vect`` and ``my_KLDivLoss``); ``data/sfcn_reference_keys.json``
+their default SFCN's keys, shapes and parameter count. Only tensors are stored (loaded with
+``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -122,8 +127,15 @@ def test_sfcn_shapes_soft_labels_and_kl() -> None:
     centers: torch.Tensor = net.bin_centers  # type: ignore[assignment]
     torch.testing.assert_close(centers[:2], torch.tensor([22.5, 27.5]))
     q = sfcn_soft_labels(torch.tensor([22.5, 60.0, 88.0]), centers, sigma=1.0)
-    expect = torch.exp(-((torch.tensor([[22.5], [60.0], [88.0]]) - centers) ** 2) / 2)
-    torch.testing.assert_close(q, expect / expect.sum(-1, keepdim=True))
+    # the Gaussian's mass in each 5-year bin, by scipy's normal CDF (independent of torch.special)
+    from scipy.stats import norm
+
+    edges = centers.double().numpy()[None] + np.array([[-2.5], [2.5]])[:, :, None]
+    expect = norm.cdf(edges[1], loc=[[22.5], [60.0], [88.0]]) - norm.cdf(edges[0], loc=[[22.5], [60.0], [88.0]])
+    torch.testing.assert_close(q, torch.tensor(expect, dtype=torch.float32))
+    # not renormalised: an age 2 SD below the top of the range (90) keeps Phi(2) of its mass
+    assert float(q[1].sum()) == pytest.approx(1.0, abs=1e-5)
+    assert float(q[2].sum()) == pytest.approx(norm.cdf(2.0), abs=1e-5)
     kl = sfcn_kl_loss(logp, q)
     ref = torch.nn.functional.kl_div(logp, q + 1e-16, reduction="sum") / 3
     torch.testing.assert_close(kl, ref)
@@ -147,3 +159,47 @@ def test_registered_backbones_and_input_errors() -> None:
         sex_one_hot(torch.tensor([2]))
     with pytest.raises(ValueError, match="`nb_block`"):
         ScaleDense(nb_block=0)
+
+
+@pytest.fixture(scope="module")
+def sfcn_ref() -> dict[str, torch.Tensor]:
+    return torch.load(DATA / "sfcn_reference.pt", weights_only=True)
+
+
+def test_sfcn_has_the_authors_keys_shapes_and_size() -> None:
+    keys = json.loads((DATA / "sfcn_reference_keys.json").read_text())
+    mine = {k: list(v.shape) for k, v in SFCN().state_dict().items()}
+    assert mine == keys["sfcn_keys"]
+    assert sum(p.numel() for p in SFCN().parameters()) == keys["sfcn_params"] == 2_952_936
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_sfcn_matches_the_authors_outputs(sfcn_ref: dict[str, torch.Tensor], mode: str) -> None:
+    channels = json.loads((DATA / "sfcn_reference_keys.json").read_text())["small_channels"]
+    net = SFCN(channels=channels, bins=10, age_range=(42.0, 82.0))
+    net.load_state_dict(_sub(sfcn_ref, "net."))
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 1, 160, 192, 160), dtype=np.float32))
+    net.eval()
+    if mode == "train":  # BatchNorm on the batch's statistics, dropout off (it draws random masks)
+        net.train()
+        net.classifier.dropout.eval()
+    with torch.no_grad():
+        out = net(x)
+    torch.testing.assert_close(out, sfcn_ref[f"{mode}_out"].reshape(2, 10), rtol=1e-5, atol=1e-5)
+    if mode == "eval":
+        kl = sfcn_kl_loss(out, sfcn_ref["kl_soft"])
+        torch.testing.assert_close(kl, sfcn_ref["kl_value"].float(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("key", "bins", "sigma"), [("soft_step1", 40, 1.0), ("soft_step2", 20, 1.0), ("soft_step2_sigma2.5", 20, 2.5)]
+)
+def test_sfcn_soft_labels_match_the_authors_num2vect(
+    sfcn_ref: dict[str, torch.Tensor], key: str, bins: int, sigma: float
+) -> None:
+    net = SFCN(channels=(4, 4), bins=bins, age_range=(42.0, 82.0))
+    centers: torch.Tensor = net.bin_centers  # type: ignore[assignment]
+    step = key.split("_")[1]
+    torch.testing.assert_close(centers.double(), sfcn_ref[f"centers_{step}"])
+    q = sfcn_soft_labels(sfcn_ref["ages"], centers.double(), sigma=sigma)
+    torch.testing.assert_close(q, sfcn_ref[key], rtol=1e-9, atol=1e-12)

@@ -43,6 +43,7 @@ __all__ = [
     "SEX_VALUES",
     "NiftiVolumeDataset",
     "load_nifti_csv",
+    "looks_like_nifti_csv",
     "parse_sex",
     "preprocess_volume",
 ]
@@ -209,14 +210,14 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
     return data, affine
 
 
-def _read_rows(csv_path: Path) -> list[dict[str, Any]]:
+def _read_rows(csv_path: Path, target: str = "age") -> list[dict[str, Any]]:
     if not csv_path.is_file():
         raise DataFileNotFoundError(csv_path, None, "CSV file does not exist")
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in ("path", "age") if c not in header]
+            missing = [c for c in ("path", target) if c not in header]
             if missing:
                 raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
             reader.fieldnames = header
@@ -236,18 +237,18 @@ def _read_rows(csv_path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _parse_row(r: dict[str, Any], csv_path: Path, root: Path) -> dict[str, Any]:
+def _parse_row(r: dict[str, Any], csv_path: Path, root: Path, target: str = "age") -> dict[str, Any]:
     row = r["_row"]
     if not r["path"]:
         raise DataFormatError(csv_path, row, "empty `path`")
     p = Path(r["path"])
     path = p if p.is_absolute() else root / p
     try:
-        age = float(r["age"])
+        age = float(r[target])
     except ValueError:
-        raise DataFormatError(csv_path, row, f"`age` must be a number, got {r['age']!r} ({path})") from None
+        raise DataFormatError(csv_path, row, f"`{target}` must be a number, got {r[target]!r} ({path})") from None
     if not math.isfinite(age) or age < 0:
-        raise DataFormatError(csv_path, row, f"`age` must be a finite number >= 0, got {r['age']!r} ({path})")
+        raise DataFormatError(csv_path, row, f"`{target}` must be a finite number >= 0, got {r[target]!r} ({path})")
     try:
         sex = parse_sex(r.get("sex", ""))
     except ValueError as e:
@@ -331,6 +332,21 @@ def _cache_array(vol: np.ndarray) -> np.ndarray:
         return vol.astype(np.float16)
     return vol.astype(np.float32)
 
+def looks_like_nifti_csv(path: str | Path) -> bool:
+    """Whether ``path`` is a CSV whose ``path`` column lists NIfTI volumes (the first row's ends in .nii / .nii.gz)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            if "path" not in [h.strip() for h in (reader.fieldnames or [])]:
+                return False
+            first = next(reader, None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    if first is None:
+        return False
+    value = next((v for k, v in first.items() if isinstance(k, str) and k.strip() == "path"), "") or ""
+    return value.strip().lower().endswith((".nii", ".nii.gz"))
+
 
 def _default_cache() -> Path:
     base = os.environ.get("RANKWISE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rankwise")
@@ -341,6 +357,7 @@ def _default_cache() -> Path:
 def load_nifti_csv(
     csv: str,
     *,
+    target: str = "age",
     shape: Sequence[int] | None = None,
     spacing: float | Sequence[float] | None = None,
     resize: Literal["crop_or_pad", "resample"] = "crop_or_pad",
@@ -353,11 +370,12 @@ def load_nifti_csv(
 ) -> RegressionData:
     """Brain-age cohort: NIfTI volumes listed in ``csv`` (columns path, age[, sex, site, subject, split]).
 
-    Options: ``shape`` ([D, H, W] grid, centred crop/pad or, with ``resize="resample"``, a
-    resample), ``spacing`` (mm, resampled first), ``normalize`` ("brain_zscore": z-score over the
-    voxels > 0 as the TSAN authors' loader; "none"), ``cache_dir`` (float16 preprocessed volumes,
-    float32 where float16 cannot hold the intensities; default ``$RANKWISE_CACHE/volumes`` or
-    ``~/.cache/rankwise/volumes``), ``val_fraction`` /
+    Options: ``target`` (the label column, default ``age``), ``shape`` ([D, H, W] grid, centred
+    crop/pad or, with ``resize="resample"``, a resample), ``spacing`` (mm, resampled first),
+    ``normalize`` ("brain_zscore": z-score over the voxels > 0 as the TSAN authors' loader; "none"),
+    ``cache_dir`` (float16 preprocessed volumes,
+    float32 where float16 cannot hold the intensities;
+    default ``$RANKWISE_CACHE/volumes`` or ``~/.cache/rankwise/volumes``), ``val_fraction`` /
     ``test_fraction`` / ``seed`` (the seeded split by subject when the CSV has no ``split``
     column: no subject in two splits), ``augment`` (random left-right flips and small affine
     transforms of the training volumes, TorchIO). Items are ``({"volume": (1, D, H, W),
@@ -387,7 +405,9 @@ def load_nifti_csv(
     if normalize not in ("brain_zscore", "none"):
         raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {normalize!r}")
     root = csv_path.resolve().parent
-    items = [_parse_row(r, csv_path, root) for r in _read_rows(csv_path)]
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"`target` must be the name of the CSV's label column, got {target!r}")
+    items = [_parse_row(r, csv_path, root, target) for r in _read_rows(csv_path, target)]
     split_rule = "csv" if all(it["split"] for it in items) else "subject"
     _assign_splits(items, csv_path, val_fraction, test_fraction, seed)
     if not any(it["split"] == "train" for it in items):
@@ -410,8 +430,8 @@ def load_nifti_csv(
                 csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
             )
         key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
-        target = cache / f"{key}.npy"
-        if not target.is_file():
+        cached = cache / f"{key}.npy"
+        if not cached.is_file():
             data, affine = _read_volume(it["path"], where)
             _check_grid(data.shape, affine, spacing, where, it["path"])
             try:
@@ -421,10 +441,10 @@ def load_nifti_csv(
                 raise DataFormatError(
                     csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}"
                 ) from None
-            tmp = target.with_suffix(f".{os.getpid()}.tmp.npy")
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(tmp, _cache_array(vol))
-            os.replace(tmp, target)
-        vshape = tuple(np.load(target, mmap_mode="r").shape)
+            os.replace(tmp, cached)
+        vshape = tuple(np.load(cached, mmap_mode="r").shape)
         if grid is None:
             grid = (vshape, it["row"])
         elif vshape != grid[0]:
@@ -434,7 +454,7 @@ def load_nifti_csv(
                 f"volume {it['path']} has shape {vshape} after preprocessing, the cohort {grid[0]} (row {grid[1]}); "
                 "set `data.options.shape` to crop/pad every volume to one grid",
             )
-        it["cache"] = str(target)
+        it["cache"] = str(cached)
     transform = None
     if augment:
         _, tio = _mri_modules()
@@ -477,7 +497,7 @@ def load_nifti_csv(
         kind="volume",
         input_dim=None,
         bin_width=1.0,
-        label_name="age",
+        label_name=target,
         meta=meta,
         shot_thresholds=None,
         label_unit="years",

@@ -307,7 +307,9 @@ class SFCN(nn.Module):
         self.classifier.add_module("dropout", nn.Dropout(dropout))
         self.classifier.add_module(f"conv_{len(chans)}", nn.Conv3d(cin, bins, kernel_size=1))
         step = (hi - lo) / bins
-        self.register_buffer("bin_centers", lo + step * (torch.arange(bins, dtype=torch.float32) + 0.5))
+        self.register_buffer(
+            "bin_centers", lo + step * (torch.arange(bins, dtype=torch.float32) + 0.5), persistent=False
+        )
         self.bin_step = step
 
     def forward(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
@@ -320,21 +322,40 @@ class SFCN(nn.Module):
         return (log_probs.exp() * centers.to(log_probs.dtype)).sum(-1)
 
 
-def sfcn_soft_labels(age: torch.Tensor, centers: torch.Tensor, *, sigma: float = 1.0) -> torch.Tensor:
-    r"""Gaussian soft labels over age bins (Peng et al. 2021): :math:`q_k \propto \exp(-(a - c_k)^2 / 2\sigma^2)`.
+def sfcn_soft_labels(
+    age: torch.Tensor, centers: torch.Tensor, *, sigma: float = 1.0, bin_width: float | None = None
+) -> torch.Tensor:
+    r"""Soft age labels over bins (Peng et al. 2021): the mass of :math:`\mathcal{N}(a, \sigma^2)` in each bin.
+
+    :math:`q_k = \Phi((c_k + w/2 - a)/\sigma) - \Phi((c_k - w/2 - a)/\sigma)` for bin centres
+    :math:`c_k` of width :math:`w` (``bin_width``, default the spacing of ``centers``), as the
+    authors' ``num2vect``: the rows are **not** renormalised, so an age near the edge of the range
+    keeps only the mass that falls inside it (about 0.5 at the edge itself).
 
     Shape:
-        - age: :math:`(B,)`; centers: :math:`(K,)`; output: :math:`(B, K)`, rows summing to 1.
+        - age: :math:`(B,)`; centers: :math:`(K,)` equally spaced; output: :math:`(B, K)`.
 
     Example:
-        >>> q = sfcn_soft_labels(torch.tensor([30.0]), torch.arange(25.0, 36.0), sigma=1.0)
+        >>> q = sfcn_soft_labels(torch.tensor([30.0]), torch.arange(25.5, 36.0), sigma=1.0)
         >>> int(q.argmax()), round(float(q.sum()), 4)
-        (5, 1.0)
+        (4, 1.0)
     """
     if not sigma > 0:
         raise ValueError(f"`sigma` must be > 0, got {sigma!r}")
-    a = torch.as_tensor(age).reshape(-1, 1).to(centers.dtype)
-    return torch.softmax(-((a - centers) ** 2) / (2 * sigma**2), dim=-1)
+    c = torch.as_tensor(centers)
+    if not c.is_floating_point():
+        c = c.float()
+    if bin_width is None:
+        if c.numel() < 2:
+            raise ValueError(f"`bin_width` is needed with fewer than 2 bin centres, got {c.numel()} centre(s)")
+        bin_width = float(c[1] - c[0])
+    if not bin_width > 0:
+        raise ValueError(f"`bin_width` must be > 0, got {bin_width!r}")
+    a = torch.as_tensor(age).reshape(-1, 1).to(c.dtype)
+    dtype = torch.float64 if c.dtype == torch.float64 else torch.float32
+    hi = (c.to(dtype) + bin_width / 2 - a.to(dtype)) / sigma
+    lo = (c.to(dtype) - bin_width / 2 - a.to(dtype)) / sigma
+    return (torch.special.ndtr(hi) - torch.special.ndtr(lo)).to(c.dtype)
 
 
 def sfcn_kl_loss(log_probs: torch.Tensor, soft_labels: torch.Tensor) -> torch.Tensor:

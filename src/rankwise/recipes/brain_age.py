@@ -70,7 +70,15 @@ class BrainAgeOptions:
     sfcn_sigma: float = opt(1.0, doc="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
     montage: int = opt(3, doc="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
     init_age_bias: bool = opt(
-        True, doc="TSAN: start the stage-1 output bias at the mean training age (else PyTorch's default)"
+        True,
+        doc="TSAN: start the stage-1 output bias at the mean training age and stage 2 at the discretized "
+        "stage-1 age (its last layer zeroed), else PyTorch's default initialisation",
+    )
+    age_scale: float | None = opt(
+        1.0,
+        doc="TSAN: stage 1 predicts age / age_scale (years; 1: the authors' raw ages; null: the SD of the "
+        "training ages, i.e. standardised targets); losses and metrics stay in years",
+        gt=0,
     )
 
 
@@ -113,10 +121,17 @@ class BrainAgeModule(L.LightningModule):
     """
 
     def __init__(
-        self, cfg: Config, *, stage: Literal["first", "second"] = "first", first: nn.Module | None = None
+        self,
+        cfg: Config,
+        *,
+        stage: Literal["first", "second"] = "first",
+        first: nn.Module | None = None,
+        age_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.cfg, self.task, self.stage = cfg, cfg.task, stage
+        #: stage 1's output is age / age_scale (:func:`resolve_age_scale`); stage 2 applies it to its frozen input
+        self.age_scale = float(age_scale)
         backbone = cfg.model.backbone
         self.kind = "sfcn" if backbone == "sfcn" else "tsan"
         self.net = _network(cfg, "tsan_second_stage" if stage == "second" else backbone)
@@ -142,10 +157,10 @@ class BrainAgeModule(L.LightningModule):
             logp = self.net(vol)
             return {"age": self.net.predict_age(logp), "log_probs": logp}  # type: ignore[operator]
         if self.stage == "first":
-            return {"age": self.net(vol, sex).reshape(-1)}
+            return {"age": self.age_scale * self.net(vol, sex).reshape(-1)}
         assert self.first is not None
         with torch.no_grad():
-            dis = discretize_age(self.first(vol, sex).reshape(-1, 1).float(), self.task.step)
+            dis = discretize_age(self.age_scale * self.first(vol, sex).reshape(-1, 1).float(), self.task.step)
         residual, age = self.net(vol, sex, dis)
         return {"age": age.reshape(-1), "residual": residual.reshape(-1), "discretized": dis.reshape(-1)}
 
@@ -159,7 +174,10 @@ class BrainAgeModule(L.LightningModule):
             from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
 
             centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
-            return sfcn_kl_loss(out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma))
+            width: float = self.net.bin_step  # type: ignore[assignment]
+            return sfcn_kl_loss(
+                out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma, bin_width=width)
+            )
         if self.stage == "second":
             return regression_loss(out["residual"], y - out["discretized"], kind=self.cfg.loss.kind)
         return regression_loss(out["age"], y, kind=self.cfg.loss.kind)
@@ -243,9 +261,31 @@ def _two_stages(run: Run) -> bool:
     return run.cfg.model.backbone == "scale_dense" and run.cfg.task.stages == 2
 
 
-def _second(run: Run, first: BrainAgeModule) -> BrainAgeModule:
-    """TSAN's second stage on the (trained, now frozen) first-stage network."""
-    return BrainAgeModule(run.cfg, stage="second", first=first.net)
+def _second(run: Run, first: BrainAgeModule, *, init: bool = False) -> BrainAgeModule:
+    """TSAN's second stage on the (trained, now frozen) first-stage network.
+
+    With ``init`` and ``task.init_age_bias`` the last layer of both residual heads is zeroed, so that
+    training starts from the discretized stage-1 age (residual 0) instead of a random offset of
+    several years (the discretized age enters ``dis_fc`` in years).
+    """
+    second = BrainAgeModule(run.cfg, stage="second", first=first.net, age_scale=first.age_scale)
+    if init and run.cfg.task.init_age_bias:
+        with torch.no_grad():
+            for name in ("end_fc_with_gender", "end_fc_without_gender"):
+                last: nn.Linear = getattr(second.net, name)[-1]  # type: ignore[assignment]
+                last.weight.zero_()
+                last.bias.zero_()
+    return second
+
+
+def resolve_age_scale(cfg: Config, train_labels: Any) -> float:
+    """``task.age_scale``, or for ``null`` the SD of the training ages (1 for SFCN, which classifies)."""
+    if cfg.model.backbone == "sfcn":
+        return 1.0
+    if cfg.task.age_scale is not None:
+        return float(cfg.task.age_scale)
+    sd = float(np.std(np.asarray(train_labels, dtype=np.float64)))
+    return sd if sd > 0 else 1.0
 
 
 def _stage_dirs(run: Run) -> tuple[str, str | None]:
@@ -344,6 +384,25 @@ def _fmt(v: Any) -> str:
     return "" if isinstance(v, str) else f"{float(v):.6f}"
 
 
+def _check_sodeep_batch(cfg: Config) -> None:
+    """A bundled SoDeep sorter ranks sequences of one length: the (global) training batch must be one of them."""
+    from rankwise.sodeep import BUNDLED_SEQ_LENS
+
+    d = cfg.trainer.devices
+    devices = len(d) if isinstance(d, (list, tuple)) else int(d) if str(d).isdigit() and int(d) > 0 else 1
+    batch = cfg.data.batch_size * devices
+    for reg in cfg.loss.regularizers:
+        opts = reg.options or {}
+        if reg.name == "spearman" and opts.get("ranker") == "sodeep" and opts.get("sorter") is None:
+            if batch not in BUNDLED_SEQ_LENS:
+                raise ConfigError(
+                    f"`loss.regularizers.spearman.options.ranker` 'sodeep' uses a bundled sorter of length "
+                    f"{list(BUNDLED_SEQ_LENS)}, which the training batch must equal (the authors' sorter has the "
+                    f"batch's length); got data.batch_size={cfg.data.batch_size} x {devices} device(s) = {batch}: "
+                    "set `data.batch_size` to one of them or another ranker (isotonic, neuralsort)"
+                )
+
+
 class BrainAgeRecipe(RecipeBase):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
@@ -370,6 +429,7 @@ class BrainAgeRecipe(RecipeBase):
                     f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)"
                 )
         check_loss_config(cfg.loss)
+        _check_sodeep_batch(cfg)
 
     def method(self, cfg: Config) -> str:
         if cfg.model.backbone == "sfcn":
@@ -381,9 +441,9 @@ class BrainAgeRecipe(RecipeBase):
         data = run.data
         if getattr(data, "kind", None) != "volume":
             raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
-        first = BrainAgeModule(cfg, stage="first")
+        first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, data.train_labels))
         if cfg.task.init_age_bias and isinstance(first.net, ScaleDense):
-            mean_age = float(np.mean(data.train_labels))
+            mean_age = float(np.mean(data.train_labels)) / first.age_scale
             with torch.no_grad():
                 for head in (first.net.end_fc_with_gender, first.net.end_fc_without_gender):
                     bias: torch.Tensor = head[1].bias  # type: ignore[assignment]
@@ -402,7 +462,7 @@ class BrainAgeRecipe(RecipeBase):
                 return {}
             metrics = _evaluate_module(run, first, write=True)
         else:
-            second = _second(run, first)
+            second = _second(run, first, init=True)
             secs = secs + _fit_stage(run, second, stage="", epochs=cfg.task.stage2_epochs or cfg.trainer.max_epochs)
             if run.global_rank != 0:
                 return {}
@@ -422,7 +482,7 @@ class BrainAgeRecipe(RecipeBase):
         return metrics
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        first = BrainAgeModule(run.cfg, stage="first")
+        first = BrainAgeModule(run.cfg, stage="first", age_scale=resolve_age_scale(run.cfg, run.data.train_labels))
         dir1, _ = _stage_dirs(run)
         name = checkpoint or "best"
         if not _two_stages(run):

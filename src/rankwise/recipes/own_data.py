@@ -8,9 +8,11 @@ images), and everything the preset fitted to its own dataset is derived from the
 the number of epochs. ``--set`` overrides still win.
 
 A dataset takes part through :func:`register_own_data`: which loader option receives the file and
-which the target column, and the preset family of its kind. ``csv`` (numeric columns) and
-``image_csv`` (a column of image paths) are registered here; any other loader of a CSV (NIfTI
-volumes, ...) registers itself the same way.
+which the target column, and the preset family of its kind. ``csv`` (numeric columns),
+``image_csv`` (a column of image paths) and ``nifti`` (a column of NIfTI volumes: brain age, the
+``brain_age_{tsan,mse,sfcn}`` presets, chosen without ``--dataset`` when the CSV's first ``path``
+ends in ``.nii``/``.nii.gz``) are registered here; any other loader of a CSV registers itself the
+same way.
 
 The other route, a preset with ``--set data.name=csv ...``, goes through :func:`retarget`: the
 preset's dataset options are dropped and the data-driven values replace the preset's ones that the
@@ -22,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -63,6 +65,11 @@ class OwnData:
     presets: str
     max_batch_size: int
     suffixes: tuple[str, ...]
+    recipe: str = "dir"
+    min_batch_size: int = 16
+    method_names: tuple[str, ...] | None = None
+    keep_options: tuple[str, ...] = ()
+    sniff: Callable[[Path], bool] | None = None
 
 
 _OWN: dict[str, OwnData] = {}
@@ -76,6 +83,11 @@ def register_own_data(
     presets: str = "abalone",
     max_batch_size: int = 256,
     suffixes: Sequence[str] = (),
+    recipe: str = "dir",
+    method_names: Sequence[str] | None = None,
+    keep_options: Sequence[str] = (),
+    sniff: Callable[[Path], bool] | None = None,
+    min_batch_size: int = 16,
 ) -> None:
     """Let ``rankwise train --data FILE --target COL --dataset DATASET`` use the registered loader ``dataset``.
 
@@ -83,9 +95,25 @@ def register_own_data(
     ``presets``: the preset family whose ``{presets}_{method}`` presets give the methods (loss, model,
     optimizer); ``max_batch_size``: the largest data-derived batch size (images and volumes need
     smaller batches than tables); ``suffixes``: file name endings that select this dataset when
-    ``--dataset`` is not given.
+    ``--dataset`` is not given; ``recipe``: the recipe of the family's presets; ``method_names``: the
+    methods offered (default every ``{presets}_{m}`` preset of ``recipe``); ``keep_options``: the
+    preset's ``data.options`` kept on the user's data (e.g. the volume grid); ``sniff``: a test of the
+    file's content that selects this dataset, tried before the suffixes; ``min_batch_size``: the
+    smallest data-derived batch size.
     """
-    _OWN[dataset] = OwnData(dataset, file_option, target_option, presets, int(max_batch_size), tuple(suffixes))
+    _OWN[dataset] = OwnData(
+        dataset,
+        file_option,
+        target_option,
+        presets,
+        int(max_batch_size),
+        tuple(suffixes),
+        recipe,
+        int(min_batch_size),
+        None if method_names is None else tuple(method_names),
+        tuple(keep_options),
+        sniff,
+    )
 
 
 def own_datasets() -> dict[str, OwnData]:
@@ -95,6 +123,26 @@ def own_datasets() -> dict[str, OwnData]:
 
 register_own_data("csv", presets="abalone", max_batch_size=256, suffixes=(".csv", ".zip"))
 register_own_data("image_csv", presets="agedb_dir", max_batch_size=64)
+
+
+def _nifti_sniff(path: Path) -> bool:
+    from rankwise.data.nifti import looks_like_nifti_csv
+
+    return looks_like_nifti_csv(path)
+
+
+register_own_data(
+    "nifti",
+    file_option="csv",
+    target_option="target",
+    presets="brain_age",
+    max_batch_size=32,
+    min_batch_size=32,  # the authors' batch, a length of the bundled SoDeep sorters
+    recipe="brain_age",
+    method_names=("tsan", "mse", "sfcn"),
+    keep_options=("shape", "spacing", "resize", "normalize"),
+    sniff=_nifti_sniff,
+)
 
 
 class DataDefaults(NamedTuple):
@@ -126,11 +174,12 @@ def shot_thresholds(data: Any) -> tuple[float, float]:
     return suggest_shot_thresholds(data.train_labels, data.bin_width)
 
 
-def data_defaults(data: Any, *, max_batch_size: int = 256) -> DataDefaults:
+def data_defaults(data: Any, *, max_batch_size: int = 256, min_batch_size: int = 16) -> DataDefaults:
     """Bin width, shot thresholds, batch size and epochs for a regression dataset, from its size and labels.
 
-    Batch size: the largest power of two at most an eighth of the training rows, between 16 and
-    ``max_batch_size`` (so an epoch has about 8 steps or more). Epochs: about 1,000 optimizer steps
+    Batch size: the largest power of two at most an eighth of the training rows, between
+    ``min_batch_size`` (16) and ``max_batch_size`` (so an epoch has about 8 steps or more). Epochs:
+    about 1,000 optimizer steps
     (``TARGET_STEPS``; an epoch drops its last partial batch), between 10 and 200. For sklearn's
     diabetes data (310 training rows): batch 32, 9 steps per epoch, 111 epochs; for abalone (3,813
     rows): batch 256, 14 steps, 71 epochs.
@@ -138,7 +187,7 @@ def data_defaults(data: Any, *, max_batch_size: int = 256) -> DataDefaults:
     n = len(data.train_labels)
     many, few = shot_thresholds(data)
     batch = 2 ** max(0, math.floor(math.log2(max(n / 8, 1))))
-    batch = int(min(max(batch, 16), max_batch_size))
+    batch = int(min(max(batch, min_batch_size), max_batch_size))
     steps = max(1, n // batch) if n > batch else 1
     epochs = int(min(max(round(TARGET_STEPS / steps), MIN_EPOCHS), MAX_EPOCHS))
     return DataDefaults(n, float(data.bin_width), many, few, batch, epochs)
@@ -170,16 +219,22 @@ def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | N
     )
 
 
-def methods(presets: str = "abalone") -> list[str]:
-    """The ``--method`` names of a preset family: ``m`` for every preset ``{presets}_m`` of recipe ``dir``."""
+def methods(presets: str = "abalone", recipe: str = "dir") -> list[str]:
+    """The ``--method`` names of a preset family: ``m`` for every preset ``{presets}_m`` of ``recipe``."""
     from rankwise.recipes.config import list_presets, load_raw
 
     prefix = f"{presets}_"
     return sorted(
         name[len(prefix) :]
         for name in list_presets()
-        if name.startswith(prefix) and load_raw(name).get("recipe", "dir") == "dir"
+        if name.startswith(prefix) and load_raw(name).get("recipe", "dir") == recipe
     )
+
+
+def _own_methods(own: OwnData) -> list[str]:
+    if own.method_names is not None:
+        return sorted(own.method_names)
+    return methods(own.presets, own.recipe)
 
 
 def _method_text(description: str) -> str:
@@ -192,6 +247,9 @@ def _dataset_for(path: Path, dataset: str | None) -> OwnData:
     from rankwise.recipes.config import ConfigError
 
     if dataset is None:
+        for own in _OWN.values():
+            if own.sniff is not None and own.sniff(path):
+                return own
         for own in _OWN.values():
             if own.suffixes and path.name.lower().endswith(own.suffixes):
                 return own
@@ -270,13 +328,21 @@ def own_data_config(
 
     path = Path(path)
     own = _dataset_for(path, dataset)
-    available = methods(own.presets)
+    available = _own_methods(own)
     if method not in available:
         raise ConfigError(f"--method must be one of {available}, got {method!r}")
-    opts = {own.file_option: str(path), own.target_option: target, **(options or {}), **_option_overrides(overrides)}
-    data = _load(own.dataset, opts)
-    defaults = data_defaults(data, max_batch_size=own.max_batch_size)
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
+    preset_opts = (raw.get("data") or {}).get("options") or {}
+    kept = {k: preset_opts[k] for k in own.keep_options if k in preset_opts}
+    opts = {
+        **kept,
+        own.file_option: str(path),
+        own.target_option: target,
+        **(options or {}),
+        **_option_overrides(overrides),
+    }
+    data = _load(own.dataset, opts)
+    defaults = data_defaults(data, max_batch_size=own.max_batch_size, min_batch_size=own.min_batch_size)
     text = _method_text(str(raw.get("description", "")))
     raw["description"] = f"{path.name}, target {target} ({len(data.train_labels)} training rows): {text}"
     raw.pop("expected_time", None)  # the preset's own data's
@@ -338,7 +404,7 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     if own.file_option not in opts or own.target_option not in opts:
         return out  # the loader's error names the missing option
     data = _load(new, opts)
-    d = data_defaults(data, max_batch_size=own.max_batch_size)
+    d = data_defaults(data, max_batch_size=own.max_batch_size, min_batch_size=own.min_batch_size)
     name = Path(str(opts[own.file_option])).name
     out["description"] = f"{name}, target {opts[own.target_option]} ({d.n_train} training rows): {text}"
     replaced = []

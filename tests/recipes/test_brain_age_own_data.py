@@ -1,0 +1,110 @@
+"""``rankwise train --data participants.csv --target age --method tsan``: NIfTI volumes on the own-data route."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("nibabel")
+pytest.importorskip("nilearn")
+pytest.importorskip("torchio")
+
+import yaml
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+from rankwise.data.synthetic_mri import make_brain_age_synthetic
+from rankwise.recipes.own_data import own_data_config
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny synthetic cohort whose label column is called ``age_at_scan`` and whose paths are absolute."""
+    root = tmp_path_factory.mktemp("cohort")
+    src = make_brain_age_synthetic(root / "vols", n=16, spacing=8.0, seed=3)
+    rows = list(csv.DictReader(open(src)))
+    out = root / "participants.csv"
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "age_at_scan", "sex", "subject"])
+        for r in rows:
+            w.writerow([str(root / "vols" / r["path"]), r["age"], r["sex"], r["subject"]])
+    return out
+
+
+def test_a_nifti_csv_selects_the_brain_age_presets(cohort: Path, tmp_path: Path) -> None:
+    cfg, d = own_data_config(cohort, "age_at_scan", "tsan", options={"cache_dir": str(tmp_path / "c")})
+    assert cfg.recipe == "brain_age" and cfg.data.name == "nifti"
+    opts = cfg.data.options
+    assert opts["csv"] == str(cohort) and opts["target"] == "age_at_scan"
+    assert opts["shape"] == [91, 109, 91]  # the preset's grid is kept on the user's data
+    assert cfg.model.backbone == "scale_dense" and len(cfg.loss.regularizers) == 2
+    # data-derived: 16 subjects -> 11 training rows (seeded split by subject); batch 32, the authors' and
+    # a length of the bundled SoDeep sorters (the smallest the route gives volumes)
+    assert d.n_train == 11 and cfg.data.batch_size == 32 and cfg.trainer.max_epochs == d.max_epochs
+    mse, _ = own_data_config(cohort, "age_at_scan", "mse", options={"cache_dir": str(tmp_path / "c")})
+    assert mse.loss.regularizers == []
+    sfcn, _ = own_data_config(cohort, "age_at_scan", "sfcn", options={"cache_dir": str(tmp_path / "c")})
+    assert sfcn.model.backbone == "sfcn"
+
+
+def test_train_on_a_nifti_csv_from_the_command_line(cohort: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sets = [
+        f"data.options.cache_dir={tmp_path / 'cache'}",
+        "data.options.shape=null",
+        "model.options={nb_filter: 4, nb_block: 2, use_sex: true}",
+        "data.batch_size=4",
+        "trainer.max_epochs=1",
+        "task.stage2_epochs=1",
+        "trainer.num_threads=1",
+        "task.montage=0",
+    ]
+    args = ["train", "--data", str(cohort), "--target", "age_at_scan", "--method", "mse", "--out", str(run)]
+    res = CliRunner().invoke(app, [*args, *[a for s in sets for a in ("--set", s)], "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "defaults from" in res.output
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["recipe"] == "brain_age" and metrics["method"] == "tsan"  # both stages, MSE only
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["name"] == "nifti" and saved["data"]["options"]["target"] == "age_at_scan"
+    preds = list(csv.DictReader(open(run / "predictions.csv")))
+    ages = {r["subject"]: float(r["age_at_scan"]) for r in csv.DictReader(open(cohort))}
+    assert preds and all(abs(float(p["age"]) - ages[p["subject"]]) < 1e-3 for p in preds)
+
+
+def test_a_bad_method_or_target_is_one_error_line(cohort: Path, tmp_path: Path) -> None:
+    base = ["train", "--data", str(cohort), "--set", f"data.options.cache_dir={tmp_path / 'c'}"]
+    res = CliRunner().invoke(app, [*base, "--target", "age_at_scan", "--method", "lds"])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == ["error: --method must be one of ['mse', 'sfcn', 'tsan'], got 'lds'"]
+    res = CliRunner().invoke(app, [*base, "--target", "age", "--method", "tsan"])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "age" in lines[0] and "missing column" in lines[0]
+
+
+def test_a_batch_no_sodeep_sorter_fits_is_one_error_line(cohort: Path, tmp_path: Path) -> None:
+    args = ["train", "--data", str(cohort), "--target", "age_at_scan", "--method", "tsan"]
+    res = CliRunner().invoke(app, [*args, "--set", "data.batch_size=4", "--set", f"data.options.cache_dir={tmp_path}"])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert lines[-1].startswith("error: `loss.regularizers.spearman.options.ranker` 'sodeep'"), res.output
+    assert "data.batch_size=4 x 1 device(s) = 4" in lines[-1]
+
+
+def test_the_label_column_is_an_option(cohort: Path, tmp_path: Path) -> None:
+    from rankwise.data.nifti import load_nifti_csv, looks_like_nifti_csv
+
+    data = load_nifti_csv(str(cohort), target="age_at_scan", cache_dir=str(tmp_path))
+    ages = sorted(float(r["age_at_scan"]) for r in csv.DictReader(open(cohort)))
+    got = sorted([*data.train_labels, *data.val_labels, *data.test_labels])
+    assert data.label_name == "age_at_scan" and got == pytest.approx(ages)
+    assert looks_like_nifti_csv(cohort)
+    table = tmp_path / "table.csv"
+    table.write_text("path,age\nimg.png,40\n")
+    assert not looks_like_nifti_csv(table) and not looks_like_nifti_csv(tmp_path / "missing.csv")

@@ -16,7 +16,7 @@ from rankwise.recipes import reports
 def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The figures the plot functions save (drawn, kept open for inspection; closed at teardown)."""
     saved: list[Any] = []
-    original = reports._save
+    original = reports.save_figure
 
     def keep(plt: Any, fig: Any, path: Any) -> Any:
         fig.canvas.draw()
@@ -24,9 +24,9 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         fig.savefig(path, dpi=50, bbox_inches="tight")
         return path
 
-    monkeypatch.setattr(reports, "_save", keep)
+    monkeypatch.setattr(reports, "save_figure", keep)
     yield saved
-    plt = reports._plt()
+    plt = reports.pyplot()
     for fig in saved:
         plt.close(fig)
     assert original is not None

@@ -259,18 +259,18 @@ def _plot_ndcg_at_k(run: Run, batches: list[dict[str, torch.Tensor]]) -> None:
     if pdir is None:
         return
     from rankwise.metrics import ndcg
-    from rankwise.recipes.reports import _plt, _save
+    from rankwise.recipes.reports import pyplot, save_figure
 
     ks = list(range(1, 21))
     values = torch.cat([ndcg(b["scores"], b["relevance"], ats=ks) for b in batches]).mean(0) * 100.0
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(ks, values.numpy(), marker="o")
     ax.set_xlabel("k")
     ax.set_ylabel("test NDCG@k (%)")
     ax.set_title(f"{run.cfg.run.name} (seed {run.cfg.run.seed})")
     ax.grid(alpha=0.3)
-    _save(plt, fig, pdir / "ndcg_at_k.png")
+    save_figure(plt, fig, pdir / "ndcg_at_k.png")
 
 
 register_recipe(LTRRecipe())

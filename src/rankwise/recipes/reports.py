@@ -42,7 +42,8 @@ GROUPS = ("all", "many", "medium", "few")
 _SHOT_COLORS = {"many": "#4c72b0", "medium": "#dd8452", "few": "#c44e52"}
 
 
-def _plt():
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (imported on first use)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -51,7 +52,7 @@ def _plt():
     return plt
 
 
-def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: str | Path) -> Path:
     """Lay out ``fig``, write it to ``path`` (100 dpi; legends outside the axes included) and close it."""
     fig.tight_layout()
     path = Path(path)
@@ -96,7 +97,7 @@ def plot_label_histogram(
     """Training label histogram, bars coloured by shot group (many > ``many_shot`` > medium >= ``few_shot`` > few).
 
     ``label``: the x-axis title (the dataset's ``label_axis``, e.g. ``"age (years)"``)."""
-    plt = _plt()
+    plt = pyplot()
     b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
     groups = shot_groups(train_labels, bin_width, many_shot=many_shot, few_shot=few_shot)
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -115,7 +116,7 @@ def plot_label_histogram(
     ax.set_xlabel(label)
     ax.set_ylabel("training count")
     ax.set_title(title or "label distribution (train) and shot regions")
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def per_label_mae(preds: np.ndarray, labels: np.ndarray, bin_width: float) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +152,7 @@ def plot_compare_per_label_mae(
 ) -> Path:
     """Per-label test MAE of one or several methods, over the training histogram (grey); x axis ``label``,
     trimmed to the labels present."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax2 = ax.twinx()
     b, c = np.unique(label_bins(train_labels, bin_width), return_counts=True)
@@ -168,7 +169,7 @@ def plot_compare_per_label_mae(
     ax.set_xlabel(label)
     ax.set_ylabel("test MAE")
     ax.set_title(title or "per-label test MAE")
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_similarity_heatmap(
@@ -176,7 +177,7 @@ def plot_similarity_heatmap(
 ) -> Path:
     """Cosine-similarity matrix of the features with examples ordered by label (RankSim Fig. 3); both axes
     are titled with ``label`` (ticks: the label of the example there), the colour bar "cosine similarity"."""
-    plt = _plt()
+    plt = pyplot()
     f = np.asarray(features, dtype=np.float64)
     order = np.argsort(np.asarray(labels), kind="stable")
     f = f[order]
@@ -194,7 +195,7 @@ def plot_similarity_heatmap(
     ax.set_xlabel(f"test examples ordered by {label}", fontsize=8)
     ax.set_ylabel(f"test examples ordered by {label}", fontsize=8)
     ax.set_title(title or "feature cosine similarity (ordered by label)", fontsize=9)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str = "") -> Path | None:
@@ -221,7 +222,7 @@ def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str =
                 continue
     if not series:
         return None
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     keys = sorted(series)
@@ -240,7 +241,7 @@ def plot_training_curves(csv_path: str | Path, path: str | Path, *, title: str =
         ax.set_title(k, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_tsne(
@@ -257,7 +258,7 @@ def plot_tsne(
     ``classes=True`` one distinct colour per class and a legend (``label`` its title)."""
     from sklearn.manifold import TSNE
 
-    plt = _plt()
+    plt = pyplot()
     f = np.asarray(features, dtype=np.float64)
     n = f.shape[0]
     fig, ax = plt.subplots(figsize=(4.5, 4))
@@ -291,7 +292,7 @@ def plot_tsne(
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title or "t-SNE of features", fontsize=9)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- tables
@@ -374,7 +375,7 @@ def plot_compare_shots(
     results: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, metric: str = "mae"
 ) -> Path:
     """Grouped bar chart of the shot-group test metric (mean ± std over seeds) of every method."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     methods = list(results)
     width = 0.8 / max(len(methods), 1)
@@ -388,7 +389,7 @@ def plot_compare_shots(
     ax.set_xticklabels(GROUPS)
     ax.set_ylabel(f"test {metric.upper()}")
     _legend_outside(ax)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def write_compare_report(

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import platform
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,3 +87,26 @@ def row(section: str, size: str, threads: int, ref_name: str, ref_ms: float, our
         f"{section:9s} {size:18s} threads={threads}  {ref_name}: {ref_ms:10.2f} ms  rankwise: {ours_ms:10.2f} ms"
         f"  ratio {ref_ms / ours_ms:6.2f}x  load {load[0] if load else float('nan'):.2f}"
     )
+
+
+def status_bytes(key: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (e.g. ``VmRSS``, ``VmHWM``) in bytes."""
+    m = re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    if m is None:
+        raise RuntimeError(f"{key} not in /proc/self/status")
+    return int(m.group(1)) * 1024
+
+
+def peak_rss_growth(fn: Callable[[], Any]) -> tuple[int, float]:
+    """Peak resident-set growth (bytes) of ``fn()`` above the resident set before it, and its wall time (s).
+
+    ``VmHWM - VmRSS`` after resetting the peak (``echo 5 > /proc/self/clear_refs``); meaningful in a
+    fresh process started with ``MALLOC_MMAP_THRESHOLD_`` low (e.g. 65536), so that freed blocks go
+    back to the OS and the resident set follows the live tensors.
+    """
+    base = status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    t0 = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return status_bytes("VmHWM") - base, wall

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -56,7 +55,7 @@ import torch.nn.functional as F
 # default they load in the background and the calls before take the torch ops)
 os.environ.setdefault("RANKWISE_NUMBA", "sync")
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import fwd_bwd, loadavg, machine, row, time_cases
+from _timing import fwd_bwd, loadavg, machine, peak_rss_growth, row, time_cases
 from rankwise.losses import ranksim_loss, rnc_loss, supcon_loss
 
 SECTIONS = ("supcon", "supcon-memory", "ranksim", "rnc")
@@ -228,13 +227,6 @@ def bench_rnc(args: argparse.Namespace, threads: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- SupCon memory (in a subprocess)
-def _status_bytes(key: str) -> int:
-    m = re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text())
-    if m is None:
-        raise RuntimeError(f"{key} not in /proc/self/status")
-    return int(m.group(1)) * 1024
-
-
 MEMORY_CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "reference": supcon_reference,
     "rankwise": lambda f, lab: supcon_loss(f, lab),
@@ -258,12 +250,12 @@ def _memory_child(case: str, b: int) -> dict[str, Any]:
         saved += t.numel() * t.element_size()
         return t
 
-    base = _status_bytes("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn(x, y)
-    loss.backward()
-    peak = _status_bytes("VmHWM") - base
+    def run() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = fn(x, y)
+        loss.backward()
+
+    peak, _ = peak_rss_growth(run)
     return {"peak_rss_MiB": peak / 2**20, "saved_for_backward_MiB": saved / 2**20}
 
 

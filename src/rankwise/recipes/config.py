@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from rankwise.recipes import registry
-
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_YAML_DEPTH",
@@ -581,11 +579,29 @@ def _check_library(cfg: Config) -> None:
         check_kwargs(fn, getattr(cfg, key).options, f"{key}.options")
 
 
+#: the recipe registry's lookup ``name -> Recipe``: :mod:`rankwise.recipes.registry` installs it when
+#: it is imported (the package imports it), so this module never imports a recipe or the registry
+_recipe_lookup: Callable[[str], Any] | None = None
+
+
+def set_recipe_lookup(lookup: Callable[[str], Any]) -> None:
+    """Install the function that resolves a config's ``recipe`` name (called by the recipe registry)."""
+    global _recipe_lookup
+    _recipe_lookup = lookup
+
+
+def get_recipe(name: str) -> Any:
+    """The registered recipe ``name`` through the installed lookup (``ValueError`` if unknown)."""
+    if _recipe_lookup is None:  # pragma: no cover - the package imports the registry first
+        raise RuntimeError("no recipe registry is installed (import rankwise.recipes)")
+    return _recipe_lookup(name)
+
+
 def _recipe(name: Any) -> Any:
     if not isinstance(name, str):
         raise ConfigError(f"`recipe` must be a string, got {name!r}")
     try:
-        return registry.get_recipe(name)
+        return get_recipe(name)
     except ValueError as e:
         raise ConfigError(f"`recipe`: {e}") from None
 
@@ -622,7 +638,7 @@ def _sections(recipe: Any) -> str:
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads."""
     out = dataclasses.asdict(cfg)
-    uses = registry.get_recipe(cfg.recipe).uses
+    uses = get_recipe(cfg.recipe).uses
     for sec in OPTIONAL_SECTIONS:
         if sec not in uses:
             out.pop(sec)
@@ -685,7 +701,7 @@ def config_fields(recipe: str | None = None) -> list[FieldDoc]:
     """
     out = [d for d in _fields(Config, "") if d.key != "task"]
     if recipe is not None:
-        r = registry.get_recipe(recipe)
+        r = get_recipe(recipe)
         out = [d for d in out if d.key.split(".")[0] not in OPTIONAL_SECTIONS or d.key.split(".")[0] in r.uses]
         out += list(_fields(r.options, "task"))
     return out

@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from rankwise.recipes import config as _config
+from rankwise.recipes.config import Config
+
 if TYPE_CHECKING:
-    from rankwise.recipes.config import Config
     from rankwise.recipes.rundir import Run
 
 __all__ = ["Recipe", "get_recipe", "list_recipes", "register_recipe"]
@@ -126,6 +128,9 @@ def get_recipe(name: str) -> Recipe:
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         raise ValueError(f"unknown recipe {name!r}; {hint}expected one of: {', '.join(valid)}")
     return _RECIPES[name]
+
+
+_config.set_recipe_lookup(get_recipe)  # the config layer resolves `recipe:` through this registry
 
 
 def list_recipes() -> list[str]:

@@ -1,7 +1,7 @@
 """Deep imbalanced regression (``recipe: dir``) and its last-layer re-training (``recipe: rrt``).
 
-:class:`DIRRegressor`: backbone -> features -> linear head. The task loss is
-``rankwise.imbalanced.regression_loss(kind=loss.kind)`` (or a registered loss, ``loss.name``), with
+:class:`DIRRegressor`: backbone -> features -> linear head. The task loss is the registered loss
+``loss.name`` (``loss.kind: l1`` is shorthand for ``regression_l1``, i.e. ``regression_loss(kind="l1")``), with
 optional per-sample LDS weights from the full training labels; FDS smooths the features;
 ``loss.regularizers`` add weighted losses from the registry on the features or the predictions
 (see :mod:`rankwise.recipes.loss_terms`); feature regularizers (RankSim, ConR) see the encoder
@@ -175,7 +175,7 @@ class DIRRegressor(L.LightningModule):
         self.freeze_backbone = bool(freeze_backbone)
         if self.freeze_backbone:
             self.backbone.requires_grad_(False)
-        #: the task loss from the registry (``loss.name``) or None for ``regression_loss(kind=loss.kind)``
+        #: the task loss from the registry (``loss.name``, or ``regression_<kind>`` for ``loss.kind``)
         labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
         self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
         self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
@@ -209,7 +209,7 @@ class DIRRegressor(L.LightningModule):
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Trainable parameters; a task loss with parameters gets its own group (lr ``loss.lr``)."""
-        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad] if self.task_loss else []
+        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad]
         ids = {id(p) for p in loss_params}
         groups: list[dict[str, Any]] = [
             {"params": [p for p in self.parameters() if p.requires_grad and id(p) not in ids]}
@@ -231,8 +231,6 @@ class DIRRegressor(L.LightningModule):
         self._fds_feats, self._fds_labels = [], []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.imbalanced import regression_loss
-
         x, y = batch
         y = y.reshape(-1).float()
         encoded = self.features(x)
@@ -247,11 +245,7 @@ class DIRRegressor(L.LightningModule):
         # in RankSim's reference (agedb-dir/train.py: the regularizer takes the encoding, FDS then smooths
         # it for the regressor); the head and the task loss see the smoothed features
         tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
-        loss_cfg = self.cfg.loss
-        if self.task_loss is None:
-            task = regression_loss(pred, y, w, kind=loss_cfg.kind, reduction="mean", **loss_cfg.options)
-        else:
-            task = self.task_loss(tensors)
+        task = self.task_loss(tensors)
         total = task
         logs = {"train/task_loss": task.detach()}
         for term in self.regularizers:

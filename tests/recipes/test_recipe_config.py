@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -339,7 +338,7 @@ def test_every_field_is_documented():
         assert {"optimizer.lr", "run.seed", "trainer.max_epochs"} <= keys
         assert ("loss.kind" in keys) == ("loss" in get_recipe(recipe).uses)
         task = get_recipe(recipe).options
-        assert {f"task.{f.name}" for f in dataclasses.fields(task)} <= keys
+        assert {f"task.{name}" for name in task.model_fields} <= keys
     lr = next(f for f in config_fields() if f.key == "optimizer.lr")
     assert (lr.type, lr.default, lr.range) == ("float", 1e-3, "> 0")
     assert any(f.key == "loss.regularizers[].weight" for f in config_fields("dir"))

@@ -16,13 +16,13 @@ config's loss (typically LDS weights).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from rankwise._binning import label_bins_np, snap_floor, snap_floor_np
@@ -34,7 +34,7 @@ from rankwise.recipes.common import (
     reseed,
     to_builtin,
 )
-from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -53,17 +53,15 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
-class DIROptions:
+class DIROptions(Options):
     """The DIR recipe reads the ``loss`` section (task loss, LDS, FDS, regularizers); no ``task`` options."""
 
 
-@dataclasses.dataclass
-class RRTOptions:
+class RRTOptions(Options):
     """Regressor re-training: a trained run's frozen encoder, a re-trained head."""
 
-    init_checkpoint: str | None = opt(None, doc="run directory or .ckpt whose encoder is frozen (required)")
-    reset_head: bool = opt(True, doc="re-initialize the head before re-training it")
+    init_checkpoint: str | None = Field(None, description="run directory or .ckpt whose encoder is frozen (required)")
+    reset_head: bool = Field(True, description="re-initialize the head before re-training it")
 
 
 # ------------------------------------------------------------------------------------------ pieces

@@ -1,6 +1,6 @@
 """The recipe registry: ``register_recipe`` / ``get_recipe`` / ``list_recipes`` and the :class:`Recipe` protocol.
 
-A recipe is one module that owns a typed options dataclass (the config's ``task`` section), builds
+A recipe is one module that owns a typed options model (the config's ``task`` section), builds
 its LightningModule(s) and data loaders, trains them through the run lifecycle
 (:class:`rankwise.recipes.rundir.Run`) and defines how it is evaluated and reported. A preset names
 its recipe (``recipe: sort``); the CLI, :func:`rankwise.recipes.train`, ``evaluate`` and ``compare``
@@ -42,7 +42,7 @@ class Recipe(Protocol):
 
     @property
     def options(self) -> type:
-        """Dataclass of the config's ``task`` section (fields declared with ``rankwise.recipes.config.opt``)."""
+        """Model of the config's ``task`` section: a ``rankwise.recipes.config.Options`` subclass (pydantic)."""
 
     @property
     def uses(self) -> frozenset[str]:
@@ -109,6 +109,10 @@ def register_recipe(recipe: Recipe) -> Recipe:
     missing = [a for a in _REQUIRED if not hasattr(recipe, a)]
     if missing or not isinstance(recipe, Recipe):
         raise TypeError(f"`recipe` must implement the Recipe protocol; missing {missing or 'methods'}")
+    if not (isinstance(recipe.options, type) and issubclass(recipe.options, _config.Options)):
+        raise TypeError(
+            f"`recipe.options` must be a subclass of rankwise.recipes.config.Options, got {recipe.options!r}"
+        )
     name = recipe.name
     if not isinstance(name, str) or not name:
         raise TypeError(f"`recipe.name` must be a non-empty string, got {name!r}")

@@ -11,14 +11,14 @@ same noise), over the global batch under DDP. Checkpoints in ``RUN_DIR/pretrain/
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import lightning as L
 import torch
+from pydantic import Field
 
 from rankwise.recipes.common import build_backbone, check_finite, reseed
-from rankwise.recipes.config import Config, opt
+from rankwise.recipes.config import Config, Options
 from rankwise.recipes.dir import DIRRecipe, build_regressor, fit_regressor
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -27,15 +27,14 @@ from rankwise.recipes.rundir import Run, load_weights
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
 
 
-@dataclasses.dataclass
-class RnCOptions:
+class RnCOptions(Options):
     """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 uses ``trainer``/``optimizer``/``loss``."""
 
-    pretrain_epochs: int = opt(20, doc="epochs of contrastive pretraining", ge=1)
-    temperature: float = opt(2.0, doc="rnc_loss temperature", gt=0)
-    lr: float | None = opt(None, doc="pretraining learning rate (default optimizer.lr)", gt=0)
-    noise: float = opt(0.05, doc="std of the Gaussian noise added to each view", ge=0)
-    feature_dropout: float = opt(0.1, doc="tabular views: probability of zeroing each feature", ge=0, lt=1)
+    pretrain_epochs: int = Field(20, description="epochs of contrastive pretraining", ge=1)
+    temperature: float = Field(2.0, description="rnc_loss temperature", gt=0)
+    lr: float | None = Field(None, description="pretraining learning rate (default optimizer.lr)", gt=0)
+    noise: float = Field(0.05, description="std of the Gaussian noise added to each view", ge=0)
+    feature_dropout: float = Field(0.1, description="tabular views: probability of zeroing each feature", ge=0, lt=1)
 
 
 class RnCPretrainer(L.LightningModule):

@@ -427,9 +427,9 @@ def demo(
     quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
     if seeds < 1:
         _fail(f"--seeds must be >= 1, got {seeds}")
-    overrides = ["trainer.enable_progress_bar=false", "run.tsne=false"]
+    overrides = ["trainer.enable_progress_bar=false", "report.tsne=false"]
     if quick:
-        overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "run.tsne=false"]
+        overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "report.tsne=false"]
         seeds = min(seeds, 1)
     con = _console()
     con.print(

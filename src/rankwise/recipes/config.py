@@ -57,12 +57,14 @@ __all__ = [
     "OptimizerConfig",
     "Options",
     "RegularizerConfig",
+    "ReportConfig",
     "RunConfig",
     "ScheduleConfig",
     "Section",
     "TrainerConfig",
     "UserError",
     "apply_overrides",
+    "check_lds_fds",
     "config_fields",
     "config_from_dict",
     "config_to_dict",
@@ -83,7 +85,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 #: the sections every recipe reads; a recipe lists any other section it reads in ``Recipe.uses``
-UNIVERSAL_SECTIONS = ("data", "model", "optimizer", "schedule", "trainer", "run")
+UNIVERSAL_SECTIONS = ("data", "model", "optimizer", "schedule", "trainer", "run", "report")
 #: sections that only some recipes read
 OPTIONAL_SECTIONS = ("loss",)
 
@@ -294,7 +296,7 @@ class ModelConfig(Section):
 
 
 class LDSConfig(Section):
-    """Label-distribution reweighting / smoothing (Yang et al. 2021)."""
+    """Label-distribution reweighting / smoothing (Yang et al. 2021): ``task.lds`` of the recipes that read it."""
 
     reweight: Literal["none", "sqrt_inv", "inverse"] = Field(
         "none", description="per-sample weights from label frequencies"
@@ -306,7 +308,7 @@ class LDSConfig(Section):
 
 
 class FDSConfig(Section):
-    """Feature-distribution smoothing on the backbone features (Yang et al. 2021)."""
+    """Feature-distribution smoothing on the backbone features (Yang et al. 2021): ``task.fds`` of its recipes."""
 
     enabled: bool = Field(False, description="smooth the features with FDS")
     kernel: _Kernel = Field("gaussian", description="FDS smoothing kernel")
@@ -328,7 +330,7 @@ class RegularizerConfig(Section):
 
 
 class LossConfig(Section):
-    """The regression recipes' loss: task loss + LDS weights + FDS + registry regularizers."""
+    """The regression recipes' loss: the task loss + registry regularizers (LDS/FDS: the recipe's ``task``)."""
 
     kind: Literal["l1", "mse", "huber", "focal_l1", "focal_mse"] = Field(
         "l1", description="shorthand for `loss.name: regression_<kind>` (used unless `loss.name` is set)"
@@ -342,8 +344,6 @@ class LossConfig(Section):
     lr: float | None = Field(
         None, description="learning rate of the task loss's own parameters (default optimizer.lr)", gt=0
     )
-    lds: LDSConfig = Field(default_factory=LDSConfig, description="label-distribution smoothing / reweighting")
-    fds: FDSConfig = Field(default_factory=FDSConfig, description="feature-distribution smoothing")
     regularizers: list[RegularizerConfig] = Field(
         default_factory=list, description="weighted losses from the loss registry added to the task loss"
     )
@@ -393,11 +393,16 @@ class TrainerConfig(Section):
 
 
 class RunConfig(Section):
-    """Run directory, seed, evaluation and plots."""
+    """Run directory and seed."""
 
     name: str = Field("run", description="run directory name under out_dir (one path component)")
     seed: int = Field(0, description="seed of initialisation, sampling and augmentation", ge=0, lt=2**32)
     out_dir: str = Field("runs", description="parent folder of the run directory")
+
+
+class ReportConfig(Section):
+    """What is reported after training: plots, the t-SNE and the shot groups of the regression metrics."""
+
     plots: bool = Field(True, description="write plots/ after training")
     tsne: bool = Field(True, description="include the t-SNE plot")
     plot_samples: int = Field(400, description="test examples in the similarity heatmap / t-SNE", ge=1)
@@ -427,7 +432,8 @@ class Config(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="optimizer")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Lightning Trainer options")
-    run: RunConfig = Field(default_factory=RunConfig, description="run directory, seed, evaluation")
+    run: RunConfig = Field(default_factory=RunConfig, description="run directory and seed")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="plots, t-SNE and shot groups")
     task: Any = Field(None, description="the recipe's own options (its options model)")
 
 
@@ -563,15 +569,6 @@ def check_run_name(name: str, key: str = "run.name") -> str:
 
 def _check_shared(cfg: Config) -> None:
     """Cross-field checks of the shared sections (each field's type and range were checked when built)."""
-    for sec in ("lds", "fds"):
-        ks = getattr(cfg.loss, sec).ks
-        if ks % 2 == 0:
-            raise ConfigError(f"`loss.{sec}.ks` must be odd, got {ks}")
-    if cfg.loss.lds.lds and cfg.loss.lds.reweight == "none":
-        raise ConfigError(
-            "`loss.lds.lds` is true but `loss.lds.reweight` is 'none': LDS smooths the reweighting "
-            "counts, set `loss.lds.reweight` to 'sqrt_inv' or 'inverse'"
-        )
     names = [r.name for r in cfg.loss.regularizers]
     for n in names:
         if names.count(n) > 1:
@@ -588,8 +585,21 @@ def _check_shared(cfg: Config) -> None:
     if t.limit_train_batches == 0:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
-    if cfg.run.few_shot is not None and cfg.run.many_shot is not None and cfg.run.few_shot > cfg.run.many_shot:
-        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot:g}) must be <= `run.many_shot` ({cfg.run.many_shot:g})")
+    rep = cfg.report
+    if rep.few_shot is not None and rep.many_shot is not None and rep.few_shot > rep.many_shot:
+        raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
+
+
+def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:
+    """Cross-field checks of LDS and FDS options (odd kernel sizes; LDS smooths a reweighting)."""
+    for sec, ks in (("lds", lds.ks), ("fds", fds.ks)):
+        if ks % 2 == 0:
+            raise ConfigError(f"`{key}.{sec}.ks` must be odd, got {ks}")
+    if lds.lds and lds.reweight == "none":
+        raise ConfigError(
+            f"`{key}.lds.lds` is true but `{key}.lds.reweight` is 'none': LDS smooths the reweighting "
+            f"counts, set `{key}.lds.reweight` to 'sqrt_inv' or 'inverse'"
+        )
 
 
 def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:
@@ -660,7 +670,7 @@ def config_from_dict(raw: dict[str, Any] | None) -> Config:
     then the shared cross-field checks and the recipe's own (``Recipe.check``: names and options
     against the registries and the library signatures).
     """
-    raw = dict(raw or {})
+    raw = upgrade_legacy(dict(raw or {}))
     raw.pop("extends", None)
     recipe = _recipe(raw.get("recipe", "dir"))
     task_raw = raw.pop("task", None)
@@ -946,7 +956,9 @@ def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
     ``run.recipe`` -> ``recipe``; ``rnc:`` -> ``task`` of recipe rnc; ``run.init_checkpoint`` /
     ``run.reset_head`` -> ``task`` of recipe rrt; ``loss.regularizers`` as a ``{name: {weight,
     options}}`` mapping -> a list; SupCon's ``task.optimizer`` -> ``optimizer.name`` (with
-    ``schedule.interval: step``, the old SupCon schedule).
+    ``schedule.interval: step``, the old SupCon schedule); ``loss.lds`` / ``loss.fds`` -> ``task.lds`` /
+    ``task.fds`` (the options of the recipes that read them; a saved default is dropped);
+    ``run.plots`` / ``tsne`` / ``plot_samples`` / ``many_shot`` / ``few_shot`` -> ``report.*``.
     """
     out = copy.deepcopy(raw)
     run = out.get("run")
@@ -974,7 +986,47 @@ def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("schedule", {}).setdefault("interval", "step")
     if legacy_recipe and recipe in ("supcon", "sort", "median", "dknn"):
         out.pop("loss", None)  # old run directories saved the (unused) default loss section of every recipe
+    _move_sections(out)
     return out
+
+
+#: keys that moved: ``loss.lds`` / ``loss.fds`` to the options of the recipes that read them (``task``),
+#: the plot and shot-group options of ``run`` to ``report``
+_MOVED = {
+    ("loss", "lds"): ("task", "lds"),
+    ("loss", "fds"): ("task", "fds"),
+    **{("run", k): ("report", k) for k in ("plots", "tsne", "plot_samples", "many_shot", "few_shot")},
+}
+_MOVED_DEFAULTS = {("loss", "lds"): LDSConfig, ("loss", "fds"): FDSConfig}
+
+
+def _is_default(section: Any, value: Any) -> bool:
+    """Whether the raw mapping ``value`` only spells defaults of the model ``section`` (a saved, unused section)."""
+    if value is None or value == {}:
+        return True
+    if not isinstance(value, dict) or not set(value) <= set(section.model_fields):
+        return False
+    return all(section.model_fields[k].get_default(call_default_factory=True) == v for k, v in value.items())
+
+
+def _move_sections(out: dict[str, Any]) -> None:
+    """Move the keys of :data:`_MOVED` in place; a moved value replaces one at the new place (it came later,
+    e.g. from ``--set``). A saved default ``loss.lds``/``loss.fds`` is dropped (the recipe may not read it)."""
+    for (sec, key), (new_sec, new_key) in _MOVED.items():
+        old = out.get(sec)
+        if not isinstance(old, dict) or key not in old:
+            continue
+        value = old.pop(key)
+        model = _MOVED_DEFAULTS.get((sec, key))
+        if model is not None and _is_default(model, value):
+            continue
+        target = out.get(new_sec)
+        if target is None:
+            target = out[new_sec] = {}
+        if not isinstance(target, dict):
+            raise ConfigError(f"`{new_sec}` must be a mapping, got {type(target).__name__} {_short(target)}")
+        prev = target.get(new_key)
+        target[new_key] = _deep_merge(prev, value) if isinstance(prev, dict) and isinstance(value, dict) else value
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
@@ -988,7 +1040,8 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = load_raw(source)
     for hook in _RAW_HOOKS:
         raw = hook(raw, overrides)
-    return config_from_dict(apply_overrides(raw, overrides))
+    # an override may spell a key at its former place (`--set run.tsne=false`): moved like a file's
+    return config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
 
 
 #: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the

@@ -34,7 +34,7 @@ from rankwise.recipes.common import (
     reseed,
     to_builtin,
 )
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, FDSConfig, LDSConfig, Options, check_lds_fds
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -54,10 +54,13 @@ __all__ = [
 
 
 class DIROptions(Options):
-    """The DIR recipe reads the ``loss`` section (task loss, LDS, FDS, regularizers); no ``task`` options."""
+    """LDS sample weights and FDS feature smoothing of the regressor (the ``loss`` section: its losses)."""
+
+    lds: LDSConfig = Field(default_factory=LDSConfig, description="label-distribution smoothing / reweighting")
+    fds: FDSConfig = Field(default_factory=FDSConfig, description="feature-distribution smoothing")
 
 
-class RRTOptions(Options):
+class RRTOptions(DIROptions):
     """Regressor re-training: a trained run's frozen encoder, a re-trained head."""
 
     init_checkpoint: str | None = Field(None, description="run directory or .ckpt whose encoder is frozen (required)")
@@ -146,13 +149,13 @@ class DIRRegressor(L.LightningModule):
         self._label_mean = float(np.mean(train_labels)) if train_labels is not None and len(train_labels) else 0.0
         with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
             self.head.bias.fill_(self._label_mean)
-        lds = cfg.loss.lds
+        lds = cfg.task.lds
         self.use_weights = lds.reweight != "none"
         bins = torch.zeros(0, dtype=torch.int64)
         table = torch.zeros(0, dtype=torch.float32)
         if self.use_weights:
             if train_labels is None:
-                raise ValueError("`train_labels` are required when `loss.lds.reweight` is not 'none'")
+                raise ValueError("`train_labels` are required when `task.lds.reweight` is not 'none'")
             b, t = lds_weight_table(
                 train_labels,
                 self.bin_width,
@@ -167,9 +170,9 @@ class DIRRegressor(L.LightningModule):
         self.register_buffer("lds_bins", bins)
         self.register_buffer("lds_table", table)
         self.fds: nn.Module | None = None
-        if cfg.loss.fds.enabled:
+        if cfg.task.fds.enabled:
             lo, hi = (0.0, 1.0) if train_labels is None else (float(np.min(train_labels)), float(np.max(train_labels)))
-            self.fds = make_fds(self.feature_dim, cfg.loss.fds, bin_width=self.bin_width, label_range=(lo, hi))
+            self.fds = make_fds(self.feature_dim, cfg.task.fds, bin_width=self.bin_width, label_range=(lo, hi))
         self.freeze_backbone = bool(freeze_backbone)
         if self.freeze_backbone:
             self.backbone.requires_grad_(False)
@@ -339,7 +342,7 @@ def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
     from rankwise.recipes.own_data import shot_thresholds
 
     many, few = shot_thresholds(data)
-    r = cfg.run
+    r = cfg.report
     return (many if r.many_shot is None else r.many_shot), (few if r.few_shot is None else r.few_shot)
 
 
@@ -394,7 +397,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
         "checkpoint": str(ckpt.relative_to(run.dir)),
         "shot_thresholds": dict(zip(("many", "few"), run_shot_thresholds(cfg, data))),
     }
-    r = cfg.run
+    r = cfg.report
     rng = np.random.default_rng(0)
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
@@ -471,6 +474,7 @@ class DIRRecipe(RegressionRecipe):
 
     def check(self, cfg: Config) -> None:
         check_loss_config(cfg.loss)
+        check_lds_fds(cfg.task.lds, cfg.task.fds)
 
     def fit(self, run: Run) -> dict[str, Any]:
         return fit_regressor(run, build_regressor(run))

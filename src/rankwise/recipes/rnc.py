@@ -18,8 +18,8 @@ import torch
 from pydantic import Field
 
 from rankwise.recipes.common import build_backbone, check_finite, reseed
-from rankwise.recipes.config import Config, Options
-from rankwise.recipes.dir import DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.config import Config
+from rankwise.recipes.dir import DIROptions, DIRRecipe, build_regressor, fit_regressor
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -27,8 +27,9 @@ from rankwise.recipes.rundir import Run, load_weights
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
 
 
-class RnCOptions(Options):
-    """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 uses ``trainer``/``optimizer``/``loss``."""
+class RnCOptions(DIROptions):
+    """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 (the regressor) uses ``trainer``/``optimizer``/
+    ``loss`` and the LDS/FDS options below."""
 
     pretrain_epochs: int = Field(20, description="epochs of contrastive pretraining", ge=1)
     temperature: float = Field(2.0, description="rnc_loss temperature", gt=0)

@@ -199,9 +199,9 @@ def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> No
         return
     from rankwise.recipes import reports
 
-    r = run.cfg.report
+    r = run.cfg.run
     n = int(features.shape[0])
-    idx = np.sort(np.random.default_rng(0).choice(n, size=min(n, r.plot_samples), replace=False))
+    idx = np.sort(np.random.default_rng(0).choice(n, size=min(n, run.cfg.report.plot_samples), replace=False))
     reports.plot_tsne(
         features[idx].numpy(),
         labels.cpu().numpy()[idx],

@@ -416,7 +416,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
     if pdir is not None and unchanged and all((pdir / f).is_file() for f in _PLOTS[: 4 if r.tsne else 3]):
         pdir = None  # the plots are functions of these predictions: those on disk are up to date
     if pdir is not None:
-        title = f"{r.name} (seed {r.seed})"
+        title = f"{cfg.run.name} (seed {cfg.run.seed})"
         label = getattr(data, "label_axis", "label")
         reports.plot_label_histogram(
             data.train_labels,
@@ -441,7 +441,7 @@ def evaluate_regressor(run: Run, module: DIRRegressor, checkpoint: str) -> dict[
             feats, labs, pdir / "similarity.png", title=f"feature similarity: {title}", label=label
         )
         if r.tsne:
-            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=r.seed, title=f"t-SNE: {title}", label=label)
+            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=cfg.run.seed, title=f"t-SNE: {title}", label=label)
     return metrics
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "LossTerm",
     "build_regularizers",
     "build_task_loss",
+    "build_term",
     "check_loss_config",
     "task_loss_name",
     "usable_losses",
@@ -185,6 +186,23 @@ class LossTerm(nn.Module):
         return self.loss(**{param: tensors[role] for param, role in self.inputs.items()})
 
 
+def build_term(
+    name: str,
+    options: Mapping[str, Any],
+    key: str,
+    *,
+    weight: float = 1.0,
+    train_labels: torch.Tensor | None = None,
+) -> LossTerm:
+    """The registered loss ``name`` with ``options`` as a :class:`LossTerm` (``key`` names it in errors).
+
+    The one way a recipe builds a loss: the task loss, each regularizer, and the contrastive
+    pretraining loss of RnC (``build_term("rnc", {"temperature": t}, "task.temperature")``).
+    """
+    entry = _entry(name, f"{key}.name" if key.startswith("loss") else key)
+    return LossTerm(name, _module(entry, options, key, train_labels), entry.inputs, weight)
+
+
 def build_regularizers(
     regs: list[RegularizerConfig], key: str = "loss.regularizers", *, train_labels: torch.Tensor | None = None
 ) -> nn.ModuleList:
@@ -195,7 +213,7 @@ def build_regularizers(
             continue
         entry = _entry(reg.name, f"{key}.{reg.name}.name")
         module = _module(entry, reg.options, f"{key}.{reg.name}.options", train_labels)
-        terms.append(LossTerm(reg.name, module, entry.inputs, reg.weight))
+        terms.append(LossTerm(reg.name, module, entry.inputs, reg.weight))  # as build_term, keyed by name
     return terms
 
 

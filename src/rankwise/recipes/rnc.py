@@ -20,6 +20,7 @@ from pydantic import Field
 from rankwise.recipes.common import build_backbone, check_finite, reseed
 from rankwise.recipes.config import Config
 from rankwise.recipes.dir import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.loss_terms import build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -48,6 +49,8 @@ class RnCPretrainer(L.LightningModule):
         self.hparams.update({"input_dim": input_dim, "kind": kind})
         self.cfg, self.task, self.kind = cfg, cfg.task, kind
         self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
+        #: ``rnc_loss`` from the loss registry, like the regularizers (batch-level: the global batch under DDP)
+        self.rnc = build_term("rnc", {"temperature": cfg.task.temperature}, "task.temperature")
 
     def augment(self, x: torch.Tensor) -> torch.Tensor:
         t: RnCOptions = self.task
@@ -64,15 +67,13 @@ class RnCPretrainer(L.LightningModule):
         reseed(self.cfg.run.seed + 17, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.losses import rnc_loss
-
         x, y = batch
         y = y.reshape(-1).float()
         views = torch.cat([self.augment(x), self.augment(x)])
         f = self.backbone(views)
         f = f.flatten(1) if f.dim() > 2 else f
         feats = torch.stack([f[: y.numel()], f[y.numel() :]], dim=1)
-        loss = rnc_loss(feats, y, temperature=self.task.temperature, distributed="auto")
+        loss = self.rnc({"features": feats, "targets": y})
         check_finite(loss, self, "Rank-N-Contrast")
         self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
         return loss

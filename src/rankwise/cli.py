@@ -495,6 +495,35 @@ def presets() -> None:
     _console().print(table)
 
 
+@app.command("config", cls=Command)
+def config_reference(
+    recipe: Annotated[
+        str | None,
+        typer.Argument(help="a recipe (its `task` options and the sections it reads); omit it for the shared sections"),
+    ] = None,
+) -> None:
+    """List the config fields: dotted key, type, default, range and meaning (read from the config's JSON schema)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    def rows() -> Any:
+        from rankwise.recipes.config import ConfigError, config_fields
+
+        try:
+            return config_fields(recipe)
+        except ValueError as e:
+            raise ConfigError(f"`recipe`: {e}") from None
+
+    fields = _run_guarded(rows)
+    table = Table(title=f"config fields{f' of recipe {recipe}' if recipe else ''}", title_justify="left")
+    for column in ("key", "type", "default", "range", "meaning"):
+        table.add_column(column, overflow="fold")
+    for f in fields:
+        default = "(required)" if type(f.default).__name__ == "PydanticUndefinedType" else repr(f.default)
+        table.add_row(*(escape(c) for c in (f.key, f.type, default, f.range, f.doc)))
+    _console().print(table)
+
+
 @data_app.command("list", cls=Command)
 def data_list() -> None:
     """List the registered datasets."""

@@ -725,6 +725,8 @@ def _schema_type(prop: dict[str, Any]) -> str:
         return repr(prop["const"])
     if "anyOf" in prop:
         return " | ".join(_schema_type(p) for p in prop["anyOf"])
+    if "$ref" in prop:  # a nested model: its name (e.g. the entries of loss.regularizers)
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
     kind = prop.get("type")
     if kind == "array":
         return f"list[{_schema_type(prop.get('items', {}))}]"

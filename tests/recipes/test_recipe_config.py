@@ -272,6 +272,14 @@ def test_moved_keys_are_read_at_their_former_place(tmp_path):
     assert (cfg.report.tsne, cfg.report.few_shot, cfg.report.many_shot) == (False, 4.0, 100.0)
     with pytest.raises(ConfigError, match=r"`task\.fds\.momentum` must be <= 1, got 5\.0"):
         load_config("abalone_vanilla", ["loss.fds.momentum=5"])
+    from rankwise.recipes.config import current_key
+
+    assert [current_key(k) for k in ("run.tsne", "loss.lds.ks", "run.name", "loss.kind")] == [
+        "report.tsne",
+        "task.lds.ks",
+        "run.name",
+        "loss.kind",
+    ]
     with pytest.raises(ConfigError, match=r"unknown config key `task\.lds`; valid keys: "):
         load_config("large_mnist_neuralsort", ["loss.lds.reweight=inverse"])  # sort reads no LDS
 

@@ -68,6 +68,7 @@ __all__ = [
     "config_fields",
     "config_from_dict",
     "config_to_dict",
+    "current_key",
     "list_presets",
     "load_config",
     "load_raw",
@@ -1000,6 +1001,13 @@ _MOVED = {
     **{("run", k): ("report", k) for k in ("plots", "tsne", "plot_samples", "many_shot", "few_shot")},
 }
 _MOVED_DEFAULTS = {("loss", "lds"): LDSConfig, ("loss", "fds"): FDSConfig}
+
+
+def current_key(key: str) -> str:
+    """The dotted ``key`` at its current place (``run.tsne`` -> ``report.tsne``; others unchanged)."""
+    parts = key.split(".")
+    new = _MOVED.get(tuple(parts[:2]))  # type: ignore[arg-type]
+    return ".".join([*new, *parts[2:]]) if new is not None and len(parts) >= 2 else key
 
 
 def _is_default(section: Any, value: Any) -> bool:

@@ -303,13 +303,13 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     """
     import yaml
 
-    from rankwise.recipes.config import apply_overrides
+    from rankwise.recipes.config import apply_overrides, current_key
 
     old = (raw.get("data") or {}).get("name", "abalone")
     keys = {}
     for item in overrides or []:
         key, _, value = item.partition("=")
-        keys[key.strip()] = value
+        keys[current_key(key.strip())] = value  # `run.many_shot` is `report.many_shot`
     if "data.name" not in keys:
         return raw
     try:

@@ -1,4 +1,9 @@
-"""Timing helpers shared by the benchmark scripts (side-by-side medians on a shared machine)."""
+"""Timing helpers shared by the benchmark scripts (side-by-side medians on a shared machine).
+
+Importing this module sets ``RANKWISE_NUMBA=sync`` (unless set): the first call of each kernel
+family loads the numba kernels and waits, so that no timed call takes the torch stand-in path that
+runs while the kernels load in the background (cold start is ``benchmarks/cold_start.py``'s job).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+os.environ.setdefault("RANKWISE_NUMBA", "sync")
 
 Case = Callable[[], Any]
 

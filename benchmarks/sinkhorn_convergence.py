@@ -107,7 +107,7 @@ def main() -> None:
                     cost = sk._cost(sk._squash(x.to(dtype)), sk._targets(n, False, x.to(dtype)), 2.0)
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        g, info = sk._solve(cost, eps, sk._default_tol(dtype, eps)[0], 50)
+                        g, _, info = sk._solve(cost, eps, sk._default_tol(dtype, eps)[0], 50, False)
                     newton.append(info.newton_steps)
                     sweeps.append(info.sweeps)
                     errors.append(info.error)

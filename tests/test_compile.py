@@ -171,6 +171,40 @@ def test_isotonic_kernel_ops_compile() -> None:
     assert hasattr(torch.ops.rankwise, "isotonic_rank_forward") and hasattr(torch.ops.rankwise, "sort_rows")
 
 
+@pytest.mark.parametrize("name", ["supcon", "ranksim", "rank"])
+def test_torch_paths_compile_without_numba(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The torch paths that serve CUDA inputs and CPU without numba (kernels reported unavailable)
+    trace as one graph at sizes past the small-input branches: no graph break on a host setting such
+    as ``torch.get_num_threads()`` (SupCon's symmetric gradient, the row sort of ``rank``)."""
+    import rankwise
+    from rankwise._kernels import sort as sort_kernels
+    from rankwise._kernels import supcon as supcon_kernels
+    from rankwise.losses import ranksim_loss, supcon_loss
+
+    monkeypatch.setattr(sort_kernels, "ready", lambda *a, **k: False)
+    monkeypatch.setattr(supcon_kernels, "ready", lambda *a, **k: False)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    fn: Any
+    if name == "supcon":  # 2 x 200 views: the symmetric W + W^T gradient of the one-block path
+        args: tuple[Any, ...] = (torch.randn(200, 2, 16, generator=g), torch.randint(0, 8, (200,), generator=g))
+        fn = supcon_loss
+    elif name == "ranksim":  # 64 x 64 similarities: the row sorts past the radix threshold
+        args = (torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g))
+        fn = ranksim_loss
+    else:
+        args = (torch.randn(4, 1024, generator=g),)
+        fn = rankwise.rank
+    x = args[0].requires_grad_(name != "rank")
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    got, want = compiled(*args), fn(*args)
+    torch.testing.assert_close(got, want)
+    if name != "rank":
+        (g_got,) = torch.autograd.grad(got, x)
+        (g_want,) = torch.autograd.grad(want, x)
+        torch.testing.assert_close(g_got, g_want)
+
+
 def test_first_call_compiled_loads_the_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     """A compiled Spearman loss with an explicit ranker as the very first call (the soft-method
     plugins not imported yet) traces without a graph break."""

@@ -29,17 +29,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
-_SINKHORN = (
-    "Sinkhorn's data-dependent convergence check reads the marginal error on the host "
-    "(ops/sinkhorn.py, `float(err.max())`)"
-)
 #: entries that synchronize with the host on CUDA, and why (a synchronization elsewhere fails the test)
-KNOWN_SYNC: dict[str, str] = {
-    "sinkhorn_transport": _SINKHORN,
-    "soft_rank.sinkhorn": _SINKHORN,
-    "soft_sort.sinkhorn": _SINKHORN,
-    "soft_sort.sinkhorn_quantized": _SINKHORN,
-}
+KNOWN_SYNC: dict[str, str] = {}
 
 
 def _moved(obj: Any, device: torch.device) -> Any:

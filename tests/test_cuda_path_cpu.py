@@ -37,6 +37,10 @@ SYNC_FREE = [
     "loss:balanced_mse.bni",
     "loss:balanced_mse.gai",
     "loss:balanced_mse.gai_2d",
+    "op:sinkhorn_transport",
+    "op:soft_rank.sinkhorn",
+    "op:soft_sort.sinkhorn",
+    "op:soft_sort.sinkhorn_quantized",
 ]
 
 _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape")

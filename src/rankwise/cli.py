@@ -593,6 +593,67 @@ def data_make_brain_age_synthetic(
     _console().print(f"{n} synthetic subjects: {csv_path}", highlight=False)
 
 
+@make_app.command("ltr-synthetic", cls=Command)
+def data_make_ltr_synthetic(
+    out: Annotated[Path, typer.Option("--out", help="folder of train.txt, vali.txt and test.txt (LETOR format)")],
+    seed: Annotated[int, typer.Option(help="seed of the relevance model, queries and documents")] = 0,
+    train_queries: Annotated[int, typer.Option(help="training queries")] = 500,
+    val_queries: Annotated[int, typer.Option(help="validation queries")] = 100,
+    test_queries: Annotated[int, typer.Option(help="test queries")] = 200,
+    num_features: Annotated[int, typer.Option(help="features per document")] = 46,
+    informative: Annotated[int, typer.Option(help="features carrying the relevance signal (the first ones)")] = 10,
+) -> None:
+    """Synthetic learning-to-rank queries as LETOR files (dataset ltr_synthetic; every number from it is synthetic)."""
+
+    def make() -> Path:
+        from rankwise.data import make_ltr_synthetic
+
+        try:
+            return make_ltr_synthetic(
+                out,
+                seed=seed,
+                train_queries=train_queries,
+                val_queries=val_queries,
+                test_queries=test_queries,
+                num_features=num_features,
+                informative=informative,
+            )
+        except (ValueError, FileExistsError) as e:
+            from rankwise.recipes.config import UserError
+
+            raise UserError(str(e.args[-1] if isinstance(e, FileExistsError) else e)) from None
+
+    folder = _run_guarded(make)
+    _console().print(
+        f"synthetic LETOR files: {folder} (train.txt, vali.txt, test.txt); read them with "
+        f"`data: {{name: letor, options: {{path: {folder}, num_features: {num_features}}}}}`",
+        highlight=False,
+    )
+
+
+def _show_ranking(con: Any, data: Any) -> None:
+    """Queries, documents and the relevance-grade counts of a learning-to-rank dataset."""
+    import numpy as np
+
+    con.print(
+        f"\n[bold]{data.name}[/]: {data.num_features} features; queries train/val/test = "
+        f"{'/'.join(str(s) for s in data.sizes())}"
+    )
+    for split in ("train", "val", "test"):
+        lists = getattr(data, split)
+        lengths = lists.lengths
+        y = lists.y.numpy()
+        grades, counts = np.unique(y, return_counts=True)
+        per_grade = ", ".join(f"{g:g}: {c}" for g, c in zip(grades.tolist(), counts.tolist()))
+        no_rel = sum(1 for a, b in zip(lists.offsets[:-1], lists.offsets[1:]) if not (y[a:b] > 0).any())
+        con.print(
+            f"{split:>5}: {lists.num_documents} documents, {int(lengths.min()) if len(lengths) else 0}-"
+            f"{int(lengths.max()) if len(lengths) else 0} per query, {no_rel} queries without a relevant document; "
+            f"grades {per_grade}",
+            highlight=False,
+        )
+
+
 @data_app.command("show", cls=Command)
 def data_show(
     name: Annotated[str, typer.Argument(help="dataset name (see `rankwise data list`)")],
@@ -643,6 +704,9 @@ def data_show(
             raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
 
     data: Any = _run_guarded(load)
+    if hasattr(data, "num_features") and not hasattr(data, "train_labels"):
+        _show_ranking(con, data)
+        return
     if not hasattr(data, "train_labels"):
         con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
         return

@@ -163,13 +163,30 @@ def test_float32_agrees_with_float64() -> None:
 def test_solver_converges_in_few_newton_steps(eps: float, n: int) -> None:
     x = torch.randn(16, n, dtype=torch.float64)
     cost = sk._cost(sk._squash(x)[0], sk._targets(n, False, x), 2.0)
-    g, info = sk._solve(cost, eps, 1e-10, 50)
+    g, _, info = sk._solve(cost, eps, 1e-10, 50, False)
     assert info.converged and info.error <= 1e-10
     assert info.newton_steps <= 8
     assert info.sweeps == (6 if eps >= 0.1 else 1 + math.ceil(math.log(eps / 0.1) / math.log(0.95)) + 5)
     plan = sk._log_plan(g, cost, eps).exp()
     torch.testing.assert_close(plan.sum(-1), torch.full((16, n), 1 / n, dtype=torch.float64), rtol=1e-12, atol=0)
     torch.testing.assert_close(plan.sum(-2), torch.full((16, n), 1 / n, dtype=torch.float64), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [0.1, 1e-2, 1e-3])
+def test_fixed_budget_solve_equals_the_early_stopping_loop(eps: float, dtype: torch.dtype) -> None:
+    """The solve without host reads (under torch.compile and on CUDA) gives the plan of the CPU eager
+    loop to its tolerance, and a marginal error within it."""
+    x = torch.randn(8, 24, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
+    cost = sk._cost(sk._squash(x)[0], sk._targets(24, False, x), 2.0)
+    tol = sk._default_tol(dtype, eps)[0]
+    g_loop, err_loop, info = sk._solve(cost, eps, tol, 50, False)
+    g_fixed, err_fixed, fixed_info = sk._solve(cost, eps, tol, 50, True)
+    assert info.converged and fixed_info.newton_steps == sk._COMPILED_NEWTON_STEPS
+    assert float(err_fixed.max()) <= max(tol, float(err_loop.max())) * 10
+    p_loop, p_fixed = (sk._log_plan(g, cost, eps).exp() for g in (g_loop, g_fixed))
+    atol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(p_fixed, p_loop, rtol=0, atol=atol)
 
 
 def test_plan_is_the_converged_one_where_the_authors_stopping_rule_is_not() -> None:

@@ -52,6 +52,12 @@ BY_FAMILY = {
     "supcon": ["task.train_subset=32", "data.batch_size=16", "task.probe_epochs=1", "model.options.feature_dim=8"],
     "dknn": ["task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
     "brain_age": ["task.stage2_epochs=1", "data.batch_size=8", "data.num_workers=0", "data.options.shape=[32,36,32]"],
+    "ltr": [
+        "model.options={hidden: [8], feature_dim: 4, dropout: 0.1}",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "task.slate_length=10",
+    ],
     "retrieval": [
         "task.steps=2",
         "task.classes_per_batch=3",
@@ -73,6 +79,8 @@ RRT_SOURCE = {
 
 
 def _family(name: str) -> str:
+    if name.startswith(("ltr_", "mslr_web", "yahoo_ltr")):
+        return "ltr"
     if name.startswith("brain_age"):
         return "brain_age"
     if name.startswith("abalone"):
@@ -118,6 +126,26 @@ def brain_cohort(tmp_path_factory):
         return None
 
 
+@pytest.fixture(scope="module")
+def letor_folders(tmp_path_factory):
+    """Tiny LETOR folders in the MSLR-WEB layout (Fold1/, 136 features) and the Yahoo LTR layout (700 features)."""
+    from rankwise.data import make_ltr_synthetic
+
+    root = tmp_path_factory.mktemp("letor")
+    sizes = {"train_queries": 12, "val_queries": 4, "test_queries": 4, "max_docs": 15}
+    make_ltr_synthetic(root / "mslr" / "Fold1", num_features=136, **sizes)
+    make_ltr_synthetic(root / "yahoo", num_features=700, **sizes)
+    for split, name in (("train", "train"), ("vali", "valid"), ("test", "test")):
+        (root / "yahoo" / f"{split}.txt").rename(root / "yahoo" / f"set1.{name}.txt")
+    return root
+
+
+def _ltr_overrides(name: str, folders: Path) -> list[str]:
+    if name.startswith("ltr_synthetic"):
+        return ["data.options={seed: 0, train_queries: 16, val_queries: 4, test_queries: 4, max_docs: 15}"]
+    return [f"data.options.path={folders / ('mslr' if name.startswith('mslr') else 'yahoo')}"]
+
+
 def _brain_age_overrides(name: str, cohort) -> list[str]:
     if cohort is None:
         pytest.skip("nibabel / nilearn / torchio (the mri extra) absent")
@@ -129,9 +157,11 @@ def _brain_age_overrides(name: str, cohort) -> list[str]:
     return out
 
 
-def _overrides(name: str, image_split, shared_dir: Path, cohort=None) -> list[str]:
+def _overrides(name: str, image_split, shared_dir: Path, cohort=None, letor=None) -> list[str]:
     fam = _family(name)
     out = [*COMMON, *BY_FAMILY[fam]]
+    if fam == "ltr":
+        out += _ltr_overrides(name, letor)
     if fam == "brain_age":
         out += _brain_age_overrides(name, cohort)
     if fam == "dir_images":
@@ -149,10 +179,10 @@ def _overrides(name: str, image_split, shared_dir: Path, cohort=None) -> list[st
 
 
 @pytest.mark.parametrize("name", sorted(list_presets()))
-def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort):
+def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort, letor_folders):
     # only the STS-B-DIR presets need ../shared (skipped without it); the others run anywhere
     shared_dir = SHARED
-    sets = _overrides(name, image_split, shared_dir, brain_cohort)
+    sets = _overrides(name, image_split, shared_dir, brain_cohort, letor_folders)
     if name in RRT_SOURCE:
         src = RRT_SOURCE[name]
         train(load_config(src, _overrides(src, image_split, shared_dir)), out=tmp_path / "src", progress=False)

@@ -464,8 +464,12 @@ class _SupConOutSmall(torch.autograd.Function):
             elif kernel and sym:  # w is W + W^T already
                 grad = torch.mm(w, zs)
             elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (~4x faster than
-                # `w + w.T` on one thread) but single-threaded, the transposed add uses every thread
-                grad = torch.mm(w.T.contiguous().add_(w) if torch.get_num_threads() == 1 else w + w.T, zs)
+                # `w + w.T` on one CPU thread) but single-threaded, the transposed add uses every thread
+                # (on other devices, and under torch.compile where the thread count is not traceable)
+                one_thread = (
+                    x.device.type == "cpu" and not torch.compiler.is_compiling() and torch.get_num_threads() == 1
+                )
+                grad = torch.mm(w.T.contiguous().add_(w) if one_thread else w + w.T, zs)
             else:
                 grad = torch.mm(w, zs).addmm_(w.T, zs)
             if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x

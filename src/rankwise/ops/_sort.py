@@ -25,7 +25,8 @@ def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, t
     ``torch.sort`` orders them): builds of torch that radix-sort integer arrays do that faster than
     the row-wise comparison sort of floats (benchmarks/ops.py measures both). Other dtypes/devices use
     ``torch.sort(stable=True)``, and so do CPU inputs with at least two rows when torch has more
-    than one thread (``torch.sort`` splits the rows across its threads). The sorted values are
+    than one thread (``torch.sort`` splits the rows across its threads) or under ``torch.compile``
+    (the thread count is not a traceable value). The sorted values are
     not gathered here (``None``): callers that need them gather them.
     """
     n = x.shape[-1]
@@ -36,7 +37,7 @@ def sort_last(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor | None, t
         x.dtype != torch.float32
         or x.device.type != "cpu"
         or x.numel() < _RADIX_MIN_NUMEL
-        or (x.numel() > n and torch.get_num_threads() > 1)
+        or (x.numel() > n and (torch.compiler.is_compiling() or torch.get_num_threads() > 1))
     ):
         vals, perm = torch.sort(x, dim=-1, descending=descending, stable=True)
         return vals, perm

@@ -328,17 +328,25 @@ def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.T
     return torch.where(far, local + step.cumsum(dim=-1), s)
 
 
-def _far_from_unit_scale(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> bool:
-    """CPU only (one host read): whether some row needs the conditioning of the composite path."""
+def _cpu_checks(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> tuple[bool, bool]:
+    """CPU only, one host read: ``(far, finite)``. ``far``: some row needs the conditioning of the
+    composite path (magnitudes where the fused kernels would lose the soft part); ``finite``: every
+    entry is finite (then no row needs NaN-ing). With a NaN or inf anywhere, ``far`` is decided on
+    the finite rows' magnitudes only (a second read: the rare path)."""
     n = xc.shape[-1]
-    if n < 2:
-        return False
+    xd = xc.detach()
     if rank:
-        big = float(xc.detach().abs().amax()) / eps
-        return big > _CONDITION_FACTOR * _gap_limit(n, kl)  # NaN: False (the row is NaN-ed anyway)
-    lo, hi = torch.aminmax(xc.detach(), dim=-1)
+        big = float(torch.linalg.vector_norm(xd, float("inf")))  # NaN or inf: not all finite
+        if not math.isfinite(big):
+            finite_rows = torch.isfinite(xd).all(dim=-1, keepdim=True)
+            big = float(torch.where(finite_rows, xd, 0.0).abs().amax()) if n >= 2 else 0.0
+            return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), False
+        return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), True
+    lo, hi = torch.aminmax(xd, dim=-1)
     limit = _sort_gap_limit(torch.stack([hi, lo], dim=-1).nan_to_num(nan=0.0), n, kl)
-    return 1.0 / eps > _CONDITION_FACTOR * float(limit.amin())
+    # an overflowing sum of finite rows only takes the NaN-ing path needlessly
+    least, total = torch.stack([limit.amin(), lo.sum() + hi.sum()]).tolist()
+    return n >= 2 and 1.0 / eps > _CONDITION_FACTOR * least, math.isfinite(total)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,13 +357,10 @@ def _check_options(regularization: str, regularization_strength: float) -> float
     return check_positive(regularization_strength, "regularization_strength")
 
 
-def _nan_rows(out: torch.Tensor, xc: torch.Tensor, cpu: bool) -> torch.Tensor:
-    """:func:`nan_slices` of the rows of ``xc``. On CPU (``cpu``: no device to synchronize with) the
-    common all-finite case is recognized from one sum and costs no extra autograd node: a NaN or inf
-    in ``xc`` makes the sum non-finite (an overflowing sum only takes the full path needlessly)."""
-    if cpu and not torch.compiler.is_compiling() and math.isfinite(float(xc.detach().sum())):
-        return out
-    return nan_slices(out, xc)
+def _nan_rows(out: torch.Tensor, xc: torch.Tensor, finite: bool) -> torch.Tensor:
+    """:func:`nan_slices` of the rows of ``xc``, skipped when ``finite`` (known on CPU from
+    :func:`_cpu_checks`: no device to synchronize with, and no extra autograd node)."""
+    return out if finite else nan_slices(out, xc)
 
 
 def _isotonic_last(
@@ -379,18 +384,17 @@ def _isotonic_last(
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
     cpu = _cpu_kernels(xc)
-    if (
-        cpu
-        and not torch.compiler.is_compiling()
-        and _far_from_unit_scale(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl")
-    ):
+    far, finite = False, False
+    if cpu and not torch.compiler.is_compiling():
+        far, finite = _cpu_checks(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl")
+    if far:
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
     elif cpu:
         out = cpu_op.apply(xc, eps, descending, regularization == "kl")
     else:
         out = composite(xc, eps, descending, regularization)
-    out = _nan_rows(out, xc, cpu)
+    out = _nan_rows(out, xc, finite)
     if out.shape != x.shape:
         out = out.reshape(x.shape)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -47,16 +47,17 @@ Rows whose standard deviation is below the authors' floor (1e-6, in the units of
 nearly one value and so get nearly equal soft ranks (the authors' convention); a ``RuntimeWarning``
 says so once per process (all-tied rows are exact and do not warn).
 
-Under ``torch.compile`` (``fullgraph=True`` works) the traced solver reads nothing on the host: the
-same warm-up sweeps, then a fixed budget of ``min(max_iter, 6)`` Newton steps without the early stop
-(each keeps a row's potential where it does not lower the error), and no warning; the values equal
-eager mode's to the tolerance.
+Under ``torch.compile`` (``fullgraph=True`` works) and on non-CPU devices (CUDA) the solver reads
+nothing on the host: the same warm-up sweeps, then a fixed budget of ``min(max_iter, 6)`` Newton
+steps without the early stop (each keeps a row's potential where it does not lower the error), and
+no warning; the values equal the CPU eager loop's to the tolerance. On a non-CPU device an invalid
+plan (below) fails as a device-side assertion (``torch._assert_async``) instead of a ``ValueError``.
 
 The loop stops when the marginal error :math:`\max_j |(P^\top 1)_j - b_j| / b_j` (the authors'
 relative error; rows are exact) of every row is at most ``tol``, when it stops decreasing for 3
 steps (float round-off), or after ``max_iter`` Newton steps; a ``RuntimeWarning`` reports a plan
-left above the tolerance. Host synchronization: one per Newton step (reading the batch's largest error),
-none in the warm-up phase.
+left above the tolerance. Host synchronization (CPU eager mode only): one read of the batch's largest
+error per Newton step, none in the warm-up phase.
 
 Gradients (backward) are the derivatives of the converged map by implicit differentiation: with
 :math:`v = \partial L/\partial g` and :math:`S w = \varepsilon v`,
@@ -114,7 +115,8 @@ _EXTRA_SWEEPS = 5
 _MIN_STD = 1e-6
 #: Newton step lengths tried (per row; 0 = keep the current potential)
 _STEPS = (1.0, 0.5, 0.25, 0.125)
-#: Newton steps of a solve traced by torch.compile (no data-dependent stop; 2 to 4 reach the tolerance)
+#: Newton steps of a solve without host reads (traced by torch.compile, or on a non-CPU device): no
+#: data-dependent stop; 2 to 4 reach the tolerance
 _COMPILED_NEWTON_STEPS = 6
 #: stop when the batch's error has not decreased for this many consecutive Newton steps
 _STALL = 3
@@ -302,8 +304,12 @@ def _schedule(eps: float) -> list[float]:
     return out
 
 
-def _solve(cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> tuple[torch.Tensor, SolveInfo]:
-    """Column potential ``g`` (B, m) of the entropic plan for ``cost`` (B, n, m); no autograd."""
+def _solve(
+    cost: torch.Tensor, eps: float, tol: float, max_iter: int, fixed: bool
+) -> tuple[torch.Tensor, torch.Tensor, SolveInfo]:
+    """Column potential ``g`` (B, m) of the entropic plan for ``cost`` (B, n, m) and its per-row marginal
+    error; no autograd. ``fixed``: a fixed budget of Newton steps and no host read (traced, or a
+    non-CPU device), else the early-stopping loop that reads the batch's error once per step."""
     sweeps = 0
     g = torch.zeros(cost.shape[0], cost.shape[-1], dtype=cost.dtype, device=cost.device)
     for e in _schedule(eps):  # epsilon scaling: a fixed schedule of sweeps (depends on eps only)
@@ -314,11 +320,13 @@ def _solve(cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> tuple[t
         sweeps += 1
 
     err = _col_error(_log_plan(g, cost, eps))
-    if torch.compiler.is_compiling():  # traced: a fixed budget of Newton steps, no host read, no early stop
+    if fixed:  # a fixed budget of Newton steps, no host read, no early stop
         for _ in range(min(max_iter, _COMPILED_NEWTON_STEPS)):
             g, err = _newton_step(g, err, cost, eps)
-        return g, SolveInfo(
-            sweeps=sweeps, newton_steps=min(max_iter, _COMPILED_NEWTON_STEPS), error=-1.0, converged=True
+        return (
+            g,
+            err,
+            SolveInfo(sweeps=sweeps, newton_steps=min(max_iter, _COMPILED_NEWTON_STEPS), error=-1.0, converged=True),
         )
     best = math.inf
     stalled = 0
@@ -334,7 +342,7 @@ def _solve(cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> tuple[t
             stalled += 1
             if stalled >= _STALL:
                 break
-    return g, SolveInfo(sweeps=sweeps, newton_steps=steps, error=worst, converged=worst <= tol)
+    return g, err, SolveInfo(sweeps=sweeps, newton_steps=steps, error=worst, converged=worst <= tol)
 
 
 def _newton_step(
@@ -366,16 +374,26 @@ class _ColumnPotential(torch.autograd.Function):
     """``g*(C)``: the converged column potential, differentiated implicitly (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int) -> torch.Tensor:
-        g, info = _solve(cost, eps, tol, max_iter)
+    def forward(  # type: ignore[override]
+        ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int, invalid: float
+    ) -> torch.Tensor:
+        fixed = torch.compiler.is_compiling() or cost.device.type != "cpu"
+        g, err, info = _solve(cost, eps, tol, max_iter, fixed)
         if not torch.compiler.is_compiling():
             _LAST[:] = [info]
+        if fixed and cost.device.type != "cpu" and invalid < math.inf:
+            # the refusal of an invalid plan without a host read: a device-side assertion
+            torch._assert_async(
+                (err.nan_to_num(nan=0.0) <= invalid).all(),
+                "rankwise.sinkhorn: the transport plan's column marginals stay off by more than 1%: "
+                "`epsilon` is too small for these inputs in this dtype; raise it or compute in float64",
+            )
         ctx.eps = eps
         ctx.save_for_backward(cost, g)
         return g
 
     @staticmethod
-    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         cost, g = ctx.saved_tensors
         eps = ctx.eps
         n = cost.shape[-2]
@@ -387,7 +405,7 @@ class _ColumnPotential(torch.autograd.Function):
             w = _solve_sym(_jittered_schur(p), v)
             pw = (p @ w.unsqueeze(-1)).squeeze(-1)
             grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
-        return grad_cost, None, None, None
+        return grad_cost, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -447,11 +465,12 @@ def _plan_last(
     tol_, accepted = (t, t) if t is not None else _default_tol(flat.dtype, eps)
     squashed, floored = _squash(flat)
     cost = _cost(squashed, _targets(m, descending, flat), pw)
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
+    host = flat.device.type == "cpu" and not torch.compiler.is_compiling()  # host reads allowed
+    if host:
         _warn_std_floor(floored)
-    g = _ColumnPotential.apply(cost, eps, tol_, it)
-    if not compiling and _LAST[0].error > max(_INVALID_PLAN, accepted) and t is None:
+    invalid = max(_INVALID_PLAN, accepted) if t is None else math.inf
+    g = _ColumnPotential.apply(cost, eps, tol_, it, invalid)
+    if host and _LAST[0].error > invalid:
         # marginals off by more than 1%: an invalid plan (e.g. tied inputs spread over fewer targets at an
         # epsilon near the floor) is refused rather than returned
         raise ValueError(
@@ -459,7 +478,7 @@ def _plan_last(
             f"transport plan's column marginals stay off by {_LAST[0].error:.2g} (relative) after max_iter={it} "
             "Newton steps; raise `epsilon` or compute in float64"
         )
-    if not compiling and _LAST[0].error > accepted:
+    if host and _LAST[0].error > accepted:
         # the message holds only the options, so that Python's warning filter shows it once per call site
         warnings.warn(
             f"rankwise.sinkhorn: the transport plan did not reach tol={accepted:g} at epsilon={eps:g} within "

@@ -30,7 +30,7 @@ class RecipeBase:
     description: str = ""
     options: type = object
     uses: frozenset[str] = frozenset()
-    data_kind: Literal["regression", "classification"] = "classification"
+    data_kind: Literal["regression", "classification", "ranking"] = "classification"
     report_kind: str = "scalar"
     #: the scalar tables and report add a seconds-per-step column (recipes that time their steps)
     per_step: bool = False
@@ -75,7 +75,7 @@ class RegressionRecipe(RecipeBase):
     """Recipes reported with the many/medium/few-shot table of ``rankwise.imbalanced.regression_metrics``."""
 
     uses = frozenset({"loss"})
-    data_kind: Literal["regression", "classification"] = "regression"
+    data_kind: Literal["regression", "classification", "ranking"] = "regression"
     report_kind = "regression"
 
     def method(self, cfg: Config) -> str:

@@ -49,8 +49,9 @@ class Recipe(Protocol):
         """Optional shared sections read besides data/model/optimizer/schedule/trainer/run (e.g. ``{"loss"}``)."""
 
     @property
-    def data_kind(self) -> Literal["regression", "classification"]:
-        """The dataset type it needs: regression (``RegressionData``) or classification (``ClassificationData``)."""
+    def data_kind(self) -> Literal["regression", "classification", "ranking"]:
+        """The dataset type it needs: regression (``RegressionData``), classification (``ClassificationData``) or
+        ranking (``RankingData``: query lists)."""
 
     @property
     def report_kind(self) -> str:
@@ -99,6 +100,7 @@ _BUILTIN = {
     "dknn": "rankwise.recipes.dknn",
     "brain_age": "rankwise.recipes.brain_age",
     "retrieval": "rankwise.recipes.retrieval",
+    "ltr": "rankwise.recipes.learning_to_rank",
 }
 
 _REQUIRED = ("name", "description", "options", "uses", "data_kind", "report_kind")

@@ -675,6 +675,17 @@ def load_data(cfg: Config, recipe: Any) -> Any:
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
     """The dataset has the recipe's kind and no empty split it uses."""
     regression = hasattr(data, "train_labels")
+    ranking = hasattr(data, "num_features") and not regression
+    if (recipe.data_kind == "ranking") != ranking:
+        kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
+        need = (
+            "a ranking dataset (letor, ltr_synthetic)"
+            if recipe.data_kind == "ranking"
+            else f"a {recipe.data_kind} dataset"
+        )
+        raise ConfigError(
+            f"dataset `{cfg.data.name}` is {kind}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
+        )
     if recipe.data_kind == "regression" and not regression:
         raise ConfigError(
             f"dataset `{cfg.data.name}` is a classification dataset; recipe {recipe.name!r} needs a regression "
@@ -684,7 +695,7 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
         raise ConfigError(
             f"recipe {recipe.name!r} needs a classification dataset, got the regression dataset `{cfg.data.name}`"
         )
-    splits = ("train", "val", "test") if regression else ("train", "test")
+    splits = ("train", "val", "test") if regression or ranking else ("train", "test")
     for s in splits:
         split = getattr(data, s, None)
         if split is None or len(split) == 0:

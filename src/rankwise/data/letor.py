@@ -1,0 +1,433 @@
+r"""Learning-to-rank data in the LETOR / svmlight format, grouped into padded query lists.
+
+One document per line::
+
+    <relevance> qid:<query id> <feature>:<value> <feature>:<value> ... # optional comment
+
+the format of MSLR-WEB10K / MSLR-WEB30K (136 features, relevance 0-4, ``Fold1..5/{train,vali,test}.txt``),
+the Yahoo! Learning to Rank Challenge (700 features, sparse: absent features are 0) and LETOR 3.0 / 4.0.
+Feature indices are 1-based and increasing within a line; relevance is a non-negative number.
+
+:func:`read_letor` parses one file with scikit-learn's compiled svmlight reader (the file is
+streamed, no Python object per line or value) and checks the result; when the file is malformed,
+a line-by-line scan finds the first bad line, and the :class:`~rankwise.data.DataFormatError`
+names the file and that line (``row`` = line number): a malformed line, a missing or non-integer
+``qid``, a feature index 0, above ``num_features`` or not increasing, a value that is not a finite
+number (NaN, inf, beyond the float32 range) or a negative relevance.
+
+:func:`load_letor` (registered dataset ``letor``) reads the train / validation / test files,
+groups the documents of each query (queries in order of first appearance, documents in file
+order; a query split over several blocks of the file is one list), optionally drops the queries
+without a relevant document, and standardises every feature with the mean and standard
+deviation of the TRAINING documents (a constant feature is only centred). Each split is a
+:class:`QueryLists`: the documents of all queries in one float32 array plus query offsets; its items
+are whole queries, and :func:`pad_lists` batches them into ``(queries, list)`` tensors padded with
+``y_true = -1`` (allRank's ``PADDED_Y_VALUE``) and zero features. Training lists longer than a
+slate length are sampled by :class:`SlateSampler` (allRank's ``slate_length``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from rankwise.data._base import DataFileNotFoundError, DataFormatError, register_dataset
+from rankwise.data._files import FLOAT32_MAX, check_file, excerpt
+
+__all__ = [
+    "PADDED_Y_VALUE",
+    "QueryLists",
+    "RankingData",
+    "SlateSampler",
+    "build_ranking_data",
+    "group_queries",
+    "load_letor",
+    "pad_lists",
+    "read_letor",
+]
+
+#: ``y_true`` of padded list slots (allRank's convention, the losses' ``padded_value_indicator``)
+PADDED_Y_VALUE = -1.0
+
+_DECIMAL = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(rb"[+-]?[0-9]+")
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def _number(token: bytes, path: Path, line: int, what: str) -> float:
+    if not _DECIMAL.fullmatch(token):
+        raise DataFormatError(path, line, f"{what}: cannot parse {excerpt(token.decode('latin-1'))} as a number")
+    v = float(token)
+    if not abs(v) <= FLOAT32_MAX:
+        raise DataFormatError(path, line, f"{what}: value {excerpt(token.decode())} is outside the float32 range")
+    return v
+
+
+def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> bool:
+    """Raise :class:`DataFormatError` for a malformed LETOR line; False for a blank / comment-only line."""
+    body = raw.split(b"#", 1)[0].strip()
+    if not body:
+        return False
+    tokens = body.split()
+    label = _number(tokens[0], path, line, "relevance")
+    if label < 0:
+        raise DataFormatError(path, line, f"relevance {tokens[0].decode()} is negative (expected a grade >= 0)")
+    if len(tokens) < 2 or not tokens[1].startswith(b"qid:"):
+        raise DataFormatError(path, line, "expected `qid:<integer>` after the relevance")
+    qid = tokens[1][4:]
+    if not _INTEGER.fullmatch(qid):
+        raise DataFormatError(path, line, f"qid {excerpt(qid.decode('latin-1'))} is not an integer")
+    last = 0
+    for tok in tokens[2:]:
+        index, sep, value = tok.partition(b":")
+        if not sep or not _INTEGER.fullmatch(index):
+            raise DataFormatError(
+                path, line, f"expected `<feature index>:<value>`, got {excerpt(tok.decode('latin-1'))}"
+            )
+        i = int(index)
+        if i < 1:
+            raise DataFormatError(path, line, f"feature index {i} (feature indices start at 1)")
+        if num_features is not None and i > num_features:
+            raise DataFormatError(path, line, f"feature index {i} is above `num_features` = {num_features}")
+        if i <= last:
+            raise DataFormatError(path, line, f"feature index {i} after {last}: indices must be increasing")
+        last = i
+        _number(value, path, line, f"feature {i}")
+    return True
+
+
+def _locate_error(path: Path, num_features: int | None) -> None:
+    """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+    import bz2
+    import gzip
+
+    opener: Any = {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
+    with opener(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            _check_line(raw, path, line, num_features)
+
+
+def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Read one LETOR / svmlight file: ``(features, relevance, qid)``.
+
+    ``features`` is a float32 ``scipy.sparse.csr_matrix`` of shape ``(documents, num_features)``
+    (``num_features`` None: the largest index in the file), ``relevance`` float32 and ``qid``
+    int64 arrays of length ``documents``, in file order. A ``.gz`` or ``.bz2`` file is decompressed. Every
+    error is a :class:`~rankwise.data.DataFormatError` naming the file (and the line of a
+    malformed line; see the module docstring).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "train.txt"
+        >>> _ = p.write_text("2 qid:7 1:0.5 3:1.5 # doc A\\n0 qid:7 2:-1\\n")
+        >>> x, y, qid = read_letor(p, num_features=3)
+        >>> x.toarray().tolist(), y.tolist(), qid.tolist()
+        ([[0.5, 0.0, 1.5], [0.0, -1.0, 0.0]], [2.0, 0.0], [7, 7])
+    """
+    if num_features is not None and (isinstance(num_features, bool) or not isinstance(num_features, int)):
+        raise TypeError(f"`num_features` must be a positive int or None, got {num_features!r}")
+    if num_features is not None and num_features < 1:
+        raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
+    p = check_file(path, "LETOR / svmlight file")
+    try:
+        from sklearn.datasets import load_svmlight_file
+    except ImportError as e:  # pragma: no cover - the train extra is missing
+        raise ImportError(f"reading LETOR files needs scikit-learn: pip install 'rankwise[train]' ({e})") from None
+    try:
+        x, y, qid = load_svmlight_file(
+            str(p), n_features=num_features, dtype=np.float32, zero_based=False, query_id=True
+        )
+    except (ValueError, UnicodeDecodeError) as err:
+        _locate_error(p, num_features)
+        raise DataFormatError(p, None, f"cannot read the file as LETOR / svmlight: {err}") from None
+    except OSError as err:
+        raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from None
+    n = x.shape[0]
+    if (
+        len(qid) != n
+        or not np.isfinite(y).all()
+        or (y < 0).any()
+        or not np.isfinite(x.data).all()  # NaN, inf, or beyond the float32 range (parsed as inf)
+    ):
+        _locate_error(p, num_features)
+        raise DataFormatError(p, None, "cannot read the file as LETOR / svmlight")  # pragma: no cover
+    if n == 0:
+        raise DataFormatError(p, None, "no document in the file (expected `<relevance> qid:<id> <index>:<value> ...`)")
+    return x, y.astype(np.float32), np.asarray(qid, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------- lists
+
+
+class QueryLists(Dataset):
+    """The documents of a split grouped by query; item ``i`` = ``(features (n_i, D), relevance (n_i,))``.
+
+    ``x`` (float32, ``(documents, D)``) and ``y`` (float32) hold the documents of query ``i`` in
+    rows ``offsets[i]:offsets[i + 1]``; ``qids`` are the queries' ids.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, offsets: np.ndarray, qids: np.ndarray) -> None:
+        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        self.y = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.qids = np.asarray(qids, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.qids)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.x[a:b], self.y[a:b]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Number of documents of each query."""
+        return np.diff(self.offsets)
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.offsets[-1]) if len(self.offsets) else 0
+
+
+def pad_lists(items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch query lists into ``(features (Q, L, D), relevance (Q, L))``, ``L`` = the longest list.
+
+    Padded slots get zero features and relevance ``-1`` (:data:`PADDED_Y_VALUE`).
+
+    Example:
+        >>> import torch
+        >>> x, y = pad_lists([(torch.ones(2, 3), torch.tensor([1.0, 0.0])), (torch.ones(1, 3), torch.tensor([2.0]))])
+        >>> x.shape, y.tolist()
+        (torch.Size([2, 2, 3]), [[1.0, 0.0], [2.0, -1.0]])
+    """
+    if not items:
+        raise ValueError("`items` must hold at least one query list")
+    d = items[0][0].shape[-1]
+    longest = max(int(it[1].shape[0]) for it in items)
+    x = torch.zeros(len(items), longest, d, dtype=items[0][0].dtype)
+    y = torch.full((len(items), longest), PADDED_Y_VALUE, dtype=items[0][1].dtype)
+    for i, (xi, yi) in enumerate(items):
+        x[i, : len(yi)] = xi
+        y[i, : len(yi)] = yi
+    return x, y
+
+
+class SlateSampler(Dataset):
+    """Training lists of at most ``slate_length`` documents: item ``g`` is query ``g % len(lists)``.
+
+    A query with more documents than ``slate_length`` is replaced by a uniform random subset of
+    ``slate_length`` of them in random order (allRank's ``FixLength``), drawn from a generator
+    seeded by ``(seed, g)`` (``numpy.random.SeedSequence``): with
+    :class:`~rankwise.recipes.common.EpochIndexSampler` every epoch draws anew and a resumed run
+    replays the same draws. When the subset holds no relevant document (relevance > 0) and the
+    query has some, one chosen slot is replaced by a relevant document drawn uniformly (allRank's
+    ``FixLength`` also keeps a relevant document, by redrawing). Shorter queries are returned whole
+    (:func:`pad_lists` pads the batch). ``slate_length`` None: every list whole.
+    """
+
+    def __init__(self, lists: QueryLists, slate_length: int | None, seed: int, length: int | None = None) -> None:
+        if slate_length is not None and (isinstance(slate_length, bool) or int(slate_length) < 1):
+            raise ValueError(f"`slate_length` must be a positive int or None, got {slate_length!r}")
+        self.lists, self.seed = lists, int(seed)
+        self.slate_length = None if slate_length is None else int(slate_length)
+        self.length = len(lists) if length is None else int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.lists[int(g) % len(self.lists)]
+        n, m = int(y.shape[0]), self.slate_length
+        if m is None or n <= m:
+            return x, y
+        state = np.random.SeedSequence([self.seed, int(g)]).generate_state(1, np.uint64)[0]
+        gen = torch.Generator().manual_seed(int(state >> np.uint64(1)))
+        idx = torch.randperm(n, generator=gen)[:m]
+        if not bool((y[idx] > 0).any()):
+            relevant = torch.nonzero(y > 0).flatten()
+            if len(relevant):
+                pick = relevant[torch.randint(len(relevant), (1,), generator=gen)]
+                idx[torch.randint(m, (1,), generator=gen)] = pick
+        return x[idx], y[idx]
+
+
+# --------------------------------------------------------------------------------------------- dataset
+
+
+@dataclass
+class RankingData:
+    """A learning-to-rank dataset: train / val / test :class:`QueryLists` of ``num_features`` features.
+
+    ``meta``: ``"source"`` (files read), ``"mean"`` / ``"std"`` (the training standardisation, None
+    without it), ``"dropped_queries"`` (per split, queries without a relevant document dropped).
+    """
+
+    name: str
+    train: QueryLists
+    val: QueryLists
+    test: QueryLists
+    num_features: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def sizes(self) -> tuple[int, int, int]:
+        """Queries in ``(train, val, test)``."""
+        return len(self.train), len(self.val), len(self.test)
+
+
+def group_queries(x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> QueryLists:
+    """Group documents by query id: queries in order of first appearance, documents in input order."""
+    qid = np.asarray(qid, dtype=np.int64)
+    if len(qid) == 0:
+        return QueryLists(np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.float32), np.zeros(1, np.int64), qid)
+    uniq, first, inverse, counts = np.unique(qid, return_index=True, return_inverse=True, return_counts=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    by_first = np.argsort(first, kind="stable")
+    rank[by_first] = np.arange(len(uniq))
+    order = np.argsort(rank[inverse], kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(counts[by_first])])
+    if np.array_equal(order, np.arange(len(order))):  # queries already contiguous: no copy
+        return QueryLists(x, y, offsets, uniq[by_first])
+    return QueryLists(x[order], y[order], offsets, uniq[by_first])
+
+
+#: rows per block when standardising (float64 temporaries of this many rows, not of the whole split)
+_BLOCK_ROWS = 1 << 16
+
+
+def _train_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and population standard deviation (0 -> 1) of ``x``, in float64, two passes by blocks."""
+    n = x.shape[0]
+    blocks = range(0, n, _BLOCK_ROWS)
+    mean = sum(x[i : i + _BLOCK_ROWS].sum(axis=0, dtype=np.float64) for i in blocks) / n
+    var = sum(((x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) ** 2).sum(axis=0) for i in blocks) / n
+    std = np.sqrt(var)
+    return mean, np.where(std > 0, std, 1.0)
+
+
+def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """A new float32 array ``(x - mean) / std`` (computed in float64 by blocks of rows)."""
+    out = np.empty(x.shape, dtype=np.float32)
+    for i in range(0, x.shape[0], _BLOCK_ROWS):
+        out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
+    return out
+
+
+def _drop_without_relevant(lists: QueryLists) -> tuple[QueryLists, int]:
+    y = lists.y.numpy()
+    query_of = np.repeat(np.arange(len(lists)), lists.lengths)
+    keep = np.bincount(query_of, weights=(y > 0).astype(np.float64), minlength=len(lists)) > 0
+    if keep.all():
+        return lists, 0
+    rows = keep[query_of]
+    offsets = np.concatenate([[0], np.cumsum(lists.lengths[keep])])
+    return QueryLists(lists.x.numpy()[rows], y[rows], offsets, lists.qids[keep]), int((~keep).sum())
+
+
+def build_ranking_data(
+    name: str,
+    splits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    standardize: bool = True,
+    drop_no_relevant: Literal["none", "train", "all"] = "none",
+    meta: dict[str, Any] | None = None,
+) -> RankingData:
+    """:class:`RankingData` from dense ``(x, y, qid)`` arrays of ``train``, ``val`` and ``test``.
+
+    Features are standardised with the training documents' mean and (population) standard
+    deviation (std 0 -> 1) when ``standardize``; ``drop_no_relevant`` drops the queries without a
+    document of relevance > 0 from no split, the training split, or every split.
+    """
+    if drop_no_relevant not in ("none", "train", "all"):
+        raise ValueError(f"`drop_no_relevant` must be 'none', 'train' or 'all', got {drop_no_relevant!r}")
+    lists = {s: group_queries(*splits[s]) for s in ("train", "val", "test")}
+    dropped = {}
+    for s in ("train", "val", "test"):
+        if drop_no_relevant == "all" or (drop_no_relevant == "train" and s == "train"):
+            lists[s], dropped[s] = _drop_without_relevant(lists[s])
+        else:
+            dropped[s] = 0
+    info = dict(meta or {})
+    d = lists["train"].x.shape[1]
+    mean = std = None
+    if standardize and lists["train"].num_documents:
+        mean, std = _train_moments(lists["train"].x.numpy())
+        for part in lists.values():
+            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std))
+    info |= {"mean": mean, "std": std, "dropped_queries": dropped, "standardize": bool(standardize)}
+    return RankingData(name, lists["train"], lists["val"], lists["test"], d, info)
+
+
+def _dense(parts: tuple[Any, np.ndarray, np.ndarray], d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x, y, qid = parts
+    x = x.tocsr()
+    if x.shape[1] < d:
+        import scipy.sparse as sp
+
+        x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], d))
+    return np.asarray(x.toarray(), dtype=np.float32), y, qid
+
+
+@register_dataset("letor", description="learning-to-rank files in the LETOR / svmlight format (MSLR-WEB, Yahoo LTR)")
+def load_letor(
+    path: str,
+    *,
+    fold: int | None = None,
+    train: str = "train.txt",
+    val: str = "vali.txt",
+    test: str = "test.txt",
+    num_features: int | None = None,
+    standardize: bool = True,
+    drop_no_relevant: Literal["none", "train", "all"] = "none",
+) -> RankingData:
+    """Learning-to-rank data in LETOR / svmlight files (``<relevance> qid:<id> <index>:<value> ... # comment``).
+
+    Reads ``path/[Fold<fold>/]{train,val,test}``: MSLR-WEB10K / 30K with ``fold=1..5`` (files
+    ``train.txt``, ``vali.txt``, ``test.txt``, 136 features, relevance 0-4); Yahoo! LTR with
+    ``train=set1.train.txt``, ``val=set1.valid.txt``, ``test=set1.test.txt`` (700 features).
+    Documents are grouped by ``qid`` into query lists; features are standardised with the
+    training documents' mean and standard deviation (``standardize``); ``drop_no_relevant``
+    (none / train / all) drops the queries without a document of relevance > 0 from no split,
+    the training split or every split. ``num_features`` (None: the largest index in the three
+    files) bounds the feature indices: a larger index is an error naming the file and line.
+
+    Options: ``path`` (folder), ``fold``, ``train``, ``val``, ``test`` (file names, ``.gz`` allowed),
+    ``num_features``, ``standardize``, ``drop_no_relevant``.
+    """
+    if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 1):
+        raise ValueError(f"`fold` must be a positive int or None, got {fold!r}")
+    if not Path(path).is_dir():
+        raise DataFileNotFoundError(
+            path,
+            None,
+            "LETOR folder not found (option `path`, in a config `data.options.path`: the folder holding "
+            "Fold1..Fold5 of MSLR-WEB10K / 30K, or the Yahoo LTR set1.*.txt files, or train.txt / vali.txt / test.txt)",
+        )
+    root = Path(path)
+    folder = root if fold is None else root / f"Fold{fold}"
+    if not folder.is_dir():
+        raise DataFileNotFoundError(folder, None, f"fold folder not found (`fold` = {fold}) under `path` {root}")
+    files = {"train": folder / train, "val": folder / val, "test": folder / test}
+    for s, f in files.items():
+        if not f.is_file():
+            raise DataFileNotFoundError(
+                f, None, f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test})"
+            )
+    parts = {s: read_letor(f, num_features=num_features) for s, f in files.items()}
+    d = num_features if num_features is not None else max(p[0].shape[1] for p in parts.values())
+    dense = {s: _dense(p, d) for s, p in parts.items()}
+    return build_ranking_data(
+        "letor",
+        dense,
+        standardize=standardize,
+        drop_no_relevant=drop_no_relevant,
+        meta={"source": {s: str(f) for s, f in files.items()}},
+    )

@@ -1,0 +1,276 @@
+"""Learning to rank on query lists, ``recipe: ltr``: a per-document scorer trained with a listwise loss.
+
+Data: a :class:`~rankwise.data.RankingData` -- LETOR / svmlight files (dataset ``letor``:
+MSLR-WEB10K / 30K, Yahoo! LTR, LETOR 4.0) or the synthetic ``ltr_synthetic`` -- whose splits are
+lists of documents grouped by query, features standardised on the training documents.
+
+Model (allRank's ``fc_model`` + ``post_model``): the backbone ``model.backbone`` (``mlp``: linear
+layers with ReLU and dropout, ``model.options.hidden``, ``feature_dim``, ``dropout``) maps every
+document's features to a vector, a linear layer to its score; documents are scored independently.
+
+Loss: the shared ``loss`` section names a registered learning-to-rank loss taking padded lists
+(``loss.name``: ``listnet``, ``listmle``, ``ranknet``, ``lambda_loss``, ``approx_ndcg``,
+``neural_ndcg``, ``pirank``; ``loss.options`` are its keyword options with allRank's names, e.g.
+``{weighing_scheme: ndcgLoss2_scheme}``), and ``loss.regularizers`` may add weighted terms of other
+such losses; each is called as ``loss(y_pred=scores (Q, L), y_true=relevance (Q, L))`` with padded
+slots ``y_true = -1``.
+
+Training: ``data.batch_size`` queries per step (allRank's ``batch_size``), for ``trainer.max_epochs``
+epochs over the training queries in a seeded order; a query with more than ``task.slate_length``
+documents contributes a fresh random subset of that many every epoch (allRank's ``slate_length``,
+:class:`~rankwise.data.SlateSampler`), shorter ones are padded to the longest list of the batch.
+After every epoch the validation queries are ranked whole and ``val/<task.val_metric>`` (default
+``ndcg@5``, allRank's ``val_metric``) selects ``checkpoints/best.ckpt``.
+
+Test (best checkpoint, whole lists): ``ndcg@k`` for ``task.ats`` (default 1, 3, 5, 10) and ``mrr``
+(reciprocal rank of the first document with the list's top grade), from
+:mod:`rankwise.metrics` in percent, averaged over queries; a query without a relevant document
+counts NDCG 1 (allRank's and LightGBM's convention) and MRR 0. ``seconds_per_step`` is the
+wall time of one training step. ``plots/ndcg_at_k.png`` shows test NDCG@k for k = 1..20.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch import nn
+
+from rankwise.recipes._progress import StepTimer
+from rankwise.recipes.base import RecipeBase
+from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, reseed
+from rankwise.recipes.config import Config, ConfigError, LossConfig, opt
+from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.rundir import Run, load_weights
+
+__all__ = ["LTRModule", "LTROptions", "LTRRecipe", "ltr_metrics"]
+
+_METRICS = ("ndcg@", "mrr")
+
+
+@dataclasses.dataclass
+class LTROptions:
+    """A per-document scorer trained on query lists with a learning-to-rank loss (``loss.name``)."""
+
+    slate_length: int | None = opt(
+        240,
+        doc="training lists longer than this are randomly subsampled to it (allRank slate_length; null: whole)",
+        ge=1,
+    )
+    ats: list[int] = opt(factory=lambda: [1, 3, 5, 10], doc="ranks k of the reported ndcg@k", ge=1)
+    val_metric: str = opt("ndcg@5", doc="validation metric selecting best.ckpt: ndcg@<k> or mrr (higher is better)")
+
+
+def ltr_metrics(scores: torch.Tensor, relevance: torch.Tensor, ats: list[int]) -> dict[str, torch.Tensor]:
+    """Per-query ``ndcg@k`` (for ``ats``) and ``mrr`` of padded ``(Q, L)`` scores and relevance (``-1`` = padding).
+
+    Example:
+        >>> import torch
+        >>> m = ltr_metrics(torch.tensor([[0.9, 0.1, 0.0]]), torch.tensor([[0.0, 2.0, -1.0]]), [1])
+        >>> round(float(m["ndcg@1"][0]), 4), round(float(m["mrr"][0]), 4)
+        (0.0, 0.5)
+    """
+    from rankwise.metrics import mrr, ndcg
+
+    n = ndcg(scores, relevance, ats=list(ats))
+    out = {f"ndcg@{k}": n[..., i] for i, k in enumerate(ats)}
+    out["mrr"] = mrr(scores, relevance)[..., 0]
+    return out
+
+
+class LTRModule(L.LightningModule):
+    """Backbone + linear scorer over each document; ``batch`` = ``(features (Q, L, D), relevance (Q, L))``."""
+
+    def __init__(self, cfg: Config, *, num_features: int, meta: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.task: LTROptions = cfg.task
+        self.net, dim = build_backbone(cfg.model, meta=meta, input_dim=num_features)
+        self.head = nn.Linear(int(dim), 1)
+        self.loss_term = build_task_loss(cfg.loss)
+        self.terms = build_regularizers(cfg.loss.regularizers)
+        self._val: list[dict[str, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(x)).squeeze(-1).float()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        tensors = {"predictions": self(x), "targets": y, "features": None, "weights": None}
+        assert self.loss_term is not None  # checked with the config
+        loss = self.loss_term(tensors)
+        self.log(f"train/{self.loss_term.name}", loss.detach(), on_step=False, on_epoch=True, batch_size=y.shape[0])
+        for term in self.terms:
+            part = term(tensors)
+            self.log(f"train/{term.name}", part.detach(), on_step=False, on_epoch=True, batch_size=y.shape[0])
+            loss = loss + term.weight * part
+        check_finite(loss, self, self.loss_term.name)
+        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self._val.append(ltr_metrics(self(x), y, self.task.ats))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val:
+            return
+        for key in self._val[0]:
+            value = torch.cat([m[key] for m in self._val]).mean() * 100.0
+            self.log(f"val/{key}", value, prog_bar=key == self.task.val_metric, sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        x, y = batch
+        return {"scores": self(x).detach().cpu(), "relevance": y.cpu()}
+
+    def configure_optimizers(self) -> Any:
+        return configure(self, self.cfg.optimizer, self.cfg.schedule)
+
+
+def _takes_padded_lists(name: str) -> bool:
+    from rankwise.losses import get_loss_entry
+
+    entry = get_loss_entry(name)
+    fn = entry.module if entry.module is not None else entry.fn
+    try:
+        return "padded_value_indicator" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+
+
+class LTRRecipe(RecipeBase):
+    """Learning to rank: a per-document MLP scorer, a listwise loss, test NDCG@k and MRR."""
+
+    name = "ltr"
+    per_step = True
+    uses = frozenset({"loss"})
+    data_kind: Literal["regression", "classification", "ranking"] = "ranking"
+    description = (
+        "learning to rank: a per-document scorer trained on query lists with a ranking loss, test NDCG@k / MRR"
+    )
+    options: type = LTROptions
+
+    def method(self, cfg: Config) -> str:
+        scheme = cfg.loss.options.get("weighing_scheme")
+        name = str(cfg.loss.name)
+        return f"{name}({str(scheme).removesuffix('_scheme')})" if scheme else name
+
+    def check(self, cfg: Config) -> None:
+        t: LTROptions = cfg.task
+        loss: LossConfig = cfg.loss
+        if loss.name is None:
+            raise ConfigError(
+                "recipe 'ltr' needs `loss.name`: a learning-to-rank loss (listnet, listmle, ranknet, lambda_loss, "
+                "approx_ndcg, neural_ndcg, pirank)"
+            )
+        default = LossConfig()
+        for key in ("lds", "fds"):
+            if getattr(loss, key) != getattr(default, key):
+                raise ConfigError(f"`loss.{key}` applies to the regression recipes; recipe 'ltr' does not use it")
+        check_loss_config(loss)
+        for key, name in [
+            ("loss.name", loss.name),
+            *[(f"loss.regularizers.{r.name}", r.name) for r in loss.regularizers],
+        ]:
+            if not _takes_padded_lists(name):
+                raise ConfigError(
+                    f"`{key}`: loss {name!r} does not take padded query lists (no `padded_value_indicator` option); "
+                    "use a learning-to-rank loss: listnet, listmle, ranknet, lambda_loss, approx_ndcg, neural_ndcg, "
+                    "pirank"
+                )
+        valid = [f"ndcg@{k}" for k in t.ats] + ["mrr"]
+        if t.val_metric not in valid:
+            raise ConfigError(
+                f"`task.val_metric` must be one of {', '.join(valid)} (ndcg@k for k in `task.ats`); "
+                f"got {t.val_metric!r}"
+            )
+        if not t.ats or len(set(t.ats)) != len(t.ats):
+            raise ConfigError(f"`task.ats` must be a non-empty list of distinct positive ints; got {t.ats!r}")
+
+    def _loaders(self, run: Run) -> tuple[Any, Any, Any]:
+        from torch.utils.data import DataLoader
+
+        from rankwise.data import SlateSampler, pad_lists
+
+        cfg, data = run.cfg, run.data
+        slates = SlateSampler(data.train, cfg.task.slate_length, cfg.run.seed)
+        kw: dict[str, Any] = {
+            "num_workers": cfg.data.num_workers,
+            "persistent_workers": cfg.data.num_workers > 0,
+            "collate_fn": pad_lists,
+        }
+        train = DataLoader(
+            slates, batch_size=cfg.data.batch_size, sampler=EpochIndexSampler(len(slates), cfg.run.seed), **kw
+        )
+        val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+        test = DataLoader(data.test, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+        return train, val, test
+
+    def _module(self, run: Run) -> LTRModule:
+        return LTRModule(run.cfg, num_features=run.data.num_features, meta=run.data.meta)
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        cfg = run.cfg
+        torch.manual_seed(cfg.run.seed)
+        module = self._module(run)
+        train, val, _ = self._loaders(run)
+        timer = StepTimer()
+        trainer = run.trainer(max_epochs=cfg.trainer.max_epochs, monitor=f"val/{cfg.task.val_metric}", mode="max")
+        trainer.callbacks.append(timer)
+        run.fit(trainer, module, train, val)
+        if run.global_rank != 0:
+            return {}
+        out = self.evaluate(run, "best")
+        if timer.steps:
+            out["seconds_per_step"] = timer.seconds / timer.steps
+        return out
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        module = self._module(run)
+        ckpt = run.checkpoint(checkpoint or "best")
+        load_weights(module, ckpt)
+        module.eval()
+        _, val_dl, test_dl = self._loaders(run)
+        trainer = run.local_trainer()
+        out: dict[str, Any] = {"checkpoint": str(ckpt.relative_to(run.dir)), "device": device_name(run.cfg)}
+        for split, dl in (("test", test_dl), ("val", val_dl)):
+            batches = trainer.predict(module, dl)
+            per_query = [ltr_metrics(b["scores"], b["relevance"], run.cfg.task.ats) for b in batches]
+            out[split] = {k: float(torch.cat([m[k] for m in per_query]).mean()) * 100.0 for k in per_query[0]}
+            if split == "test":
+                _plot_ndcg_at_k(run, batches)
+        return out
+
+
+def _plot_ndcg_at_k(run: Run, batches: list[dict[str, torch.Tensor]]) -> None:
+    """``plots/ndcg_at_k.png``: mean test NDCG@k for k = 1..20."""
+    pdir = run.plots_dir
+    if pdir is None:
+        return
+    from rankwise.metrics import ndcg
+    from rankwise.recipes.reports import _plt, _save
+
+    ks = list(range(1, 21))
+    values = torch.cat([ndcg(b["scores"], b["relevance"], ats=ks) for b in batches]).mean(0) * 100.0
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(ks, values.numpy(), marker="o")
+    ax.set_xlabel("k")
+    ax.set_ylabel("test NDCG@k (%)")
+    ax.set_title(f"{run.cfg.run.name} (seed {run.cfg.run.seed})")
+    ax.grid(alpha=0.3)
+    _save(plt, fig, pdir / "ndcg_at_k.png")
+
+
+register_recipe(LTRRecipe())

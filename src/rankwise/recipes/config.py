@@ -487,7 +487,9 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
     if kind == "extra_forbidden":
         parent = _unwrap(_walk(model, loc[:-1]))
         valid = list(parent.model_fields) if _is_model(parent) else []
-        return f"unknown config key `{key}`; " + _suggest(str(loc[-1]), valid)
+        former = [".".join(old) for old, new in _MOVED.items() if key == ".".join(new)]
+        moved = f" (`{former[0]}` moved there: this recipe does not read it)" if former else ""
+        return f"unknown config key `{key}`{moved}; " + _suggest(str(loc[-1]), valid)
     if kind == "missing":
         return f"`{key}` is required"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):

@@ -39,3 +39,33 @@ def test_kind_shorthand_keeps_its_checks():
         load_config("abalone_vanilla", ["loss.options.kind=mse"])
     with pytest.raises(ConfigError, match=r"`loss\.lr` applies to a task loss from the registry"):
         load_config("abalone_vanilla", ["loss.lr=0.1"])
+
+
+@pytest.mark.parametrize("preset", ["mnist5k_supcon", "mnist5k_simclr", "abalone_rnc"])
+def test_contrastive_recipes_call_their_loss_through_a_loss_term(preset):
+    """SupCon / SimCLR and RnC pretraining build their loss from the registry (a LossTerm, options from `task`)."""
+    from rankwise.losses import rnc_loss, supcon_loss
+
+    cfg = load_config(preset)
+    g = torch.Generator().manual_seed(5)
+    y = torch.randint(0, 3, (6,), generator=g)
+    if preset == "abalone_rnc":
+        from rankwise.recipes.rnc import RnCPretrainer
+
+        term = RnCPretrainer(cfg, input_dim=8).rnc
+        f = torch.randn(6, 2, 4, generator=g)
+        expected = rnc_loss(f, y.float(), temperature=cfg.task.temperature)
+        got = term({"features": f, "targets": y.float()})
+    else:
+        from rankwise.recipes.supcon import ContrastivePretrainer
+
+        term = ContrastivePretrainer(cfg, num_classes=10).contrastive
+        f = torch.nn.functional.normalize(torch.randn(6, 2, 4, generator=g), dim=-1)
+        labels = y if cfg.task.method == "supcon" else None
+        t = cfg.task
+        expected = supcon_loss(
+            f, labels, temperature=t.temperature, base_temperature=t.base_temperature, variant=t.variant
+        )
+        got = term({"features": f, "targets": labels})
+    assert isinstance(term, LossTerm)
+    torch.testing.assert_close(got, expected)

@@ -175,10 +175,10 @@ class LossTerm(nn.Module):
     the term passes each declared input by its parameter name.
     """
 
-    def __init__(self, name: str, loss: nn.Module, inputs: Mapping[str, str], weight: float = 1.0) -> None:
+    def __init__(self, name: str, loss: nn.Module, inputs: Mapping[str, str] | None, weight: float = 1.0) -> None:
         super().__init__()
         self.name, self.loss, self.weight = name, loss, float(weight)
-        self.inputs = dict(inputs)
+        self.inputs = dict(inputs or {})
         #: "features" or "predictions": the model tensor the term applies to (documentation, logs)
         self.applies_to = "features" if "features" in self.inputs.values() else "predictions"
 
@@ -192,15 +192,23 @@ def build_term(
     key: str,
     *,
     weight: float = 1.0,
+    inputs: Mapping[str, str] | None = None,
     train_labels: torch.Tensor | None = None,
 ) -> LossTerm:
     """The registered loss ``name`` with ``options`` as a :class:`LossTerm` (``key`` names it in errors).
 
-    The one way a recipe builds a loss: the task loss, each regularizer, and the contrastive
-    pretraining loss of RnC (``build_term("rnc", {"temperature": t}, "task.temperature")``).
+    The one way a recipe builds a loss: the task loss, each regularizer, and the contrastive losses
+    of RnC (``build_term("rnc", {"temperature": t}, "task.temperature")``) and SupCon. ``inputs``
+    (parameter -> role) is for a loss whose registry entry declares none because no other recipe
+    may call it (SupCon's labels are classes, not regression targets); else the entry's are used.
     """
-    entry = _entry(name, f"{key}.name" if key.startswith("loss") else key)
-    return LossTerm(name, _module(entry, options, key, train_labels), entry.inputs, weight)
+    if inputs is None:
+        entry = _entry(name, f"{key}.name" if key.startswith("loss") else key)
+    else:
+        from rankwise.losses import get_loss_entry
+
+        entry = get_loss_entry(name)
+    return LossTerm(name, _module(entry, options, key, train_labels), inputs or entry.inputs, weight)
 
 
 def build_regularizers(

@@ -62,6 +62,7 @@ from rankwise.recipes.common import (
     tensors,
 )
 from rankwise.recipes.config import Config, Options
+from rankwise.recipes.loss_terms import LossTerm, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -162,35 +163,32 @@ class ContrastivePretrainer(L.LightningModule):
         self.encoder, dim = build_backbone(cfg.model, meta=meta)
         self.feature_dim = int(dim)
         self.head: nn.Module
+        self.contrastive: LossTerm | None = None
         if self.task.method == "ce":
             self.head = nn.Linear(dim, num_classes)
         else:
             self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.task.projection_dim))
+            # supcon_loss from the loss registry, through a LossTerm like the regularizers; distributed="auto":
+            # under DDP every anchor is contrasted with the GLOBAL batch (as the paper's large batches), with
+            # gradients flowing back to each rank's own views
+            t = self.task
+            options = {"temperature": t.temperature, "base_temperature": t.base_temperature, "variant": t.variant}
+            self.contrastive = build_term(
+                "supcon", options, "task", inputs={"features": "features", "labels": "targets"}
+            )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.losses import supcon_loss
-
         v, y = batch
         t, bsz, views = self.task, v.shape[0], v.shape[1]
         h = self.encoder(v.flatten(0, 1))
-        if t.method == "ce":
+        if self.contrastive is None:
             loss = F.cross_entropy(self.head(h), y)
         else:
             z = F.normalize(self.head(h).float(), dim=-1).view(bsz, views, -1)
-            labels = y if t.method == "supcon" else None
-            # distributed="auto": under DDP every anchor is contrasted with the GLOBAL batch (as the paper's
-            # large batches), with gradients flowing back to each rank's own views
-            loss = supcon_loss(
-                z,
-                labels,
-                temperature=t.temperature,
-                base_temperature=t.base_temperature,
-                variant=t.variant,
-                distributed="auto",
-            )
+            loss = self.contrastive({"features": z, "targets": y if t.method == "supcon" else None})
         check_finite(loss, self, f"stage-1 {t.method}")
         self.log(f"train/{t.method}_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=bsz, sync_dist=True)
         return loss

@@ -455,3 +455,37 @@ def test_tsne_of_a_dead_or_diverged_network_does_not_crash(tmp_path, features):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "t.png").is_file()
+
+
+def test_sigterm_stops_compare_at_once_with_143(tmp_path):
+    """SIGTERM during a compare's training: one `error:` line, exit 143, and the process gone at once
+    (not after the seconds that tearing down an interpreter holding torch and Lightning takes)."""
+    out = tmp_path / "cmp"
+    import rankwise
+
+    env = {**os.environ, "PYTHONPATH": str(Path(rankwise.__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "rankwise.cli", "compare", "abalone_vanilla", "abalone_lds", "--seeds", "0,1"]
+    cmd += ["--out", str(out), *_sets(["trainer.max_epochs=1000", "trainer.limit_train_batches=2"])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run = out / "runs" / "abalone_vanilla" / "seed0"
+    try:
+        deadline = time.time() + 240
+        while not (run / "checkpoints" / "last.ckpt").is_file():
+            assert proc.poll() is None and time.time() < deadline, "the first run did not start"
+            time.sleep(0.2)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        while proc.poll() is None and time.perf_counter() - t0 < 60:
+            time.sleep(0.02)
+        took = time.perf_counter() - t0
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 143, output
+    errors = [ln for ln in output.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "terminated by signal SIGTERM" in errors[0], output
+    assert "Traceback" not in output
+    assert json.loads((run / "meta.json").read_text())["status"] == "failed"
+    assert not (out / "runs" / "abalone_lds").exists()  # no further run was started
+    assert took < 5, f"the process took {took:.1f} s to exit after SIGTERM"

@@ -56,7 +56,7 @@ ENV_DEMO_QUICK = "RANKWISE_DEMO_QUICK"
 #: env var equivalent of ``rankwise --debug`` (tracebacks instead of one-line errors)
 ENV_DEBUG = "RANKWISE_DEBUG"
 
-_state = {"debug": False}
+_state = {"debug": False, "signalled": False}
 
 
 def _print_version(value: bool) -> None:
@@ -189,6 +189,8 @@ def _run_guarded(fn: Any) -> Any:
             _fail(f"unexpected {type(e).__name__}: {e} (run with --debug for the traceback)", code=1)
             raise
         code, msg = known
+        if code >= 128:  # a signal ended the command: main() exits without tearing down the interpreter
+            _state["signalled"] = True
         _fail(msg, code=code)
         raise
 
@@ -347,10 +349,9 @@ def evaluate(
     def go() -> Any:
         from rankwise.recipes.registry import get_recipe
         from rankwise.recipes.runner import evaluate as run_eval
-        from rankwise.recipes.runner import load_run_config
 
-        recipe = get_recipe(load_run_config(run_dir).recipe)
-        return recipe, run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+        metrics = run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+        return get_recipe(metrics["recipe"]), metrics
 
     recipe, metrics = _run_guarded(go)
     _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")
@@ -764,8 +765,22 @@ def _plot_target(plot: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``rankwise``)."""
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="rankwise")
+    """Console-script entry point (``rankwise``).
+
+    A command ended by a signal (SIGTERM, SIGINT, SIGHUP: the run is already marked failed, its lock
+    released and its logs closed) exits at once with ``os._exit``: tearing down an interpreter that
+    loaded torch and Lightning takes seconds (its garbage collection of every module), which a
+    process asked to stop must not spend.
+    """
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="rankwise")
+    except SystemExit as e:
+        if not _state.get("signalled"):
+            raise
+        code = e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

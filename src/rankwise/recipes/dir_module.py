@@ -1,0 +1,132 @@
+"""The Lightning module of the DIR recipes: :class:`DIRRegressor` trains a :class:`~rankwise.recipes.dir_net.DIRNet`.
+
+The network, its state dict and its prediction are those of :class:`DIRNet` (plain torch); this
+class adds the training, validation and prediction steps of the Lightning loops. Only training
+imports it (``rankwise evaluate`` on the CPU rebuilds the plain network).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from rankwise.recipes.common import check_finite, reseed
+from rankwise.recipes.config import Config
+from rankwise.recipes.dir_net import DIRNet
+from rankwise.recipes.optim import configure
+
+__all__ = ["DIRRegressor"]
+
+
+class DIRRegressor(DIRNet, L.LightningModule):
+    """Backbone -> features -> linear head, trained with the DIR loss stack of ``cfg.loss``.
+
+    Args:
+        cfg: the run's typed :class:`~rankwise.recipes.config.Config`.
+        input_dim: tabular input width (``RegressionData.input_dim``).
+        bin_width: label bin width (LDS/FDS buckets).
+        train_labels: the FULL training labels (LDS weight table, FDS label range); the weight
+            table is a buffer of the state dict.
+        meta: ``RegressionData.meta`` (extra backbone options).
+        freeze_backbone: train only the head (RRT, RnC linear probe); the backbone stays in eval mode.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        input_dim: int | None = None,
+        bin_width: float = 1.0,
+        train_labels: np.ndarray | None = None,
+        meta: dict[str, Any] | None = None,
+        freeze_backbone: bool = False,
+    ) -> None:
+        super().__init__(
+            cfg,
+            input_dim=input_dim,
+            bin_width=bin_width,
+            train_labels=train_labels,
+            meta=meta,
+            freeze_backbone=freeze_backbone,
+        )
+        self.hparams.update({"input_dim": input_dim, "bin_width": float(bin_width), "freeze_backbone": freeze_backbone})
+        self._fds_feats: list[torch.Tensor] = []
+        self._fds_labels: list[torch.Tensor] = []
+        self._val_err: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------ training
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        reseed(self.cfg.run.seed, self.global_step, self.global_rank)
+
+    def on_train_epoch_start(self) -> None:
+        if self.freeze_backbone:
+            self.backbone.eval()
+        self._fds_feats, self._fds_labels = [], []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        y = y.reshape(-1).float()
+        encoded = self.features(x)
+        feats = encoded
+        if self.fds is not None:
+            self._fds_feats.append(encoded.detach())
+            self._fds_labels.append(y.detach())
+            feats = self.fds(encoded, y, self.current_epoch)
+        pred = self.head(feats).squeeze(-1)
+        w = self.sample_weights(y)
+        # regularizers on the features (RankSim, ConR) see the ENCODER output, before FDS smoothing, as
+        # in RankSim's reference (agedb-dir/train.py: the regularizer takes the encoding, FDS then smooths
+        # it for the regressor); the head and the task loss see the smoothed features
+        tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
+        task = self.task_loss(tensors)
+        total = task
+        logs = {"train/task_loss": task.detach()}
+        for term in self.regularizers:
+            value = term(tensors)
+            total = total + term.weight * value
+            logs[f"train/{term.name}"] = value.detach()
+        check_finite(
+            total,
+            self,
+            "training",
+            f"task loss {task.detach().item():.4g}; try a smaller learning rate or regularizer weight",
+        )
+        logs["train/loss"] = total.detach()
+        self.log_dict(logs, on_step=True, on_epoch=True, prog_bar=False, batch_size=y.numel(), sync_dist=True)
+        return total
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # FDS statistics are refreshed from the whole epoch's features at its last batch, i.e.
+        # before validation and the epoch-end checkpoint, so a resumed run sees the same state.
+        if self.fds is None or batch_idx + 1 != self.trainer.num_training_batches:
+            return
+        if self._fds_feats:
+            feats = torch.cat(self._fds_feats)
+            labels = torch.cat(self._fds_labels)
+            # sync: per-bin sums are all-reduced over the ranks of a DDP run (no-op in a single process)
+            self.fds.update(feats, labels, self.current_epoch, sync=True)  # type: ignore[operator]
+        self._fds_feats, self._fds_labels = [], []
+
+    # ------------------------------------------------------------------ validation / prediction
+    def on_validation_epoch_start(self) -> None:
+        self._val_err = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        y = y.reshape(-1).float()
+        pred = self(x)
+        self._val_err.append((pred.float() - y).abs().detach())
+
+    def on_validation_epoch_end(self) -> None:
+        err = torch.cat(self._val_err) if self._val_err else torch.zeros(1, device=self.device)
+        self.log("val/mae", err.mean(), prog_bar=True, sync_dist=True)
+        self.log("val/gm", torch.exp(torch.log(err.clamp_min(1e-12)).mean()), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        return self.predict_batch(batch)
+
+    def configure_optimizers(self) -> Any:
+        return configure(self, self.cfg.optimizer, self.cfg.schedule)

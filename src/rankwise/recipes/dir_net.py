@@ -1,0 +1,345 @@
+"""The deep-imbalanced-regression network and its evaluation, in plain torch (no Lightning).
+
+:class:`DIRNet` is backbone -> features -> linear head, plus the state of the DIR loss stack
+(the LDS weight table, FDS statistics, the parameters of a learned task loss or regularizer):
+exactly the tensors of a ``dir`` / ``rrt`` / ``rnc`` checkpoint. The Lightning module that trains
+it, :class:`rankwise.recipes.dir_module.DIRRegressor`, adds only the training loop's steps, so
+``rankwise evaluate`` can rebuild this network from the saved config, load the checkpoint's state
+dict into it (``torch.load(weights_only=True)``, every key and shape checked) and predict with
+:func:`predict` without importing Lightning. :func:`write_evaluation` turns the test and
+validation predictions into the many/medium/few-shot metrics, ``predictions.npz`` and the plots:
+the one code path of the evaluation after training and of ``rankwise evaluate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rankwise._binning import label_bins_np, snap_floor, snap_floor_np
+from rankwise.recipes.common import EpochShuffleSampler, build_backbone, to_builtin
+from rankwise.recipes.config import Config
+from rankwise.recipes.loss_terms import build_regularizers, build_task_loss
+
+__all__ = [
+    "DIRNet",
+    "lds_weight_table",
+    "make_fds",
+    "predict",
+    "predicts_on_cpu",
+    "regression_loaders",
+    "run_shot_thresholds",
+    "shot_metrics",
+    "write_evaluation",
+]
+
+
+def lds_weight_table(
+    train_labels: np.ndarray, bin_width: float, *, reweight: str, lds: bool, kernel: str, ks: int, sigma: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bin weights ``(bins, weights)`` from ``rankwise.imbalanced.lds_weights`` on the full train labels.
+
+    The per-sample weights only depend on the label's bin, so they are stored as a small table
+    (sorted integer bins ``floor(y / bin_width)`` and their weight) and looked up for each batch.
+    """
+    from rankwise.imbalanced import lds_weights
+
+    labels = np.asarray(train_labels, dtype=np.float64).reshape(-1)
+    w = lds_weights(
+        labels,
+        bin_width=bin_width,
+        reweight=reweight,  # type: ignore[arg-type]
+        lds=lds,
+        kernel=kernel,  # type: ignore[arg-type]
+        ks=ks,
+        sigma=sigma,
+    )
+    w = w.detach().cpu().numpy() if isinstance(w, torch.Tensor) else np.asarray(w)
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    bins = label_bins_np(labels, bin_width)  # the binning rule of lds_weights / FDS / shot metrics
+    ubins, inv = np.unique(bins, return_inverse=True)
+    table = np.bincount(inv, weights=w) / np.bincount(inv)
+    return ubins, table
+
+
+def make_fds(feature_dim: int, f: Any, *, bin_width: float, label_range: tuple[float, float]) -> nn.Module:
+    """``rankwise.imbalanced.FDS`` over the bins covering ``label_range`` (options ``f``: an ``FDSConfig``)."""
+    from rankwise.imbalanced import FDS
+
+    lo = snap_floor_np(np.array(label_range[0]), bin_width) * bin_width
+    hi = (snap_floor_np(np.array(label_range[1]), bin_width) + 1) * bin_width
+    return FDS(
+        feature_dim,
+        bin_width=bin_width,
+        label_range=(float(lo), float(hi)),
+        kernel=f.kernel,
+        ks=f.ks,
+        sigma=f.sigma,
+        momentum=f.momentum,
+        start_update=f.start_update,
+        start_smooth=f.start_smooth,
+    )
+
+
+class DIRNet(nn.Module):
+    """Backbone -> features -> linear head, with the state of the DIR loss stack of ``cfg.loss``.
+
+    Args:
+        cfg: the run's typed :class:`~rankwise.recipes.config.Config`.
+        input_dim: tabular input width (``RegressionData.input_dim``).
+        bin_width: label bin width (LDS/FDS buckets).
+        train_labels: the FULL training labels (LDS weight table, FDS label range); the weight
+            table is a buffer of the state dict.
+        meta: ``RegressionData.meta`` (extra backbone options).
+        freeze_backbone: train only the head (RRT, RnC linear probe); the backbone stays in eval mode.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        input_dim: int | None = None,
+        bin_width: float = 1.0,
+        train_labels: np.ndarray | None = None,
+        meta: dict[str, Any] | None = None,
+        freeze_backbone: bool = False,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.bin_width = float(bin_width)
+        self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
+        self.head = nn.Linear(self.feature_dim, 1)
+        self._label_mean = float(np.mean(train_labels)) if train_labels is not None and len(train_labels) else 0.0
+        with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
+            self.head.bias.fill_(self._label_mean)
+        lds = cfg.task.lds
+        self.use_weights = lds.reweight != "none"
+        bins = torch.zeros(0, dtype=torch.int64)
+        table = torch.zeros(0, dtype=torch.float32)
+        if self.use_weights:
+            if train_labels is None:
+                raise ValueError("`train_labels` are required when `task.lds.reweight` is not 'none'")
+            b, t = lds_weight_table(
+                train_labels,
+                self.bin_width,
+                reweight=lds.reweight,
+                lds=lds.lds,
+                kernel=lds.kernel,
+                ks=lds.ks,
+                sigma=lds.sigma,
+            )
+            bins = torch.as_tensor(b, dtype=torch.int64)
+            table = torch.as_tensor(t, dtype=torch.float32)
+        self.register_buffer("lds_bins", bins)
+        self.register_buffer("lds_table", table)
+        self.fds: nn.Module | None = None
+        if cfg.task.fds.enabled:
+            lo, hi = (0.0, 1.0) if train_labels is None else (float(np.min(train_labels)), float(np.max(train_labels)))
+            self.fds = make_fds(self.feature_dim, cfg.task.fds, bin_width=self.bin_width, label_range=(lo, hi))
+        self.freeze_backbone = bool(freeze_backbone)
+        if self.freeze_backbone:
+            self.backbone.requires_grad_(False)
+        #: the task loss from the registry (``loss.name``, or ``regression_<kind>`` for ``loss.kind``)
+        labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
+        self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
+        self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
+
+    def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
+        """LDS/reweighting weight of each label (table lookup by bin ``floor(y / bin_width)``)."""
+        if not self.use_weights:
+            return None
+        bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
+        table: torch.Tensor = self.lds_table  # type: ignore[assignment]
+        b = snap_floor(y.detach(), self.bin_width).long()  # the binning rule of lds_weights (any dtype)
+        idx = torch.searchsorted(bins, b).clamp_(max=bins.numel() - 1)
+        w = table[idx]
+        return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
+
+    def features(self, x: Any) -> torch.Tensor:
+        f = self.backbone(x)
+        return f.flatten(1) if f.dim() > 2 else f
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return self.head(self.features(x)).squeeze(-1)
+
+    def predict_batch(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``pred``, ``label`` and ``features`` (float32) of one ``(x, y)`` batch; FDS is a training-time smoothing."""
+        x, y = batch
+        feats = self.features(x)
+        pred = self.head(feats).squeeze(-1)
+        return {"pred": pred.float(), "label": y.reshape(-1).float(), "features": feats.float()}
+
+    def reset_head(self) -> None:
+        self.head.reset_parameters()
+        with torch.no_grad():
+            self.head.bias.fill_(self._label_mean)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Trainable parameters; a task loss with parameters gets its own group (lr ``loss.lr``)."""
+        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad]
+        ids = {id(p) for p in loss_params}
+        groups: list[dict[str, Any]] = [
+            {"params": [p for p in self.parameters() if p.requires_grad and id(p) not in ids]}
+        ]
+        if loss_params:
+            group: dict[str, Any] = {"params": loss_params}
+            if self.cfg.loss.lr is not None:
+                group["lr"] = self.cfg.loss.lr
+            groups.append(group)
+        return groups
+
+
+def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
+    """Train (seeded per-epoch shuffle), val and test loaders of a ``RegressionData``."""
+    from torch.utils.data import DataLoader
+
+    collate = data.meta.get("collate_fn")
+    n = len(data.train)
+    bs = cfg.data.batch_size
+    kw: dict[str, Any] = {
+        "num_workers": cfg.data.num_workers,
+        "collate_fn": collate,
+        "persistent_workers": cfg.data.num_workers > 0,
+    }
+    train_dl = DataLoader(
+        data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
+    )
+    val_dl = DataLoader(data.val, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+    test_dl = DataLoader(data.test, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+    return train_dl, val_dl, test_dl
+
+
+def predicts_on_cpu(cfg: Config) -> bool:
+    """Whether the run's evaluation Trainer (``trainer.accelerator``, ``trainer.precision``) would
+    predict on the CPU in float32: then :func:`predict` gives the same numbers without Lightning."""
+    t = cfg.trainer
+    if str(t.precision) not in ("32-true", "32"):
+        return False
+    if t.accelerator == "cpu":
+        return True
+    if t.accelerator != "auto":
+        return False
+    mps = getattr(torch.backends, "mps", None)
+    return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
+
+
+def predict(module: DIRNet, loader: Any) -> dict[str, np.ndarray]:
+    """:meth:`DIRNet.predict_batch` over ``loader`` in eval and inference mode, on the CPU (as
+    ``Trainer.predict`` on a CPU Trainer); ``pred``, ``label``, ``features`` concatenated."""
+    module.eval()
+    outs = []
+    with torch.inference_mode():
+        for batch in loader:
+            outs.append(module.predict_batch(batch))
+    return {k: torch.cat([o[k] for o in outs]).cpu().numpy() for k in ("pred", "label", "features")}
+
+
+def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` of a run: ``run.many_shot`` / ``run.few_shot``, else the dataset's own."""
+    from rankwise.recipes.own_data import shot_thresholds
+
+    many, few = shot_thresholds(data)
+    r = cfg.report
+    return (many if r.many_shot is None else r.many_shot), (few if r.few_shot is None else r.few_shot)
+
+
+def shot_metrics(preds: np.ndarray, labels: np.ndarray, data: Any, cfg: Config) -> dict[str, Any]:
+    """``rankwise.imbalanced.regression_metrics`` of predictions, with the run's shot thresholds."""
+    from rankwise.imbalanced import regression_metrics
+
+    many, few = run_shot_thresholds(cfg, data)
+    out = regression_metrics(
+        torch.as_tensor(preds),
+        torch.as_tensor(labels),
+        np.asarray(data.train_labels),
+        many_shot=many,
+        few_shot=few,
+        bin_width=data.bin_width,
+    )
+    return to_builtin(out)
+
+
+#: the plots of :func:`write_evaluation` (functions of the test predictions and training labels only)
+_PLOTS = ("label_histogram.png", "per_label_mae.png", "similarity.png", "tsne.png")
+
+
+def _same_predictions(path: Path, test: dict[str, np.ndarray], data: Any) -> bool:
+    """Whether ``predictions.npz`` at ``path`` holds exactly these test predictions, labels and training labels."""
+    try:
+        with np.load(path, allow_pickle=False) as old:
+            return (
+                np.array_equal(old["pred"], test["pred"])
+                and np.array_equal(old["label"], test["label"])
+                and np.array_equal(old["train_labels"], np.asarray(data.train_labels, dtype=np.float64))
+                and float(old["bin_width"]) == float(data.bin_width)
+            )
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def write_evaluation(
+    run: Any, test: dict[str, np.ndarray], val: dict[str, np.ndarray], checkpoint: Path
+) -> dict[str, Any]:
+    """Val/test shot metrics of a run's predictions; writes ``predictions.npz`` and, when the test
+    predictions differ from the saved ones (or a plot is missing), the plots. ``checkpoint``: the
+    evaluated file (recorded in the metrics relative to the run directory)."""
+    cfg, data = run.cfg, run.data
+    thresholds = run_shot_thresholds(cfg, data)
+    metrics = {
+        "test": shot_metrics(test["pred"], test["label"], data, cfg),
+        "val": shot_metrics(val["pred"], val["label"], data, cfg),
+        "checkpoint": str(checkpoint.relative_to(run.dir)),
+        "shot_thresholds": dict(zip(("many", "few"), thresholds)),
+    }
+    r = cfg.report
+    rng = np.random.default_rng(0)
+    n = len(test["label"])
+    sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
+    unchanged = _same_predictions(run.dir / "predictions.npz", test, data)
+    np.savez_compressed(
+        run.dir / "predictions.npz",
+        pred=test["pred"],
+        label=test["label"],
+        train_labels=np.asarray(data.train_labels, dtype=np.float64),
+        bin_width=data.bin_width,
+        label_axis=getattr(data, "label_axis", "label"),
+        sample=sample,
+        features=test["features"][sample],
+    )
+    pdir = run.plots_dir
+    if pdir is not None and unchanged and all((pdir / f).is_file() for f in _PLOTS[: 4 if r.tsne else 3]):
+        pdir = None  # the plots are functions of these predictions: those on disk are up to date
+    if pdir is not None:
+        from rankwise.recipes import reports
+
+        title = f"{cfg.run.name} (seed {cfg.run.seed})"
+        label = getattr(data, "label_axis", "label")
+        reports.plot_label_histogram(
+            data.train_labels,
+            data.bin_width,
+            pdir / "label_histogram.png",
+            many_shot=thresholds[0],
+            few_shot=thresholds[1],
+            test_labels=data.test_labels,
+            label=label,
+        )
+        reports.plot_per_label_mae(
+            test["pred"],
+            test["label"],
+            data.train_labels,
+            data.bin_width,
+            pdir / "per_label_mae.png",
+            title=f"per-label test MAE: {title}",
+            label=label,
+        )
+        feats, labs = test["features"][sample], test["label"][sample]
+        reports.plot_similarity_heatmap(
+            feats, labs, pdir / "similarity.png", title=f"feature similarity: {title}", label=label
+        )
+        if r.tsne:
+            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=cfg.run.seed, title=f"t-SNE: {title}", label=label)
+    return metrics

@@ -43,6 +43,8 @@ def test_yaml_conveniences_and_strict_booleans_and_strings():
         config_from_dict({"run": {"name": 3}})
     with pytest.raises(ConfigError, match=r"`report\.tsne` must be true or false, got 'no'"):
         config_from_dict({"report": {"tsne": "no"}})
+    with pytest.raises(ConfigError, match=r"unknown option `data\.options\.1`; "):
+        config_from_dict({"data": {"options": {1: 2}}})  # a YAML number as a key is a name
     with pytest.raises(ConfigError, match=r"`schedule\.milestones` must be a list, got int 3"):
         config_from_dict({"schedule": {"milestones": 3}})
 

@@ -253,6 +253,8 @@ class Section(BaseModel):
         inner = _unwrap(tp)
         if value is None and (_is_model(inner) or get_origin(inner) in (dict, list)) and inner is tp:
             return {} if _is_model(inner) or get_origin(inner) is dict else []
+        if isinstance(value, dict) and get_origin(inner) is dict:
+            return {str(k): v for k, v in value.items()}  # YAML may read a key as a number: options take names
         if isinstance(value, str) and _accepts(tp, float) and _DECIMAL.fullmatch(value.strip()):
             return float(value)
         if (

@@ -37,7 +37,7 @@ def invoke(args, **kw):
 def test_help_lists_every_command():
     r = invoke(["--help"])
     assert r.exit_code == 0
-    for cmd in ["demo", "train", "evaluate", "compare", "data", "presets", "sodeep"]:
+    for cmd in ["demo", "train", "evaluate", "compare", "data", "presets", "config", "sodeep"]:
         assert cmd in r.output
     r = invoke(["train", "--help"])
     for opt in ["--set", "--resume", "--devices", "--accelerator", "--strategy", "--num-nodes", "--out"]:
@@ -63,6 +63,22 @@ def test_console_script_entry_point():
         timeout=120,
     )
     assert r.returncode == 0 and "abalone_vanilla" in r.stdout
+
+
+def test_config_command_lists_the_fields_of_the_schema():
+    from rankwise.recipes.config import config_fields
+
+    r = invoke(["config", "dir"])
+    assert r.exit_code == 0, r.output
+    rows = [ln for ln in r.output.splitlines() if "task.fds.momentum" in ln]
+    assert len(rows) == 1 and "float" in rows[0] and "0.9" in rows[0] and ">= 0, <= 1" in rows[0], r.output
+    assert all(f.key in r.output for f in config_fields("dir"))
+    assert "task.lds" not in invoke(["config"]).output  # the shared sections only
+    assert "dict[str, Any]" in r.output and "list[RegularizerConfig]" in r.output  # no markup eaten
+    bad = invoke(["config", "dri"])
+    lines = bad.output.strip().splitlines()
+    assert bad.exit_code == 2 and len(lines) == 1, bad.output
+    assert lines[0].startswith("error: `recipe`: unknown recipe 'dri'; did you mean 'dir'"), bad.output
 
 
 def test_presets_and_data_commands(tmp_path):

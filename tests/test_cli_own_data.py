@@ -70,7 +70,7 @@ def _check_data_driven(run_dir, output):
     # mean training count of an occupied bin, few-shot below a fifth of it
     train_bins, test_bins = _train_bins(run_dir, 20.0)
     mean = len(train_bins) / len(np.unique(train_bins))
-    assert cfg["run"]["many_shot"] == pytest.approx(mean) and cfg["run"]["few_shot"] == pytest.approx(mean / 5)
+    assert cfg["report"]["many_shot"] == pytest.approx(mean) and cfg["report"]["few_shot"] == pytest.approx(mean / 5)
     counts = {b: int((train_bins == b).sum()) for b in np.unique(train_bins)}
     n = np.array([counts.get(b, 0) for b in test_bins])
     m = json.loads((run_dir / "metrics.json").read_text())["test"]
@@ -90,7 +90,7 @@ def test_own_csv_route_derives_bins_thresholds_batch_and_epochs(diabetes, tmp_pa
     assert "many-shot > 18.2" in lines[0] and "few-shot < 3.65" in lines[0]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["trainer"]["max_epochs"] == 1  # --set wins over the derived 111
-    assert cfg["loss"]["lds"] == {"reweight": "sqrt_inv", "lds": True, "kernel": "gaussian", "ks": 5, "sigma": 2.0}
+    assert cfg["task"]["lds"] == {"reweight": "sqrt_inv", "lds": True, "kernel": "gaussian", "ks": 5, "sigma": 2.0}
     assert "expected_time" not in cfg or cfg["expected_time"] == ""
     _check_data_driven(run, r.output)
 

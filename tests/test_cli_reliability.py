@@ -221,9 +221,9 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
         ("optimizer.lr=.nan", "`optimizer.lr` must be a finite number"),
         ("trainer.num_threads=-1", "`trainer.num_threads` must be >= 1"),
         ("trainer.precision=bogus", "`trainer.precision` must be one of"),
-        ("loss.fds.momentum=5", "`loss.fds.momentum` must be <= 1"),
-        ("run.few_shot=-1", "`run.few_shot` must be >= 0"),
-        ("run.plot_samples=-5", "`run.plot_samples` must be >= 1"),
+        ("task.fds.momentum=5", "`task.fds.momentum` must be <= 1"),
+        ("report.few_shot=-1", "`report.few_shot` must be >= 0"),
+        ("report.plot_samples=-5", "`report.plot_samples` must be >= 1"),
     ],
 )
 def test_bad_values_are_one_line(override, needle, tmp_path):

@@ -8,7 +8,6 @@ without needing MkDocs, and run every ``python`` code block of the README and of
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import re
@@ -73,17 +72,19 @@ def test_config_reference_lists_every_field_and_preset(docs_gen) -> None:
     assert config.DataConfig in classes and config.TrainerConfig in classes
     n_fields = 0
     for prefix, cls in sections:
-        for f in dataclasses.fields(cls):
-            key = f"{prefix}.{f.name}"
-            if dataclasses.is_dataclass(docs_gen.typing.get_type_hints(cls)[f.name]):
+        for name, f in cls.model_fields.items():
+            key = f"{prefix}.{name}"
+            if isinstance(f.annotation, type) and issubclass(f.annotation, config.Section):
                 continue
             row = re.search(rf"^\| `{re.escape(key)}` \| `([^`]+)` \| ([^|]*) \|", page, flags=re.M)
-            assert row, f"{cls.__name__}.{f.name} ({key}) is missing from the configuration reference"
+            assert row, f"{cls.__name__}.{name} ({key}) is missing from the configuration reference"
             n_fields += 1
     assert n_fields > 50
-    for f in dataclasses.fields(config.Config):
-        if not dataclasses.is_dataclass(docs_gen.typing.get_type_hints(config.Config)[f.name]):
-            assert f"| `{f.name}` |" in page
+    for name, f in config.Config.model_fields.items():
+        if not (isinstance(f.annotation, type) and issubclass(f.annotation, config.Section)):
+            assert f"| `{name}` |" in page
+    lr = re.search(r"^\| `optimizer\.lr` \| `float` \| `0\.001` \| `> 0` \| learning rate \|", page, flags=re.M)
+    assert lr, "the row of optimizer.lr is read from the JSON schema (type, default, range, description)"
 
 
 def test_type_names(docs_gen) -> None:

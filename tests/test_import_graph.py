@@ -1,7 +1,8 @@
 """The import graph of ``src/rankwise``: no cycle anywhere, and the library never imports upward.
 
 Every ``import`` / ``from ... import`` statement of every module counts, including the ones inside
-functions (a lazy import is still a dependency); only ``if TYPE_CHECKING:`` blocks are ignored.
+functions (a lazy import is still a dependency) and the type-only ones under ``if TYPE_CHECKING:``
+(a type checker and a reader follow them too).
 ``from pkg import name`` depends on ``pkg.name`` when that is a module, else on ``pkg``.
 """
 
@@ -42,28 +43,9 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    found: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
-                    visit(sub)
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                found.append(child)
-            visit(child)
-
-    visit(tree)
-    return found
+    """Every import statement of a module: top level, lazy (in a function) and type-only alike."""
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -144,6 +126,17 @@ def test_graph_sees_lazy_imports():
     g = import_graph()
     assert "rankwise.recipes.runner" in g["rankwise.cli"]  # imported inside a command
     assert "rankwise.recipes.config" in g["rankwise.recipes.dir"]
+
+
+def test_graph_sees_type_only_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rankwise.recipes import rundir\n")
+    assert [n.module for n in _imports(tree) if isinstance(n, ast.ImportFrom)] == ["typing", "rankwise.recipes"]
+    assert "rankwise.recipes.rundir" in import_graph()["rankwise.recipes.registry"]  # under TYPE_CHECKING there
+
+
+def test_the_config_layer_imports_no_recipe_and_not_the_registry():
+    deps = import_graph()["rankwise.recipes.config"]
+    assert not {d for d in deps if d.startswith("rankwise.recipes")}, deps
 
 
 def test_no_import_cycle_in_rankwise():

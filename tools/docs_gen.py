@@ -5,7 +5,7 @@
   A name re-exported by several modules is documented once, on its home page (the first module
   of :data:`API_MODULES` that defines it), and linked from the others.
 * :func:`config_reference` -- every preset and every config field (dotted key, type, default,
-  meaning) read from the typed configuration dataclasses of ``rankwise.recipes``.
+  meaning) read from the JSON schema of the configuration models of ``rankwise.recipes``.
 
 * :func:`readme_section` -- a section of the README as a page (Benchmarks), so the two agree.
 
@@ -19,7 +19,6 @@ import importlib
 import inspect
 import re
 import types
-import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -176,47 +175,20 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _comment_docs(cls: type) -> dict[str, str]:
-    """``#:`` comments written above the fields of a dataclass."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
-    pending: list[str] = []
-    for line in source.splitlines():
-        s = line.strip()
-        if s.startswith("#:"):
-            pending.append(s[2:].strip())
-            continue
-        m = re.match(r"([A-Za-z_]\w*)\s*:", s)
-        if m and pending:
-            out[m.group(1)] = " ".join(pending)
-        pending = []
-    return out
-
-
 @dataclasses.dataclass
 class FieldRow:
     key: str
     type: str
     default: str
     doc: str
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
+    range: str = ""
 
 
 def _format_default(value: Any) -> str:
-    if value is dataclasses.MISSING:
+    from pydantic_core import PydanticUndefined
+
+    if value is PydanticUndefined:
         return "(required)"
-    if dataclasses.is_dataclass(value):
-        return ""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -226,34 +198,23 @@ def _format_default(value: Any) -> str:
     return repr(value)
 
 
-def dataclass_fields(cls: type, prefix: str) -> list[FieldRow]:
-    """Rows of every field of ``cls`` (recursing into nested dataclass sections)."""
-    hints = typing.get_type_hints(cls)
-    comments = _comment_docs(cls)
-    rows: list[FieldRow] = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        tp = hints[f.name]
-        doc = str(f.metadata.get("doc", "") or comments.get(f.name, ""))
-        if dataclasses.is_dataclass(tp):
-            sub = inspect.getdoc(tp) or ""
-            rows.append(FieldRow(key, "section", "", doc or sub.split("\n\n")[0].replace("\n", " ")))
-            rows += dataclass_fields(tp, key)  # type: ignore[arg-type]
-            continue
-        rows.append(FieldRow(key, type_name(tp), _format_default(_default(f)), doc))
-    return rows
+def section_fields(cls: type, prefix: str) -> list[FieldRow]:
+    """Rows of every field of the config model ``cls``, nested sections flattened, read from its JSON
+    schema (``rankwise.recipes.config.model_fields_doc``: the same rows as ``config_fields``)."""
+    from rankwise.recipes.config import model_fields_doc
+
+    return [FieldRow(d.key, d.type, _format_default(d.default), d.doc, d.range) for d in model_fields_doc(cls, prefix)]
 
 
 def config_sections() -> list[tuple[str, type]]:
-    """``(dotted prefix, dataclass)`` of every options dataclass: the config's shared sections, then
-    each registered recipe's ``task`` options."""
+    """``(dotted prefix, model)`` of every options model: the config's shared sections, then each
+    registered recipe's ``task`` options."""
     from rankwise.recipes import config, registry
 
     out: list[tuple[str, type]] = []
-    hints = typing.get_type_hints(config.Config)
-    for f in dataclasses.fields(config.Config):
-        if dataclasses.is_dataclass(hints.get(f.name)):
-            out.append((f.name, hints[f.name]))
+    for name, f in config.Config.model_fields.items():
+        if isinstance(f.annotation, type) and issubclass(f.annotation, config.Section):
+            out.append((name, f.annotation))
     seen: set[type] = set()
     for name in registry.list_recipes():
         cls = registry.get_recipe(name).options
@@ -274,12 +235,11 @@ def _cell(text: str) -> str:
 
 
 def _table(rows: list[FieldRow]) -> list[str]:
-    out = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    out = ["| key | type | default | range | meaning |", "|---|---|---|---|---|"]
     for r in rows:
-        if r.type == "section":
-            continue
         default = f"`{_cell(r.default)}`" if r.default else ""
-        out.append(f"| `{r.key}` | `{_cell(r.type)}` | {default} | {_cell(_strip_roles(r.doc))} |")
+        rng = f"`{_cell(r.range)}`" if r.range else ""
+        out.append(f"| `{r.key}` | `{_cell(r.type)}` | {default} | {rng} | {_cell(_strip_roles(r.doc))} |")
     return out
 
 
@@ -336,7 +296,7 @@ def config_reference() -> str:
             "",
         ]
     lines += ["## Configuration fields", "", "### Top level", ""]
-    top = [r for r in dataclass_fields(config.Config, "") if "." not in r.key and r.type != "section"]
+    top = [r for r in section_fields(config.Config, "") if "." not in r.key]
     lines += [*_table(top), ""]
     for prefix, cls in config_sections():
         doc = _strip_roles((inspect.getdoc(cls) or "").replace("\n", " "))
@@ -345,5 +305,5 @@ def config_reference() -> str:
             lines += [f"### `task` of the recipes {recipes} ({cls.__name__})", "", doc, ""]
         else:
             lines += [f"### `{prefix}`", "", doc, ""]
-        lines += [*_table(dataclass_fields(cls, prefix)), ""]
+        lines += [*_table(section_fields(cls, prefix)), ""]
     return "\n".join(lines)

@@ -433,9 +433,9 @@ def demo(
     quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
     if seeds < 1:
         _fail(f"--seeds must be >= 1, got {seeds}")
-    overrides = ["trainer.enable_progress_bar=false", "run.tsne=false"]
+    overrides = ["trainer.enable_progress_bar=false", "report.tsne=false"]
     if quick:
-        overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "run.tsne=false"]
+        overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "report.tsne=false"]
         seeds = min(seeds, 1)
     con = _console()
     con.print(
@@ -498,6 +498,35 @@ def presets() -> None:
         raw = load_raw(name)
         dataset = str((raw.get("data") or {}).get("name", "abalone"))
         table.add_row(name, str(raw.get("recipe", "dir")), dataset, str(raw.get("expected_time", "")), desc)
+    _console().print(table)
+
+
+@app.command("config", cls=Command)
+def config_reference(
+    recipe: Annotated[
+        str | None,
+        typer.Argument(help="a recipe (its `task` options and the sections it reads); omit it for the shared sections"),
+    ] = None,
+) -> None:
+    """List the config fields: dotted key, type, default, range and meaning (read from the config's JSON schema)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    def rows() -> Any:
+        from rankwise.recipes.config import ConfigError, config_fields
+
+        try:
+            return config_fields(recipe)
+        except ValueError as e:
+            raise ConfigError(f"`recipe`: {e}") from None
+
+    fields = _run_guarded(rows)
+    table = Table(title=f"config fields{f' of recipe {recipe}' if recipe else ''}", title_justify="left")
+    for column in ("key", "type", "default", "range", "meaning"):
+        table.add_column(column, overflow="fold")
+    for f in fields:
+        default = "(required)" if type(f.default).__name__ == "PydanticUndefinedType" else repr(f.default)
+        table.add_row(*(escape(c) for c in (f.key, f.type, default, f.range, f.doc)))
     _console().print(table)
 
 

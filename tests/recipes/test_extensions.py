@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -19,11 +18,12 @@ pytest.importorskip("sklego")
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch import nn
 
 from rankwise.losses import LOSSES, register_loss
 from rankwise.recipes import ConfigError, load_config
-from rankwise.recipes.config import opt
+from rankwise.recipes.config import Options
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import compare, evaluate, train
 from tests.recipes.test_recipe_training import TINY
@@ -166,11 +166,10 @@ def test_a_loss_built_from_the_training_labels(tmp_path, abalone, registered):
 # ------------------------------------------------------------------------------ a new recipe
 
 
-@dataclasses.dataclass
-class LinearOptions:
+class LinearOptions(Options):
     """Options of the toy recipe."""
 
-    l2: float = opt(0.0, doc="weight decay of the linear model", ge=0)
+    l2: float = Field(0.0, description="weight decay of the linear model", ge=0)
 
 
 class LinearModule(L.LightningModule):

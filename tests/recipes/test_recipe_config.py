@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -46,10 +45,10 @@ def test_bad_values_name_the_key():
         config_from_dict({"trainer": {"max_epochs": "ten"}})
     with pytest.raises(ConfigError, match=r"`optimizer\.lr` must be > 0"):
         config_from_dict({"optimizer": {"lr": 0}})
-    with pytest.raises(ConfigError, match=r"`loss\.lds\.lds` is true but `loss\.lds\.reweight` is 'none'"):
-        config_from_dict({"loss": {"lds": {"lds": True}}})
-    with pytest.raises(ConfigError, match=r"`loss\.lds\.ks` must be odd"):
-        config_from_dict({"loss": {"lds": {"ks": 4}}})
+    with pytest.raises(ConfigError, match=r"`task\.lds\.lds` is true but `task\.lds\.reweight` is 'none'"):
+        config_from_dict({"task": {"lds": {"lds": True}}})
+    with pytest.raises(ConfigError, match=r"`task\.lds\.ks` must be odd"):
+        config_from_dict({"task": {"lds": {"ks": 4}}})
     with pytest.raises(
         ConfigError, match=r"`loss\.regularizers\.ranksin\.name`: unknown loss 'ranksin'; did you mean 'ranksim'"
     ):
@@ -80,12 +79,12 @@ def test_bad_values_name_the_key():
         ("trainer.limit_train_batches=1.5", r"`trainer\.limit_train_batches` as a fraction must be in \[0, 1\]"),
         ("trainer.limit_train_batches=0", r"`trainer\.limit_train_batches` must be > 0"),
         ("trainer.deterministic=maybe", r"`trainer\.deterministic` must be true, false or 'warn'"),
-        ("loss.fds.momentum=5", r"`loss\.fds\.momentum` must be <= 1, got 5\.0"),
-        ("loss.fds.sigma=0", r"`loss\.fds\.sigma` must be > 0"),
+        ("task.fds.momentum=5", r"`task\.fds\.momentum` must be <= 1, got 5\.0"),
+        ("task.fds.sigma=0", r"`task\.fds\.sigma` must be > 0"),
         ("loss.regularizers.ranksim.weight=-1", r"`loss\.regularizers\.ranksim\.weight` must be >= 0"),
-        ("run.few_shot=-1", r"`run\.few_shot` must be >= 0, got -1"),
-        ("run.few_shot=200", r"`run\.few_shot` \(200\) must be <= `run\.many_shot` \(100\)"),
-        ("run.plot_samples=-5", r"`run\.plot_samples` must be >= 1, got -5"),
+        ("report.few_shot=-1", r"`report\.few_shot` must be >= 0, got -1"),
+        ("report.few_shot=200", r"`report\.few_shot` \(200\) must be <= `report\.many_shot` \(100\)"),
+        ("report.plot_samples=-5", r"`report\.plot_samples` must be >= 1, got -5"),
         ("run.seed=-2", r"`run\.seed` must be >= 0"),
         ("data.batch_size=0", r"`data\.batch_size` must be >= 1"),
         ("schedule.warmup_epochs=-1", r"`schedule\.warmup_epochs` must be >= 0"),
@@ -145,7 +144,7 @@ def test_set_overrides_are_yaml_typed():
             "optimizer.lr=1e-4",
             "loss.regularizers.ranksim.weight=100",
             "schedule.milestones=[60, 80]",
-            "run.tsne=false",
+            "report.tsne=false",
             "data.options.per_label=5",
         ],
     )
@@ -154,7 +153,7 @@ def test_set_overrides_are_yaml_typed():
     assert cfg.optimizer.lr == pytest.approx(1e-4)
     assert [(r.name, r.weight) for r in cfg.loss.regularizers] == [("ranksim", 100.0)]
     assert cfg.schedule.milestones == [60, 80]
-    assert cfg.run.tsne is False
+    assert cfg.report.tsne is False
     assert cfg.data.options == {"per_label": 5}
     with pytest.raises(ConfigError, match="--set expects key=value"):
         apply_overrides({}, ["trainer.max_epochs"])
@@ -186,7 +185,7 @@ def test_yaml_file_with_extends(tmp_path):
     preset_child = tmp_path / "p.yaml"
     preset_child.write_text("extends: abalone_lds\nrun: {name: mine}\n")
     cfg = load_config(preset_child)
-    assert cfg.loss.lds.reweight == "sqrt_inv" and cfg.run.name == "mine"
+    assert cfg.task.lds.reweight == "sqrt_inv" and cfg.run.name == "mine"
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="must contain a mapping"):
@@ -240,6 +239,51 @@ def test_legacy_layout_is_upgraded():
     assert (cfg.task.pretrain_epochs, cfg.task.lr) == (3, 0.5)
 
 
+def test_moved_keys_are_read_at_their_former_place(tmp_path):
+    """LDS/FDS moved from `loss` to the options of the recipes that read them, plots/t-SNE/shot groups from
+    `run` to `report`: a saved config, a user file and `--set` spelling the former keys mean the same."""
+    old = {
+        "recipe": "rnc",
+        "loss": {"kind": "mse", "lds": {"reweight": "inverse", "ks": 7}, "fds": {"enabled": True, "momentum": 0.5}},
+        "run": {"name": "r", "tsne": False, "plots": False, "plot_samples": 30, "many_shot": 50, "few_shot": 5},
+        "task": {"pretrain_epochs": 2},
+    }
+    up = upgrade_legacy(old)
+    assert up["loss"] == {"kind": "mse"} and up["run"] == {"name": "r"}
+    assert up["report"] == {"tsne": False, "plots": False, "plot_samples": 30, "many_shot": 50, "few_shot": 5}
+    assert up["task"] == {"pretrain_epochs": 2, "lds": {"reweight": "inverse", "ks": 7}, "fds": old["loss"]["fds"]}
+    assert upgrade_legacy(up) == up  # the current layout passes unchanged
+    cfg = config_from_dict(old)  # config_from_dict upgrades too
+    assert (cfg.task.lds.reweight, cfg.task.lds.ks, cfg.task.fds.enabled, cfg.task.fds.momentum) == (
+        "inverse",
+        7,
+        True,
+        0.5,
+    )
+    assert (cfg.report.tsne, cfg.report.plot_samples, cfg.report.many_shot, cfg.report.few_shot) == (False, 30, 50, 5)
+    # a saved default `loss.lds` of a recipe that does not read LDS (brain age, before the move) is dropped
+    default_lds = {"reweight": "none", "lds": False, "kernel": "gaussian", "ks": 5, "sigma": 2.0}
+    assert "task" not in upgrade_legacy({"recipe": "brain_age", "loss": {"lds": default_lds}})
+    # a user file extending a preset of the current layout, and --set, at the former places
+    user = tmp_path / "mine.yaml"
+    user.write_text("extends: abalone_lds\nloss: {lds: {sigma: 3.0}}\nrun: {tsne: false}\n")
+    cfg = load_config(user, ["loss.fds.enabled=true", "run.few_shot=4"])
+    assert (cfg.task.lds.reweight, cfg.task.lds.sigma, cfg.task.fds.enabled) == ("sqrt_inv", 3.0, True)
+    assert (cfg.report.tsne, cfg.report.few_shot, cfg.report.many_shot) == (False, 4.0, 100.0)
+    with pytest.raises(ConfigError, match=r"`task\.fds\.momentum` must be <= 1, got 5\.0"):
+        load_config("abalone_vanilla", ["loss.fds.momentum=5"])
+    from rankwise.recipes.config import current_key
+
+    assert [current_key(k) for k in ("run.tsne", "loss.lds.ks", "run.name", "loss.kind")] == [
+        "report.tsne",
+        "task.lds.ks",
+        "run.name",
+        "loss.kind",
+    ]
+    with pytest.raises(ConfigError, match=r"unknown config key `task\.lds` \(`loss\.lds` moved there: this recipe"):
+        load_config("large_mnist_neuralsort", ["loss.lds.reweight=inverse"])  # sort reads no LDS
+
+
 PRESETS = sorted(list_presets())
 
 
@@ -291,7 +335,7 @@ def test_paper_recipes():
     i = load_config("imdb_wiki_dir_lds_fds")
     assert (i.data.batch_size, i.optimizer.lr, i.trainer.max_epochs) == (256, 1e-3, 90)
     assert i.schedule.kind == "multistep" and i.schedule.milestones == [60, 80] and i.schedule.gamma == 0.1
-    assert i.loss.lds.reweight == "sqrt_inv" and i.loss.lds.lds and i.loss.fds.enabled
+    assert i.task.lds.reweight == "sqrt_inv" and i.task.lds.lds and i.task.fds.enabled
     s = load_config("sts_b_dir_ranksim")
     assert s.loss.regularizers[0].weight == pytest.approx(3e-4)
     lars = load_config("mnist5k_supcon_lars")
@@ -339,7 +383,8 @@ def test_every_field_is_documented():
         assert {"optimizer.lr", "run.seed", "trainer.max_epochs"} <= keys
         assert ("loss.kind" in keys) == ("loss" in get_recipe(recipe).uses)
         task = get_recipe(recipe).options
-        assert {f"task.{f.name}" for f in dataclasses.fields(task)} <= keys
+        for name in task.model_fields:  # a nested section (task.lds) is documented field by field
+            assert any(k == f"task.{name}" or k.startswith(f"task.{name}.") for k in keys), (recipe, name)
     lr = next(f for f in config_fields() if f.key == "optimizer.lr")
     assert (lr.type, lr.default, lr.range) == ("float", 1e-3, "> 0")
     assert any(f.key == "loss.regularizers[].weight" for f in config_fields("dir"))

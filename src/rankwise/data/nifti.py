@@ -332,6 +332,7 @@ def _cache_array(vol: np.ndarray) -> np.ndarray:
         return vol.astype(np.float16)
     return vol.astype(np.float32)
 
+
 def looks_like_nifti_csv(path: str | Path) -> bool:
     """Whether ``path`` is a CSV whose ``path`` column lists NIfTI volumes (the first row's ends in .nii / .nii.gz)."""
     try:

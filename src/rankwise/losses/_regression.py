@@ -6,6 +6,8 @@ They are registered here, in ``rankwise.losses`` (which imports ``rankwise.imbal
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rankwise._registry import Example, fuzz_choice, fuzz_tensor
@@ -64,10 +66,14 @@ def _make_fuzz(kind: str):
     return fuzz
 
 
+#: what a training recipe passes (the per-sample LDS weights may be None)
+_INPUTS = {"pred": "predictions", "target": "targets", "weights": "weights"}
+
 for _kind in REGRESSION_KINDS:
     register_loss(
         f"regression_{_kind}",
-        module=RegressionLoss,
+        module=functools.partial(RegressionLoss, kind=_kind),  # type: ignore[arg-type]  # the twin of this kind
+        inputs=_INPUTS,
         example=_make_example(_kind),
         degenerate=_make_degenerate(_kind),
         description=f"DIR weighted {_kind} regression loss: regression_loss(..., kind={_kind!r})",

@@ -496,7 +496,14 @@ def _conr_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Genera
     return Example((x, y, yp.to(dtype)), kw)
 
 
-register_loss("rnc", module=RnCLoss, example=_rnc_example, degenerate=_rnc_degenerate, fuzz=_rnc_fuzz)(rnc_loss)
+register_loss(
+    "rnc",
+    module=RnCLoss,
+    example=_rnc_example,
+    degenerate=_rnc_degenerate,
+    fuzz=_rnc_fuzz,
+    inputs={"features": "features", "labels": "targets"},
+)(rnc_loss)
 register_loss(
     "conr",
     module=ConRLoss,

@@ -52,5 +52,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rankwise.recipes' has no attribute {name!r}")
 
 
-# the own-data route adds its raw-config hook to load_config (rankwise.recipes.config imports no recipe)
+# the recipe registry installs its lookup in the config layer, and the own-data route adds its
+# raw-config hook to load_config (rankwise.recipes.config imports neither the registry nor a recipe)
+from rankwise.recipes import registry as _registry  # noqa: E402, F401  isort: skip
 from rankwise.recipes import own_data as _own_data  # noqa: E402, F401  isort: skip

@@ -31,7 +31,6 @@ predictions) and plots.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -40,12 +39,13 @@ from typing import Any, Literal
 import lightning as L
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from rankwise.models.brain_age import ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
-from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.loss_terms import build_regularizers, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -59,24 +59,25 @@ TABLE_METRICS = ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap", "stage1_m
 Table = tuple[list[str], list[list[str]]]
 
 
-@dataclasses.dataclass
-class BrainAgeOptions:
+class BrainAgeOptions(Options):
     """TSAN's stages (``model.backbone: scale_dense``) or SFCN (``sfcn``); losses in the ``loss`` section."""
 
-    stages: int = opt(2, doc="TSAN: 1 (ScaleDense only) or 2 (+ the second stage on its discretized ages)", ge=1, le=2)
-    step: float = opt(5.0, doc="TSAN: discretisation step of the stage-1 ages fed to stage 2 (years)", gt=0)
-    stage2_epochs: int | None = opt(None, doc="TSAN: epochs of stage 2 (default trainer.max_epochs)", ge=1)
-    stage2_lr: float = opt(1e-5, doc="TSAN: learning rate of stage 2", gt=0)
-    sfcn_sigma: float = opt(1.0, doc="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
-    montage: int = opt(3, doc="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
-    init_age_bias: bool = opt(
+    stages: int = Field(
+        2, description="TSAN: 1 (ScaleDense only) or 2 (+ the second stage on its discretized ages)", ge=1, le=2
+    )
+    step: float = Field(5.0, description="TSAN: discretisation step of the stage-1 ages fed to stage 2 (years)", gt=0)
+    stage2_epochs: int | None = Field(None, description="TSAN: epochs of stage 2 (default trainer.max_epochs)", ge=1)
+    stage2_lr: float = Field(1e-5, description="TSAN: learning rate of stage 2", gt=0)
+    sfcn_sigma: float = Field(1.0, description="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
+    montage: int = Field(3, description="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
+    init_age_bias: bool = Field(
         True,
-        doc="TSAN: start the stage-1 output bias at the mean training age and stage 2 at the discretized "
+        description="TSAN: start the stage-1 output bias at the mean training age and stage 2 at the discretized "
         "stage-1 age (its last layer zeroed), else PyTorch's default initialisation",
     )
-    age_scale: float | None = opt(
+    age_scale: float | None = Field(
         1.0,
-        doc="TSAN: stage 1 predicts age / age_scale (years; 1: the authors' raw ages; null: the SD of the "
+        description="TSAN: stage 1 predicts age / age_scale (years; 1: the authors' raw ages; null: the SD of the "
         "training ages, i.e. standardised targets); losses and metrics stay in years",
         gt=0,
     )
@@ -422,12 +423,8 @@ class BrainAgeRecipe(RecipeBase):
             raise ConfigError("`task.stages` must be 1 with `model.backbone: sfcn` (SFCN has one stage)")
         if cfg.loss.kind not in ("mse", "l1", "huber"):
             raise ConfigError(f"`loss.kind` of recipe 'brain_age' must be mse, l1 or huber, got {cfg.loss.kind!r}")
-        default = type(cfg.loss)()
-        for key in ("name", "lds", "fds"):
-            if getattr(cfg.loss, key) != getattr(default, key):
-                raise ConfigError(
-                    f"`loss.{key}` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)"
-                )
+        if cfg.loss.name is not None:
+            raise ConfigError("`loss.name` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)")
         check_loss_config(cfg.loss)
         _check_sodeep_batch(cfg)
 

@@ -193,15 +193,15 @@ def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512) -> torch.Te
 
 
 def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> None:
-    """``plots/tsne.png``: t-SNE of (at most ``run.plot_samples``) test features coloured by class."""
+    """``plots/tsne.png``: t-SNE of (at most ``report.plot_samples``) test features coloured by class."""
     pdir = run.plots_dir
-    if pdir is None or not run.cfg.run.tsne:
+    if pdir is None or not run.cfg.report.tsne:
         return
     from rankwise.recipes import reports
 
     r = run.cfg.run
     n = int(features.shape[0])
-    idx = np.sort(np.random.default_rng(0).choice(n, size=min(n, r.plot_samples), replace=False))
+    idx = np.sort(np.random.default_rng(0).choice(n, size=min(n, run.cfg.report.plot_samples), replace=False))
     reports.plot_tsne(
         features[idx].numpy(),
         labels.cpu().numpy()[idx],

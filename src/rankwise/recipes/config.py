@@ -3,16 +3,20 @@
 A run is described by a :class:`Config`: ``recipe`` (a name in the recipe registry, see
 :mod:`rankwise.recipes.registry`), the shared sections ``data``, ``model``, ``optimizer``,
 ``schedule``, ``trainer``, ``run`` (and ``loss`` for the recipes that train a regressor), and
-``task``: the options dataclass that the recipe owns (``SortOptions`` for ``recipe: sort``, ...).
+``task``: the options model that the recipe owns (``SortOptions`` for ``recipe: sort``, ...).
+
+Every section is a pydantic model (:class:`Section`: unknown keys refused, strict types, finite
+numbers, ranges as :func:`pydantic.Field` bounds, a one-line ``description`` per field), so the
+reference of all fields (:func:`config_fields`, the documentation site) is read from their JSON
+schema. :func:`validate_section` turns pydantic's first error into a one-line
+:class:`ConfigError` naming the dotted key ("did you mean", the range, the choices).
 
 Configs come from YAML files or package presets (``src/rankwise/recipes/presets/*.yaml``), may
 ``extends:`` another preset/file, and accept ``--set a.b=value`` overrides whose values are parsed
 as YAML. :func:`load_config` does ONE pass: read YAML -> apply ``--set`` -> build the typed config
-(every field's type and range checked where it is read, unknown keys rejected with "did you mean")
--> the recipe's cross-field checks. Recipes receive the typed objects; nothing is converted back.
-
-Every field is declared with :func:`opt`: a default, a one-line description and its range, so the
-reference of all fields (:func:`config_fields`) is generated from the code.
+-> the cross-field checks and the recipe's own. Recipes receive the typed objects. This module
+imports no recipe and not the recipe registry: the registry installs its lookup
+(:func:`set_recipe_lookup`) when it is imported.
 
 Example:
     >>> cfg = load_config("abalone_ranksim", overrides=["trainer.max_epochs=2"])
@@ -23,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import itertools
 import math
@@ -31,13 +34,13 @@ import os
 import re
 import stat
 import types
-import typing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
 
-from rankwise.recipes import registry
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -52,23 +55,29 @@ __all__ = [
     "LossConfig",
     "ModelConfig",
     "OptimizerConfig",
+    "Options",
     "RegularizerConfig",
+    "ReportConfig",
     "RunConfig",
     "ScheduleConfig",
+    "Section",
     "TrainerConfig",
     "UserError",
     "apply_overrides",
-    "build",
+    "check_lds_fds",
     "config_fields",
     "config_from_dict",
     "config_to_dict",
+    "current_key",
     "list_presets",
     "load_config",
     "load_raw",
-    "opt",
+    "model_fields_doc",
     "parse_yaml",
     "preset_path",
+    "set_recipe_lookup",
     "upgrade_legacy",
+    "validate_section",
 ]
 
 #: a plain decimal number written as a string ("1e-4": YAML 1.1 reads it as a string); no "1_000", "nan"
@@ -77,7 +86,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 #: the sections every recipe reads; a recipe lists any other section it reads in ``Recipe.uses``
-UNIVERSAL_SECTIONS = ("data", "model", "optimizer", "schedule", "trainer", "run")
+UNIVERSAL_SECTIONS = ("data", "model", "optimizer", "schedule", "trainer", "run", "report")
 #: sections that only some recipes read
 OPTIONAL_SECTIONS = ("loss",)
 
@@ -194,185 +203,245 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: the YAML is nested too deeply") from None
 
 
-def opt(
-    default: Any = dataclasses.MISSING,
-    *,
-    doc: str,
-    factory: Any = None,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-) -> Any:
-    """A config field: its default, one-line description ``doc`` and numeric range (checked when read).
-
-    Numbers must be finite; ``gt``/``ge``/``lt``/``le`` bound them (for a list, every element).
-    """
-    meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 # --------------------------------------------------------------------------------------------------
-# shared sections
+# schema: pydantic models (types, ranges via Field, unknown keys refused)
 
 
-@dataclass
-class DataConfig:
+def _accepts(tp: Any, kind: type) -> bool:
+    """Whether the annotation ``tp`` (a union included) takes values of ``kind`` and not of ``str``."""
+    args = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    return kind in args and str not in args
+
+
+def _unwrap(tp: Any) -> Any:
+    """``X`` of ``Annotated[X, ...]`` and of ``X | None``."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+class Section(BaseModel):
+    """Base of every config section and of every recipe's ``task`` options.
+
+    Unknown keys are refused (``extra="forbid"``); types are strict (an integer field takes no
+    ``1.5``, ``"1"`` or ``true``; a boolean no ``"yes"``), numbers are finite, and every range is a
+    :func:`pydantic.Field` bound. Two YAML conveniences: a float field takes a decimal string
+    (YAML 1.1 reads ``1e-4`` as a string), a field of string choices takes an integer spelling one
+    (``precision: 16``); an empty YAML value (``null``) of a section, mapping or list is its default.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _yaml_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:  # pragma: no cover - pydantic validates declared fields only
+            return value
+        tp = field.annotation
+        inner = _unwrap(tp)
+        if value is None and (_is_model(inner) or get_origin(inner) in (dict, list)) and inner is tp:
+            return {} if _is_model(inner) or get_origin(inner) is dict else []
+        if isinstance(value, dict) and get_origin(inner) is dict:
+            return {str(k): v for k, v in value.items()}  # YAML may read a key as a number: options take names
+        if isinstance(value, str) and _accepts(tp, float) and _DECIMAL.fullmatch(value.strip()):
+            return float(value)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and get_origin(inner) is Literal
+            and str(value) in get_args(inner)
+        ):
+            return str(value)  # e.g. precision: 16 -> "16"
+        return value
+
+
+class Options(Section):
+    """Base of a recipe's ``task`` options (the recipe registers the model as ``Recipe.options``)."""
+
+
+#: a list element that is an integer >= 1 (``schedule.milestones``)
+_Epoch = Annotated[int, Field(ge=1)]
+_Kernel = Literal["gaussian", "triang", "laplace"]
+
+
+class DataConfig(Section):
     """Which dataset to load and how to batch it."""
 
-    name: str = opt("abalone", doc="registered dataset (`rankwise data list`)")
-    options: dict[str, Any] = opt(factory=dict, doc="keyword options of the dataset loader (`rankwise data show`)")
-    batch_size: int = opt(64, doc="training batch size (per process under DDP)", ge=1)
-    eval_batch_size: int = opt(512, doc="batch size of validation, test and prediction", ge=1)
-    num_workers: int = opt(0, doc="DataLoader worker processes", ge=0)
+    name: str = Field("abalone", description="registered dataset (`rankwise data list`)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of the dataset loader (`rankwise data show`)"
+    )
+    batch_size: int = Field(64, description="training batch size (per process under DDP)", ge=1)
+    eval_batch_size: int = Field(512, description="batch size of validation, test and prediction", ge=1)
+    num_workers: int = Field(0, description="DataLoader worker processes", ge=0)
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Backbone (``rankwise.models.build_backbone(backbone, **options)``); the recipe adds its heads."""
 
-    backbone: str = opt("mlp", doc="registered backbone (`rankwise.models.list_backbones()`)")
-    options: dict[str, Any] = opt(factory=dict, doc="keyword options of the backbone factory")
-    weights: str | None = opt(
-        None, doc="local weights file loaded into the backbone (weights_only=True); never downloaded"
+    backbone: str = Field("mlp", description="registered backbone (`rankwise.models.list_backbones()`)")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the backbone factory")
+    weights: str | None = Field(
+        None, description="local weights file loaded into the backbone (weights_only=True); never downloaded"
     )
 
 
-@dataclass
-class LDSConfig:
-    """Label-distribution reweighting / smoothing (Yang et al. 2021)."""
+class LDSConfig(Section):
+    """Label-distribution reweighting / smoothing (Yang et al. 2021): ``task.lds`` of the recipes that read it."""
 
-    reweight: Literal["none", "sqrt_inv", "inverse"] = opt("none", doc="per-sample weights from label frequencies")
-    lds: bool = opt(False, doc="smooth the label histogram with the kernel before reweighting")
-    kernel: Literal["gaussian", "triang", "laplace"] = opt("gaussian", doc="LDS smoothing kernel")
-    ks: int = opt(5, doc="LDS kernel size in bins (odd)", ge=1)
-    sigma: float = opt(2.0, doc="LDS kernel width", gt=0)
-
-
-@dataclass
-class FDSConfig:
-    """Feature-distribution smoothing on the backbone features (Yang et al. 2021)."""
-
-    enabled: bool = opt(False, doc="smooth the features with FDS")
-    kernel: Literal["gaussian", "triang", "laplace"] = opt("gaussian", doc="FDS smoothing kernel")
-    ks: int = opt(5, doc="FDS kernel size in bins (odd)", ge=1)
-    sigma: float = opt(2.0, doc="FDS kernel width", gt=0)
-    momentum: float = opt(0.9, doc="momentum of the running per-bin feature statistics", ge=0, le=1)
-    start_update: int = opt(0, doc="first epoch whose features update the statistics", ge=0)
-    start_smooth: int = opt(1, doc="first epoch whose features are smoothed", ge=0)
+    reweight: Literal["none", "sqrt_inv", "inverse"] = Field(
+        "none", description="per-sample weights from label frequencies"
+    )
+    lds: bool = Field(False, description="smooth the label histogram with the kernel before reweighting")
+    kernel: _Kernel = Field("gaussian", description="LDS smoothing kernel")
+    ks: int = Field(5, description="LDS kernel size in bins (odd)", ge=1)
+    sigma: float = Field(2.0, description="LDS kernel width", gt=0)
 
 
-@dataclass
-class RegularizerConfig:
+class FDSConfig(Section):
+    """Feature-distribution smoothing on the backbone features (Yang et al. 2021): ``task.fds`` of its recipes."""
+
+    enabled: bool = Field(False, description="smooth the features with FDS")
+    kernel: _Kernel = Field("gaussian", description="FDS smoothing kernel")
+    ks: int = Field(5, description="FDS kernel size in bins (odd)", ge=1)
+    sigma: float = Field(2.0, description="FDS kernel width", gt=0)
+    momentum: float = Field(0.9, description="momentum of the running per-bin feature statistics", ge=0, le=1)
+    start_update: int = Field(0, description="first epoch whose features update the statistics", ge=0)
+    start_smooth: int = Field(1, description="first epoch whose features are smoothed", ge=0)
+
+
+class RegularizerConfig(Section):
     """One weighted term ``weight * loss(...)`` added to the task loss; ``name`` is a registered loss."""
 
-    name: str = opt(doc="registered loss whose registry entry declares its inputs (`rankwise.list_losses()`)")
-    weight: float = opt(1.0, doc="multiplier of the term (0 = computed nowhere)", ge=0)
-    options: dict[str, Any] = opt(factory=dict, doc="keyword options of the loss (checked against its signature)")
-
-
-@dataclass
-class LossConfig:
-    """The regression recipes' loss: task loss + LDS weights + FDS + registry regularizers."""
-
-    kind: Literal["l1", "mse", "huber", "focal_l1", "focal_mse"] = opt(
-        "l1", doc="`rankwise.imbalanced.regression_loss` kind of the task loss (unless `loss.name` is set)"
+    name: str = Field(description="registered loss whose registry entry declares its inputs (`rankwise.list_losses()`)")
+    weight: float = Field(1.0, description="multiplier of the term (0 = computed nowhere)", ge=0)
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of the loss (checked against its signature)"
     )
-    name: str | None = opt(
+
+
+class LossConfig(Section):
+    """The regression recipes' loss: the task loss + registry regularizers (LDS/FDS: the recipe's ``task``)."""
+
+    kind: Literal["l1", "mse", "huber", "focal_l1", "focal_mse"] = Field(
+        "l1", description="shorthand for `loss.name: regression_<kind>` (used unless `loss.name` is set)"
+    )
+    name: str | None = Field(
         None,
-        doc="a registered loss used as the task loss instead of `kind` (inputs predictions/targets, "
+        description="a registered loss used as the task loss instead of `kind` (inputs predictions/targets, "
         "learnable parameters trained)",
     )
-    options: dict[str, Any] = opt(factory=dict, doc="keyword options of the task loss")
-    lr: float | None = opt(None, doc="learning rate of the task loss's own parameters (default optimizer.lr)", gt=0)
-    lds: LDSConfig = opt(factory=LDSConfig, doc="label-distribution smoothing / reweighting")
-    fds: FDSConfig = opt(factory=FDSConfig, doc="feature-distribution smoothing")
-    regularizers: list[RegularizerConfig] = opt(
-        factory=list, doc="weighted losses from the loss registry added to the task loss"
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the task loss")
+    lr: float | None = Field(
+        None, description="learning rate of the task loss's own parameters (default optimizer.lr)", gt=0
+    )
+    regularizers: list[RegularizerConfig] = Field(
+        default_factory=list, description="weighted losses from the loss registry added to the task loss"
     )
 
 
-@dataclass
-class OptimizerConfig:
+class OptimizerConfig(Section):
     """The optimizer of every recipe (``rankwise.recipes.optim.configure``)."""
 
-    name: Literal["adam", "adamw", "sgd", "lars"] = opt("adam", doc="optimizer (lars: timm.optim.Lars)")
-    lr: float = opt(1e-3, doc="learning rate", gt=0)
-    weight_decay: float = opt(0.0, doc="weight decay", ge=0)
-    momentum: float = opt(0.9, doc="momentum (sgd, lars)", ge=0, lt=1)
+    name: Literal["adam", "adamw", "sgd", "lars"] = Field("adam", description="optimizer (lars: timm.optim.Lars)")
+    lr: float = Field(1e-3, description="learning rate", gt=0)
+    weight_decay: float = Field(0.0, description="weight decay", ge=0)
+    momentum: float = Field(0.9, description="momentum (sgd, lars)", ge=0, lt=1)
 
 
-@dataclass
-class ScheduleConfig:
+class ScheduleConfig(Section):
     """Learning-rate schedule over the recipe's actual number of epochs/steps."""
 
-    kind: Literal["none", "multistep", "cosine"] = opt("none", doc="lr schedule after the warm-up")
-    milestones: list[int] = opt(factory=list, doc="multistep: epochs at which lr is multiplied by gamma", ge=1)
-    gamma: float = opt(0.1, doc="multistep decay factor", gt=0, le=1)
-    warmup_epochs: int = opt(0, doc="epochs of linear warm-up (per optimizer step)", ge=0)
-    interval: Literal["epoch", "step"] = opt("epoch", doc="granularity of the cosine/multistep decay")
+    kind: Literal["none", "multistep", "cosine"] = Field("none", description="lr schedule after the warm-up")
+    milestones: list[_Epoch] = Field(
+        default_factory=list, description="multistep: epochs at which lr is multiplied by gamma"
+    )
+    gamma: float = Field(0.1, description="multistep decay factor", gt=0, le=1)
+    warmup_epochs: int = Field(0, description="epochs of linear warm-up (per optimizer step)", ge=0)
+    interval: Literal["epoch", "step"] = Field("epoch", description="granularity of the cosine/multistep decay")
 
 
-@dataclass
-class TrainerConfig:
+class TrainerConfig(Section):
     """Options forwarded to ``lightning.Trainer``."""
 
-    max_epochs: int = opt(10, doc="training epochs (recipes with `task.steps` derive their own)", ge=1)
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = opt("auto", doc="Lightning accelerator")
-    devices: Any = opt("auto", doc="Lightning devices: auto, a count, -1 (all) or a list of indices")
-    strategy: str = opt("auto", doc="Lightning strategy, e.g. ddp")
-    num_nodes: int = opt(1, doc="number of nodes", ge=1)
+    max_epochs: int = Field(10, description="training epochs (recipes with `task.steps` derive their own)", ge=1)
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
+        "auto", description="Lightning accelerator"
+    )
+    devices: Any = Field("auto", description="Lightning devices: auto, a count, -1 (all) or a list of indices")
+    strategy: str = Field("auto", description="Lightning strategy, e.g. ddp")
+    num_nodes: int = Field(1, description="number of nodes", ge=1)
     precision: Literal[
         "32-true", "32", "64-true", "64", "16-true", "16-mixed", "16", "bf16-true", "bf16-mixed", "bf16"
-    ] = opt("32-true", doc="Lightning precision")
-    deterministic: Any = opt("warn", doc="torch deterministic algorithms: true, false or warn")
-    gradient_clip_val: float | None = opt(None, doc="clip gradients to this norm", ge=0)
-    log_every_n_steps: int = opt(10, doc="logging interval in steps", ge=1)
-    limit_train_batches: Any = opt(None, doc="batches per training epoch: a count or a fraction in (0, 1]")
-    limit_val_batches: Any = opt(None, doc="validation batches: a count or a fraction in [0, 1]")
-    enable_progress_bar: bool = opt(True, doc="show the progress bar (with --progress)")
-    num_threads: int | None = opt(None, doc="torch.set_num_threads for the run (None: torch's default)", ge=1)
+    ] = Field("32-true", description="Lightning precision")
+    deterministic: Any = Field("warn", description="torch deterministic algorithms: true, false or warn")
+    gradient_clip_val: float | None = Field(None, description="clip gradients to this norm", ge=0)
+    log_every_n_steps: int = Field(10, description="logging interval in steps", ge=1)
+    limit_train_batches: Any = Field(None, description="batches per training epoch: a count or a fraction in (0, 1]")
+    limit_val_batches: Any = Field(None, description="validation batches: a count or a fraction in [0, 1]")
+    enable_progress_bar: bool = Field(True, description="show the progress bar (with --progress)")
+    num_threads: int | None = Field(None, description="torch.set_num_threads for the run (None: torch's default)", ge=1)
 
 
-@dataclass
-class RunConfig:
-    """Run directory, seed, evaluation and plots."""
+class RunConfig(Section):
+    """Run directory and seed."""
 
-    name: str = opt("run", doc="run directory name under out_dir (one path component)")
-    seed: int = opt(0, doc="seed of initialisation, sampling and augmentation", ge=0, lt=2**32)
-    out_dir: str = opt("runs", doc="parent folder of the run directory")
-    plots: bool = opt(True, doc="write plots/ after training")
-    tsne: bool = opt(True, doc="include the t-SNE plot")
-    plot_samples: int = opt(400, doc="test examples in the similarity heatmap / t-SNE", ge=1)
-    many_shot: float | None = opt(
-        None, doc="a label bin with more training examples is many-shot (null: the dataset's own threshold)", ge=0
+    name: str = Field("run", description="run directory name under out_dir (one path component)")
+    seed: int = Field(0, description="seed of initialisation, sampling and augmentation", ge=0, lt=2**32)
+    out_dir: str = Field("runs", description="parent folder of the run directory")
+
+
+class ReportConfig(Section):
+    """What is reported after training: plots, the t-SNE and the shot groups of the regression metrics."""
+
+    plots: bool = Field(True, description="write plots/ after training")
+    tsne: bool = Field(True, description="include the t-SNE plot")
+    plot_samples: int = Field(400, description="test examples in the similarity heatmap / t-SNE", ge=1)
+    many_shot: float | None = Field(
+        None,
+        description="a label bin with more training examples is many-shot (null: the dataset's own threshold)",
+        ge=0,
     )
-    few_shot: float | None = opt(
-        None, doc="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)", ge=0
+    few_shot: float | None = Field(
+        None,
+        description="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)",
+        ge=0,
     )
 
 
-@dataclass
-class Config:
-    """A whole run. ``task`` is the options dataclass of ``recipe`` (see ``rankwise.recipes.registry``)."""
+class Config(Section):
+    """A whole run. ``task`` is the options model of ``recipe`` (see ``rankwise.recipes.registry``)."""
 
-    recipe: str = opt("dir", doc="training recipe (`rankwise.recipes.list_recipes()`)")
-    description: str = opt("", doc="one line shown by `rankwise presets`")
-    expected_time: str = opt("", doc="expected wall time of the run on 2 CPU cores, shown by `rankwise presets`")
-    data: DataConfig = opt(factory=DataConfig, doc="dataset and batching")
-    model: ModelConfig = opt(factory=ModelConfig, doc="backbone")
-    loss: LossConfig = opt(factory=LossConfig, doc="loss of the regression recipes (dir, rrt, rnc)")
-    optimizer: OptimizerConfig = opt(factory=OptimizerConfig, doc="optimizer")
-    schedule: ScheduleConfig = opt(factory=ScheduleConfig, doc="learning-rate schedule")
-    trainer: TrainerConfig = opt(factory=TrainerConfig, doc="Lightning Trainer options")
-    run: RunConfig = opt(factory=RunConfig, doc="run directory, seed, evaluation")
-    task: Any = opt(None, doc="the recipe's own options (its options dataclass)")
+    recipe: str = Field("dir", description="training recipe (`rankwise.recipes.list_recipes()`)")
+    description: str = Field("", description="one line shown by `rankwise presets`")
+    expected_time: str = Field(
+        "", description="expected wall time of the run on 2 CPU cores, shown by `rankwise presets`"
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="dataset and batching")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="backbone")
+    loss: LossConfig = Field(default_factory=LossConfig, description="loss of the regression recipes (dir, rrt, rnc)")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="optimizer")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Lightning Trainer options")
+    run: RunConfig = Field(default_factory=RunConfig, description="run directory and seed")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="plots, t-SNE and shot groups")
+    task: Any = Field(None, description="the recipe's own options (its options model)")
 
 
 # --------------------------------------------------------------------------------------------------
-# typed building (one pass) + validation
+# validation: pydantic's errors as the one-line messages of the CLI
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -381,111 +450,97 @@ def _suggest(key: str, valid: list[str]) -> str:
     return f"{hint}valid keys: {', '.join(sorted(valid))}"
 
 
-def _check_range(value: Any, meta: Any, key: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"`{key}` must be a finite number, got {_short(value)}")
-    for bound, ok, sym in (
-        ("gt", lambda v, b: v > b, ">"),
-        ("ge", lambda v, b: v >= b, ">="),
-        ("lt", lambda v, b: v < b, "<"),
-        ("le", lambda v, b: v <= b, "<="),
-    ):
-        b = meta.get(bound) if meta else None
-        if b is not None and not ok(value, b):
-            raise ConfigError(f"`{key}` must be {sym} {b:g}, got {_short(value)}")
-
-
-def _coerce(value: Any, tp: Any, key: str, meta: Any = None) -> Any:
-    """Check/convert ``value`` against the annotation ``tp``; raise ``ConfigError`` naming ``key``."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices and isinstance(value, int) and str(value) in choices:
-            value = str(value)  # e.g. precision: 16 -> "16"
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.4)
-            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-            raise ConfigError(f"`{key}` must be one of {list(choices)}, got {_short(value)}{hint}")
-        return value
-    if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
+def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The annotation at ``loc`` below ``model`` (``None`` past an unknown key or a union branch)."""
+    tp: Any = model
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(part, int) and get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        elif isinstance(part, str) and _is_model(tp) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        elif isinstance(part, str) and get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
             return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key, meta)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"`{key}` has an invalid value {value!r}")
-    if dataclasses.is_dataclass(tp):
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {_short(value)}")
-        return build(tp, value, key)
-    if origin is dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {type(value).__name__} {_short(value)}")
-        _, vt = get_args(tp)
-        return {str(k): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
-    if origin is list:
-        if value is None:
-            return []
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"`{key}` must be a list, got {type(value).__name__} {_short(value)}")
-        (et,) = get_args(tp)
-        out = []
-        for i, v in enumerate(value):
-            name = v.get("name") if isinstance(v, dict) else None
-            out.append(_coerce(v, et, f"{key}.{name}" if isinstance(name, str) else f"{key}[{i}]", meta))
-        return out
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"`{key}` must be true or false, got {_short(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"`{key}` must be an integer, got {_short(value)}")
-        _check_range(value, meta, key)
-        return value
-    if tp is float:
-        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):  # YAML 1.1 reads "1e-4" as a string
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"`{key}` must be a number, got {_short(value)}")
-        value = float(value)
-        _check_range(value, meta, key)
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"`{key}` must be a string, got {_short(value)}")
-        return value
-    return value  # pragma: no cover - unknown annotation
+    return tp
 
 
-def build(cls: Any, raw: dict[str, Any], prefix: str = "") -> Any:
-    """Build the dataclass ``cls`` from a raw mapping: types, ranges, unknown keys ("did you mean")."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for k, v in raw.items():
-        dotted = f"{prefix}.{k}" if prefix else str(k)
-        if k not in fields:
-            raise ConfigError(f"unknown config key `{dotted}`; " + _suggest(str(k), list(fields)))
-        kwargs[k] = _coerce(v, hints[k], dotted, fields[k].metadata)
-    for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"`{prefix + '.' if prefix else ''}{name}` is required")
-    return cls(**kwargs)
+def _dotted(loc: tuple[Any, ...], raw: Any, prefix: str) -> str:
+    """The dotted key of ``loc``: a list entry by its ``name`` (``loss.regularizers.ranksim``), else ``[i]``."""
+    key, node = prefix, raw
+    for part in loc:
+        if isinstance(part, int):
+            entry = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            key += f".{name}" if isinstance(name, str) else f"[{part}]"
+            node = entry
+        else:
+            key = f"{key}.{part}" if key else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return key
+
+
+def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
+    """One pydantic error as the message of a :class:`ConfigError` (the dotted key, what was expected)."""
+    loc, kind, value, ctx = tuple(err["loc"]), err["type"], err.get("input"), err.get("ctx") or {}
+    key = _dotted(loc, raw, prefix)
+    tp = _walk(model, loc)
+    if kind == "extra_forbidden":
+        parent = _unwrap(_walk(model, loc[:-1]))
+        valid = list(parent.model_fields) if _is_model(parent) else []
+        former = [".".join(old) for old, new in _MOVED.items() if key == ".".join(new)]
+        moved = f" (`{former[0]}` moved there: this recipe does not read it)" if former else ""
+        return f"unknown config key `{key}`{moved}; " + _suggest(str(loc[-1]), valid)
+    if kind == "missing":
+        return f"`{key}` is required"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound, sym = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<")}.get(
+            kind, ("le", "<=")
+        )
+        shown = float(value) if isinstance(value, int) and tp is not None and _accepts(_unwrap(tp), float) else value
+        return f"`{key}` must be {sym} {ctx[bound]:g}, got {_short(shown)}"
+    if kind == "finite_number":
+        return f"`{key}` must be a finite number, got {_short(value)}"
+    if kind == "literal_error":
+        choices = list(get_args(_unwrap(tp))) if tp is not None else []
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.4)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        return f"`{key}` must be one of {choices}, got {_short(value)}{hint}"
+    expected = {
+        "int_type": "an integer",
+        "int_from_float": "an integer",
+        "int_parsing": "an integer",
+        "float_type": "a number",
+        "float_parsing": "a number",
+        "bool_type": "true or false",
+        "bool_parsing": "true or false",
+        "string_type": "a string",
+    }
+    if kind in expected:
+        return f"`{key}` must be {expected[kind]}, got {_short(value)}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"`{key}` must be a mapping, got {type(value).__name__} {_short(value)}"
+    if kind == "list_type":
+        return f"`{key}` must be a list, got {type(value).__name__} {_short(value)}"
+    return f"`{key}`: {err['msg']}, got {_short(value)}"  # pragma: no cover - every type above is mapped
+
+
+def validate_section(model: type[M], raw: Any, prefix: str = "") -> M:
+    """Build the model ``model`` of a raw (YAML) mapping; the first problem is a :class:`ConfigError`.
+
+    The message names the dotted key (below ``prefix``) and what was expected: the valid keys and
+    the closest ones ("did you mean"), the type, the range or the choices.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        where = f"`{prefix}`" if prefix else "the config"
+        raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {_short(raw)}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_message(e.errors()[0], model, raw, prefix)) from None
 
 
 def _check_devices(devices: Any) -> None:
@@ -519,15 +574,6 @@ def check_run_name(name: str, key: str = "run.name") -> str:
 
 def _check_shared(cfg: Config) -> None:
     """Cross-field checks of the shared sections (each field's type and range were checked when built)."""
-    for sec in ("lds", "fds"):
-        ks = getattr(cfg.loss, sec).ks
-        if ks % 2 == 0:
-            raise ConfigError(f"`loss.{sec}.ks` must be odd, got {ks}")
-    if cfg.loss.lds.lds and cfg.loss.lds.reweight == "none":
-        raise ConfigError(
-            "`loss.lds.lds` is true but `loss.lds.reweight` is 'none': LDS smooths the reweighting "
-            "counts, set `loss.lds.reweight` to 'sqrt_inv' or 'inverse'"
-        )
     names = [r.name for r in cfg.loss.regularizers]
     for n in names:
         if names.count(n) > 1:
@@ -544,8 +590,21 @@ def _check_shared(cfg: Config) -> None:
     if t.limit_train_batches == 0:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
-    if cfg.run.few_shot is not None and cfg.run.many_shot is not None and cfg.run.few_shot > cfg.run.many_shot:
-        raise ConfigError(f"`run.few_shot` ({cfg.run.few_shot:g}) must be <= `run.many_shot` ({cfg.run.many_shot:g})")
+    rep = cfg.report
+    if rep.few_shot is not None and rep.many_shot is not None and rep.few_shot > rep.many_shot:
+        raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
+
+
+def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:
+    """Cross-field checks of LDS and FDS options (odd kernel sizes; LDS smooths a reweighting)."""
+    for sec, ks in (("lds", lds.ks), ("fds", fds.ks)):
+        if ks % 2 == 0:
+            raise ConfigError(f"`{key}.{sec}.ks` must be odd, got {ks}")
+    if lds.lds and lds.reweight == "none":
+        raise ConfigError(
+            f"`{key}.lds.lds` is true but `{key}.lds.reweight` is 'none': LDS smooths the reweighting "
+            f"counts, set `{key}.lds.reweight` to 'sqrt_inv' or 'inverse'"
+        )
 
 
 def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:
@@ -581,11 +640,29 @@ def _check_library(cfg: Config) -> None:
         check_kwargs(fn, getattr(cfg, key).options, f"{key}.options")
 
 
+#: the recipe registry's lookup ``name -> Recipe``: :mod:`rankwise.recipes.registry` installs it when
+#: it is imported (the package imports it), so this module never imports a recipe or the registry
+_recipe_lookup: Callable[[str], Any] | None = None
+
+
+def set_recipe_lookup(lookup: Callable[[str], Any]) -> None:
+    """Install the function that resolves a config's ``recipe`` name (called by the recipe registry)."""
+    global _recipe_lookup
+    _recipe_lookup = lookup
+
+
+def get_recipe(name: str) -> Any:
+    """The registered recipe ``name`` through the installed lookup (``ValueError`` if unknown)."""
+    if _recipe_lookup is None:  # pragma: no cover - the package imports the registry first
+        raise RuntimeError("no recipe registry is installed (import rankwise.recipes)")
+    return _recipe_lookup(name)
+
+
 def _recipe(name: Any) -> Any:
     if not isinstance(name, str):
         raise ConfigError(f"`recipe` must be a string, got {name!r}")
     try:
-        return registry.get_recipe(name)
+        return get_recipe(name)
     except ValueError as e:
         raise ConfigError(f"`recipe`: {e}") from None
 
@@ -594,18 +671,18 @@ def config_from_dict(raw: dict[str, Any] | None) -> Config:
     """Build and validate the typed :class:`Config` of a raw (YAML) mapping, in one pass.
 
     Types, ranges and unknown keys of every section; the ``task`` section is built as the options
-    dataclass of the recipe; sections the recipe does not read must be left at their defaults;
+    model of the recipe; sections the recipe does not read must be left at their defaults;
     then the shared cross-field checks and the recipe's own (``Recipe.check``: names and options
     against the registries and the library signatures).
     """
-    raw = dict(raw or {})
+    raw = upgrade_legacy(dict(raw or {}))
     raw.pop("extends", None)
     recipe = _recipe(raw.get("recipe", "dir"))
     task_raw = raw.pop("task", None)
     if task_raw is not None and not isinstance(task_raw, dict):
         raise ConfigError(f"`task` must be a mapping, got {type(task_raw).__name__} {task_raw!r}")
-    cfg = build(Config, raw)
-    cfg.task = build(recipe.options, task_raw or {}, "task")
+    cfg = validate_section(Config, raw)
+    cfg.task = validate_section(recipe.options, task_raw, "task")
     for sec in OPTIONAL_SECTIONS:
         if sec not in recipe.uses and getattr(cfg, sec) != getattr(Config(), sec):
             raise ConfigError(f"`{sec}` is not used by recipe {recipe.name!r} (it reads: {_sections(recipe)})")
@@ -621,8 +698,9 @@ def _sections(recipe: Any) -> str:
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads."""
-    out = dataclasses.asdict(cfg)
-    uses = registry.get_recipe(cfg.recipe).uses
+    out = cfg.model_dump(mode="python")
+    out["task"] = cfg.task.model_dump(mode="python") if isinstance(cfg.task, BaseModel) else cfg.task
+    uses = get_recipe(cfg.recipe).uses
     for sec in OPTIONAL_SECTIONS:
         if sec not in uses:
             out.pop(sec)
@@ -630,7 +708,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-# field reference (generated documentation)
+# field reference (generated from the JSON schema of the models)
 
 
 class FieldDoc(NamedTuple):
@@ -641,53 +719,72 @@ class FieldDoc(NamedTuple):
     range: str
 
 
-def _type_str(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_str(a) for a in get_args(tp))
-    if origin in (list, dict):
-        return f"{origin.__name__}[{', '.join(_type_str(a) for a in get_args(tp))}]"
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
+_JSON_TYPES = {"number": "float", "integer": "int", "boolean": "bool", "string": "str", "null": "null"}
+_BOUNDS = (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
 
 
-def _fields(cls: Any, prefix: str) -> Iterator[FieldDoc]:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        inner = [a for a in (get_args(tp) if get_origin(tp) is list else ()) if dataclasses.is_dataclass(a)]
-        if dataclasses.is_dataclass(tp):
-            yield from _fields(tp, key)
+def _schema_type(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return " | ".join(repr(e) for e in prop["enum"])
+    if "const" in prop:
+        return repr(prop["const"])
+    if "anyOf" in prop:
+        return " | ".join(_schema_type(p) for p in prop["anyOf"])
+    if "$ref" in prop:  # a nested model: its name (e.g. the entries of loss.regularizers)
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
+    kind = prop.get("type")
+    if kind == "array":
+        return f"list[{_schema_type(prop.get('items', {}))}]"
+    if kind == "object":
+        return "dict[str, Any]"
+    return _JSON_TYPES.get(str(kind), "Any")
+
+
+def _schema_range(prop: dict[str, Any]) -> str:
+    for sub in (prop, prop.get("items") or {}, *prop.get("anyOf", ())):
+        rng = ", ".join(f"{sym} {sub[b]:g}" for b, sym in _BOUNDS if b in sub)
+        if rng:
+            return rng
+    return ""
+
+
+def _schema_fields(
+    schema: dict[str, Any], defs: dict[str, Any], model: type[BaseModel], prefix: str
+) -> Iterator[FieldDoc]:
+    """Every leaf field of a model's JSON schema: dotted key, type, default, description, range."""
+    for name, prop in schema.get("properties", {}).items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = _unwrap(model.model_fields[name].annotation)
+        if "$ref" in prop and _is_model(tp):  # a nested section
+            yield from _schema_fields(defs[prop["$ref"].rsplit("/", 1)[-1]], defs, tp, key)
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = dataclasses.MISSING
-        m = f.metadata
-        rng = ", ".join(
-            f"{s} {m[b]:g}" for b, s in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if m.get(b) is not None
-        )
-        yield FieldDoc(key, _type_str(tp), default, str(m.get("doc", "")), rng)
-        for sub in inner:
-            yield from _fields(sub, f"{key}[]")
+        if "default" in prop:
+            default = prop["default"]
+        else:  # a default_factory (not in the schema) or a required field
+            default = model.model_fields[name].get_default(call_default_factory=True)
+        items = prop.get("items") or {}
+        yield FieldDoc(key, _schema_type(prop), default, str(prop.get("description", "")), _schema_range(prop))
+        if "$ref" in items and get_origin(tp) is list and _is_model(get_args(tp)[0]):
+            elem = get_args(tp)[0]
+            yield from _schema_fields(defs[items["$ref"].rsplit("/", 1)[-1]], defs, elem, f"{key}[]")
+
+
+def model_fields_doc(model: type[BaseModel], prefix: str = "") -> list[FieldDoc]:
+    """The reference rows of ``model`` (a section or a recipe's options), read from its JSON schema."""
+    schema = model.model_json_schema()
+    return list(_schema_fields(schema, schema.get("$defs", {}), model, prefix))
 
 
 def config_fields(recipe: str | None = None) -> list[FieldDoc]:
-    """Every config field (dotted key, type, default, one-line description, range).
+    """Every config field (dotted key, type, default, one-line description, range), from the JSON schema.
 
     With ``recipe``, the ``task.*`` fields of that recipe's options and only the sections it reads.
     """
-    out = [d for d in _fields(Config, "") if d.key != "task"]
+    out = [d for d in model_fields_doc(Config) if d.key != "task"]
     if recipe is not None:
-        r = registry.get_recipe(recipe)
+        r = get_recipe(recipe)
         out = [d for d in out if d.key.split(".")[0] not in OPTIONAL_SECTIONS or d.key.split(".")[0] in r.uses]
-        out += list(_fields(r.options, "task"))
+        out += model_fields_doc(r.options, "task")
     return out
 
 
@@ -819,15 +916,8 @@ def _select(node: list[Any], part: str, item: str) -> dict[str, Any]:
 
 def _is_list_field(parts: list[str]) -> bool:
     """Whether the dotted path ``parts`` of a :class:`Config` is a list field (e.g. ``loss.regularizers``)."""
-    tp: Any = Config
-    for part in parts:
-        if not dataclasses.is_dataclass(tp):
-            return False
-        hints = typing.get_type_hints(tp)
-        if part not in hints:
-            return False
-        tp = hints[part]
-    return get_origin(tp) is list
+    tp = _walk(Config, tuple(parts))
+    return tp is not None and get_origin(_unwrap(tp)) is list
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
@@ -879,7 +969,9 @@ def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
     ``run.recipe`` -> ``recipe``; ``rnc:`` -> ``task`` of recipe rnc; ``run.init_checkpoint`` /
     ``run.reset_head`` -> ``task`` of recipe rrt; ``loss.regularizers`` as a ``{name: {weight,
     options}}`` mapping -> a list; SupCon's ``task.optimizer`` -> ``optimizer.name`` (with
-    ``schedule.interval: step``, the old SupCon schedule).
+    ``schedule.interval: step``, the old SupCon schedule); ``loss.lds`` / ``loss.fds`` -> ``task.lds`` /
+    ``task.fds`` (the options of the recipes that read them; a saved default is dropped);
+    ``run.plots`` / ``tsne`` / ``plot_samples`` / ``many_shot`` / ``few_shot`` -> ``report.*``.
     """
     out = copy.deepcopy(raw)
     run = out.get("run")
@@ -907,7 +999,54 @@ def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("schedule", {}).setdefault("interval", "step")
     if legacy_recipe and recipe in ("supcon", "sort", "median", "dknn"):
         out.pop("loss", None)  # old run directories saved the (unused) default loss section of every recipe
+    _move_sections(out)
     return out
+
+
+#: keys that moved: ``loss.lds`` / ``loss.fds`` to the options of the recipes that read them (``task``),
+#: the plot and shot-group options of ``run`` to ``report``
+_MOVED = {
+    ("loss", "lds"): ("task", "lds"),
+    ("loss", "fds"): ("task", "fds"),
+    **{("run", k): ("report", k) for k in ("plots", "tsne", "plot_samples", "many_shot", "few_shot")},
+}
+_MOVED_DEFAULTS = {("loss", "lds"): LDSConfig, ("loss", "fds"): FDSConfig}
+
+
+def current_key(key: str) -> str:
+    """The dotted ``key`` at its current place (``run.tsne`` -> ``report.tsne``; others unchanged)."""
+    parts = key.split(".")
+    new = _MOVED.get(tuple(parts[:2]))  # type: ignore[arg-type]
+    return ".".join([*new, *parts[2:]]) if new is not None and len(parts) >= 2 else key
+
+
+def _is_default(section: Any, value: Any) -> bool:
+    """Whether the raw mapping ``value`` only spells defaults of the model ``section`` (a saved, unused section)."""
+    if value is None or value == {}:
+        return True
+    if not isinstance(value, dict) or not set(value) <= set(section.model_fields):
+        return False
+    return all(section.model_fields[k].get_default(call_default_factory=True) == v for k, v in value.items())
+
+
+def _move_sections(out: dict[str, Any]) -> None:
+    """Move the keys of :data:`_MOVED` in place; a moved value replaces one at the new place (it came later,
+    e.g. from ``--set``). A saved default ``loss.lds``/``loss.fds`` is dropped (the recipe may not read it)."""
+    for (sec, key), (new_sec, new_key) in _MOVED.items():
+        old = out.get(sec)
+        if not isinstance(old, dict) or key not in old:
+            continue
+        value = old.pop(key)
+        model = _MOVED_DEFAULTS.get((sec, key))
+        if model is not None and _is_default(model, value):
+            continue
+        target = out.get(new_sec)
+        if target is None:
+            target = out[new_sec] = {}
+        if not isinstance(target, dict):
+            raise ConfigError(f"`{new_sec}` must be a mapping, got {type(target).__name__} {_short(target)}")
+        prev = target.get(new_key)
+        target[new_key] = _deep_merge(prev, value) if isinstance(prev, dict) and isinstance(value, dict) else value
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
@@ -921,7 +1060,8 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = load_raw(source)
     for hook in _RAW_HOOKS:
         raw = hook(raw, overrides)
-    return config_from_dict(apply_overrides(raw, overrides))
+    # an override may spell a key at its former place (`--set run.tsne=false`): moved like a file's
+    return config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
 
 
 #: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the

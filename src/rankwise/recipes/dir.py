@@ -1,7 +1,7 @@
 """Deep imbalanced regression (``recipe: dir``) and its last-layer re-training (``recipe: rrt``).
 
 :class:`~rankwise.recipes.dir_module.DIRRegressor`: backbone -> features -> linear head. The task loss is
-``rankwise.imbalanced.regression_loss(kind=loss.kind)`` (or a registered loss, ``loss.name``), with
+the registered loss ``loss.name`` (``loss.kind: l1`` is shorthand for ``regression_l1``), with
 optional per-sample LDS weights from the full training labels; FDS smooths the features;
 ``loss.regularizers`` add weighted losses from the registry on the features or the predictions
 (see :mod:`rankwise.recipes.loss_terms`); feature regularizers (RankSim, ConR) see the encoder
@@ -20,16 +20,16 @@ plain network (:mod:`rankwise.recipes.dir_net`) and predict without it; training
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from rankwise.recipes.base import RegressionRecipe
-from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.config import Config, ConfigError, FDSConfig, LDSConfig, Options, check_lds_fds
 from rankwise.recipes.dir_net import (
     DIRNet,
     lds_weight_table,
@@ -70,17 +70,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclasses.dataclass
-class DIROptions:
-    """The DIR recipe reads the ``loss`` section (task loss, LDS, FDS, regularizers); no ``task`` options."""
+class DIROptions(Options):
+    """LDS sample weights and FDS feature smoothing of the regressor (the ``loss`` section: its losses)."""
+
+    lds: LDSConfig = Field(default_factory=LDSConfig, description="label-distribution smoothing / reweighting")
+    fds: FDSConfig = Field(default_factory=FDSConfig, description="feature-distribution smoothing")
 
 
-@dataclasses.dataclass
-class RRTOptions:
+class RRTOptions(DIROptions):
     """Regressor re-training: a trained run's frozen encoder, a re-trained head."""
 
-    init_checkpoint: str | None = opt(None, doc="run directory or .ckpt whose encoder is frozen (required)")
-    reset_head: bool = opt(True, doc="re-initialize the head before re-training it")
+    init_checkpoint: str | None = Field(None, description="run directory or .ckpt whose encoder is frozen (required)")
+    reset_head: bool = Field(True, description="re-initialize the head before re-training it")
 
 
 def build_regressor(run: Run, *, freeze_backbone: bool = False) -> DIRRegressor:
@@ -167,6 +168,7 @@ class DIRRecipe(RegressionRecipe):
 
     def check(self, cfg: Config) -> None:
         check_loss_config(cfg.loss)
+        check_lds_fds(cfg.task.lds, cfg.task.fds)
 
     def fit(self, run: Run) -> dict[str, Any]:
         return fit_regressor(run, build_regressor(run))

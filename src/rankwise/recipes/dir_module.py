@@ -67,8 +67,6 @@ class DIRRegressor(DIRNet, L.LightningModule):
         self._fds_feats, self._fds_labels = [], []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.imbalanced import regression_loss
-
         x, y = batch
         y = y.reshape(-1).float()
         encoded = self.features(x)
@@ -83,11 +81,7 @@ class DIRRegressor(DIRNet, L.LightningModule):
         # in RankSim's reference (agedb-dir/train.py: the regularizer takes the encoding, FDS then smooths
         # it for the regressor); the head and the task loss see the smoothed features
         tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
-        loss_cfg = self.cfg.loss
-        if self.task_loss is None:
-            task = regression_loss(pred, y, w, kind=loss_cfg.kind, reduction="mean", **loss_cfg.options)
-        else:
-            task = self.task_loss(tensors)
+        task = self.task_loss(tensors)
         total = task
         logs = {"train/task_loss": task.detach()}
         for term in self.regularizers:

@@ -116,13 +116,13 @@ class DIRNet(nn.Module):
         self._label_mean = float(np.mean(train_labels)) if train_labels is not None and len(train_labels) else 0.0
         with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
             self.head.bias.fill_(self._label_mean)
-        lds = cfg.loss.lds
+        lds = cfg.task.lds
         self.use_weights = lds.reweight != "none"
         bins = torch.zeros(0, dtype=torch.int64)
         table = torch.zeros(0, dtype=torch.float32)
         if self.use_weights:
             if train_labels is None:
-                raise ValueError("`train_labels` are required when `loss.lds.reweight` is not 'none'")
+                raise ValueError("`train_labels` are required when `task.lds.reweight` is not 'none'")
             b, t = lds_weight_table(
                 train_labels,
                 self.bin_width,
@@ -137,13 +137,13 @@ class DIRNet(nn.Module):
         self.register_buffer("lds_bins", bins)
         self.register_buffer("lds_table", table)
         self.fds: nn.Module | None = None
-        if cfg.loss.fds.enabled:
+        if cfg.task.fds.enabled:
             lo, hi = (0.0, 1.0) if train_labels is None else (float(np.min(train_labels)), float(np.max(train_labels)))
-            self.fds = make_fds(self.feature_dim, cfg.loss.fds, bin_width=self.bin_width, label_range=(lo, hi))
+            self.fds = make_fds(self.feature_dim, cfg.task.fds, bin_width=self.bin_width, label_range=(lo, hi))
         self.freeze_backbone = bool(freeze_backbone)
         if self.freeze_backbone:
             self.backbone.requires_grad_(False)
-        #: the task loss from the registry (``loss.name``) or None for ``regression_loss(kind=loss.kind)``
+        #: the task loss from the registry (``loss.name``, or ``regression_<kind>`` for ``loss.kind``)
         labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
         self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
         self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
@@ -180,7 +180,7 @@ class DIRNet(nn.Module):
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Trainable parameters; a task loss with parameters gets its own group (lr ``loss.lr``)."""
-        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad] if self.task_loss else []
+        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad]
         ids = {id(p) for p in loss_params}
         groups: list[dict[str, Any]] = [
             {"params": [p for p in self.parameters() if p.requires_grad and id(p) not in ids]}
@@ -243,7 +243,7 @@ def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
     from rankwise.recipes.own_data import shot_thresholds
 
     many, few = shot_thresholds(data)
-    r = cfg.run
+    r = cfg.report
     return (many if r.many_shot is None else r.many_shot), (few if r.few_shot is None else r.few_shot)
 
 
@@ -295,7 +295,7 @@ def write_evaluation(
         "checkpoint": str(checkpoint.relative_to(run.dir)),
         "shot_thresholds": dict(zip(("many", "few"), thresholds)),
     }
-    r = cfg.run
+    r = cfg.report
     rng = np.random.default_rng(0)
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
@@ -316,7 +316,7 @@ def write_evaluation(
     if pdir is not None:
         from rankwise.recipes import reports
 
-        title = f"{r.name} (seed {r.seed})"
+        title = f"{cfg.run.name} (seed {cfg.run.seed})"
         label = getattr(data, "label_axis", "label")
         reports.plot_label_histogram(
             data.train_labels,
@@ -341,5 +341,5 @@ def write_evaluation(
             feats, labs, pdir / "similarity.png", title=f"feature similarity: {title}", label=label
         )
         if r.tsne:
-            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=r.seed, title=f"t-SNE: {title}", label=label)
+            reports.plot_tsne(feats, labs, pdir / "tsne.png", seed=cfg.run.seed, title=f"t-SNE: {title}", label=label)
     return metrics

@@ -15,11 +15,11 @@ Episodes are random draws seeded by their index (:class:`Episodes` with
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch.nn import functional as F
 
 from rankwise.recipes.base import RecipeBase
@@ -34,7 +34,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, opt
+from rankwise.recipes.config import Config, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -43,24 +43,25 @@ from rankwise.recipes.sorting import epochs_and_batches
 __all__ = ["DKNNModule", "DKNNOptions", "DKNNRecipe", "Episodes"]
 
 
-@dataclasses.dataclass
-class DKNNOptions:
+class DKNNOptions(Options):
     """Differentiable kNN (NeuralSort sec. 5.3) vs plain kNN on raw pixels."""
 
-    method: Literal["dknn", "knn_pixels"] = opt(
-        "dknn", doc="dknn: train a CNN embedding with the dkNN loss; knn_pixels: sklearn kNN on raw pixels"
+    method: Literal["dknn", "knn_pixels"] = Field(
+        "dknn", description="dknn: train a CNN embedding with the dkNN loss; knn_pixels: sklearn kNN on raw pixels"
     )
-    k: int = opt(9, doc="neighbours of the (soft and hard) kNN", ge=1)
-    tau: float = opt(0.1, doc="temperature of the relaxed sort", gt=0)
-    relaxation: Literal["deterministic", "stochastic"] = opt(
-        "deterministic", doc="deterministic NeuralSort or stochastic (Gumbel) samples"
+    k: int = Field(9, description="neighbours of the (soft and hard) kNN", ge=1)
+    tau: float = Field(0.1, description="temperature of the relaxed sort", gt=0)
+    relaxation: Literal["deterministic", "stochastic"] = Field(
+        "deterministic", description="deterministic NeuralSort or stochastic (Gumbel) samples"
     )
-    n_samples: int = opt(5, doc="relaxed samples (stochastic)", ge=1)
-    steps: int = opt(300, doc="training episodes, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = opt(100, doc="episodes per epoch (a checkpoint after each)", ge=1)
-    queries: int = opt(100, doc="query images per episode", ge=1)
-    neighbors: int = opt(100, doc="candidate neighbour images per episode", ge=1)
-    embedding_dim: int = opt(64, doc="embedding width (the backbone's feature_dim unless model.options sets it)", ge=1)
+    n_samples: int = Field(5, description="relaxed samples (stochastic)", ge=1)
+    steps: int = Field(300, description="training episodes, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = Field(100, description="episodes per epoch (a checkpoint after each)", ge=1)
+    queries: int = Field(100, description="query images per episode", ge=1)
+    neighbors: int = Field(100, description="candidate neighbour images per episode", ge=1)
+    embedding_dim: int = Field(
+        64, description="embedding width (the backbone's feature_dim unless model.options sets it)", ge=1
+    )
 
 
 class Episodes(torch.utils.data.Dataset):

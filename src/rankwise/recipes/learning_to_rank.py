@@ -31,18 +31,18 @@ wall time of one training step. ``plots/ndcg_at_k.png`` shows test NDCG@k for k 
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch import nn
 
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, reseed
-from rankwise.recipes.config import Config, ConfigError, LossConfig, opt
+from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -53,17 +53,20 @@ __all__ = ["LTRModule", "LTROptions", "LTRRecipe", "ltr_metrics"]
 _METRICS = ("ndcg@", "mrr")
 
 
-@dataclasses.dataclass
-class LTROptions:
+class LTROptions(Options):
     """A per-document scorer trained on query lists with a learning-to-rank loss (``loss.name``)."""
 
-    slate_length: int | None = opt(
+    slate_length: int | None = Field(
         240,
-        doc="training lists longer than this are randomly subsampled to it (allRank slate_length; null: whole)",
+        description="training lists longer than this are randomly subsampled to it (allRank slate_length; null: whole)",
         ge=1,
     )
-    ats: list[int] = opt(factory=lambda: [1, 3, 5, 10], doc="ranks k of the reported ndcg@k", ge=1)
-    val_metric: str = opt("ndcg@5", doc="validation metric selecting best.ckpt: ndcg@<k> or mrr (higher is better)")
+    ats: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1, 3, 5, 10], description="ranks k of the reported ndcg@k"
+    )
+    val_metric: str = Field(
+        "ndcg@5", description="validation metric selecting best.ckpt: ndcg@<k> or mrr (higher is better)"
+    )
 
 
 def ltr_metrics(scores: torch.Tensor, relevance: torch.Tensor, ats: list[int]) -> dict[str, torch.Tensor]:
@@ -174,10 +177,6 @@ class LTRRecipe(RecipeBase):
                 "recipe 'ltr' needs `loss.name`: a learning-to-rank loss (listnet, listmle, ranknet, lambda_loss, "
                 "approx_ndcg, neural_ndcg, pirank)"
             )
-        default = LossConfig()
-        for key in ("lds", "fds"):
-            if getattr(loss, key) != getattr(default, key):
-                raise ConfigError(f"`loss.{key}` applies to the regression recipes; recipe 'ltr' does not use it")
         check_loss_config(loss)
         for key, name in [
             ("loss.name", loss.name),

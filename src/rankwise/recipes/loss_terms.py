@@ -1,11 +1,12 @@
 """Task loss and regularizers of the regression recipes, built from the loss registry.
 
-A config lists ``loss.regularizers: [{name, weight, options}]`` (and may name the task loss with
-``loss.name``); each ``name`` is looked up with :func:`rankwise.losses.get_loss_entry`. The registry
-entry declares which batch tensors the loss takes (``inputs``: parameter name -> role among
-``features``, ``predictions``, ``targets``, ``weights``), so the recipe knows, without any table of
-its own, whether a loss applies to the backbone features (RankSim, ConR) or to the predictions
-(Spearman, pairwise difference). When the config is read, the options are checked against the
+A config lists ``loss.regularizers: [{name, weight, options}]`` and names the task loss with
+``loss.name`` (or ``loss.kind: l1``, shorthand for ``loss.name: regression_l1``); each ``name``
+is looked up with :func:`rankwise.losses.get_loss_entry`. The registry entry declares which batch
+tensors the loss takes (``inputs``: parameter name -> role among ``features``, ``predictions``,
+``targets``, ``weights``), so the recipe knows, without any table of its own, whether a loss
+applies to the backbone features (RankSim, ConR) or to the predictions (Spearman, pairwise
+difference). When the config is read, the options are checked against the
 signature of what is built with them -- the loss's ``nn.Module`` twin (whose keyword arguments are
 the function's hyperparameters), or the function when there is no twin; the recipe then builds the
 twin (batch-level losses get ``distributed="auto"``: under DDP they see the global batch). A loss
@@ -28,9 +29,27 @@ from torch import nn
 from rankwise._validation import did_you_mean
 from rankwise.recipes.config import ConfigError, LossConfig, RegularizerConfig, check_kwargs
 
-__all__ = ["LossTerm", "build_regularizers", "build_task_loss", "check_loss_config", "usable_losses"]
+__all__ = [
+    "LossTerm",
+    "build_regularizers",
+    "build_task_loss",
+    "build_term",
+    "check_loss_config",
+    "task_loss_name",
+    "usable_losses",
+]
 
-_REGRESSION_LOSS_SUPPLIED = ("pred", "target", "weights", "kind", "reduction")
+#: options of a ``loss.kind`` task loss that the recipe fixes (the kind itself and the mean reduction)
+_KIND_SUPPLIED = ("kind", "reduction")
+
+
+def task_loss_name(loss: LossConfig) -> str:
+    """The registered task loss of a ``loss`` section: ``loss.name``, else ``regression_<loss.kind>``.
+
+    ``loss.kind: l1`` is shorthand for ``loss.name: regression_l1`` (``rankwise.imbalanced.regression_loss``
+    with ``kind="l1"``, registered in the loss registry), so both go through one :class:`LossTerm`.
+    """
+    return loss.name if loss.name is not None else f"regression_{loss.kind}"
 
 
 def usable_losses() -> list[str]:
@@ -128,23 +147,19 @@ def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
 
 def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
     """Check names and options of the task loss and the regularizers against the registry and signatures."""
-    if loss.name is None:
-        from rankwise.imbalanced import regression_loss
-
-        _check_kwargs(regression_loss, loss.options, f"{key}.options", _REGRESSION_LOSS_SUPPLIED)
-        if loss.lr is not None:
-            raise ConfigError(
-                f"`{key}.lr` applies to a task loss from the registry (`{key}.name`), not to `{key}.kind`"
-            )
-    else:
-        entry = _entry(loss.name, f"{key}.name")
-        roles = set(entry.inputs.values())
-        if not {"predictions", "targets"} <= roles:
-            raise ConfigError(
-                f"`{key}.name`: loss {loss.name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
-            )
-        _check_kwargs(_built(entry), loss.options, f"{key}.options", (*entry.inputs, "train_labels"))
-        _check_build(entry, loss.options, f"{key}.options")
+    name = task_loss_name(loss)
+    shorthand = loss.name is None
+    if shorthand and loss.lr is not None:
+        raise ConfigError(f"`{key}.lr` applies to a task loss from the registry (`{key}.name`), not to `{key}.kind`")
+    entry = _entry(name, f"{key}.kind" if shorthand else f"{key}.name")
+    roles = set(entry.inputs.values())
+    if not {"predictions", "targets"} <= roles:
+        raise ConfigError(
+            f"`{key}.name`: loss {name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
+        )
+    supplied = (*entry.inputs, "train_labels", *(_KIND_SUPPLIED if shorthand else ()))
+    _check_kwargs(_built(entry), loss.options, f"{key}.options", supplied)
+    _check_build(entry, loss.options, f"{key}.options")
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
@@ -159,15 +174,40 @@ class LossTerm(nn.Module):
     the term passes each declared input by its parameter name.
     """
 
-    def __init__(self, name: str, loss: nn.Module, inputs: Mapping[str, str], weight: float = 1.0) -> None:
+    def __init__(self, name: str, loss: nn.Module, inputs: Mapping[str, str] | None, weight: float = 1.0) -> None:
         super().__init__()
         self.name, self.loss, self.weight = name, loss, float(weight)
-        self.inputs = dict(inputs)
+        self.inputs = dict(inputs or {})
         #: "features" or "predictions": the model tensor the term applies to (documentation, logs)
         self.applies_to = "features" if "features" in self.inputs.values() else "predictions"
 
     def forward(self, tensors: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
         return self.loss(**{param: tensors[role] for param, role in self.inputs.items()})
+
+
+def build_term(
+    name: str,
+    options: Mapping[str, Any],
+    key: str,
+    *,
+    weight: float = 1.0,
+    inputs: Mapping[str, str] | None = None,
+    train_labels: torch.Tensor | None = None,
+) -> LossTerm:
+    """The registered loss ``name`` with ``options`` as a :class:`LossTerm` (``key`` names it in errors).
+
+    The one way a recipe builds a loss: the task loss, each regularizer, and the contrastive losses
+    of RnC (``build_term("rnc", {"temperature": t}, "task.temperature")``) and SupCon. ``inputs``
+    (parameter -> role) is for a loss whose registry entry declares none because no other recipe
+    may call it (SupCon's labels are classes, not regression targets); else the entry's are used.
+    """
+    if inputs is None:
+        entry = _entry(name, f"{key}.name" if key.startswith("loss") else key)
+    else:
+        from rankwise.losses import get_loss_entry
+
+        entry = get_loss_entry(name)
+    return LossTerm(name, _module(entry, options, key, train_labels), inputs or entry.inputs, weight)
 
 
 def build_regularizers(
@@ -180,19 +220,16 @@ def build_regularizers(
             continue
         entry = _entry(reg.name, f"{key}.{reg.name}.name")
         module = _module(entry, reg.options, f"{key}.{reg.name}.options", train_labels)
-        terms.append(LossTerm(reg.name, module, entry.inputs, reg.weight))
+        terms.append(LossTerm(reg.name, module, entry.inputs, reg.weight))  # as build_term, keyed by name
     return terms
 
 
-def build_task_loss(
-    loss: LossConfig, key: str = "loss", *, train_labels: torch.Tensor | None = None
-) -> LossTerm | None:
-    """The task loss from the registry (``loss.name``), or ``None`` for ``regression_loss(kind=loss.kind)``.
+def build_task_loss(loss: LossConfig, key: str = "loss", *, train_labels: torch.Tensor | None = None) -> LossTerm:
+    """The task loss as a :class:`LossTerm` of the registry: ``loss.name``, or ``regression_<loss.kind>``.
 
     A loss module whose constructor takes ``train_labels`` receives the FULL training labels
     (float64 tensor), e.g. to fit a label GMM or histogram once when it is built.
     """
-    if loss.name is None:
-        return None
-    entry = _entry(loss.name, f"{key}.name")
-    return LossTerm(loss.name, _module(entry, loss.options, f"{key}.options", train_labels), entry.inputs)
+    name = task_loss_name(loss)
+    entry = _entry(name, f"{key}.name" if loss.name is not None else f"{key}.kind")
+    return LossTerm(name, _module(entry, loss.options, f"{key}.options", train_labels), entry.inputs)

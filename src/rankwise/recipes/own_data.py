@@ -215,7 +215,7 @@ def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | N
         f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
         f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
         f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
-        "thresholds with --set run.many_shot=... --set run.few_shot=...)"
+        "thresholds with --set report.many_shot=... --set report.few_shot=...)"
     )
 
 
@@ -293,8 +293,8 @@ def _defaults_overrides(d: DataDefaults, run_name: str | None = None) -> list[st
     out = [
         f"data.batch_size={d.batch_size}",
         f"trainer.max_epochs={d.max_epochs}",
-        f"run.many_shot={d.many_shot!r}",
-        f"run.few_shot={d.few_shot!r}",
+        f"report.many_shot={d.many_shot!r}",
+        f"report.few_shot={d.few_shot!r}",
     ]
     return out + ([f"run.name={run_name}"] if run_name else [])
 
@@ -369,13 +369,13 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     """
     import yaml
 
-    from rankwise.recipes.config import apply_overrides
+    from rankwise.recipes.config import apply_overrides, current_key
 
     old = (raw.get("data") or {}).get("name", "abalone")
     keys = {}
     for item in overrides or []:
         key, _, value = item.partition("=")
-        keys[key.strip()] = value
+        keys[current_key(key.strip())] = value  # `run.many_shot` is `report.many_shot`
     if "data.name" not in keys:
         return raw
     try:
@@ -411,8 +411,8 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     derived: tuple[tuple[str, float], ...] = (
         ("data.batch_size", d.batch_size),
         ("trainer.max_epochs", d.max_epochs),
-        ("run.many_shot", d.many_shot),
-        ("run.few_shot", d.few_shot),
+        ("report.many_shot", d.many_shot),
+        ("report.few_shot", d.few_shot),
     )
     for key, new_value in derived:
         if key in keys:

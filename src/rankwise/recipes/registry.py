@@ -1,6 +1,6 @@
 """The recipe registry: ``register_recipe`` / ``get_recipe`` / ``list_recipes`` and the :class:`Recipe` protocol.
 
-A recipe is one module that owns a typed options dataclass (the config's ``task`` section), builds
+A recipe is one module that owns a typed options model (the config's ``task`` section), builds
 its LightningModule(s) and data loaders, trains them through the run lifecycle
 (:class:`rankwise.recipes.rundir.Run`) and defines how it is evaluated and reported. A preset names
 its recipe (``recipe: sort``); the CLI, :func:`rankwise.recipes.train`, ``evaluate`` and ``compare``
@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rankwise._registry import Registry
+from rankwise.recipes import config as _config
+from rankwise.recipes.config import Config
 
 if TYPE_CHECKING:
-    from rankwise.recipes.config import Config
     from rankwise.recipes.rundir import Run
 
 __all__ = ["Recipe", "get_recipe", "list_recipes", "register_recipe"]
@@ -40,7 +41,7 @@ class Recipe(Protocol):
 
     @property
     def options(self) -> type:
-        """Dataclass of the config's ``task`` section (fields declared with ``rankwise.recipes.config.opt``)."""
+        """Model of the config's ``task`` section: a ``rankwise.recipes.config.Options`` subclass (pydantic)."""
 
     @property
     def uses(self) -> frozenset[str]:
@@ -110,6 +111,10 @@ def register_recipe(recipe: Recipe) -> Recipe:
     missing = [a for a in _REQUIRED if not hasattr(recipe, a)]
     if missing or not isinstance(recipe, Recipe):
         raise TypeError(f"`recipe` must implement the Recipe protocol; missing {missing or 'methods'}")
+    if not (isinstance(recipe.options, type) and issubclass(recipe.options, _config.Options)):
+        raise TypeError(
+            f"`recipe.options` must be a subclass of rankwise.recipes.config.Options, got {recipe.options!r}"
+        )
     name = recipe.name
     if not isinstance(name, str) or not name:
         raise TypeError(f"`recipe.name` must be a non-empty string, got {name!r}")
@@ -123,6 +128,9 @@ def get_recipe(name: str) -> Recipe:
     """The recipe registered as ``name`` (``ValueError`` with the valid names otherwise)."""
     recipe: Recipe = RECIPES.get(name)
     return recipe
+
+
+_config.set_recipe_lookup(get_recipe)  # the config layer resolves `recipe:` through this registry
 
 
 def list_recipes() -> list[str]:

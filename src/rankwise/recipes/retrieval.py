@@ -17,11 +17,11 @@ digits through ``mnist5k`` with ``source: sklearn``).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
@@ -38,7 +38,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_state_dict
@@ -50,18 +50,23 @@ __all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalR
 RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
 
 
-@dataclasses.dataclass
-class RetrievalOptions:
+class RetrievalOptions(Options):
     """Embedding trained with a retrieval / metric-learning loss, evaluated by Recall@k and MAP@R."""
 
-    loss: str = opt("smooth_ap", doc=f"registered loss of (embeddings, labels): one of {', '.join(RETRIEVAL_LOSSES)}")
-    loss_options: dict[str, Any] = opt(factory=dict, doc="keyword options of the loss (e.g. {temperature: 0.01})")
-    classes_per_batch: int = opt(8, doc="classes in every batch", ge=1)
-    samples_per_class: int = opt(8, doc="images of each class in every batch", ge=2)
-    steps: int = opt(300, doc="training steps, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = opt(100, doc="steps per epoch (a checkpoint after each)", ge=1)
-    embedding_dim: int = opt(64, doc="width of the embedding (a linear layer on the backbone's features)", ge=1)
-    ks: list[int] = opt(factory=lambda: [1, 2, 4, 8], doc="k of the reported recall@k")
+    loss: str = Field(
+        "smooth_ap", description=f"registered loss of (embeddings, labels): one of {', '.join(RETRIEVAL_LOSSES)}"
+    )
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of the loss (e.g. {temperature: 0.01})"
+    )
+    classes_per_batch: int = Field(8, description="classes in every batch", ge=1)
+    samples_per_class: int = Field(8, description="images of each class in every batch", ge=2)
+    steps: int = Field(300, description="training steps, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = Field(100, description="steps per epoch (a checkpoint after each)", ge=1)
+    embedding_dim: int = Field(
+        64, description="width of the embedding (a linear layer on the backbone's features)", ge=1
+    )
+    ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], description="k of the reported recall@k")
 
 
 class BalancedBatches(torch.utils.data.Dataset):

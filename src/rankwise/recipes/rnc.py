@@ -11,15 +11,16 @@ same noise), over the global batch under DDP. Checkpoints in ``RUN_DIR/pretrain/
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import lightning as L
 import torch
+from pydantic import Field
 
 from rankwise.recipes.common import build_backbone, check_finite, reseed
-from rankwise.recipes.config import Config, opt
-from rankwise.recipes.dir import DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.config import Config
+from rankwise.recipes.dir import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.loss_terms import build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -27,15 +28,15 @@ from rankwise.recipes.rundir import Run, load_weights
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
 
 
-@dataclasses.dataclass
-class RnCOptions:
-    """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 uses ``trainer``/``optimizer``/``loss``."""
+class RnCOptions(DIROptions):
+    """Rank-N-Contrast stage 1 (contrastive pretraining); stage 2 (the regressor) uses ``trainer``/``optimizer``/
+    ``loss`` and the LDS/FDS options below."""
 
-    pretrain_epochs: int = opt(20, doc="epochs of contrastive pretraining", ge=1)
-    temperature: float = opt(2.0, doc="rnc_loss temperature", gt=0)
-    lr: float | None = opt(None, doc="pretraining learning rate (default optimizer.lr)", gt=0)
-    noise: float = opt(0.05, doc="std of the Gaussian noise added to each view", ge=0)
-    feature_dropout: float = opt(0.1, doc="tabular views: probability of zeroing each feature", ge=0, lt=1)
+    pretrain_epochs: int = Field(20, description="epochs of contrastive pretraining", ge=1)
+    temperature: float = Field(2.0, description="rnc_loss temperature", gt=0)
+    lr: float | None = Field(None, description="pretraining learning rate (default optimizer.lr)", gt=0)
+    noise: float = Field(0.05, description="std of the Gaussian noise added to each view", ge=0)
+    feature_dropout: float = Field(0.1, description="tabular views: probability of zeroing each feature", ge=0, lt=1)
 
 
 class RnCPretrainer(L.LightningModule):
@@ -48,6 +49,8 @@ class RnCPretrainer(L.LightningModule):
         self.hparams.update({"input_dim": input_dim, "kind": kind})
         self.cfg, self.task, self.kind = cfg, cfg.task, kind
         self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
+        #: ``rnc_loss`` from the loss registry, like the regularizers (batch-level: the global batch under DDP)
+        self.rnc = build_term("rnc", {"temperature": cfg.task.temperature}, "task.temperature")
 
     def augment(self, x: torch.Tensor) -> torch.Tensor:
         t: RnCOptions = self.task
@@ -64,15 +67,13 @@ class RnCPretrainer(L.LightningModule):
         reseed(self.cfg.run.seed + 17, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.losses import rnc_loss
-
         x, y = batch
         y = y.reshape(-1).float()
         views = torch.cat([self.augment(x), self.augment(x)])
         f = self.backbone(views)
         f = f.flatten(1) if f.dim() > 2 else f
         feats = torch.stack([f[: y.numel()], f[y.numel() :]], dim=1)
-        loss = rnc_loss(feats, y, temperature=self.task.temperature, distributed="auto")
+        loss = self.rnc({"features": feats, "targets": y})
         check_finite(loss, self, "Rank-N-Contrast")
         self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
         return loss

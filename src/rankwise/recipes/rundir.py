@@ -831,7 +831,7 @@ def run_recipe(
                 data,
                 resume=resume,
                 progress=progress,
-                plots=cfg.run.plots if plots is None else plots,
+                plots=cfg.report.plots if plots is None else plots,
                 callbacks=list(callbacks),
                 log_epoch=log_epoch,
             )
@@ -896,7 +896,7 @@ def evaluate_run(
         check_data(cfg, recipe, data)
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
-        run = Run(cfg, Path(run_dir), data, plots=cfg.run.plots if plots is None else plots)
+        run = Run(cfg, Path(run_dir), data, plots=cfg.report.plots if plots is None else plots)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         result = recipe.evaluate(run, checkpoint)

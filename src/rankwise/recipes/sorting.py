@@ -68,6 +68,7 @@ from typing import Any, Literal, cast
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
@@ -84,7 +85,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, opt
+from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -118,44 +119,50 @@ TEST_SEED = 12345
 _BN_SEED_OFFSET = 1_000_003
 
 
-@dataclasses.dataclass
-class SortOptions:
+class SortOptions(Options):
     """NeuralSort's large-MNIST tasks (Grover et al. 2019): sort lists of 4-digit numbers / regress their median."""
 
-    n: int = opt(5, doc="numbers per list", ge=2)
-    method: str = opt(
+    n: int = Field(5, description="numbers per list", ge=2)
+    method: str = Field(
         "neuralsort",
-        doc="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, diffsort_odd_even, diffsort_bitonic, "
-        "sinkhorn, isotonic, perturbed, ...) or vanilla (sort only)",
+        description="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, diffsort_odd_even, "
+        "diffsort_bitonic, sinkhorn, isotonic, perturbed, ...) or vanilla (sort only)",
     )
-    tau: float = opt(1.0, doc="temperature of the relaxation", gt=0)
-    n_samples: int = opt(5, doc="relaxed samples per list (stochastic relaxations)", ge=1)
-    power: float = opt(1.0, doc="SoftSort's distance power", gt=0)
-    options: dict[str, Any] = opt(
-        factory=dict, doc="extra options of a relaxation registered with its own (see register_relaxation)"
+    tau: float = Field(1.0, description="temperature of the relaxation", gt=0)
+    n_samples: int = Field(5, description="relaxed samples per list (stochastic relaxations)", ge=1)
+    power: float = Field(1.0, description="SoftSort's distance power", gt=0)
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra options of a relaxation registered with its own (see register_relaxation)",
     )
-    hard: bool = opt(
-        False, doc="straight-through: exact permutation forward, the relaxation's gradients backward (not vanilla)"
+    hard: bool = Field(
+        False,
+        description="straight-through: exact permutation forward, the relaxation's gradients backward (not vanilla)",
     )
-    bn_recalibration: int = opt(
-        50, doc="before testing, re-estimate BatchNorm statistics over this many training batches (0 = off)", ge=0
+    bn_recalibration: int = Field(
+        50,
+        description="before testing, re-estimate BatchNorm statistics over this many training batches (0 = off)",
+        ge=0,
     )
-    steps: int = opt(300, doc="training batches, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = opt(100, doc="batches per epoch (a checkpoint after each)", ge=1)
-    lists_per_batch: int = opt(16, doc="lists per training batch", ge=1)
-    test_lists: int = opt(1000, doc="fixed test lists", ge=1)
-    digits: int = opt(4, doc="digits per number", ge=1)
-    downsample: int = opt(1, doc="average-pool the images by this factor before the CNN (1 = full resolution)", ge=1)
-    val_fraction: float = opt(
+    steps: int = Field(300, description="training batches, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = Field(100, description="batches per epoch (a checkpoint after each)", ge=1)
+    lists_per_batch: int = Field(16, description="lists per training batch", ge=1)
+    test_lists: int = Field(1000, description="fixed test lists", ge=1)
+    digits: int = Field(4, description="digits per number", ge=1)
+    downsample: int = Field(
+        1, description="average-pool the images by this factor before the CNN (1 = full resolution)", ge=1
+    )
+    val_fraction: float = Field(
         0.1,
-        doc="fraction of the training digits held out for validation lists (best checkpoint); 0 = none (best = last)",
+        description="fraction of the training digits held out for validation lists (best checkpoint); "
+        "0 = none (best = last)",
         ge=0,
         lt=1,
     )
-    val_lists: int = opt(200, doc="fixed validation lists (evaluated after every epoch)", ge=1)
-    median_objective: Literal["expected", "point", "embedding"] = opt(
+    val_lists: int = Field(200, description="fixed validation lists (evaluated after every epoch)", ge=1)
+    median_objective: Literal["expected", "point", "embedding"] = Field(
         "expected",
-        doc="median task: expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
+        description="median task: expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
         "or embedding (one CNN; the median row selects the embedding a linear layer regresses)",
     )
 

@@ -40,11 +40,11 @@ split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal, cast
 
 import lightning as L
 import torch
+from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
@@ -61,7 +61,8 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, opt
+from rankwise.recipes.config import Config, Options
+from rankwise.recipes.loss_terms import LossTerm, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run, load_weights
@@ -77,29 +78,31 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
-class SupConOptions:
+class SupConOptions(Options):
     """Two-stage contrastive recipe (Khosla et al. 2020) and its baselines; ``trainer.max_epochs`` = stage-1 epochs."""
 
-    method: Literal["supcon", "simclr", "ce"] = opt(
-        "supcon", doc="supcon (labels), simclr (labels=None, NT-Xent) or ce (cross-entropy on one augmented view)"
+    method: Literal["supcon", "simclr", "ce"] = Field(
+        "supcon",
+        description="supcon (labels), simclr (labels=None, NT-Xent) or ce (cross-entropy on one augmented view)",
     )
-    temperature: float = opt(0.1, doc="supcon_loss temperature", gt=0)
-    base_temperature: float = opt(
+    temperature: float = Field(0.1, description="supcon_loss temperature", gt=0)
+    base_temperature: float = Field(
         0.07,
-        doc="supcon_loss base_temperature: the loss is scaled by temperature / base_temperature "
+        description="supcon_loss base_temperature: the loss is scaled by temperature / base_temperature "
         "(0.07 as the reference main_supcon.py / losses.py: x1.43 at tau 0.1, x7.14 at tau 0.5)",
         gt=0,
     )
-    variant: Literal["out", "in"] = opt("out", doc="L_out (sum over positives outside the log) or L_in")
-    augment: Literal["digits", "digits_elastic", "autoaugment", "randaugment", "none"] = opt(
+    variant: Literal["out", "in"] = Field("out", description="L_out (sum over positives outside the log) or L_in")
+    augment: Literal["digits", "digits_elastic", "autoaugment", "randaugment", "none"] = Field(
         "digits",
-        doc="per-image augmentation (digits: RandomResizedCrop + RandomAffine; +Elastic; torchvision policies)",
+        description="per-image augmentation (digits: RandomResizedCrop + RandomAffine; +Elastic; torchvision policies)",
     )
-    projection_dim: int = opt(64, doc="output width of the projection head", ge=1)
-    train_subset: int | None = opt(None, doc="use only this many training images (seeded subset); null = all", ge=2)
-    probe_epochs: int = opt(30, doc="epochs of the linear probe (stage 2)", ge=1)
-    probe_lr: float = opt(0.01, doc="Adam learning rate of the linear probe", gt=0)
+    projection_dim: int = Field(64, description="output width of the projection head", ge=1)
+    train_subset: int | None = Field(
+        None, description="use only this many training images (seeded subset); null = all", ge=2
+    )
+    probe_epochs: int = Field(30, description="epochs of the linear probe (stage 2)", ge=1)
+    probe_lr: float = Field(0.01, description="Adam learning rate of the linear probe", gt=0)
 
 
 def build_augmentation(kind: str, image_shape: tuple[int, int, int]) -> Any:
@@ -160,35 +163,32 @@ class ContrastivePretrainer(L.LightningModule):
         self.encoder, dim = build_backbone(cfg.model, meta=meta)
         self.feature_dim = int(dim)
         self.head: nn.Module
+        self.contrastive: LossTerm | None = None
         if self.task.method == "ce":
             self.head = nn.Linear(dim, num_classes)
         else:
             self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, self.task.projection_dim))
+            # supcon_loss from the loss registry, through a LossTerm like the regularizers; distributed="auto":
+            # under DDP every anchor is contrasted with the GLOBAL batch (as the paper's large batches), with
+            # gradients flowing back to each rank's own views
+            t = self.task
+            options = {"temperature": t.temperature, "base_temperature": t.base_temperature, "variant": t.variant}
+            self.contrastive = build_term(
+                "supcon", options, "task", inputs={"features": "features", "labels": "targets"}
+            )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.losses import supcon_loss
-
         v, y = batch
         t, bsz, views = self.task, v.shape[0], v.shape[1]
         h = self.encoder(v.flatten(0, 1))
-        if t.method == "ce":
+        if self.contrastive is None:
             loss = F.cross_entropy(self.head(h), y)
         else:
             z = F.normalize(self.head(h).float(), dim=-1).view(bsz, views, -1)
-            labels = y if t.method == "supcon" else None
-            # distributed="auto": under DDP every anchor is contrasted with the GLOBAL batch (as the paper's
-            # large batches), with gradients flowing back to each rank's own views
-            loss = supcon_loss(
-                z,
-                labels,
-                temperature=t.temperature,
-                base_temperature=t.base_temperature,
-                variant=t.variant,
-                distributed="auto",
-            )
+            loss = self.contrastive({"features": z, "targets": y if t.method == "supcon" else None})
         check_finite(loss, self, f"stage-1 {t.method}")
         self.log(f"train/{t.method}_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=bsz, sync_dist=True)
         return loss

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -288,7 +290,7 @@ def test_mixup_loss_matches_loop_reference_on_mixed_embeddings(include_query: bo
     e, y = _emb(9, 5, 12), torch.tensor([0, 0, 1, 2, 1, 0, 2, 2, 3])
     ks = (1, 2, 4, 16)
     gen = torch.Generator().manual_seed(7)
-    kw = {"k": ks, "temperature": 0.05, "include_query": include_query}
+    kw: dict[str, Any] = {"k": ks, "temperature": 0.05, "include_query": include_query}
     v, g = _value_grad(recall_at_k_loss, e, y, mixup=True, generator=gen, **kw)
 
     def ref(x: torch.Tensor) -> torch.Tensor:
@@ -305,7 +307,7 @@ def test_mixup_loss_matches_loop_reference_on_mixed_embeddings(include_query: bo
 
 def test_mixup_is_deterministic_under_a_generator_and_off_by_default() -> None:
     e, y = _emb(8, 4, 13), torch.arange(8) % 3
-    kw = {"k": (1, 2), "temperature": 0.1}
+    kw: dict[str, Any] = {"k": (1, 2), "temperature": 0.1}
     a = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(1), **kw)
     b = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(1), **kw)
     c = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(2), **kw)
@@ -318,7 +320,9 @@ def test_mixup_is_deterministic_under_a_generator_and_off_by_default() -> None:
 
 
 @pytest.mark.parametrize(
-    "labels", [[0], [0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 2], []], ids=["B1", "one-class", "singletons", "pair", "empty"]
+    "labels",
+    [[0], [0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 2], []],
+    ids=["B1", "one-class", "singletons", "pair", "empty"],
 )
 def test_mixup_degenerate_batches_are_finite_and_keep_the_graph(labels: list[int]) -> None:
     e = _emb(len(labels), 3, 14)

@@ -341,3 +341,63 @@ def test_mixup_argument_errors() -> None:
         recall_at_k_loss(e, y, mixup=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="generator"):
         recall_at_k_loss(e, y, mixup=True, generator=0)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------
+# blackbox AP: the authors' random margin
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("include_query", [True, False])
+def test_blackbox_ap_random_margin_is_exact_ap_of_the_randomly_shifted_scores(include_query: bool) -> None:
+    from sklearn.metrics import average_precision_score
+
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1])
+    e = _emb(len(y), 4, 15)
+    margin = 0.3
+    v = blackbox_ap_loss(
+        e, y, margin=margin, include_query=include_query, random_margin=True, generator=torch.Generator().manual_seed(4)
+    )
+    z = F.normalize(e.detach(), dim=1)
+    s = (z @ z.T).numpy()
+    xi = torch.randn(len(y), len(y), generator=torch.Generator().manual_seed(4)).double().abs().numpy()
+    yn = y.numpy()
+    aps = []
+    for q in range(len(yn)):
+        rel_all = yn == yn[q]
+        if not include_query:
+            rel_all[q] = False
+        shifted = s[q] - margin * xi[q] * (rel_all - 0.5)
+        keep = np.ones(len(yn), bool) if include_query else np.arange(len(yn)) != q
+        rel = (yn == yn[q])[keep]
+        if rel.sum() - int(include_query) < 1:
+            continue
+        aps.append(average_precision_score(rel, shifted[keep]))
+    assert float(v.detach()) == pytest.approx(1 - np.mean(aps), abs=1e-12)
+    # the deterministic margin ranks differently at this margin size
+    fixed = blackbox_ap_loss(e, y, margin=margin, include_query=include_query)
+    assert float(fixed.detach()) != pytest.approx(float(v.detach()), abs=1e-9)
+
+
+def test_blackbox_ap_random_margin_is_seeded_and_off_by_default() -> None:
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1])
+    e = _emb(len(y), 4, 16)
+
+    def run(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kw: dict[str, Any] = {
+            "margin": 0.5,
+            "interpolation_lambda": 100.0,
+            "random_margin": True,
+            "generator": torch.Generator().manual_seed(seed),
+        }
+        return _value_grad(blackbox_ap_loss, e, y, **kw)
+
+    (a, ga), (b, gb), (c, _) = run(1), run(1), run(3)
+    assert torch.equal(a, b) and torch.equal(ga, gb) and not torch.equal(a, c)
+    assert torch.isfinite(ga).all() and float(ga.abs().sum()) > 0
+    off = blackbox_ap_loss(e, y, margin=0.5)
+    assert torch.equal(off, blackbox_ap_loss(e, y, margin=0.5, random_margin=False))
+    module = retrieval_mod.BlackboxAPLoss(
+        margin=0.5, interpolation_lambda=100.0, random_margin=True, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(module(e, y).detach(), a) and "random_margin=True" in repr(module)
+    with pytest.raises(TypeError, match="random_margin"):
+        blackbox_ap_loss(e, y, random_margin=1)  # type: ignore[arg-type]

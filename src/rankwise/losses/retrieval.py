@@ -439,6 +439,8 @@ def blackbox_ap_loss(
     interpolation_lambda: float = 4.0,
     margin: float = 0.02,
     include_query: bool = True,
+    random_margin: bool = False,
+    generator: torch.Generator | None = None,
     distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Blackbox AP (Rolínek et al., CVPR 2020, "Optimizing Rank-based Metrics with Blackbox Differentiation").
@@ -456,8 +458,11 @@ def blackbox_ap_loss(
     backward of the ranks is :math:`-\frac{1}{\lambda}(r(s) - r(s + \lambda\, \partial L / \partial r))`
     with :math:`\lambda` = ``interpolation_lambda`` (4 in the authors' retrieval code, margin 0.02).
     ``include_query=True`` (default, the authors' code): the query is a positive of itself in its own
-    ranking; ``False``: it is left out. The authors' code scales the margin shift by a fresh
-    :math:`|\mathcal{N}(0, 1)|` per entry; here it is deterministic (:math:`\pm` margin / 2, as in the paper).
+    ranking; ``False``: it is left out. By default the margin shift is deterministic (:math:`\pm`
+    margin / 2, as in the paper); ``random_margin=True`` is the authors' retrieval code, which scales
+    the shift of every (query, item) entry by a fresh :math:`|\xi|`, :math:`\xi \sim \mathcal{N}(0, 1)`
+    (drawn from ``generator`` as a (queries, N) float32 tensor): the scores ranked are
+    :math:`s - \alpha\, |\xi|\, (y - \tfrac12)` with :math:`y` the 0/1 positive indicator.
 
     The gradient is a surrogate (it depends non-linearly on the incoming gradient, so scaling the
     loss changes it); ties are broken by index (ordinal ranks).
@@ -478,14 +483,20 @@ def blackbox_ap_loss(
     lam = check_positive(interpolation_lambda, "interpolation_lambda")
     alpha = check_positive(margin, "margin", allow_zero=True)
     check_bool(include_query, "include_query")
+    check_bool(random_margin, "random_margin")
     bt = _batch(embeddings, labels, distributed, grad_scale=True)
+    gen = check_generator(generator, embeddings)
     pos = bt.pos | bt.own if include_query else bt.pos
     n = bt.sim.shape[1]
     if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
         return zero_with_graph(bt.zg)
     dt = bt.sim.dtype
     posf = pos.to(dt)
-    scores = bt.sim - alpha * (posf - 0.5)
+    shift = posf - 0.5
+    if random_margin:
+        noise = torch.randn(bt.sim.shape, generator=gen, device=bt.sim.device if gen is None else gen.device)
+        shift = shift * noise.to(device=bt.sim.device, dtype=dt).abs()
+    scores = bt.sim - alpha * shift
     if not include_query:  # the query's own column ranks last and takes no part
         scores = scores.masked_fill(bt.own, -math.inf)
     ranks = BlackboxRankFunction.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
@@ -614,8 +625,8 @@ class BlackboxAPLoss(FunctionModule):
     """Module twin of :func:`blackbox_ap_loss`."""
 
     _function = staticmethod(blackbox_ap_loss)
-    _options = ("interpolation_lambda", "margin", "include_query", "distributed")
-    _shown = ("interpolation_lambda", "margin")
+    _options = ("interpolation_lambda", "margin", "include_query", "random_margin", "generator", "distributed")
+    _shown = ("interpolation_lambda", "margin", "random_margin")
 
     def __init__(
         self,
@@ -623,12 +634,16 @@ class BlackboxAPLoss(FunctionModule):
         interpolation_lambda: float = 4.0,
         margin: float = 0.02,
         include_query: bool = True,
+        random_margin: bool = False,
+        generator: torch.Generator | None = None,
         distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.interpolation_lambda = check_positive(interpolation_lambda, "interpolation_lambda")
         self.margin = check_positive(margin, "margin", allow_zero=True)
         self.include_query = check_bool(include_query, "include_query")
+        self.random_margin = check_bool(random_margin, "random_margin")
+        self.generator = generator
         self.distributed = distributed
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -46,10 +48,20 @@ def _smooth_ap_ref(e: torch.Tensor, y: torch.Tensor, tau: float, include_query: 
     return torch.stack(losses).mean()
 
 
-def _recall_ref(e: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...], tau: float, include_query: bool):  # type: ignore[no-untyped-def]
-    z = F.normalize(e, dim=1)
+def _recall_ref(  # type: ignore[no-untyped-def]
+    e: torch.Tensor,
+    y: torch.Tensor,
+    ks: tuple[int, ...],
+    tau: float,
+    include_query: bool,
+    *,
+    normalize: bool = True,
+    k_clip: int | None = None,
+):
+    z = F.normalize(e, dim=1) if normalize else e
     s = z @ z.T
     b = len(y)
+    clip = b if k_clip is None else k_clip
     losses = []
     for q in range(b):
         items = [j for j in range(b) if include_query or j != q]
@@ -58,7 +70,7 @@ def _recall_ref(e: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...], tau: floa
             continue
         recalls = []
         for k in ks:
-            kk = min(k, b)
+            kk = min(k, clip)
             found = 0.0
             for i in pos:
                 rank = 1 + sum(torch.sigmoid((s[q, j] - s[q, i]) / tau) for j in items if j != i)
@@ -243,3 +255,149 @@ def test_compiles_fullgraph_without_gradients(name: str) -> None:
     xg = x.clone().requires_grad_()
     with torch.no_grad():
         torch.testing.assert_close(compiled(xg), fn(xg, labels))
+
+
+# ----------------------------------------------------------------------------------------------
+# Similarity Mixup (SiMix) of the Recall@k surrogate
+# ----------------------------------------------------------------------------------------------
+def _mixed_embeddings(e: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit virtual embeddings: every same-label pair a < b (row-major order), alpha ~ U(0, 1)."""
+    z = F.normalize(e, dim=1)
+    pairs = [(a, b) for a in range(len(y)) for b in range(a + 1, len(y)) if y[a] == y[b]]
+    alpha = torch.rand(len(pairs), generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(e.dtype)
+    fakes = [alpha[i] * z[a] + (1 - alpha[i]) * z[b] for i, (a, b) in enumerate(pairs)]
+    labels = torch.tensor([int(y[a]) for a, _ in pairs], dtype=y.dtype)
+    if not fakes:
+        return z, y
+    return torch.cat([z, torch.stack(fakes)]), torch.cat([y, labels])
+
+
+def test_mixup_similarities_are_those_of_the_mixed_embeddings() -> None:
+    e, y = _emb(7, 4, 11), torch.tensor([0, 1, 0, 2, 1, 0, 3])
+    bt = retrieval_mod._batch(e, y, False)
+    got = retrieval_mod._similarity_mixup(bt, y, torch.Generator().manual_seed(5))
+    zm, ym = _mixed_embeddings(e, y, 5)
+    assert got.sim.shape == (7 + 4, 7 + 4)  # 3 pairs of class 0, 1 of class 1
+    torch.testing.assert_close(got.sim, zm @ zm.T)
+    ref_pos = (ym[:, None] == ym[None, :]) & ~torch.eye(len(ym), dtype=torch.bool)
+    assert torch.equal(got.pos, ref_pos)
+    # a virtual item is not unit norm: its self-similarity is below 1
+    assert bool((got.sim.diagonal()[7:] < 1).all())
+
+
+@pytest.mark.parametrize("include_query", [True, False])
+def test_mixup_loss_matches_loop_reference_on_mixed_embeddings(include_query: bool) -> None:
+    e, y = _emb(9, 5, 12), torch.tensor([0, 0, 1, 2, 1, 0, 2, 2, 3])
+    ks = (1, 2, 4, 16)
+    gen = torch.Generator().manual_seed(7)
+    kw: dict[str, Any] = {"k": ks, "temperature": 0.05, "include_query": include_query}
+    v, g = _value_grad(recall_at_k_loss, e, y, mixup=True, generator=gen, **kw)
+
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        zm, ym = _mixed_embeddings(x, y, 7)
+        return _recall_ref(zm, ym, ks, 0.05, include_query, normalize=False, k_clip=len(y))
+
+    rv, rg = _value_grad(ref, e)
+    torch.testing.assert_close(v, rv)
+    torch.testing.assert_close(g, rg)
+    assert float(g.abs().sum()) > 0
+    # the virtual items change the loss
+    assert not torch.allclose(v, recall_at_k_loss(e, y, **kw).detach())
+
+
+def test_mixup_is_deterministic_under_a_generator_and_off_by_default() -> None:
+    e, y = _emb(8, 4, 13), torch.arange(8) % 3
+    kw: dict[str, Any] = {"k": (1, 2), "temperature": 0.1}
+    a = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(1), **kw)
+    b = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(1), **kw)
+    c = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(2), **kw)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    off = recall_at_k_loss(e, y, **kw)
+    torch.testing.assert_close(off, recall_at_k_loss(e, y, mixup=False, **kw), rtol=0, atol=0)
+    torch.testing.assert_close(off, _recall_ref(e, y, (1, 2), 0.1, True), rtol=1e-12, atol=1e-12)
+    module = retrieval_mod.RecallAtKLoss(mixup=True, generator=torch.Generator().manual_seed(1), **kw)
+    assert torch.equal(module(e, y), a) and "mixup=True" in repr(module)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [[0], [0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 2], []],
+    ids=["B1", "one-class", "singletons", "pair", "empty"],
+)
+def test_mixup_degenerate_batches_are_finite_and_keep_the_graph(labels: list[int]) -> None:
+    e = _emb(len(labels), 3, 14)
+    y = torch.tensor(labels, dtype=torch.long)
+    v = recall_at_k_loss(e, y, mixup=True, generator=torch.Generator().manual_seed(0))
+    assert v.requires_grad and torch.isfinite(v)
+    (g,) = torch.autograd.grad(v, e)
+    assert torch.isfinite(g).all()
+    if len(labels) == 4 and len(set(labels)) == 4:  # no positives, no pairs: exactly the loss without mixup
+        assert float(v.detach()) == 0.0
+
+
+def test_mixup_argument_errors() -> None:
+    e, y = _emb(4, 3, 0), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(TypeError, match="mixup"):
+        recall_at_k_loss(e, y, mixup=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="generator"):
+        recall_at_k_loss(e, y, mixup=True, generator=0)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------
+# blackbox AP: the authors' random margin
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("include_query", [True, False])
+def test_blackbox_ap_random_margin_is_exact_ap_of_the_randomly_shifted_scores(include_query: bool) -> None:
+    from sklearn.metrics import average_precision_score
+
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1])
+    e = _emb(len(y), 4, 15)
+    margin = 0.3
+    v = blackbox_ap_loss(
+        e, y, margin=margin, include_query=include_query, random_margin=True, generator=torch.Generator().manual_seed(4)
+    )
+    z = F.normalize(e.detach(), dim=1)
+    s = (z @ z.T).numpy()
+    xi = torch.randn(len(y), len(y), generator=torch.Generator().manual_seed(4)).double().abs().numpy()
+    yn = y.numpy()
+    aps = []
+    for q in range(len(yn)):
+        rel_all = yn == yn[q]
+        if not include_query:
+            rel_all[q] = False
+        shifted = s[q] - margin * xi[q] * (rel_all - 0.5)
+        keep = np.ones(len(yn), bool) if include_query else np.arange(len(yn)) != q
+        rel = (yn == yn[q])[keep]
+        if rel.sum() - int(include_query) < 1:
+            continue
+        aps.append(average_precision_score(rel, shifted[keep]))
+    assert float(v.detach()) == pytest.approx(1 - np.mean(aps), abs=1e-12)
+    # the deterministic margin ranks differently at this margin size
+    fixed = blackbox_ap_loss(e, y, margin=margin, include_query=include_query)
+    assert float(fixed.detach()) != pytest.approx(float(v.detach()), abs=1e-9)
+
+
+def test_blackbox_ap_random_margin_is_seeded_and_off_by_default() -> None:
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1])
+    e = _emb(len(y), 4, 16)
+
+    def run(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kw: dict[str, Any] = {
+            "margin": 0.5,
+            "interpolation_lambda": 100.0,
+            "random_margin": True,
+            "generator": torch.Generator().manual_seed(seed),
+        }
+        return _value_grad(blackbox_ap_loss, e, y, **kw)
+
+    (a, ga), (b, gb), (c, _) = run(1), run(1), run(3)
+    assert torch.equal(a, b) and torch.equal(ga, gb) and not torch.equal(a, c)
+    assert torch.isfinite(ga).all() and float(ga.abs().sum()) > 0
+    off = blackbox_ap_loss(e, y, margin=0.5)
+    assert torch.equal(off, blackbox_ap_loss(e, y, margin=0.5, random_margin=False))
+    module = retrieval_mod.BlackboxAPLoss(
+        margin=0.5, interpolation_lambda=100.0, random_margin=True, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(module(e, y).detach(), a) and "random_margin=True" in repr(module)
+    with pytest.raises(TypeError, match="random_margin"):
+        blackbox_ap_loss(e, y, random_margin=1)  # type: ignore[arg-type]

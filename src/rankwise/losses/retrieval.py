@@ -32,6 +32,7 @@ from rankwise._validation import (
     batch_loss,
     check_bool,
     check_floating,
+    check_generator,
     check_positive,
     check_positive_int,
     to_compute,
@@ -306,6 +307,34 @@ def _recall_block(
     return recall, _through_ranks(sig, sets, d_rank[..., None], tau)
 
 
+def _similarity_mixup(bt: _Batch, labels: torch.Tensor, generator: torch.Generator | None) -> _Batch:
+    r"""Similarity Mixup (SiMix) of a single-process batch: one virtual item per unordered pair of
+    items of the same label, :math:`\tilde z = \alpha z_a + (1 - \alpha) z_b` with
+    :math:`\alpha \sim U(0, 1)` per pair and the pair's label, its similarities obtained by mixing
+    the similarities, :math:`S' = M S M^\top` with the mixing matrix :math:`M` ((B + F, B): the identity
+    on top of one row :math:`\alpha e_a + (1 - \alpha) e_b` per virtual item), so no embedding is
+    formed or re-normalized. The virtual items are queries and retrieval items like the real ones."""
+    sim = bt.sim
+    b = sim.shape[0]
+    dt, dev = sim.dtype, sim.device
+    first, second = torch.triu_indices(b, b, offset=1, device=dev)
+    # the number of same-label pairs depends on the labels: one host sync (nonzero)
+    same = (labels[first] == labels[second]).nonzero().squeeze(1)
+    first, second = first[same], second[same]
+    count = first.shape[0]
+    alpha = torch.rand(count, generator=generator, device=dev if generator is None else generator.device)
+    alpha = alpha.to(device=dev, dtype=dt)
+    rows = torch.arange(count, device=dev)
+    mix = torch.zeros(count, b, dtype=dt, device=dev)
+    mix = mix.index_put((rows, first), alpha).index_put((rows, second), 1.0 - alpha, accumulate=True)
+    m = torch.cat([torch.eye(b, dtype=dt, device=dev), mix], 0)  # (B + F, B)
+    mixed_sim = m @ sim @ m.T
+    y = torch.cat([labels, labels[first]])
+    own = torch.eye(b + count, dtype=torch.bool, device=dev)
+    pos = (y[:, None] == y[None, :]) & ~own
+    return _Batch(mixed_sim, pos, own, bt.world, bt.zg)
+
+
 def _check_ks(k: Any, name: str) -> tuple[int, ...]:
     if isinstance(k, int) and not isinstance(k, bool):
         ks: tuple[Any, ...] = (k,)
@@ -329,6 +358,8 @@ def recall_at_k_loss(
     temperature: float = 0.01,
     k_temperatures: Sequence[float] | None = None,
     include_query: bool = True,
+    mixup: bool = False,
+    generator: torch.Generator | None = None,
     distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Recall@k surrogate (Patel et al., CVPR 2022, "Recall@k Surrogate Loss with Large Batches and Similarity Mixup").
@@ -343,7 +374,18 @@ def recall_at_k_loss(
     :math:`\tau_2^{(k)} = k` (``k_temperatures=None``); each ``k`` is clipped to the batch size.
     ``include_query=True`` (default) is the authors' code, in which the query is one of the ranked
     items :math:`\Omega` (so every other item ranks behind it) while not being a positive; ``False``:
-    :math:`\Omega` is the rest of the batch. Similarity Mixup (the paper's SiMix) is not part of the loss.
+    :math:`\Omega` is the rest of the batch.
+
+    ``mixup=True`` adds the paper's Similarity Mixup (SiMix), as the authors' code does it: for every
+    unordered pair :math:`(a, b)` of items with the same label a virtual item
+    :math:`\tilde z = \alpha z_a + (1 - \alpha) z_b` (normalized :math:`z`, the mixture itself not
+    re-normalized), :math:`\alpha \sim U(0, 1)` drawn per pair (from ``generator``), with the label
+    of :math:`a` and :math:`b`. Its similarities are the same mixture of similarities,
+    :math:`\tilde z \cdot z_j = \alpha s_{aj} + (1 - \alpha) s_{bj}` (and bilinearly between two
+    virtual items), so the extended similarity matrix is :math:`M S M^\top` with :math:`M` the
+    (B + F, B) mixing matrix: no new embedding is formed. Virtual items are queries, positives and
+    ranked items like real ones; ``k`` is still clipped to the real batch size. The number of pairs
+    depends on the labels (one host synchronization); not available with a global batch under DDP.
 
     Cost :math:`O(B^3)` sigmoids in blocks with the gradient formed in forward, as :func:`smooth_ap_loss`.
 
@@ -369,8 +411,14 @@ def recall_at_k_loss(
         if len(k_taus) != len(ks):
             raise ValueError(f"`k_temperatures` must have one value per k ({len(ks)}), got {len(k_taus)}")
     check_bool(include_query, "include_query")
+    check_bool(mixup, "mixup")
+    if mixup and global_batch_on(distributed):
+        raise ValueError("`mixup=True` needs a single-process batch, got `distributed` with a global batch")
     bt = _batch(embeddings, labels, distributed)
+    gen = check_generator(generator, embeddings)
     n = bt.sim.shape[1]
+    if mixup:
+        bt = _similarity_mixup(bt, as_labels(labels, embeddings.shape[0]).detach(), gen)
     dt, dev = bt.sim.dtype, bt.sim.device
     # filled on the device (a fill kernel per k): no blocking host-to-device copy
     kt = torch.stack([torch.full((), float(min(v, max(n, 1))), dtype=dt, device=dev) for v in ks])
@@ -391,6 +439,8 @@ def blackbox_ap_loss(
     interpolation_lambda: float = 4.0,
     margin: float = 0.02,
     include_query: bool = True,
+    random_margin: bool = False,
+    generator: torch.Generator | None = None,
     distributed: DistributedFlag = False,
 ) -> torch.Tensor:
     r"""Blackbox AP (Rolínek et al., CVPR 2020, "Optimizing Rank-based Metrics with Blackbox Differentiation").
@@ -408,8 +458,11 @@ def blackbox_ap_loss(
     backward of the ranks is :math:`-\frac{1}{\lambda}(r(s) - r(s + \lambda\, \partial L / \partial r))`
     with :math:`\lambda` = ``interpolation_lambda`` (4 in the authors' retrieval code, margin 0.02).
     ``include_query=True`` (default, the authors' code): the query is a positive of itself in its own
-    ranking; ``False``: it is left out. The authors' code scales the margin shift by a fresh
-    :math:`|\mathcal{N}(0, 1)|` per entry; here it is deterministic (:math:`\pm` margin / 2, as in the paper).
+    ranking; ``False``: it is left out. By default the margin shift is deterministic (:math:`\pm`
+    margin / 2, as in the paper); ``random_margin=True`` is the authors' retrieval code, which scales
+    the shift of every (query, item) entry by a fresh :math:`|\xi|`, :math:`\xi \sim \mathcal{N}(0, 1)`
+    (drawn from ``generator`` as a (queries, N) float32 tensor): the scores ranked are
+    :math:`s - \alpha\, |\xi|\, (y - \tfrac12)` with :math:`y` the 0/1 positive indicator.
 
     The gradient is a surrogate (it depends non-linearly on the incoming gradient, so scaling the
     loss changes it); ties are broken by index (ordinal ranks).
@@ -430,14 +483,20 @@ def blackbox_ap_loss(
     lam = check_positive(interpolation_lambda, "interpolation_lambda")
     alpha = check_positive(margin, "margin", allow_zero=True)
     check_bool(include_query, "include_query")
+    check_bool(random_margin, "random_margin")
     bt = _batch(embeddings, labels, distributed, grad_scale=True)
+    gen = check_generator(generator, embeddings)
     pos = bt.pos | bt.own if include_query else bt.pos
     n = bt.sim.shape[1]
     if n == 0:  # an empty global batch (the same on every rank: no collective is skipped)
         return zero_with_graph(bt.zg)
     dt = bt.sim.dtype
     posf = pos.to(dt)
-    scores = bt.sim - alpha * (posf - 0.5)
+    shift = posf - 0.5
+    if random_margin:
+        noise = torch.randn(bt.sim.shape, generator=gen, device=bt.sim.device if gen is None else gen.device)
+        shift = shift * noise.to(device=bt.sim.device, dtype=dt).abs()
+    scores = bt.sim - alpha * shift
     if not include_query:  # the query's own column ranks last and takes no part
         scores = scores.masked_fill(bt.own, -math.inf)
     ranks = BlackboxRankFunction.apply(scores, lam, True, False, False)  # 1..N, descending, ordinal
@@ -538,8 +597,8 @@ class RecallAtKLoss(FunctionModule):
     """Module twin of :func:`recall_at_k_loss`."""
 
     _function = staticmethod(recall_at_k_loss)
-    _options = ("k", "temperature", "k_temperatures", "include_query", "distributed")
-    _shown = ("k", "temperature", "include_query")
+    _options = ("k", "temperature", "k_temperatures", "include_query", "mixup", "generator", "distributed")
+    _shown = ("k", "temperature", "include_query", "mixup")
 
     def __init__(
         self,
@@ -548,6 +607,8 @@ class RecallAtKLoss(FunctionModule):
         temperature: float = 0.01,
         k_temperatures: Sequence[float] | None = None,
         include_query: bool = True,
+        mixup: bool = False,
+        generator: torch.Generator | None = None,
         distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
@@ -555,6 +616,8 @@ class RecallAtKLoss(FunctionModule):
         self.temperature = check_positive(temperature, "temperature")
         self.k_temperatures = None if k_temperatures is None else tuple(k_temperatures)
         self.include_query = check_bool(include_query, "include_query")
+        self.mixup = check_bool(mixup, "mixup")
+        self.generator = generator
         self.distributed = distributed
 
 
@@ -562,8 +625,8 @@ class BlackboxAPLoss(FunctionModule):
     """Module twin of :func:`blackbox_ap_loss`."""
 
     _function = staticmethod(blackbox_ap_loss)
-    _options = ("interpolation_lambda", "margin", "include_query", "distributed")
-    _shown = ("interpolation_lambda", "margin")
+    _options = ("interpolation_lambda", "margin", "include_query", "random_margin", "generator", "distributed")
+    _shown = ("interpolation_lambda", "margin", "random_margin")
 
     def __init__(
         self,
@@ -571,12 +634,16 @@ class BlackboxAPLoss(FunctionModule):
         interpolation_lambda: float = 4.0,
         margin: float = 0.02,
         include_query: bool = True,
+        random_margin: bool = False,
+        generator: torch.Generator | None = None,
         distributed: DistributedFlag = False,
     ) -> None:
         super().__init__()
         self.interpolation_lambda = check_positive(interpolation_lambda, "interpolation_lambda")
         self.margin = check_positive(margin, "margin", allow_zero=True)
         self.include_query = check_bool(include_query, "include_query")
+        self.random_margin = check_bool(random_margin, "random_margin")
+        self.generator = generator
         self.distributed = distributed
 
 

@@ -65,8 +65,10 @@ def test_console_script_entry_point():
     assert r.returncode == 0 and "abalone_vanilla" in r.stdout
 
 
-def test_config_command_lists_the_fields_of_the_schema():
+def test_config_command_lists_the_fields_of_the_schema(monkeypatch):
     from rankwise.recipes.config import config_fields
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # a log that is not a terminal: rows are not wrapped
 
     r = invoke(["config", "dir"])
     assert r.exit_code == 0, r.output

@@ -20,7 +20,7 @@ def _twin_entries() -> list[tuple[str, RegistryEntry]]:
     out: list[tuple[str, RegistryEntry]] = []
     for reg in (OPS, LOSSES):
         for e in reg.entries():
-            if e.module is not None and issubclass(e.module, FunctionModule) and e.example is not None:
+            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and e.example is not None:
                 out.append((e.name, e))
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -152,7 +153,10 @@ def test_registered() -> None:
     assert {f"regression_{k}" for k in KINDS} <= names
     for k in KINDS:
         entry = rankwise.losses.get_loss_entry(f"regression_{k}")
-        assert entry.fn is regression_loss and entry.module is RegressionLoss
+        assert entry.fn is regression_loss
+        module = entry.module  # the twin of this kind: RegressionLoss(kind=k)
+        assert isinstance(module, functools.partial) and module.func is RegressionLoss
+        assert module.keywords == {"kind": k} and module().kind == k
         ex = entry.example(torch.float64, torch.device("cpu"))
         assert ex.kwargs["kind"] == k
         torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), RegressionLoss(**ex.kwargs)(*ex.args))

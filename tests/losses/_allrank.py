@@ -11,22 +11,32 @@ from typing import Any
 import pytest
 
 
-def _stub(name: str, **attrs: Any) -> None:
+def _stub(name: str, **attrs: Any) -> bool:
+    """Provide ``name`` with ``attrs``; True when a stand-in module was put into ``sys.modules``."""
     try:
         module = importlib.import_module(name)
+        created = False
     except ImportError:
         module = types.ModuleType(name)
         sys.modules[name] = module
+        created = True
     for key, value in attrs.items():
         if not hasattr(module, key):
             setattr(module, key, value)
+    return created
 
 
 def load() -> tuple[Any, Any]:
     """``(allrank.models.losses, allrank.models.metrics)``, or skip when allRank is not installed."""
     pytest.importorskip("allrank")
-    _stub("gcsfs", GCSFileSystem=object)
+    created = [name for name in ("gcsfs",) if _stub(name, GCSFileSystem=object)]
     _stub("pkg_resources", Requirement=object, resource_filename=lambda *a: "")
-    losses = importlib.import_module("allrank.models.losses")
-    metrics = importlib.import_module("allrank.models.metrics")
+    try:
+        losses = importlib.import_module("allrank.models.losses")
+        metrics = importlib.import_module("allrank.models.metrics")
+    finally:
+        # a stand-in without a module spec makes importlib.util.find_spec (Lightning, fsspec) raise
+        # later in the same process: allRank keeps its reference, the process forgets the stand-in
+        for name in created:
+            sys.modules.pop(name, None)
     return losses, metrics

@@ -329,6 +329,9 @@ def _evaluate_module(run: Run, module: BrainAgeModule, *, write: bool) -> dict[s
     test = brain_age_metrics(test_pred, test_age)
     flat = {k: v for k, v in test.items() if not isinstance(v, dict)}
     for method, values in corrected.items():
+        if not np.isfinite(values).all():  # no correction fits (e.g. constant validation predictions)
+            flat[f"corr_bag_age_{method}"] = flat[f"mae_{method}"] = None
+            continue
         m = brain_age_metrics(test_pred, test_age, corrected=values)["corrected"]
         flat[f"corr_bag_age_{method}"] = m["corr_bag_age"]
         flat[f"mae_{method}"] = m["mae"]

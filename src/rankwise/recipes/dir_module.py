@@ -22,17 +22,8 @@ __all__ = ["DIRRegressor"]
 
 
 class DIRRegressor(DIRNet, L.LightningModule):
-    """Backbone -> features -> linear head, trained with the DIR loss stack of ``cfg.loss``.
-
-    Args:
-        cfg: the run's typed :class:`~rankwise.recipes.config.Config`.
-        input_dim: tabular input width (``RegressionData.input_dim``).
-        bin_width: label bin width (LDS/FDS buckets).
-        train_labels: the FULL training labels (LDS weight table, FDS label range); the weight
-            table is a buffer of the state dict.
-        meta: ``RegressionData.meta`` (extra backbone options).
-        freeze_backbone: train only the head (RRT, RnC linear probe); the backbone stays in eval mode.
-    """
+    """:class:`~rankwise.recipes.dir_net.DIRNet` (same arguments) trained with the DIR loss stack of
+    ``cfg.loss`` as a LightningModule: training and validation steps, FDS statistics, optimizers."""
 
     def __init__(
         self,

@@ -377,11 +377,11 @@ def _cpu_checks(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> tuple[boo
     xd = xc.detach()
     if rank:
         big = float(torch.linalg.vector_norm(xd, float("inf")))  # NaN or inf: not all finite
-        if not math.isfinite(big):
+        finite = math.isfinite(big)
+        if not finite and n >= 2:
             finite_rows = torch.isfinite(xd).all(dim=-1, keepdim=True)
-            big = float(torch.where(finite_rows, xd, 0.0).abs().amax()) if n >= 2 else 0.0
-            return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), False
-        return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), True
+            big = float(torch.where(finite_rows, xd, 0.0).abs().amax())
+        return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), finite
     lo, hi = torch.aminmax(xd, dim=-1)
     limit = _sort_gap_limit(torch.stack([hi, lo], dim=-1).nan_to_num(nan=0.0), n, kl)
     # an overflowing sum of finite rows only takes the NaN-ing path needlessly

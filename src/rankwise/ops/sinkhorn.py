@@ -375,13 +375,12 @@ class _ColumnPotential(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int, invalid: float
+        ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int, invalid: float, host: bool
     ) -> torch.Tensor:
-        fixed = torch.compiler.is_compiling() or cost.device.type != "cpu"
-        g, err, info = _solve(cost, eps, tol, max_iter, fixed)
+        g, err, info = _solve(cost, eps, tol, max_iter, fixed=not host)
         if not torch.compiler.is_compiling():
             _LAST[:] = [info]
-        if fixed and cost.device.type != "cpu" and invalid < math.inf:
+        if cost.device.type != "cpu" and invalid < math.inf:
             # the refusal of an invalid plan without a host read: a device-side assertion
             torch._assert_async(
                 (err.nan_to_num(nan=0.0) <= invalid).all(),
@@ -393,7 +392,7 @@ class _ColumnPotential(torch.autograd.Function):
         return g
 
     @staticmethod
-    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None, None]:
         cost, g = ctx.saved_tensors
         eps = ctx.eps
         n = cost.shape[-2]
@@ -405,7 +404,7 @@ class _ColumnPotential(torch.autograd.Function):
             w = _solve_sym(_jittered_schur(p), v)
             pw = (p @ w.unsqueeze(-1)).squeeze(-1)
             grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
-        return grad_cost, None, None, None, None
+        return grad_cost, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,7 +468,7 @@ def _plan_last(
     if host:
         _warn_std_floor(floored)
     invalid = max(_INVALID_PLAN, accepted) if t is None else math.inf
-    g = _ColumnPotential.apply(cost, eps, tol_, it, invalid)
+    g = _ColumnPotential.apply(cost, eps, tol_, it, invalid, host)
     if host and _LAST[0].error > invalid:
         # marginals off by more than 1%: an invalid plan (e.g. tied inputs spread over fewer targets at an
         # epsilon near the floor) is refused rather than returned

@@ -32,6 +32,7 @@ from rankwise.recipes.base import RegressionRecipe
 from rankwise.recipes.config import Config, ConfigError, FDSConfig, LDSConfig, Options, check_lds_fds
 from rankwise.recipes.dir_net import (
     DIRNet,
+    concat_predictions,
     lds_weight_table,
     make_fds,
     predict,
@@ -109,8 +110,7 @@ def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
 
 
 def _predict(module: Any, loader: Any, trainer: Any) -> dict[str, np.ndarray]:
-    outs = trainer.predict(module, loader)
-    return {k: torch.cat([o[k] for o in outs]).cpu().numpy() for k in ("pred", "label", "features")}
+    return concat_predictions(trainer.predict(module, loader))
 
 
 def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str) -> dict[str, Any]:

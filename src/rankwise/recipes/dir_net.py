@@ -235,6 +235,11 @@ def predict(module: DIRNet, loader: Any) -> dict[str, np.ndarray]:
     with torch.inference_mode():
         for batch in loader:
             outs.append(module.predict_batch(batch))
+    return concat_predictions(outs)
+
+
+def concat_predictions(outs: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    """The per-batch ``pred``, ``label``, ``features`` of a prediction loop, concatenated (numpy)."""
     return {k: torch.cat([o[k] for o in outs]).cpu().numpy() for k in ("pred", "label", "features")}
 
 

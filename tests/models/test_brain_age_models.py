@@ -203,3 +203,16 @@ def test_sfcn_soft_labels_match_the_authors_num2vect(
     torch.testing.assert_close(centers.double(), sfcn_ref[f"centers_{step}"])
     q = sfcn_soft_labels(sfcn_ref["ages"], centers.double(), sigma=sigma)
     torch.testing.assert_close(q, sfcn_ref[key], rtol=1e-9, atol=1e-12)
+
+
+def test_narrow_scale_dense_builds_without_warnings_and_its_gate_is_a_constant() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net = ScaleDense(nb_filter=4, nb_block=3)
+    se = next(m for m in net.modules() if type(m).__name__ == "_SqueezeExcite")
+    assert se.FC1.out_features == 0  # the authors' channels // 16 for 8 channels
+    x = torch.randn(3, 8, 4, 4, 4)
+    gate = torch.sigmoid(se.FC2.bias)
+    torch.testing.assert_close(se(x), x * gate[None, :, None, None, None])

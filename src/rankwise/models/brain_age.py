@@ -14,6 +14,7 @@ Volumes are ``(B, 1, D, H, W)``; sex is the one-hot ``(B, 2)`` tensor of the aut
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,12 +73,22 @@ class _AsymmetricConv(nn.Module):
 
 
 class _SqueezeExcite(nn.Module):
-    """Channel gates ``sigmoid(W2 relu(W1 mean(x)))`` (reduction 16)."""
+    """Channel gates ``sigmoid(W2 relu(W1 mean(x)))`` (reduction 16).
+
+    With fewer than ``reduction`` channels (``nb_filter`` < 8) the hidden layer has no unit, as
+    ``channels // reduction`` gives in the authors' network: the gate is then a learned constant per
+    channel (``sigmoid`` of ``FC2``'s bias). Such widths are kept for parity; torch's warning about
+    initialising the empty weights is not shown.
+    """
 
     def __init__(self, channels: int, reduction: int = 16) -> None:
         super().__init__()
-        self.FC1 = nn.Linear(channels, channels // reduction)
-        self.FC2 = nn.Linear(channels // reduction, channels)
+        hidden = channels // reduction
+        with warnings.catch_warnings():
+            if hidden == 0:
+                warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+            self.FC1 = nn.Linear(channels, hidden)
+            self.FC2 = nn.Linear(hidden, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = x.mean(dim=(2, 3, 4))

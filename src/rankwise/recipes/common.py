@@ -8,12 +8,16 @@
   optional local ``model.weights``;
 * :func:`check_finite` -- raise :class:`NonFiniteLossError` (the run stops, its last good
   checkpoint stays) when a training loss is NaN/inf;
+* :func:`loader_workers` -- DataLoader worker options for ``data.num_workers``, capped at the CPUs
+  this process may use;
 * :func:`tensors`, :func:`to_builtin` -- small conversions.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,10 +35,12 @@ __all__ = [
     "device_name",
     "encode",
     "item_seed",
+    "loader_workers",
     "plot_embedding",
     "reseed",
     "tensors",
     "to_builtin",
+    "usable_cpus",
 ]
 
 
@@ -211,3 +217,38 @@ def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> No
         label="class",
         classes=True,
     )
+
+
+_CAPPED_WORKERS: set[tuple[int, int]] = set()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # macOS, Windows
+        return max(os.cpu_count() or 1, 1)
+
+
+def loader_workers(num_workers: int) -> dict[str, Any]:
+    """``DataLoader`` keyword options for ``data.num_workers`` worker processes.
+
+    A preset written for a workstation (e.g. 4 workers) on a machine with fewer usable CPUs would
+    over-subscribe them (torch warns at every loader): the count is capped at :func:`usable_cpus`
+    and a ``UserWarning`` says so once per process. ``persistent_workers`` keeps the workers between
+    epochs whenever there are any.
+
+    Example:
+        >>> loader_workers(0)
+        {'num_workers': 0, 'persistent_workers': False}
+    """
+    cpus = usable_cpus()
+    n = min(int(num_workers), cpus)
+    if n < num_workers and (num_workers, cpus) not in _CAPPED_WORKERS:
+        _CAPPED_WORKERS.add((num_workers, cpus))
+        warnings.warn(
+            f"data.num_workers={num_workers} is more than the {cpus} CPUs this process may use: {n} DataLoader workers",
+            UserWarning,
+            stacklevel=2,
+        )
+    return {"num_workers": n, "persistent_workers": n > 0}

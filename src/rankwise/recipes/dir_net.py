@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rankwise._binning import label_bins_np, snap_floor, snap_floor_np
-from rankwise.recipes.common import EpochShuffleSampler, build_backbone, to_builtin
+from rankwise.recipes.common import EpochShuffleSampler, build_backbone, loader_workers, to_builtin
 from rankwise.recipes.config import Config
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss
 
@@ -200,11 +200,7 @@ def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
     collate = data.meta.get("collate_fn")
     n = len(data.train)
     bs = cfg.data.batch_size
-    kw: dict[str, Any] = {
-        "num_workers": cfg.data.num_workers,
-        "collate_fn": collate,
-        "persistent_workers": cfg.data.num_workers > 0,
-    }
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": collate}
     train_dl = DataLoader(
         data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
     )

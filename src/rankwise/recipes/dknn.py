@@ -30,6 +30,7 @@ from rankwise.recipes.common import (
     device_name,
     encode,
     item_seed,
+    loader_workers,
     plot_embedding,
     reseed,
     tensors,
@@ -156,7 +157,7 @@ class DKNNRecipe(RecipeBase):
         module = self._module(run, xtr.shape[0])
         nq, nn_ = _sizes(run, xtr.shape[0])
         ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
-        kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
+        kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
         trainer = run.trainer(max_epochs=epochs)
         run.fit(trainer, module, loader)

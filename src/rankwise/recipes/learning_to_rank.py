@@ -41,7 +41,7 @@ from torch import nn
 
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
-from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, reseed
+from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, loader_workers, reseed
 from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
@@ -204,11 +204,7 @@ class LTRRecipe(RecipeBase):
 
         cfg, data = run.cfg, run.data
         slates = SlateSampler(data.train, cfg.task.slate_length, cfg.run.seed)
-        kw: dict[str, Any] = {
-            "num_workers": cfg.data.num_workers,
-            "persistent_workers": cfg.data.num_workers > 0,
-            "collate_fn": pad_lists,
-        }
+        kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": pad_lists}
         train = DataLoader(
             slates, batch_size=cfg.data.batch_size, sampler=EpochIndexSampler(len(slates), cfg.run.seed), **kw
         )

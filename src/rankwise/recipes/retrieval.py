@@ -34,6 +34,7 @@ from rankwise.recipes.common import (
     device_name,
     encode,
     item_seed,
+    loader_workers,
     plot_embedding,
     reseed,
     tensors,
@@ -165,7 +166,7 @@ class RetrievalRecipe(RecipeBase):
         torch.manual_seed(cfg.run.seed)
         module = RetrievalModule(cfg, meta=run.data.meta)
         ds = BalancedBatches(xtr, ytr, t.classes_per_batch, t.samples_per_class, per_epoch, cfg.run.seed)
-        kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
+        kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
         timer = StepTimer()
         trainer = run.trainer(max_epochs=epochs)

@@ -82,6 +82,7 @@ from rankwise.recipes.common import (
     check_finite,
     device_name,
     item_seed,
+    loader_workers,
     reseed,
     tensors,
 )
@@ -658,7 +659,7 @@ class SortRecipe(RecipeBase):
         module = SortingModule(cfg, meta=run.data.meta)
         ds = RandomLists(ListSampler(xtr, ytr, t.n, t.digits), per_epoch * t.lists_per_batch, cfg.run.seed)
         sampler = EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False)
-        kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
+        kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
         val_loader = None
         monitor, mode = None, "min"

@@ -57,6 +57,7 @@ from rankwise.recipes.common import (
     device_name,
     encode,
     item_seed,
+    loader_workers,
     plot_embedding,
     reseed,
     tensors,
@@ -306,8 +307,7 @@ class SupConRecipe(RecipeBase):
             batch_size=bs,
             sampler=EpochIndexSampler(len(ds), cfg.run.seed),
             drop_last=len(ds) > bs,
-            num_workers=cfg.data.num_workers,
-            persistent_workers=cfg.data.num_workers > 0,
+            **loader_workers(cfg.data.num_workers),
         )
         trainer = run.trainer(max_epochs=cfg.trainer.max_epochs)
         run.fit(trainer, module, loader)

@@ -16,7 +16,7 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_more_workers_than_cpus_are_capped_with_one_warning(two_cpus: None) -> None:
-    with pytest.warns(UserWarning, match=r"data.num_workers=4 is more than the 2 CPUs .*: 2 DataLoader workers"):
+    with pytest.warns(common.DataDefaultsWarning, match=r"data.num_workers=4 is more than the 2 CPUs .*: 2 DataLoader workers"):
         assert common.loader_workers(4) == {"num_workers": 2, "persistent_workers": True}
     with warnings.catch_warnings():
         warnings.simplefilter("error")

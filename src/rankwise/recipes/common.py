@@ -27,6 +27,7 @@ from torch import nn
 from rankwise.recipes.config import ConfigError, ModelConfig
 
 __all__ = [
+    "DataDefaultsWarning",
     "EpochIndexSampler",
     "EpochShuffleSampler",
     "NonFiniteLossError",
@@ -219,6 +220,10 @@ def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> No
     )
 
 
+class DataDefaultsWarning(UserWarning):
+    """A run's settings were derived from (or do not fit) its data or machine; the CLI prints it as ``warning: ...``."""
+
+
 _CAPPED_WORKERS: set[tuple[int, int]] = set()
 
 
@@ -236,7 +241,8 @@ def loader_workers(num_workers: int) -> dict[str, Any]:
     A preset written for a workstation (e.g. 4 workers) on a machine with fewer usable CPUs would
     over-subscribe them (torch warns at every loader): the count is capped at :func:`usable_cpus`
     and a ``UserWarning`` says so once per process. ``persistent_workers`` keeps the workers between
-    epochs whenever there are any.
+    epochs whenever there are any. The warning is a :class:`DataDefaultsWarning` (one ``warning:``
+    line in the CLI).
 
     Example:
         >>> loader_workers(0)
@@ -248,7 +254,7 @@ def loader_workers(num_workers: int) -> dict[str, Any]:
         _CAPPED_WORKERS.add((num_workers, cpus))
         warnings.warn(
             f"data.num_workers={num_workers} is more than the {cpus} CPUs this process may use: {n} DataLoader workers",
-            UserWarning,
+            DataDefaultsWarning,
             stacklevel=2,
         )
     return {"num_workers": n, "persistent_workers": n > 0}

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rankwise.recipes.common import DataDefaultsWarning
 from rankwise.recipes.config import register_raw_hook
 
 __all__ = [
@@ -49,10 +50,6 @@ __all__ = [
 #: optimizer steps a data-derived run aims at (epochs = steps / batches per epoch, within the bounds)
 TARGET_STEPS = 1000
 MIN_EPOCHS, MAX_EPOCHS = 10, 200
-
-
-class DataDefaultsWarning(UserWarning):
-    """A run's settings were derived from (or do not fit) its data; the CLI prints it as ``warning: ...``."""
 
 
 @dataclass(frozen=True)

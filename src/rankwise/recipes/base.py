@@ -38,6 +38,9 @@ class RecipeBase:
     def check(self, cfg: Config) -> None:
         """No cross-field constraint by default."""
 
+    def upgrade_legacy(self, raw: dict[str, Any]) -> None:
+        """Rewrite, in place, this recipe's options in a raw config of the pre-registry layout (none by default)."""
+
     def method(self, cfg: Config) -> str:
         return str(getattr(cfg.task, "method", self.name))
 

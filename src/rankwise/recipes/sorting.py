@@ -62,7 +62,6 @@ device of rank 0; ``rankwise evaluate`` repeats it from the checkpoint (default 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
@@ -81,6 +80,7 @@ from rankwise.recipes.common import (
     build_backbone,
     check_finite,
     device_name,
+    epochs_and_batches,
     item_seed,
     reseed,
     tensors,
@@ -88,7 +88,8 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = [
     "RELAXATIONS",
@@ -577,12 +578,6 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortOptions, 
     return True
 
 
-def epochs_and_batches(t: Any) -> tuple[int, int]:
-    """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
-    epochs = math.ceil(t.steps / t.steps_per_epoch)
-    return epochs, math.ceil(t.steps / epochs)
-
-
 #: seed of the fixed validation lists and of the held-out validation digits
 VAL_SEED = 54321
 
@@ -603,7 +598,7 @@ def digit_pools(
     return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
 
 
-def _monitor(recipe: str) -> tuple[str, str]:
+def _monitor(recipe: str) -> tuple[str, Literal["min", "max"]]:
     """``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy / loss
     (sorting: fully correct lists, ties broken by correct positions, see ``val/selection``)."""
     return ("val/mse_1e4", "min") if recipe == "median" else ("val/selection", "max")
@@ -661,32 +656,28 @@ class SortRecipe(RecipeBase):
         kw: dict[str, Any] = {"num_workers": cfg.data.num_workers, "persistent_workers": cfg.data.num_workers > 0}
         loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
         val_loader = None
-        monitor, mode = None, "min"
+        monitor: str | None = None
+        mode: Literal["min", "max"] = "min"
         if len(yva):
             val = RandomLists(ListSampler(xva, yva, t.n, t.digits), t.val_lists, VAL_SEED)
             val_loader = DataLoader(val, batch_size=100)
             monitor, mode = _monitor(cfg.recipe)
         timer = StepTimer()
-        trainer = run.trainer(max_epochs=epochs, monitor=monitor, mode=mode)
-        trainer.callbacks.append(timer)
-        run.fit(trainer, module, loader, val_loader)
-        if run.global_rank != 0:
-            return {}
-        if monitor is not None:  # the reference tests the best validation checkpoint
-            load_weights(module, run.checkpoint("best"))
-        out = self._test(run, module, ds.sampler)
-        if timer.steps:
-            out["seconds_per_step"] = timer.seconds / timer.steps
-        return out
+        # the reference tests the best validation checkpoint (without validation, best = last)
+        stage = Stage("", module, loader, val_loader, epochs=epochs, monitor=monitor, mode=mode, callbacks=[timer])
+        run.run_stage(stage)
+        return run.rank_zero(self._test, run, module, ds.sampler, timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         t = run.cfg.task
         xtr, ytr, *_ = digit_pools(run)
         module = SortingModule(run.cfg, meta=run.data.meta)
-        load_weights(module, run.checkpoint(checkpoint or "best"))
+        run.load(module, checkpoint or "best")
         return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
 
-    def _test(self, run: Run, module: SortingModule, sampler: ListSampler) -> dict[str, Any]:
+    def _test(
+        self, run: Run, module: SortingModule, sampler: ListSampler, timer: StepTimer | None = None
+    ) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 
         cfg, t = run.cfg, run.cfg.task
@@ -694,7 +685,11 @@ class SortRecipe(RecipeBase):
         *_, xte, yte = digit_pools(run)
         test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
         out = run.local_trainer().test(module, DataLoader(test, batch_size=100), verbose=False)[0]
-        return {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}, "device": device_name(cfg)}
+        result: dict[str, Any] = {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}}
+        result["device"] = device_name(cfg)
+        if timer is not None and timer.steps:
+            result["seconds_per_step"] = timer.seconds / timer.steps
+        return result
 
 
 class MedianRecipe(SortRecipe):

@@ -78,6 +78,7 @@ __all__ = [
     "register_legacy_place",
     "set_recipe_lookup",
     "upgrade_legacy",
+    "upgrade_saved",
     "validate_section",
 ]
 
@@ -1029,6 +1030,18 @@ def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
         if upgrade is not None:
             upgrade(out)
     _move_sections(out)
+    return out
+
+
+def upgrade_saved(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config saved in a run directory (``config.yaml``), upgraded to the current layout: :func:`upgrade_legacy`,
+    then its recipe's ``upgrade_saved(raw)`` (when it has one: options an earlier version saved and the
+    recipe no longer reads)."""
+    out = upgrade_legacy(raw)
+    recipe = _legacy_recipe(out.get("recipe", _default_recipe()))
+    upgrade = getattr(recipe, "upgrade_saved", None)
+    if upgrade is not None:
+        upgrade(out)
     return out
 
 

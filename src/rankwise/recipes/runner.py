@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwise.recipes import rundir
-from rankwise.recipes.config import Config, ConfigError, load_config, load_raw
+from rankwise.recipes.config import Config, ConfigError, load_config, load_raw, upgrade_saved
 from rankwise.recipes.registry import Recipe, get_recipe
 
 __all__ = ["CompareResult", "RunResult", "compare", "evaluate", "load_run_config", "train"]
@@ -42,7 +42,7 @@ def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Confi
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise rundir.RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
-    return load_config(load_raw(path), list(overrides))
+    return load_config(upgrade_saved(load_raw(path)), list(overrides))
 
 
 def _hardware_overrides(trainer_overrides: Mapping[str, Any] | None) -> list[str]:

@@ -95,6 +95,7 @@ __all__ = [
     "RELAXATIONS",
     "VAL_SEED",
     "ListSampler",
+    "MedianOptions",
     "MedianRecipe",
     "MedianRegressor",
     "NumberScorer",
@@ -161,9 +162,14 @@ class SortOptions(Options):
         lt=1,
     )
     val_lists: int = Field(200, description="fixed validation lists (evaluated after every epoch)", ge=1)
+
+
+class MedianOptions(SortOptions):
+    """The median task (``recipe: median``): :class:`SortOptions` and the objective of the median regression."""
+
     median_objective: Literal["expected", "point", "embedding"] = Field(
         "expected",
-        description="median task: expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
+        description="expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
         "or embedding (one CNN; the median row selects the embedding a linear layer regresses)",
     )
 
@@ -448,7 +454,8 @@ class MedianRegressor(nn.Module):
 
 
 class SortingModule(L.LightningModule):
-    """Large-MNIST sorting (``recipe: sort``) or median regression (``median``) of :class:`SortOptions`.
+    """Large-MNIST sorting (``recipe: sort``, :class:`SortOptions`) or median regression (``median``,
+    :class:`MedianOptions`).
 
     ``batch`` = ``(images (B, n, C, H, W), values (B, n))``. ``test_step`` logs ``test/all_correct``
     and ``test/rank_correct`` (sort) or ``test/mse_1e4`` and ``test/median_correct`` (median);
@@ -459,13 +466,13 @@ class SortingModule(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.task: SortOptions = cfg.task
-        self.median = cfg.recipe == "median"
+        self.median = isinstance(self.task, MedianOptions)
         backbone, dim = build_backbone(cfg.model, meta=meta)
         scorer = NumberScorer(backbone, dim, self.task.downsample)
         self.model: nn.Module
         if self.median:
             regressor = None
-            if self.task.median_objective != "embedding":
+            if cast(MedianOptions, self.task).median_objective != "embedding":
                 backbone_r, dim_r = build_backbone(cfg.model, meta=meta)
                 regressor = NumberScorer(backbone_r, dim_r, self.task.downsample)
             self.model = MedianRegressor(scorer, dim, regressor)
@@ -482,7 +489,7 @@ class SortingModule(L.LightningModule):
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
     def _median_train_loss(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        t, model = self.task, self._median_model()
+        t, model = cast(MedianOptions, self.task), self._median_model()
         target = v.float().median(-1).values / self.scale
         if model.regressor is not None:
             p_hat = relaxed_permutation(model.scorer(x).float(), t)  # (B, n, n) or (S, B, n, n)
@@ -598,12 +605,6 @@ def digit_pools(
     return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
 
 
-def _monitor(recipe: str) -> tuple[str, Literal["min", "max"]]:
-    """``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy / loss
-    (sorting: fully correct lists, ties broken by correct positions, see ``val/selection``)."""
-    return ("val/mse_1e4", "min") if recipe == "median" else ("val/selection", "max")
-
-
 class SortRecipe(RecipeBase):
     """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
 
@@ -611,25 +612,37 @@ class SortRecipe(RecipeBase):
     per_step = True
     description = "NeuralSort large-MNIST sorting: lists of multi-digit numbers, relaxed-sort supervision"
     options: type = SortOptions
+    #: ``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy
+    #: (fully correct lists, ties broken by correct positions, see ``val/selection``)
+    monitor: tuple[str, Literal["min", "max"]] = ("val/selection", "max")
+    #: the task reads a permutation matrix (its middle row): no rank relaxation, no ``vanilla``
+    needs_permutation = False
+
+    def upgrade_saved(self, raw: dict[str, Any]) -> None:
+        """Run directories written when the sort and median tasks shared one options model saved the median
+        objective in every sort config too (sort never read it)."""
+        task = raw.get("task")
+        if isinstance(task, dict) and "median_objective" not in getattr(self.options, "model_fields", {}):
+            task.pop("median_objective", None)
 
     def check(self, cfg: Config) -> None:
         t: SortOptions = cfg.task
-        valid = sorted(RELAXATIONS) + ([] if self.name == "median" else ["vanilla"])
+        valid = sorted(RELAXATIONS) + ([] if self.needs_permutation else ["vanilla"])
         if t.method not in valid:
-            if self.name == "median" and t.method == "vanilla":
+            if self.needs_permutation and t.method == "vanilla":
                 raise ConfigError(
-                    f"`task.method` must be a relaxation ({', '.join(valid)}) for the median task, got 'vanilla'"
+                    f"`task.method` must be a relaxation ({', '.join(valid)}) for the {self.name} task, got 'vanilla'"
                 )
             import difflib
 
             close = difflib.get_close_matches(t.method, valid, n=2, cutoff=0.4)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
             raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
-        if self.name == "median" and RELAXATIONS[t.method].kind != "permutation":
+        if self.needs_permutation and RELAXATIONS[t.method].kind != "permutation":
             perm = sorted(k for k, r in RELAXATIONS.items() if r.kind == "permutation")
             raise ConfigError(
                 f"`task.method` {t.method!r} gives soft ranks, not a permutation matrix; "
-                f"the median task needs one of {perm}"
+                f"the {self.name} task needs one of {perm}"
             )
         if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].kind != "permutation"):
             raise ConfigError(f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}")
@@ -661,7 +674,7 @@ class SortRecipe(RecipeBase):
         if len(yva):
             val = RandomLists(ListSampler(xva, yva, t.n, t.digits), t.val_lists, VAL_SEED)
             val_loader = DataLoader(val, batch_size=100)
-            monitor, mode = _monitor(cfg.recipe)
+            monitor, mode = self.monitor
         timer = StepTimer()
         # the reference tests the best validation checkpoint (without validation, best = last)
         stage = Stage("", module, loader, val_loader, epochs=epochs, monitor=monitor, mode=mode, callbacks=[timer])
@@ -697,6 +710,10 @@ class MedianRecipe(SortRecipe):
 
     name = "median"
     description = "NeuralSort median regression: the relaxed sort's middle row selects the embedding to regress"
+    options: type = MedianOptions
+    #: the reference keeps the best validation loss
+    monitor: tuple[str, Literal["min", "max"]] = ("val/mse_1e4", "min")
+    needs_permutation = True
 
 
 register_recipe(SortRecipe())

@@ -117,3 +117,23 @@ def test_the_lifecycle_names_no_recipe_and_no_recipe_stage(module):
     names = (set(list_recipes()) - {Config.model_fields["recipe"].default}) | {"probe", "pretrain", "stage1"}
     found = {s for s in _string_constants(SRC / module) if s in names or any(f"/{n}" in s for n in names)}
     assert not found, f"{module} names {sorted(found)}"
+
+
+def test_no_recipe_module_imports_another():
+    from tests.test_import_graph import import_graph
+
+    # a recipe module registers its recipes (module-level `register_recipe(...)` calls)
+    recipe_modules = {
+        f"rankwise.recipes.{p.stem}"
+        for p in SRC.glob("*.py")
+        if any(
+            isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and getattr(n.value.func, "id", "") == "register_recipe"
+            for n in ast.parse(p.read_text()).body
+        )
+    }
+    assert len(recipe_modules) == 8 and {"rankwise.recipes.rnc", "rankwise.recipes.dir"} <= recipe_modules
+    graph = import_graph()
+    crossing = {m: sorted(graph[m] & (recipe_modules - {m})) for m in recipe_modules}
+    assert not any(crossing.values()), crossing

@@ -68,6 +68,7 @@ __all__ = [
     "load_state_dict",
     "load_weights",
     "run_recipe",
+    "saved_config",
     "target_limit",
     "write_json",
 ]
@@ -308,6 +309,15 @@ def is_rankwise_run_dir(path: str | Path) -> bool:
     return meta is not None and "rankwise_version" in meta
 
 
+def saved_config(run_dir: str | Path, *, resume: bool = False) -> Path:
+    """``RUN_DIR/config.yaml``; a RunDirError when there is none (``resume``: naming ``--resume``)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        action = "cannot --resume: " if resume else ""
+        raise RunDirError(f"{action}{run_dir} is not a run directory (no config.yaml)")
+    return path
+
+
 class RunDir:
     """An opened run directory: exclusively locked by this process until :meth:`close` (or exit)."""
 
@@ -332,8 +342,7 @@ class RunDir:
             raise RunDirError(f"run directory {path} exists and is not a directory")
         contents = [p for p in path.iterdir() if p.name != LOCK_NAME] if path.is_dir() else []
         if resume:
-            if not (path / "config.yaml").is_file():
-                raise RunDirError(f"cannot --resume: {path} is not a run directory (no config.yaml)")
+            saved_config(path, resume=True)
             if not any(path.rglob("*.ckpt")):
                 raise RunDirError(
                     f"cannot --resume {path}: it has no checkpoint yet (the run stopped before its first epoch "
@@ -366,8 +375,7 @@ class RunDir:
     def lock_existing(cls, path: str | Path) -> RunDir:
         """Lock an existing run directory (e.g. to re-evaluate it) without changing it."""
         path = Path(path)
-        if not (path / "config.yaml").is_file():
-            raise RunDirError(f"{path} is not a run directory (no config.yaml)")
+        saved_config(path)
         try:
             return cls(path, _lock(path))
         except OSError as e:
@@ -627,6 +635,11 @@ class Run:
         ckpt = self._resume_from(module, stage) if self.resume else None
         trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
+
+    def check_last(self, module: Any, stage: str = "") -> None:
+        """The stage's ``last.ckpt`` is a checkpoint ``--resume`` could continue, as for a stage that
+        continues (else :class:`CheckpointError` naming it)."""
+        self._resume_from(module, stage)
 
     def _resume_from(self, module: Any, stage: str) -> str | None:
         """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet.
@@ -924,10 +937,10 @@ def evaluate_run(
     plots: bool | None = None,
     data: Any = None,
 ) -> dict[str, Any]:
-    """Re-evaluate a finished run from its checkpoint; rewrites metrics.json (keeping the training time) and plots."""
+    """Re-evaluate a finished run from its checkpoint (``best``, ``last`` or None: the recipe's choice; see
+    :func:`rankwise.recipes.runner.check_checkpoint_name`); rewrites metrics.json (keeping the training
+    time) and plots."""
     quiet_lightning()
-    if checkpoint not in (None, "best", "last"):
-        raise ConfigError(f"`checkpoint` must be 'best' or 'last', got {checkpoint!r}")
     if data is None:
         data = load_data(cfg, recipe)
     else:

@@ -11,7 +11,8 @@ owns, for every stage:
   (one device, rank 0) keeps ``last.ckpt`` and its CSV log (``logs/metrics.csv``) under ``RUN_DIR/<stage>/``;
 * its ``done`` marker (``<checkpoint folder>/done``, JSON ``{"epoch_seconds": [...]}``: the wall
   time of every training epoch), written by rank 0 when the stage has trained to its end;
-* resume across stages: a stage with a ``done`` marker is skipped (its weights are loaded), an
+* resume across stages: a stage with a ``done`` marker is skipped (its weights are loaded; under
+  ``--resume`` its ``last.ckpt``, when there is one, is checked as for a stage that continues), an
   unfinished one continues from its ``last.ckpt`` under ``--resume``; a ``local`` stage is cheap and
   redone every time (no marker);
 * the weights it hands on: after the stage (trained or skipped) its ``best`` or ``last`` checkpoint
@@ -190,6 +191,8 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
             plot_stage_curves(run, stage_log(run, stage.name), stage.name, stage.curves)
     else:
         result.epoch_seconds = secs
+        if run.resume:  # a finished stage is not retrained, but a run resumes only from sound checkpoints
+            run.check_last(stage.module, stage.name)
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)
     return result

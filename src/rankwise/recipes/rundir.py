@@ -506,8 +506,9 @@ class Run:
 
     @property
     def is_global_zero(self) -> bool:
-        """Whether this process is rank 0 of the last fitted Trainer (the one that evaluates and writes)."""
-        return self.global_rank == 0
+        """Whether this process is rank 0 (the one that evaluates and writes): rank 0 of the last fitted
+        Trainer, and not a process a DDP launcher started (also when every stage was skipped as done)."""
+        return self.global_rank == 0 and not is_launched_worker()
 
     def rank_zero(self, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
         """``fn(*args, **kwargs)`` on rank 0 (evaluation, reports); ``{}`` on the other processes."""

@@ -137,3 +137,23 @@ def test_no_recipe_module_imports_another():
     graph = import_graph()
     crossing = {m: sorted(graph[m] & (recipe_modules - {m})) for m in recipe_modules}
     assert not any(crossing.values()), crossing
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "a/b"}, "`name` must be a folder name"),
+        ({"name": ".."}, "`name` must be a folder name"),
+        ({"epochs": 0}, r"`epochs` must be an int >= 1, got 0"),
+        ({"mode": "up"}, "`mode` must be 'min' or 'max'"),
+        ({"hand_on": "first"}, "`hand_on` must be 'best', 'last' or None"),
+        ({"best": False}, "keeps no best.ckpt to hand on"),
+        ({"local": True}, "keeps no best.ckpt to hand on"),
+    ],
+)
+def test_a_stage_refuses_what_the_lifecycle_cannot_do(kwargs, match):
+    from rankwise.recipes.stages import Stage
+
+    with pytest.raises(ValueError, match=match):
+        Stage(**{"name": "s", "module": None, "train": None, **kwargs})
+    assert Stage("s", None, None, best=False, hand_on="last").hand_on == "last"

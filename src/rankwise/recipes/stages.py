@@ -86,6 +86,18 @@ class Stage:
     quiet: Sequence[str] = ()
     curves: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise ValueError(f"`name` must be a folder name of the run directory (or ''), got {self.name!r}")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ValueError(f"`epochs` must be an int >= 1, got {self.epochs!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max', got {self.mode!r}")
+        if self.hand_on not in (None, "best", "last"):
+            raise ValueError(f"`hand_on` must be 'best', 'last' or None, got {self.hand_on!r}")
+        if self.hand_on == "best" and (self.local or not self.best):
+            raise ValueError(f"stage {self.name!r} keeps no best.ckpt to hand on: use hand_on='last' or None")
+
 
 @dataclass
 class StageResult:
@@ -211,9 +223,8 @@ def _run_local(run: Any, stage: Stage) -> StageResult:
     with _quiet(stage.quiet):
         trainer.fit(stage.module, stage.train, stage.val)
     result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
-    drawn = run.plots_dir is not None and (run.plots_dir / f"{stage.name}_curves.png").is_file()
-    if stage.curves and not (run.evaluating and drawn):  # an evaluation draws only missing curves
-        plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)
+    if stage.curves and not (run.evaluating and (run.dir / "plots" / f"{stage.name}_curves.png").is_file()):
+        plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)  # evaluation: if missing
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)
     return result

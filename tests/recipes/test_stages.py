@@ -157,3 +157,23 @@ def test_a_stage_refuses_what_the_lifecycle_cannot_do(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Stage(**{"name": "s", "module": None, "train": None, **kwargs})
     assert Stage("s", None, None, best=False, hand_on="last").hand_on == "last"
+
+
+def test_a_finished_stage_given_more_epochs_continues_on_resume(tmp_path, abalone):
+    import yaml
+
+    run = tmp_path / "run"
+    cfg1 = load_config("abalone_vanilla", [*TINY, "trainer.max_epochs=1"])
+    train(cfg1, out=run, progress=False, verbose=False, data=abalone)
+    assert len(read_done(run / "checkpoints" / "done") or []) == 1
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["trainer"]["max_epochs"] = 2  # the user extends the finished run
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    train(None, out=run, resume=True, progress=False, verbose=False, data=abalone)
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (ckpt["epoch"], ckpt["global_step"]) == (1, 6)  # 3 steps per epoch
+    assert len(read_done(run / "checkpoints" / "done") or []) == 1  # the epoch trained by the resumed process
+    # resumed again with nothing left to train: skipped, same weights
+    train(None, out=run, resume=True, progress=False, verbose=False, data=abalone)
+    again = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert again["global_step"] == 6

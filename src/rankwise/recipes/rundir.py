@@ -637,6 +637,15 @@ class Run:
         trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
 
+    def trained_epochs(self, stage: str = "") -> int | None:
+        """Epochs the stage's ``last.ckpt`` has trained (None without a readable Lightning checkpoint)."""
+        last = self.ckpt_dir(stage) / "last.ckpt"
+        if not last.is_file():
+            return None
+        ckpt = load_checkpoint(last)
+        epoch = ckpt.get("epoch") if isinstance(ckpt, dict) else None
+        return int(epoch) + 1 if isinstance(epoch, int) else None
+
     def check_last(self, module: Any, stage: str = "") -> None:
         """The stage's ``last.ckpt`` is a checkpoint ``--resume`` could continue, as for a stage that
         continues (else :class:`CheckpointError` naming it)."""

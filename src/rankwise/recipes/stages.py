@@ -12,9 +12,10 @@ owns, for every stage:
 * its ``done`` marker (``<checkpoint folder>/done``, JSON ``{"epoch_seconds": [...]}``: the wall
   time of every training epoch), written by rank 0 when the stage has trained to its end;
 * resume across stages: a stage with a ``done`` marker is skipped (its weights are loaded; under
-  ``--resume`` its ``last.ckpt``, when there is one, is checked as for a stage that continues), an
-  unfinished one continues from its ``last.ckpt`` under ``--resume``; a ``local`` stage is cheap and
-  redone every time (no marker);
+  ``--resume`` its ``last.ckpt`` is checked as for a stage that continues), an unfinished one
+  continues from its ``last.ckpt`` under ``--resume`` -- also a finished one whose ``last.ckpt`` holds
+  fewer epochs than the stage now asks for (a run extended by editing its saved ``config.yaml``); a
+  ``local`` stage is cheap and redone every time (no marker);
 * the weights it hands on: after the stage (trained or skipped) its ``best`` or ``last`` checkpoint
   is loaded into ``module`` on every process, so the next stage starts from them;
 * its training-curve plot (``plots/<stage>_curves.png``, when ``curves`` names it).
@@ -183,6 +184,8 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
         return _run_local(run, stage)
     done = run.ckpt_dir(stage.name) / DONE
     secs = read_done(done)
+    if secs is not None and run.resume and (run.trained_epochs(stage.name) or stage.epochs) < stage.epochs:
+        secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
     result = StageResult(stage, skipped=secs is not None)
     if secs is None:
         timer = _epoch_timer()

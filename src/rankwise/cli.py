@@ -230,6 +230,30 @@ def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -
 # ------------------------------------------------------------------------------------------ commands
 
 
+def _new_run_config(
+    config: str | None,
+    data: Path | None,
+    target: str | None,
+    method: str,
+    dataset: str | None,
+    overrides: list[str],
+    con: Any,
+    *,
+    quiet: bool = False,
+) -> Any:
+    """The config of a new run: a preset / YAML file with ``overrides``, or the user's own table (``--data``)."""
+    if data is None:
+        from rankwise.recipes.config import load_config
+
+        return load_config(config, overrides)
+    from rankwise.recipes.own_data import own_data_config
+
+    cfg, defaults = own_data_config(data, str(target), method, dataset=dataset, overrides=overrides)
+    if not quiet:
+        con.print(f"defaults from {data}: {defaults.describe()}", highlight=False, soft_wrap=True)
+    return cfg
+
+
 @app.command(cls=Command)
 def train(
     config: Annotated[
@@ -288,9 +312,10 @@ def train(
         "num_nodes": num_nodes if num_nodes is not None else launch.get("num_nodes"),
     }
     hardware = {k: v for k, v in hardware.items() if v is not None}
-    for key, value in (*hardware.items(), ("precision", precision)):
-        if value is not None:
-            overrides.append(f"trainer.{key}={value}")
+    if not resume:  # a new run: overrides of its config; a resumed run: applied to its saved config
+        for key, value in (*hardware.items(), ("precision", precision)):
+            if value is not None:
+                overrides.append(f"trainer.{key}={value}")
 
     if resume and set_:
         _console().print(
@@ -302,24 +327,22 @@ def train(
     con = _console()
 
     def go() -> Any:
-        from rankwise.recipes.config import load_config
         from rankwise.recipes.runner import train as run_train
 
-        if data is not None:  # with --resume the run continues with its saved config
-            from rankwise.recipes.own_data import own_data_config
-
-            cfg, defaults = own_data_config(data, str(target), method, dataset=dataset, overrides=overrides)
-            if not resume:
-                con.print(f"defaults from {data}: {defaults.describe()}", highlight=False, soft_wrap=True)
+        run_dir, cfg = out, None
+        if resume:  # the run continues with its saved config, read once by run_train
+            if run_dir is None:  # the directory the config names
+                named = _new_run_config(config, data, target, method, dataset, [], con, quiet=True)
+                run_dir = Path(named.run.out_dir) / named.run.name
         else:
-            cfg = load_config(config, [] if resume else overrides)
+            cfg = _new_run_config(config, data, target, method, dataset, overrides, con)
         return run_train(
             cfg,
-            out=out,
+            out=run_dir,
             resume=resume,
             overwrite=overwrite,
             progress=progress,
-            trainer_overrides=hardware,
+            trainer_overrides=hardware if resume else None,
             log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 
@@ -343,8 +366,6 @@ def evaluate(
     ] = None,
 ) -> None:
     """Re-evaluate a run's checkpoint on its test set (rewrites metrics.json and plots)."""
-    if checkpoint is not None and checkpoint not in ("best", "last"):
-        _fail(f"--checkpoint must be 'best' or 'last', got {checkpoint!r}")
 
     def go() -> Any:
         from rankwise.recipes.registry import get_recipe

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import pytest
 
@@ -16,7 +17,8 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_more_workers_than_cpus_are_capped_with_one_warning(two_cpus: None) -> None:
-    with pytest.warns(common.DataDefaultsWarning, match=r"data.num_workers=4 is more than the 2 CPUs .*: 2 DataLoader workers"):
+    message = r"data.num_workers=4 is more than the 2 CPUs .*: 2 DataLoader workers"
+    with pytest.warns(common.DataDefaultsWarning, match=message):
         assert common.loader_workers(4) == {"num_workers": 2, "persistent_workers": True}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -39,7 +41,7 @@ def test_the_regression_loaders_use_the_capped_count(two_cpus: None) -> None:
 
     class Data:
         train = val = test = TensorDataset(torch.zeros(8, 1), torch.zeros(8))
-        meta: dict[str, object] = {}
+        meta: ClassVar[dict[str, object]] = {}
 
     cfg = load_config("abalone_vanilla", ["data.num_workers=6"])
     with pytest.warns(UserWarning, match="num_workers=6"):

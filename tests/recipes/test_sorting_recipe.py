@@ -283,7 +283,8 @@ def test_rank_loss_relaxations_are_zero_at_the_true_order_and_push_towards_it(me
     [
         ("large_mnist_median_neuralsort", ["task.method=isotonic"], "the median task needs one of"),
         ("large_mnist_isotonic", ["task.hard=true"], r"`task.hard` .* does not apply to `task.method` 'isotonic'"),
-        ("large_mnist_neuralsort", ["task.median_objective=mse"], r"`task.median_objective` must be one of"),
+        ("large_mnist_median_neuralsort", ["task.median_objective=mse"], r"`task.median_objective` must be one of"),
+        ("large_mnist_neuralsort", ["task.median_objective=point"], r"unknown config key `task.median_objective`"),
         ("large_mnist_neuralsort", ["task.val_fraction=1"], r"`task.val_fraction` must be < 1"),
         ("large_mnist_sinkhorn", ["task.options.eps=0.1"], r"unknown option `task.options.eps`.*epsilon"),
     ],
@@ -323,3 +324,33 @@ def test_permutation_relaxations_from_op_entries_select_the_largest_first(method
     assert p_hat.shape == (2, 5, 5)
     assert torch.equal(p_hat.argmax(-1), scores.argsort(-1, descending=True))
     torch.testing.assert_close(p_hat.sum(-1), torch.ones(2, 5), atol=2e-2, rtol=0)
+
+
+def test_the_median_objective_belongs_to_the_median_task_only(tmp_path):
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+    from rankwise.recipes import config_to_dict, get_recipe
+    from rankwise.recipes.runner import load_run_config
+    from rankwise.recipes.sorting import MedianOptions
+    from tests.cli_helpers import one_error_line
+
+    assert "median_objective" not in SortOptions.model_fields
+    assert set(SortOptions.model_fields) < set(MedianOptions.model_fields)
+    assert get_recipe("sort").options is SortOptions and get_recipe("median").options is MedianOptions
+    r = CliRunner().invoke(app, ["train", "large_mnist_neuralsort", "--set", "task.median_objective=point"])
+    assert "`task.median_objective`" in one_error_line(r)
+    # a sort run directory saved when both tasks shared one options model still loads (sort never read it)
+    import yaml
+
+    saved = config_to_dict(load_config("large_mnist_neuralsort", ["task.tau=0.5"]))
+    saved["task"]["median_objective"] = "point"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = load_run_config(tmp_path)
+    assert cfg.recipe == "sort" and cfg.task.tau == 0.5 and not hasattr(cfg.task, "median_objective")
+    with pytest.raises(ConfigError, match=r"unknown config key `task\.median_objective`"):
+        load_config(tmp_path / "config.yaml")  # a user's config file is not a saved run: refused
+    # the median task keeps it
+    saved = config_to_dict(load_config("large_mnist_median_neuralsort"))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert load_run_config(tmp_path).task.median_objective == "point"

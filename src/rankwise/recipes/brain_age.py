@@ -31,8 +31,6 @@ predictions) and plots.
 
 from __future__ import annotations
 
-import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -46,10 +44,12 @@ from rankwise.models.brain_age import ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import build_regularizers, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage, plot_stage_curves, stage_log
 
 __all__ = ["BrainAgeModule", "BrainAgeOptions", "BrainAgeRecipe"]
 
@@ -81,20 +81,6 @@ class BrainAgeOptions(Options):
         "training ages, i.e. standardised targets); losses and metrics stay in years",
         gt=0,
     )
-
-
-class _EpochTimer(L.Callback):
-    """Wall seconds of every training epoch (``seconds``)."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._t0 = 0.0
-
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self.seconds.append(time.perf_counter() - self._t0)
 
 
 def _network(cfg: Config, backbone: str) -> nn.Module:
@@ -229,33 +215,15 @@ class BrainAgeModule(L.LightningModule):
 
 
 def _loaders(run: Run) -> tuple[Any, Any, Any]:
-    from rankwise.recipes.dir import regression_loaders
-
     return regression_loaders(run.data, run.cfg)
 
 
-def _fit_stage(run: Run, module: BrainAgeModule, *, stage: str, epochs: int) -> list[float]:
-    """Train one stage (best = lowest val MAE) unless its ``done`` marker exists; returns epoch seconds."""
-    import json
-
-    done = run.ckpt_dir(stage) / "done"
-    if done.is_file():
-        return list(json.loads(done.read_text()).get("epoch_seconds", []))
+def _stage(run: Run, module: BrainAgeModule, name: str, epochs: int) -> Stage:
+    """A TSAN / SFCN training stage: best = lowest validation MAE, handed on to the next stage and the test."""
     train_dl, val_dl, _ = _loaders(run)
-    timer = _EpochTimer()
-    run.callbacks = [*run.callbacks, timer]
-    try:
-        trainer = run.trainer(max_epochs=epochs, stage=stage, monitor="val/mae")
-    finally:
-        run.callbacks = [c for c in run.callbacks if c is not timer]
-    with warnings.catch_warnings():
-        # stage 2 holds the frozen stage-1 network in eval mode on purpose
-        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-        run.fit(trainer, module, train_dl, val_dl, stage=stage)
-    if trainer.global_rank == 0:
-        done.parent.mkdir(parents=True, exist_ok=True)
-        done.write_text(json.dumps({"epoch_seconds": timer.seconds}))
-    return timer.seconds
+    # stage 2 holds the frozen stage-1 network in eval mode on purpose
+    quiet = [r"Found \d+ module\(s\) in eval mode"]
+    return Stage(name, module, train_dl, val_dl, epochs=epochs, monitor="val/mae", quiet=quiet)
 
 
 def _two_stages(run: Run) -> bool:
@@ -377,11 +345,7 @@ def _write_predictions(
         plots.plot_mae_by_decade(test_pred, test_age, pdir / "mae_by_decade.png", title=title)
         if run.cfg.task.montage > 0:
             plots.plot_montage(run.data.test, pdir / "inputs_montage.png", n=run.cfg.task.montage)
-        stage1 = run.dir / "logs" / "stage1" / "metrics.csv"
-        if stage1.is_file():
-            from rankwise.recipes.reports import plot_training_curves
-
-            plot_training_curves(stage1, pdir / "stage1_curves.png", title=f"stage 1: {title}")
+        plot_stage_curves(run, stage_log(run, "stage1"), "stage1", "stage 1")
 
 
 def _fmt(v: Any) -> str:
@@ -454,27 +418,29 @@ class BrainAgeRecipe(RecipeBase):
                 "have no `sex` value; fill them or set `model.options.use_sex=false`"
             )
         dir1, _ = _stage_dirs(run)
-        secs = _fit_stage(run, first, stage=dir1, epochs=cfg.trainer.max_epochs)
-        # every process continues (under DDP stage 2 trains on all of them); rank 0 evaluates at the end
-        first.load_state_dict(load_state_dict(run.checkpoint("best", dir1)))
-        if not _two_stages(run):
-            if run.global_rank != 0:
-                return {}
-            metrics = _evaluate_module(run, first, write=True)
+        # every process trains every stage (under DDP stage 2 trains on all of them), each stage
+        # starting from the best weights of the one before; rank 0 evaluates at the end
+        stages: list[Any] = [_stage(run, first, dir1, cfg.trainer.max_epochs)]
+        if _two_stages(run):
+            epochs2 = cfg.task.stage2_epochs or cfg.trainer.max_epochs
+            stages.append(lambda _: _stage(run, _second(run, first, init=True), "", epochs2))
+        done = run.run_stages(stages)
+        secs = [s for r in done for s in r.epoch_seconds]
+        return run.rank_zero(self._test, run, [r.module for r in done], secs)
+
+    def _test(self, run: Run, modules: list[BrainAgeModule], secs: list[float]) -> dict[str, Any]:
+        if len(modules) == 1:
+            metrics = _evaluate_module(run, modules[0], write=True)
         else:
-            second = _second(run, first, init=True)
-            secs = secs + _fit_stage(run, second, stage="", epochs=cfg.task.stage2_epochs or cfg.trainer.max_epochs)
-            if run.global_rank != 0:
-                return {}
-            stage1 = _evaluate_module(run, first, write=False)  # the frozen stage-1 weights, unchanged
-            metrics = self._evaluate_second(run, second, stage1, "best")
+            stage1 = _evaluate_module(run, modules[0], write=False)  # the frozen stage-1 weights, unchanged
+            metrics = self._evaluate_second(run, modules[1], stage1, "best")
         metrics["test"]["epoch_seconds"] = float(np.mean(secs)) if secs else float("nan")
         return metrics
 
     def _evaluate_second(
         self, run: Run, second: BrainAgeModule, stage1: dict[str, Any], checkpoint: str
     ) -> dict[str, Any]:
-        second.load_state_dict(load_state_dict(run.checkpoint(checkpoint)))
+        run.load(second, checkpoint)
         metrics = _evaluate_module(run, second, write=True)
         for key in ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap"):
             metrics["test"][f"stage1_{key}"] = stage1["test"][key]
@@ -486,9 +452,9 @@ class BrainAgeRecipe(RecipeBase):
         dir1, _ = _stage_dirs(run)
         name = checkpoint or "best"
         if not _two_stages(run):
-            first.load_state_dict(load_state_dict(run.checkpoint(name, dir1)))
+            run.load(first, name, dir1)
             return _evaluate_module(run, first, write=True)
-        first.load_state_dict(load_state_dict(run.checkpoint("best", dir1)))
+        run.load(first, "best", dir1)
         stage1 = _evaluate_module(run, first, write=False)
         return self._evaluate_second(run, _second(run, first), stage1, name)
 

@@ -4,6 +4,7 @@
   resumed after a kill replays the same random draws;
 * :class:`EpochShuffleSampler` / :class:`EpochIndexSampler` + :func:`item_seed` -- data order and
   random items that depend only on ``(seed, epoch, index)``;
+* :func:`epochs_and_batches` -- a step budget in epochs (the episode / list recipes);
 * :func:`build_backbone` -- ``rankwise.models.build_backbone`` with the dataset's options and the
   optional local ``model.weights``;
 * :func:`check_finite` -- raise :class:`NonFiniteLossError` (the run stops, its last good
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import warnings
@@ -35,6 +37,7 @@ __all__ = [
     "check_finite",
     "device_name",
     "encode",
+    "epochs_and_batches",
     "item_seed",
     "loader_workers",
     "plot_embedding",
@@ -111,6 +114,12 @@ class EpochIndexSampler(EpochShuffleSampler):
             yield from range(base, base + self.n)
             return
         yield from (base + torch.as_tensor(list(super().__iter__()))).tolist()
+
+
+def epochs_and_batches(t: Any) -> tuple[int, int]:
+    """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
+    epochs = math.ceil(t.steps / t.steps_per_epoch)
+    return epochs, math.ceil(t.steps / epochs)
 
 
 def item_seed(seed: int, index: int) -> int:

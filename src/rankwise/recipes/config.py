@@ -75,8 +75,10 @@ __all__ = [
     "model_fields_doc",
     "parse_yaml",
     "preset_path",
+    "register_legacy_place",
     "set_recipe_lookup",
     "upgrade_legacy",
+    "upgrade_saved",
     "validate_section",
 ]
 
@@ -431,7 +433,7 @@ class Config(Section):
     )
     data: DataConfig = Field(default_factory=DataConfig, description="dataset and batching")
     model: ModelConfig = Field(default_factory=ModelConfig, description="backbone")
-    loss: LossConfig = Field(default_factory=LossConfig, description="loss of the regression recipes (dir, rrt, rnc)")
+    loss: LossConfig = Field(default_factory=LossConfig, description="losses of the recipes that read them")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="optimizer")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Lightning Trainer options")
@@ -658,6 +660,10 @@ def get_recipe(name: str) -> Any:
     return _recipe_lookup(name)
 
 
+def _default_recipe() -> str:
+    return str(Config.model_fields["recipe"].default)
+
+
 def _recipe(name: Any) -> Any:
     if not isinstance(name, str):
         raise ConfigError(f"`recipe` must be a string, got {name!r}")
@@ -677,7 +683,7 @@ def config_from_dict(raw: dict[str, Any] | None) -> Config:
     """
     raw = upgrade_legacy(dict(raw or {}))
     raw.pop("extends", None)
-    recipe = _recipe(raw.get("recipe", "dir"))
+    recipe = _recipe(raw.get("recipe", _default_recipe()))
     task_raw = raw.pop("task", None)
     if task_raw is not None and not isinstance(task_raw, dict):
         raise ConfigError(f"`task` must be a mapping, got {type(task_raw).__name__} {task_raw!r}")
@@ -963,44 +969,88 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
 _LEGACY_REGULARIZERS = {"pairwise": "pairwise_difference"}
 
 
+#: places of the pre-registry layout that belonged to one recipe: place -> (its recipe, its key in
+#: ``task``; "" merges a mapping into ``task``), registered by the recipe registry
+#: (:func:`register_legacy_place`); the config layer itself knows no recipe
+_LEGACY_PLACES: dict[str, tuple[str, str]] = {}
+
+
+def register_legacy_place(place: str, recipe: str, key: str = "") -> None:
+    """Configs of the pre-registry layout held ``place`` (a dotted key) for ``recipe``: :func:`upgrade_legacy`
+    moves its value to ``task.<key>`` (``key=""``: a mapping merged into ``task``) for that recipe and drops
+    it for the others."""
+    _LEGACY_PLACES[place] = (recipe, key)
+
+
+def _pop_place(out: dict[str, Any], place: str) -> tuple[bool, Any]:
+    *parents, last = place.split(".")
+    node: Any = out
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or last not in node:
+        return False, None
+    return True, node.pop(last)
+
+
 def upgrade_legacy(raw: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the pre-registry layout into the current one (a copy; current layouts pass unchanged).
 
-    ``run.recipe`` -> ``recipe``; ``rnc:`` -> ``task`` of recipe rnc; ``run.init_checkpoint`` /
-    ``run.reset_head`` -> ``task`` of recipe rrt; ``loss.regularizers`` as a ``{name: {weight,
-    options}}`` mapping -> a list; SupCon's ``task.optimizer`` -> ``optimizer.name`` (with
-    ``schedule.interval: step``, the old SupCon schedule); ``loss.lds`` / ``loss.fds`` -> ``task.lds`` /
-    ``task.fds`` (the options of the recipes that read them; a saved default is dropped);
-    ``run.plots`` / ``tsne`` / ``plot_samples`` / ``many_shot`` / ``few_shot`` -> ``report.*``.
+    ``run.recipe`` -> ``recipe``; the places registered with :func:`register_legacy_place` (a
+    recipe's options saved outside ``task``, e.g. ``run.init_checkpoint``) -> ``task`` of their
+    recipe; ``loss.regularizers`` as a ``{name: {weight, options}}`` mapping -> a list; a saved
+    default ``loss`` section of a recipe that does not read it is dropped, and the recipe's own
+    ``upgrade_legacy(raw)`` (when it has one) rewrites the rest of its old options (e.g. an optimizer
+    name saved in ``task``); ``loss.lds`` / ``loss.fds`` -> ``task.lds`` / ``task.fds`` (the options
+    of the recipes that read them; a saved default is dropped); ``run.plots`` / ``tsne`` /
+    ``plot_samples`` / ``many_shot`` / ``few_shot`` -> ``report.*``.
     """
     out = copy.deepcopy(raw)
     run = out.get("run")
     legacy_recipe = isinstance(run, dict) and "recipe" in run
     if isinstance(run, dict) and legacy_recipe:
         out.setdefault("recipe", run.pop("recipe"))
-    recipe = out.get("recipe", "dir")
-    if isinstance(run, dict):
-        moved = {k: run.pop(k) for k in ("init_checkpoint", "reset_head") if k in run}
-        if moved and recipe == "rrt":
+    name = out.get("recipe", _default_recipe())
+    for place, (owner, key) in _LEGACY_PLACES.items():
+        found, value = _pop_place(out, place)
+        if not found or owner != name:
+            continue
+        moved = value if not key else {key: value}
+        if isinstance(moved, dict):
             out["task"] = {**moved, **(out.get("task") or {})}
-    if "rnc" in out:
-        rnc = out.pop("rnc")
-        if recipe == "rnc" and isinstance(rnc, dict):
-            out["task"] = {**rnc, **(out.get("task") or {})}
     loss = out.get("loss")
     if isinstance(loss, dict) and isinstance(loss.get("regularizers"), dict):
         loss["regularizers"] = [
             {"name": _LEGACY_REGULARIZERS.get(str(k), str(k)), **(v or {})} for k, v in loss["regularizers"].items()
         ]
-    task = out.get("task")
-    if legacy_recipe and recipe == "supcon" and isinstance(task, dict):
-        name = task.pop("optimizer", "sgd")
-        out.setdefault("optimizer", {})["name"] = name
-        out.setdefault("schedule", {}).setdefault("interval", "step")
-    if legacy_recipe and recipe in ("supcon", "sort", "median", "dknn"):
-        out.pop("loss", None)  # old run directories saved the (unused) default loss section of every recipe
+    recipe = _legacy_recipe(name) if legacy_recipe else None
+    if recipe is not None:
+        if "loss" not in getattr(recipe, "uses", ()):
+            out.pop("loss", None)  # old run directories saved the (unused) default loss section of every recipe
+        upgrade = getattr(recipe, "upgrade_legacy", None)
+        if upgrade is not None:
+            upgrade(out)
     _move_sections(out)
     return out
+
+
+def upgrade_saved(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config saved in a run directory (``config.yaml``), upgraded to the current layout: :func:`upgrade_legacy`,
+    then its recipe's ``upgrade_saved(raw)`` (when it has one: options an earlier version saved and the
+    recipe no longer reads)."""
+    out = upgrade_legacy(raw)
+    recipe = _legacy_recipe(out.get("recipe", _default_recipe()))
+    upgrade = getattr(recipe, "upgrade_saved", None)
+    if upgrade is not None:
+        upgrade(out)
+    return out
+
+
+def _legacy_recipe(name: Any) -> Any:
+    """The recipe of an old config (None when unknown: :func:`config_from_dict` reports it)."""
+    try:
+        return _recipe(name)
+    except (ConfigError, RuntimeError):
+        return None
 
 
 #: keys that moved: ``loss.lds`` / ``loss.fds`` to the options of the recipes that read them (``task``),

@@ -13,37 +13,32 @@ is evaluated on the val and test sets with the many/medium/few-shot metrics
 freezes its encoder and re-trains the head (re-initialized with ``task.reset_head``) with the
 config's loss (typically LDS weights).
 
-This module imports no Lightning: reading a config and ``rankwise evaluate`` on the CPU rebuild the
-plain network (:mod:`rankwise.recipes.dir_net`) and predict without it; training imports
-:mod:`rankwise.recipes.dir_module`.
+The regressor, its training stage and its evaluation are shared with ``rnc`` in
+:mod:`rankwise.recipes.regressor`. This module imports no Lightning: reading a config and
+``rankwise evaluate`` on the CPU rebuild the plain network (:mod:`rankwise.recipes.dir_net`) and
+predict without it; training imports :mod:`rankwise.recipes.dir_module`.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from pydantic import Field
 
-from rankwise.recipes.base import RegressionRecipe
-from rankwise.recipes.config import Config, ConfigError, FDSConfig, LDSConfig, Options, check_lds_fds
-from rankwise.recipes.dir_net import (
-    DIRNet,
-    concat_predictions,
-    lds_weight_table,
-    make_fds,
-    predict,
-    predicts_on_cpu,
-    regression_loaders,
-    run_shot_thresholds,
-    write_evaluation,
-)
-from rankwise.recipes.loss_terms import check_loss_config
+from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.dir_net import DIRNet, lds_weight_table, make_fds, regression_loaders, run_shot_thresholds
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict, load_weights
+from rankwise.recipes.regressor import (
+    DIROptions,
+    DIRRecipe,
+    build_net,
+    build_regressor,
+    evaluate_regressor,
+    fit_regressor,
+)
+from rankwise.recipes.rundir import Run, load_weights
 
 if TYPE_CHECKING:
     from rankwise.recipes.dir_module import DIRRegressor
@@ -55,7 +50,10 @@ __all__ = [
     "DIRRegressor",
     "RRTOptions",
     "RRTRecipe",
+    "build_net",
+    "build_regressor",
     "evaluate_regressor",
+    "fit_regressor",
     "lds_weight_table",
     "make_fds",
     "regression_loaders",
@@ -71,114 +69,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class DIROptions(Options):
-    """LDS sample weights and FDS feature smoothing of the regressor (the ``loss`` section: its losses)."""
-
-    lds: LDSConfig = Field(default_factory=LDSConfig, description="label-distribution smoothing / reweighting")
-    fds: FDSConfig = Field(default_factory=FDSConfig, description="feature-distribution smoothing")
-
-
 class RRTOptions(DIROptions):
     """Regressor re-training: a trained run's frozen encoder, a re-trained head."""
 
     init_checkpoint: str | None = Field(None, description="run directory or .ckpt whose encoder is frozen (required)")
     reset_head: bool = Field(True, description="re-initialize the head before re-training it")
-
-
-def build_regressor(run: Run, *, freeze_backbone: bool = False) -> DIRRegressor:
-    """The run's Lightning regressor (:class:`~rankwise.recipes.dir_module.DIRRegressor`)."""
-    from rankwise.recipes.dir_module import DIRRegressor
-
-    return DIRRegressor(**_net_args(run, freeze_backbone))
-
-
-def build_net(run: Run, *, freeze_backbone: bool = False) -> DIRNet:
-    """The run's regressor as a plain :class:`~rankwise.recipes.dir_net.DIRNet` (the same state dict, no Lightning)."""
-    return DIRNet(**_net_args(run, freeze_backbone))
-
-
-def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
-    d = run.data
-    return {
-        "cfg": run.cfg,
-        "input_dim": d.input_dim,
-        "bin_width": d.bin_width,
-        "train_labels": d.train_labels,
-        "meta": d.meta,
-        "freeze_backbone": freeze_backbone,
-    }
-
-
-def _predict(module: Any, loader: Any, trainer: Any) -> dict[str, np.ndarray]:
-    return concat_predictions(trainer.predict(module, loader))
-
-
-def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str) -> dict[str, Any]:
-    """Load ``checkpoints/<checkpoint>.ckpt`` into ``module``; val/test shot metrics, predictions.npz, plots.
-
-    A :class:`~rankwise.recipes.dir_module.DIRRegressor` predicts through a Lightning Trainer on
-    ``trainer.accelerator``; a plain :class:`~rankwise.recipes.dir_net.DIRNet` with
-    :func:`~rankwise.recipes.dir_net.predict` (on the CPU). Both end in
-    :func:`~rankwise.recipes.dir_net.write_evaluation`.
-    """
-    cfg, data = run.cfg, run.data
-    ckpt = run.checkpoint(checkpoint)
-    load_weights(module, ckpt)
-    module.eval()
-    _, val_dl, test_dl = regression_loaders(data, cfg)
-    if _is_lightning(module):
-        trainer = run.local_trainer()
-        test, val = _predict(module, test_dl, trainer), _predict(module, val_dl, trainer)
-    else:
-        test, val = predict(module, test_dl), predict(module, val_dl)
-    return write_evaluation(run, test, val, ckpt)
-
-
-def _is_lightning(module: Any) -> bool:
-    lightning = sys.modules.get("lightning")  # not imported: not a LightningModule
-    return lightning is not None and isinstance(module, lightning.LightningModule)
-
-
-def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
-    """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0."""
-    import warnings
-
-    from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
-
-    note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
-    if note is not None:
-        warnings.warn(note, DataDefaultsWarning, stacklevel=2)
-    train_dl, val_dl, _ = regression_loaders(run.data, run.cfg)
-    trainer = run.trainer(max_epochs=run.cfg.trainer.max_epochs, monitor="val/mae")
-    run.fit(trainer, module, train_dl, val_dl)
-    if run.global_rank != 0:
-        return {}
-    return evaluate_regressor(run, module, "best")
-
-
-# ------------------------------------------------------------------------------------------ recipes
-
-
-class DIRRecipe(RegressionRecipe):
-    """Deep imbalanced regression: regression loss + LDS + FDS + registry regularizers."""
-
-    name = "dir"
-    description = "deep imbalanced regression: task loss + LDS + FDS + regularizers from the loss registry"
-    options: type = DIROptions
-
-    def check(self, cfg: Config) -> None:
-        check_loss_config(cfg.loss)
-        check_lds_fds(cfg.task.lds, cfg.task.fds)
-
-    def fit(self, run: Run) -> dict[str, Any]:
-        return fit_regressor(run, build_regressor(run))
-
-    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        """The checkpoint's val/test metrics; on the CPU in float32 (the run's evaluation Trainer would
-        predict there) with the plain network and no Lightning, else through a Lightning Trainer."""
-        build = build_net if predicts_on_cpu(run.cfg) else build_regressor
-        module = build(run, freeze_backbone=self.name != "dir")
-        return evaluate_regressor(run, module, checkpoint or "best")
 
 
 def resolve_checkpoint(source: str, key: str = "task.init_checkpoint") -> Path:
@@ -200,6 +95,7 @@ class RRTRecipe(DIRRecipe):
     name = "rrt"
     description = "re-train only the head of a trained run (task.init_checkpoint) with this config's loss"
     options: type = RRTOptions
+    frozen_backbone = True
 
     def check(self, cfg: Config) -> None:
         super().check(cfg)
@@ -209,8 +105,8 @@ class RRTRecipe(DIRRecipe):
     def fit(self, run: Run) -> dict[str, Any]:
         module = build_regressor(run, freeze_backbone=True)
         t: RRTOptions = run.cfg.task
-        state = load_state_dict(resolve_checkpoint(str(t.init_checkpoint)))
-        module.load_state_dict({k: v for k, v in state.items() if not k.startswith("lds_")}, strict=False)
+        # the source run's weights but its LDS table (this run's loss has its own); a run's head may differ
+        load_weights(module, resolve_checkpoint(str(t.init_checkpoint)), strict=False, skip=("lds_",))
         if t.reset_head:
             torch.manual_seed(run.cfg.run.seed)
             module.reset_head()

@@ -29,6 +29,7 @@ from rankwise.recipes.common import (
     check_finite,
     device_name,
     encode,
+    epochs_and_batches,
     item_seed,
     loader_workers,
     plot_embedding,
@@ -38,8 +39,8 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
-from rankwise.recipes.sorting import epochs_and_batches
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = ["DKNNModule", "DKNNOptions", "DKNNRecipe", "Episodes"]
 
@@ -159,17 +160,14 @@ class DKNNRecipe(RecipeBase):
         ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
-        trainer = run.trainer(max_epochs=epochs)
-        run.fit(trainer, module, loader)
-        if run.global_rank != 0:
-            return {}
-        return self._test(run, module)
+        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last"))
+        return run.rank_zero(self._test, run, module)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         if run.cfg.task.method == "knn_pixels":
             return self._pixels(run)
         module = self._module(run, len(run.data.train))
-        load_weights(module, run.checkpoint(checkpoint or "last"))
+        run.load(module, checkpoint or "last")
         return self._test(run, module)
 
     def _pixels(self, run: Run) -> dict[str, Any]:

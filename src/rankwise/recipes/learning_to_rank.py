@@ -46,7 +46,8 @@ from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = ["LTRModule", "LTROptions", "LTRRecipe", "ltr_metrics"]
 
@@ -221,11 +222,13 @@ class LTRRecipe(RecipeBase):
         module = self._module(run)
         train, val, _ = self._loaders(run)
         timer = StepTimer()
-        trainer = run.trainer(max_epochs=cfg.trainer.max_epochs, monitor=f"val/{cfg.task.val_metric}", mode="max")
-        trainer.callbacks.append(timer)
-        run.fit(trainer, module, train, val)
-        if run.global_rank != 0:
-            return {}
+        monitor = f"val/{cfg.task.val_metric}"
+        run.run_stage(
+            Stage("", module, train, val, epochs=cfg.trainer.max_epochs, monitor=monitor, mode="max", callbacks=[timer])
+        )
+        return run.rank_zero(self._finish, run, timer)
+
+    def _finish(self, run: Run, timer: StepTimer) -> dict[str, Any]:
         out = self.evaluate(run, "best")
         if timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
@@ -233,8 +236,7 @@ class LTRRecipe(RecipeBase):
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         module = self._module(run)
-        ckpt = run.checkpoint(checkpoint or "best")
-        load_weights(module, ckpt)
+        ckpt = run.load(module, checkpoint or "best")
         module.eval()
         _, val_dl, test_dl = self._loaders(run)
         trainer = run.local_trainer()

@@ -33,6 +33,7 @@ from rankwise.recipes.common import (
     check_finite,
     device_name,
     encode,
+    epochs_and_batches,
     item_seed,
     loader_workers,
     plot_embedding,
@@ -42,8 +43,8 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_state_dict
-from rankwise.recipes.sorting import epochs_and_batches
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalRecipe"]
 
@@ -169,22 +170,15 @@ class RetrievalRecipe(RecipeBase):
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
         timer = StepTimer()
-        trainer = run.trainer(max_epochs=epochs)
-        trainer.callbacks.append(timer)
-        run.fit(trainer, module, loader)
-        if run.global_rank != 0:
-            return {}
-        out = self._test(run, module)
-        if timer.steps:
-            out["seconds_per_step"] = timer.seconds / timer.steps
-        return out
+        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last", callbacks=[timer]))
+        return run.rank_zero(self._test, run, module, timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         module = RetrievalModule(run.cfg, meta=run.data.meta)
-        module.load_state_dict(load_state_dict(run.checkpoint(checkpoint or "last")))
+        run.load(module, checkpoint or "last")
         return self._test(run, module)
 
-    def _test(self, run: Run, module: RetrievalModule) -> dict[str, Any]:
+    def _test(self, run: Run, module: RetrievalModule, timer: StepTimer | None = None) -> dict[str, Any]:
         from rankwise.metrics import retrieval_metrics
 
         xte, yte = tensors(run.data.test)
@@ -192,7 +186,10 @@ class RetrievalRecipe(RecipeBase):
         plot_embedding(run, emb, yte)
         m = retrieval_metrics(emb, yte, ks=tuple(run.cfg.task.ks), distance="cosine")
         test = {k: 100.0 * v for k, v in m.items() if k != "num_queries"}
-        return {"test": test, "device": device_name(run.cfg)}
+        out: dict[str, Any] = {"test": test, "device": device_name(run.cfg)}
+        if timer is not None and timer.steps:
+            out["seconds_per_step"] = timer.seconds / timer.steps
+        return out
 
 
 register_recipe(RetrievalRecipe())

@@ -3,10 +3,11 @@
 Stage 1 (``pretrain``, ``task.pretrain_epochs``): :class:`RnCPretrainer` trains the backbone with
 :func:`rankwise.losses.rnc_loss` on two augmented views of every example (tabular: Gaussian noise
 ``task.noise`` + feature dropout ``task.feature_dropout``; images: random horizontal flip + the
-same noise), over the global batch under DDP. Checkpoints in ``RUN_DIR/pretrain/``, log in
-``logs/pretrain``; ``pretrain/done`` marks the finished stage. Stage 2: the DIR regressor of
-:mod:`rankwise.recipes.dir` on the frozen pretrained backbone, trained and evaluated as ``dir``
-(``trainer.max_epochs``, the ``loss`` section).
+same noise), over the global batch under DDP; a :class:`~rankwise.recipes.stages.Stage` named
+``pretrain`` (checkpoints in ``RUN_DIR/pretrain/``, log in ``logs/pretrain``, ``pretrain/done``
+once finished) handing its last weights on. Stage 2: the DIR regressor of
+:mod:`rankwise.recipes.regressor` on the frozen pretrained backbone, trained and evaluated as
+``dir`` (``trainer.max_epochs``, the ``loss`` section).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import torch
 from pydantic import Field
 
 from rankwise.recipes.common import build_backbone, check_finite, reseed
-from rankwise.recipes.config import Config
-from rankwise.recipes.dir import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
+from rankwise.recipes.regressor import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
 
@@ -88,25 +91,16 @@ class RnCRecipe(DIRRecipe):
     name = "rnc"
     description = "Rank-N-Contrast: contrastive pretraining, then a linear regressor on the frozen encoder"
     options: type = RnCOptions
+    frozen_backbone = True
 
     def fit(self, run: Run) -> dict[str, Any]:
-        from rankwise.recipes.dir import regression_loaders
-
         data = run.data
         if data.kind == "text_pair":
-            from rankwise.recipes.config import ConfigError
-
             raise ConfigError("recipe 'rnc' supports tabular and image data, got text pairs")
         pre = RnCPretrainer(run.cfg, input_dim=data.input_dim, meta=data.meta, kind=data.kind)
-        done = run.ckpt_dir("pretrain") / "done"
-        if not done.is_file():
-            train_dl, _, _ = regression_loaders(data, run.cfg)
-            trainer = run.trainer(max_epochs=run.cfg.task.pretrain_epochs, stage="pretrain", best=False)
-            run.fit(trainer, pre, train_dl, stage="pretrain")
-            if trainer.global_rank == 0:
-                done.write_text("ok")
-        else:
-            load_weights(pre, run.checkpoint("last", "pretrain"))
+        train_dl, _, _ = regression_loaders(data, run.cfg)
+        epochs = run.cfg.task.pretrain_epochs
+        run.run_stage(Stage("pretrain", pre, train_dl, epochs=epochs, best=False, hand_on="last"))
         module = build_regressor(run, freeze_backbone=True)
         module.backbone.load_state_dict(pre.backbone.state_dict())
         return fit_regressor(run, module)

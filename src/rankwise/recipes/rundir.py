@@ -6,7 +6,8 @@ Run directory layout (the same for every recipe)::
     RUN_DIR/meta.json            rankwise version, git hash, command, status (running / completed / failed)
     RUN_DIR/checkpoints/         best.ckpt (best validation metric; the evaluated one without validation)
                                  and last.ckpt (after EVERY epoch, ``--resume`` continues from it)
-    RUN_DIR/<stage>/             checkpoints of other stages (``pretrain/``, ``probe/``)
+    RUN_DIR/<stage>/             checkpoints of a recipe's other stages (see :mod:`rankwise.recipes.stages`);
+                                 every stage folder holds a ``done`` marker once the stage has finished
     RUN_DIR/logs/metrics.csv     CSV log (``logs/<stage>/`` for other stages);  RUN_DIR/tb/  TensorBoard
     RUN_DIR/metrics.json         ``recipe``, ``method``, ``test`` metrics, seed, timing
     RUN_DIR/plots/*.png          training curves + the recipe's plots
@@ -14,7 +15,7 @@ Run directory layout (the same for every recipe)::
 
 :func:`run_recipe` is the lifecycle of ``rankwise train``: load the data, open (and lock) the run
 directory, write config and meta, seed, call ``recipe.fit(run)`` -- which builds its modules and
-trains each stage with :meth:`Run.trainer` / :meth:`Run.fit` -- then write ``metrics.json``,
+trains each stage with :meth:`Run.run_stage` (:mod:`rankwise.recipes.stages`) -- then write ``metrics.json``,
 plots and the final status. ANY error or signal marks the run ``failed`` in meta.json (SIGTERM is
 raised as :class:`RunTerminated`); the lock is released on exit, also after a crash or ``kill -9``
 (it is an ``fcntl.flock`` on ``.lock``).
@@ -40,13 +41,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError, UserError, config_to_dict
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "load_state_dict",
     "load_weights",
     "run_recipe",
+    "saved_config",
     "target_limit",
     "write_json",
 ]
@@ -196,9 +199,18 @@ def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor],
             )
 
 
-def load_weights(module: torch.nn.Module, path: str | Path) -> None:
-    """Load the (Lightning or plain) checkpoint ``path`` into ``module``, every key and shape checked."""
+def load_weights(module: torch.nn.Module, path: str | Path, *, strict: bool = True, skip: Sequence[str] = ()) -> None:
+    """Load the (Lightning or plain) checkpoint ``path`` into ``module``, every key and shape checked.
+
+    ``skip``: prefixes of keys left out; ``strict=False``: only the keys the module and the file share
+    are loaded (e.g. another run's encoder into a new head).
+    """
     state = load_state_dict(path)
+    if skip:
+        state = {k: v for k, v in state.items() if not k.startswith(tuple(skip))}
+    if not strict:
+        module.load_state_dict(state, strict=False)
+        return
     check_state_matches(module, state, path)
     module.load_state_dict(state)
 
@@ -297,6 +309,15 @@ def is_rankwise_run_dir(path: str | Path) -> bool:
     return meta is not None and "rankwise_version" in meta
 
 
+def saved_config(run_dir: str | Path, *, resume: bool = False) -> Path:
+    """``RUN_DIR/config.yaml``; a RunDirError when there is none (``resume``: naming ``--resume``)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        action = "cannot --resume: " if resume else ""
+        raise RunDirError(f"{action}{run_dir} is not a run directory (no config.yaml)")
+    return path
+
+
 class RunDir:
     """An opened run directory: exclusively locked by this process until :meth:`close` (or exit)."""
 
@@ -321,8 +342,7 @@ class RunDir:
             raise RunDirError(f"run directory {path} exists and is not a directory")
         contents = [p for p in path.iterdir() if p.name != LOCK_NAME] if path.is_dir() else []
         if resume:
-            if not (path / "config.yaml").is_file():
-                raise RunDirError(f"cannot --resume: {path} is not a run directory (no config.yaml)")
+            saved_config(path, resume=True)
             if not any(path.rglob("*.ckpt")):
                 raise RunDirError(
                     f"cannot --resume {path}: it has no checkpoint yet (the run stopped before its first epoch "
@@ -355,8 +375,7 @@ class RunDir:
     def lock_existing(cls, path: str | Path) -> RunDir:
         """Lock an existing run directory (e.g. to re-evaluate it) without changing it."""
         path = Path(path)
-        if not (path / "config.yaml").is_file():
-            raise RunDirError(f"{path} is not a run directory (no config.yaml)")
+        saved_config(path)
         try:
             return cls(path, _lock(path))
         except OSError as e:
@@ -465,9 +484,11 @@ def _epoch_printer(emit: Callable[[str], None]) -> Any:
 class Run:
     """What a recipe's ``fit``/``evaluate`` gets: the typed config, the data and the run directory.
 
-    Recipes build every Lightning Trainer with :meth:`trainer` (distributed, per ``trainer``
-    config) or :meth:`local_trainer` (one device: evaluation, prediction, small local stages) and
-    start training with :meth:`fit` (which resumes a stage from its ``last.ckpt``).
+    Recipes train their stages with :meth:`run_stage` / :meth:`run_stages` (folders, ``done``
+    markers, resume, handed-on weights: :mod:`rankwise.recipes.stages`), load a checkpoint into a
+    module with :meth:`load`, run rank-0 work with :meth:`rank_zero`, and predict or test with
+    :meth:`local_trainer` (one device). :meth:`trainer` / :meth:`fit` are the stage lifecycle's
+    Trainer and ``fit`` (which resumes a stage from its ``last.ckpt``).
     """
 
     cfg: Config
@@ -480,7 +501,32 @@ class Run:
     log_epoch: Callable[[str], None] | None = None
     #: set by :meth:`fit`: rank of this process in the last fitted Trainer
     global_rank: int = 0
-    _stages: list[str] = field(default_factory=list)
+    #: ``rankwise evaluate`` (not training): plots of a redone local stage are drawn only when missing
+    evaluating: bool = False
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this process is rank 0 (the one that evaluates and writes): rank 0 of the last fitted
+        Trainer, and not a process a DDP launcher started (also when every stage was skipped as done)."""
+        return self.global_rank == 0 and not is_launched_worker()
+
+    def rank_zero(self, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``fn(*args, **kwargs)`` on rank 0 (evaluation, reports); ``{}`` on the other processes."""
+        return fn(*args, **kwargs) if self.is_global_zero else {}
+
+    def load(self, module: torch.nn.Module, name: str = "best", stage: str = "") -> Path:
+        """Load ``<stage dir>/<name>.ckpt`` into ``module`` (every key and shape checked); returns its path."""
+        path = self.checkpoint(name, stage)
+        load_weights(module, path)
+        return path
+
+    def run_stage(self, stage: _stages.Stage) -> _stages.StageResult:
+        """Train one stage of the recipe (see :mod:`rankwise.recipes.stages`)."""
+        return _stages.run_stage(self, stage)
+
+    def run_stages(self, stages: Sequence[Any]) -> list[_stages.StageResult]:
+        """Train stages in order (see :func:`rankwise.recipes.stages.run_stages`)."""
+        return _stages.run_stages(self, stages)
 
     def ckpt_dir(self, stage: str = "") -> Path:
         return self.dir / (stage or "checkpoints")
@@ -510,20 +556,22 @@ class Run:
         mode: str = "min",
         best: bool = True,
         loggers: bool = True,
+        callbacks: Sequence[Any] = (),
     ) -> Any:
         """The Trainer of a training stage: devices/strategy/precision from ``trainer``, checkpoints, logs.
 
         Checkpoints go to ``checkpoints/`` (main stage) or ``<stage>/``: ``last.ckpt`` after every
         epoch and, with ``best``, ``best.ckpt`` (lowest/highest ``monitor``; without a monitor the
         latest epoch, i.e. the checkpoint the recipe evaluates). Logs: ``logs/[stage/]metrics.csv``
-        and ``tb/[stage]``.
+        and ``tb/[stage]``. ``callbacks``: this stage's own, after those of the run.
         """
         import lightning as L
         from lightning.pytorch.callbacks import ModelCheckpoint
 
         t = self.cfg.trainer
         ckpt_dir = self.ckpt_dir(stage)
-        callbacks: list[Any] = []
+        stage_callbacks = callbacks
+        callbacks = []
         if best:
             callbacks.append(
                 ModelCheckpoint(
@@ -550,6 +598,7 @@ class Run:
         elif self.log_epoch is not None:
             callbacks.append(_epoch_printer(self.log_epoch))
         callbacks.extend(self.callbacks)
+        callbacks.extend(stage_callbacks)
         logger: Any = False
         if loggers:
             from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -588,6 +637,20 @@ class Run:
         trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
 
+    def trained_epochs(self, stage: str = "") -> int | None:
+        """Epochs the stage's ``last.ckpt`` has trained (None without a readable Lightning checkpoint)."""
+        last = self.ckpt_dir(stage) / "last.ckpt"
+        if not last.is_file():
+            return None
+        ckpt = load_checkpoint(last)
+        epoch = ckpt.get("epoch") if isinstance(ckpt, dict) else None
+        return int(epoch) + 1 if isinstance(epoch, int) else None
+
+    def check_last(self, module: Any, stage: str = "") -> None:
+        """The stage's ``last.ckpt`` is a checkpoint ``--resume`` could continue, as for a stage that
+        continues (else :class:`CheckpointError` naming it)."""
+        self._resume_from(module, stage)
+
     def _resume_from(self, module: Any, stage: str) -> str | None:
         """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet.
 
@@ -614,6 +677,7 @@ class Run:
         root: Path | None = None,
         checkpoint: bool = False,
         precision: bool = True,
+        callbacks: Sequence[Any] = (),
     ) -> Any:
         """A quiet single-device Trainer on ``trainer.accelerator`` (evaluation, prediction, a local stage).
 
@@ -628,6 +692,7 @@ class Run:
             "enable_checkpointing": False,
             "enable_progress_bar": False,
             "enable_model_summary": False,
+            "callbacks": list(callbacks),
         }
         if precision:
             kw["precision"] = self.cfg.trainer.precision
@@ -645,7 +710,7 @@ class Run:
             if checkpoint:
                 kw |= {
                     "enable_checkpointing": True,
-                    "callbacks": [ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)],
+                    "callbacks": [*callbacks, ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)],
                     "plugins": [AtomicCheckpointIO()],
                 }
         return _make_trainer(L.Trainer, kw)
@@ -837,7 +902,7 @@ def run_recipe(
             )
             t0 = time.perf_counter()
             result = recipe.fit(run)
-            if run.global_rank != 0 or worker:
+            if not run.is_global_zero or worker:
                 return {}
             seconds = round(time.perf_counter() - t0, 2)
             metrics = {**_common_metrics(recipe, cfg), **result, "train_seconds": seconds}
@@ -857,8 +922,7 @@ def run_recipe(
 
 
 def _plot_curves(run: Run, *, only_missing: bool = False) -> None:
-    """``plots/training_curves.png`` from the run's CSV log, and ``plots/probe_curves.png`` from a
-    second-stage log (``RUN_DIR/probe/logs``: the contrastive recipes' linear probe) when there is one.
+    """``plots/training_curves.png`` from the run's CSV log (a stage's own curves: its ``Stage.curves``).
 
     ``only_missing``: keep curves already drawn (an evaluation does not change the training logs)."""
     pdir = run.plots_dir
@@ -869,12 +933,9 @@ def _plot_curves(run: Run, *, only_missing: bool = False) -> None:
     from rankwise.recipes import reports
 
     name = f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
-    csv = run.dir / "logs" / "metrics.csv"
+    csv = _stages.stage_log(run, "")
     if csv.is_file():
         reports.plot_training_curves(csv, pdir / "training_curves.png", title=name)
-    probe = run.dir / "probe" / "logs" / "metrics.csv"
-    if probe.is_file():
-        reports.plot_training_curves(probe, pdir / "probe_curves.png", title=f"linear probe: {name}")
 
 
 def evaluate_run(
@@ -886,17 +947,17 @@ def evaluate_run(
     plots: bool | None = None,
     data: Any = None,
 ) -> dict[str, Any]:
-    """Re-evaluate a finished run from its checkpoint; rewrites metrics.json (keeping the training time) and plots."""
+    """Re-evaluate a finished run from its checkpoint (``best``, ``last`` or None: the recipe's choice; see
+    :func:`rankwise.recipes.runner.check_checkpoint_name`); rewrites metrics.json (keeping the training
+    time) and plots."""
     quiet_lightning()
-    if checkpoint not in (None, "best", "last"):
-        raise ConfigError(f"`checkpoint` must be 'best' or 'last', got {checkpoint!r}")
     if data is None:
         data = load_data(cfg, recipe)
     else:
         check_data(cfg, recipe, data)
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
-        run = Run(cfg, Path(run_dir), data, plots=cfg.report.plots if plots is None else plots)
+        run = Run(cfg, Path(run_dir), data, plots=cfg.report.plots if plots is None else plots, evaluating=True)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         result = recipe.evaluate(run, checkpoint)

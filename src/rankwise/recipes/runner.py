@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from rankwise.recipes import rundir
-from rankwise.recipes.config import Config, ConfigError, load_config, load_raw
+from rankwise.recipes.config import Config, ConfigError, load_config, load_raw, upgrade_saved
 from rankwise.recipes.registry import Recipe, get_recipe
 
-__all__ = ["CompareResult", "RunResult", "compare", "evaluate", "load_run_config", "train"]
+__all__ = ["CompareResult", "RunResult", "check_checkpoint_name", "compare", "evaluate", "load_run_config", "train"]
 
 
 @dataclass
@@ -37,25 +37,31 @@ class CompareResult:
     recipe: Recipe | None = None
 
 
-def load_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """The typed config saved in ``RUN_DIR/config.yaml`` (``overrides``: ``--set`` strings applied on top)."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise rundir.RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
-    return load_config(load_raw(path), list(overrides))
+def load_run_config(
+    run_dir: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    trainer: Mapping[str, Any] | None = None,
+    resume: bool = False,
+) -> Config:
+    """The typed config saved in ``RUN_DIR/config.yaml`` (``overrides``: ``--set`` strings applied on top;
+    ``trainer``: ``trainer`` options set last, e.g. the hardware of a resumed run). Not a run directory:
+    :class:`~rankwise.recipes.rundir.RunDirError` (``resume``: saying that ``--resume`` needs one)."""
+    raw = upgrade_saved(load_raw(rundir.saved_config(run_dir, resume=resume)))
+    if trainer:
+        section = raw.get("trainer")
+        raw["trainer"] = {**(section if isinstance(section, dict) else {}), **trainer}
+    return load_config(raw, list(overrides))
 
 
-def _hardware_overrides(trainer_overrides: Mapping[str, Any] | None) -> list[str]:
-    import yaml
-
-    return [
-        f"trainer.{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-        for k, v in (trainer_overrides or {}).items()
-    ]
+def check_checkpoint_name(checkpoint: str | None) -> None:
+    """``--checkpoint``: None (the recipe's choice), ``"best"`` or ``"last"``, else a ConfigError."""
+    if checkpoint not in (None, "best", "last"):
+        raise ConfigError(f"--checkpoint must be 'best' or 'last', got {checkpoint!r}")
 
 
 def train(
-    cfg: Config,
+    cfg: Config | None,
     *,
     out: str | Path | None = None,
     resume: bool = False,
@@ -71,21 +77,27 @@ def train(
     """Train one run of ``cfg`` with its recipe, then evaluate it; returns the run directory and metrics.
 
     ``out``: the run directory (default ``{run.out_dir}/{run.name}``). ``resume=True`` continues it
-    from its last checkpoint with the config saved there (``trainer_overrides`` -- hardware options
-    such as ``devices``, ``strategy``, ``num_nodes``, ``accelerator`` -- applied on top, so a DDP run
-    can be resumed on one process and vice versa). ``callbacks``: extra Lightning callbacks of
+    from its last checkpoint with the config saved there, read once (``cfg`` may then be None when
+    ``out`` names the directory; ``trainer_overrides`` -- hardware options such as ``devices``,
+    ``strategy``, ``num_nodes``, ``accelerator`` -- applied on top, so a DDP run can be resumed on
+    one process and vice versa; a new run takes them from ``cfg``). ``callbacks``: extra Lightning callbacks of
     every training stage. ``log_epoch``: receives one line per epoch when the progress bar is off.
     ``verbose=False`` hides the progress bar. Raises
     :class:`~rankwise.recipes.common.NonFiniteLossError` when the loss becomes NaN/inf (the last
     good checkpoint stays on disk); any error marks the run ``failed`` in meta.json.
     """
-    run_dir = Path(out) if out is not None else Path(cfg.run.out_dir) / cfg.run.name
+    if out is not None:
+        run_dir = Path(out)
+    elif cfg is not None:
+        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    else:
+        raise TypeError("train() needs a config, or resume=True and the run directory `out`")
     if resume and overwrite:
         raise rundir.RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     if resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise rundir.RunDirError(f"cannot --resume: {run_dir} is not a run directory (no config.yaml)")
-        cfg = load_run_config(run_dir, _hardware_overrides(trainer_overrides))
+        cfg = load_run_config(run_dir, trainer=trainer_overrides, resume=True)
+    elif cfg is None:
+        raise TypeError("train() needs a config unless it resumes a run directory")
     recipe = get_recipe(cfg.recipe)
     metrics = rundir.run_recipe(
         recipe,
@@ -113,6 +125,7 @@ def evaluate(
 
     Rewrites ``metrics.json`` (keeping the training time) and the plots; returns the metrics.
     """
+    check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
     return rundir.evaluate_run(
         get_recipe(cfg.recipe), cfg, Path(run_dir), checkpoint=checkpoint, plots=plots, data=data

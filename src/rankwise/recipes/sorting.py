@@ -62,7 +62,6 @@ device of rank 0; ``rankwise evaluate`` repeats it from the checkpoint (default 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
@@ -81,6 +80,7 @@ from rankwise.recipes.common import (
     build_backbone,
     check_finite,
     device_name,
+    epochs_and_batches,
     item_seed,
     loader_workers,
     reseed,
@@ -89,12 +89,14 @@ from rankwise.recipes.common import (
 from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = [
     "RELAXATIONS",
     "VAL_SEED",
     "ListSampler",
+    "MedianOptions",
     "MedianRecipe",
     "MedianRegressor",
     "NumberScorer",
@@ -161,9 +163,14 @@ class SortOptions(Options):
         lt=1,
     )
     val_lists: int = Field(200, description="fixed validation lists (evaluated after every epoch)", ge=1)
+
+
+class MedianOptions(SortOptions):
+    """The median task (``recipe: median``): :class:`SortOptions` and the objective of the median regression."""
+
     median_objective: Literal["expected", "point", "embedding"] = Field(
         "expected",
-        description="median task: expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
+        description="expected (sum_j p_j (r_j - y)^2, the paper's), point ((sum_j p_j r_j - y)^2), "
         "or embedding (one CNN; the median row selects the embedding a linear layer regresses)",
     )
 
@@ -448,7 +455,8 @@ class MedianRegressor(nn.Module):
 
 
 class SortingModule(L.LightningModule):
-    """Large-MNIST sorting (``recipe: sort``) or median regression (``median``) of :class:`SortOptions`.
+    """Large-MNIST sorting (``recipe: sort``, :class:`SortOptions`) or median regression (``median``,
+    :class:`MedianOptions`).
 
     ``batch`` = ``(images (B, n, C, H, W), values (B, n))``. ``test_step`` logs ``test/all_correct``
     and ``test/rank_correct`` (sort) or ``test/mse_1e4`` and ``test/median_correct`` (median);
@@ -459,13 +467,13 @@ class SortingModule(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.task: SortOptions = cfg.task
-        self.median = cfg.recipe == "median"
+        self.median = isinstance(self.task, MedianOptions)
         backbone, dim = build_backbone(cfg.model, meta=meta)
         scorer = NumberScorer(backbone, dim, self.task.downsample)
         self.model: nn.Module
         if self.median:
             regressor = None
-            if self.task.median_objective != "embedding":
+            if cast(MedianOptions, self.task).median_objective != "embedding":
                 backbone_r, dim_r = build_backbone(cfg.model, meta=meta)
                 regressor = NumberScorer(backbone_r, dim_r, self.task.downsample)
             self.model = MedianRegressor(scorer, dim, regressor)
@@ -482,7 +490,7 @@ class SortingModule(L.LightningModule):
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
     def _median_train_loss(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        t, model = self.task, self._median_model()
+        t, model = cast(MedianOptions, self.task), self._median_model()
         target = v.float().median(-1).values / self.scale
         if model.regressor is not None:
             p_hat = relaxed_permutation(model.scorer(x).float(), t)  # (B, n, n) or (S, B, n, n)
@@ -578,12 +586,6 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortOptions, 
     return True
 
 
-def epochs_and_batches(t: Any) -> tuple[int, int]:
-    """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
-    epochs = math.ceil(t.steps / t.steps_per_epoch)
-    return epochs, math.ceil(t.steps / epochs)
-
-
 #: seed of the fixed validation lists and of the held-out validation digits
 VAL_SEED = 54321
 
@@ -604,12 +606,6 @@ def digit_pools(
     return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
 
 
-def _monitor(recipe: str) -> tuple[str, str]:
-    """``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy / loss
-    (sorting: fully correct lists, ties broken by correct positions, see ``val/selection``)."""
-    return ("val/mse_1e4", "min") if recipe == "median" else ("val/selection", "max")
-
-
 class SortRecipe(RecipeBase):
     """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
 
@@ -617,25 +613,37 @@ class SortRecipe(RecipeBase):
     per_step = True
     description = "NeuralSort large-MNIST sorting: lists of multi-digit numbers, relaxed-sort supervision"
     options: type = SortOptions
+    #: ``(metric, mode)`` of the best checkpoint: the reference keeps the best validation accuracy
+    #: (fully correct lists, ties broken by correct positions, see ``val/selection``)
+    monitor: tuple[str, Literal["min", "max"]] = ("val/selection", "max")
+    #: the task reads a permutation matrix (its middle row): no rank relaxation, no ``vanilla``
+    needs_permutation = False
+
+    def upgrade_saved(self, raw: dict[str, Any]) -> None:
+        """Run directories written when the sort and median tasks shared one options model saved the median
+        objective in every sort config too (sort never read it)."""
+        task = raw.get("task")
+        if isinstance(task, dict) and "median_objective" not in getattr(self.options, "model_fields", {}):
+            task.pop("median_objective", None)
 
     def check(self, cfg: Config) -> None:
         t: SortOptions = cfg.task
-        valid = sorted(RELAXATIONS) + ([] if self.name == "median" else ["vanilla"])
+        valid = sorted(RELAXATIONS) + ([] if self.needs_permutation else ["vanilla"])
         if t.method not in valid:
-            if self.name == "median" and t.method == "vanilla":
+            if self.needs_permutation and t.method == "vanilla":
                 raise ConfigError(
-                    f"`task.method` must be a relaxation ({', '.join(valid)}) for the median task, got 'vanilla'"
+                    f"`task.method` must be a relaxation ({', '.join(valid)}) for the {self.name} task, got 'vanilla'"
                 )
             import difflib
 
             close = difflib.get_close_matches(t.method, valid, n=2, cutoff=0.4)
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
             raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
-        if self.name == "median" and RELAXATIONS[t.method].kind != "permutation":
+        if self.needs_permutation and RELAXATIONS[t.method].kind != "permutation":
             perm = sorted(k for k, r in RELAXATIONS.items() if r.kind == "permutation")
             raise ConfigError(
                 f"`task.method` {t.method!r} gives soft ranks, not a permutation matrix; "
-                f"the median task needs one of {perm}"
+                f"the {self.name} task needs one of {perm}"
             )
         if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].kind != "permutation"):
             raise ConfigError(f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}")
@@ -662,32 +670,28 @@ class SortRecipe(RecipeBase):
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=t.lists_per_batch, sampler=sampler, **kw)
         val_loader = None
-        monitor, mode = None, "min"
+        monitor: str | None = None
+        mode: Literal["min", "max"] = "min"
         if len(yva):
             val = RandomLists(ListSampler(xva, yva, t.n, t.digits), t.val_lists, VAL_SEED)
             val_loader = DataLoader(val, batch_size=100)
-            monitor, mode = _monitor(cfg.recipe)
+            monitor, mode = self.monitor
         timer = StepTimer()
-        trainer = run.trainer(max_epochs=epochs, monitor=monitor, mode=mode)
-        trainer.callbacks.append(timer)
-        run.fit(trainer, module, loader, val_loader)
-        if run.global_rank != 0:
-            return {}
-        if monitor is not None:  # the reference tests the best validation checkpoint
-            load_weights(module, run.checkpoint("best"))
-        out = self._test(run, module, ds.sampler)
-        if timer.steps:
-            out["seconds_per_step"] = timer.seconds / timer.steps
-        return out
+        # the reference tests the best validation checkpoint (without validation, best = last)
+        stage = Stage("", module, loader, val_loader, epochs=epochs, monitor=monitor, mode=mode, callbacks=[timer])
+        run.run_stage(stage)
+        return run.rank_zero(self._test, run, module, ds.sampler, timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         t = run.cfg.task
         xtr, ytr, *_ = digit_pools(run)
         module = SortingModule(run.cfg, meta=run.data.meta)
-        load_weights(module, run.checkpoint(checkpoint or "best"))
+        run.load(module, checkpoint or "best")
         return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
 
-    def _test(self, run: Run, module: SortingModule, sampler: ListSampler) -> dict[str, Any]:
+    def _test(
+        self, run: Run, module: SortingModule, sampler: ListSampler, timer: StepTimer | None = None
+    ) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 
         cfg, t = run.cfg, run.cfg.task
@@ -695,7 +699,11 @@ class SortRecipe(RecipeBase):
         *_, xte, yte = digit_pools(run)
         test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
         out = run.local_trainer().test(module, DataLoader(test, batch_size=100), verbose=False)[0]
-        return {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}, "device": device_name(cfg)}
+        result: dict[str, Any] = {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}}
+        result["device"] = device_name(cfg)
+        if timer is not None and timer.steps:
+            result["seconds_per_step"] = timer.seconds / timer.steps
+        return result
 
 
 class MedianRecipe(SortRecipe):
@@ -703,6 +711,10 @@ class MedianRecipe(SortRecipe):
 
     name = "median"
     description = "NeuralSort median regression: the relaxed sort's middle row selects the embedding to regress"
+    options: type = MedianOptions
+    #: the reference keeps the best validation loss
+    monitor: tuple[str, Literal["min", "max"]] = ("val/mse_1e4", "min")
+    needs_permutation = True
 
 
 register_recipe(SortRecipe())

@@ -30,8 +30,9 @@ through the run lifecycle (:mod:`rankwise.recipes.rundir`): stage 1 runs on ``tr
 ``RUN_DIR/checkpoints/{best,last}.ckpt`` after every epoch (no validation split: best = the
 evaluated last epoch) and resumes from ``last.ckpt``; the augmentations of item ``i`` in epoch
 ``e`` are seeded by ``(run.seed, e, i)`` (:class:`~rankwise.recipes.common.EpochIndexSampler`), so a
-resumed run replays the same views. Stage 2 (cheap) runs on one device of rank 0 and is redone on
-resume (and by ``rankwise evaluate``); its log and checkpoint are in ``RUN_DIR/probe``. Plots:
+resumed run replays the same views. Stage 2 (cheap) is a local
+:class:`~rankwise.recipes.stages.Stage` named ``probe``: one device of rank 0, redone on resume
+(and by ``rankwise evaluate``); its log and checkpoint are in ``RUN_DIR/probe``. Plots:
 training curves and a t-SNE of the test digits' encoder features coloured by class.
 
 Data: any :class:`~rankwise.data.ClassificationData` — ``mnist5k`` (held-out stratified test
@@ -66,7 +67,8 @@ from rankwise.recipes.config import Config, Options
 from rankwise.recipes.loss_terms import LossTerm, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.rundir import Run, load_weights
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
 
 __all__ = [
     "ContrastivePretrainer",
@@ -259,7 +261,8 @@ def linear_probe(
 ) -> float:
     """Test accuracy (%) of a :class:`LinearProbe` trained (Adam) on frozen features, on one device.
 
-    Its CSV log (``RUN_DIR/probe/logs``) and last checkpoint (``RUN_DIR/probe/last.ckpt``) are written.
+    A local stage named ``probe``: its CSV log (``RUN_DIR/probe/logs``, plotted as
+    ``plots/probe_curves.png``) and last checkpoint (``RUN_DIR/probe/last.ckpt``) are written.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -270,8 +273,10 @@ def linear_probe(
         TensorDataset(ftr.float(), ytr.long()), batch_size=batch, sampler=EpochShuffleSampler(len(ytr), seed)
     )
     test_dl = DataLoader(TensorDataset(fte.float(), yte.long()), batch_size=1024)
-    trainer = run.local_trainer(max_epochs=epochs, root=run.dir / "probe", checkpoint=True, precision=False)
-    trainer.fit(probe, train_dl)
+    stage = Stage(
+        "probe", probe, train_dl, epochs=epochs, local=True, precision=False, hand_on=None, curves="linear probe"
+    )
+    trainer = run.run_stage(stage).trainer
     out = trainer.test(probe, test_dl, verbose=False)
     return float(out[0]["test/acc"])
 
@@ -292,6 +297,13 @@ class SupConRecipe(RecipeBase):
     description = "two-stage contrastive learning (SupCon / SimCLR / CE) + linear probe accuracy"
     options: type = SupConOptions
 
+    def upgrade_legacy(self, raw: dict[str, Any]) -> None:
+        """The pre-registry layout named the optimizer in ``task.optimizer`` and stepped its schedule per batch."""
+        task = raw.get("task")
+        if isinstance(task, dict):
+            raw.setdefault("optimizer", {})["name"] = task.pop("optimizer", "sgd")
+            raw.setdefault("schedule", {}).setdefault("interval", "step")
+
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 
@@ -309,16 +321,14 @@ class SupConRecipe(RecipeBase):
             drop_last=len(ds) > bs,
             **loader_workers(cfg.data.num_workers),
         )
-        trainer = run.trainer(max_epochs=cfg.trainer.max_epochs)
-        run.fit(trainer, module, loader)
-        if run.global_rank != 0:
-            return {}
-        return self._test(run, module, xtr, ytr)
+        # no validation split: best = the last epoch, which the probe evaluates
+        run.run_stage(Stage("", module, loader, epochs=cfg.trainer.max_epochs, hand_on="last"))
+        return run.rank_zero(self._test, run, module, xtr, ytr)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         xtr, ytr = _train_images(run)
         module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
-        load_weights(module, run.checkpoint(checkpoint or "last"))
+        run.load(module, checkpoint or "last")
         return self._test(run, module, xtr, ytr)
 
     def _test(self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor) -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""The deep-imbalanced-regression regressor shared by the recipes ``dir``, ``rrt`` and ``rnc``.
+
+:class:`DIRRecipe` (``recipe: dir``, registered by :mod:`rankwise.recipes.dir`) trains
+:class:`~rankwise.recipes.dir_module.DIRRegressor` as one main stage (:func:`fit_regressor`: best =
+lowest validation MAE) and evaluates it (:func:`evaluate_regressor`); the recipes that re-train
+its head (``rrt``) or pretrain its backbone first (``rnc``) subclass it, with
+``frozen_backbone = True``. Like :mod:`rankwise.recipes.dir`, this module imports no Lightning:
+reading a config and ``rankwise evaluate`` on the CPU rebuild the plain network
+(:mod:`rankwise.recipes.dir_net`) and predict without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import Field
+
+from rankwise.recipes.base import RegressionRecipe
+from rankwise.recipes.config import Config, FDSConfig, LDSConfig, Options, check_lds_fds
+from rankwise.recipes.dir_net import (
+    DIRNet,
+    concat_predictions,
+    predict,
+    predicts_on_cpu,
+    regression_loaders,
+    run_shot_thresholds,
+    write_evaluation,
+)
+from rankwise.recipes.loss_terms import check_loss_config
+from rankwise.recipes.rundir import Run
+from rankwise.recipes.stages import Stage
+
+if TYPE_CHECKING:
+    from rankwise.recipes.dir_module import DIRRegressor
+
+__all__ = ["DIROptions", "DIRRecipe", "build_net", "build_regressor", "evaluate_regressor", "fit_regressor"]
+
+
+class DIROptions(Options):
+    """LDS sample weights and FDS feature smoothing of the regressor (the ``loss`` section: its losses)."""
+
+    lds: LDSConfig = Field(default_factory=LDSConfig, description="label-distribution smoothing / reweighting")
+    fds: FDSConfig = Field(default_factory=FDSConfig, description="feature-distribution smoothing")
+
+
+def build_regressor(run: Run, *, freeze_backbone: bool = False) -> DIRRegressor:
+    """The run's Lightning regressor (:class:`~rankwise.recipes.dir_module.DIRRegressor`)."""
+    from rankwise.recipes.dir_module import DIRRegressor
+
+    return DIRRegressor(**_net_args(run, freeze_backbone))
+
+
+def build_net(run: Run, *, freeze_backbone: bool = False) -> DIRNet:
+    """The run's regressor as a plain :class:`~rankwise.recipes.dir_net.DIRNet` (the same state dict, no Lightning)."""
+    return DIRNet(**_net_args(run, freeze_backbone))
+
+
+def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
+    d = run.data
+    return {
+        "cfg": run.cfg,
+        "input_dim": d.input_dim,
+        "bin_width": d.bin_width,
+        "train_labels": d.train_labels,
+        "meta": d.meta,
+        "freeze_backbone": freeze_backbone,
+    }
+
+
+def _predict(module: Any, loader: Any, trainer: Any) -> dict[str, np.ndarray]:
+    return concat_predictions(trainer.predict(module, loader))
+
+
+def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str) -> dict[str, Any]:
+    """Load ``checkpoints/<checkpoint>.ckpt`` into ``module``; val/test shot metrics, predictions.npz, plots.
+
+    A :class:`~rankwise.recipes.dir_module.DIRRegressor` predicts through a Lightning Trainer on
+    ``trainer.accelerator``; a plain :class:`~rankwise.recipes.dir_net.DIRNet` with
+    :func:`~rankwise.recipes.dir_net.predict` (on the CPU). Both end in
+    :func:`~rankwise.recipes.dir_net.write_evaluation`.
+    """
+    cfg, data = run.cfg, run.data
+    ckpt = run.load(module, checkpoint)
+    module.eval()
+    _, val_dl, test_dl = regression_loaders(data, cfg)
+    if _is_lightning(module):
+        trainer = run.local_trainer()
+        test, val = _predict(module, test_dl, trainer), _predict(module, val_dl, trainer)
+    else:
+        test, val = predict(module, test_dl), predict(module, val_dl)
+    return write_evaluation(run, test, val, ckpt)
+
+
+def _is_lightning(module: Any) -> bool:
+    lightning = sys.modules.get("lightning")  # not imported: not a LightningModule
+    return lightning is not None and isinstance(module, lightning.LightningModule)
+
+
+def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
+    """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0."""
+    import warnings
+
+    from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
+
+    note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
+    if note is not None:
+        warnings.warn(note, DataDefaultsWarning, stacklevel=2)
+    train_dl, val_dl, _ = regression_loaders(run.data, run.cfg)
+    run.run_stage(Stage("", module, train_dl, val_dl, epochs=run.cfg.trainer.max_epochs, monitor="val/mae"))
+    return run.rank_zero(evaluate_regressor, run, module, "best")
+
+
+class DIRRecipe(RegressionRecipe):
+    """Deep imbalanced regression: regression loss + LDS + FDS + registry regularizers."""
+
+    name = "dir"
+    description = "deep imbalanced regression: task loss + LDS + FDS + regularizers from the loss registry"
+    options: type = DIROptions
+    #: the backbone is trained elsewhere (a pretraining stage, another run) and frozen here
+    frozen_backbone: bool = False
+
+    def check(self, cfg: Config) -> None:
+        check_loss_config(cfg.loss)
+        check_lds_fds(cfg.task.lds, cfg.task.fds)
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        return fit_regressor(run, build_regressor(run, freeze_backbone=self.frozen_backbone))
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        """The checkpoint's val/test metrics; on the CPU in float32 (the run's evaluation Trainer would
+        predict there) with the plain network and no Lightning, else through a Lightning Trainer."""
+        build = build_net if predicts_on_cpu(run.cfg) else build_regressor
+        module = build(run, freeze_backbone=self.frozen_backbone)
+        return evaluate_regressor(run, module, checkpoint or "best")

@@ -1,0 +1,243 @@
+"""Training stages: what a recipe trains, and the one lifecycle that trains it (:meth:`Run.run_stage`).
+
+A recipe describes each of its stages with a :class:`Stage` -- a LightningModule, its training
+(and validation) data, epochs, the checkpoint monitor, which weights it hands on -- and runs them in
+order with ``run.run_stage(stage)`` (or ``run.run_stages([...])``); the next stage is built from the
+modules of the stages before it (the weights they hand on are loaded in them). The lifecycle alone
+owns, for every stage:
+
+* its folders: checkpoints in ``RUN_DIR/<stage>/`` (the main stage, ``name=""``: ``checkpoints/``),
+  CSV log in ``logs/<stage>/`` (main: ``logs/``), TensorBoard in ``tb/<stage>``; a ``local`` stage
+  (one device, rank 0) keeps ``last.ckpt`` and its CSV log (``logs/metrics.csv``) under ``RUN_DIR/<stage>/``;
+* its ``done`` marker (``<checkpoint folder>/done``, JSON ``{"epoch_seconds": [...]}``: the wall
+  time of every training epoch), written by rank 0 when the stage has trained to its end;
+* resume across stages: a stage with a ``done`` marker is skipped (its weights are loaded; under
+  ``--resume`` its ``last.ckpt`` is checked as for a stage that continues), an unfinished one
+  continues from its ``last.ckpt`` under ``--resume`` -- also a finished one whose ``last.ckpt`` holds
+  fewer epochs than the stage now asks for (a run extended by editing its saved ``config.yaml``); a
+  ``local`` stage is cheap and redone every time (no marker);
+* the weights it hands on: after the stage (trained or skipped) its ``best`` or ``last`` checkpoint
+  is loaded into ``module`` on every process, so the next stage starts from them;
+* its training-curve plot (``plots/<stage>_curves.png``, when ``curves`` names it).
+
+The lifecycle's own functions here take the :class:`~rankwise.recipes.rundir.Run` as ``run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "Stage",
+    "StageResult",
+    "plot_stage_curves",
+    "read_done",
+    "run_stage",
+    "run_stages",
+    "stage_log",
+    "write_done",
+]
+
+DONE = "done"
+
+
+@dataclass
+class Stage:
+    """One training stage of a recipe (see the module doc for what the lifecycle does with it).
+
+    Args:
+        name: folder of the stage: ``""`` is the main stage (``checkpoints/``, ``logs/``), another
+            name ``RUN_DIR/<name>/`` and ``logs/<name>/``.
+        module: the LightningModule trained.
+        train: its training ``DataLoader`` (or a ``LightningDataModule``, then ``val`` is None).
+        val: its validation ``DataLoader`` (None: no validation).
+        epochs: training epochs.
+        monitor: the logged metric selecting ``best.ckpt`` (None: the latest epoch).
+        mode: ``"min"`` or ``"max"`` of ``monitor``.
+        best: keep a ``best.ckpt`` besides ``last.ckpt``.
+        hand_on: the checkpoint loaded into ``module`` after the stage (``"best"``, ``"last"``;
+            None: the weights in memory at the end of training).
+        local: a small stage trained on one device of rank 0 (e.g. a linear probe), redone on
+            every fit and evaluation: ``last.ckpt`` and ``logs/metrics.csv`` under ``RUN_DIR/<name>/``.
+        precision: train at ``trainer.precision`` (False: float32; ``local`` stages).
+        callbacks: extra Lightning callbacks of this stage.
+        quiet: warning messages (regular expressions) ignored while it trains.
+        curves: title of ``plots/<name>_curves.png`` drawn from its CSV log (None: no plot).
+    """
+
+    name: str
+    module: Any
+    train: Any
+    val: Any = None
+    epochs: int = 1
+    monitor: str | None = None
+    mode: Literal["min", "max"] = "min"
+    best: bool = True
+    hand_on: Literal["best", "last"] | None = "best"
+    local: bool = False
+    precision: bool = True
+    callbacks: Sequence[Any] = ()
+    quiet: Sequence[str] = ()
+    curves: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise ValueError(f"`name` must be a folder name of the run directory (or ''), got {self.name!r}")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ValueError(f"`epochs` must be an int >= 1, got {self.epochs!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max', got {self.mode!r}")
+        if self.hand_on not in (None, "best", "last"):
+            raise ValueError(f"`hand_on` must be 'best', 'last' or None, got {self.hand_on!r}")
+        if self.hand_on == "best" and (self.local or not self.best):
+            raise ValueError(f"stage {self.name!r} keeps no best.ckpt to hand on: use hand_on='last' or None")
+
+
+@dataclass
+class StageResult:
+    """A stage after :func:`run_stage`: its module (holding the handed-on weights), its Trainer (None when
+    it was skipped as done, or on a rank other than 0 for a ``local`` stage) and its epoch times."""
+
+    stage: Stage
+    trainer: Any = None
+    epoch_seconds: list[float] = field(default_factory=list)
+    skipped: bool = False
+
+    @property
+    def module(self) -> Any:
+        return self.stage.module
+
+
+def read_done(path: Path) -> list[float] | None:
+    """The epoch seconds of a ``done`` marker (``[]`` for a marker without them), None when there is none."""
+    if not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):  # a marker of plain text ("ok")
+        return []
+    secs = marker.get("epoch_seconds", []) if isinstance(marker, dict) else []
+    return [float(s) for s in secs] if isinstance(secs, list) else []
+
+
+def write_done(path: Path, epoch_seconds: Iterable[float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"epoch_seconds": list(epoch_seconds)}))
+
+
+def stage_log(run: Any, name: str) -> Path:
+    """The CSV log of stage ``name`` (``""``: the main stage)."""
+    return run.dir / "logs" / name / "metrics.csv" if name else run.dir / "logs" / "metrics.csv"
+
+
+def plot_stage_curves(run: Any, log: Path, name: str, title: str) -> None:
+    """``plots/<name>_curves.png`` from the CSV ``log`` (when plots are on and the log exists)."""
+    pdir = run.plots_dir
+    if pdir is None or not log.is_file():
+        return
+    from rankwise.recipes.reports import plot_training_curves
+
+    r = run.cfg.run
+    plot_training_curves(log, pdir / f"{name}_curves.png", title=f"{title}: {r.name} (seed {r.seed})")
+
+
+def _epoch_timer() -> Any:
+    import lightning as L
+
+    class EpochTimer(L.Callback):
+        """Wall seconds of every training epoch (``seconds``)."""
+
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._t0 = 0.0
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    return EpochTimer()
+
+
+@contextlib.contextmanager
+def _quiet(patterns: Sequence[str]) -> Iterator[None]:
+    if not patterns:
+        yield
+        return
+    with warnings.catch_warnings():
+        for p in patterns:
+            warnings.filterwarnings("ignore", message=p)
+        yield
+
+
+def run_stage(run: Any, stage: Stage) -> StageResult:
+    """Train ``stage`` through ``run`` (skipped when done), then load the weights it hands on."""
+    if stage.local:
+        return _run_local(run, stage)
+    done = run.ckpt_dir(stage.name) / DONE
+    secs = read_done(done)
+    if secs is not None and run.resume and (run.trained_epochs(stage.name) or stage.epochs) < stage.epochs:
+        secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
+    result = StageResult(stage, skipped=secs is not None)
+    if secs is None:
+        timer = _epoch_timer()
+        trainer = run.trainer(
+            max_epochs=stage.epochs,
+            stage=stage.name,
+            monitor=stage.monitor,
+            mode=stage.mode,
+            best=stage.best,
+            callbacks=[timer, *stage.callbacks],
+        )
+        with _quiet(stage.quiet):
+            run.fit(trainer, stage.module, stage.train, stage.val, stage=stage.name)
+        if run.is_global_zero:
+            write_done(done, timer.seconds)
+        result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
+        if stage.curves:
+            plot_stage_curves(run, stage_log(run, stage.name), stage.name, stage.curves)
+    else:
+        result.epoch_seconds = secs
+        if run.resume:  # a finished stage is not retrained, but a run resumes only from sound checkpoints
+            run.check_last(stage.module, stage.name)
+    if stage.hand_on is not None:
+        run.load(stage.module, stage.hand_on, stage.name)
+    return result
+
+
+def _run_local(run: Any, stage: Stage) -> StageResult:
+    """A ``local`` stage: one device, rank 0 only, redone every time (no ``done`` marker)."""
+    result = StageResult(stage)
+    if not run.is_global_zero:
+        return result
+    root = run.dir / stage.name
+    timer = _epoch_timer()
+    trainer = run.local_trainer(
+        max_epochs=stage.epochs, root=root, checkpoint=True, precision=stage.precision, callbacks=[timer]
+    )
+    with _quiet(stage.quiet):
+        trainer.fit(stage.module, stage.train, stage.val)
+    result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
+    if stage.curves and not (run.evaluating and (run.dir / "plots" / f"{stage.name}_curves.png").is_file()):
+        plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)  # evaluation: if missing
+    if stage.hand_on is not None:
+        run.load(stage.module, stage.hand_on, stage.name)
+    return result
+
+
+def run_stages(run: Any, stages: Sequence[Stage | Callable[[list[StageResult]], Stage]]) -> list[StageResult]:
+    """Run ``stages`` in order; a callable entry builds its stage from the results before it (so a stage's
+    module is built after the stages it starts from have trained and handed on their weights)."""
+    results: list[StageResult] = []
+    for s in stages:
+        stage = s if isinstance(s, Stage) else s(results)
+        results.append(run_stage(run, stage))
+    return results

@@ -57,11 +57,11 @@ def _child(layer: str, threads_list: list[int], shapes: list[tuple[int, int]], r
     gomp = _parallel.gomp
 
     @numba.njit(parallel=True, nogil=True)
-    def rank_prange(z, perm, w, kl, out, ids, x, div, chunks):  # type: ignore[no-untyped-def]
+    def rank_prange(z, perm, w, kl, out, ids, x, div, x_max, chunks):  # type: ignore[no-untyped-def]
         rows = z.shape[0]
         for c in numba.prange(chunks):
             r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
-            nbi.soft_rank_forward(z[r0:r1], perm[r0:r1], w, kl, out[r0:r1], ids[r0:r1], x[r0:r1], div)
+            nbi.soft_rank_forward(z[r0:r1], perm[r0:r1], w, kl, out[r0:r1], ids[r0:r1], x[r0:r1], div, x_max[r0:r1])
 
     @numba.njit(parallel=True, nogil=True)
     def sort_prange(z, descending, perm, chunks):  # type: ignore[no-untyped-def]
@@ -78,8 +78,9 @@ def _child(layer: str, threads_list: list[int], shapes: list[tuple[int, int]], r
         z = torch.empty((rows, n), dtype=x.dtype)
         perm = torch.empty((rows, n), dtype=torch.int64)
         chunks = min(rows, numba.get_num_threads() * _parallel.CHUNKS_PER_THREAD)
+        x_max = np.empty(rows, np.float64)
         rank_prange(
-            z.numpy(), perm.numpy(), w.numpy(), kl, out.numpy(), ids.numpy(), x.numpy(), np.float32(1.0), chunks
+            z.numpy(), perm.numpy(), w.numpy(), kl, out.numpy(), ids.numpy(), x.numpy(), np.float32(1.0), x_max, chunks
         )
         return out
 

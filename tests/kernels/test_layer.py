@@ -116,3 +116,41 @@ def test_forked_child_after_two_threads_is_correct_and_does_not_hang() -> None:
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["child", "0", "loader", "True"], res.stdout + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rows", "n", "threads"),
+    [
+        ("float32", 1, 100, 1),
+        ("float32", 3, 7, 1),
+        ("float64", 3, 7, 1),
+        ("float64", 2, 3000, 1),
+        ("float32", 64, 600, 2),
+    ],
+)
+def test_rank_forward_checked_reads_the_magnitude_of_the_finite_rows(
+    dtype: str, rows: int, n: int, threads: int
+) -> None:
+    """The magnitude check read by the kernels (serial, sorted-outside float64, and team paths)
+    equals the largest |x| of the rows without NaN/inf, computed by torch."""
+    import torch
+
+    from rankwise._kernels import isotonic
+
+    if isotonic.FAMILY.require() is None:
+        pytest.skip("numba unavailable")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(rows, n, generator=torch.Generator().manual_seed(rows * n), dtype=getattr(torch, dtype))
+        x[0, n // 2] = -7e30  # the largest magnitude, in a finite row
+        *_, magnitude, finite = isotonic.rank_forward_checked(x, 0.5, False, False)
+        assert finite and magnitude == float(x.abs().max())
+        if rows > 1:
+            x[0, 1] = float("nan")  # the row with the largest entry is left out
+            x[-1, 0] = float("inf")
+            *_, magnitude, finite = isotonic.rank_forward_checked(x, 0.5, True, True)
+            expect = float(x[1:-1].abs().max()) if rows > 2 else 0.0
+            assert not finite and magnitude == expect
+    finally:
+        torch.set_num_threads(old)

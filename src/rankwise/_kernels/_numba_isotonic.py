@@ -255,14 +255,16 @@ def pav_backward(g, s, w, ids, kl, need_s, need_w, grad_s, grad_w):  # type: ign
 
 
 @numba.njit(cache=True, nogil=True)
-def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-untyped-def]
+def soft_rank_forward(z, perm, w, kl, out, ids, x, div, x_max):  # type: ignore[no-untyped-def]
     """Ascending soft ranks of the rows of ``z`` (the input divided by the strength, negated for
     descending): ``s = z[perm]`` (``perm`` sorts ``z`` decreasingly), ``mu = s - v(s, w)`` with
     ``w = rho`` (l2) or ``log rho`` (kl; float64, shape (1, n); kl pools by :func:`_pav_kl_rho_row`,
     which relies on ``w = log(n, ..., 1)``), ``out[perm] = mu`` (l2) or ``exp(mu)`` (kl);
     ``ids`` receives the block index of every sorted position (for backward). With ``x`` given
     (small inputs), ``z = x / div`` and ``perm`` are computed here first (as torch would: one
-    division in the dtype of ``x``, a stable sort)."""
+    division in the dtype of ``x``, a stable sort), and ``x_max[r]`` receives the row's largest
+    ``|x|`` (NaN or inf when the row holds a NaN or inf): the magnitude check of the caller, read in
+    the same pass."""
     rows, n = z.shape
     s = np.empty(n, z.dtype)
     starts = np.empty(n + 1, np.int64)
@@ -273,8 +275,14 @@ def soft_rank_forward(z, perm, w, kl, out, ids, x, div):  # type: ignore[no-unty
     keys, tmp_keys, tmp_perm, hist = sort_scratch(n)
     for r in range(rows):
         if x is not None:
+            m = 0.0
             for i in range(n):
-                z[r, i] = x[r, i] / div
+                xi = x[r, i]
+                a = abs(np.float64(xi))
+                if a > m or a != a:  # a NaN sticks (no later ``a > NaN``)
+                    m = a
+                z[r, i] = xi / div
+            x_max[r] = m
             descending_order(z[r], perm[r], keys, tmp_keys, tmp_perm, hist)
         for i in range(n):
             s[i] = z[r, perm[r, i]]
@@ -406,7 +414,8 @@ def soft_sort_backward(grad_out, x, perm, ids, sign, kl, grad_x):  # type: ignor
 # dispatcher on torch's OpenMP team; argument block as ``_numba_util`` describes.
 # --------------------------------------------------------------------------------------------------
 def rank_forward_task(data):  # type: ignore[no-untyped-def]
-    """args[4:11]: z, perm, w (1, n, float64), out, ids, x, kl; float64 at [11]: the divisor."""
+    """args[4:12]: z, perm, w (1, n, float64), out, ids, x, kl, x_max (rows, float64); float64 at
+    [12]: the divisor."""
     a = carray(i64p(data), TASK_ARGS)
     f = carray(f64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
@@ -417,13 +426,14 @@ def rank_forward_task(data):  # type: ignore[no-untyped-def]
     ids = carray(i64p(a[8]), (rows, n))
     x = carray(f32p(a[9]), (rows, n))
     kl = a[10] != 0
-    div = np.float32(f[11])
+    x_max = carray(f64p(a[11]), rows)
+    div = np.float32(f[12])
     while True:
         c = next_chunk(i64p(data))
         if c >= chunks:
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
-        soft_rank_forward(z[r0:r1], perm[r0:r1], w, kl, out[r0:r1], ids[r0:r1], x[r0:r1], div)
+        soft_rank_forward(z[r0:r1], perm[r0:r1], w, kl, out[r0:r1], ids[r0:r1], x[r0:r1], div, x_max[r0:r1])
 
 
 def rank_backward_task(data):  # type: ignore[no-untyped-def]

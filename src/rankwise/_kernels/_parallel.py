@@ -31,7 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CHUNKS_PER_THREAD", "PARALLEL_MIN_NUMEL", "gomp_available", "over_rows", "run_task", "team_threads"]
+__all__ = [
+    "CHUNKS_PER_THREAD",
+    "PARALLEL_MIN_NUMEL",
+    "gomp_available",
+    "over_rows",
+    "run_task",
+    "serial",
+    "team_threads",
+]
 
 #: from this many elements on, rows are split across ``torch.get_num_threads()`` threads
 PARALLEL_MIN_NUMEL = 1 << 15
@@ -126,12 +134,18 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def serial(rows: int, numel: int) -> bool:
+    """Whether :func:`over_rows` runs a pass over ``rows`` rows (``numel`` elements) as one call
+    (callers then call the kernel on the whole arrays, without building row slices)."""
+    return numel < PARALLEL_MIN_NUMEL or rows < 2 or torch.get_num_threads() < 2
+
+
 def over_rows(rows: int, numel: int, run: Callable[[int, int], None]) -> None:
     """``run(r0, r1)`` over the row range, in parallel chunks on Python threads when it pays off."""
-    threads = min(torch.get_num_threads(), rows)
-    if threads < 2 or numel < PARALLEL_MIN_NUMEL:
+    if serial(rows, numel):
         run(0, rows)
         return
+    threads = min(torch.get_num_threads(), rows)
     global _pool
     if _pool is None or _pool._max_workers < threads - 1:
         _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="rankwise-kernels")

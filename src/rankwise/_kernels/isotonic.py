@@ -7,7 +7,8 @@ tensors; rows are the last dim of a 2-D tensor:
 * :func:`ready` -- whether the kernels serve a CPU call on ``rows x n`` now;
 * :func:`rank_forward` / :func:`rank_backward` -- ascending soft ranks of ``x / eps`` (negated for
   descending) in one fused pass per row (sort, gather, PAV, scatter), and its vector-Jacobian
-  product;
+  product; :func:`rank_forward_checked` (eager) also returns the inputs' magnitude, read in the
+  same pass;
 * :func:`sort_forward` / :func:`sort_backward` -- the same for the soft sort;
 * :func:`pav` / :func:`pav_backward` -- the decreasing isotonic regression of sorted rows (the
   projection step alone) and its vector-Jacobian product.
@@ -19,9 +20,11 @@ torch's OpenMP team with more than one thread; float64 ones on Python threads.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from rankwise._kernels import _parallel
@@ -34,6 +37,7 @@ __all__ = [
     "pav_backward",
     "rank_backward",
     "rank_forward",
+    "rank_forward_checked",
     "ready",
     "sort_backward",
     "sort_forward",
@@ -99,53 +103,95 @@ def _rank_weights(n: int, kl: bool) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
+def _rank_weights_np(n: int, kl: bool) -> np.ndarray:
+    """:func:`_rank_weights` as a NumPy array (read-only use; cached: no conversion per call)."""
+    return _rank_weights(n, kl).numpy()
+
+
+@functools.lru_cache(maxsize=64)
 def _sort_targets(n: int, dtype: torch.dtype, eps: float) -> torch.Tensor:
     """``rho / eps`` as a (1, n) row, as the composite soft sort computes it (read-only use)."""
     return (torch.arange(n, 0, -1, dtype=dtype) / eps).unsqueeze(0)
 
 
+def _plain(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` detached, in ``dtype`` and contiguous (no op where it is already)."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if t.requires_grad:
+        t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 # --------------------------------------------------------------------------------------------------
 # soft rank
 # --------------------------------------------------------------------------------------------------
-def _rank_forward(
+def rank_forward_checked(
     x: torch.Tensor, eps: float, descending: bool, kl: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, bool]:
     """Ascending soft ranks of the rows of ``x / eps`` (``-x / eps`` when ``descending``):
-    ``(out, z, perm, ids)`` with ``z`` the divided input, ``perm`` its decreasing order and ``ids``
-    the PAV blocks (what :func:`rank_backward` needs)."""
+    ``(out, z, perm, ids, magnitude, finite)`` with ``z`` the divided input, ``perm`` its decreasing
+    order and ``ids`` the PAV blocks (what :func:`rank_backward` needs); ``magnitude``: the largest
+    ``|x|`` over the rows holding no NaN or inf (0.0 when there is none), ``finite``: whether every
+    entry is finite -- read by the kernel while it divides (the caller's magnitude check at no extra
+    pass). Eager only (:func:`rank_forward` is the traceable entry point)."""
     nb = _nb()
-    xc = x.detach().contiguous()
+    xc = x.detach()
+    if not xc.is_contiguous():
+        xc = xc.contiguous()
     rows, n = xc.shape
     div = -eps if descending else eps
-    w = _rank_weights(n, kl)  # float64 for every input dtype (one specialization)
+    wn = _rank_weights_np(n, kl)  # float64 for every input dtype (one specialization)
     out = torch.empty((rows, n), dtype=xc.dtype)
-    ids = torch.empty((rows, n), dtype=torch.int64)
-    on, idn, wn = out.numpy(), ids.numpy(), w.numpy()
+    # the internal buffers (saved for backward, never handed to the user) are allocated by numpy:
+    # cheaper per call than torch.empty + .numpy() at small sizes
+    idn = np.empty((rows, n), np.int64)
+    x_max = np.empty(rows, np.float64)  # row maxima of |x| (NaN / inf: the row is not finite)
+    on, x_np = out.numpy(), xc.numpy()
     threads = _parallel.team_threads(rows, rows * n, xc.dtype)
     if threads:  # float32: divide and sort in the kernel, rows on torch's OpenMP team
         z = torch.empty((rows, n), dtype=xc.dtype)
-        perm = torch.empty((rows, n), dtype=torch.int64)
-        _parallel.run_task(nb.RANK_FORWARD, rows, n, threads, [z, perm, w, out, ids, xc, kl], div)
+        perm, ids = torch.empty((rows, n), dtype=torch.int64), torch.from_numpy(idn)
+        operands = [z, perm, wn.ctypes.data, out, ids, xc, kl, x_max.ctypes.data]
+        _parallel.run_task(nb.RANK_FORWARD, rows, n, threads, operands, div)
     elif _sort_inside(rows, n, xc.dtype):  # divide and sort in the kernel too (no torch ops)
-        z = torch.empty((rows, n), dtype=xc.dtype)
-        perm = torch.empty((rows, n), dtype=torch.int64)
-        x_np, zn, pn = xc.numpy(), z.numpy(), perm.numpy()
+        zn, pn = np.empty((rows, n), x_np.dtype), np.empty((rows, n), np.int64)
         dv = x_np.dtype.type(div)
-        _parallel.over_rows(
-            rows,
-            rows * n,
-            lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], x_np[a:b], dv),
-        )
+        if _parallel.serial(rows, rows * n):
+            nb.soft_rank_forward(zn, pn, wn, kl, on, idn, x_np, dv, x_max)
+        else:
+            _parallel.over_rows(
+                rows,
+                rows * n,
+                lambda a, b: nb.soft_rank_forward(
+                    zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], x_np[a:b], dv, x_max[a:b]
+                ),
+            )
+        z, perm, ids = torch.from_numpy(zn), torch.from_numpy(pn), torch.from_numpy(idn)
     else:
         z = (xc / div).contiguous()
         perm = torch.sort(z, dim=-1, descending=True, stable=True).indices.contiguous()
+        ids = torch.from_numpy(idn)
         zn, pn = z.numpy(), perm.numpy()
         _parallel.over_rows(
             rows,
             rows * n,
-            lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], None, 1.0),
+            lambda a, b: nb.soft_rank_forward(zn[a:b], pn[a:b], wn, kl, on[a:b], idn[a:b], None, 1.0, x_max),
         )
-    return out, z, perm, ids
+        np.abs(x_np).max(axis=-1, out=x_max)  # (NaN propagates, as in the kernel)
+    magnitude = float(x_max[0]) if rows == 1 else float(x_max.max())
+    finite = math.isfinite(magnitude)
+    if not finite:  # the rare path: the largest |x| of the finite rows only
+        kept = x_max[np.isfinite(x_max)]
+        magnitude = float(kept.max()) if kept.size else 0.0
+    return out, z, perm, ids, magnitude, finite
+
+
+def _rank_forward(
+    x: torch.Tensor, eps: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rank_forward_checked` without the magnitude check."""
+    return rank_forward_checked(x, eps, descending, kl)[:4]
 
 
 def _rank_backward(
@@ -160,13 +206,16 @@ def _rank_backward(
     """Gradient of the soft ranks on ``z``, times ``scale`` (``±1 / eps``: the gradient on ``x``)."""
     nb = _nb()
     rows, n = z.shape
-    g = grad.detach().to(z.dtype).contiguous()
+    g = _plain(grad, z.dtype)
     grad_x = torch.empty_like(z)
     threads = _parallel.team_threads(rows, rows * n, z.dtype)
     if threads:
         _parallel.run_task(nb.RANK_BACKWARD, rows, n, threads, [g, z, perm, ids, out, grad_x, kl], scale)
         return grad_x
     gn, zn, pn, idn, on, gx = g.numpy(), z.numpy(), perm.numpy(), ids.numpy(), out.numpy(), grad_x.numpy()
+    if _parallel.serial(rows, rows * n):
+        nb.soft_rank_backward(gn, zn, pn, idn, on, kl, scale, gx)
+        return grad_x
     _parallel.over_rows(
         rows,
         rows * n,

@@ -382,6 +382,15 @@ _NUMBA_MAX_N = 512
 _FACTOR_MIN_TAU = {torch.float32: 0.05, torch.float64: 0.005}
 
 
+def _norm_rows(x: torch.Tensor) -> torch.Tensor:
+    """Row norms (N, 1) of ``x`` without overflow or underflow at any finite magnitude: float32 rows
+    accumulate their squares in float64 (one pass: ``(3.4e38)^2`` and ``(1e-45)^2`` are normal
+    float64 numbers), other dtypes take :func:`robust_norm`."""
+    if x.dtype == torch.float32:
+        return torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float64).to(torch.float32)
+    return robust_norm(x, dim=1)
+
+
 def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
     """The anchors' own columns of an (m, N) matrix (m = B va anchors, N = B V views, sample-major):
     its diagonal for ``va == V``, every ``N + V``-th element for ``va == 1`` (a strided view)."""
@@ -428,7 +437,7 @@ class _SupConOutSmall(torch.autograd.Function):
         n, m = b * v, b * va
         xf = x.reshape(n, d)
         if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-            norm = robust_norm(xf, dim=1)
+            norm = _norm_rows(xf)
             norm.masked_fill_(norm == 0, math.inf)
             z = xf / norm
         else:

@@ -368,20 +368,18 @@ def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.T
     return torch.where(far, local + step.cumsum(dim=-1), s)
 
 
-def _cpu_checks(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> tuple[bool, bool]:
-    """CPU only, one host read: ``(far, finite)``. ``far``: some row needs the conditioning of the
-    composite path (magnitudes where the fused kernels would lose the soft part); ``finite``: every
-    entry is finite (then no row needs NaN-ing). With a NaN or inf anywhere, ``far`` is decided on
-    the finite rows' magnitudes only (a second read: the rare path)."""
+def _rank_far(magnitude: float, n: int, eps: float, kl: bool) -> bool:
+    """Whether soft ranks of rows whose largest finite ``|x|`` is ``magnitude`` need the conditioning
+    of the composite path (magnitudes where the fused kernels would lose the soft part)."""
+    return n >= 2 and magnitude / eps > _CONDITION_FACTOR * _gap_limit(n, kl)
+
+
+def _sort_checks(xc: torch.Tensor, eps: float, kl: bool) -> tuple[bool, bool]:
+    """Soft sort on CPU, one host read: ``(far, finite)``. ``far``: ``1 / eps`` beyond some row's gap
+    limit (the composite path returns the sorted rows exactly); ``finite``: every entry is finite
+    (then no row needs NaN-ing). (Soft ranks read both from :func:`kernels.rank_forward_checked`.)"""
     n = xc.shape[-1]
     xd = xc.detach()
-    if rank:
-        big = float(torch.linalg.vector_norm(xd, float("inf")))  # NaN or inf: not all finite
-        finite = math.isfinite(big)
-        if not finite and n >= 2:
-            finite_rows = torch.isfinite(xd).all(dim=-1, keepdim=True)
-            big = float(torch.where(finite_rows, xd, 0.0).abs().amax())
-        return n >= 2 and big / eps > _CONDITION_FACTOR * _gap_limit(n, kl), finite
     lo, hi = torch.aminmax(xd, dim=-1)
     limit = _sort_gap_limit(torch.stack([hi, lo], dim=-1).nan_to_num(nan=0.0), n, kl)
     # an overflowing sum of finite rows only takes the NaN-ing path needlessly
@@ -399,7 +397,8 @@ def _check_options(regularization: str, regularization_strength: float) -> float
 
 def _nan_rows(out: torch.Tensor, xc: torch.Tensor, finite: bool) -> torch.Tensor:
     """:func:`nan_slices` of the rows of ``xc``, skipped when ``finite`` (known on CPU from
-    :func:`_cpu_checks`: no device to synchronize with, and no extra autograd node)."""
+    :func:`kernels.rank_forward_checked` / :func:`_sort_checks`: no device to synchronize with, and
+    no extra autograd node)."""
     return out if finite else nan_slices(out, xc)
 
 
@@ -423,15 +422,20 @@ def _isotonic_last(
     xc = to_compute(x)
     if xc.dim() != 2:
         xc = xc.reshape(-1, n)
+    kl = regularization == "kl"
     cpu = _cpu_kernels(xc)
-    far, finite = False, False
+    far, finite, done = False, False, None
     if cpu and not torch.compiler.is_compiling():
-        far, finite = _cpu_checks(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl")
+        if cpu_op is _SoftRankCPU:  # the kernel reads the magnitudes while it divides: no extra pass
+            out, z, perm, ids, magnitude, finite = kernels.rank_forward_checked(xc, eps, descending, kl)
+            far, done = _rank_far(magnitude, n, eps, kl), (out, z, perm, ids)
+        else:
+            far, finite = _sort_checks(xc, eps, kl)
     if far:
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
     elif cpu:
-        out = cpu_op.apply(xc, eps, descending, regularization == "kl")
+        out = cpu_op.apply(xc, eps, descending, kl) if done is None else cpu_op.apply(xc, eps, descending, kl, done)
     else:
         out = composite(xc, eps, descending, regularization)
     out = _nan_rows(out, xc, finite)
@@ -518,8 +522,9 @@ class _SoftRankCPU(torch.autograd.Function):
     kernel pass too. Double backward recomputes the composite path from the saved input."""
 
     @staticmethod
-    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
-        out, z, perm, ids = kernels.rank_forward(xc, eps, descending, kl)
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool, done: Any = None) -> torch.Tensor:  # type: ignore[override]
+        # ``done``: the kernel's results when the caller ran it already (with its magnitude check)
+        out, z, perm, ids = kernels.rank_forward(xc, eps, descending, kl) if done is None else done
         ctx.save_for_backward(xc, z, perm, ids, out)
         ctx.cfg = (eps, descending, kl)
         return out
@@ -531,9 +536,9 @@ class _SoftRankCPU(torch.autograd.Function):
         if grad.requires_grad:  # double backward: through the differentiable composite path
             with torch.enable_grad():
                 y = _soft_rank_composite(xc, eps, descending, "kl" if kl else "l2")
-                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None
+                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
         scale = (-1.0 if descending else 1.0) / eps
-        return kernels.rank_backward(grad, z, perm, ids, out, kl, scale), None, None, None
+        return kernels.rank_backward(grad, z, perm, ids, out, kl, scale), None, None, None, None
 
 
 class _SoftSortCPU(torch.autograd.Function):

@@ -93,16 +93,19 @@ def list_soft_methods() -> list[str]:
 def _impl(method: Any, kind: str) -> SoftImpl:
     if method not in SOFT_METHODS:
         load_plugins()
-    if method not in SOFT_METHODS or getattr(SOFT_METHODS[method], kind) is None:
+    fn = getattr(SOFT_METHODS[method], kind) if method in SOFT_METHODS else None
+    if fn is None:
         valid = ", ".join(repr(m) for m, v in SOFT_METHODS.items() if getattr(v, kind))
         raise ValueError(f"`method` must be one of {valid} for soft_{kind}; got {method!r}")
-    fn: SoftImpl = getattr(SOFT_METHODS[method], kind)
-    return fn
+    impl: SoftImpl = fn
+    return impl
 
 
-def _check_options(kind: str, method: str, kwargs: dict[str, Any]) -> None:
-    """Unknown keyword options raise ``TypeError`` naming ``soft_<kind>`` and what each method accepts."""
-    fn = _impl(method, kind)
+def _check_options(kind: str, method: str, kwargs: dict[str, Any], fn: SoftImpl | None = None) -> None:
+    """Unknown keyword options raise ``TypeError`` naming ``soft_<kind>`` and what each method accepts
+    (``fn``: the method's implementation when the caller has looked it up already)."""
+    if fn is None:
+        fn = _impl(method, kind)
     if not kwargs:
         return
     accepted = _options(fn)
@@ -126,7 +129,7 @@ def _check_options(kind: str, method: str, kwargs: dict[str, Any]) -> None:
 
 def _apply(kind: str, x: torch.Tensor, method: str, descending: bool, dim: int, kwargs: dict[str, Any]) -> torch.Tensor:
     fn = _impl(method, kind)
-    _check_options(kind, method, kwargs)
+    _check_options(kind, method, kwargs, fn)
     check_floating(x, "x")
     check_bool(descending, "descending")
     if x.dim() == 0:

@@ -137,3 +137,36 @@ def test_console_script_prints_one_line_on_stderr(tmp_path):
     assert lines[0].startswith("error: invalid value for '--train-queries'")
     assert lines[0].endswith("(see `rankwise data make ltr-synthetic --help`)")
     assert not (tmp_path / "d").exists()
+
+
+#: a refused value of each option of `rankwise data make ...` (the wrong types come from the parser)
+_BAD_VALUES = {
+    "ltr-synthetic": {
+        "--seed": ["-1"],
+        "--train-queries": ["-3", "0", "100000000"],
+        "--val-queries": ["0"],
+        "--test-queries": ["-1"],
+        "--num-features": ["0", "1000000000"],
+        "--informative": ["0", "47"],
+    },
+    "brain-age-synthetic": {"--n": ["0", "-1"], "--spacing": ["0", "nan", "-2", "9"], "--seed": ["-1"], "--sites": ["0"]},
+}
+
+
+def _make_cases() -> list[tuple[str, str, str]]:
+    make = typer.main.get_command(app).commands["data"].commands["make"]  # type: ignore[attr-defined]
+    out = []
+    for name, cmd in sorted(make.commands.items()):
+        options = [p.opts[0] for p in cmd.params if p.opts[0].startswith("--") and p.opts[0] not in ("--out", "--help")]
+        assert sorted(options) == sorted(_BAD_VALUES[name]), name  # a new option needs its bad values here
+        for opt in options:
+            out += [(name, opt, v) for v in ["abc", "", *_BAD_VALUES[name][opt]]]
+    return out
+
+
+@pytest.mark.parametrize("command,option,value", _make_cases())
+def test_data_make_refuses_each_bad_option_in_one_line_naming_it(command, option, value, tmp_path):
+    r = runner.invoke(app, ["data", "make", command, "--out", str(tmp_path / "d"), option, value])
+    line = _one_line(r)
+    assert option in line, line
+    assert not (tmp_path / "d").exists()

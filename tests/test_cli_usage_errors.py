@@ -149,7 +149,12 @@ _BAD_VALUES = {
         "--num-features": ["0", "1000000000"],
         "--informative": ["0", "47"],
     },
-    "brain-age-synthetic": {"--n": ["0", "-1"], "--spacing": ["0", "nan", "-2", "9"], "--seed": ["-1"], "--sites": ["0"]},
+    "brain-age-synthetic": {
+        "--n": ["0", "-1"],
+        "--spacing": ["0", "nan", "-2", "9"],
+        "--seed": ["-1"],
+        "--sites": ["0"],
+    },
 }
 
 

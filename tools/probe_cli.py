@@ -378,6 +378,7 @@ for args in [
 ]:
     cases.append((f"flag:sodeep evaluate {' '.join(args)}", ["sodeep", "evaluate", *args, "--no-real"], "refuse"))
 
+
 # ---------------------------------------------------------------- C2. usage errors of the command line parser
 def _command_paths() -> list[tuple[tuple[str, ...], object]]:
     import typer
@@ -445,7 +446,8 @@ for command, bad_values in {
     for opt, values in bad_values.items():
         for v in values:
             name = f"usage:data make {command} {opt} {v}"
-            cases.append((name, ["data", "make", command, "--out", str(OUT / "make_out" / name[-40:]), opt, v], "refuse"))
+            argv = ["data", "make", command, "--out", str(OUT / "make_out" / name[-40:]), opt, v]
+            cases.append((name, argv, "refuse"))
             WORDING[name] = opt
 
 # ---------------------------------------------------------------- D. data files (data show csv, and train for targets)
@@ -798,7 +800,9 @@ def classify(rc, output, expect, timed_out, wording=None):
         return "crash"
     if rc == 0:
         return "silent" if expect == "refuse" else "ok"
-    usage_text = "─ Error ─" in output or any(ln.startswith(("Usage:", "Try '", "Error:")) for ln in output.splitlines())
+    usage_text = "─ Error ─" in output or any(
+        ln.startswith(("Usage:", "Try '", "Error:")) for ln in output.splitlines()
+    )
     if rc == 2 and usage_text:  # click's own usage text and boxed message: not one `error:` line
         return "unclear"
     if rc in (2, 130) and len(errors) == 1:

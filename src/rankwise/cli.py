@@ -585,6 +585,8 @@ def _option_names(msg: str, names: tuple[str, ...]) -> str:
         return f"--{m.group(1).replace('_', '-')}" if m.group(1) in names else m.group(0)
 
     return re.sub(r"`(\w+)`", spell, msg)
+
+
 data_app.add_typer(make_app, name="make")
 
 

@@ -368,6 +368,20 @@ def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.T
     return torch.where(far, local + step.cumsum(dim=-1), s)
 
 
+def _conditioned_rows(xc: torch.Tensor, eps: float, kl: bool) -> torch.Tensor:
+    """``xc`` with each row whose magnitude needs :func:`_condition_rank_inputs` (where the fused soft-rank
+    kernels would round the soft part away: 1e20-scale float32 rows gave ranks of 0) replaced by its
+    conditioned values times ``eps``, back in the input order: the same soft ranks, and the
+    derivative of the identity (the conditioning's offsets are constants of each run). Tensor ops only
+    (no host read): the soft-rank path of a traced (``torch.compile``) CPU call."""
+    n = xc.shape[-1]
+    limit = _gap_limit(n, kl)
+    y, perm = sorted_values_last(xc, descending=True)
+    s = _condition_rank_inputs(y, eps, limit)
+    far = (xc.detach().abs().amax(dim=-1, keepdim=True) / eps) > _CONDITION_FACTOR * limit
+    return torch.where(far, torch.empty_like(s).scatter(-1, perm, s * eps), xc)
+
+
 def _cpu_checks(xc: torch.Tensor, eps: float, rank: bool, kl: bool) -> tuple[bool, bool]:
     """CPU only, one host read: ``(far, finite)``. ``far``: some row needs the conditioning of the
     composite path (magnitudes where the fused kernels would lose the soft part); ``finite``: every
@@ -425,11 +439,15 @@ def _isotonic_last(
         xc = xc.reshape(-1, n)
     cpu = _cpu_kernels(xc)
     far, finite = False, False
-    if cpu and not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if cpu and not compiling:
         far, finite = _cpu_checks(xc, eps, cpu_op is _SoftRankCPU, regularization == "kl")
     if far:
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
+    elif cpu and compiling and cpu_op is _SoftRankCPU and n >= 2:
+        # traced: no host read to choose the path; far rows become values the fused kernel reads exactly
+        out = cpu_op.apply(_conditioned_rows(xc, eps, regularization == "kl"), eps, descending, regularization == "kl")
     elif cpu:
         out = cpu_op.apply(xc, eps, descending, regularization == "kl")
     else:

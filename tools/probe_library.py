@@ -835,8 +835,10 @@ def section_g() -> None:
                 try:
                     got = _outputs(compiled, e, args, kwargs)
                 except Exception as err:
-                    if eager_err is None:
-                        return f"compiled raised {type(err).__name__}: {str(err)[:160]}; eager returned a value"
+                    if eager_err is None:  # the compiled function fails where eager works: a crash, not a value
+                        raise RuntimeError(
+                            f"compiled raised {type(err).__name__}: {str(err)[:160]}; eager returned a value"
+                        ) from None
                     if type(err) is not type(eager_err) or str(eager_err)[:60] not in str(err):
                         return f"eager raised {eager_err!r}; compiled raised {type(err).__name__}: {str(err)[:120]}"
                     raise  # the same error: clear if it names an argument

@@ -283,3 +283,19 @@ def test_compiled_soft_rank_of_huge_rows_equals_eager(regularization: str, desce
     assert sorted(got[0].tolist()) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_dynamic_compiled_soft_sort_equals_eager(regularization: str) -> None:
+    """``dynamic=True`` soft sort (the function shared with the soft ranks picks its traced path without
+    comparing autograd Function classes, which dynamo cannot trace) over two batch sizes."""
+    import rankwise
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return rankwise.soft_sort(t, regularization=regularization, regularization_strength=0.5)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    for b in (3, 7):
+        x = torch.randn(b, 6, generator=torch.Generator().manual_seed(b)) * 1e25 ** (b == 7)
+        torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=1e-5)

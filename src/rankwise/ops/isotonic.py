@@ -445,7 +445,7 @@ def _isotonic_last(
     if far:
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
-    elif cpu and compiling and cpu_op is _SoftRankCPU and n >= 2:
+    elif cpu and compiling and composite is _soft_rank_composite and n >= 2:
         # traced: no host read to choose the path; far rows become values the fused kernel reads exactly
         out = cpu_op.apply(_conditioned_rows(xc, eps, regularization == "kl"), eps, descending, regularization == "kl")
     elif cpu:

@@ -201,6 +201,82 @@ def test_refused_and_truncated_checkpoints_name_the_file(tmp_path):
     assert json.loads((run / "meta.json").read_text())["status"] == "failed"
 
 
+class _Touch:
+    """Unpickling this runs ``touch path``: the loader must refuse it without running it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_corrupt_files_and_pickle_payloads_get_their_own_message(tmp_path):
+    import io
+
+    import numpy as np
+
+    from rankwise.recipes.rundir import CheckpointError, load_checkpoint
+
+    good = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.ones(3)}}, good)
+    zipped = good.getvalue()
+    legacy = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.ones(3)}}, legacy, _use_new_zipfile_serialization=False)
+    corrupt = {
+        "random bytes": np.random.default_rng(1).bytes(4096),
+        "short random bytes": np.random.default_rng(2).bytes(64),
+        "truncated zip checkpoint": zipped[: len(zipped) // 2],
+        "truncated legacy checkpoint": legacy.getvalue()[:100],
+        "text": b"hello world\n",
+        "empty": b"",
+        "zip of garbage": b"PK\x03\x04" + np.random.default_rng(3).bytes(300),
+    }
+    ran = tmp_path / "payload_ran"
+    payloads = {
+        "zip checkpoint with an object": {"state_dict": {"w": torch.ones(3)}, "x": _Touch(ran)},
+        "legacy checkpoint with an object": ({"x": _Touch(ran)}, {"_use_new_zipfile_serialization": False}),
+        "raw pickle, protocol 4": pickle.dumps(_Touch(ran), protocol=4),
+        "raw pickle, protocol 2": pickle.dumps(_Touch(ran), protocol=2),
+        "raw pickle, protocol 0": pickle.dumps(_Touch(ran), protocol=0),
+    }
+    for name, data in corrupt.items():
+        path = tmp_path / f"{name}.ckpt"
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(path)
+        msg = str(info.value)
+        assert str(path) in msg and "corrupt or not a torch checkpoint" in msg, (name, msg)
+        assert "objects other than tensors" not in msg, name
+    for name, data in payloads.items():
+        path = tmp_path / f"{name}.ckpt"
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            obj, kw = data if isinstance(data, tuple) else (data, {})
+            with open(path, "wb") as fh:
+                torch.save(obj, fh, pickle_module=pickle, **kw)
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(path)
+        msg = str(info.value)
+        assert str(path) in msg and "refused" in msg and "objects other than tensors" in msg, (name, msg)
+        assert "weights_only=False" not in msg
+        assert not ran.exists(), f"{name}: the payload ran"
+    for name, data in (("zip", zipped), ("legacy", legacy.getvalue())):  # whole checkpoints still load
+        (tmp_path / f"{name}.ckpt").write_bytes(data)
+        assert load_checkpoint(tmp_path / f"{name}.ckpt")["state_dict"]["w"].tolist() == [1.0] * 3
+
+
+def test_evaluate_names_a_random_bytes_checkpoint_as_corrupt(tmp_path):
+    import numpy as np
+
+    run = _train(tmp_path)
+    best = run / "checkpoints" / "best.ckpt"
+    best.write_bytes(np.random.default_rng(1).bytes(4096))
+    line = _one_error_line(invoke(["evaluate", str(run), "--no-plots"]))
+    assert str(best) in line and "corrupt or not a torch checkpoint" in line, line
+
+
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     from rankwise.recipes.config import ConfigError
 

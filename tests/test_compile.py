@@ -253,3 +253,49 @@ def test_autocast_bf16_dtype_and_finite(kind: str, entry: RegistryEntry) -> None
     for a, b in zip(got[1], want[1], strict=True):
         if a is not None and b is not None:
             assert a.dtype == b.dtype and torch.isfinite(a[torch.isfinite(b)]).all(), entry.name
+
+
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+@pytest.mark.parametrize("descending", [False, True])
+def test_compiled_soft_rank_of_huge_rows_equals_eager(regularization: str, descending: bool) -> None:
+    """Rows of magnitude 1e20-1e30 (where the fused CPU kernels alone round the soft part away) give the
+    eager soft ranks and gradients under ``torch.compile`` too (no host read decides the path there)."""
+    import rankwise
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=g)
+    x[0] *= 1e30
+    x[1] *= 1e20
+    x[2] = torch.tensor([1e30, 1e30 + 1e24, -1e30, 5.0, 5.5, -1e29])  # huge and small entries, a near tie
+    x.requires_grad_()  # row 3: ordinary values, beside the huge rows
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return rankwise.soft_rank(t, regularization=regularization, regularization_strength=0.5, descending=descending)
+
+    w = torch.linspace(0, 1, x.numel()).view_as(x)
+    want = f(x)
+    (want_grad,) = torch.autograd.grad((want * w).sum(), x)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    got = compiled(x)
+    (got_grad,) = torch.autograd.grad((got * w).sum(), x)
+    # the huge rows are hard ranks: a permutation of 1..6 (not the zeros of the unconditioned kernel)
+    assert sorted(got[0].tolist()) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_dynamic_compiled_soft_sort_equals_eager(regularization: str) -> None:
+    """``dynamic=True`` soft sort (the function shared with the soft ranks picks its traced path without
+    comparing autograd Function classes, which dynamo cannot trace) over two batch sizes."""
+    import rankwise
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return rankwise.soft_sort(t, regularization=regularization, regularization_strength=0.5)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    for b in (3, 7):
+        x = torch.randn(b, 6, generator=torch.Generator().manual_seed(b)) * 1e25 ** (b == 7)
+        torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=1e-5)

@@ -2,15 +2,21 @@
 
 Usage: PYTHONPATH=$PWD/src python tools/probe_cli.py OUT_DIR [WORKERS] [SECTIONS]
 
-SECTIONS: comma-separated subset of cfg,set,flag,data,ckpt,nifti (default: all). The summary and every
-case go to OUT_DIR/results.json and benchmarks/results/probe_cli.json; progress to OUT_DIR/progress.log.
-Outcomes: ok (accepted as expected), clear (one `error:` line, exit 2 / 130, no traceback),
-crash (traceback, "unexpected", other exit status, signal, several error lines), hang (timeout),
-silent (exit 0 where a refusal is expected), false_refusal (clear error where acceptance is expected).
+SECTIONS: comma-separated subset of cfg,set,flag,usage,data,ckpt,nifti (default: all). The summary and
+every case go to OUT_DIR/results.json and benchmarks/results/probe_cli.json (env PROBE_JSON: elsewhere);
+progress to OUT_DIR/progress.log. Each case runs in a child forked from this process (8 GiB address
+space, 90 s).
+Outcomes: ok (accepted as expected), clear (exactly one `error:` line, exit 2 / 130, no traceback, no
+usage text), unclear (refused with exit 2 but with the command line parser's usage text or box instead
+of one `error:` line), misleading (a clear error whose wording is not the one the case requires, e.g. a
+corrupt checkpoint called a pickle payload), crash (traceback, "unexpected", other exit status, signal,
+several error lines), hang (timeout), silent (exit 0 where a refusal is expected), false_refusal (clear
+error where acceptance is expected).
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -26,9 +32,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-OUT = Path(sys.argv[1]).resolve()
-WORKERS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-SECTIONS = set((sys.argv[3] if len(sys.argv) > 3 else "cfg,set,flag,data,ckpt,nifti").split(","))
+ALL_SECTIONS = "cfg,set,flag,usage,data,ckpt,nifti"
+_ap = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0],
+    epilog=__doc__.split("\n\n", 2)[2],
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
+_ap.add_argument("out_dir", help="scratch folder (deleted and recreated)")
+_ap.add_argument("workers", nargs="?", type=int, default=2, help="cases run at once (default 2)")
+_ap.add_argument("sections", nargs="?", default=ALL_SECTIONS, help=f"comma-separated subset of {ALL_SECTIONS}")
+_args = _ap.parse_args()
+OUT = Path(_args.out_dir).resolve()
+WORKERS = _args.workers
+SECTIONS = set(_args.sections.split(","))
+if not SECTIONS <= set(ALL_SECTIONS.split(",")):
+    _ap.error(f"unknown section(s) {sorted(SECTIONS - set(ALL_SECTIONS.split(',')))}; choose from {ALL_SECTIONS}")
 RESULTS = Path(
     os.environ.get("PROBE_JSON") or Path(__file__).resolve().parents[1] / "benchmarks/results/probe_cli.json"
 )
@@ -53,6 +71,8 @@ def sets(extra=()):
 
 
 cases: list[tuple[str, list[str], str]] = []  # (name, argv, expect: refuse | accept | either)
+#: words the one error line of a case must hold (else the outcome is "misleading")
+WORDING: dict[str, str] = {}
 _n = [0]
 
 
@@ -357,6 +377,78 @@ for args in [
     ["--model", "bogus"],
 ]:
     cases.append((f"flag:sodeep evaluate {' '.join(args)}", ["sodeep", "evaluate", *args, "--no-real"], "refuse"))
+
+
+# ---------------------------------------------------------------- C2. usage errors of the command line parser
+def _command_paths() -> list[tuple[tuple[str, ...], object]]:
+    import typer
+
+    from rankwise.cli import app
+
+    def walk(cmd, path):
+        out = [(path, cmd)] if path else []
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            out += walk(sub, (*path, name))
+        return out
+
+    return walk(typer.main.get_command(app), ())
+
+
+for path, cmd in _command_paths():
+    p = list(path)
+    cases.append((f"usage:{' '.join(p)} --no-such-flag", [*p, "--no-such-flag"], "refuse"))
+    WORDING[f"usage:{' '.join(p)} --no-such-flag"] = "--no-such-flag"
+    if hasattr(cmd, "commands"):
+        cases.append((f"usage:{' '.join(p)} bogus-command", [*p, "bogus-command"], "refuse"))
+        WORDING[f"usage:{' '.join(p)} bogus-command"] = "bogus-command"
+        continue
+    params = [q for q in cmd.params if q.name != "help"]
+    required = [q for q in params if q.required]
+    for q in required:  # the command without its required argument/option
+        if q.opts[0].startswith("--"):
+            cases.append((f"usage:{' '.join(p)} without {q.opts[0]}", p, "refuse"))
+            WORDING[f"usage:{' '.join(p)} without {q.opts[0]}"] = q.opts[0]
+        else:
+            cases.append((f"usage:{' '.join(p)} without {q.name}", p, "refuse"))
+            WORDING[f"usage:{' '.join(p)} without {q.name}"] = q.name
+    fill = [a for q in required if q.opts[0].startswith("--") for a in (q.opts[0], str(OUT / "usage_out"))]
+    fill += ["x"] * sum(1 for q in required if not q.opts[0].startswith("--"))
+    for q in params:
+        opt = q.opts[0]
+        if not opt.startswith("-") or getattr(q, "is_flag", False) or opt in ("--out",):
+            continue
+        kind = getattr(getattr(q, "type_descriptor", None), "annotation", None)
+        for v in ("abc", "1.5", "") if kind in (int, float) else ():
+            if v == "1.5" and kind is float:
+                continue
+            name = f"usage:{' '.join(p)} {opt} {v!r}"
+            cases.append((name, [*p, *fill, opt, v], "refuse"))
+            WORDING[name] = opt
+        name = f"usage:{' '.join(p)} {opt} without a value"
+        cases.append((name, [*p, *fill, opt], "refuse"))
+        WORDING[name] = opt
+for command, bad_values in {
+    "ltr-synthetic": {
+        "--seed": ["-1"],
+        "--train-queries": ["-3", "0", "100000000"],
+        "--val-queries": ["0", "-1"],
+        "--test-queries": ["0", "-1"],
+        "--num-features": ["0", "1000000000"],
+        "--informative": ["0", "47"],
+    },
+    "brain-age-synthetic": {
+        "--n": ["0", "-1"],
+        "--spacing": ["0", "nan", "inf", "-2", "9"],
+        "--seed": ["-1"],
+        "--sites": ["0", "-2"],
+    },
+}.items():
+    for opt, values in bad_values.items():
+        for v in values:
+            name = f"usage:data make {command} {opt} {v}"
+            argv = ["data", "make", command, "--out", str(OUT / "make_out" / name[-40:]), opt, v]
+            cases.append((name, argv, "refuse"))
+            WORDING[name] = opt
 
 # ---------------------------------------------------------------- D. data files (data show csv, and train for targets)
 rng = np.random.default_rng(0)
@@ -700,7 +792,7 @@ def nifti_cases():
 
 
 # ---------------------------------------------------------------- runner
-def classify(rc, output, expect, timed_out):
+def classify(rc, output, expect, timed_out, wording=None):
     if timed_out:
         return "hang"
     errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
@@ -708,15 +800,15 @@ def classify(rc, output, expect, timed_out):
         return "crash"
     if rc == 0:
         return "silent" if expect == "refuse" else "ok"
-    if (
-        rc == 2
-        and not errors
-        and "─ Error ─" in output
-        and ("Invalid value" in output or "No such option" in output or "Missing" in output)
-    ):
-        errors = ["error: (the command line parser's usage error)"]  # click's own refusal of a flag's type
+    usage_text = "─ Error ─" in output or any(
+        ln.startswith(("Usage:", "Try '", "Error:")) for ln in output.splitlines()
+    )
+    if rc == 2 and usage_text:  # click's own usage text and boxed message: not one `error:` line
+        return "unclear"
     if rc in (2, 130) and len(errors) == 1:
-        return "false_refusal" if expect == "accept" else "clear"
+        if expect == "accept":
+            return "false_refusal"
+        return "misleading" if wording is not None and wording not in errors[0] else "clear"
     if rc == 1 and len(errors) == 1 and "loss became" in errors[0]:
         return "clear"
     return "crash"
@@ -787,7 +879,7 @@ def run_all(allcases, workers, on_result, timeout=90.0):
             rc = os.waitstatus_to_exitcode(status) if not timed_out else None
             output = (logs / f"{i}.log").read_text(errors="replace") if (logs / f"{i}.log").exists() else ""
             name, _, expect = case
-            outcome = classify(rc if rc is not None else -999, output, expect, timed_out)
+            outcome = classify(rc if rc is not None else -999, output, expect, timed_out, WORDING.get(name))
             leak = "SECRETHASH" in output or "daemon:*" in output
             if leak:
                 outcome = "silent"
@@ -874,6 +966,10 @@ def checkpoint_cases(run_dir: Path):
                 else ["evaluate", str(dst), "--no-plots", "--checkpoint", "best"]
             )
             out.append((f"ckpt:{name}:{cmd}", argv, exp))
+            if name in ("empty_file", "random_bytes", "truncated", "text", "zip_garbage"):
+                WORDING[f"ckpt:{name}:{cmd}"] = "corrupt or not a torch checkpoint"
+            elif name == "pickle_payload":
+                WORDING[f"ckpt:{name}:{cmd}"] = "objects other than tensors"
     return out
 
 
@@ -908,6 +1004,7 @@ def main():
         "cfg": ("cfg:",),
         "set": ("set:",),
         "flag": ("flag:",),
+        "usage": ("usage:",),
         "data": ("data:", "data-train:"),
         "ckpt": ("ckpt:",),
         "nifti": ("nifti:",),

@@ -51,6 +51,29 @@ def _alarm(*_: Any) -> None:
 signal.signal(signal.SIGALRM, _alarm)
 
 
+class Factories:
+    """The example / degenerate / fuzz input factories of one registry entry (``None`` where it has none)."""
+
+    def __init__(self, example: Any, degenerate: Any, fuzz: Any) -> None:
+        self.example, self.degenerate, self.fuzz = example, degenerate, fuzz
+
+
+def factories(entry: Any) -> Factories:
+    """Where the probe gets an entry's input factories: the one place to change if they move out of the
+    registry entries (e.g. into the test suite's ``tests/registry_examples.py``)."""
+    return Factories(entry.example, entry.degenerate, entry.fuzz)
+
+
+#: the device of the families that take one (G, H); ``--device``
+DEVICE = torch.device("cpu")
+
+
+def fail(msg: str) -> None:
+    """A usage error of the probe: one ``error:`` line, exit status 2."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def probe(section: str, what: str, fn: Callable[[], Any], seconds: int = 60) -> None:
     """Run one case: ``fn`` returns True (ok) or a string saying what is wrong (silent)."""
     signal.alarm(seconds)
@@ -69,6 +92,8 @@ def probe(section: str, what: str, fn: Callable[[], Any], seconds: int = 60) -> 
         signal.alarm(0)
     COUNTS[out] += 1
     CASES.append({"section": section, "case": what, "outcome": out, "detail": msg})
+    if out in ("crash", "silent"):  # at once, for a long run
+        print(f"{out}: [{section}] {what}: {msg}", flush=True)
 
 
 def expect_error(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -92,12 +117,12 @@ def finite(*ts: torch.Tensor | None) -> bool:
 # -------------------------------------------------------------------------------------------- A. soft ranks
 def section_a() -> None:
     for e in OPS.entries():
-        if not e.stochastic or e.gradient != "exact" or e.example is None:
+        if not e.stochastic or e.gradient != "exact" or factories(e).example is None:
             continue
         for fixed in (False, True):
 
             def f(e: Any = e, fixed: bool = fixed) -> Any:
-                ex = e.example(torch.float64, torch.device("cpu"))
+                ex = factories(e).example(torch.float64, torch.device("cpu"))
                 x = ex.args[0].detach().clone().requires_grad_()
                 rest = [a.detach() if isinstance(a, torch.Tensor) else a for a in ex.args[1:]]
 
@@ -137,7 +162,7 @@ DOCUMENTED_PADDING_SHIFT = ("pirank.diffsort", "pirank.softsort", "pirank.isoton
 
 
 def _ltr_call(e: Any, p: torch.Tensor, t: torch.Tensor, **extra: Any) -> torch.Tensor:
-    kw = dict(e.example(torch.float64, torch.device("cpu")).kwargs)
+    kw = dict(factories(e).example(torch.float64, torch.device("cpu")).kwargs)
     if "generator" in kw or e.stochastic:
         kw["generator"] = torch.Generator().manual_seed(3)
     kw.update(extra)
@@ -259,7 +284,11 @@ def section_b() -> None:
 
         def lead(e: Any = e) -> Any:
             p, t = _ltr_batch(5, b=6)
-            kw = {"reduction": "sum"} if "reduction" in e.example(torch.float64, torch.device("cpu")).kwargs else {}
+            kw = (
+                {"reduction": "sum"}
+                if "reduction" in factories(e).example(torch.float64, torch.device("cpu")).kwargs
+                else {}
+            )
             y3 = _ltr_call(e, p.reshape(2, 3, 7), t.reshape(2, 3, 7), **kw)
             return close(y3, _ltr_call(e, p, t, **kw)) or "leading dims differ from the flat batch"
 
@@ -405,12 +434,12 @@ def section_c() -> None:
 RETR = [
     e
     for e in LOSSES.entries()
-    if e.fn.__module__.rsplit(".", 1)[-1] in ("retrieval", "contrastive", "_supcon") and e.name not in ("conr", "rnc")
+    if e.fn.__module__.rsplit(".", 1)[-1] in ("retrieval", "_pairs", "_supcon") and e.name not in ("conr", "rnc")
 ]  # conr / rnc: regression losses of continuous labels
 
 
 def _retr_call(e: Any, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    kw = dict(e.example(torch.float64, torch.device("cpu")).kwargs)
+    kw = dict(factories(e).example(torch.float64, torch.device("cpu")).kwargs)
     return e.fn(x, labels, **kw)
 
 
@@ -693,14 +722,325 @@ def section_f() -> None:
             probe("F", f"compile {fname}: {iname}", f, seconds=240)
 
 
+# ------------------------------------------------------------- G. torch.compile of every op and loss
+#: entries that do not compile with fullgraph=True (tests/test_compile.py's list): probed eagerly only by H
+NOT_COMPILABLE = {"soft_rank.sodeep", "perturbed_rank.normal", "stochastic_neural_sort", "stochastic_neural_sort.hard"}
+MATCH = [""]
+
+
+def _outputs(fn: Callable[..., Any], entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Floating outputs of ``fn`` and the gradients of their weighted sum on the inputs that need one."""
+    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+    if entry.stochastic:
+        torch.manual_seed(1234)
+    out = fn(*args, **kwargs)
+    flat: list[torch.Tensor] = []
+    stack = [out]
+    while stack:
+        o = stack.pop(0)
+        if isinstance(o, torch.Tensor):
+            flat.append(o)
+        elif isinstance(o, (tuple, list)):
+            stack = list(o) + stack
+        elif isinstance(o, dict):
+            stack = list(o.values()) + stack
+    outs = [t for t in flat if t.is_floating_point()]
+    inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    total = sum(
+        (torch.nan_to_num(t) * torch.linspace(0.5, 1.5, t.numel(), dtype=t.dtype, device=t.device).reshape(t.shape))
+        .sum()
+        .mul(i + 1)
+        for i, t in enumerate(outs)
+        if t.requires_grad and t.numel()
+    )
+    grads: list[torch.Tensor] = []
+    if inputs and isinstance(total, torch.Tensor):
+        grads = [g if g is not None else torch.zeros(0) for g in torch.autograd.grad(total, inputs, allow_unused=True)]
+    return [t.detach() for t in outs] + grads
+
+
+def _hostile_inputs(entry: Any, dtype: torch.dtype) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Named inputs of one entry: its example, the example at other batch sizes, NaN / inf rows, values of
+    magnitude 1e30, and its degenerate examples (empty, n=1, all ties, no positives, ...)."""
+    f = factories(entry)
+    ex = f.example(dtype, DEVICE)
+    x0 = ex.args[0]
+    out: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {"example": (tuple(ex.args), dict(ex.kwargs))}
+    if isinstance(x0, torch.Tensor) and x0.dim() >= 1 and x0.is_floating_point():
+        b = x0.shape[0]
+        for nb in (b + 3, b + 7, max(b - 1, 2)):  # the same compiled function over changing batch sizes
+            g = torch.Generator(device=DEVICE).manual_seed(nb)
+            x = torch.randn((nb, *x0.shape[1:]), generator=g, dtype=dtype, device=DEVICE)
+            if x0.min() >= 0:
+                x = x.abs()
+            rest = []
+            for a in ex.args[1:]:
+                if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == b:
+                    a = a[torch.arange(nb, device=a.device) % b]
+                rest.append(a)
+            out[f"batch {nb} (example's {b})"] = ((x.requires_grad_(x0.requires_grad), *rest), dict(ex.kwargs))
+        for tag, value in (("NaN", math.nan), ("+inf", math.inf), ("-inf", -math.inf), ("1e30 scale", None)):
+            x = x0.detach().clone()
+            if value is None:
+                x = x * 1e30
+            else:
+                x[0] = value
+            out[f"{tag} {'values' if value is None else 'in the first row'}"] = (
+                (x.requires_grad_(x0.requires_grad), *ex.args[1:]),
+                dict(ex.kwargs),
+            )
+        ties = torch.full_like(x0.detach(), 0.5).requires_grad_(x0.requires_grad)
+        out["all ties"] = ((ties, *ex.args[1:]), dict(ex.kwargs))
+    for i, d in enumerate(f.degenerate(dtype, DEVICE) if f.degenerate is not None else []):
+        shapes = ",".join(str(tuple(a.shape)) for a in d.args if isinstance(a, torch.Tensor))
+        out[f"degenerate {i} {shapes}"] = (tuple(d.args), dict(d.kwargs))
+    return out
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and bool(torch.equal(torch.isnan(x), torch.isnan(y)))
+        and close(x.cpu(), y.cpu(), 1e-4, 1e-5)
+        for x, y in zip(a, b)
+    )
+
+
+def section_g() -> None:
+    """``torch.compile(fn, fullgraph=True, dynamic=True)`` of every registered op and loss against eager,
+    on hostile inputs: same values and gradients (NaN where eager has NaN), same errors."""
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = 64
+    from rankwise.ops import list_ops
+
+    list_ops()
+    entries = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+    for kind, e in entries:
+        if MATCH[0] not in e.name or factories(e).example is None or e.name in NOT_COMPILABLE:
+            continue
+        torch._dynamo.reset()
+        compiled = torch.compile(e.fn, fullgraph=True, backend="aot_eager", dynamic=True)
+        for tag, (args, kwargs) in _hostile_inputs(e, torch.float32).items():
+
+            def f(
+                e: Any = e, args: tuple[Any, ...] = args, kwargs: dict[str, Any] = kwargs, compiled: Any = compiled
+            ) -> Any:
+                try:
+                    want = _outputs(e.fn, e, args, kwargs)
+                    eager_err: Exception | None = None
+                except (ValueError, TypeError) as err:
+                    want, eager_err = [], err
+                try:
+                    got = _outputs(compiled, e, args, kwargs)
+                except Exception as err:
+                    if eager_err is None:  # the compiled function fails where eager works: a crash, not a value
+                        raise RuntimeError(
+                            f"compiled raised {type(err).__name__}: {str(err)[:160]}; eager returned a value"
+                        ) from None
+                    if type(err) is not type(eager_err) or str(eager_err)[:60] not in str(err):
+                        return f"eager raised {eager_err!r}; compiled raised {type(err).__name__}: {str(err)[:120]}"
+                    raise  # the same error: clear if it names an argument
+                if eager_err is not None:
+                    return f"eager raised {eager_err!r}; compiled returned a value"
+                if not _same(got, want):
+                    diff = [
+                        f"{tuple(g.shape)} {g.flatten()[:3].tolist()} vs {tuple(w.shape)} {w.flatten()[:3].tolist()}"
+                        for g, w in zip(got, want)
+                        if not (g.shape == w.shape and close(g.cpu(), w.cpu(), 1e-4, 1e-5))
+                    ]
+                    return f"compiled differs from eager: {diff[:2] or (len(got), len(want))}"
+                return True
+
+            probe("G", f"compile {kind} {e.name}: {tag}", f, seconds=300)
+
+
+# ------------------------------------------------------- H. ranking-metric losses on degenerate lists
+def section_h() -> None:
+    """Learning-to-rank losses on all-padding lists, lists of one, all-equal relevance, NaN and -inf
+    scores and huge lists; retrieval losses without positives, of one class, with duplicated and zero
+    embeddings (on ``--device``)."""
+    dev = DEVICE
+
+    def ltr(e: Any, p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        p = p.to(dev).requires_grad_()
+        kw = dict(factories(e).example(torch.float32, dev).kwargs)
+        if "generator" in kw or e.stochastic:
+            kw["generator"] = torch.Generator(device=dev).manual_seed(3)
+        y = e.fn(p, t.to(dev), **kw)
+        (g,) = torch.autograd.grad(y, p, allow_unused=True) if y.requires_grad else (None,)
+        return y.detach(), g
+
+    pairwise = {"ranknet", "lambda_loss.rankNet"}  # losses over pairs of different labels only
+    for e in LTR:
+        if MATCH[0] not in e.name:
+            continue
+        gen = torch.Generator().manual_seed(0)
+        cases: dict[str, Callable[[], Any]] = {}
+
+        def all_padding(e: Any = e, gen: torch.Generator = gen) -> Any:
+            y, g = ltr(e, torch.randn(4, 6, generator=gen), torch.full((4, 6), -1.0))
+            return (float(y) == 0.0 and (g is None or float(g.abs().max()) == 0.0)) or f"loss {float(y)} grad {g}"
+
+        def one_per_list(e: Any = e, gen: torch.Generator = gen) -> Any:
+            y, g = ltr(e, torch.randn(4, 1, generator=gen), torch.tensor([[2.0], [0.0], [1.0], [4.0]]))
+            return finite(y, g) or f"non-finite loss {float(y)} on lists of one"
+
+        def equal_relevance(e: Any = e, gen: torch.Generator = gen) -> Any:
+            y, g = ltr(e, torch.randn(4, 6, generator=gen), torch.full((4, 6), 2.0))
+            if not finite(y, g):
+                return f"non-finite loss {float(y)} with all-equal relevance"
+            if e.name in pairwise:  # no pair of different relevance: nothing to learn
+                no_grad = g is None or float(g.abs().max()) == 0.0
+                return (float(y) == 0.0 and no_grad) or f"loss {float(y)} without pairs"
+            return True
+
+        def nan_scores(e: Any = e, gen: torch.Generator = gen) -> Any:
+            p = torch.randn(4, 6, generator=gen)
+            p[1] = math.nan
+            y, _ = ltr(e, p, torch.randint(0, 3, (4, 6), generator=gen).float())
+            return bool(torch.isnan(y)) or f"a NaN list of scores gave the finite loss {float(y)}"
+
+        def neg_inf_score(e: Any = e, gen: torch.Generator = gen) -> Any:
+            p = torch.randn(4, 6, generator=gen)
+            p[2, 1] = -math.inf
+            y, _ = ltr(e, p, torch.randint(0, 3, (4, 6), generator=gen).float())
+            return bool(torch.isnan(y)) or f"a -inf score in a real slot gave the finite loss {float(y)} (policy: NaN)"
+
+        def huge(e: Any = e, gen: torch.Generator = gen) -> Any:
+            n = 1000
+            p = torch.randn(2, n, generator=gen)
+            t = torch.randint(0, 5, (2, n), generator=gen).float()
+            t[1, n // 2 :] = -1.0
+            y, g = ltr(e, p, t)
+            if not finite(y, g):
+                return f"non-finite loss {float(y)} on lists of {n}"
+            if e.stochastic or e.name == "pirank.diffsort":
+                return True
+            idx = torch.randperm(n, generator=gen)
+            y2, _ = ltr(e, p[:, idx], t[:, idx])
+            return close(y, y2, 1e-4, 1e-6) or f"lists of {n}: reordering the items changes {float(y)} -> {float(y2)}"
+
+        cases = {
+            "all-padding lists": all_padding,
+            "lists of one": one_per_list,
+            "all-equal relevance": equal_relevance,
+            "NaN scores of a whole list": nan_scores,
+            "-inf score in a real slot": neg_inf_score,
+            "huge lists (1000 items)": huge,
+        }
+        for tag, fn in cases.items():
+            probe("H", f"{e.name}: {tag}", fn, seconds=120)
+
+    def retr(e: Any, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = x.to(dev).requires_grad_()
+        kw = dict(factories(e).example(torch.float32, dev).kwargs)
+        if e.stochastic:
+            torch.manual_seed(0)
+        y = e.fn(x, labels.to(dev), **kw)
+        (g,) = torch.autograd.grad(y, x, allow_unused=True) if y.requires_grad else (None,)
+        return y.detach(), g
+
+    for e in RETR:
+        if MATCH[0] not in e.name:
+            continue
+        gen = torch.Generator().manual_seed(1)
+        shape = tuple(factories(e).example(torch.float32, torch.device("cpu")).args[0].shape[1:])
+        if len(shape) == 2:  # (views, dim): one view, so that distinct labels leave no positive pair
+            shape = (1, shape[1])
+
+        def emb(b: int, gen: torch.Generator = gen, shape: tuple[int, ...] = shape) -> torch.Tensor:
+            return torch.randn((b, *shape), generator=gen)
+
+        def no_positives(e: Any = e, emb: Any = emb) -> Any:
+            y, g = retr(e, emb(8), torch.arange(8))
+            if not finite(y, g):
+                return f"non-finite loss {float(y)} without positives"
+            if e.name == "triplet":  # no triplet: documented 0 as well
+                return float(y) == 0.0 or f"loss {float(y)} without positives"
+            return (float(y) == 0.0 and (g is None or float(g.abs().max()) == 0.0)) or f"loss {float(y)}, grad {g}"
+
+        def one_class(e: Any = e, emb: Any = emb) -> Any:
+            y, g = retr(e, emb(8), torch.zeros(8, dtype=torch.long))
+            return finite(y, g) or f"non-finite loss {float(y)} with one class"
+
+        def duplicated(e: Any = e, emb: Any = emb) -> Any:
+            x = emb(6)
+            x = torch.cat([x, x])  # every embedding twice: ties between a positive and a negative
+            lab = torch.cat([torch.arange(6) % 3, (torch.arange(6) + 1) % 3])
+            y, g = retr(e, x, lab)
+            if not finite(y, g):
+                return f"non-finite loss {float(y)} with duplicated embeddings"
+            if e.stochastic:
+                return True
+            idx = torch.randperm(12, generator=torch.Generator().manual_seed(4))
+            y2, _ = retr(e, x[idx], lab[idx])
+            return close(y, y2, 1e-4, 1e-6) or f"duplicated embeddings: order changes {float(y)} -> {float(y2)}"
+
+        def zero_rows(e: Any = e, emb: Any = emb) -> Any:
+            x = emb(8)
+            x[2] = 0.0
+            x[5] = 0.0
+            y, g = retr(e, x, torch.arange(8) % 2)
+            return finite(y, g) or f"non-finite loss {float(y)} or gradient with two zero embeddings"
+
+        def all_zero(e: Any = e, emb: Any = emb) -> Any:
+            y, g = retr(e, emb(8) * 0.0, torch.arange(8) % 2)
+            return finite(y, g) or f"non-finite loss {float(y)} or gradient with all-zero embeddings"
+
+        retrieval_cases: dict[str, Callable[[], Any]] = {
+            "no positives (all labels distinct)": no_positives,
+            "one class": one_class,
+            "duplicated embeddings, different labels": duplicated,
+            "two zero embeddings": zero_rows,
+            "all-zero embeddings": all_zero,
+        }
+        if e.name == "npairs":  # (anchor, positive) pairs: every anchor has its positive by construction
+            del retrieval_cases["no positives (all labels distinct)"]
+        for tag, fn in retrieval_cases.items():
+            probe("H", f"{e.name}: {tag}", fn, seconds=120)
+
+
 def main() -> None:
+    global DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks/results/probe_library.json"))
-    ap.add_argument("--only", default="A,B,C,D,E,F")
+    ap.add_argument("--only", default=None, help="sections, e.g. A,B,G (default: all; with a CUDA device: G,H)")
+    ap.add_argument("--match", default="", help="G, H: only the entries whose name contains this")
+    ap.add_argument(
+        "--device", default="cpu", help="device of the families G and H (cpu, cuda, cuda:1); A-F run on the CPU"
+    )
     args = ap.parse_args()
+    try:
+        DEVICE = torch.device(args.device)
+    except RuntimeError:
+        fail(f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)")
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}: CUDA is not available here (torch.cuda.is_available() is False)")
+    if DEVICE.type == "cuda" and DEVICE.index is not None and DEVICE.index >= torch.cuda.device_count():
+        fail(f"--device {args.device}: there are {torch.cuda.device_count()} CUDA device(s)")
+    if DEVICE.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device}: the probe runs on cpu or cuda")
+    only = args.only or ("A,B,C,D,E,F,G,H" if DEVICE.type == "cpu" else "G,H")
+    if DEVICE.type != "cpu" and set(only.split(",")) - {"G", "H"}:
+        fail(f"--only {only}: with --device {args.device} only the sections G and H run there")
+    MATCH[0] = args.match
     t0 = time.time()
-    sections = {"A": section_a, "B": section_b, "C": section_c, "D": section_d, "E": section_e, "F": section_f}
-    for s in args.only.split(","):
+    sections = {
+        "A": section_a,
+        "B": section_b,
+        "C": section_c,
+        "D": section_d,
+        "E": section_e,
+        "F": section_f,
+        "G": section_g,
+        "H": section_h,
+    }
+    unknown = set(only.split(",")) - set(sections)
+    if unknown:
+        fail(f"--only: unknown section(s) {sorted(unknown)}; choose from {','.join(sections)}")
+    for s in only.split(","):
         before = len(CASES)
         sections[s]()
         sub = collections.Counter(c["outcome"] for c in CASES[before:])
@@ -709,7 +1049,8 @@ def main() -> None:
         "cases": len(CASES),
         "counts": dict(COUNTS),
         "seconds": round(time.time() - t0),
-        "sections": args.only,
+        "sections": only,
+        "device": str(DEVICE),
         "torch": torch.__version__,
         "command": " ".join(sys.argv),
     }

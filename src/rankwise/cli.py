@@ -593,6 +593,21 @@ def _missing_options(name: str, opts: dict[str, Any]) -> list[str]:
 
 
 make_app = typer.Typer(cls=Group, help="Write an offline dataset to disk.", no_args_is_help=True)
+#: the arguments of ``make_ltr_synthetic`` that ``data make ltr-synthetic`` sets from its options
+_LTR_OPTIONS = ("seed", "train_queries", "val_queries", "test_queries", "num_features", "informative")
+
+
+def _option_names(msg: str, names: tuple[str, ...]) -> str:
+    """A library message with the `argument` names of a command's options spelled as its options
+    (`train_queries` -> --train-queries), so that the error line names what the user typed."""
+    import re
+
+    def spell(m: Any) -> str:
+        return f"--{m.group(1).replace('_', '-')}" if m.group(1) in names else m.group(0)
+
+    return re.sub(r"`(\w+)`", spell, msg)
+
+
 data_app.add_typer(make_app, name="make")
 
 
@@ -611,10 +626,10 @@ def data_make_brain_age_synthetic(
 
         try:
             return make_brain_age_synthetic(out, n=n, spacing=spacing, seed=seed, sites=sites)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             from rankwise.recipes.config import UserError
 
-            raise UserError(str(e)) from None
+            raise UserError(_option_names(str(e), ("n", "spacing", "seed", "sites"))) from None
 
     csv_path = _run_guarded(make)
     _console().print(f"{n} synthetic subjects: {csv_path}", highlight=False)
@@ -645,10 +660,11 @@ def data_make_ltr_synthetic(
                 num_features=num_features,
                 informative=informative,
             )
-        except (ValueError, FileExistsError) as e:
+        except (ValueError, TypeError, FileExistsError) as e:
             from rankwise.recipes.config import UserError
 
-            raise UserError(str(e.args[-1] if isinstance(e, FileExistsError) else e)) from None
+            msg = str(e.args[-1] if isinstance(e, FileExistsError) else e)
+            raise UserError(_option_names(msg, _LTR_OPTIONS)) from None
 
     folder = _run_guarded(make)
     _console().print(

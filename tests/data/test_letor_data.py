@@ -270,6 +270,25 @@ def test_synthetic_relevance_model() -> None:
         ltr_synthetic_arrays(min_docs=5, max_docs=4)
 
 
+@pytest.mark.parametrize(
+    "opts,error,needle",
+    [
+        ({"train_queries": -3}, ValueError, "`train_queries` must be >= 1, got -3"),
+        ({"val_queries": 0}, ValueError, "`val_queries` must be >= 1, got 0"),
+        ({"informative": 0}, ValueError, "`informative` must be >= 1"),
+        ({"seed": -1}, ValueError, "`seed` must be >= 0, got -1"),
+        ({"test_queries": 2.0}, TypeError, "`test_queries` must be an int, got float"),
+        ({"num_features": True}, TypeError, "`num_features` must be an int, got bool"),
+        ({"seed": "0"}, TypeError, "`seed` must be an int, got str"),
+        ({"train_queries": 10**7}, ValueError, "must be at most 200,000,000 feature values"),
+    ],
+)
+def test_synthetic_options_are_checked_by_the_shared_validator(opts, error, needle) -> None:
+    with pytest.raises(error) as info:
+        ltr_synthetic_arrays(**opts)
+    assert needle in str(info.value)
+
+
 def test_blockwise_standardisation_equals_numpy_and_leaves_the_inputs_alone(monkeypatch) -> None:
     import rankwise.data.letor as letor
     from rankwise.data import build_ranking_data
@@ -298,7 +317,7 @@ def test_cli_make_show_and_missing_dataset_folder(tmp_path: Path, monkeypatch) -
     out = tmp_path / "syn"
     args = ["data", "make", "ltr-synthetic", "--out", str(out), "--train-queries", "6", "--val-queries", "2"]
     bad = one_error_line(runner.invoke(app, [*args, "--num-features", "5"]))
-    assert bad == "error: `informative` (10) must be <= `num_features` (5)"
+    assert bad == "error: --informative (10) must be <= --num-features (5)"
     r = runner.invoke(app, [*args, "--test-queries", "3", "--num-features", "5", "--informative", "2"])
     assert r.exit_code == 0, r.output
     assert load_letor(str(out), num_features=5).sizes() == (6, 2, 3)

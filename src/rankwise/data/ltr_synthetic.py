@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rankwise._validation import check_int
 from rankwise.data._base import register_dataset
 from rankwise.data.letor import RankingData, build_ranking_data
 
@@ -45,10 +46,8 @@ LTR_SYNTHETIC_FILES = {"train": "train.txt", "val": "vali.txt", "test": "test.tx
 _GRADE_QUANTILES = (0.517, 0.842, 0.976, 0.993)
 
 
-def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int, got {value!r}")
-    return int(value)
+#: most feature values (documents x features, documents bounded by queries x ``max_docs``) one draw makes
+MAX_VALUES = 200_000_000
 
 
 def _draws(
@@ -64,12 +63,12 @@ def _draws(
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
     """``({split: (features, latent score s, noise-free part of s, qid)}, grade thresholds)`` of the model."""
     sizes = {
-        "train": _positive(train_queries, "train_queries"),
-        "val": _positive(val_queries, "val_queries"),
-        "test": _positive(test_queries, "test_queries"),
+        "train": check_int(train_queries, "train_queries", low=1),
+        "val": check_int(val_queries, "val_queries", low=1),
+        "test": check_int(test_queries, "test_queries", low=1),
     }
     lo, hi, d, k = (
-        _positive(v, n)
+        check_int(v, n, low=1)
         for v, n in (
             (min_docs, "min_docs"),
             (max_docs, "max_docs"),
@@ -81,8 +80,12 @@ def _draws(
         raise ValueError(f"`min_docs` ({lo}) must be <= `max_docs` ({hi})")
     if k > d:
         raise ValueError(f"`informative` ({k}) must be <= `num_features` ({d})")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"`seed` must be an int >= 0, got {seed!r}")
+    check_int(seed, "seed", low=0)
+    if sum(sizes.values()) * hi * d > MAX_VALUES:
+        raise ValueError(
+            f"`train_queries` + `val_queries` + `test_queries` ({sum(sizes.values())}) x `max_docs` ({hi}) x "
+            f"`num_features` ({d}) must be at most {MAX_VALUES:,} feature values"
+        )
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(k)
     w /= np.linalg.norm(w)

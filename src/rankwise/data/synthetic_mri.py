@@ -147,6 +147,8 @@ def make_brain_age_synthetic(
         raise ValueError(f"`age_range` must be (low, high) with 0 <= low < high, got {age_range!r}")
     if isinstance(sites, bool) or not isinstance(sites, int) or sites < 1:
         raise ValueError(f"`sites` must be a positive int, got {sites!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"`seed` must be an int >= 0, got {seed!r}")
     out = Path(out)
     csv_path = out / "participants.csv"
     if csv_path.exists():

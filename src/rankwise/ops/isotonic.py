@@ -368,6 +368,20 @@ def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.T
     return torch.where(far, local + step.cumsum(dim=-1), s)
 
 
+def _conditioned_rows(xc: torch.Tensor, eps: float, kl: bool) -> torch.Tensor:
+    """``xc`` with each row whose magnitude needs :func:`_condition_rank_inputs` (where the fused soft-rank
+    kernels would round the soft part away: 1e20-scale float32 rows gave ranks of 0) replaced by its
+    conditioned values times ``eps``, back in the input order: the same soft ranks, and the
+    derivative of the identity (the conditioning's offsets are constants of each run). Tensor ops only
+    (no host read): the soft-rank path of a traced (``torch.compile``) CPU call."""
+    n = xc.shape[-1]
+    limit = _gap_limit(n, kl)
+    y, perm = sorted_values_last(xc, descending=True)
+    s = _condition_rank_inputs(y, eps, limit)
+    far = (xc.detach().abs().amax(dim=-1, keepdim=True) / eps) > _CONDITION_FACTOR * limit
+    return torch.where(far, torch.empty_like(s).scatter(-1, perm, s * eps), xc)
+
+
 def _rank_far(magnitude: float, n: int, eps: float, kl: bool) -> bool:
     """Whether soft ranks of rows whose largest finite ``|x|`` is ``magnitude`` need the conditioning
     of the composite path (magnitudes where the fused kernels would lose the soft part)."""
@@ -425,7 +439,8 @@ def _isotonic_last(
     kl = regularization == "kl"
     cpu = _cpu_kernels(xc)
     far, finite, done = False, False, None
-    if cpu and not torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if cpu and not compiling:
         if cpu_op is _SoftRankCPU:  # the kernel reads the magnitudes while it divides: no extra pass
             out, z, perm, ids, magnitude, finite = kernels.rank_forward_checked(xc, eps, descending, kl)
             far, done = _rank_far(magnitude, n, eps, kl), (out, z, perm, ids)
@@ -434,6 +449,9 @@ def _isotonic_last(
     if far:
         # magnitudes where the fused kernels would lose the soft part: the conditioned composite, in float64
         out = composite(xc.double(), eps, descending, regularization).to(xc.dtype)
+    elif cpu and compiling and composite is _soft_rank_composite and n >= 2:
+        # traced: no host read to choose the path; far rows become values the fused kernel reads exactly
+        out = cpu_op.apply(_conditioned_rows(xc, eps, kl), eps, descending, kl)
     elif cpu:
         out = cpu_op.apply(xc, eps, descending, kl) if done is None else cpu_op.apply(xc, eps, descending, kl, done)
     else:

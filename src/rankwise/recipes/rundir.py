@@ -133,9 +133,15 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    corrupt = (
+        f"cannot read checkpoint {path}: the file is corrupt or not a torch checkpoint "
+        "(truncated, or written by another program)"
+    )
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
+        if not _holds_pickled_objects(path):  # random bytes, a truncated or foreign file: no pickle at all
+            raise CheckpointError(corrupt) from None
         # never repeat torch's advice to load with weights_only=False: that would run code from the file
         raise CheckpointError(
             f"checkpoint {path} was refused: it holds objects other than tensors and plain data, and rankwise "
@@ -143,9 +149,46 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
         ) from None
     except MemoryError:
         raise
-    except Exception as e:  # any byte sequence: RuntimeError, EOFError, BadZipFile, IndexError, ...
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"cannot read checkpoint {path} (truncated or corrupt?): {first}") from None
+    except Exception:  # any byte sequence: RuntimeError, EOFError, BadZipFile, KeyError, IndexError, ...
+        raise CheckpointError(corrupt) from None
+
+
+#: most pickle opcodes :func:`_holds_pickled_objects` reads before deciding
+_MAX_OPCODES = 1_000_000
+
+
+def _holds_pickled_objects(path: Path) -> bool:
+    """Whether ``path`` (the ``data.pkl`` of a zip checkpoint, else the file itself: up to four pickles in a
+    row, as in torch's legacy format) holds a complete pickle stream that builds objects (``GLOBAL``,
+    ``REDUCE``, ...); read with :mod:`pickletools`, which decodes the opcodes without running any of
+    them. Random bytes, a truncated pickle and a pickle of plain data only are not."""
+    import pickletools
+    import zipfile
+
+    builders = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+    try:
+        with contextlib.ExitStack() as stack:
+            if zipfile.is_zipfile(path):
+                archive = stack.enter_context(zipfile.ZipFile(path))
+                member = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+                if member is None:
+                    return False
+                stream = stack.enter_context(archive.open(member))
+            else:
+                stream = stack.enter_context(open(path, "rb"))
+            count = 0
+            for _ in range(4):  # torch's legacy format: magic number, protocol, system info, then the objects
+                seen = False
+                for op, _, _ in pickletools.genops(stream):
+                    seen = seen or op.name in builders
+                    count += 1
+                    if count >= _MAX_OPCODES:
+                        return seen
+                if seen:  # a complete pickle stream that builds objects
+                    return True
+            return False
+    except Exception:  # an unknown opcode, a truncated stream, a broken zip: not a pickle
+        return False
 
 
 def _check_state(state: Any, path: str | Path) -> dict[str, torch.Tensor]:

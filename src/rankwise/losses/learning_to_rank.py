@@ -510,19 +510,23 @@ def _sinkhorn_scaling(
     """Alternate column / row normalisation of the blocks ``rows x cols`` (allRank's Sinkhorn scaling).
 
     allRank stops at the first iteration whose row and column sums are all within ``tol`` of 1 over
-    the whole batch; the same stop is applied here without a host sync (the iterations after it
-    leave the matrices unchanged), so values and gradients are allRank's.
+    the whole batch. On the CPU the loop stops there too (reading the flag is no device sync); on other
+    devices it runs the full ``max_iter`` without a host sync, the iterations after the stop leaving the
+    matrices unchanged. Either way values and gradients are allRank's.
     """
+    early = mat.device.type == "cpu"
     done = torch.zeros((), dtype=torch.bool, device=mat.device)
     col_in, row_in = cols[..., None, :], rows[..., :, None]
     for _ in range(max_iter):
         # outside the blocks the sums are 0: divide by 1 there (a clamped 0 would scale gradients by 1e10)
         cand = mat / torch.where(col_in, mat.sum(dim=-2, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
         cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
-        mat = torch.where(done, mat, cand)
+        mat = cand if early else torch.where(done, mat, cand)
         row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
         col_err = torch.where(cols, (mat.sum(dim=-2) - 1.0).abs(), 0.0)
         done = done | ((row_err < tol).all() & (col_err < tol).all())
+        if early and bool(done):
+            break
     return mat
 
 

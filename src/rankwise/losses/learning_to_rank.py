@@ -123,13 +123,6 @@ def _zero(p: torch.Tensor) -> torch.Tensor:
     return p.sum() * 0.0
 
 
-def _masked_softmax(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Softmax over the valid slots (0 elsewhere; all 0 for a list without a valid slot)."""
-    any_valid = valid.any(dim=-1, keepdim=True)
-    logits = x.masked_fill(~valid, float("-inf")).masked_fill(~any_valid, 0.0)
-    return torch.softmax(logits, dim=-1) * valid
-
-
 def _discounts(n: int, like: torch.Tensor) -> torch.Tensor:
     """``log2(r + 1)`` for the 1-based ranks ``r = 1..n``."""
     return torch.log2(torch.arange(2, n + 2, device=like.device, dtype=like.dtype))
@@ -177,10 +170,36 @@ def listnet_loss(
     p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
     if p.numel() == 0:
         return _zero(p)
-    q = _masked_softmax(t, valid)
-    sp = _masked_softmax(p, valid)
-    log_sp = torch.log(torch.where(valid, sp + e, 1.0))
-    return -(q * log_sp).sum(dim=-1).mean()
+    return _ListNet.apply(p, t, valid, e)
+
+
+def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
+    return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
+
+
+class _ListNet(torch.autograd.Function):
+    """ListNet's mean over lists with the closed-form gradient: for ``s = softmax(p)``, target ``q`` and
+    ``g = -q / (s + eps)``, ``dL/dp = s * (g - sum(g * s)) / B`` (one pass instead of the autograd chain of
+    the masked softmax, the log and the product)."""
+
+    @staticmethod
+    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+        invalid = ~valid
+        dead = ~valid.any(dim=-1, keepdim=True)
+        q = _fill_softmax(t, invalid, dead, valid)
+        s = _fill_softmax(p, invalid, dead, valid)
+        denom = (s + e).masked_fill_(invalid, 1.0)
+        ctx.save_for_backward(q, s, denom)
+        return -(q * torch.log(denom)).sum() / p.shape[0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, s, denom = ctx.saved_tensors
+        g = q.neg().div_(denom)
+        g.sub_((g * s).sum(dim=-1, keepdim=True)).mul_(s).mul_(grad / s.shape[0])
+        return g, None, None, None
 
 
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -227,16 +246,37 @@ def listmle_loss(
     perm = _shuffle(n, p, generator)
     if p.numel() == 0:
         return _zero(p)
-    p, t, valid = p[:, perm], t[:, perm], valid[:, perm]
+    t, valid = t[:, perm], valid[:, perm]
     _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
-    ps = p.gather(-1, idx)
+    ps = p.gather(-1, perm[idx])
     vs = valid.gather(-1, idx)
-    top, _ = ps.masked_fill(~vs, float("-inf")).max(dim=-1, keepdim=True)
-    top = torch.where(vs.any(dim=-1, keepdim=True), top, torch.zeros_like(top))
-    z = torch.where(vs, ps - top, 0.0)
-    tail = torch.flip(torch.cumsum(torch.flip(torch.exp(z) * vs, dims=[-1]), dim=-1), dims=[-1])
-    obs = torch.log(torch.where(vs, tail + e, 1.0)) - z
-    return torch.where(vs, obs, 0.0).sum(dim=-1).mean()
+    return _ListMLE.apply(ps, vs, e)
+
+
+class _ListMLE(torch.autograd.Function):
+    """ListMLE's mean over lists of ``sum_i log(T_i + eps) - z_i`` (``z = p - max p`` over the valid slots of
+    the label-sorted list, ``T_i = sum_{j >= i} exp(z_j)``) with the closed-form gradient
+    ``dL/dz_k = exp(z_k) * sum_{i <= k} 1 / (T_i + eps) - 1`` and ``-sum_k dL/dz_k`` to the arg-max
+    (the path through the max, as autograd takes it: nonzero when ``eps > 0``)."""
+
+    @staticmethod
+    def forward(ctx: Any, ps: torch.Tensor, vs: torch.Tensor, e: float) -> torch.Tensor:
+        invalid = ~vs
+        top, arg = ps.masked_fill(invalid, float("-inf")).max(dim=-1, keepdim=True)
+        top.masked_fill_(~vs.any(dim=-1, keepdim=True), 0.0)
+        z = (ps - top).masked_fill_(invalid, 0.0)
+        ex = torch.exp(z).masked_fill_(invalid, 0.0)
+        denom = ex.flip(-1).cumsum(dim=-1).flip(-1).add_(e).masked_fill_(invalid, 1.0)
+        ctx.save_for_backward(ex, denom, vs, arg)
+        return (torch.log(denom) - z).masked_fill_(invalid, 0.0).sum() / ps.shape[0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        ex, denom, vs, arg = ctx.saved_tensors
+        gz = denom.reciprocal().masked_fill_(~vs, 0.0).cumsum(dim=-1).mul_(ex).sub_(vs.to(ex.dtype))
+        gz.scatter_add_(-1, arg, -gz.sum(dim=-1, keepdim=True))
+        return gz.mul_(grad / ex.shape[0]), None, None
 
 
 @batch_loss("y_pred", "y_true")
@@ -470,19 +510,23 @@ def _sinkhorn_scaling(
     """Alternate column / row normalisation of the blocks ``rows x cols`` (allRank's Sinkhorn scaling).
 
     allRank stops at the first iteration whose row and column sums are all within ``tol`` of 1 over
-    the whole batch; the same stop is applied here without a host sync (the iterations after it
-    leave the matrices unchanged), so values and gradients are allRank's.
+    the whole batch. On the CPU the loop stops there too (reading the flag is no device sync); on other
+    devices it runs the full ``max_iter`` without a host sync, the iterations after the stop leaving the
+    matrices unchanged. Either way values and gradients are allRank's.
     """
+    early = mat.device.type == "cpu"
     done = torch.zeros((), dtype=torch.bool, device=mat.device)
     col_in, row_in = cols[..., None, :], rows[..., :, None]
     for _ in range(max_iter):
         # outside the blocks the sums are 0: divide by 1 there (a clamped 0 would scale gradients by 1e10)
         cand = mat / torch.where(col_in, mat.sum(dim=-2, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
         cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
-        mat = torch.where(done, mat, cand)
+        mat = cand if early else torch.where(done, mat, cand)
         row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
         col_err = torch.where(cols, (mat.sum(dim=-2) - 1.0).abs(), 0.0)
         done = done | ((row_err < tol).all() & (col_err < tol).all())
+        if early and bool(done):
+            break
     return mat
 
 

@@ -13,14 +13,15 @@ from rankwise._registry import RegistryEntry
 from rankwise._twin import FunctionModule
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_examples import EXAMPLES, entry_factories
 
 
 def _twin_entries() -> list[tuple[str, RegistryEntry]]:
     rankwise.list_ops()
     out: list[tuple[str, RegistryEntry]] = []
-    for reg in (OPS, LOSSES):
+    for kind, reg in (("op", OPS), ("loss", LOSSES)):
         for e in reg.entries():
-            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and e.example is not None:
+            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and (kind, e.name) in EXAMPLES:
                 out.append((e.name, e))
     return out
 
@@ -40,7 +41,7 @@ def test_twin_options_are_the_function_options(name: str, entry) -> None:  # typ
         assert option in init_params, f"{name}: {option} is not a constructor argument"
         if fn_params[option].default is not inspect.Parameter.empty:
             assert init_params[option].default == fn_params[option].default
-    ex = entry.example(torch.float64, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float64, torch.device("cpu"))
     module = cls(**ex.kwargs)
     shown = cls._shown if cls._shown is not None else (*cls._positional, *cls._options)
     for option in (*cls._positional, *cls._options):

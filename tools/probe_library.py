@@ -34,6 +34,9 @@ from rankwise.losses import LOSSES
 from rankwise.metrics import dcg, map_at_k, mrr, ndcg, retrieval_metrics
 from rankwise.ops import OPS
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example inputs of tests/
+from tests.registry_examples import entry_factories
+
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -92,12 +95,12 @@ def finite(*ts: torch.Tensor | None) -> bool:
 # -------------------------------------------------------------------------------------------- A. soft ranks
 def section_a() -> None:
     for e in OPS.entries():
-        if not e.stochastic or e.gradient != "exact" or e.example is None:
+        if not e.stochastic or e.gradient != "exact":
             continue
         for fixed in (False, True):
 
             def f(e: Any = e, fixed: bool = fixed) -> Any:
-                ex = e.example(torch.float64, torch.device("cpu"))
+                ex = entry_factories(e).example(torch.float64, torch.device("cpu"))
                 x = ex.args[0].detach().clone().requires_grad_()
                 rest = [a.detach() if isinstance(a, torch.Tensor) else a for a in ex.args[1:]]
 
@@ -137,7 +140,7 @@ DOCUMENTED_PADDING_SHIFT = ("pirank.diffsort", "pirank.softsort", "pirank.isoton
 
 
 def _ltr_call(e: Any, p: torch.Tensor, t: torch.Tensor, **extra: Any) -> torch.Tensor:
-    kw = dict(e.example(torch.float64, torch.device("cpu")).kwargs)
+    kw = dict(entry_factories(e).example(torch.float64, torch.device("cpu")).kwargs)
     if "generator" in kw or e.stochastic:
         kw["generator"] = torch.Generator().manual_seed(3)
     kw.update(extra)
@@ -259,7 +262,11 @@ def section_b() -> None:
 
         def lead(e: Any = e) -> Any:
             p, t = _ltr_batch(5, b=6)
-            kw = {"reduction": "sum"} if "reduction" in e.example(torch.float64, torch.device("cpu")).kwargs else {}
+            kw = (
+                {"reduction": "sum"}
+                if "reduction" in entry_factories(e).example(torch.float64, torch.device("cpu")).kwargs
+                else {}
+            )
             y3 = _ltr_call(e, p.reshape(2, 3, 7), t.reshape(2, 3, 7), **kw)
             return close(y3, _ltr_call(e, p, t, **kw)) or "leading dims differ from the flat batch"
 
@@ -410,7 +417,7 @@ RETR = [
 
 
 def _retr_call(e: Any, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    kw = dict(e.example(torch.float64, torch.device("cpu")).kwargs)
+    kw = dict(entry_factories(e).example(torch.float64, torch.device("cpu")).kwargs)
     return e.fn(x, labels, **kw)
 
 

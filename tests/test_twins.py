@@ -55,3 +55,35 @@ def test_twin_options_are_the_function_options(name: str, entry) -> None:  # typ
     want = entry.fn(*ex.args, **ex.kwargs)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_pair_loss_twins_keep_their_surface() -> None:
+    """``TripletLoss`` / ``NPairsLoss`` on the base: the same constructor, ``repr`` and (empty) state, and
+    ``forward`` passes ``labels`` and ``mask`` on to the function."""
+    from rankwise.losses import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
+
+    assert repr(TripletLoss(margin=0.3, mining="hard")) == (
+        "TripletLoss(margin=0.3, distance='squared', mining='hard', normalize=True, reduction='mean')"
+    )
+    assert repr(NPairsLoss(temperature=2.0)) == "NPairsLoss(temperature=2.0, normalize=False, reduction='mean')"
+    assert list(TripletLoss().state_dict()) == [] and list(NPairsLoss().state_dict()) == []
+    assert list(inspect.signature(TripletLoss).parameters) == [
+        "margin",
+        "distance",
+        "mining",
+        "normalize",
+        "reduction",
+        "distributed",
+    ]
+    assert list(inspect.signature(NPairsLoss).parameters) == ["temperature", "normalize", "reduction", "distributed"]
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(6, 4, generator=g), torch.tensor([0, 1, 0, 1, 2, 2])
+    mask = labels[:, None] == labels[None, :]
+    mask[0, 2] = mask[2, 0] = False  # a mask that differs from the labels' one
+    torch.testing.assert_close(
+        TripletLoss(margin=0.5, mining="hard")(x, mask=mask), triplet_loss(x, mask=mask, margin=0.5, mining="hard")
+    )
+    torch.testing.assert_close(TripletLoss(margin=0.5)(x, labels), triplet_loss(x, labels, margin=0.5))
+    assert not torch.allclose(TripletLoss(margin=0.5)(x, mask=mask), TripletLoss(margin=0.5)(x, labels))
+    pairs = torch.randn(3, 2, 4, generator=g)
+    torch.testing.assert_close(NPairsLoss(temperature=2.0)(pairs), npairs_loss(pairs, temperature=2.0))

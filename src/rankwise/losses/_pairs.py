@@ -6,8 +6,8 @@ import math
 from typing import Literal
 
 import torch
-from torch import nn
 
+from rankwise._twin import FunctionModule
 from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     BatchLayout,
@@ -272,8 +272,13 @@ def _npairs_global(x: torch.Tensor, labels: torch.Tensor | None, tau: float, red
     return total if reduction == "sum" else total / layout.total
 
 
-class TripletLoss(nn.Module):
-    """Module twin of :func:`triplet_loss` holding its hyperparameters."""
+class TripletLoss(FunctionModule):
+    """Module twin of :func:`triplet_loss` holding its hyperparameters (``forward(features, labels=None,
+    *, mask=None)``)."""
+
+    _function = staticmethod(triplet_loss)
+    _options = ("margin", "distance", "mining", "normalize", "reduction", "distributed")
+    _shown = ("margin", "distance!r", "mining!r", "normalize", "reduction!r")
 
     def __init__(
         self,
@@ -293,30 +298,13 @@ class TripletLoss(nn.Module):
         self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
 
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return triplet_loss(
-            features,
-            labels,
-            mask=mask,
-            margin=self.margin,
-            distance=self.distance,
-            mining=self.mining,
-            normalize=self.normalize,
-            reduction=self.reduction,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return (
-            f"margin={self.margin}, distance={self.distance!r}, mining={self.mining!r}, "
-            f"normalize={self.normalize}, reduction={self.reduction!r}"
-        )
+class NPairsLoss(FunctionModule):
+    """Module twin of :func:`npairs_loss` holding its hyperparameters (``forward(features, labels=None)``)."""
 
-
-class NPairsLoss(nn.Module):
-    """Module twin of :func:`npairs_loss` holding its hyperparameters."""
+    _function = staticmethod(npairs_loss)
+    _options = ("temperature", "normalize", "reduction", "distributed")
+    _shown = ("temperature", "normalize", "reduction!r")
 
     def __init__(
         self,
@@ -331,19 +319,6 @@ class NPairsLoss(nn.Module):
         self.normalize = normalize
         self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
-
-    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return npairs_loss(
-            features,
-            labels,
-            temperature=self.temperature,
-            normalize=self.normalize,
-            reduction=self.reduction,
-            distributed=self.distributed,
-        )
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, normalize={self.normalize}, reduction={self.reduction!r}"
 
 
 register_loss("triplet", module=TripletLoss)(triplet_loss)

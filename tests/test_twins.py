@@ -87,3 +87,38 @@ def test_pair_loss_twins_keep_their_surface() -> None:
     assert not torch.allclose(TripletLoss(margin=0.5)(x, mask=mask), TripletLoss(margin=0.5)(x, labels))
     pairs = torch.randn(3, 2, 4, generator=g)
     torch.testing.assert_close(NPairsLoss(temperature=2.0)(pairs), npairs_loss(pairs, temperature=2.0))
+
+
+def test_supcon_and_regression_twins_keep_their_surface() -> None:
+    """``SupConLoss`` / ``RegressionLoss`` on the base: the same ``repr``, (empty) state and constructor;
+    ``mask`` and ``weights`` reach the function."""
+    from rankwise.imbalanced import RegressionLoss, regression_loss
+    from rankwise.losses import SupConLoss, supcon_loss
+
+    assert repr(SupConLoss(temperature=0.5, chunk_size=3, variant="in")) == (
+        "SupConLoss(temperature=0.5, base_temperature=None, contrast_mode='all', variant='in', normalize=True, "
+        "chunk_size=3)"
+    )
+    assert repr(RegressionLoss(kind="huber", huber_beta=0.7)) == (
+        "RegressionLoss(kind='huber', beta=0.2, gamma=1.0, activate='sigmoid', huber_beta=0.7, reduction='mean')"
+    )
+    assert list(SupConLoss().state_dict()) == [] and list(RegressionLoss().state_dict()) == []
+    assert list(inspect.signature(RegressionLoss).parameters) == [
+        "kind",
+        "beta",
+        "gamma",
+        "activate",
+        "huber_beta",
+        "reduction",
+    ]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, 4, generator=g)
+    mask = torch.eye(5, dtype=torch.bool)
+    mask[0, 1] = mask[1, 0] = True
+    torch.testing.assert_close(SupConLoss(temperature=0.5)(x, mask=mask), supcon_loss(x, mask=mask, temperature=0.5))
+    p, t, w = torch.randn(6, generator=g), torch.randn(6, generator=g), torch.rand(6, generator=g) + 0.1
+    torch.testing.assert_close(RegressionLoss(kind="mse")(p, t, w), regression_loss(p, t, w, kind="mse"))
+    torch.testing.assert_close(
+        RegressionLoss(kind="mse")(pred=p, target=t, weights=w), regression_loss(p, t, w, kind="mse")
+    )
+    assert not torch.allclose(RegressionLoss(kind="mse")(p, t, w), RegressionLoss(kind="mse")(p, t))

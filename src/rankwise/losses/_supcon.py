@@ -8,9 +8,9 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import supcon as kernels
+from rankwise._twin import FunctionModule
 from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
@@ -653,8 +653,12 @@ def _supcon_global(
     return _SupCon.apply(xg, normalize, anchors, positives, tau, variant, block, scale, all_reduce_sum)
 
 
-class SupConLoss(nn.Module):
+class SupConLoss(FunctionModule):
     """Module twin of :func:`supcon_loss` holding its hyperparameters."""
+
+    _function = staticmethod(supcon_loss)
+    _options = ("temperature", "base_temperature", "contrast_mode", "variant", "normalize", "chunk_size", "distributed")
+    _shown = ("temperature", "base_temperature", "contrast_mode!r", "variant!r", "normalize", "chunk_size")
 
     def __init__(
         self,
@@ -677,29 +681,6 @@ class SupConLoss(nn.Module):
         self.normalize = normalize
         self.chunk_size = _check_chunk(chunk_size)
         self.distributed = distributed
-
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return supcon_loss(
-            features,
-            labels,
-            mask=mask,
-            temperature=self.temperature,
-            base_temperature=self.base_temperature,
-            contrast_mode=self.contrast_mode,
-            variant=self.variant,
-            normalize=self.normalize,
-            chunk_size=self.chunk_size,
-            distributed=self.distributed,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature}, base_temperature={self.base_temperature}, "
-            f"contrast_mode={self.contrast_mode!r}, variant={self.variant!r}, normalize={self.normalize}, "
-            f"chunk_size={self.chunk_size}"
-        )
 
 
 register_loss("supcon", module=SupConLoss)(supcon_loss)

@@ -122,3 +122,15 @@ def test_supcon_and_regression_twins_keep_their_surface() -> None:
         RegressionLoss(kind="mse")(pred=p, target=t, weights=w), regression_loss(p, t, w, kind="mse")
     )
     assert not torch.allclose(RegressionLoss(kind="mse")(p, t, w), RegressionLoss(kind="mse")(p, t))
+
+
+def test_isotonic_twins_keep_their_surface() -> None:
+    from rankwise.ops import IsotonicSoftSort, soft_sort_isotonic
+
+    m = IsotonicSoftSort(regularization="kl", regularization_strength=0.3, descending=True, dim=0)
+    assert repr(m) == "IsotonicSoftSort(regularization='kl', regularization_strength=0.3, descending=True, dim=0)"
+    assert list(m.state_dict()) == []
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    want = soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, descending=True, dim=0)
+    torch.testing.assert_close(m(x), want)
+    assert not torch.allclose(m(x), soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, dim=0))

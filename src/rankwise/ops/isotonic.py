@@ -18,10 +18,10 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import isotonic as kernels
 from rankwise._registry import RelaxationInfo
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -678,10 +678,11 @@ def soft_sort_isotonic(
     return out if last else out.movedim(-1, d)
 
 
-class _IsotonicModule(nn.Module):
+class _IsotonicModule(FunctionModule):
     """Shared module twin: holds the options of an isotonic soft operator."""
 
-    _fn: Any
+    _options = ("regularization", "regularization_strength", "descending", "dim")
+    _shown = ("regularization!r", "regularization_strength", "descending", "dim")
 
     def __init__(
         self,
@@ -696,33 +697,17 @@ class _IsotonicModule(nn.Module):
         check_bool(descending, "descending")
         self.regularization, self.descending, self.dim = regularization, descending, dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = type(self)._fn(
-            x,
-            regularization=self.regularization,
-            regularization_strength=self.regularization_strength,
-            descending=self.descending,
-            dim=self.dim,
-        )
-        return out
-
-    def extra_repr(self) -> str:
-        return (
-            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
-            f"descending={self.descending}, dim={self.dim}"
-        )
-
 
 class IsotonicSoftRank(_IsotonicModule):
     """Module twin of :func:`soft_rank_isotonic`."""
 
-    _fn = staticmethod(soft_rank_isotonic)
+    _function = staticmethod(soft_rank_isotonic)
 
 
 class IsotonicSoftSort(_IsotonicModule):
     """Module twin of :func:`soft_sort_isotonic`."""
 
-    _fn = staticmethod(soft_sort_isotonic)
+    _function = staticmethod(soft_sort_isotonic)
 
 
 # --------------------------------------------------------------------------------------------------

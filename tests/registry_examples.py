@@ -411,7 +411,7 @@ def _perturbed_op(name: str, kwargs: dict[str, Any], kind: str) -> None:
             return None  # k must be in [1, n]
         lead = fuzz_lead(g)
         x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-        kw = {"method": "perturbed"} if kwargs.get("method") == "perturbed" else {}
+        kw: dict[str, Any] = {"method": "perturbed"} if kwargs.get("method") == "perturbed" else {}
         kw["sigma"] = fuzz_choice(g, [0.05, 0.5, 5.0])
         kw["n_samples"] = fuzz_int(g, 1, 4)
         kw["noise"] = fuzz_choice(g, ("gumbel", "normal"))
@@ -1013,11 +1013,18 @@ def _pairs_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Gener
     return Example(_pt_fuzz(n, dtype, device, g), {"pairs": fuzz_choice(g, [1, 7, 16])})
 
 
+def _spearman_example(kwargs: dict[str, Any]) -> ExampleFactory:
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example(_pt(dtype, device), {**kwargs, "l1_weight": 0.5})
+
+    return example
+
+
 for _ranker, _opts in _SPEARMAN_EXAMPLES.items():
     _spearman_kwargs = {"ranker": _ranker, **_opts}
     _loss(
         f"spearman.{_ranker}",
-        lambda dt, dev, kw=_spearman_kwargs: Example(_pt(dt, dev), {**kw, "l1_weight": 0.5}),
+        _spearman_example(_spearman_kwargs),
         _pt_degenerate(_spearman_kwargs),
         _spearman_fuzz(_ranker),
     )

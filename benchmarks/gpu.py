@@ -56,6 +56,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the example inputs of tests/
+from tests.registry_examples import entry_factories, factories
+
 import ops as ops_bench  # benchmarks/ops.py: torchsort, the diffsort package, reference formulas
 import rankwise
 from losses import ranksim_reference, rnc_reference, supcon_reference  # benchmarks/losses.py
@@ -211,7 +214,7 @@ def op_inputs(name: str, rows: int, n: int, device: torch.device) -> tuple[tuple
     """``(args, kwargs)`` for operator ``name`` on ``(rows, n)``: its example's options, every tensor of
     the example's first tensor's shape replaced by a random ``(rows, n)`` one; ``None`` when the
     example has tensors of other shapes (the operator is timed at its example only)."""
-    ex = OPS.entry(name).example(torch.float32, torch.device("cpu"))  # type: ignore[misc]
+    ex = factories("op", name).example(torch.float32, torch.device("cpu"))
     shape0 = ex.args[0].shape
     if any(isinstance(a, torch.Tensor) and a.shape != shape0 for a in ex.args):
         return None
@@ -238,7 +241,7 @@ def loss_inputs(name: str, batch: int, device: torch.device) -> tuple[tuple[Any,
     """``(args, kwargs)`` for loss ``name`` at ``batch``: the example's tensors with their batch dim
     scaled (features 128 wide; integer labels in ``[0, min(100, batch // 4))``; non-negative floats
     stay non-negative), the example's options."""
-    ex = LOSSES.entry(name).example(torch.float32, torch.device("cpu"))  # type: ignore[misc]
+    ex = factories("loss", name).example(torch.float32, torch.device("cpu"))
     b0 = ex.args[0].shape[0] if ex.args[0].dim() else 1
     g = torch.Generator().manual_seed(batch)
     args: list[Any] = []
@@ -291,7 +294,7 @@ def section_ops(r: Runner, shapes: list[tuple[int, int]], out: dict[str, Any]) -
             if inp is None:
                 if shape != shapes[0]:
                     continue
-                ex = entry.example(torch.float32, r.device)  # type: ignore[misc]
+                ex = entry_factories(entry).example(torch.float32, r.device)
                 inp = (ex.args, ex.kwargs)
                 res.setdefault("_example_shape", []).append(entry.name)
             args, kwargs = inp

@@ -21,6 +21,7 @@ from rankwise._kernels import _custom
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS, list_ops
+from tests.registry_examples import entry_factories
 from tests.registry_helpers import tensors as _tensors
 
 list_ops()  # the plugin operators (SoDeep) too, whichever test file ran first
@@ -74,7 +75,7 @@ def _run(fn: Any, entry: RegistryEntry, ex: Example) -> tuple[list[torch.Tensor]
 
 def _check(entry: RegistryEntry, backend: str, *, dynamic: bool = False) -> None:
     torch._dynamo.reset()
-    ex = entry.example(torch.float32, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
     compiled = torch.compile(entry.fn, fullgraph=True, backend=backend, dynamic=dynamic or None)
     want = _run(entry.fn, entry, _fresh(ex))
     got = _run(compiled, entry, _fresh(ex))
@@ -134,7 +135,7 @@ def test_dynamic_batch(name: str) -> None:
     entry = dict((e.name, e) for _, e in ENTRIES)[name]
     torch._dynamo.reset()
     compiled = torch.compile(entry.fn, fullgraph=True, backend="aot_eager", dynamic=True)
-    ex = entry.example(torch.float32, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
     x0 = ex.args[0]
     for b in (x0.shape[0], x0.shape[0] + 3, x0.shape[0] + 7):
         g = torch.Generator().manual_seed(b)
@@ -243,7 +244,7 @@ AUTOCAST_PARAMS = [
 
 @pytest.mark.parametrize(("kind", "entry"), AUTOCAST_PARAMS)
 def test_autocast_bf16_dtype_and_finite(kind: str, entry: RegistryEntry) -> None:
-    ex = entry.example(torch.float32, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
     want = _run(entry.fn, entry, _fresh(ex))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = _run(entry.fn, entry, _fresh(ex))

@@ -18,10 +18,15 @@ from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
 from tests.conftest import DEVICES
+from tests.registry_examples import factories
 from tests.registry_helpers import tensors as _tensors
 
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
+
+
+def _example(kind: str, entry: RegistryEntry, dtype: torch.dtype, device: torch.device) -> Example:
+    return factories(kind, entry.name).example(dtype, device)
 
 
 def _grad_inputs(ex: Example) -> list[torch.Tensor]:
@@ -56,8 +61,8 @@ def test_registries_are_populated() -> None:
 
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_entry_metadata(kind: str, entry: RegistryEntry) -> None:
-    assert entry.example is not None, f"{entry.name}: register an example factory"
-    assert entry.degenerate is not None, f"{entry.name}: register degenerate examples"
+    f = factories(kind, entry.name)  # a LookupError naming the entry when tests/registry_examples.py lacks it
+    assert f.degenerate is not None, f"{entry.name}: add degenerate examples to tests/registry_examples.py"
     assert entry.description, f"{entry.name}: needs a docstring"
     if kind == "loss":
         assert entry.module is not None, f"loss {entry.name}: needs an nn.Module twin"
@@ -66,8 +71,7 @@ def test_entry_metadata(kind: str, entry: RegistryEntry) -> None:
 @pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.type)
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_forward_backward_finite(kind: str, entry: RegistryEntry, device: torch.device) -> None:
-    assert entry.example is not None
-    ex = entry.example(torch.float32, device)
+    ex = _example(kind, entry, torch.float32, device)
     outs = _tensors(_call(entry, ex))
     assert outs, "no tensor output"
     for t in outs:
@@ -88,8 +92,7 @@ def test_forward_backward_finite(kind: str, entry: RegistryEntry, device: torch.
 def test_module_equals_function(kind: str, entry: RegistryEntry) -> None:
     if entry.module is None:
         pytest.skip("no module twin")
-    assert entry.example is not None
-    ex = entry.example(torch.float64, torch.device("cpu"))
+    ex = _example(kind, entry, torch.float64, torch.device("cpu"))
     a = _tensors(_call(entry, ex))
     b = _tensors(_call(entry, ex, module=True))
     assert len(a) == len(b)
@@ -103,8 +106,7 @@ def test_module_equals_function(kind: str, entry: RegistryEntry) -> None:
     ids=[i for i, (_, e) in zip(IDS, ENTRIES) if e.gradient == "exact"],
 )
 def test_gradcheck_float64(kind: str, entry: RegistryEntry) -> None:
-    assert entry.example is not None
-    ex = entry.example(torch.float64, torch.device("cpu"))
+    ex = _example(kind, entry, torch.float64, torch.device("cpu"))
     inputs = _grad_inputs(ex)
     assert inputs, f"{entry.name}: example has no input requiring grad"
     positions = [i for i, a in enumerate(ex.args) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -122,10 +124,9 @@ def test_gradcheck_float64(kind: str, entry: RegistryEntry) -> None:
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_half_precision_inputs(kind: str, entry: RegistryEntry, half: torch.dtype) -> None:
-    assert entry.example is not None
-    ex = entry.example(half, torch.device("cpu"))
+    ex = _example(kind, entry, half, torch.device("cpu"))
     outs = _tensors(_call(entry, ex))
-    ref = _tensors(_call(entry, entry.example(torch.float32, torch.device("cpu"))))
+    ref = _tensors(_call(entry, _example(kind, entry, torch.float32, torch.device("cpu"))))
     for t, r in zip(outs, ref):
         if t.is_floating_point():
             assert torch.isfinite(t).all(), f"{entry.name}: non-finite output for {half}"
@@ -138,8 +139,9 @@ def test_half_precision_inputs(kind: str, entry: RegistryEntry, half: torch.dtyp
 
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_degenerate_batches(kind: str, entry: RegistryEntry) -> None:
-    assert entry.degenerate is not None
-    for ex in entry.degenerate(torch.float32, torch.device("cpu")):
+    degenerate = factories(kind, entry.name).degenerate
+    assert degenerate is not None
+    for ex in degenerate(torch.float32, torch.device("cpu")):
         outs = _tensors(_call(entry, ex))
         for t in outs:
             if t.is_floating_point():

@@ -22,6 +22,7 @@ import torch
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_examples import entry_factories
 from tests.registry_helpers import tensors as _tensors
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -69,8 +70,7 @@ def _run(entry: RegistryEntry, ex: Example, *, autocast: torch.dtype | None = No
 
 
 def _example(entry: RegistryEntry, dtype: torch.dtype) -> Example:
-    assert entry.example is not None
-    return entry.example(dtype, torch.device("cpu"))
+    return entry_factories(entry).example(dtype, torch.device("cpu"))
 
 
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rankwise._registry import RegistryEntry
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_examples import entry_factories
 
 #: entries whose CUDA path is checked here (those that run without data-dependent Python control
 #: flow outside the registry's example, numba or Triton, which fake tensors cannot execute)
@@ -107,8 +108,7 @@ def _meta(obj: Any) -> Any:
 @pytest.mark.parametrize("key", SYNC_FREE)
 def test_cuda_path_has_no_host_sync(key: str) -> None:
     entry = _entry(key)
-    assert entry.example is not None
-    ex = entry.example(torch.float32, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
     # forward on fake CUDA tensors: exactly the branches a CUDA tensor takes
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     args, kwargs = _fake_cuda(ex.args, mode), _fake_cuda(ex.kwargs, mode)
@@ -137,10 +137,10 @@ def test_cuda_path_has_no_host_sync(key: str) -> None:
 @pytest.mark.parametrize("key", ["loss:ranksim", "op:dknn_class_scores"])
 def test_cpu_autocast_keeps_float32(key: str, half: torch.dtype) -> None:
     entry = _entry(key)
-    assert entry.example is not None
+    example = entry_factories(entry).example
 
     def run(autocast: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        ex = entry.example(torch.float32, torch.device("cpu"))  # type: ignore[misc]
+        ex = example(torch.float32, torch.device("cpu"))
         args = [a.detach().clone().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in ex.args]
         with torch.autocast("cpu", dtype=half, enabled=autocast):
             outs = _outputs(entry.fn(*args, **ex.kwargs))

@@ -167,8 +167,13 @@ def private_imports() -> list[str]:
     mods = _modules()
     found = []
     for mod, (path, is_pkg) in sorted(mods.items()):
-        for node in _imports(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.ImportFrom):
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> the rankwise module it is bound to
+        for node in _imports(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name == "rankwise" or a.name.startswith("rankwise."):
+                        bound[a.asname or a.name.partition(".")[0]] = a.name if a.asname else "rankwise"
                 continue
             if node.level:
                 base = mod if is_pkg else mod.rpartition(".")[0]
@@ -183,6 +188,15 @@ def private_imports() -> list[str]:
                 private = a.name.startswith("_") and not (a.name.startswith("__") and a.name.endswith("__"))
                 if private and f"{full}.{a.name}" not in mods:
                     found.append(f"{mod}: from {full} import {a.name}")
+                elif f"{full}.{a.name}" in mods:
+                    bound[a.asname or a.name] = f"{full}.{a.name}"
+        # ``module._name`` on an imported rankwise module (the same private name, read as an attribute)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+                owner, attr = bound[node.value.id], node.attr
+                private = attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__"))
+                if private and owner != mod and f"{owner}.{attr}" not in mods:
+                    found.append(f"{mod}: {node.value.id}.{attr} of {owner}")
     return found
 
 
@@ -195,11 +209,16 @@ def test_the_private_import_walker_finds_one(tmp_path: Path) -> None:
     (pkg / "a.py").write_text("def _helper(): ...\n")
     (pkg / "b.py").write_text(
         "from rankwise.a import _helper\nfrom rankwise.sub import _private_mod\nfrom .a import __doc__\n"
+        "from rankwise import a as mod_a\nimport rankwise.a\n"
+        "def f():\n    return mod_a._helper, rankwise.a, mod_a.__doc__\n"
     )
     global SRC
     saved, SRC = SRC, pkg
     try:
-        assert private_imports() == ["rankwise.b: from rankwise.a import _helper"]
+        assert private_imports() == [
+            "rankwise.b: from rankwise.a import _helper",
+            "rankwise.b: mod_a._helper of rankwise.a",
+        ]
     finally:
         SRC = saved
 

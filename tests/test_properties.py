@@ -1,7 +1,7 @@
 """Property/fuzz suite over EVERY registered operator and loss .
 
 The registries are iterated, so entries added later are covered automatically. Each entry's ``fuzz``
-factory (``rankwise._registry.RegistryEntry.fuzz``) builds random inputs of any size ``n``; the suite
+factory (``tests/registry_examples.py``) builds random inputs of any size ``n``; the suite
 draws ``n`` in {0, 1, 2, small, large}, the dtype (float16/bfloat16 included), ties, NaN/inf and seeds
 with hypothesis, and checks the rules of ``docs/conventions.md``:
 
@@ -42,6 +42,7 @@ from rankwise.losses import LOSSES
 from rankwise.ops import OPS
 from rankwise.ops import blackbox_rank as rankwise_blackbox_rank
 from rankwise.ops import rank as rankwise_rank
+from tests.registry_examples import entry_factories, factories
 from tests.registry_helpers import tensors as _tensors
 
 ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
@@ -84,10 +85,10 @@ def _call(entry: RegistryEntry, ex: Example) -> Any:
 
 def _build(entry: RegistryEntry, n: int, dtype: torch.dtype, seed: int) -> Example | None:
     g = torch.Generator().manual_seed(seed)
-    if entry.fuzz is not None:
-        return entry.fuzz(n, dtype, CPU, g)
-    assert entry.example is not None
-    return entry.example(dtype, CPU)  # fallback: fixed size
+    f = entry_factories(entry)
+    if f.fuzz is not None:
+        return f.fuzz(n, dtype, CPU, g)
+    return f.example(dtype, CPU)  # fallback: fixed size
 
 
 def _leaf(t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -143,10 +144,11 @@ def _names_arg(exc: BaseException, names: list[str]) -> bool:
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("kind", "entry"), ENTRIES, ids=IDS)
 def test_entry_has_fuzz_metadata(kind: str, entry: RegistryEntry) -> None:
-    """Register ``fuzz=`` (inputs of any size) so that this suite can probe the entry fully."""
-    assert entry.fuzz is not None, f"{entry.name}: register a `fuzz` factory (see docs/conventions.md)"
+    """A ``fuzz`` factory (inputs of any size) in tests/registry_examples.py lets this suite probe the entry fully."""
+    fuzz = factories(kind, entry.name).fuzz
+    assert fuzz is not None, f"{entry.name}: add a `fuzz` factory to tests/registry_examples.py (docs/conventions.md)"
     assert entry.nonfinite in ("propagate", "order")
-    ex = entry.fuzz(5, torch.float32, CPU, torch.Generator().manual_seed(0))
+    ex = fuzz(5, torch.float32, CPU, torch.Generator().manual_seed(0))
     assert ex is not None and any(isinstance(a, torch.Tensor) for a in ex.args)
 
 

@@ -13,14 +13,15 @@ from rankwise._registry import RegistryEntry
 from rankwise._twin import FunctionModule
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
+from tests.registry_examples import EXAMPLES, entry_factories
 
 
 def _twin_entries() -> list[tuple[str, RegistryEntry]]:
     rankwise.list_ops()
     out: list[tuple[str, RegistryEntry]] = []
-    for reg in (OPS, LOSSES):
+    for kind, reg in (("op", OPS), ("loss", LOSSES)):
         for e in reg.entries():
-            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and e.example is not None:
+            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and (kind, e.name) in EXAMPLES:
                 out.append((e.name, e))
     return out
 
@@ -40,7 +41,7 @@ def test_twin_options_are_the_function_options(name: str, entry) -> None:  # typ
         assert option in init_params, f"{name}: {option} is not a constructor argument"
         if fn_params[option].default is not inspect.Parameter.empty:
             assert init_params[option].default == fn_params[option].default
-    ex = entry.example(torch.float64, torch.device("cpu"))
+    ex = entry_factories(entry).example(torch.float64, torch.device("cpu"))
     module = cls(**ex.kwargs)
     shown = cls._shown if cls._shown is not None else (*cls._positional, *cls._options)
     for option in (*cls._positional, *cls._options):
@@ -54,3 +55,82 @@ def test_twin_options_are_the_function_options(name: str, entry) -> None:  # typ
     want = entry.fn(*ex.args, **ex.kwargs)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_pair_loss_twins_keep_their_surface() -> None:
+    """``TripletLoss`` / ``NPairsLoss`` on the base: the same constructor, ``repr`` and (empty) state, and
+    ``forward`` passes ``labels`` and ``mask`` on to the function."""
+    from rankwise.losses import NPairsLoss, TripletLoss, npairs_loss, triplet_loss
+
+    assert repr(TripletLoss(margin=0.3, mining="hard")) == (
+        "TripletLoss(margin=0.3, distance='squared', mining='hard', normalize=True, reduction='mean')"
+    )
+    assert repr(NPairsLoss(temperature=2.0)) == "NPairsLoss(temperature=2.0, normalize=False, reduction='mean')"
+    assert list(TripletLoss().state_dict()) == [] and list(NPairsLoss().state_dict()) == []
+    assert list(inspect.signature(TripletLoss).parameters) == [
+        "margin",
+        "distance",
+        "mining",
+        "normalize",
+        "reduction",
+        "distributed",
+    ]
+    assert list(inspect.signature(NPairsLoss).parameters) == ["temperature", "normalize", "reduction", "distributed"]
+    g = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(6, 4, generator=g), torch.tensor([0, 1, 0, 1, 2, 2])
+    mask = labels[:, None] == labels[None, :]
+    mask[0, 2] = mask[2, 0] = False  # a mask that differs from the labels' one
+    torch.testing.assert_close(
+        TripletLoss(margin=0.5, mining="hard")(x, mask=mask), triplet_loss(x, mask=mask, margin=0.5, mining="hard")
+    )
+    torch.testing.assert_close(TripletLoss(margin=0.5)(x, labels), triplet_loss(x, labels, margin=0.5))
+    assert not torch.allclose(TripletLoss(margin=0.5)(x, mask=mask), TripletLoss(margin=0.5)(x, labels))
+    pairs = torch.randn(3, 2, 4, generator=g)
+    torch.testing.assert_close(NPairsLoss(temperature=2.0)(pairs), npairs_loss(pairs, temperature=2.0))
+
+
+def test_supcon_and_regression_twins_keep_their_surface() -> None:
+    """``SupConLoss`` / ``RegressionLoss`` on the base: the same ``repr``, (empty) state and constructor;
+    ``mask`` and ``weights`` reach the function."""
+    from rankwise.imbalanced import RegressionLoss, regression_loss
+    from rankwise.losses import SupConLoss, supcon_loss
+
+    assert repr(SupConLoss(temperature=0.5, chunk_size=3, variant="in")) == (
+        "SupConLoss(temperature=0.5, base_temperature=None, contrast_mode='all', variant='in', normalize=True, "
+        "chunk_size=3)"
+    )
+    assert repr(RegressionLoss(kind="huber", huber_beta=0.7)) == (
+        "RegressionLoss(kind='huber', beta=0.2, gamma=1.0, activate='sigmoid', huber_beta=0.7, reduction='mean')"
+    )
+    assert list(SupConLoss().state_dict()) == [] and list(RegressionLoss().state_dict()) == []
+    assert list(inspect.signature(RegressionLoss).parameters) == [
+        "kind",
+        "beta",
+        "gamma",
+        "activate",
+        "huber_beta",
+        "reduction",
+    ]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, 4, generator=g)
+    mask = torch.eye(5, dtype=torch.bool)
+    mask[0, 1] = mask[1, 0] = True
+    torch.testing.assert_close(SupConLoss(temperature=0.5)(x, mask=mask), supcon_loss(x, mask=mask, temperature=0.5))
+    p, t, w = torch.randn(6, generator=g), torch.randn(6, generator=g), torch.rand(6, generator=g) + 0.1
+    torch.testing.assert_close(RegressionLoss(kind="mse")(p, t, w), regression_loss(p, t, w, kind="mse"))
+    torch.testing.assert_close(
+        RegressionLoss(kind="mse")(pred=p, target=t, weights=w), regression_loss(p, t, w, kind="mse")
+    )
+    assert not torch.allclose(RegressionLoss(kind="mse")(p, t, w), RegressionLoss(kind="mse")(p, t))
+
+
+def test_isotonic_twins_keep_their_surface() -> None:
+    from rankwise.ops import IsotonicSoftSort, soft_sort_isotonic
+
+    m = IsotonicSoftSort(regularization="kl", regularization_strength=0.3, descending=True, dim=0)
+    assert repr(m) == "IsotonicSoftSort(regularization='kl', regularization_strength=0.3, descending=True, dim=0)"
+    assert list(m.state_dict()) == []
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    want = soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, descending=True, dim=0)
+    torch.testing.assert_close(m(x), want)
+    assert not torch.allclose(m(x), soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, dim=0))

@@ -1,12 +1,11 @@
 """The one registry class of rankwise: operators, losses, backbones, datasets, soft methods,
 sorting relaxations and training recipes are each a :class:`Registry`.
 
-Every public operator and loss is registered together with a small factory of example inputs so
-that one generic conformance test (``tests/test_conformance.py``) can exercise all of them:
-forward, backward, finite gradients, module == function and degenerate batches. A ``fuzz`` factory
-(inputs of any size ``n``, random options) and the ``nonfinite`` policy let the property/fuzz suite
-(``tests/test_properties.py``) probe every entry with random shapes, dtypes, ties, NaN/inf and
-invalid arguments; see ``docs/conventions.md``.
+An entry holds metadata only: the function, its ``nn.Module`` twin, what its gradient is, whether
+it draws random numbers, its NaN/inf policy, the batch tensors a recipe passes it and, for an
+operator, how it serves as a relaxed sort. The example inputs that the registry-wide test suites
+(``tests/test_conformance.py``, ``tests/test_properties.py``) call every entry with live in the tests
+(``tests/registry_examples.py``), in the :class:`Example` form below; see ``docs/conventions.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class Example:
-    """Inputs for one call: ``fn(*args, **kwargs)`` and ``Module(**kwargs)(*args)``.
+    """Inputs for one call (of a test suite): ``fn(*args, **kwargs)`` and ``Module(**kwargs)(*args)``.
 
     ``args`` hold the tensors (floating tensors that need gradients have ``requires_grad``);
     ``kwargs`` hold hyperparameters, which are also the keyword arguments of the module twin.
@@ -39,8 +38,6 @@ class Example:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-ExampleFactory = Callable[[torch.dtype, torch.device], Example]
-DegenerateFactory = Callable[[torch.dtype, torch.device], list[Example]]
 #: ``fuzz(n, dtype, device, generator)``: random inputs whose ranked / batch length is ``n`` (any
 #: ``n >= 0``; return ``None`` for an ``n`` the entry cannot take, e.g. ``k > n``), with floating
 #: inputs in ``dtype`` and options drawn from ``generator``; integer label tensors stay integer.
@@ -89,8 +86,6 @@ class RegistryEntry:
     name: str
     fn: Callable[..., Any]
     module: type[torch.nn.Module] | None = None
-    example: ExampleFactory | None = None
-    degenerate: DegenerateFactory | None = None
     #: "exact": true gradients (gradcheck applies); "surrogate": a defined but non-analytic
     #: backward (blackbox differentiation, straight-through); "none": not differentiable.
     gradient: Literal["exact", "surrogate", "none"] = "exact"
@@ -102,8 +97,6 @@ class RegistryEntry:
     #: recipe's regularizer or task loss: the recipe calls it (or its module twin, whose ``forward``
     #: takes the same tensor parameters) with those tensors by keyword. ``None``: not usable there.
     inputs: Mapping[str, str] | None = field(default=None, hash=False)
-    #: random inputs of any size for the property/fuzz suite (``None``: it falls back to ``example``)
-    fuzz: FuzzFactory | None = None
     #: what a NaN/inf input does (docs/conventions.md): "propagate": every output that depends on it is
     #: NaN (or +-inf where IEEE arithmetic gives one); "order": exact ordering ops rank +-inf as the
     #: largest/smallest values (finite outputs) and only NaN propagates.
@@ -115,7 +108,7 @@ class RegistryEntry:
 class Registry(Generic[F]):
     """A name -> :class:`RegistryEntry` mapping with helpful errors.
 
-    Operators and losses are functions registered with :meth:`register` (with test metadata); other
+    Operators and losses are functions registered with :meth:`register` (with their metadata); other
     registries (soft methods, relaxations, recipes) store any object with :meth:`add`. Reading it as
     a mapping (``reg[name]``, ``name in reg``, ``iter``, ``items()``) gives the stored objects.
     ``lazy`` maps names to the modules that register them: a look-up of such a name imports its
@@ -132,13 +125,10 @@ class Registry(Generic[F]):
         name: str,
         *,
         module: type[torch.nn.Module] | None = None,
-        example: ExampleFactory | None = None,
-        degenerate: DegenerateFactory | None = None,
         gradient: Literal["exact", "surrogate", "none"] = "exact",
         stochastic: bool = False,
         description: str = "",
         inputs: Mapping[str, str] | None = None,
-        fuzz: FuzzFactory | None = None,
         nonfinite: NonFinite = "propagate",
         relaxation: RelaxationInfo | None = None,
     ) -> Callable[[F], F]:
@@ -158,13 +148,10 @@ class Registry(Generic[F]):
                 name=name,
                 fn=fn,
                 module=module,
-                example=example,
-                degenerate=degenerate,
                 gradient=gradient,
                 stochastic=stochastic,
                 description=doc,
                 inputs=dict(inputs) if inputs is not None else None,
-                fuzz=fuzz,
                 nonfinite=nonfinite,
                 relaxation=relaxation,
             )
@@ -233,48 +220,3 @@ class Registry(Generic[F]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers for ``fuzz`` factories (random inputs drawn from the given generator, on the CPU first)
-# --------------------------------------------------------------------------------------------------
-def fuzz_choice(generator: torch.Generator, options: Any) -> Any:
-    """One element of the sequence ``options``, drawn from ``generator``."""
-    seq = list(options)
-    return seq[int(torch.randint(len(seq), (), generator=generator))]
-
-
-def fuzz_int(generator: torch.Generator, low: int, high: int) -> int:
-    """An int in ``[low, high]``."""
-    return int(torch.randint(low, high + 1, (), generator=generator))
-
-
-def fuzz_lead(generator: torch.Generator, max_dims: int = 2, max_size: int = 3) -> tuple[int, ...]:
-    """Random leading dims (0 to ``max_dims`` of them, sizes 0..``max_size``; size 0 now and then)."""
-    return tuple(fuzz_int(generator, 0, max_size) for _ in range(fuzz_int(generator, 0, max_dims)))
-
-
-def fuzz_tensor(
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    generator: torch.Generator,
-    *,
-    grad: bool = True,
-    positive: bool = False,
-    scale: float = 1.0,
-) -> torch.Tensor:
-    """A leaf of standard-normal values (``positive``: uniform in [0.5, 1.5]) times ``scale``."""
-    if positive:
-        x = torch.rand(shape, generator=generator, dtype=torch.float64) + 0.5
-    else:
-        x = torch.randn(shape, generator=generator, dtype=torch.float64)
-    return (x * scale).to(device=device, dtype=dtype).requires_grad_(grad)
-
-
-def fuzz_labels(
-    n: int, device: torch.device, generator: torch.Generator, *, classes: int | None = None
-) -> torch.Tensor:
-    """``(n,)`` int64 labels in ``[0, classes)`` (default about ``n / 2`` classes, so labels repeat)."""
-    c = classes if classes is not None else max(1, n // 2 + 1)
-    return torch.randint(c, (n,), generator=generator).to(device)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import rankwise
 from rankwise.imbalanced import RegressionLoss, regression_loss
 from tests.conftest import gradcheck, tol
+from tests.registry_examples import factories
 
 KINDS = ["l1", "mse", "focal_l1", "focal_mse", "huber"]
 
@@ -157,7 +158,7 @@ def test_registered() -> None:
         module = entry.module  # the twin of this kind: RegressionLoss(kind=k)
         assert isinstance(module, functools.partial) and module.func is RegressionLoss
         assert module.keywords == {"kind": k} and module().kind == k
-        ex = entry.example(torch.float64, torch.device("cpu"))
+        ex = factories("loss", f"regression_{k}").example(torch.float64, torch.device("cpu"))
         assert ex.kwargs["kind"] == k
         torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), RegressionLoss(**ex.kwargs)(*ex.args))
 

@@ -30,6 +30,7 @@ from rankwise.losses import (
     spearman_loss,
 )
 from tests.conftest import gradcheck, tol
+from tests.registry_examples import factories
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -532,12 +533,13 @@ def test_registered_losses() -> None:
     # the registered examples run through function and module alike
     for name in ("ranksim", "spearman.blackbox", "pairwise_difference"):
         e = get_loss_entry(name)
-        assert e.example is not None and e.module is not None and e.degenerate is not None
-        ex = e.example(torch.float64, torch.device("cpu"))
+        f = factories("loss", name)
+        assert e.module is not None and f.degenerate is not None
+        ex = f.example(torch.float64, torch.device("cpu"))
         torch.manual_seed(0)
         a = e.fn(*ex.args, **ex.kwargs)
         torch.manual_seed(0)
         torch.testing.assert_close(a, e.module(**ex.kwargs)(*ex.args))
-        for d in e.degenerate(torch.float32, torch.device("cpu")):
+        for d in f.degenerate(torch.float32, torch.device("cpu")):
             out = e.fn(*d.args, **d.kwargs)
             assert torch.isfinite(out).all() and out.requires_grad

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from rankwise.losses import blackbox_ap_loss, fastap_loss, recall_at_k_loss, smooth_ap_loss
 from rankwise.losses import retrieval as retrieval_mod
+from tests.registry_examples import factories
 
 pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
 
@@ -230,7 +231,7 @@ def test_cosine_losses_are_scale_free_at_any_finite_magnitude(name: str, scale: 
     from rankwise.losses import LOSSES
 
     entry = next(e for e in LOSSES.entries() if e.name == name)
-    kw = dict(entry.example(torch.float32, torch.device("cpu")).kwargs)
+    kw = dict(factories("loss", name).example(torch.float32, torch.device("cpu")).kwargs)
     x = torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
     labels = torch.arange(12) % 4
     ref = entry.fn(x.double().requires_grad_(), labels, **kw)

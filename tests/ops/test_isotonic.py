@@ -16,6 +16,7 @@ from rankwise._kernels import _loader, _parallel
 from rankwise._kernels import isotonic as kiso
 from rankwise.ops import isotonic as iso
 from tests.conftest import gradcheck, tol
+from tests.registry_examples import factories
 
 REGS = ["l2", "kl"]
 STRENGTHS = [1e-3, 1e-2, 0.1, 1.0, 10.0]
@@ -514,11 +515,12 @@ def test_soft_dispatch_and_module() -> None:
 def test_registry_entries(name: str) -> None:
     assert name in rankwise.list_ops()
     entry = rankwise.get_op_entry(name)
-    assert entry.module is not None and entry.example is not None and entry.degenerate is not None
-    ex = entry.example(torch.float64, torch.device("cpu"))
+    f = factories("op", name)
+    assert entry.module is not None and f.degenerate is not None
+    ex = f.example(torch.float64, torch.device("cpu"))
     torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), entry.module(**ex.kwargs)(*ex.args))
     assert gradcheck(lambda t: entry.fn(t, **ex.kwargs), *ex.args)
-    for deg in entry.degenerate(torch.float32, torch.device("cpu")):
+    for deg in f.degenerate(torch.float32, torch.device("cpu")):
         y = entry.fn(*deg.args, **deg.kwargs)
         assert torch.isfinite(y).all()
         y.sum().backward()

@@ -60,14 +60,8 @@ def feature_norm_loss(features: torch.Tensor, *, p: float = 2.0) -> torch.Tensor
     return features.norm(p=p, dim=-1).mean()
 
 
-def _example(dtype: torch.dtype, device: torch.device) -> Any:
-    from rankwise._registry import Example
-
-    return Example((torch.randn(4, 3, dtype=dtype, device=device, requires_grad=True),), {"p": 2.0})
-
-
 def test_a_registered_loss_is_a_regularizer(tmp_path, abalone, registered):
-    register_loss("feature_norm", example=_example, inputs={"features": "features"})(feature_norm_loss)
+    register_loss("feature_norm", inputs={"features": "features"})(feature_norm_loss)
     registered["add"](registered["losses"], "feature_norm")
     cfg = load_config(
         "abalone_vanilla",

@@ -14,6 +14,7 @@ from rankwise.sodeep import BUNDLED_SEQ_LENS, ExactSorter, SodeepRank, mixed_bat
 from rankwise.sodeep.train import sorter_metrics
 from rankwise.sodeep.weights_io import bundled_path
 from tests.conftest import gradcheck
+from tests.registry_examples import factories
 
 
 @pytest.mark.parametrize("seq_len", BUNDLED_SEQ_LENS)
@@ -89,9 +90,11 @@ def test_trivial_lengths_keep_graph() -> None:
 
 def test_registered_op_module_matches_function() -> None:
     entry = get_op_entry("soft_rank.sodeep")
-    ex = entry.example(torch.float32, torch.device("cpu"))
+    f = factories("op", "soft_rank.sodeep")
+    ex = f.example(torch.float32, torch.device("cpu"))
     torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), SodeepRank(**ex.kwargs)(*ex.args))
-    for deg in entry.degenerate(torch.float32, torch.device("cpu")):
+    assert f.degenerate is not None
+    for deg in f.degenerate(torch.float32, torch.device("cpu")):
         out = entry.fn(*deg.args, **deg.kwargs)
         assert torch.isfinite(out).all()
         out.sum().backward()

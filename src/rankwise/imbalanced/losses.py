@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import nn
 
+from rankwise._twin import FunctionModule
 from rankwise._validation import check_choice, check_floating, check_positive, check_real, compute_dtype
 
 __all__ = ["RegressionLoss", "regression_loss"]
@@ -149,11 +149,15 @@ def regression_loss(
     return loss.mean()
 
 
-class RegressionLoss(nn.Module):
+class RegressionLoss(FunctionModule):
     """Module twin of :func:`regression_loss` holding the hyperparameters.
 
     ``forward(pred, target, weights=None)``.
     """
+
+    _function = staticmethod(regression_loss)
+    _options = ("kind", "beta", "gamma", "activate", "huber_beta", "reduction")
+    _shown = ("kind!r", "beta", "gamma", "activate!r", "huber_beta", "reduction!r")
 
     def __init__(
         self,
@@ -175,22 +179,3 @@ class RegressionLoss(nn.Module):
         self.activate = activate
         self.huber_beta = check_positive(huber_beta, "huber_beta")
         self.reduction = reduction
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        return regression_loss(
-            pred,
-            target,
-            weights,
-            kind=self.kind,
-            beta=self.beta,
-            gamma=self.gamma,
-            activate=self.activate,
-            huber_beta=self.huber_beta,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"kind={self.kind!r}, beta={self.beta}, gamma={self.gamma}, activate={self.activate!r}, "
-            f"huber_beta={self.huber_beta}, reduction={self.reduction!r}"
-        )

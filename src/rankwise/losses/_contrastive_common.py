@@ -110,9 +110,3 @@ def zero_with_graph(*tensors: torch.Tensor) -> torch.Tensor:
     if out is None:
         raise ValueError("zero_with_graph needs a floating tensor")
     return out
-
-
-def random_features(dtype: torch.dtype, device: torch.device, *shape: int, seed: int = 0) -> torch.Tensor:
-    """Seeded standard-normal leaf features with ``requires_grad`` (registry example factories)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()

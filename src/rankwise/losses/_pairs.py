@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     BatchLayout,
@@ -29,9 +28,6 @@ from rankwise.losses._contrastive_common import (
     sample_mask,
     sq_dist,
     zero_with_graph,
-)
-from rankwise.losses._contrastive_common import (
-    random_features as _feats,
 )
 from rankwise.losses._registry import register_loss
 
@@ -276,8 +272,13 @@ def _npairs_global(x: torch.Tensor, labels: torch.Tensor | None, tau: float, red
     return total if reduction == "sum" else total / layout.total
 
 
-class TripletLoss(nn.Module):
-    """Module twin of :func:`triplet_loss` holding its hyperparameters."""
+class TripletLoss(FunctionModule):
+    """Module twin of :func:`triplet_loss` holding its hyperparameters (``forward(features, labels=None,
+    *, mask=None)``)."""
+
+    _function = staticmethod(triplet_loss)
+    _options = ("margin", "distance", "mining", "normalize", "reduction", "distributed")
+    _shown = ("margin", "distance!r", "mining!r", "normalize", "reduction!r")
 
     def __init__(
         self,
@@ -297,30 +298,13 @@ class TripletLoss(nn.Module):
         self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
 
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return triplet_loss(
-            features,
-            labels,
-            mask=mask,
-            margin=self.margin,
-            distance=self.distance,
-            mining=self.mining,
-            normalize=self.normalize,
-            reduction=self.reduction,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return (
-            f"margin={self.margin}, distance={self.distance!r}, mining={self.mining!r}, "
-            f"normalize={self.normalize}, reduction={self.reduction!r}"
-        )
+class NPairsLoss(FunctionModule):
+    """Module twin of :func:`npairs_loss` holding its hyperparameters (``forward(features, labels=None)``)."""
 
-
-class NPairsLoss(nn.Module):
-    """Module twin of :func:`npairs_loss` holding its hyperparameters."""
+    _function = staticmethod(npairs_loss)
+    _options = ("temperature", "normalize", "reduction", "distributed")
+    _shown = ("temperature", "normalize", "reduction!r")
 
     def __init__(
         self,
@@ -336,72 +320,6 @@ class NPairsLoss(nn.Module):
         self.reduction = check_choice(reduction, "reduction", REDUCTIONS)
         self.distributed = distributed
 
-    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        return npairs_loss(
-            features,
-            labels,
-            temperature=self.temperature,
-            normalize=self.normalize,
-            reduction=self.reduction,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, normalize={self.normalize}, reduction={self.reduction!r}"
-
-
-def _triplet_example(dtype: torch.dtype, device: torch.device) -> Example:
-    labels = torch.tensor([0, 1, 0, 2, 1, 2], device=device)
-    return Example((_feats(dtype, device, 6, 5), labels), {"margin": 0.5, "mining": "all"})
-
-
-def _triplet_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    return [
-        Example((_feats(dtype, device, 0, 4),)),
-        Example((_feats(dtype, device, 1, 4),)),  # n = 1: no positive
-        Example((_feats(dtype, device, 3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # no negative
-        Example((_feats(dtype, device, 3, 4), torch.arange(3, device=device)), {"mining": "hard"}),  # no positive
-        Example((torch.ones(4, 2, 3, dtype=dtype, device=device).requires_grad_(),), {"distance": "euclidean"}),
-    ]
-
-
-def _npairs_example(dtype: torch.dtype, device: torch.device) -> Example:
-    return Example((_feats(dtype, device, 5, 2, 4), torch.tensor([0, 1, 2, 0, 3], device=device)), {"temperature": 2.0})
-
-
-def _npairs_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    return [
-        Example((_feats(dtype, device, 0, 2, 4),)),
-        Example((_feats(dtype, device, 1, 2, 4),)),
-        Example((_feats(dtype, device, 3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # one label
-        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(),), {"normalize": True}),
-    ]
-
-
-def _pair_fuzz(triplet: bool):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        shape = fuzz_choice(g, [(n, fuzz_int(g, 1, 5)), (n, 2, fuzz_int(g, 1, 4))]) if triplet else (n, 2, 3)
-        feats = fuzz_tensor(shape, dtype, device, g)
-        args: tuple[Any, ...] = (feats,)
-        if fuzz_choice(g, [False, True]):
-            args = (feats, fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32])))
-        kw: dict[str, Any] = {"reduction": fuzz_choice(g, ["mean", "sum", "none"])}
-        if triplet:
-            kw.update(
-                margin=fuzz_choice(g, [0.0, 0.2]),
-                distance=fuzz_choice(g, ["squared", "euclidean"]),
-                mining=fuzz_choice(g, ["all", "hard"]),
-            )
-        else:
-            kw["temperature"] = fuzz_choice(g, [0.1, 2.0])
-        return Example(args, kw)
-
-    return factory
-
-
-register_loss(
-    "triplet", module=TripletLoss, example=_triplet_example, degenerate=_triplet_degenerate, fuzz=_pair_fuzz(True)
-)(triplet_loss)
-register_loss(
-    "npairs", module=NPairsLoss, example=_npairs_example, degenerate=_npairs_degenerate, fuzz=_pair_fuzz(False)
-)(npairs_loss)
+register_loss("triplet", module=TripletLoss)(triplet_loss)
+register_loss("npairs", module=NPairsLoss)(npairs_loss)

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from rankwise._kernels import rnc as kernels
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
@@ -34,9 +33,6 @@ from rankwise.losses._contrastive_common import (
     local_view_rows,
     sq_dist,
     zero_with_graph,
-)
-from rankwise.losses._contrastive_common import (
-    random_features as _feats,
 )
 from rankwise.losses._registry import register_loss
 
@@ -438,77 +434,13 @@ class ConRLoss(nn.Module):
         )
 
 
-def _rnc_example(dtype: torch.dtype, device: torch.device) -> Example:
-    labels = torch.tensor([3.0, 1.0, 3.0, 0.5, 2.0], device=device, dtype=dtype)
-    return Example((_feats(dtype, device, 5, 2, 4), labels), {"temperature": 2.0})
-
-
-def _rnc_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def lab(*vals: float) -> torch.Tensor:
-        return torch.tensor(vals, device=device, dtype=dtype)
-
-    return [
-        Example((_feats(dtype, device, 0, 2, 4), lab())),
-        Example((_feats(dtype, device, 1, 4), lab(1.0))),  # a single view
-        Example((_feats(dtype, device, 1, 2, 4), lab(1.0))),  # n = 1 sample
-        Example((_feats(dtype, device, 4, 2, 4), lab(2.0, 2.0, 2.0, 2.0))),  # all labels tied
-        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(), lab(0.0, 1.0, 2.0))),
-    ]
-
-
-def _conr_example(dtype: torch.dtype, device: torch.device) -> Example:
-    y = torch.tensor([1.0, 1.5, 4.0, 4.2, 9.0, 2.0], device=device, dtype=dtype)
-    yp = torch.tensor([1.2, 3.5, 3.9, 4.0, 8.0, 2.5], device=device, dtype=dtype)
-    return Example((_feats(dtype, device, 6, 2, 4), y, yp), {"window": 1.0, "temperature": 0.5, "eta": 0.1})
-
-
-def _conr_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def t(*vals: float) -> torch.Tensor:
-        return torch.tensor(vals, device=device, dtype=dtype)
-
-    return [
-        Example((_feats(dtype, device, 0, 2, 4), t(), t())),
-        Example((_feats(dtype, device, 1, 4), t(1.0), t(1.0))),  # a single view
-        Example((_feats(dtype, device, 3, 2, 4), t(1.0, 1.0, 1.0), t(0.0, 5.0, 9.0))),  # no negatives
-        Example((_feats(dtype, device, 3, 4), t(0.0, 5.0, 10.0), t(1.0, 1.0, 1.0))),  # no positives
-        Example((torch.ones(4, 2, 3, dtype=dtype, device=device).requires_grad_(), t(0, 0, 3, 3), t(1, 1, 1, 1))),
-    ]
-
-
-def _rnc_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    x = fuzz_tensor((n, fuzz_int(g, 1, 2), fuzz_int(g, 1, 4)), dtype, device, g)
-    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [dtype, torch.float64, torch.int64]))
-    return Example((x, y), {"temperature": fuzz_choice(g, [0.1, 2.0])})
-
-
-def _conr_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    x = fuzz_tensor((n, fuzz_int(g, 1, 2), fuzz_int(g, 1, 4)), dtype, device, g)
-    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [dtype, torch.float64]))
-    yp = y.to(torch.float64) + fuzz_tensor((n,), torch.float64, device, g, grad=False)
-    kw: dict[str, Any] = {
-        "window": fuzz_choice(g, [0.0, 1.0]),
-        "temperature": fuzz_choice(g, [0.2, 1.0]),
-        "eta": fuzz_choice(g, [0.0, 0.1]),
-        "variant": fuzz_choice(g, ["in", "out"]),
-    }
-    if fuzz_choice(g, [False, True]):
-        kw["weights"] = fuzz_tensor((n,), dtype, device, g, grad=False, positive=True)
-    return Example((x, y, yp.to(dtype)), kw)
-
-
 register_loss(
     "rnc",
     module=RnCLoss,
-    example=_rnc_example,
-    degenerate=_rnc_degenerate,
-    fuzz=_rnc_fuzz,
     inputs={"features": "features", "labels": "targets"},
 )(rnc_loss)
 register_loss(
     "conr",
     module=ConRLoss,
-    example=_conr_example,
-    degenerate=_conr_degenerate,
-    fuzz=_conr_fuzz,
     inputs={"features": "features", "labels": "targets", "preds": "predictions", "weights": "weights"},
 )(conr_loss)

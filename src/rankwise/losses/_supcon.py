@@ -8,10 +8,9 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import supcon as kernels
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
+from rankwise._twin import FunctionModule
 from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
 from rankwise.distributed import (
     DistributedFlag,
@@ -25,7 +24,6 @@ from rankwise.distributed import (
 from rankwise.losses._contrastive_common import (
     as_labels,
     as_views,
-    random_features,
     robust_norm,
     sample_mask,
     zero_with_graph,
@@ -664,8 +662,12 @@ def _supcon_global(
     return _SupCon.apply(xg, normalize, anchors, positives, tau, variant, block, scale, all_reduce_sum)
 
 
-class SupConLoss(nn.Module):
+class SupConLoss(FunctionModule):
     """Module twin of :func:`supcon_loss` holding its hyperparameters."""
+
+    _function = staticmethod(supcon_loss)
+    _options = ("temperature", "base_temperature", "contrast_mode", "variant", "normalize", "chunk_size", "distributed")
+    _shown = ("temperature", "base_temperature", "contrast_mode!r", "variant!r", "normalize", "chunk_size")
 
     def __init__(
         self,
@@ -689,65 +691,5 @@ class SupConLoss(nn.Module):
         self.chunk_size = _check_chunk(chunk_size)
         self.distributed = distributed
 
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, *, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return supcon_loss(
-            features,
-            labels,
-            mask=mask,
-            temperature=self.temperature,
-            base_temperature=self.base_temperature,
-            contrast_mode=self.contrast_mode,
-            variant=self.variant,
-            normalize=self.normalize,
-            chunk_size=self.chunk_size,
-            distributed=self.distributed,
-        )
 
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature}, base_temperature={self.base_temperature}, "
-            f"contrast_mode={self.contrast_mode!r}, variant={self.variant!r}, normalize={self.normalize}, "
-            f"chunk_size={self.chunk_size}"
-        )
-
-
-def _example(dtype: torch.dtype, device: torch.device) -> Example:
-    feats = random_features(dtype, device, 5, 2, 6)
-    labels = torch.tensor([0, 1, 0, 2, 1], device=device)
-    return Example((feats, labels), {"temperature": 0.5, "variant": "out", "chunk_size": 3})
-
-
-def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def f(*shape: int) -> torch.Tensor:
-        return random_features(dtype, device, *shape, seed=1)
-
-    return [
-        Example((f(0, 2, 4),)),  # empty batch
-        Example((f(1, 1, 4),)),  # one view of one sample: no positive
-        Example((f(3, 4),)),  # single view, no labels: no positive
-        Example((f(3, 4), torch.tensor([0, 1, 2], device=device))),  # all labels distinct, one view
-        Example((f(3, 2, 4), torch.zeros(3, dtype=torch.long, device=device))),  # a single label
-        Example((f(1, 2, 4),), {"variant": "in"}),  # n = 1 sample, SimCLR
-        Example((torch.ones(3, 2, 4, dtype=dtype, device=device).requires_grad_(),)),  # all equal features
-    ]
-
-
-def _fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    feats = fuzz_tensor((n, fuzz_int(g, 1, 3), fuzz_int(g, 1, 5)), dtype, device, g)
-    if fuzz_choice(g, [False, True]):
-        feats = feats.detach()[:, 0].requires_grad_()  # (B, D): one view
-    args: tuple[Any, ...] = (feats,)
-    if fuzz_choice(g, [False, True]):
-        args = (feats, fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32])))
-    kw: dict[str, Any] = {
-        "temperature": fuzz_choice(g, [0.07, 0.5]),
-        "variant": fuzz_choice(g, ["out", "in"]),
-        "contrast_mode": fuzz_choice(g, ["all", "one"]),
-        "chunk_size": fuzz_choice(g, [None, 1, 3]),
-    }
-    return Example(args, kw)
-
-
-register_loss("supcon", module=SupConLoss, example=_example, degenerate=_degenerate, fuzz=_fuzz)(supcon_loss)
+register_loss("supcon", module=SupConLoss)(supcon_loss)

@@ -27,7 +27,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_tensor
 from rankwise._validation import (
     MissingTrainLabelsError,
     check_choice,
@@ -470,85 +469,19 @@ class BalancedMSELoss(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------------
-def _example_kwargs(method: str, d: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(1)
-    if method == "gai":
-        a = torch.randn(3, d, d, generator=g, dtype=torch.float64)
-        cov = a @ a.mT / d + 0.2 * torch.eye(d, dtype=torch.float64)
-        means = torch.randn(3, d, generator=g, dtype=torch.float64)
-        weights = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-        return {"method": "gai", "gmm": tuple(v.to(device=device, dtype=dtype) for v in (means, cov, weights))}
-    if method == "bni":
-        centers = torch.linspace(-2, 2, 9, dtype=torch.float64)
-        weights = torch.softmax(-(centers**2), 0)
-        return {
-            "method": "bni",
-            "bucket_centers": centers.to(device=device, dtype=dtype),
-            "bucket_weights": weights.to(device=device, dtype=dtype),
-        }
-    return {"method": "bmc"}
-
-
-def _make_example(method: str, d: int):  # type: ignore[no-untyped-def]
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        g = torch.Generator().manual_seed(0)
-        pred = torch.randn(6, d, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
-        target = torch.randn(6, d, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
-        # noise_var as a plain input: the detached 2 sigma^2 scale makes its gradient a surrogate
-        # (tested against the reference in tests/losses/test_balanced_mse.py), pred's is exact
-        noise_var = torch.tensor(0.7, dtype=dtype, device=device)
-        return Example((pred, target, noise_var), _example_kwargs(method, d, dtype, device))
-
-    return example
-
-
-def _make_degenerate(method: str):  # type: ignore[no-untyped-def]
-    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        kw = _example_kwargs(method, 1, dtype, device)
-        var = torch.tensor(0.7, dtype=dtype, device=device)
-        z = lambda *s: torch.zeros(s, dtype=dtype, device=device)  # noqa: E731
-        return [
-            Example((z(0, 1).requires_grad_(), z(0, 1), var), kw),  # empty batch
-            Example((z(0).requires_grad_(), z(0), var), kw),
-            Example((z(1, 1).requires_grad_(), torch.ones(1, 1, dtype=dtype, device=device), var), kw),  # B = 1
-            Example((z(4, 1).requires_grad_(), z(4, 1), var), kw),  # all equal (one unique label, zero error)
-            Example((torch.full((3,), 50.0, dtype=dtype, device=device).requires_grad_(), z(3), var), kw),  # far
-        ]
-
-    return degenerate
-
-
-def _make_fuzz(method: str, d: int):  # type: ignore[no-untyped-def]
-    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        shape = (n, d) if d > 1 or fuzz_choice(g, [False, True]) else (n,)
-        pred = fuzz_tensor(shape, dtype, device, g)
-        target = fuzz_tensor(shape, fuzz_choice(g, [dtype, torch.float64]), device, g, grad=False)
-        var: float | torch.Tensor = fuzz_choice(g, [0.5, 2.0])  # a float or a scalar tensor
-        if fuzz_choice(g, [False, True]):
-            var = torch.tensor(var, dtype=dtype, device=device)
-        kw = {**_example_kwargs(method, d, dtype, device), "reduction": fuzz_choice(g, ["mean", "sum", "none"])}
-        return Example((pred, target, var), kw)
-
-    return fuzz
 
 
 for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
     register_loss(
         f"balanced_mse.{_method}" + ("" if _d == 1 else f"_{_d}d"),
         module=BalancedMSELoss,
-        example=_make_example(_method, _d),
-        degenerate=_make_degenerate(_method),
         description=f"Balanced MSE (Ren et al., CVPR'22), {_method.upper()}, {_d}-d targets",
-        fuzz=_make_fuzz(_method, _d),
     )(balanced_mse_loss)
 
 # the entry a training recipe uses (`loss.name: balanced_mse`, option `method`): the batch tensors it takes
 register_loss(
     "balanced_mse",
     module=BalancedMSELoss,
-    example=_make_example("bmc", 1),
-    degenerate=_make_degenerate("bmc"),
     description="Balanced MSE (Ren et al., CVPR'22), any method (option `method`, default 'bmc')",
-    fuzz=_make_fuzz("bmc", 1),
     inputs={"pred": "predictions", "target": "targets"},
 )(balanced_mse_loss)

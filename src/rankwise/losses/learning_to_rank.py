@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_tensor
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -866,137 +865,46 @@ class PiRankNDCGLoss(_Twin):
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
-def _padded_batch(dtype: torch.dtype, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """4 lists of 6 slots, graded labels 0..3 without ties in the scores, padding at the end and inside."""
-    g = torch.Generator().manual_seed(seed)
-    pred = torch.randn(4, 6, generator=g, dtype=torch.float64)
-    true = torch.tensor(
-        [
-            [3.0, 0.0, 1.0, 2.0, 0.0, 1.0],
-            [1.0, 2.0, 0.0, -1.0, -1.0, -1.0],
-            [0.0, 2.0, -1.0, 1.0, 3.0, -1.0],
-            [2.0, 1.0, 0.0, 0.0, 3.0, 1.0],
-        ]
-    )
-    return pred.to(device=device, dtype=dtype).requires_grad_(), true.to(device=device, dtype=torch.float32)
 
 
-def _degenerate(options: dict[str, Any]):  # type: ignore[no-untyped-def]
-    def factory(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        def p(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=torch.Generator().manual_seed(3)).to(device, dtype).requires_grad_()
-
-        def y(rows: list[list[float]]) -> torch.Tensor:
-            return torch.tensor(rows, device=device)
-
-        return [
-            Example((p(0, 5), torch.zeros(0, 5, device=device)), options),  # empty batch
-            Example((p(2, 0), torch.zeros(2, 0, device=device)), options),  # empty lists
-            Example((p(2, 3), y([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])), options),  # all padding
-            Example((p(2, 1), y([[1.0], [0.0]])), options),  # a single item
-            Example((p(2, 4), y([[2.0, 2.0, 2.0, 2.0], [1.0, 1.0, -1.0, -1.0]])), options),  # all-equal relevance
-            Example((p(2, 4), y([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, -1.0]])), options),  # no relevant item
-            Example((p(2, 3), y([[-1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])), options),  # mixed
-        ]
-
-    return factory
-
-
-def _fuzz(options: dict[str, list[Any]]):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        bsz = fuzz_int(g, 1, 4)
-        pred = fuzz_tensor((bsz, n), dtype, device, g)
-        labels = torch.randint(-1, 4, (bsz, n), generator=g)
-        true = labels.to(device=device, dtype=fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
-        return Example((pred, true), {k: fuzz_choice(g, v) for k, v in options.items()})
-
-    return factory
-
-
-def _register(
-    name: str,
-    fn: Any,
-    module: type[nn.Module],
-    example: dict[str, Any],
-    fuzz: dict[str, list[Any]],
-    *,
-    stochastic: bool = False,
-    description: str = "",
-) -> None:
+def _register(name: str, fn: Any, module: type[nn.Module], *, stochastic: bool = False, description: str = "") -> None:
     register_loss(
         name,
         module=module,
-        example=lambda dt, dev: Example(_padded_batch(dt, dev), dict(example)),
-        degenerate=_degenerate(example),
         stochastic=stochastic,
         description=description,
         inputs={"y_pred": "predictions", "y_true": "targets"},
-        fuzz=_fuzz(fuzz),
     )(fn)
 
 
-_register("listnet", listnet_loss, ListNetLoss, {}, {"eps": [0.0, 1e-10]}, description="ListNet (allRank listNet)")
-_register(
-    "listmle", listmle_loss, ListMLELoss, {}, {"eps": [1e-10]}, stochastic=True, description="ListMLE (allRank listMLE)"
-)
-_register(
-    "ranknet",
-    ranknet_loss,
-    RankNetLoss,
-    {"weight_by_diff": True},
-    {"weight_by_diff": [False, True], "weight_by_diff_powed": [False, True]},
-    description="RankNet (allRank rankNet)",
-)
+_register("listnet", listnet_loss, ListNetLoss, description="ListNet (allRank listNet)")
+_register("listmle", listmle_loss, ListMLELoss, stochastic=True, description="ListMLE (allRank listMLE)")
+_register("ranknet", ranknet_loss, RankNetLoss, description="RankNet (allRank rankNet)")
 for _scheme in (None, *WEIGHING_SCHEMES[:5]):
     _register(
         "lambda_loss" if _scheme is None else f"lambda_loss.{_scheme.removesuffix('_scheme')}",
         lambda_loss,
         LambdaLoss,
-        {"weighing_scheme": _scheme, "k": 4, "sigma": 1.5, "reduction": "mean"} if _scheme else {"reduction": "sum"},
-        {
-            "weighing_scheme": [_scheme],
-            "k": [None, 1, 3],
-            "reduction": ["sum", "mean"],
-            "reduction_log": ["binary", "natural"],
-        },
         description=f"LambdaLoss, weighing scheme {_scheme} (allRank lambdaLoss)",
     )
-_register(
-    "approx_ndcg",
-    approx_ndcg_loss,
-    ApproxNDCGLoss,
-    {"alpha": 2.0},
-    {"alpha": [0.5, 1.0, 10.0]},
-    description="ApproxNDCG (allRank approxNDCGLoss)",
-)
+_register("approx_ndcg", approx_ndcg_loss, ApproxNDCGLoss, description="ApproxNDCG (allRank approxNDCGLoss)")
 _register(
     "neural_ndcg",
     neural_ndcg_loss,
     NeuralNDCGLoss,
-    {"temperature": 0.5, "k": 4},
-    {"temperature": [0.1, 1.0], "k": [None, 2], "powered_relevancies": [True, False]},
     description="NeuralNDCG with rankwise NeuralSort and Sinkhorn scaling (allRank neuralNDCG)",
 )
 _register(
     "neural_ndcg.stochastic",
     neural_ndcg_loss,
     NeuralNDCGLoss,
-    {"stochastic": True, "n_samples": 3, "temperature": 0.5},
-    {"stochastic": [True], "n_samples": [1, 4], "beta": [0.1, 1.0], "log_scores": [True, False]},
     stochastic=True,
     description="stochastic NeuralNDCG (allRank neuralNDCG, stochastic=True)",
 )
-for _method, _opts in (
-    ("neuralsort", {"tau": 0.5}),
-    ("softsort", {"tau": 0.5}),
-    ("diffsort", {"steepness": 5.0}),
-    ("isotonic", {"regularization_strength": 0.5}),
-):
+for _method in ("neuralsort", "softsort", "diffsort", "isotonic"):
     _register(
         "pirank" if _method == "neuralsort" else f"pirank.{_method}",
         pirank_ndcg_loss,
         PiRankNDCGLoss,
-        {"method": _method, "k": 4, **_opts},
-        {"method": [_method], "k": [None, 2], **{key: [v] for key, v in _opts.items()}},
         description=f"PiRank NDCG@k surrogate through the {_method!r} soft sort",
     )

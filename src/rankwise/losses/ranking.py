@@ -17,7 +17,6 @@ from typing import Any, Literal
 import torch
 
 from rankwise._kernels import ranksim as kernels
-from rankwise._registry import Example, fuzz_choice, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
@@ -663,168 +662,39 @@ class PairwiseDifferenceLoss(FunctionModule):
 # --------------------------------------------------------------------------------------------------
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _ranksim_example(dtype: torch.dtype, device: torch.device) -> Example:
-    z = torch.randn(10, 6, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
-    y = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0], device=device)
-    return Example((z, y), {"interpolation_lambda": 2.0})
-
-
-def _ranksim_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def z(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
-
-    return [
-        Example((z(0, 4), torch.zeros(0, device=device))),  # empty batch
-        Example((z(1, 4), torch.ones(1, 1, device=device))),  # B = 1, (B, 1) targets
-        Example((z(5, 4), torch.full((5,), 7.0, device=device))),  # one distinct label
-        Example((z(4, 4), torch.arange(4.0, device=device)), {"unique_labels": False}),
-        Example((torch.zeros(3, 4, dtype=dtype, device=device).requires_grad_(), torch.arange(3.0, device=device))),
-    ]
-
-
-def _pt(dtype: torch.dtype, device: torch.device, n: int = 8, lead: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
-    g = _gen(1)
-    pred = torch.randn(*lead, n, generator=g).to(device=device, dtype=dtype).requires_grad_()
-    target = torch.randn(*lead, n, generator=g).to(device=device, dtype=dtype)
-    return pred, target
-
-
-def _pt_degenerate(dtype: torch.dtype, device: torch.device, kwargs: dict[str, Any]) -> list[Example]:
-    def p(*shape: int, fill: float | None = None) -> torch.Tensor:
-        x = torch.full(shape, fill) if fill is not None else torch.randn(*shape, generator=_gen(2))
-        return x.to(device=device, dtype=dtype).requires_grad_()
-
-    return [
-        Example((p(0), torch.zeros(0, device=device, dtype=dtype)), kwargs),  # empty
-        Example((p(1), torch.ones(1, device=device, dtype=dtype)), kwargs),  # n = 1
-        Example((p(1, 1), torch.ones(1, 1, device=device, dtype=dtype)), kwargs),  # (B, 1) with B = 1
-        Example((p(5, fill=2.0), torch.full((5,), 3.0, device=device, dtype=dtype)), kwargs),  # all ties
-    ]
-
-
-#: soft-rank options used in the registered examples of each ranker
-_SPEARMAN_EXAMPLES: dict[str, dict[str, Any]] = {
-    "isotonic": {"regularization_strength": 0.1},
-    "neuralsort": {"tau": 1.0},
-    "softsort": {"tau": 1.0},
-    "blackbox": {"lambda_val": 2.0},
-}
-
-
-#: randomized ranker options of the fuzz factories
-_SPEARMAN_FUZZ: dict[str, dict[str, list[Any]]] = {
-    "isotonic": {"regularization_strength": [1e-3, 0.1, 1.0], "regularization": ["l2", "kl"]},
-    "neuralsort": {"tau": [0.05, 1.0]},
-    "softsort": {"tau": [0.05, 1.0], "power": [1.0, 2.0]},
-    "blackbox": {"lambda_val": [0.5, 2.0]},
-}
-
-
-def _pt_fuzz(
-    n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, *, lead_ok: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    lead = fuzz_lead(g, max_dims=1) if lead_ok else ()
-    shape = (*lead, n) if lead or fuzz_choice(g, [False, True]) else (n, 1)
-    pred = fuzz_tensor(shape, dtype, device, g)
-    tdt = fuzz_choice(g, [dtype, torch.float64, torch.float32, torch.int64])
-    if tdt == torch.int64:
-        target = torch.randint(-3, 4, shape, generator=g).to(device)
-    else:
-        target = fuzz_tensor(shape, tdt, device, g, grad=False)
-    return pred, target
-
-
-def _spearman_fuzz(ranker: str | None, correlation: bool = False):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        kw: dict[str, Any] = {}
-        if ranker is not None:
-            kw["ranker"] = ranker
-            kw.update({k: fuzz_choice(g, v) for k, v in _SPEARMAN_FUZZ[ranker].items()})
-            if not correlation:
-                kw["l1_weight"] = fuzz_choice(g, [0.0, 0.5])
-        return Example(_pt_fuzz(n, dtype, device, g), kw)
-
-    return factory
-
-
-def _pairs_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    return Example(_pt_fuzz(n, dtype, device, g), {"pairs": fuzz_choice(g, [1, 7, 16])})
-
-
-def _ranksim_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    z = fuzz_tensor((n, *fuzz_choice(g, [(4,), (2, 3)])), dtype, device, g)
-    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
-    if fuzz_choice(g, [False, True]):
-        y = y[:, None]
-    kw = {"interpolation_lambda": fuzz_choice(g, [0.5, 2.0]), "unique_labels": fuzz_choice(g, [False, True])}
-    return Example((z, y), kw)
-
-
-def _register_spearman(ranker: str, options: dict[str, Any]) -> None:
-    kwargs = {"ranker": ranker, **options}
-    gradient: Literal["exact", "surrogate"] = "surrogate" if ranker == "blackbox" else "exact"
-
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        return Example(_pt(dtype, device), {**kwargs, "l1_weight": 0.5})
-
+for _ranker in ("isotonic", "neuralsort", "softsort", "blackbox"):
     register_loss(
-        f"spearman.{ranker}",
+        f"spearman.{_ranker}",
         module=SpearmanLoss,
-        example=example,
-        degenerate=lambda dt, dev: _pt_degenerate(dt, dev, kwargs),
-        gradient=gradient,
-        description=f"Spearman loss (SoDeep) with the {ranker!r} ranker",
-        fuzz=_spearman_fuzz(ranker),
+        gradient="surrogate" if _ranker == "blackbox" else "exact",
+        description=f"Spearman loss (SoDeep) with the {_ranker!r} ranker",
     )(spearman_loss)
-
-
-for _ranker, _opts in _SPEARMAN_EXAMPLES.items():
-    _register_spearman(_ranker, _opts)
 
 register_loss(
     "ranksim",
     module=RankSimLoss,
-    example=_ranksim_example,
-    degenerate=_ranksim_degenerate,
     gradient="surrogate",
     stochastic=True,
     inputs={"features": "features", "targets": "targets"},
-    fuzz=_ranksim_fuzz,
 )(ranksim_loss)
 register_loss(
     "spearman",
     module=SpearmanLoss,
-    example=lambda dt, dev: Example(_pt(dt, dev), {**_SPEARMAN_EXAMPLES["isotonic"], "l1_weight": 0.5}),
-    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
     description="Spearman loss (SoDeep), any ranker (option `ranker`, default 'isotonic')",
-    fuzz=_spearman_fuzz("isotonic"),
     inputs={"pred": "predictions", "target": "targets"},
 )(spearman_loss)
 register_loss(
     "spearman_correlation",
     module=SpearmanCorrelation,
-    example=lambda dt, dev: Example(_pt(dt, dev, lead=(2,)), {"ranker": "isotonic", "regularization_strength": 0.1}),
-    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"ranker": "isotonic", "regularization_strength": 0.1}),
-    fuzz=_spearman_fuzz("isotonic", correlation=True),
 )(spearman_correlation)
 register_loss(
     "pairwise_difference",
     module=PairwiseDifferenceLoss,
-    example=lambda dt, dev: Example(_pt(dt, dev)),
-    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {}),
     inputs={"pred": "predictions", "target": "targets"},
-    fuzz=_spearman_fuzz(None),
 )(pairwise_difference_loss)
 register_loss(
     "pairwise_difference.random",
     module=PairwiseDifferenceLoss,
-    example=lambda dt, dev: Example(_pt(dt, dev), {"pairs": 16}),
-    degenerate=lambda dt, dev: _pt_degenerate(dt, dev, {"pairs": "random"}),
     stochastic=True,
-    fuzz=_pairs_fuzz,
     description="age-difference loss over B random pairs drawn with replacement (TSAN's sampling)",
 )(pairwise_difference_loss)

@@ -20,13 +20,12 @@ Conventions shared by the four losses:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_tensor
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
@@ -47,7 +46,7 @@ from rankwise.distributed import (
     global_batch_on,
     scale_grad,
 )
-from rankwise.losses._contrastive_common import as_labels, random_features, safe_normalize, zero_with_graph
+from rankwise.losses._contrastive_common import as_labels, safe_normalize, zero_with_graph
 from rankwise.losses._registry import register_loss
 from rankwise.ops.ranking import BlackboxRankFunction, rank_last
 
@@ -663,77 +662,7 @@ class FastAPLoss(FunctionModule):
 # --------------------------------------------------------------------------------------------------
 # registry
 # --------------------------------------------------------------------------------------------------
-def _example_factory(kwargs: dict[str, Any]) -> Callable[[torch.dtype, torch.device], Example]:
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        labels = torch.tensor([0, 1, 0, 2, 1, 2, 0, 3], device=device)
-        return Example((random_features(dtype, device, 8, 5), labels), dict(kwargs))
-
-    return example
-
-
-def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def f(*shape: int) -> torch.Tensor:
-        return random_features(dtype, device, *shape, seed=1)
-
-    long = torch.long
-    return [
-        Example((f(0, 4), torch.zeros(0, dtype=long, device=device))),  # empty batch
-        Example((f(1, 4), torch.zeros(1, dtype=long, device=device))),  # a single item
-        Example((f(4, 3), torch.arange(4, device=device))),  # no positives
-        Example((f(4, 3), torch.zeros(4, dtype=long, device=device))),  # all the same label
-        Example((torch.ones(4, 3, dtype=dtype, device=device).requires_grad_(), torch.tensor([0, 0, 1, 1]))),  # ties
-    ]
-
-
-def _fuzz_factory(options: Callable[[torch.Generator], dict[str, Any]]) -> Any:
-    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        emb = fuzz_tensor((n, fuzz_int(g, 1, 6)), dtype, device, g)
-        labels = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.int64, torch.float32]))
-        return Example((emb, labels), options(g))
-
-    return fuzz
-
-
-register_loss(
-    "smooth_ap",
-    module=SmoothAPLoss,
-    example=_example_factory({"temperature": 0.5}),
-    degenerate=_degenerate,
-    fuzz=_fuzz_factory(
-        lambda g: {"temperature": fuzz_choice(g, [0.05, 0.5]), "include_query": fuzz_choice(g, [False, True])}
-    ),
-)(smooth_ap_loss)
-register_loss(
-    "recall_at_k",
-    module=RecallAtKLoss,
-    example=_example_factory({"k": (1, 2, 4), "temperature": 0.5}),
-    degenerate=_degenerate,
-    fuzz=_fuzz_factory(
-        lambda g: {
-            "k": fuzz_choice(g, [(1, 2, 4), 1, (2, 16)]),
-            "temperature": fuzz_choice(g, [0.05, 0.5]),
-            "include_query": fuzz_choice(g, [False, True]),
-        }
-    ),
-)(recall_at_k_loss)
-register_loss(
-    "blackbox_ap",
-    module=BlackboxAPLoss,
-    example=_example_factory({"interpolation_lambda": 4.0, "margin": 0.02}),
-    degenerate=_degenerate,
-    gradient="surrogate",
-    fuzz=_fuzz_factory(
-        lambda g: {
-            "interpolation_lambda": fuzz_choice(g, [0.5, 4.0]),
-            "margin": fuzz_choice(g, [0.0, 0.1]),
-            "include_query": fuzz_choice(g, [False, True]),
-        }
-    ),
-)(blackbox_ap_loss)
-register_loss(
-    "fastap",
-    module=FastAPLoss,
-    example=_example_factory({"num_bins": 10}),
-    degenerate=_degenerate,
-    fuzz=_fuzz_factory(lambda g: {"num_bins": fuzz_choice(g, [1, 4, 10])}),
-)(fastap_loss)
+register_loss("smooth_ap", module=SmoothAPLoss)(smooth_ap_loss)
+register_loss("recall_at_k", module=RecallAtKLoss)(recall_at_k_loss)
+register_loss("blackbox_ap", module=BlackboxAPLoss, gradient="surrogate")(blackbox_ap_loss)
+register_loss("fastap", module=FastAPLoss)(fastap_loss)

@@ -18,10 +18,10 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from rankwise._kernels import isotonic as kernels
-from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import RelaxationInfo
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -701,10 +701,11 @@ def soft_sort_isotonic(
     return out if last else out.movedim(-1, d)
 
 
-class _IsotonicModule(nn.Module):
+class _IsotonicModule(FunctionModule):
     """Shared module twin: holds the options of an isotonic soft operator."""
 
-    _fn: Any
+    _options = ("regularization", "regularization_strength", "descending", "dim")
+    _shown = ("regularization!r", "regularization_strength", "descending", "dim")
 
     def __init__(
         self,
@@ -719,81 +720,23 @@ class _IsotonicModule(nn.Module):
         check_bool(descending, "descending")
         self.regularization, self.descending, self.dim = regularization, descending, dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = type(self)._fn(
-            x,
-            regularization=self.regularization,
-            regularization_strength=self.regularization_strength,
-            descending=self.descending,
-            dim=self.dim,
-        )
-        return out
-
-    def extra_repr(self) -> str:
-        return (
-            f"regularization={self.regularization!r}, regularization_strength={self.regularization_strength}, "
-            f"descending={self.descending}, dim={self.dim}"
-        )
-
 
 class IsotonicSoftRank(_IsotonicModule):
     """Module twin of :func:`soft_rank_isotonic`."""
 
-    _fn = staticmethod(soft_rank_isotonic)
+    _function = staticmethod(soft_rank_isotonic)
 
 
 class IsotonicSoftSort(_IsotonicModule):
     """Module twin of :func:`soft_sort_isotonic`."""
 
-    _fn = staticmethod(soft_sort_isotonic)
+    _function = staticmethod(soft_sort_isotonic)
 
 
 # --------------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------------
 register_soft_method("isotonic", sort=_soft_sort_last, rank=_soft_rank_last, handles_nonfinite=True)
-
-
-def _example(reg: str, descending: bool):  # type: ignore[no-untyped-def]
-    def factory(dtype: torch.dtype, device: torch.device) -> Example:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(3, 6, generator=g).to(device=device, dtype=dtype).requires_grad_()
-        return Example((x,), {"regularization": reg, "regularization_strength": 0.5, "descending": descending})
-
-    return factory
-
-
-def _degenerate(reg: str):  # type: ignore[no-untyped-def]
-    def factory(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        kw = {"regularization": reg, "regularization_strength": 1.0}
-        shapes = [(0,), (4, 0), (1,), (2, 1)]
-        out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(),), dict(kw)) for s in shapes]
-        out.append(Example((torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(),), dict(kw)))
-        out.append(
-            Example(
-                (torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(),),
-                {**kw, "regularization_strength": 1e-3, "descending": True},
-            )
-        )
-        return out
-
-    return factory
-
-
-def _fuzz(reg: str):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        lead = fuzz_lead(g)
-        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-        kw: dict[str, Any] = {
-            "regularization": reg,
-            "regularization_strength": fuzz_choice(g, [1e-3, 1e-2, 0.1, 1.0, 10.0]),
-            "descending": fuzz_choice(g, [False, True]),
-        }
-        if lead and fuzz_choice(g, [False, True]):
-            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-        return Example((x.requires_grad_(),), kw)
-
-    return factory
 
 
 _ISOTONIC_RELAXATION = RelaxationInfo(
@@ -806,17 +749,11 @@ for _reg in _REGULARIZATIONS:
     register_op(
         f"soft_rank.isotonic_{_reg}",
         module=IsotonicSoftRank,
-        example=_example(_reg, False),
-        degenerate=_degenerate(_reg),
         gradient="exact",
-        fuzz=_fuzz(_reg),
         relaxation=_ISOTONIC_RELAXATION if _reg == "l2" else None,
     )(soft_rank_isotonic)
     register_op(
         f"soft_sort.isotonic_{_reg}",
         module=IsotonicSoftSort,
-        example=_example(_reg, True),
-        degenerate=_degenerate(_reg),
         gradient="exact",
-        fuzz=_fuzz(_reg),
     )(soft_sort_isotonic)

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
-from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
@@ -448,128 +447,42 @@ class SoftSortMatrix(FunctionModule):
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
 
 
-def _pos(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
-    return x.to(device=device, dtype=dtype).requires_grad_()
-
-
-def _degenerate_scores(dtype: torch.dtype, device: torch.device, positive: bool = False) -> list[torch.Tensor]:
-    fill = 1.0 if positive else 0.0
-    shapes = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
-    xs = [torch.full(s, fill, dtype=dtype, device=device).requires_grad_() for s in shapes]
-    xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
-    return xs
-
-
-def _examples(kwargs: dict[str, Any], positive: bool = False):  # type: ignore[no-untyped-def]
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        x = _pos((3, 6), dtype, device) if positive else _randn((3, 6), dtype, device)
-        return Example((x,), dict(kwargs))
-
-    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        return [Example((x,), dict(kwargs)) for x in _degenerate_scores(dtype, device, positive)]
-
-    return example, degenerate
-
-
-def _fuzz(kwargs: dict[str, Any], positive: bool):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        lead = fuzz_lead(g)
-        kw = dict(kwargs)
-        log_scores = positive and fuzz_choice(g, [False, True])
-        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False, positive=positive and not log_scores)
-        kw["tau"] = fuzz_choice(g, [0.05, 0.7, 5.0])
-        if "n_samples" in kw:
-            kw["n_samples"] = fuzz_int(g, 1, 3)
-            kw["log_scores"] = log_scores
-        if "power" in kw:
-            kw["power"] = fuzz_choice(g, [0.5, 1.0, 2.0])
-        if kw.get("method") in ("neuralsort", "softsort"):
-            kw["descending"] = fuzz_choice(g, [False, True])
-        if lead and fuzz_choice(g, [False, True]):
-            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-        return Example((x.requires_grad_(),), kw)
-
-    return factory
-
-
-def _register(
-    name: str,
-    fn: Any,
-    module: type[nn.Module],
-    kwargs: dict[str, Any],
-    *,
-    gradient: Any = "exact",
-    stochastic: bool = False,
-    positive: bool = False,
-    relaxation: RelaxationInfo | None = None,
-) -> None:
-    ex, deg = _examples(kwargs, positive)
-    register_op(
-        name,
-        module=module,
-        example=ex,
-        degenerate=deg,
-        gradient=gradient,
-        stochastic=stochastic,
-        fuzz=_fuzz(kwargs, positive),
-        relaxation=relaxation,
-    )(fn)
-
-
-_register(
+register_op(
     "neural_sort",
-    neural_sort,
-    NeuralSort,
-    {"tau": 0.7},
+    module=NeuralSort,
     relaxation=RelaxationInfo(
         "neuralsort", params=("tau", "hard"), description="deterministic NeuralSort (rankwise.neural_sort)"
     ),
-)
-_register("neural_sort.hard", neural_sort, NeuralSort, {"tau": 0.7, "hard": True}, gradient="surrogate")
-_register(
+)(neural_sort)
+register_op("neural_sort.hard", module=NeuralSort, gradient="surrogate")(neural_sort)
+register_op(
     "stochastic_neural_sort",
-    stochastic_neural_sort,
-    StochasticNeuralSort,
-    {"tau": 0.7, "n_samples": 2},
+    module=StochasticNeuralSort,
     stochastic=True,
-    positive=True,
     relaxation=RelaxationInfo(
         "stochastic",
         fixed={"log_scores": True},
         params=("tau", "n_samples", "hard"),
         description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores",
     ),
+)(stochastic_neural_sort)
+register_op("stochastic_neural_sort.hard", module=StochasticNeuralSort, gradient="surrogate", stochastic=True)(
+    stochastic_neural_sort
 )
-_register(
-    "stochastic_neural_sort.hard",
-    stochastic_neural_sort,
-    StochasticNeuralSort,
-    {"tau": 0.7, "n_samples": 2, "hard": True},
-    gradient="surrogate",
-    stochastic=True,
-    positive=True,
-)
-_register(
+register_op(
     "softsort",
-    softsort_matrix,
-    SoftSortMatrix,
-    {"tau": 0.7, "power": 1.0},
+    module=SoftSortMatrix,
     relaxation=RelaxationInfo(
         "softsort",
         params=("tau", "power", "hard"),
         description="SoftSort (rankwise.softsort_matrix), distance power `power`",
     ),
-)
-_register("softsort.hard", softsort_matrix, SoftSortMatrix, {"tau": 0.7, "hard": True}, gradient="surrogate")
+)(softsort_matrix)
+register_op("softsort.hard", module=SoftSortMatrix, gradient="surrogate")(softsort_matrix)
 
 
 for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
-    _register(f"{_fn.__name__}.neuralsort", _fn, _mod, {"method": "neuralsort", "tau": 0.7})
-    _register(f"{_fn.__name__}.softsort", _fn, _mod, {"method": "softsort", "tau": 0.7, "power": 2.0})
+    register_op(f"{_fn.__name__}.neuralsort", module=_mod)(_fn)
+    register_op(f"{_fn.__name__}.softsort", module=_mod)(_fn)

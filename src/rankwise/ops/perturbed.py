@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import RelaxationInfo
 from rankwise._validation import (
     check_bool,
     check_choice,
@@ -412,111 +412,18 @@ class PerturbedFYLoss(_PerturbedModule):
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
 
 
-_DEGENERATE_SHAPES = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
-
-
-def _rank_examples(kwargs: dict[str, Any], topk: bool = False):  # type: ignore[no-untyped-def]
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        return Example((_randn((3, 6), dtype, device),), {"k": 2, **kwargs} if topk else dict(kwargs))
-
-    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        xs = [torch.zeros(s, dtype=dtype, device=device).requires_grad_() for s in _DEGENERATE_SHAPES]
-        xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
-        if topk:
-            return [Example((x,), {"k": 1, **kwargs}) for x in xs if x.shape[-1] > 0]
-        return [Example((x,), dict(kwargs)) for x in xs]
-
-    return example, degenerate
-
-
-def _fy_example(dtype: torch.dtype, device: torch.device) -> Example:
-    x = _randn((3, 6), dtype, device)
-    target = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(i)) for i in range(3)]) + 1
-    return Example((x, target.to(device=device, dtype=dtype)), {"n_samples": 8, "sigma": 0.5})
-
-
-def _fy_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    out = []
-    for s in _DEGENERATE_SHAPES:
-        x = torch.zeros(s, dtype=dtype, device=device).requires_grad_()
-        out.append(Example((x, torch.ones(s, dtype=dtype, device=device)), {"n_samples": 4}))
-    ties = torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_()
-    out.append(Example((ties, torch.full((2, 5), 3.0, dtype=dtype, device=device)), {"n_samples": 4}))
-    return out
-
-
-def _fuzz(kwargs: dict[str, Any], kind: str):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
-        if kind == "topk" and n == 0:
-            return None  # k must be in [1, n]
-        lead = fuzz_lead(g)
-        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-        kw = dict(kwargs)
-        kw["sigma"] = fuzz_choice(g, [0.05, 0.5, 5.0])
-        kw["n_samples"] = fuzz_int(g, 1, 4)
-        kw["noise"] = fuzz_choice(g, _NOISES)
-        if kind == "topk":
-            kw["k"] = fuzz_int(g, 1, n)
-        else:
-            kw["descending"] = fuzz_choice(g, [False, True])
-        args: tuple[torch.Tensor, ...] = (x,)
-        if kind == "fy":
-            perm = torch.rand((*lead, n), generator=g).argsort(-1) + 1
-            args = (x, perm.to(fuzz_choice(g, [dtype, torch.float64, torch.int64])).to(device))
-            kw["reduction"] = fuzz_choice(g, _REDUCTIONS)
-        if lead and fuzz_choice(g, [False, True]):
-            args = tuple(a.movedim(-1, 0).contiguous() for a in args)
-            kw["dim"] = 0
-        args[0].requires_grad_()
-        return Example(args, kw)
-
-    return factory
-
-
-def _register(
-    name: str,
-    fn: Any,
-    module: type[nn.Module],
-    factories: Any,
-    fuzz: Any,
-    gradient: Any,
-    relaxation: RelaxationInfo | None = None,
-) -> None:
-    ex, deg = factories
-    register_op(
-        name,
-        module=module,
-        example=ex,
-        degenerate=deg,
-        gradient=gradient,
-        stochastic=True,
-        fuzz=fuzz,
-        relaxation=relaxation,
-    )(fn)
-
-
-for _name, _kw in (
-    ("perturbed_rank", {"n_samples": 8}),
-    ("perturbed_rank.normal", {"noise": "normal", "descending": True}),
-):
-    _register(_name, perturbed_rank, PerturbedRank, _rank_examples(_kw), _fuzz({}, "rank"), "surrogate")
-_topk = _rank_examples({"n_samples": 8, "sigma": 0.5}, topk=True)
-_register("perturbed_topk", perturbed_topk, PerturbedTopK, _topk, _fuzz({}, "topk"), "surrogate")
+for _name in ("perturbed_rank", "perturbed_rank.normal"):
+    register_op(_name, module=PerturbedRank, gradient="surrogate", stochastic=True)(perturbed_rank)
+register_op("perturbed_topk", module=PerturbedTopK, gradient="surrogate", stochastic=True)(perturbed_topk)
 # gradient "exact": the exact gradient of the returned Monte-Carlo value (at fixed noise)
-_fy = (_fy_example, _fy_degenerate)
-_register(
+register_op(
     "perturbed_fy_loss",
-    perturbed_fy_loss,
-    PerturbedFYLoss,
-    _fy,
-    _fuzz({}, "fy"),
-    "exact",
-    RelaxationInfo(
+    module=PerturbedFYLoss,
+    gradient="exact",
+    stochastic=True,
+    relaxation=RelaxationInfo(
         "perturbed",
         kind="rank_loss",
         params=("n_samples",),
@@ -524,6 +431,5 @@ _register(
         description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, "
         "Berthet et al.); `n_samples` perturbations",
     ),
-)
-_soft = _rank_examples({"method": "perturbed", "n_samples": 8})
-_register("soft_rank.perturbed", soft_rank, SoftRank, _soft, _fuzz({"method": "perturbed"}, "rank"), "surrogate")
+)(perturbed_fy_loss)
+register_op("soft_rank.perturbed", module=SoftRank, gradient="surrogate", stochastic=True)(soft_rank)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
@@ -235,64 +234,15 @@ class BlackboxRank(FunctionModule):
         self.dim, self.descending, self.normalize = dim, descending, normalize
 
 
-def _rank_example(dtype: torch.dtype, device: torch.device) -> Example:
-    g = torch.Generator().manual_seed(0)
-    return Example(
-        (torch.randn(3, 7, generator=g).to(device=device, dtype=dtype),),
-        {"descending": True, "ties": "average", "normalize": True},
-    )
-
-
-def _bb_example(dtype: torch.dtype, device: torch.device) -> Example:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 7, generator=g).to(device=device, dtype=dtype).requires_grad_()
-    return Example((x,), {"lambda_val": 2.0, "descending": True, "normalize": True})
-
-
-def _degenerate(dtype: torch.dtype, device: torch.device, grad: bool) -> list[Example]:
-    shapes = [(0,), (4, 0), (1,), (2, 1)]
-    out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(grad),)) for s in shapes]
-    out.append(Example((torch.ones(2, 5, dtype=dtype, device=device).requires_grad_(grad),)))
-    return out
-
-
-def _fuzz_x(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, grad: bool) -> Example:
-    """Random ``(*lead, n)`` input, sometimes ranked along dim 0 (``(n, *lead)``)."""
-    lead = fuzz_lead(g)
-    x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-    kw: dict[str, Any] = {"descending": fuzz_choice(g, [False, True]), "normalize": fuzz_choice(g, [False, True])}
-    if lead and fuzz_choice(g, [False, True]):
-        x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-    return Example((x.requires_grad_(grad),), kw)
-
-
-def _rank_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    ex = _fuzz_x(n, dtype, device, g, grad=False)
-    ex.kwargs["ties"] = fuzz_choice(g, _TIES)
-    return ex
-
-
-def _bb_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    ex = _fuzz_x(n, dtype, device, g, grad=True)
-    ex.kwargs["lambda_val"] = fuzz_choice(g, [0.5, 2.0, 10.0])
-    return ex
-
-
 register_op(
     "rank",
     module=Rank,
-    example=_rank_example,
-    degenerate=lambda dt, dev: _degenerate(dt, dev, False),
     gradient="none",
-    fuzz=_rank_fuzz,
     nonfinite="order",
 )(rank)
 register_op(
     "blackbox_rank",
     module=BlackboxRank,
-    example=_bb_example,
-    degenerate=lambda dt, dev: [Example(e.args, {"lambda_val": 1.0}) for e in _degenerate(dt, dev, True)],
     gradient="surrogate",
-    fuzz=_bb_fuzz,
     nonfinite="order",
 )(blackbox_rank)

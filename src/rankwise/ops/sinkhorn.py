@@ -80,7 +80,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_int, fuzz_lead, fuzz_tensor
+from rankwise._registry import RelaxationInfo
 from rankwise._validation import (
     autocast_off,
     check_dim,
@@ -784,46 +784,6 @@ class SinkhornSoftSort(_SinkhornModule):
 register_soft_method("sinkhorn", sort=_soft_sort_last, rank=_soft_rank_last)
 
 
-def _example(**kwargs: Any):  # type: ignore[no-untyped-def]
-    def factory(dtype: torch.dtype, device: torch.device) -> Example:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(3, 6, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
-        return Example((x,), dict(kwargs))
-
-    return factory
-
-
-def _degenerate(**kwargs: Any):  # type: ignore[no-untyped-def]
-    def factory(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        # an empty row cannot be transported onto num_targets >= 1 targets (a ValueError)
-        shapes = [(0, 3), (1,), (2, 1)] + ([] if kwargs.get("num_targets") else [(0,), (4, 0)])
-        out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(),), dict(kwargs)) for s in shapes]
-        ties = torch.full((2, 5), 0.7, dtype=dtype, device=device)
-        out.append(Example((ties.clone().requires_grad_(),), dict(kwargs)))
-        out.append(Example((ties.clone().requires_grad_(),), {**kwargs, "epsilon": 1e-3, "descending": True}))
-        return out
-
-    return factory
-
-
-def _fuzz(**kwargs: Any):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
-        kw = dict(kwargs)
-        if kw.get("num_targets"):
-            if n == 0:
-                return None  # an empty row cannot be transported onto num_targets >= 1 targets
-            kw["num_targets"] = fuzz_int(g, 1, n)
-        kw["epsilon"] = fuzz_choice(g, [1e-2, 0.1, 1.0])
-        kw["descending"] = fuzz_choice(g, [False, True])
-        lead = fuzz_lead(g)
-        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-        if lead and fuzz_choice(g, [False, True]):
-            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-        return Example((x.requires_grad_(),), kw)
-
-    return factory
-
-
 #: ``n`` times the plan to ``n`` descending targets is doubly stochastic; ``P[i, j]``: input ``i``, target ``j``
 _SINKHORN_RELAXATION = RelaxationInfo(
     "sinkhorn",
@@ -835,18 +795,15 @@ _SINKHORN_RELAXATION = RelaxationInfo(
     description="optimal-transport sort: n x the Sinkhorn plan to n targets "
     "(rankwise.sinkhorn_transport, Cuturi et al.)",
 )
-for _name, _fn, _mod, _kw in (
-    ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport, {"epsilon": 0.1}),
-    ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank, {"epsilon": 0.1}),
-    ("soft_sort.sinkhorn", soft_sort_sinkhorn, SinkhornSoftSort, {"epsilon": 0.1, "descending": True}),
-    ("soft_sort.sinkhorn_quantized", soft_sort_sinkhorn, SinkhornSoftSort, {"epsilon": 0.05, "num_targets": 4}),
+for _name, _fn, _mod in (
+    ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport),
+    ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank),
+    ("soft_sort.sinkhorn", soft_sort_sinkhorn, SinkhornSoftSort),
+    ("soft_sort.sinkhorn_quantized", soft_sort_sinkhorn, SinkhornSoftSort),
 ):
     register_op(
         _name,
         module=_mod,
-        example=_example(**_kw),
-        degenerate=_degenerate(**_kw),
         gradient="exact",
-        fuzz=_fuzz(**_kw),
         relaxation=_SINKHORN_RELAXATION if _name == "sinkhorn_transport" else None,
     )(_fn)

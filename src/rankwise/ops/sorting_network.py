@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, overload
 
 import torch
-from torch import nn
 
-from rankwise._registry import Example, RelaxationInfo, fuzz_choice, fuzz_lead, fuzz_tensor
+from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     check_bool,
@@ -660,50 +659,6 @@ register_soft_method("diffsort", sort=_diffsort_soft_sort, rank=_diffsort_soft_r
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
-
-
-def _examples(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        return Example((_randn((3, 6), dtype, device),), dict(kwargs))
-
-    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        shapes = [(0,), (4, 0), (0, 3), (1,), (2, 1)]
-        xs = [torch.zeros(s, dtype=dtype, device=device).requires_grad_() for s in shapes]
-        xs.append(torch.full((2, 5), 0.7, dtype=dtype, device=device).requires_grad_())  # all ties
-        xs.append(torch.full((2, 3), 0.7, dtype=dtype, device=device).requires_grad_())  # ties, bitonic padding
-        return [Example((x,), dict(kwargs)) for x in xs]
-
-    return example, degenerate
-
-
-def _fuzz(kwargs: dict[str, Any]):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-        lead = fuzz_lead(g)
-        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-        kw = dict(kwargs)
-        kw.pop("dim", None)
-        kw["network"] = fuzz_choice(g, NETWORKS)
-        kw["distribution"] = fuzz_choice(g, DISTRIBUTIONS)
-        kw["steepness"] = fuzz_choice(g, [0.5, 10.0, 100.0])
-        kw["art_lambda"] = fuzz_choice(g, [0.0, 0.25, 1.0])
-        kw["descending"] = fuzz_choice(g, [False, True])
-        if "return_matrix" in kw:  # P of a deep odd-even network is O(n^3): only for small n
-            kw["return_matrix"] = fuzz_choice(g, [False, True]) and (n <= 64 or kw["network"] == "bitonic")
-        if lead and fuzz_choice(g, [False, True]):
-            x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-        return Example((x.requires_grad_(),), kw)
-
-    return factory
-
-
-def _register(
-    name: str, fn: Any, module: type[nn.Module], kwargs: dict[str, Any], relaxation: RelaxationInfo | None = None
-) -> None:
-    ex, deg = _examples(kwargs)
-    register_op(name, module=module, example=ex, degenerate=deg, fuzz=_fuzz(kwargs), relaxation=relaxation)(fn)
 
 
 def _relaxation(network: Network) -> RelaxationInfo:
@@ -720,26 +675,10 @@ def _relaxation(network: Network) -> RelaxationInfo:
     )
 
 
-_register("diffsort", diffsort, DiffSort, {"steepness": 2.0, "return_matrix": True}, _relaxation("odd_even"))
-_register(
-    "diffsort.bitonic",
-    diffsort,
-    DiffSort,
-    {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"},
-    _relaxation("bitonic"),
-)
-_register(
-    "diffsort.logistic_phi",
-    diffsort,
-    DiffSort,
-    {"network": "bitonic", "distribution": "logistic_phi", "steepness": 3.0, "descending": True, "dim": 0},
-)
-_register("diffsort.values", diffsort, DiffSort, {"distribution": "reciprocal", "return_matrix": False})
+register_op("diffsort", module=DiffSort, relaxation=_relaxation("odd_even"))(diffsort)
+register_op("diffsort.bitonic", module=DiffSort, relaxation=_relaxation("bitonic"))(diffsort)
+register_op("diffsort.logistic_phi", module=DiffSort)(diffsort)
+register_op("diffsort.values", module=DiffSort)(diffsort)
 for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
-    _register(f"{_fn.__name__}.diffsort", _fn, _mod, {"method": "diffsort", "steepness": 2.0})
-    _register(
-        f"{_fn.__name__}.diffsort_bitonic",
-        _fn,
-        _mod,
-        {"method": "diffsort", "network": "bitonic", "distribution": "gaussian", "descending": True},
-    )
+    register_op(f"{_fn.__name__}.diffsort", module=_mod)(_fn)
+    register_op(f"{_fn.__name__}.diffsort_bitonic", module=_mod)(_fn)

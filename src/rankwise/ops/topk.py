@@ -6,11 +6,10 @@ Both build only the first ``k`` rows of a relaxed permutation matrix (see
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from rankwise._registry import Example, fuzz_choice, fuzz_int, fuzz_labels, fuzz_lead, fuzz_tensor
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
@@ -250,129 +249,9 @@ class DKNNClassScores(FunctionModule):
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------
-def _t(
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    seed: int = 0,
-    fill: float | None = None,
-    grad: bool = True,
-) -> torch.Tensor:
-    if fill is None:
-        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    else:
-        x = torch.full(shape, fill, dtype=torch.float64)
-    return x.to(device=device, dtype=dtype).requires_grad_(grad)
 
 
-def _topk_example(dtype: torch.dtype, device: torch.device) -> Example:
-    return Example((_t((3, 7), dtype, device),), {"k": 3, "tau": 0.7})
-
-
-def _topk_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    return [
-        Example((_t((0, 4), dtype, device, fill=0.0),), {"k": 2}),
-        Example((_t((1,), dtype, device, fill=0.0),), {"k": 1}),
-        Example((_t((2, 1), dtype, device, fill=0.0),), {"k": 1}),
-        Example((_t((2, 5), dtype, device, fill=0.3),), {"k": 2}),  # all ties
-        Example((_t((2, 5), dtype, device, fill=0.3),), {"k": 5}),  # k = n
-    ]
-
-
-def _dknn_kwargs(stochastic: bool) -> dict[str, Any]:
-    return {"method": "stochastic", "n_samples": 3} if stochastic else {}
-
-
-def _dknn_example(stochastic: bool):  # type: ignore[no-untyped-def]
-    def example(dtype: torch.dtype, device: torch.device) -> Example:
-        q, y = _t((4, 3), dtype, device, seed=1), _t((6, 3), dtype, device, seed=2)
-        return Example((q, y), {"k": 2, "tau": 0.7, **_dknn_kwargs(stochastic)})
-
-    return example
-
-
-def _dknn_degenerate(stochastic: bool):  # type: ignore[no-untyped-def]
-    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-        kw = _dknn_kwargs(stochastic)
-        return [
-            Example((_t((0, 3), dtype, device), _t((4, 3), dtype, device, seed=2)), {"k": 2, **kw}),  # no queries
-            Example((_t((2, 3), dtype, device), _t((1, 3), dtype, device, seed=2)), {"k": 1, **kw}),  # N = 1
-            Example((_t((2, 3), dtype, device), _t((5, 3), dtype, device, fill=1.0)), {"k": 2, **kw}),  # ties
-            Example((_t((2, 0), dtype, device), _t((3, 0), dtype, device)), {"k": 1, **kw}),  # D = 0
-        ]
-
-    return degenerate
-
-
-def _class_example(dtype: torch.dtype, device: torch.device) -> Example:
-    m = torch.rand(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    labels = torch.tensor([0, 2, 1, 2, 0], device=device)
-    return Example((m.to(device=device, dtype=dtype).requires_grad_(), labels), {"num_classes": 3})
-
-
-def _class_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    lab = torch.tensor([0, 0, 0], device=device)
-    return [
-        Example((_t((0, 3), dtype, device), lab), {"num_classes": 2}),
-        Example((_t((2, 3), dtype, device), lab), {"num_classes": 1}),
-        Example((_t((2, 0), dtype, device), lab[:0]), {"num_classes": 2}),
-    ]
-
-
-def _topk_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
-    if n == 0:
-        return None  # k must be in [1, n]
-    lead = fuzz_lead(g)
-    x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
-    kw: dict[str, Any] = {
-        "k": fuzz_int(g, 1, n),
-        "tau": fuzz_choice(g, [0.05, 0.7, 5.0]),
-        "method": fuzz_choice(g, ["neuralsort", "softsort"]),
-    }
-    if lead and fuzz_choice(g, [False, True]):
-        x, kw["dim"] = x.movedim(-1, 0).contiguous(), 0
-    return Example((x.requires_grad_(),), kw)
-
-
-def _dknn_fuzz(stochastic: bool):  # type: ignore[no-untyped-def]
-    def factory(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
-        if n == 0:
-            return None  # k must be in [1, N]
-        d = fuzz_int(g, 1, 4)
-        q = fuzz_tensor((fuzz_int(g, 0, 4), d), dtype, device, g)
-        y = fuzz_tensor((n, d), fuzz_choice(g, [dtype, torch.float64]), device, g)
-        kw: dict[str, Any] = {"k": fuzz_int(g, 1, n), "tau": fuzz_choice(g, [0.05, 0.7, 5.0])}
-        if stochastic:
-            kw.update(method="stochastic", n_samples=fuzz_int(g, 1, 3))
-        return Example((q, y), kw)
-
-    return factory
-
-
-def _class_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    c = fuzz_int(g, 1, 4)
-    m = fuzz_tensor((*fuzz_lead(g, max_dims=1), fuzz_int(g, 0, 4), n), dtype, device, g, positive=True)
-    return Example((m, fuzz_labels(n, device, g, classes=c + 1)), {"num_classes": c})
-
-
-register_op("soft_topk", module=SoftTopK, example=_topk_example, degenerate=_topk_degenerate, fuzz=_topk_fuzz)(
-    soft_topk
-)
-register_op(
-    "dknn", module=DKNN, example=_dknn_example(False), degenerate=_dknn_degenerate(False), fuzz=_dknn_fuzz(False)
-)(dknn)
-register_op(
-    "dknn.stochastic",
-    module=DKNN,
-    example=_dknn_example(True),
-    degenerate=_dknn_degenerate(True),
-    stochastic=True,
-    fuzz=_dknn_fuzz(True),
-)(dknn)
-register_op(
-    "dknn_class_scores",
-    module=DKNNClassScores,
-    example=_class_example,
-    degenerate=_class_degenerate,
-    fuzz=_class_fuzz,
-)(dknn_class_scores)
+register_op("soft_topk", module=SoftTopK)(soft_topk)
+register_op("dknn", module=DKNN)(dknn)
+register_op("dknn.stochastic", module=DKNN, stochastic=True)(dknn)
+register_op("dknn_class_scores", module=DKNNClassScores)(dknn_class_scores)

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankwise._registry import Example, fuzz_choice, fuzz_lead, fuzz_tensor
 from rankwise._validation import check_bool, check_choice, check_dim, check_floating_nd, compute_dtype, nan_slices
 from rankwise.ops._registry import register_op
 from rankwise.ops.soft import register_soft_method
@@ -162,34 +161,5 @@ class SodeepRank(nn.Module):
         return sodeep_rank(x, sorter=self.sorter, model=self.model, descending=self.descending, dim=self.dim)
 
 
-def _example(dtype: torch.dtype, device: torch.device) -> Example:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 32, generator=g).to(device=device, dtype=dtype).requires_grad_()
-    return Example((x,), {"descending": True})
-
-
-def _degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
-    def t(*shape: int, fill: float = 0.0) -> torch.Tensor:
-        return torch.full(shape, fill, dtype=dtype, device=device).requires_grad_()
-
-    return [
-        Example((t(0),)),
-        Example((t(3, 0),)),
-        Example((t(1),)),
-        Example((t(2, 1),)),
-        Example((t(2, 32, fill=3.0),)),  # all ties: a constant sequence
-        Example((t(2, 16, fill=1.0),), {"model": "exact"}),
-    ]
-
-
-def _fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
-    """Random input; ``n > 1`` becomes 32 (a bundled sorter length)."""
-    lead = fuzz_lead(g)
-    x = fuzz_tensor((*lead, n if n <= 1 else 32), dtype, device, g)
-    return Example((x,), {"descending": fuzz_choice(g, [False, True])})
-
-
 register_soft_method("sodeep", rank=_soft_rank_impl)
-register_op(
-    "soft_rank.sodeep", module=SodeepRank, example=_example, degenerate=_degenerate, gradient="exact", fuzz=_fuzz
-)(sodeep_rank)
+register_op("soft_rank.sodeep", module=SodeepRank, gradient="exact")(sodeep_rank)

@@ -383,3 +383,20 @@ def test_pirank_gradient_improves_ndcg() -> None:
         pirank_ndcg_loss(x, true, tau=0.3).backward()
         opt.step()
     assert float(ndcg(x.detach(), true).mean()) > before + 0.02
+
+
+@pytest.mark.parametrize("loss", [listnet_loss, listmle_loss])
+def test_listwise_second_derivatives_are_exact(loss: Any) -> None:
+    # the closed-form backwards must not return a constant gradient under create_graph (a silent zero Hessian)
+    y_true = torch.tensor([[2.0, 0.0, 1.0, -1.0], [1.0, 1.0, 0.0, 3.0]], dtype=torch.float64)
+    y_pred = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    kw = {"generator": torch.Generator().manual_seed(0)} if loss is listmle_loss else {}
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if kw:
+            kw["generator"].manual_seed(0)
+        return loss(x, y_true, **kw)
+
+    assert torch.autograd.gradgradcheck(f, (y_pred,))
+    (g,) = torch.autograd.grad(f(y_pred), y_pred, create_graph=True)
+    assert g.grad_fn is not None

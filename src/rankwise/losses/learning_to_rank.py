@@ -172,6 +172,27 @@ def listnet_loss(
     return _ListNet.apply(p, t, valid, e)
 
 
+def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+    """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
+    invalid = ~valid
+    dead = ~valid.any(dim=-1, keepdim=True)
+
+    def soft(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill(dead, 0.0), dim=-1) * valid
+
+    denom = (soft(p) + e).masked_fill(invalid, 1.0)
+    return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
+
+
+def _second_order(composite: Any, grad: torch.Tensor, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+    """The gradient of ``composite(x, *rest)`` times ``grad`` with a graph: the backward of a closed-form
+    Function under double backward (``torch.is_grad_enabled()`` there), so second derivatives are exact."""
+    with torch.enable_grad():
+        x = x if x.requires_grad else x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(composite(x, *rest), x, grad, create_graph=True)
+    return g
+
+
 def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
     return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
@@ -189,13 +210,15 @@ class _ListNet(torch.autograd.Function):
         q = _fill_softmax(t, invalid, dead, valid)
         s = _fill_softmax(p, invalid, dead, valid)
         denom = (s + e).masked_fill_(invalid, 1.0)
-        ctx.save_for_backward(q, s, denom)
+        ctx.save_for_backward(q, s, denom, p, t, valid)
+        ctx.e = e
         return -(q * torch.log(denom)).sum() / p.shape[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, s, denom = ctx.saved_tensors
+        q, s, denom, p, t, valid = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return _second_order(_listnet_composite, grad, p, t, valid, ctx.e), None, None, None
         g = q.neg().div_(denom)
         g.sub_((g * s).sum(dim=-1, keepdim=True)).mul_(s).mul_(grad / s.shape[0])
         return g, None, None, None
@@ -252,6 +275,17 @@ def listmle_loss(
     return _ListMLE.apply(ps, vs, e)
 
 
+def _listmle_composite(ps: torch.Tensor, vs: torch.Tensor, e: float) -> torch.Tensor:
+    """:class:`_ListMLE`'s value in differentiable torch ops (double backward)."""
+    invalid = ~vs
+    top = ps.masked_fill(invalid, float("-inf")).max(dim=-1, keepdim=True).values
+    top = top.masked_fill(~vs.any(dim=-1, keepdim=True), 0.0)
+    z = (ps - top).masked_fill(invalid, 0.0)
+    ex = torch.exp(z).masked_fill(invalid, 0.0)
+    denom = (ex.flip(-1).cumsum(dim=-1).flip(-1) + e).masked_fill(invalid, 1.0)
+    return (torch.log(denom) - z).masked_fill(invalid, 0.0).sum() / ps.shape[0]
+
+
 class _ListMLE(torch.autograd.Function):
     """ListMLE's mean over lists of ``sum_i log(T_i + eps) - z_i`` (``z = p - max p`` over the valid slots of
     the label-sorted list, ``T_i = sum_{j >= i} exp(z_j)``) with the closed-form gradient
@@ -266,13 +300,15 @@ class _ListMLE(torch.autograd.Function):
         z = (ps - top).masked_fill_(invalid, 0.0)
         ex = torch.exp(z).masked_fill_(invalid, 0.0)
         denom = ex.flip(-1).cumsum(dim=-1).flip(-1).add_(e).masked_fill_(invalid, 1.0)
-        ctx.save_for_backward(ex, denom, vs, arg)
+        ctx.save_for_backward(ex, denom, vs, arg, ps)
+        ctx.e = e
         return (torch.log(denom) - z).masked_fill_(invalid, 0.0).sum() / ps.shape[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        ex, denom, vs, arg = ctx.saved_tensors
+        ex, denom, vs, arg, ps = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return _second_order(_listmle_composite, grad, ps, vs, ctx.e), None, None
         gz = denom.reciprocal().masked_fill_(~vs, 0.0).cumsum(dim=-1).mul_(ex).sub_(vs.to(ex.dtype))
         gz.scatter_add_(-1, arg, -gz.sum(dim=-1, keepdim=True))
         return gz.mul_(grad / ex.shape[0]), None, None

@@ -546,10 +546,11 @@ def _sinkhorn_scaling(
 
     allRank stops at the first iteration whose row and column sums are all within ``tol`` of 1 over
     the whole batch. On the CPU the loop stops there too (reading the flag is no device sync); on other
-    devices it runs the full ``max_iter`` without a host sync, the iterations after the stop leaving the
-    matrices unchanged. Either way values and gradients are allRank's.
+    devices and under ``torch.compile`` (a traced graph has no data-dependent branch) it runs the full
+    ``max_iter`` without a host read, the iterations after the stop leaving the matrices unchanged.
+    Either way values and gradients are allRank's.
     """
-    early = mat.device.type == "cpu"
+    early = mat.device.type == "cpu" and not torch.compiler.is_compiling()
     done = torch.zeros((), dtype=torch.bool, device=mat.device)
     col_in, row_in = cols[..., None, :], rows[..., :, None]
     for _ in range(max_iter):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rankwise._autograd import graph_vjp
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -184,15 +185,6 @@ def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e:
     return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
 
 
-def _second_order(composite: Any, grad: torch.Tensor, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-    """The gradient of ``composite(x, *rest)`` times ``grad`` with a graph: the backward of a closed-form
-    Function under double backward (``torch.is_grad_enabled()`` there), so second derivatives are exact."""
-    with torch.enable_grad():
-        x = x if x.requires_grad else x.detach().requires_grad_()
-        (g,) = torch.autograd.grad(composite(x, *rest), x, grad, create_graph=True)
-    return g
-
-
 def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
     return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
@@ -218,7 +210,7 @@ class _ListNet(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, s, denom, p, t, valid = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
-            return _second_order(_listnet_composite, grad, p, t, valid, ctx.e), None, None, None
+            return graph_vjp(_listnet_composite, grad, p, t, valid, ctx.e), None, None, None
         g = q.neg().div_(denom)
         g.sub_((g * s).sum(dim=-1, keepdim=True)).mul_(s).mul_(grad / s.shape[0])
         return g, None, None, None
@@ -308,7 +300,7 @@ class _ListMLE(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ex, denom, vs, arg, ps = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
-            return _second_order(_listmle_composite, grad, ps, vs, ctx.e), None, None
+            return graph_vjp(_listmle_composite, grad, ps, vs, ctx.e), None, None
         gz = denom.reciprocal().masked_fill_(~vs, 0.0).cumsum(dim=-1).mul_(ex).sub_(vs.to(ex.dtype))
         gz.scatter_add_(-1, arg, -gz.sum(dim=-1, keepdim=True))
         return gz.mul_(grad / ex.shape[0]), None, None

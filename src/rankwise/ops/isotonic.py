@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from rankwise._autograd import graph_vjp
 from rankwise._kernels import isotonic as kernels
 from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
@@ -552,9 +553,8 @@ class _SoftRankCPU(torch.autograd.Function):
         xc, z, perm, ids, out = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
-            with torch.enable_grad():
-                y = _soft_rank_composite(xc, eps, descending, "kl" if kl else "l2")
-                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None, None
+            g = graph_vjp(_soft_rank_composite, grad, xc, eps, descending, "kl" if kl else "l2")
+            return g, None, None, None, None
         scale = (-1.0 if descending else 1.0) / eps
         return kernels.rank_backward(grad, z, perm, ids, out, kl, scale), None, None, None, None
 
@@ -575,9 +575,7 @@ class _SoftSortCPU(torch.autograd.Function):
         xc, perm, ids = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
-            with torch.enable_grad():
-                y = _soft_sort_composite(xc, eps, descending, "kl" if kl else "l2")
-                return torch.autograd.grad(y, xc, grad, create_graph=True)[0], None, None, None
+            return graph_vjp(_soft_sort_composite, grad, xc, eps, descending, "kl" if kl else "l2"), None, None, None
         return kernels.sort_backward(grad, xc, perm, ids, descending, kl), None, None, None
 
 

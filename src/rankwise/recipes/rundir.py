@@ -613,10 +613,9 @@ class Run:
 
         t = self.cfg.trainer
         ckpt_dir = self.ckpt_dir(stage)
-        stage_callbacks = callbacks
-        callbacks = []
+        cbs: list[Any] = []
         if best:
-            callbacks.append(
+            cbs.append(
                 ModelCheckpoint(
                     dirpath=ckpt_dir,
                     filename="best",
@@ -628,7 +627,7 @@ class Run:
                     enable_version_counter=False,
                 )
             )
-        callbacks.append(
+        cbs.append(
             _last_checkpoint_class()(
                 dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False
             )
@@ -637,11 +636,11 @@ class Run:
         if progress:
             from rankwise.recipes._progress import EpochProgressBar
 
-            callbacks.append(EpochProgressBar(leave=False))
+            cbs.append(EpochProgressBar(leave=False))
         elif self.log_epoch is not None:
-            callbacks.append(_epoch_printer(self.log_epoch))
-        callbacks.extend(self.callbacks)
-        callbacks.extend(stage_callbacks)
+            cbs.append(_epoch_printer(self.log_epoch))
+        cbs.extend(self.callbacks)
+        cbs.extend(callbacks)
         logger: Any = False
         if loggers:
             from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -662,7 +661,7 @@ class Run:
             "gradient_clip_val": t.gradient_clip_val,
             "log_every_n_steps": t.log_every_n_steps,
             "logger": logger,
-            "callbacks": callbacks,
+            "callbacks": cbs,
             "enable_progress_bar": progress,
             "enable_model_summary": False,
             "num_sanity_val_steps": 0,

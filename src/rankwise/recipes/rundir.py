@@ -258,8 +258,9 @@ def load_weights(module: torch.nn.Module, path: str | Path, *, strict: bool = Tr
     module.load_state_dict(state)
 
 
-def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> None:
+def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> int | None:
     """A ``last.ckpt`` that ``--resume`` can continue: a Lightning checkpoint of this run's model.
+    Returns the epochs it has trained (its ``epoch`` + 1; ``None`` when that is not an int).
 
     Refused with :class:`CheckpointError` naming the file: not a regular file (a symlink to a
     device, a directory), not a Lightning checkpoint (no ``state_dict``, ``optimizer_states``,
@@ -287,6 +288,8 @@ def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> None:
     if not isinstance(opt, list) or not all(isinstance(o, dict) and "param_groups" in o for o in opt):
         raise CheckpointError(f"cannot --resume: checkpoint {path} has no valid optimizer state")
     check_state_matches(module, _check_state(ckpt["state_dict"], path), path)
+    epoch = ckpt["epoch"]
+    return epoch + 1 if isinstance(epoch, int) else None
 
 
 def _atomic_checkpoint_io() -> Any:
@@ -679,22 +682,23 @@ class Run:
         trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
 
-    def trained_epochs(self, stage: str = "") -> int | None:
-        """Epochs the stage's ``last.ckpt`` has trained (None without a readable Lightning checkpoint)."""
-        last = self.ckpt_dir(stage) / "last.ckpt"
-        if not last.is_file():
-            return None
-        ckpt = load_checkpoint(last)
-        epoch = ckpt.get("epoch") if isinstance(ckpt, dict) else None
-        return int(epoch) + 1 if isinstance(epoch, int) else None
-
-    def check_last(self, module: Any, stage: str = "") -> None:
+    def check_last(self, module: Any, stage: str = "") -> int | None:
         """The stage's ``last.ckpt`` is a checkpoint ``--resume`` could continue, as for a stage that
-        continues (else :class:`CheckpointError` naming it)."""
-        self._resume_from(module, stage)
+        continues (else :class:`CheckpointError` naming it); returns the epochs it has trained (``None``
+        for a stage not started yet)."""
+        last = self._last_checkpoint(stage)
+        return None if last is None else check_resume_checkpoint(last, module)
 
     def _resume_from(self, module: Any, stage: str) -> str | None:
-        """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet.
+        """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet."""
+        last = self._last_checkpoint(stage)
+        if last is None:
+            return None
+        check_resume_checkpoint(last, module)
+        return str(last)
+
+    def _last_checkpoint(self, stage: str) -> Path | None:
+        """The stage's ``last.ckpt``, ``None`` for a stage not started yet.
 
         A stage directory holding other checkpoints (``best.ckpt``) but no usable ``last.ckpt``
         is refused: retraining it from epoch 1 would silently discard the finished epochs.
@@ -709,8 +713,7 @@ class Run:
                     "resumes only from last.ckpt: restore it, or start again with --overwrite"
                 )
             return None
-        check_resume_checkpoint(last, module)
-        return str(last)
+        return last
 
     def local_trainer(
         self,

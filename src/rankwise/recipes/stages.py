@@ -184,8 +184,10 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
         return _run_local(run, stage)
     done = run.ckpt_dir(stage.name) / DONE
     secs = read_done(done)
-    if secs is not None and run.resume and (run.trained_epochs(stage.name) or stage.epochs) < stage.epochs:
-        secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
+    if secs is not None and run.resume:  # a finished stage is not retrained, but resumes only from sound checkpoints
+        trained = run.check_last(stage.module, stage.name)
+        if (trained or stage.epochs) < stage.epochs:
+            secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
     result = StageResult(stage, skipped=secs is not None)
     if secs is None:
         timer = _epoch_timer()
@@ -206,8 +208,6 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
             plot_stage_curves(run, stage_log(run, stage.name), stage.name, stage.curves)
     else:
         result.epoch_seconds = secs
-        if run.resume:  # a finished stage is not retrained, but a run resumes only from sound checkpoints
-            run.check_last(stage.module, stage.name)
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)
     return result

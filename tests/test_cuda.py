@@ -122,3 +122,58 @@ def test_cuda_autocast(kind: str, entry: RegistryEntry, half: torch.dtype) -> No
         assert torch.isfinite(t[finite]).all(), f"{entry.name}: non-finite output under autocast({half})"
     for g in grads:
         assert g is None or torch.isfinite(g).all(), f"{entry.name}: non-finite gradient under autocast({half})"
+
+
+def test_listmle_draws_on_the_generator_device() -> None:
+    """ListMLE's tie-breaking permutation: a CUDA generator draws on the device (the same seed, the
+    same loss), the default draws on the CPU as allRank does and is copied without a host sync; a
+    generator on another device than the scores is refused, naming the argument."""
+    from rankwise.losses import listmle_loss
+
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 6, generator=gen).cuda().requires_grad_()
+    t = torch.randint(0, 2, (4, 6), generator=gen).float().cuda()
+    first = listmle_loss(p, t, generator=torch.Generator("cuda").manual_seed(3))
+    again = listmle_loss(p, t, generator=torch.Generator("cuda").manual_seed(3))
+    assert torch.equal(first, again) and first.device.type == "cuda"
+    torch.manual_seed(5)
+    on_cpu = listmle_loss(p.detach().cpu(), t.cpu())
+    torch.manual_seed(5)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = listmle_loss(p, t)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu)
+    with pytest.raises(ValueError, match="`generator`"):
+        listmle_loss(p.detach().cpu(), t.cpu(), generator=torch.Generator("cuda"))
+
+
+def test_isotonic_long_rows_pieces_equal_one_pav() -> None:
+    """A long CUDA row cut into pieces (PAV per piece, then over their blocks) gives the blocks,
+    values and gradients of one sequential PAV, on pooling and on non-pooling rows, l2 and kl."""
+    from rankwise._kernels import triton_isotonic as tk
+
+    n = 50_000
+    gen = torch.Generator().manual_seed(11)
+    for kl in (False, True):
+        w = torch.arange(n, 0, -1, dtype=torch.float64).unsqueeze(0)
+        w = (w.log() if kl else w).cuda()
+        for s in (
+            torch.randn(2, n, generator=gen, dtype=torch.float64).sort(-1, descending=True).values * 30,
+            (torch.arange(n, 0, -1, dtype=torch.float64) * 10.0).expand(2, n),
+        ):
+            s = s.cuda().contiguous()
+            g = torch.randn(2, n, generator=gen, dtype=torch.float64).cuda()
+            mu, state = tk.projection_forward(s, w, kl)
+            mu1, state1 = tk.projection_forward(s, w, kl, chunk=n)
+            assert tk._chunk_length(2, n, s.device) < n
+            assert torch.equal(state[0], state1[0])
+            torch.testing.assert_close(mu, mu1, rtol=1e-12, atol=1e-9)
+            for a, b in zip(
+                tk.projection_backward(g, s, w, state, kl, True, True),
+                tk.projection_backward(g, s, w, state1, kl, True, True),
+                strict=True,
+            ):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)

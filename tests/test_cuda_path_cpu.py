@@ -4,7 +4,8 @@
   (``torch._subclasses.FakeTensorMode``: shapes, dtypes and devices without data), so that every
   ``device.type == "cuda"`` branch is taken. An operation that reads device data on the host
   (``.item()``, ``bool(t)``, ``nonzero``, boolean-mask indexing) raises there, and a host-to-device
-  copy (``torch.tensor(0.0, device=...)``: a blocking copy from pageable memory) is recorded.
+  copy (``torch.tensor(0.0, device=...)``: a blocking copy from pageable memory) is recorded; a
+  ``non_blocking=True`` copy returns without waiting for the device and is not.
   These are the synchronizations that ``torch.cuda.set_sync_debug_mode("error")`` reports on a
   device (tests/test_cuda.py runs that check on a GPU).
 * autocast: under CPU autocast (fp16/bf16 matmuls) the outputs keep their float32 dtype and the
@@ -38,6 +39,7 @@ SYNC_FREE = [
     "loss:balanced_mse.bni",
     "loss:balanced_mse.gai",
     "loss:balanced_mse.gai_2d",
+    "loss:listmle",
     "op:sinkhorn_transport",
     "op:soft_rank.sinkhorn",
     "op:soft_sort.sinkhorn",
@@ -63,7 +65,9 @@ class _HostCopies(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten._to_copy.default:
             src, dst = args[0].device, kwargs.get("device")
-            if src.type == "cpu" and dst is not None and torch.device(dst).type != "cpu":
+            # a non-blocking copy from host memory returns without waiting for the device
+            blocking = not kwargs.get("non_blocking", False)
+            if blocking and src.type == "cpu" and dst is not None and torch.device(dst).type != "cpu":
                 self.seen.append(f"host-to-device copy of a {tuple(args[0].shape)} tensor")
         elif func is torch.ops.aten.copy_.default and args[1].device.type == "cpu" and args[0].device.type != "cpu":
             self.seen.append(f"host-to-device copy_ of a {tuple(args[1].shape)} tensor")

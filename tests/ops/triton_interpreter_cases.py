@@ -91,6 +91,43 @@ def test_projection_matches_numba(interpreted, reg, dtype, ties, shared_w) -> No
         close(gw_only, gw_ref)
 
 
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("chunk", [1, 4, 5, 16])
+def test_chunked_projection_matches_numba(interpreted, reg, chunk) -> None:  # type: ignore[no-untyped-def]
+    """Rows cut into pieces of ``chunk`` positions (PAV per piece, then over the pieces' blocks, then
+    the binary-search pass): the same blocks, values and gradients as numba's one sequential PAV;
+    ties, distinct values, shared and per-row ``w``."""
+    gen = torch.Generator().manual_seed(chunk)
+    for dtype, ties, shared_w, (rows, n) in [
+        (torch.float64, False, False, (3, 9)),
+        (torch.float32, True, True, (2, 37)),
+        (torch.float64, True, False, (1, 130)),
+        (torch.float32, False, True, (2, 64)),
+    ]:
+        s = _sorted_rows(rows, n, dtype, gen, ties) * (1.0 if reg == "kl" else 3.0)
+        w = _sorted_rows(1 if shared_w else rows, n, dtype, gen, ties)
+        g = torch.randn(rows, n, generator=gen, dtype=torch.float64).to(dtype)
+        mu_ref, ids_ref, gs_ref, gw_ref = _numba_projection(s, w, reg == "kl", g)
+        mu, state = interpreted.projection_forward(s, w, reg == "kl", chunk=chunk)
+        assert torch.equal(state[0].long(), ids_ref)
+        close = functools.partial(torch.testing.assert_close, **_tol(dtype, 1e-12))
+        close(mu, mu_ref)
+        gs, gw = interpreted.projection_backward(g, s, w, state, reg == "kl", True, True)
+        close(gs, gs_ref)
+        close(gw, gw_ref)
+
+
+def test_long_rows_take_the_chunked_path(interpreted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Few long CUDA rows are cut into pieces that fill the device; many rows or short rows are not."""
+    cuda = torch.device("cuda")
+    assert interpreted._chunk_length(1, 1000, cuda) == max(interpreted._MIN_CHUNK, -(-1000 // 512))
+    assert interpreted._chunk_length(1, 10**6, cuda) == -(-(10**6) // 512)
+    assert interpreted._chunk_length(4, 10**5, cuda) == -(-(10**5) // 128)
+    assert interpreted._chunk_length(512, 10**5, cuda) == 10**5
+    assert interpreted._chunk_length(1, 100, cuda) == 100
+    assert interpreted._chunk_length(1, 10**6, torch.device("cpu")) == 10**6
+
+
 def _value_and_grad(fn, x: torch.Tensor, g_seed: int = 1):  # type: ignore[no-untyped-def]
     x = x.detach().clone().requires_grad_()
     y = fn(x)

@@ -13,9 +13,13 @@ while the left value is ``<=`` the right one plus ``TIE_ULPS`` float64 ulps of t
 (the blocks' largest ``|s|`` and ``|w|``, plus the block log-sum-exps and 1 for ``kl``).
 Accumulation is in float64.
 
-One program per row (rows in parallel): a sequential PAV with its block stack in global scratch
-memory (O(n) work and memory per row; the sort before it is ``torch.sort``), then vectorized passes
-that write the block index of every position (a prefix sum of the block-start flags) and ``mu``.
+Many rows: one program per row, a sequential PAV with its block stack in global scratch memory
+(O(n) work and memory per row; the sort before it is ``torch.sort``), then vectorized passes that
+write the block index of every position (a prefix sum of the block-start flags) and ``mu``. Few long
+rows: each row is cut into pieces solved by their own programs in parallel, then one program per row
+runs PAV over the pieces' blocks in order (PAV pools every block a piece pooled, so this gives the
+row's blocks; where the rows pool much, as soft ranks at moderate strengths do, it visits few
+blocks), and a parallel pass finds every position's block by binary search and writes ``mu``.
 The backward pass is vectorized too: a float64 prefix sum of the incoming gradient gives every
 block's gradient sum, the forward's block statistics give its mean (l2) or softmax (kl).
 
@@ -62,6 +66,101 @@ def _violates(pa, pb, pms, pmw, a, b, ms, mw, TOL: tl.constexpr, KL: tl.constexp
 
 
 @triton.jit
+def _push(
+    a,
+    b,
+    ms,
+    mw,
+    start,
+    nb,
+    ta,
+    tb,
+    tms,
+    tmw,
+    tstart,
+    acc_a,
+    acc_b,
+    max_s,
+    max_w,
+    starts,
+    TOL: tl.constexpr,
+    KL: tl.constexpr,
+):
+    """Push one element or block (statistics ``a``, ``b``, largest ``|s|``/``|w|`` ``ms``/``mw``, first
+    position ``start``) onto a PAV block stack of ``nb`` blocks whose top block is also held in
+    registers (``t*``), pooling while the top block violates the order; returns the new stack state."""
+    go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
+    while go:  # pool the top block into the current one
+        if KL:
+            a = _logaddexp(a, ta)
+            b = _logaddexp(b, tb)
+        else:
+            a += ta
+            b += tb
+        ms = tl.maximum(ms, tms)
+        mw = tl.maximum(mw, tmw)
+        start = tstart
+        nb -= 1
+        tl.debug_barrier()  # the stack slots were stored by other lanes
+        j = tl.maximum(nb - 1, 0)
+        ta = tl.load(acc_a + j)
+        tb = tl.load(acc_b + j)
+        tms = tl.load(max_s + j)
+        tmw = tl.load(max_w + j)
+        tstart = tl.load(starts + j)
+        go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
+    tl.store(acc_a + nb, a)
+    tl.store(acc_b + nb, b)
+    tl.store(max_s + nb, ms)
+    tl.store(max_w + nb, mw)
+    tl.store(starts + nb, start)
+    return nb + 1, a, b, ms, mw, start
+
+
+@triton.jit
+def _pav_range(s_row, w_row, lo, hi, acc_a, acc_b, max_s, max_w, starts, TOL: tl.constexpr, KL: tl.constexpr):
+    """Sequential PAV over the positions ``lo .. hi - 1`` of one row; the block stack is written
+    from slot 0 of the given arrays (block starts are positions in the row); returns its size."""
+    nb = tl.zeros((), tl.int32)  # blocks on the stack; the top one is also held in registers (t*)
+    ta = tl.zeros((), tl.float64)
+    tb = tl.full((), 1.0, tl.float64)
+    tms = tl.zeros((), tl.float64)
+    tmw = tl.zeros((), tl.float64)
+    tstart = tl.zeros((), tl.int32)
+    for i in range(lo, hi):
+        si = tl.load(s_row + i).to(tl.float64)
+        wi = tl.load(w_row + i).to(tl.float64)
+        if KL:
+            a = si
+            b = wi
+        else:
+            a = si - wi
+            b = tl.full((), 1.0, tl.float64)
+        start = tl.zeros((), tl.int32) + i
+        nb, ta, tb, tms, tmw, tstart = _push(
+            a,
+            b,
+            tl.abs(si),
+            tl.abs(wi),
+            start,
+            nb,
+            ta,
+            tb,
+            tms,
+            tmw,
+            tstart,
+            acc_a,
+            acc_b,
+            max_s,
+            max_w,
+            starts,
+            TOL,
+            KL,
+        )
+    return nb
+
+
+@triton.jit
 def _pav_forward_kernel(
     s_ptr,
     w_ptr,
@@ -92,51 +191,7 @@ def _pav_forward_kernel(
     max_s = max_s_ptr + row * n
     max_w = max_w_ptr + row * n
 
-    nb = tl.zeros((), tl.int32)  # blocks on the stack; the top one is also held in registers (t*)
-    ta = tl.zeros((), tl.float64)
-    tb = tl.full((), 1.0, tl.float64)
-    tms = tl.zeros((), tl.float64)
-    tmw = tl.zeros((), tl.float64)
-    tstart = tl.zeros((), tl.int32)
-    for i in range(0, n):
-        si = tl.load(s_row + i).to(tl.float64)
-        wi = tl.load(w_row + i).to(tl.float64)
-        if KL:
-            a = si
-            b = wi
-        else:
-            a = si - wi
-            b = tl.full((), 1.0, tl.float64)
-        ms = tl.abs(si)
-        mw = tl.abs(wi)
-        start = tl.zeros((), tl.int32) + i
-        go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
-        while go:  # pool the top block into the current one
-            if KL:
-                a = _logaddexp(a, ta)
-                b = _logaddexp(b, tb)
-            else:
-                a += ta
-                b += tb
-            ms = tl.maximum(ms, tms)
-            mw = tl.maximum(mw, tmw)
-            start = tstart
-            nb -= 1
-            tl.debug_barrier()  # the stack slots were stored by other lanes
-            j = tl.maximum(nb - 1, 0)
-            ta = tl.load(acc_a + j)
-            tb = tl.load(acc_b + j)
-            tms = tl.load(max_s + j)
-            tmw = tl.load(max_w + j)
-            tstart = tl.load(starts + j)
-            go = (nb > 0) & _violates(ta, tb, tms, tmw, a, b, ms, mw, TOL, KL)
-        tl.store(acc_a + nb, a)
-        tl.store(acc_b + nb, b)
-        tl.store(max_s + nb, ms)
-        tl.store(max_w + nb, mw)
-        tl.store(starts + nb, start)
-        ta, tb, tms, tmw, tstart = a, b, ms, mw, start
-        nb += 1
+    nb = _pav_range(s_row, w_row, 0, n, acc_a, acc_b, max_s, max_w, starts, TOL, KL)
     tl.store(starts + nb, n)
 
     # block ids: 1 at every block start but the first, then a running sum
@@ -165,6 +220,131 @@ def _pav_forward_kernel(
             val = va / vb
         sv = tl.load(s_row + c0 + offs, mask=m, other=0.0).to(tl.float64)
         tl.store(mu_row + c0 + offs, (sv - val).to(mu_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _pav_chunk_kernel(
+    s_ptr,
+    w_ptr,
+    w_row_stride,
+    starts_ptr,
+    acc_a_ptr,
+    acc_b_ptr,
+    max_s_ptr,
+    max_w_ptr,
+    counts_ptr,
+    n,
+    chunk,
+    TOL: tl.constexpr,
+    KL: tl.constexpr,
+):
+    """Program ``(row, c)``: PAV over the positions ``c * chunk ..`` of the row; its block stack goes to
+    the slots from ``c * chunk`` on, its size to ``counts[row, c]``."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, n)
+    base = row * n + lo
+    nb = _pav_range(
+        s_ptr + row * n,
+        w_ptr + row * w_row_stride,
+        lo,
+        hi,
+        acc_a_ptr + base,
+        acc_b_ptr + base,
+        max_s_ptr + base,
+        max_w_ptr + base,
+        starts_ptr + row * (n + 1) + lo,
+        TOL,
+        KL,
+    )
+    tl.store(counts_ptr + row * tl.num_programs(1) + c, nb)
+
+
+@triton.jit
+def _pav_merge_kernel(
+    starts_ptr,
+    acc_a_ptr,
+    acc_b_ptr,
+    max_s_ptr,
+    max_w_ptr,
+    counts_ptr,
+    nbs_ptr,
+    n,
+    chunk,
+    chunks,
+    TOL: tl.constexpr,
+    KL: tl.constexpr,
+):
+    """One row: PAV over the blocks of its chunks, in order (the isotonic solution pools every block a
+    chunk pooled, so PAV over the chunks' blocks gives the row's blocks); the row's stack is compacted
+    into the slots from 0 on (it never passes the block being read), its size goes to ``nbs[row]``."""
+    row = tl.program_id(0).to(tl.int64)
+    starts = starts_ptr + row * (n + 1)
+    acc_a = acc_a_ptr + row * n
+    acc_b = acc_b_ptr + row * n
+    max_s = max_s_ptr + row * n
+    max_w = max_w_ptr + row * n
+    nb = tl.zeros((), tl.int32)
+    ta = tl.zeros((), tl.float64)
+    tb = tl.full((), 1.0, tl.float64)
+    tms = tl.zeros((), tl.float64)
+    tmw = tl.zeros((), tl.float64)
+    tstart = tl.zeros((), tl.int32)
+    for c in range(0, chunks):
+        count = tl.load(counts_ptr + row * chunks + c)
+        for k in range(0, count):
+            j = c * chunk + k
+            a = tl.load(acc_a + j)
+            b = tl.load(acc_b + j)
+            ms = tl.load(max_s + j)
+            mw = tl.load(max_w + j)
+            start = tl.load(starts + j)
+            tl.debug_barrier()  # every lane has read slot j before the push may overwrite it
+            nb, ta, tb, tms, tmw, tstart = _push(
+                a, b, ms, mw, start, nb, ta, tb, tms, tmw, tstart, acc_a, acc_b, max_s, max_w, starts, TOL, KL
+            )
+    tl.store(starts + nb, n)
+    tl.store(nbs_ptr + row, nb)
+
+
+@triton.jit
+def _ids_mu_kernel(
+    s_ptr,
+    mu_ptr,
+    ids_ptr,
+    starts_ptr,
+    acc_a_ptr,
+    acc_b_ptr,
+    nbs_ptr,
+    n,
+    steps,
+    KL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program ``(row, c)``: block ids (a binary search of each position among the block starts, in
+    ``steps`` halvings) and ``mu`` of the positions ``c * BLOCK ..`` of the row."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    starts = starts_ptr + row * (n + 1)
+    lo = tl.zeros((BLOCK,), tl.int32)
+    hi = lo + tl.load(nbs_ptr + row) - 1
+    for _ in range(0, steps):  # the largest block b with starts[b] <= position
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(starts + mid, mask=m, other=0) <= offs
+        active = lo < hi
+        lo = tl.where(active & ok, mid, lo)
+        hi = tl.where(active & ~ok, mid - 1, hi)
+    tl.store(ids_ptr + row * n + offs, lo, mask=m)
+    va = tl.load(acc_a_ptr + row * n + lo, mask=m, other=0.0)
+    vb = tl.load(acc_b_ptr + row * n + lo, mask=m, other=1.0)
+    if KL:
+        val = va - vb
+    else:
+        val = va / vb
+    sv = tl.load(s_ptr + row * n + offs, mask=m, other=0.0).to(tl.float64)
+    tl.store(mu_ptr + row * n + offs, (sv - val).to(mu_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -235,16 +415,43 @@ def _pav_backward_kernel(
                 tl.store(gw_ptr + row * n + c0 + offs, mean.to(gw_ptr.dtype.element_ty), mask=m)
 
 
+#: shortest piece of a row solved by its own program before the merge
+_MIN_CHUNK = 64
+
+#: positions per program of the block-id / ``mu`` pass after a merge
+_IDS_BLOCK = 1024
+
+#: programs that fill a large GPU (four per multiprocessor of an H100: 132 x 4)
+_TARGET_PROGRAMS = 512
+
+#: halvings of the binary search of a position among a row's block starts (positions are int32)
+_SEARCH_STEPS = 31
+
+
+def _chunk_length(rows: int, n: int, device: torch.device) -> int:
+    """Length of the row pieces of :func:`projection_forward`: ``n`` (one program per row) when the
+    rows alone fill the device or are short, else the length that splits each row into enough
+    pieces to fill it (at least ``_MIN_CHUNK``). The pieces' sequential PAVs run in parallel; the
+    merge then only visits the blocks they leave (few where the rows pool, ``n`` where nothing
+    pools: about the cost of one sequential PAV)."""
+    if device.type != "cuda" or n < 2 * _MIN_CHUNK or rows >= _TARGET_PROGRAMS:
+        return n
+    return max(_MIN_CHUNK, triton.cdiv(n, _TARGET_PROGRAMS // rows))
+
+
 def _block(n: int) -> int:
     return max(16, min(_MAX_BLOCK, triton.next_power_of_2(max(n, 1))))
 
 
 def projection_forward(
-    s: torch.Tensor, w: torch.Tensor, kl: bool
+    s: torch.Tensor, w: torch.Tensor, kl: bool, *, chunk: int | None = None
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``mu = s - v(s, w)`` for the rows of ``s`` (``(R, n)``, sorted decreasingly; float32/float64)
     and ``w`` (``(R, n)`` or ``(1, n)``), and the state the backward pass needs: block ids (int32,
-    ``(R, n)``), block starts (int32, ``(R, n + 1)``) and the blocks' two float64 statistics."""
+    ``(R, n)``), block starts (int32, ``(R, n + 1)``) and the blocks' two float64 statistics.
+
+    ``chunk``: the length of the pieces of a row solved in parallel before their blocks are merged
+    (default: :func:`_chunk_length`; ``n`` or more: one sequential PAV per row)."""
     rows, n = s.shape
     s = s.detach().contiguous()
     w = w.detach().to(s.dtype).contiguous()
@@ -255,7 +462,10 @@ def projection_forward(
     acc_a = torch.empty((rows, n), dtype=torch.float64, device=dev)
     acc_b = torch.empty((rows, n), dtype=torch.float64, device=dev)
     scratch = torch.empty((2, rows, n), dtype=torch.float64, device=dev)  # the blocks' largest |s|, |w|
-    if rows and n:
+    length = n if chunk is None else max(1, min(int(chunk), n))
+    if chunk is None and rows and n:
+        length = _chunk_length(rows, n, dev)
+    if rows and n and length >= n:
         _pav_forward_kernel[(rows,)](
             s,
             w,
@@ -272,6 +482,18 @@ def projection_forward(
             KL=kl,
             BLOCK=_block(n),
             num_warps=1,
+        )
+    elif rows and n:  # long rows, few of them: chunks in parallel, then one merge per row
+        chunks = triton.cdiv(n, length)
+        counts = torch.empty((rows, chunks), dtype=torch.int32, device=dev)
+        nbs = torch.empty((rows,), dtype=torch.int32, device=dev)
+        w_stride = 0 if w.shape[0] == 1 else n
+        tables = (starts, acc_a, acc_b, scratch[0], scratch[1])
+        _pav_chunk_kernel[(rows, chunks)](s, w, w_stride, *tables, counts, n, length, TOL=_TOL, KL=kl, num_warps=1)
+        _pav_merge_kernel[(rows,)](*tables, counts, nbs, n, length, chunks, TOL=_TOL, KL=kl, num_warps=1)
+        grid = (rows, triton.cdiv(n, _IDS_BLOCK))
+        _ids_mu_kernel[grid](
+            s, mu, ids, starts, acc_a, acc_b, nbs, n, _SEARCH_STEPS, KL=kl, BLOCK=_IDS_BLOCK, num_warps=4
         )
     return mu, (ids, starts, acc_a, acc_b)
 

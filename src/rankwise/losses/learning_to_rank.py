@@ -219,8 +219,13 @@ class _ListNet(torch.autograd.Function):
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
-    # drawn on the CPU like allRank's ``torch.randperm(n)``, so the same seed gives the same tie order
-    return torch.randperm(n, generator=generator).to(p.device)
+    if generator is not None and generator.device.type != "cpu":  # a device generator draws there
+        if generator.device.type != p.device.type:
+            raise ValueError(f"`generator` is on {generator.device}, expected the device of y_pred ({p.device})")
+        return torch.randperm(n, generator=generator, device=p.device)
+    # drawn on the CPU like allRank's ``torch.randperm(n)``, so the same seed gives the same tie order;
+    # copied without waiting for the device (a blocking copy would synchronize the host with it)
+    return torch.randperm(n, generator=generator).to(p.device, non_blocking=True)
 
 
 @batch_loss("y_pred", "y_true")
@@ -242,7 +247,8 @@ def listmle_loss(
 
     Ties among labels are broken at random, as in allRank: the list is shuffled with
     ``torch.randperm(n, generator=generator)`` (the global CPU generator by default, so a seed
-    reproduces allRank's draw) before a descending sort by label.
+    reproduces allRank's draw; a CUDA ``generator`` draws on the device) before a descending sort by
+    label.
 
     Shape:
         - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.

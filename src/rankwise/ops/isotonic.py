@@ -339,7 +339,9 @@ def _sort_gap_limit(w: torch.Tensor, n: int, kl: bool) -> torch.Tensor:
     return 2.0 * (spread + 2.0 * math.log(max(n, 1)) + 1.0)
 
 
-def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.Tensor:
+def _condition_rank_inputs(
+    y: torch.Tensor, eps: float, limit: float, plain: torch.Tensor | None = None
+) -> torch.Tensor:
     r"""``s = y / eps`` for decreasingly sorted rows ``y``, as PAV should see them at any magnitude.
 
     The projection depends on ``s`` only through the differences inside runs of gaps at most ``limit``
@@ -350,10 +352,11 @@ def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.T
     between them: ``(y_i - y_{start}) / eps`` (exact differences of nearby floats, never ``x / eps``
     itself, which can overflow) plus the run's offset. The offsets are constants of the run, which
     the projection's Jacobian annihilates, so the derivative is the plain ``1 / eps``. Same values as
-    the unconditioned formula in exact arithmetic; no host sync.
+    the unconditioned formula in exact arithmetic; no host sync. ``plain``: the values of the rows
+    that need no conditioning (default ``y / eps``).
     """
     rows, n = y.shape
-    s = y / eps
+    s = y / eps if plain is None else plain
     if n < 2:
         return s
     yd = y.detach()
@@ -439,6 +442,11 @@ def _isotonic_last(
         xc = xc.reshape(-1, n)
     kl = regularization == "kl"
     cpu = _cpu_kernels(xc)
+    if not cpu and n >= 2 and _triton_for(xc) is not None:  # CUDA: sort + Triton PAV, float64 inside
+        fused = _SoftRankTriton if cpu_op is _SoftRankCPU else _SoftSortTriton
+        out = _nan_rows(fused.apply(xc, eps, descending, kl), xc, False)
+        out = out.reshape(x.shape) if out.shape != x.shape else out
+        return out if out.dtype == out_dtype else out.to(out_dtype)
     far, finite, done = False, False, None
     compiling = torch.compiler.is_compiling()
     if cpu and not compiling:
@@ -577,6 +585,79 @@ class _SoftSortCPU(torch.autograd.Function):
         if grad.requires_grad:  # double backward: through the differentiable composite path
             return graph_vjp(_soft_sort_composite, grad, xc, eps, descending, "kl" if kl else "l2"), None, None, None
         return kernels.sort_backward(grad, xc, perm, ids, descending, kl), None, None, None
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA: sort + the Triton projection in float64, the torch ops around it recorded by no autograd node
+# --------------------------------------------------------------------------------------------------
+class _SoftRankTriton(torch.autograd.Function):
+    """Soft ranks of the rows of ``xc`` through the Triton kernels: one sort, the conditioning of
+    :func:`_condition_rank_inputs` and the projection in float64 with float64 weights (``x / eps``
+    divided in the input dtype: the same blocks as the CPU kernels), one scatter; backward: one
+    gather, the projection's vector-Jacobian product and one scatter (the conditioning's derivative
+    is the plain ``1 / eps``). Double backward through the composite path."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
+        n = xc.shape[-1]
+        y, perm = sorted_values_last(-xc if descending else xc, descending=True)
+        # x / eps in the input dtype, as the CPU kernel divides; conditioned rows in float64
+        s = _condition_rank_inputs(y.double(), eps, _gap_limit(n, kl), plain=(y / eps).double())
+        w = _rank_weights(n, torch.float64, xc.device, kl)
+        mu, state = _triton_kernels().projection_forward(s, w, kl)
+        r = torch.exp(mu) if kl else mu
+        ctx.save_for_backward(xc, s, w, perm, r, *state)
+        ctx.cfg = (eps, descending, kl)
+        return torch.empty_like(xc).scatter_(-1, perm, r.to(xc.dtype))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, s, w, perm, r, *state = ctx.saved_tensors
+        eps, descending, kl = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            g = graph_vjp(_soft_rank_composite, grad, xc, eps, descending, "kl" if kl else "l2")
+            return g, None, None, None
+        g = grad.gather(-1, perm).double()
+        if kl:  # r = exp(mu)
+            g = g * r
+        gs, _ = _triton_kernels().projection_backward(g, s, w, tuple(state), kl, True, False)
+        gx = torch.empty_like(gs).scatter_(-1, perm, gs)
+        return (gx * ((-1.0 if descending else 1.0) / eps)).to(xc.dtype), None, None, None
+
+
+class _SoftSortTriton(torch.autograd.Function):
+    """Soft sort of the rows of ``xc`` through the Triton kernels: one sort of ``sign * x``, the
+    projection of ``rho / eps`` in float64 (rows whose gaps all exceed the limit of
+    :func:`_sort_gap_limit` are the sorted row exactly); backward: the projection's product for
+    ``w`` and one scatter. Double backward through the composite path."""
+
+    @staticmethod
+    def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
+        n = xc.shape[-1]
+        sign = 1.0 if descending else -1.0
+        w, perm = sorted_values_last(xc * sign, descending=True)
+        w64 = w.double()
+        limit = _sort_gap_limit(w64, n, kl)
+        hard = 1.0 / eps > limit
+        rho = torch.arange(n, 0, -1, dtype=torch.float64, device=xc.device)
+        s = torch.where(hard, rho * limit, rho / eps)
+        mu, state = _triton_kernels().projection_forward(s, w64, kl)
+        ctx.save_for_backward(xc, s, w64, perm, hard, *state)
+        ctx.cfg = (eps, descending, kl)
+        return (torch.where(hard, w64, mu) * sign).to(xc.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        xc, s, w64, perm, hard, *state = ctx.saved_tensors
+        eps, descending, kl = ctx.cfg
+        if grad.requires_grad:  # double backward: through the differentiable composite path
+            return graph_vjp(_soft_sort_composite, grad, xc, eps, descending, "kl" if kl else "l2"), None, None, None
+        # the two sign flips (of x before the sort, of the sorted values after) cancel
+        g = grad.double()
+        _, gw = _triton_kernels().projection_backward(g, s, w64, tuple(state), kl, False, True)
+        assert gw is not None
+        gw = torch.where(hard, g, gw)
+        return torch.empty_like(gw).scatter_(-1, perm, gw).to(xc.dtype), None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:

@@ -172,6 +172,48 @@ def main() -> None:
         results.append(_case(f"rankwise supcon B={batch}", sc(supcon_loss), dev, args.repeats))
         results.append(_case(f"public SupConLoss B={batch}", sc(supcon_reference), dev, args.repeats))
 
+    # torch.compile: time per call after the first, how many graphs dynamo made, its graph breaks
+    from torch._dynamo import reset as dynamo_reset
+    from torch._dynamo.utils import counters
+
+    for batch in [16] if small else [1024]:
+        feats = torch.randn(batch, 2, 128, generator=gen).to(dev)
+        labels = torch.randint(0, 10, (batch,), generator=gen).to(dev)
+        dynamo_reset()
+        counters.clear()
+        compiled = torch.compile(supcon_loss)
+        times = []
+        for _ in range(6):
+            fi = feats.detach().requires_grad_()
+            _sync(dev)
+            t0 = time.perf_counter()
+            compiled(fi, labels).backward()
+            _sync(dev)
+            times.append((time.perf_counter() - t0) * 1e3)
+        row = {
+            "case": f"compiled supcon B={batch}",
+            "call_ms": [round(t, 2) for t in times],
+            "unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": {k[:120]: int(v) for k, v in counters["graph_break"].items()},
+            "recompiles": int(counters["recompiles"].get("total", 0)) if "recompiles" in counters else None,
+        }
+        results.append(row)
+        print(json.dumps(row)[:1500], flush=True)
+
+    from rankwise.ops import neural_sort
+
+    x = torch.randn(256, 256, generator=gen).to(dev)
+    dynamo_reset()
+    want = neural_sort(x)
+    got = torch.compile(neural_sort)(x)
+    row = {
+        "case": "compiled neural_sort 256x256 vs eager",
+        "max_abs_diff": float((got - want).abs().max()),
+        "max_abs_value": float(want.abs().max()),
+    }
+    results.append(row)
+    print(json.dumps(row), flush=True)
+
     if not small:
         from rankwise._kernels import triton_isotonic as tk
 

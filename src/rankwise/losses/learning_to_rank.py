@@ -102,6 +102,12 @@ def _check_k(k: Any) -> int | None:
 
 def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(B, n)`` predictions and labels in the compute dtype and the mask of real (unpadded) slots."""
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
+    return p, t, t != ind
+
+
+def _flat_lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(B, n)`` predictions and labels in the compute dtype and the padding label (checked)."""
     check_floating(y_pred, "y_pred")
     check_real(y_true, "y_true")
     if y_pred.dim() == 0 or y_pred.shape != y_true.shape:
@@ -115,7 +121,7 @@ def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch
     rows = math.prod(y_pred.shape[:-1])
     p = y_pred.to(dt).reshape(rows, n)
     t = y_true.detach().to(dt).reshape(rows, n)
-    return p, t, t != ind
+    return p, t, ind
 
 
 def _zero(p: torch.Tensor) -> torch.Tensor:
@@ -167,15 +173,15 @@ def listnet_loss(
         tensor(0.6350)
     """
     e = check_positive(eps, "eps", allow_zero=True)
-    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     if p.numel() == 0:
         return _zero(p)
-    return _ListNet.apply(p, t, valid, e)
+    return _ListNet.apply(p, t, t == ind, e)
 
 
-def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+def _listnet_composite(p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, e: float) -> torch.Tensor:
     """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
-    invalid = ~valid
+    valid = ~invalid
     dead = ~valid.any(dim=-1, keepdim=True)
 
     def soft(x: torch.Tensor) -> torch.Tensor:
@@ -185,35 +191,57 @@ def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e:
     return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
 
 
-def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
-    return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
+def _softmax_(x: torch.Tensor) -> torch.Tensor:
+    """``softmax(x, dim=-1)`` written into ``x`` (a fresh buffer of the caller's): ``exp(x - max)`` over
+    its sum, in place (no new buffer; ``torch.softmax``'s CPU kernel is slow on short rows)."""
+    if x.shape[-1] > _SOFTMAX_KERNEL_MIN:
+        return torch.ops.aten._softmax.out(x, -1, False, out=x)
+    x.sub_(x.amax(dim=-1, keepdim=True)).exp_()
+    return x.div_(x.sum(dim=-1, keepdim=True))
+
+
+_SOFTMAX_KERNEL_MIN = 48
 
 
 class _ListNet(torch.autograd.Function):
     """ListNet's mean over lists with the closed-form gradient: for ``s = softmax(p)``, target ``q`` and
-    ``g = -q / (s + eps)``, ``dL/dp = s * (g - sum(g * s)) / B`` (one pass instead of the autograd chain of
-    the masked softmax, the log and the product)."""
+    ``u = q s / (s + eps)``, ``dL/dp = -(u - s sum(u)) / B`` (one pass each instead of the autograd chain
+    of the masked softmax, the log and the product).
+
+    The padded slots get the dtype's lowest finite value before the softmaxes (their probability is an
+    exact 0, no ``-inf - -inf`` NaN in a list made only of padding); such a list gets a uniform ``s`` and
+    its target ``q`` is zeroed, so it adds 0 to the value and the gradient. The softmaxes are written
+    into the masked copies and the backward reuses the buffer of ``log(s + eps)``: three ``(B, n)``
+    buffers in all (the run time of this memory-bound loss is mostly that of allocating buffers).
+    """
 
     @staticmethod
-    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-        invalid = ~valid
-        dead = ~valid.any(dim=-1, keepdim=True)
-        q = _fill_softmax(t, invalid, dead, valid)
-        s = _fill_softmax(p, invalid, dead, valid)
-        denom = (s + e).masked_fill_(invalid, 1.0)
-        ctx.save_for_backward(q, s, denom, p, t, valid)
+    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, e: float) -> torch.Tensor:
+        low = torch.finfo(p.dtype).min
+        s = _softmax_(p.masked_fill(invalid, low))
+        q = t.masked_fill(invalid, low)
+        alive = q.amax(dim=-1, keepdim=True) > low  # a list with a real slot (labels are above `low`)
+        q = _softmax_(q).mul_(alive)
+        logs = torch.add(s, e).log_()
+        if e == 0.0:  # log(0) of the padded slots (their q is 0)
+            logs.masked_fill_(invalid, 0.0)
+        ctx.save_for_backward(p, t, invalid)
+        ctx.buffers = (q, s, logs)
         ctx.e = e
-        return -(q * torch.log(denom)).sum() / p.shape[0]
+        return torch.dot(q.view(-1), logs.view(-1)).neg_().div_(p.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, s, denom, p, t, valid = ctx.saved_tensors
+        p, t, invalid = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
-            return graph_vjp(_listnet_composite, grad, p, t, valid, ctx.e), None, None, None
-        g = q.neg().div_(denom)
-        g.sub_((g * s).sum(dim=-1, keepdim=True)).mul_(s).mul_(grad / s.shape[0])
-        return g, None, None, None
+            return graph_vjp(_listnet_composite, grad, p, t, invalid, ctx.e), None, None, None
+        q, s, u = ctx.buffers  # u: the buffer of log(s + eps), overwritten (so backward can run twice)
+        torch.add(s, ctx.e, out=u)
+        if ctx.e == 0.0:
+            u.masked_fill_(invalid, 1.0)
+        torch.div(q, u, out=u).mul_(s)
+        u.addcmul_(s, u.sum(dim=-1, keepdim=True), value=-1.0)
+        return u.mul_(grad / -s.shape[0]), None, None, None
 
 
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -482,8 +482,10 @@ def lambda_loss(
     max_dcg = _ideal_dcg(t, valid, kk, powered=True).clamp(min=e)
     g = (torch.pow(2.0, ts0) - 1.0) / max_dcg[:, None]
     weights = _scheme_weights(weighing_scheme, g, d, m, ts0)
-    diffs = (ps[:, :, None] - ps[:, None, :]).clamp(min=-1e8, max=1e8)
-    probas = (torch.sigmoid(s * diffs).clamp(min=e) ** weights).clamp(min=e)
+    diffs = (ps[:, :, None] - ps[:, None, :]).clamp_(min=-1e8, max=1e8)
+    probas = torch.sigmoid(diffs if s == 1.0 else diffs.mul_(s)).clamp(min=e)
+    if not (isinstance(weights, float) and weights == 1.0):  # x ** 1 and its clamp are x (value and gradient)
+        probas = (probas**weights).clamp(min=e)
     logs = torch.log2(probas) if reduction_log == "binary" else torch.log(probas)
     total = -torch.where(pairs, logs, 0.0).sum()
     if reduction == "mean":

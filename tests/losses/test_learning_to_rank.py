@@ -403,11 +403,12 @@ def test_listwise_second_derivatives_are_exact(loss: Any) -> None:
 
 
 @pytest.mark.parametrize("eps", [1e-10, 0.0])
-def test_listnet_closed_form_matches_autograd_with_all_padding_lists(eps: float) -> None:
-    # reference: autograd through log_softmax-free torch ops on the real slots of each list, row by row
+@pytest.mark.parametrize("n", [7, 60, 50_000])  # the three softmax paths: short rows, kernel, kernel in place
+def test_listnet_closed_form_matches_autograd_with_all_padding_lists(eps: float, n: int) -> None:
+    # reference: autograd through torch ops on the real slots of each list, row by row
     g = torch.Generator().manual_seed(3)
-    y_pred = torch.randn(6, 7, generator=g, dtype=torch.float64)
-    y_true = torch.randint(0, 4, (6, 7), generator=g).double()
+    y_pred = torch.randn(6, n, generator=g, dtype=torch.float64)
+    y_true = torch.randint(0, 4, (6, n), generator=g).double()
     y_true[0] = PAD  # a list made only of padding
     y_true[2, 3:] = PAD
     y_true[4, ::2] = PAD  # padding anywhere

@@ -191,16 +191,36 @@ def _listnet_composite(p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, 
     return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
 
 
-def _softmax_(x: torch.Tensor) -> torch.Tensor:
-    """``softmax(x, dim=-1)`` written into ``x`` (a fresh buffer of the caller's): ``exp(x - max)`` over
-    its sum, in place (no new buffer; ``torch.softmax``'s CPU kernel is slow on short rows)."""
-    if x.shape[-1] > _SOFTMAX_KERNEL_MIN:
-        return torch.ops.aten._softmax.out(x, -1, False, out=x)
-    x.sub_(x.amax(dim=-1, keepdim=True)).exp_()
-    return x.div_(x.sum(dim=-1, keepdim=True))
+def _masked_softmax(x: torch.Tensor, invalid: torch.Tensor, *, zero_dead: bool = False) -> torch.Tensor:
+    """Softmax over the last dim of the slots that are not ``invalid`` (a new buffer; 0 in the others).
+    A row without a valid slot is uniform or all 0; all 0 with ``zero_dead``.
+
+    Short rows: ``exp(x - max)`` over its sum in place with ``-inf`` in the invalid slots (the CPU
+    softmax kernel is slow on short rows; ``exp`` is slow on huge finite negatives, fast on ``-inf``).
+    Longer rows: the softmax kernel with the dtype's lowest value in the invalid slots (its exact 0
+    there, no ``-inf - -inf`` NaN), written in place into the masked copy when that is large. A valid
+    value is taken to be above the dtype's lowest one (a row of such values would count as empty).
+    """
+    low = torch.finfo(x.dtype).min
+    if x.shape[-1] <= _SOFTMAX_KERNEL_MIN:
+        y = x.masked_fill(invalid, float("-inf"))
+        top = y.amax(dim=-1, keepdim=True)
+        alive = top > low if zero_dead else None
+        y.sub_(top.clamp_(min=low)).exp_()
+        y.div_(y.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny))
+    else:
+        y = x.masked_fill(invalid, low)
+        alive = y.amax(dim=-1, keepdim=True) > low if zero_dead else None
+        if y.numel() < _SOFTMAX_IN_PLACE_MIN:
+            y = torch.softmax(y, dim=-1)
+        else:
+            torch.ops.aten._softmax.out(y, -1, False, out=y)
+    return y if alive is None else y.mul_(alive)
 
 
+#: rows up to this long: the in-place exp/sum softmax; from this many elements: the kernel in place
 _SOFTMAX_KERNEL_MIN = 48
+_SOFTMAX_IN_PLACE_MIN = 1 << 18
 
 
 class _ListNet(torch.autograd.Function):
@@ -208,27 +228,23 @@ class _ListNet(torch.autograd.Function):
     ``u = q s / (s + eps)``, ``dL/dp = -(u - s sum(u)) / B`` (one pass each instead of the autograd chain
     of the masked softmax, the log and the product).
 
-    The padded slots get the dtype's lowest finite value before the softmaxes (their probability is an
-    exact 0, no ``-inf - -inf`` NaN in a list made only of padding); such a list gets a uniform ``s`` and
-    its target ``q`` is zeroed, so it adds 0 to the value and the gradient. The softmaxes are written
-    into the masked copies and the backward reuses the buffer of ``log(s + eps)``: three ``(B, n)``
-    buffers in all (the run time of this memory-bound loss is mostly that of allocating buffers).
+    The padded slots get probability 0 (see :func:`_masked_softmax`); a list made only of padding gets
+    its target ``q`` zeroed, so it adds 0 to the value and the gradient. The softmaxes are written into
+    the masked copies and the backward reuses the buffer of ``log(s + eps)``: three ``(B, n)`` buffers
+    in all (the run time of this memory-bound loss is mostly that of allocating buffers).
     """
 
     @staticmethod
     def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, e: float) -> torch.Tensor:
-        low = torch.finfo(p.dtype).min
-        s = _softmax_(p.masked_fill(invalid, low))
-        q = t.masked_fill(invalid, low)
-        alive = q.amax(dim=-1, keepdim=True) > low  # a list with a real slot (labels are above `low`)
-        q = _softmax_(q).mul_(alive)
+        s = _masked_softmax(p, invalid)
+        q = _masked_softmax(t, invalid, zero_dead=True)  # a list without a real slot adds 0
         logs = torch.add(s, e).log_()
         if e == 0.0:  # log(0) of the padded slots (their q is 0)
             logs.masked_fill_(invalid, 0.0)
         ctx.save_for_backward(p, t, invalid)
         ctx.buffers = (q, s, logs)
         ctx.e = e
-        return torch.dot(q.view(-1), logs.view(-1)).neg_().div_(p.shape[0])
+        return torch.dot(q.view(-1), logs.view(-1)).mul_(-1.0 / p.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -117,11 +117,12 @@ def _flat_lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[
         )
     ind = _check_indicator(padded_value_indicator)
     dt = common_compute_dtype(y_pred, y_true)
-    n = y_pred.shape[-1]
-    rows = math.prod(y_pred.shape[:-1])
-    p = y_pred.to(dt).reshape(rows, n)
-    t = y_true.detach().to(dt).reshape(rows, n)
-    return p, t, ind
+    p, t = y_pred, y_true.detach()
+    if p.dim() != 2:
+        shape = (math.prod(p.shape[:-1]), p.shape[-1])
+        p, t = p.reshape(shape), t.reshape(shape)
+    # (no-op conversions skipped: they cost as much as the small lists' arithmetic)
+    return (p if p.dtype == dt else p.to(dt)), (t if t.dtype == dt else t.to(dt)), ind
 
 
 def _zero(p: torch.Tensor) -> torch.Tensor:

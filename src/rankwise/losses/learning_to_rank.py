@@ -549,8 +549,9 @@ def approx_ndcg_loss(
     max_dcg = _ideal_dcg(t, valid, None, powered=True).clamp(min=e)
     g = (torch.pow(2.0, torch.where(valid, t, 0.0).clamp(min=0.0)) - 1.0) / max_dcg[:, None]
     pairs = valid[:, :, None] & valid[:, None, :] & ~torch.eye(n, dtype=torch.bool, device=p.device)
-    diffs = torch.where(pairs, p[:, :, None] - p[:, None, :], 0.0)
-    approx_pos = 1.0 + (pairs * torch.sigmoid(-a * diffs).clamp(min=e)).sum(dim=-1)
+    # -a (s_i - s_j) as a (s_j - s_i) (the same floats); the pairs outside the mask are multiplied by 0
+    diffs = p[:, None, :] - p[:, :, None]
+    approx_pos = 1.0 + (pairs * torch.sigmoid(diffs if a == 1.0 else diffs.mul_(a)).clamp(min=e)).sum(dim=-1)
     return -(g / torch.log2(1.0 + approx_pos)).sum(dim=-1).mean()
 
 

@@ -425,6 +425,7 @@ def test_listnet_closed_form_matches_autograd_with_all_padding_lists(eps: float,
     loss = listnet_loss(ours, y_true, eps=eps)
     assert float(loss) == pytest.approx(float(total / 6), rel=1e-12)
     loss.backward(retain_graph=True)
+    assert ours.grad is not None
     torch.testing.assert_close(ours.grad, expected, rtol=1e-10, atol=1e-12)
     assert float(ours.grad[0].abs().sum()) == 0.0
     first = ours.grad.clone()

@@ -250,6 +250,10 @@ class MissingTrainLabelsError(ValueError):
     without the labels and accept this error there (they pass the labels when they build the run)."""
 
 
+#: up to this many elements `nan_if_nonfinite` uses sum(t * 0) (fewer calls), above it min and max (no buffer)
+_POISON_BUFFER_MAX = 1 << 16
+
+
 def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
     """``out`` (a loss) where every floating input is finite, NaN everywhere otherwise (no host sync).
 
@@ -257,15 +261,18 @@ def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.T
     softmax denominators, sampled subsets), so one non-finite feature, label, prediction or weight
     makes the whole loss NaN instead of a finite value that silently ignores it.
 
-    ``out`` plus ``sum(t * 0)`` over the floating inputs: ``x * 0`` is exactly 0 for a finite
-    ``x`` and NaN for NaN and +-inf, so the sum is 0 (nothing overflows) or NaN; two cheap ops per
-    input instead of ``isfinite``/``all``/``where``. Gradients flow to ``out`` unchanged (those of
-    non-finite inputs are unspecified).
+    ``out`` plus ``min(t) * 0 + max(t) * 0`` over the floating inputs: the extremes are NaN if any
+    element is NaN (min and max propagate NaN), ``-inf`` / ``+inf`` if any is infinite, so the term is
+    0 for finite inputs and NaN otherwise (``inf * 0`` is NaN). Read-only passes, no buffer the size
+    of the input, instead of ``isfinite``/``all``/``where``; inputs of at most ``2**16`` elements use
+    ``sum(t * 0)`` (the same 0 or NaN: ``x * 0`` is exactly 0 for a finite ``x``), fewer calls.
+    Gradients flow to ``out`` unchanged (those of non-finite inputs are unspecified).
     """
     poison: torch.Tensor | None = None
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0:
-            zero = (t.detach() * 0).sum()
+            t = t.detach()
+            zero = (t * 0).sum() if t.numel() <= _POISON_BUFFER_MAX else t.amin() * 0 + t.amax() * 0
             poison = zero if poison is None else poison + zero
     if poison is None:
         return out

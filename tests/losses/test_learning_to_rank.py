@@ -400,3 +400,34 @@ def test_listwise_second_derivatives_are_exact(loss: Any) -> None:
     assert torch.autograd.gradgradcheck(f, (y_pred,))
     (g,) = torch.autograd.grad(f(y_pred), y_pred, create_graph=True)
     assert g.grad_fn is not None
+
+
+@pytest.mark.parametrize("eps", [1e-10, 0.0])
+@pytest.mark.parametrize("n", [7, 60, 50_000])  # the three softmax paths: short rows, kernel, kernel in place
+def test_listnet_closed_form_matches_autograd_with_all_padding_lists(eps: float, n: int) -> None:
+    # reference: autograd through torch ops on the real slots of each list, row by row
+    g = torch.Generator().manual_seed(3)
+    y_pred = torch.randn(6, n, generator=g, dtype=torch.float64)
+    y_true = torch.randint(0, 4, (6, n), generator=g).double()
+    y_true[0] = PAD  # a list made only of padding
+    y_true[2, 3:] = PAD
+    y_true[4, ::2] = PAD  # padding anywhere
+    x = y_pred.clone().requires_grad_()
+    total = x.sum() * 0.0
+    for row in range(6):
+        real = y_true[row] != PAD
+        if real.any():
+            s = torch.softmax(x[row][real], 0)
+            q = torch.softmax(y_true[row][real], 0)
+            total = total - (q * torch.log(s + eps)).sum()
+    (expected,) = torch.autograd.grad(total / 6, x)
+    ours = y_pred.clone().requires_grad_()
+    loss = listnet_loss(ours, y_true, eps=eps)
+    assert float(loss) == pytest.approx(float(total / 6), rel=1e-12)
+    loss.backward(retain_graph=True)
+    assert ours.grad is not None
+    torch.testing.assert_close(ours.grad, expected, rtol=1e-10, atol=1e-12)
+    assert float(ours.grad[0].abs().sum()) == 0.0
+    first = ours.grad.clone()
+    loss.backward()  # the backward reuses a buffer of the forward: a second run must give the same
+    torch.testing.assert_close(ours.grad, 2 * first, rtol=1e-12, atol=0.0)

@@ -193,7 +193,8 @@ def test_blocks_give_the_same_value_and_gradient(fn, monkeypatch: pytest.MonkeyP
     y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1, 3])
     e = _emb(len(y), 4, 7)
     v, g = _value_grad(fn, e, y, temperature=0.1)
-    monkeypatch.setattr(retrieval_mod, "_BLOCK_ELEMENTS", 3 * len(y) ** 2 + 5)  # blocks of 3 queries
+    # the pairwise tensor is (queries, positives, B) with at most 3 positives: blocks of 3-4 queries
+    monkeypatch.setattr(retrieval_mod, "_BLOCK_ELEMENTS", 9 * len(y))
     bv, bg = _value_grad(fn, e, y, temperature=0.1)
     torch.testing.assert_close(v, bv)
     torch.testing.assert_close(g, bg)
@@ -402,3 +403,44 @@ def test_blackbox_ap_random_margin_is_seeded_and_off_by_default() -> None:
     assert torch.equal(module(e, y).detach(), a) and "random_margin=True" in repr(module)
     with pytest.raises(TypeError, match="random_margin"):
         blackbox_ap_loss(e, y, random_margin=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["smooth_ap", "recall_at_k", "recall_at_k.mixup"])
+@pytest.mark.parametrize("include_query", [True, False])
+@pytest.mark.parametrize("block", [None, 1])
+def test_positive_anchors_equal_all_item_ranks(
+    name: str, include_query: bool, block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the CPU path ranks the positives only (gathered, padded to the largest count); the all-items
+    # path (other devices, traced graphs) ranks every item and masks: same values and gradients
+    y = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 2, 1, 4, 0, 0])  # unequal classes, a singleton
+    e = _emb(len(y), 5, 11)
+    kw: dict[str, Any] = {"temperature": 0.05, "include_query": include_query}
+    fn = smooth_ap_loss if name == "smooth_ap" else recall_at_k_loss
+    if name == "recall_at_k.mixup":
+        kw["mixup"] = True
+    gen = kw.get("mixup") and torch.Generator()
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        extra = {"generator": gen.manual_seed(5)} if gen else {}
+        return _value_grad(fn, e, y, **kw, **extra)
+
+    if block is not None:
+        monkeypatch.setattr(retrieval_mod, "_BLOCK_ELEMENTS", block)  # one query per block
+    seen: list[tuple[int, int]] = []
+    anchors = retrieval_mod._anchors
+
+    def spy(pos: torch.Tensor, *, gather: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        index, mask = anchors(pos, gather=gather)
+        seen.append((index.shape[1], pos.shape[1]))
+        return index, mask
+
+    monkeypatch.setattr(retrieval_mod, "_anchors", spy)
+    v, g = run()
+    monkeypatch.setattr(retrieval_mod, "_anchors", lambda pos: anchors(pos, gather=False))
+    dv, dg = run()
+    # the gathered path ranked fewer anchors than items
+    assert seen and seen[0][0] < seen[0][1]
+    torch.testing.assert_close(v, dv, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, dg, rtol=1e-10, atol=1e-12)
+    assert float(g.abs().sum()) > 0

@@ -102,6 +102,12 @@ def _check_k(k: Any) -> int | None:
 
 def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(B, n)`` predictions and labels in the compute dtype and the mask of real (unpadded) slots."""
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
+    return p, t, t != ind
+
+
+def _flat_lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``(B, n)`` predictions and labels in the compute dtype and the padding label (checked)."""
     check_floating(y_pred, "y_pred")
     check_real(y_true, "y_true")
     if y_pred.dim() == 0 or y_pred.shape != y_true.shape:
@@ -111,11 +117,12 @@ def _lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[torch
         )
     ind = _check_indicator(padded_value_indicator)
     dt = common_compute_dtype(y_pred, y_true)
-    n = y_pred.shape[-1]
-    rows = math.prod(y_pred.shape[:-1])
-    p = y_pred.to(dt).reshape(rows, n)
-    t = y_true.detach().to(dt).reshape(rows, n)
-    return p, t, t != ind
+    p, t = y_pred, y_true.detach()
+    if p.dim() != 2:
+        shape = (math.prod(p.shape[:-1]), p.shape[-1])
+        p, t = p.reshape(shape), t.reshape(shape)
+    # (no-op conversions skipped: they cost as much as the small lists' arithmetic)
+    return (p if p.dtype == dt else p.to(dt)), (t if t.dtype == dt else t.to(dt)), ind
 
 
 def _zero(p: torch.Tensor) -> torch.Tensor:
@@ -167,15 +174,15 @@ def listnet_loss(
         tensor(0.6350)
     """
     e = check_positive(eps, "eps", allow_zero=True)
-    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     if p.numel() == 0:
         return _zero(p)
-    return _ListNet.apply(p, t, valid, e)
+    return _ListNet.apply(p, t, t == ind, e)
 
 
-def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+def _listnet_composite(p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, e: float) -> torch.Tensor:
     """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
-    invalid = ~valid
+    valid = ~invalid
     dead = ~valid.any(dim=-1, keepdim=True)
 
     def soft(x: torch.Tensor) -> torch.Tensor:
@@ -185,35 +192,73 @@ def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e:
     return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
 
 
-def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
-    return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
+def _masked_softmax(x: torch.Tensor, invalid: torch.Tensor, *, zero_dead: bool = False) -> torch.Tensor:
+    """Softmax over the last dim of the slots that are not ``invalid`` (a new buffer; 0 in the others).
+    A row without a valid slot is uniform or all 0; all 0 with ``zero_dead``.
+
+    Short rows: ``exp(x - max)`` over its sum in place with ``-inf`` in the invalid slots (the CPU
+    softmax kernel is slow on short rows; ``exp`` is slow on huge finite negatives, fast on ``-inf``).
+    Longer rows: the softmax kernel with the dtype's lowest value in the invalid slots (its exact 0
+    there, no ``-inf - -inf`` NaN), written in place into the masked copy when that is large. A valid
+    value is taken to be above the dtype's lowest one (a row of such values would count as empty).
+    """
+    low = torch.finfo(x.dtype).min
+    if x.shape[-1] <= _SOFTMAX_KERNEL_MIN:
+        y = x.masked_fill(invalid, float("-inf"))
+        top = y.amax(dim=-1, keepdim=True)
+        alive = top > low if zero_dead else None
+        y.sub_(top.clamp_(min=low)).exp_()
+        y.div_(y.sum(dim=-1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny))
+    else:
+        y = x.masked_fill(invalid, low)
+        alive = y.amax(dim=-1, keepdim=True) > low if zero_dead else None
+        if y.numel() < _SOFTMAX_IN_PLACE_MIN:
+            y = torch.softmax(y, dim=-1)
+        else:
+            torch.ops.aten._softmax.out(y, -1, False, out=y)
+    return y if alive is None else y.mul_(alive)
+
+
+#: rows up to this long: the in-place exp/sum softmax; from this many elements: the kernel in place
+_SOFTMAX_KERNEL_MIN = 48
+_SOFTMAX_IN_PLACE_MIN = 1 << 18
 
 
 class _ListNet(torch.autograd.Function):
     """ListNet's mean over lists with the closed-form gradient: for ``s = softmax(p)``, target ``q`` and
-    ``g = -q / (s + eps)``, ``dL/dp = s * (g - sum(g * s)) / B`` (one pass instead of the autograd chain of
-    the masked softmax, the log and the product)."""
+    ``u = q s / (s + eps)``, ``dL/dp = -(u - s sum(u)) / B`` (one pass each instead of the autograd chain
+    of the masked softmax, the log and the product).
+
+    The padded slots get probability 0 (see :func:`_masked_softmax`); a list made only of padding gets
+    its target ``q`` zeroed, so it adds 0 to the value and the gradient. The softmaxes are written into
+    the masked copies and the backward reuses the buffer of ``log(s + eps)``: three ``(B, n)`` buffers
+    in all (the run time of this memory-bound loss is mostly that of allocating buffers).
+    """
 
     @staticmethod
-    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-        invalid = ~valid
-        dead = ~valid.any(dim=-1, keepdim=True)
-        q = _fill_softmax(t, invalid, dead, valid)
-        s = _fill_softmax(p, invalid, dead, valid)
-        denom = (s + e).masked_fill_(invalid, 1.0)
-        ctx.save_for_backward(q, s, denom, p, t, valid)
+    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, invalid: torch.Tensor, e: float) -> torch.Tensor:
+        s = _masked_softmax(p, invalid)
+        q = _masked_softmax(t, invalid, zero_dead=True)  # a list without a real slot adds 0
+        logs = torch.add(s, e).log_()
+        if e == 0.0:  # log(0) of the padded slots (their q is 0)
+            logs.masked_fill_(invalid, 0.0)
+        ctx.save_for_backward(p, t, invalid)
+        ctx.buffers = (q, s, logs)
         ctx.e = e
-        return -(q * torch.log(denom)).sum() / p.shape[0]
+        return torch.dot(q.view(-1), logs.view(-1)).mul_(-1.0 / p.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, s, denom, p, t, valid = ctx.saved_tensors
+        p, t, invalid = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
-            return graph_vjp(_listnet_composite, grad, p, t, valid, ctx.e), None, None, None
-        g = q.neg().div_(denom)
-        g.sub_((g * s).sum(dim=-1, keepdim=True)).mul_(s).mul_(grad / s.shape[0])
-        return g, None, None, None
+            return graph_vjp(_listnet_composite, grad, p, t, invalid, ctx.e), None, None, None
+        q, s, u = ctx.buffers  # u: the buffer of log(s + eps), overwritten (so backward can run twice)
+        torch.add(s, ctx.e, out=u)
+        if ctx.e == 0.0:
+            u.masked_fill_(invalid, 1.0)
+        torch.div(q, u, out=u).mul_(s)
+        u.addcmul_(s, u.sum(dim=-1, keepdim=True), value=-1.0)
+        return u.mul_(grad / -s.shape[0]), None, None, None
 
 
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -460,8 +505,10 @@ def lambda_loss(
     max_dcg = _ideal_dcg(t, valid, kk, powered=True).clamp(min=e)
     g = (torch.pow(2.0, ts0) - 1.0) / max_dcg[:, None]
     weights = _scheme_weights(weighing_scheme, g, d, m, ts0)
-    diffs = (ps[:, :, None] - ps[:, None, :]).clamp(min=-1e8, max=1e8)
-    probas = (torch.sigmoid(s * diffs).clamp(min=e) ** weights).clamp(min=e)
+    diffs = (ps[:, :, None] - ps[:, None, :]).clamp_(min=-1e8, max=1e8)
+    probas = torch.sigmoid(diffs if s == 1.0 else diffs.mul_(s)).clamp(min=e)
+    if not (isinstance(weights, float) and weights == 1.0):  # x ** 1 and its clamp are x (value and gradient)
+        probas = (probas**weights).clamp(min=e)
     logs = torch.log2(probas) if reduction_log == "binary" else torch.log(probas)
     total = -torch.where(pairs, logs, 0.0).sum()
     if reduction == "mean":
@@ -508,8 +555,9 @@ def approx_ndcg_loss(
     max_dcg = _ideal_dcg(t, valid, None, powered=True).clamp(min=e)
     g = (torch.pow(2.0, torch.where(valid, t, 0.0).clamp(min=0.0)) - 1.0) / max_dcg[:, None]
     pairs = valid[:, :, None] & valid[:, None, :] & ~torch.eye(n, dtype=torch.bool, device=p.device)
-    diffs = torch.where(pairs, p[:, :, None] - p[:, None, :], 0.0)
-    approx_pos = 1.0 + (pairs * torch.sigmoid(-a * diffs).clamp(min=e)).sum(dim=-1)
+    # -a (s_i - s_j) as a (s_j - s_i) (the same floats); the pairs outside the mask are multiplied by 0
+    diffs = p[:, None, :] - p[:, :, None]
+    approx_pos = 1.0 + (pairs * torch.sigmoid(diffs if a == 1.0 else diffs.mul_(a)).clamp(min=e)).sum(dim=-1)
     return -(g / torch.log2(1.0 + approx_pos)).sum(dim=-1).mean()
 
 

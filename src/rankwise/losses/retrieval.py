@@ -61,9 +61,10 @@ __all__ = [
     "smooth_ap_loss",
 ]
 
-# Smooth-AP and Recall@k build a (queries, N, N) tensor of pairwise sigmoids: queries are processed
-# in blocks of at most this many elements; the gradient on the similarities is formed per block in
-# forward (analytic) and kept, (B, B).
+# Smooth-AP and Recall@k build a (queries, anchors, N) tensor of pairwise sigmoids (the anchors: the
+# items whose soft rank the loss needs, see `_anchors`): queries are processed in blocks of at most
+# this many elements; the gradient on the similarities is formed per block in forward (analytic) and
+# kept, (B, B).
 _BLOCK_ELEMENTS = 1 << 22
 
 
@@ -128,9 +129,10 @@ class _PerQuery(torch.autograd.Function):
     """Per-query values of a block function with their gradients on the similarities formed in forward.
 
     ``block_fn(sim, *masks, need_grad) -> (values (c,), grads (c, N) or None)`` runs on blocks of
-    query rows (at most ``_BLOCK_ELEMENTS`` elements of the (c, N, N) pairwise tensor each); each
-    value depends on its own row of ``sim`` only, so backward is one multiplication by the saved
-    (m, N) gradients: memory O(block + m N) and no recomputation.
+    query rows (at most ``_BLOCK_ELEMENTS`` elements of the (c, P, N) pairwise tensor each, ``P`` the
+    width of the last mask: the anchors); each value depends on its own row of ``sim`` only, so
+    backward is one multiplication by the saved (m, N) gradients: memory O(block + m N) and no
+    recomputation.
     """
 
     @staticmethod
@@ -152,7 +154,8 @@ def _blocks(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``block_fn`` over blocks of query rows: the per-query values and (``need_grad``) their gradients."""
     m, n = sim.shape
-    step = max(1, _BLOCK_ELEMENTS // max(1, n * n))
+    width = masks[-1].shape[1] if masks else n  # the anchors per query (the last mask)
+    step = max(1, _BLOCK_ELEMENTS // max(1, width * n))
     values, grads = [], []
     for start in range(0, max(m, 1), step):
         rows = slice(start, start + step)
@@ -170,32 +173,59 @@ def _per_query(block_fn: Any, sim: torch.Tensor, *masks: torch.Tensor) -> torch.
     return _PerQuery.apply(sim, block_fn, need_grad, *masks)
 
 
-def _pair_sigmoids(sim: torch.Tensor, tau: float) -> torch.Tensor:
-    """(c, N, N): ``[q, i, j] = sigmoid((s_qj - s_qi) / tau)`` (item ``j`` ranked above item ``i``)."""
+def _anchors(pos: torch.Tensor, *, gather: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The items whose soft rank is needed, per query: ``(index (m, P), mask (m, P))``.
+
+    Both losses use the ranks of the positives only. In eager CPU code they are gathered: ``P`` is the
+    largest number of positives of a query (one host read of it, free on the CPU), the rows with fewer
+    are padded and masked, so the pairwise tensor is (queries, P, N) instead of (queries, N, N): for
+    batches of classes of ``m`` items, ``O(B^2 m)`` sigmoids instead of ``O(B^3)``. Elsewhere (other
+    devices: no host synchronization; a traced graph: no data-dependent shape) every item is an
+    anchor, masked by ``pos``. Same values either way (the other rows are multiplied by 0). ``gather``
+    forces one way (None: as just said)."""
+    m, n = pos.shape
+    if gather is None:
+        gather = pos.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not gather:
+        return torch.arange(n, device=pos.device).expand(m, n), pos
+    counts = pos.sum(dim=1)
+    width = max(1, int(counts.max())) if m else 1
+    index = torch.argsort(pos.to(torch.uint8), dim=1, descending=True, stable=True)[:, :width]
+    return index, torch.arange(width, device=pos.device) < counts[:, None]
+
+
+def _pair_sigmoids(sim: torch.Tensor, index: torch.Tensor, tau: float) -> torch.Tensor:
+    """(c, P, N): ``[q, a, j] = sigmoid((s_qj - s_qi) / tau)`` for the anchor ``i = index[q, a]``
+    (item ``j`` ranked above item ``i``)."""
     scaled = sim / tau
-    return torch.sub(scaled[:, None, :], scaled[:, :, None]).sigmoid_()
+    return torch.sub(scaled[:, None, :], scaled.gather(1, index)[:, :, None]).sigmoid_()
 
 
-def _through_ranks(sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, tau: float) -> torch.Tensor:
-    r"""Gradient on the similarities (c, N) of :math:`\sum_{i,k} w_{ik} r_{ik}` with the soft ranks
-    :math:`r_{ik} = 1 + \sum_j \sigma_{ij} S_{jk}` (``sets`` S (c, N, K), ``weights`` w (c, N, K)).
+def _through_ranks(
+    sig: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, tau: float
+) -> torch.Tensor:
+    r"""Gradient on the similarities (c, N) of :math:`\sum_{a,k} w_{ak} r_{ak}` with the soft ranks
+    :math:`r_{ak} = 1 + \sum_j \sigma_{aj} S_{jk}` of the anchors :math:`i_a` (``index``; ``sets`` S
+    (c, N, K), ``weights`` w (c, P, K)).
 
-    :math:`\partial \sigma_{ij} / \partial s_j = -\partial \sigma_{ij} / \partial s_i = \sigma'_{ij} / \tau`
+    :math:`\partial \sigma_{aj} / \partial s_j = -\partial \sigma_{aj} / \partial s_{i_a} = \sigma'_{aj} / \tau`
     with :math:`\sigma' = \sigma (1 - \sigma)`, so the gradient is
-    :math:`(\sum_k S_{jk} (\sigma'^\top w_k)_j - \sum_k w_{ik} (\sigma' S_k)_i) / \tau`: two batched
-    products with K columns (the constant :math:`\sigma_{ii} = 1/2` terms cancel).
+    :math:`(\sum_k S_{jk} (\sigma'^\top w_k)_j - [\sum_k w_{ak} (\sigma' S_k)_a \text{ at } i_a]) / \tau`:
+    two batched products with K columns and a scatter (the constant :math:`\sigma_{a i_a} = 1/2` terms cancel).
     """
     deriv = torch.addcmul(sig, sig, sig, value=-1.0)  # sigma (1 - sigma) in one pass
     cols = torch.bmm(deriv.transpose(1, 2), weights)
     rows = torch.bmm(deriv, sets)
-    return ((sets * cols).sum(2) - (weights * rows).sum(2)) / tau
+    grad = (sets * cols).sum(2)
+    return grad.scatter_add_(1, index, (weights * rows).sum(2).neg_()).div_(tau)
 
 
-def _soft_ranks(sig: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
-    r"""(c, N, K): :math:`1 + \sum_{j \in S_k, j \ne i} \sigma_{ij}` for each item ``i`` and each of the
-    ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
-    # the j = i term is sigmoid(0) = 1/2 for every i that belongs to the set
-    return 1.0 + torch.bmm(sig, sets) - 0.5 * sets
+def _soft_ranks(sig: torch.Tensor, sets: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    r"""(c, P, K): :math:`1 + \sum_{j \in S_k, j \ne i} \sigma_{ij}` for each anchor ``i`` (``index``)
+    and each of the ``K`` item sets ``sets`` ((c, N, K) 0/1 in the compute dtype)."""
+    # the j = i term is sigmoid(0) = 1/2 for every anchor that belongs to the set
+    own = sets.gather(1, index[..., None].expand(-1, -1, sets.shape[2]))
+    return 1.0 + torch.bmm(sig, sets) - 0.5 * own
 
 
 def _retrieval_set(bt: _Batch, include_query: bool) -> torch.Tensor:
@@ -207,20 +237,27 @@ def _retrieval_set(bt: _Batch, include_query: bool) -> torch.Tensor:
 # Smooth-AP
 # --------------------------------------------------------------------------------------------------
 def _smooth_ap_block(
-    sim: torch.Tensor, omega: torch.Tensor, pos: torch.Tensor, tau: float, need_grad: bool
+    sim: torch.Tensor,
+    omega: torch.Tensor,
+    pos: torch.Tensor,
+    index: torch.Tensor,
+    anchor: torch.Tensor,
+    tau: float,
+    need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Smooth-AP of each query of the block and (``need_grad``) its gradient on the similarities."""
-    sig = _pair_sigmoids(sim, tau)
+    """Smooth-AP of each query of the block and (``need_grad``) its gradient on the similarities; the
+    anchors ``index`` (masked by ``anchor``) are the positives."""
+    sig = _pair_sigmoids(sim, index, tau)
     sets = torch.stack([omega, pos], dim=2)
-    ranks = _soft_ranks(sig, sets)
+    ranks = _soft_ranks(sig, sets, index)
     r_all, r_pos = ranks[..., 0], ranks[..., 1]
     inv_np = 1.0 / pos.sum(1, keepdim=True).clamp(min=1)
-    ap = (pos * r_pos / r_all * inv_np).sum(1)
+    ap = (anchor * r_pos / r_all * inv_np).sum(1)
     if not need_grad:
         return ap, None
-    w_pos = pos / r_all * inv_np  # d ap / d r_pos
+    w_pos = anchor / r_all * inv_np  # d ap / d r_pos
     w_all = -w_pos * r_pos / r_all  # d ap / d r_all
-    return ap, _through_ranks(sig, sets, torch.stack([w_all, w_pos], dim=2), tau)
+    return ap, _through_ranks(sig, sets, torch.stack([w_all, w_pos], dim=2), index, tau)
 
 
 @batch_loss("embeddings", "labels")
@@ -250,10 +287,12 @@ def smooth_ap_loss(
     adds a term close to 1); ``False``: :math:`\Omega` is the rest of the batch (eq. 9 as written).
     Unlike those two, any labels are accepted (not only equal-size classes sorted by class).
 
-    Cost: :math:`O(B^3)` sigmoids (every item against every item for every query), computed in
-    blocks of queries of at most :math:`2^{22}` elements; the exact gradient on the similarities is
-    formed in the same pass (a few batched products with two columns) and kept, so memory is
-    :math:`O(B^2)` and backward recomputes nothing. Only first-order gradients (double backward raises).
+    Cost: the soft ranks of the positives only, each against every item: :math:`O(B \sum_q |P_q|)`
+    sigmoids (:math:`O(B^2 m)` for classes of :math:`m` items; in eager CPU code, elsewhere
+    :math:`O(B^3)`: every item is ranked and the others masked), computed in blocks of queries of at
+    most :math:`2^{22}` elements; the exact gradient on the similarities is formed in the same pass (a
+    few batched products with two columns) and kept, so memory is :math:`O(B^2)` and backward
+    recomputes nothing. Only first-order gradients (double backward raises).
 
     Shape:
         - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
@@ -274,7 +313,15 @@ def smooth_ap_loss(
     pos = bt.pos | bt.own if include_query else bt.pos
     omega = _retrieval_set(bt, include_query)
     dt = bt.sim.dtype
-    ap = _per_query(lambda s, o, p, g: _smooth_ap_block(s, o, p, tau, g), bt.sim, omega.to(dt), pos.to(dt))
+    index, anchor = _anchors(pos)
+    ap = _per_query(
+        lambda s, o, p, i, a, g: _smooth_ap_block(s, o, p, i, a, tau, g),
+        bt.sim,
+        omega.to(dt),
+        pos.to(dt),
+        index,
+        anchor.to(dt),
+    )
     return _mean_over_valid(1.0 - ap, bt.pos.any(1), bt)
 
 
@@ -285,25 +332,28 @@ def _recall_block(
     sim: torch.Tensor,
     omega: torch.Tensor,
     pos: torch.Tensor,
+    index: torch.Tensor,
+    anchor: torch.Tensor,
     ks: torch.Tensor,
     k_taus: torch.Tensor,
     tau: float,
     need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Mean smooth recall over ``ks`` of each query of the block and (``need_grad``) its gradient."""
-    sig = _pair_sigmoids(sim, tau)
+    """Mean smooth recall over ``ks`` of each query of the block and (``need_grad``) its gradient; the
+    anchors ``index`` (masked by ``anchor``) are the positives."""
+    sig = _pair_sigmoids(sim, index, tau)
     sets = omega[..., None]
-    rank = _soft_ranks(sig, sets)[..., 0]  # (c, N)
-    hits = torch.sigmoid((ks - rank[..., None]) / k_taus)  # (c, N, K)
-    found = (hits * pos[..., None]).sum(1)  # (c, K)
+    rank = _soft_ranks(sig, sets, index)[..., 0]  # (c, P)
+    hits = torch.sigmoid((ks - rank[..., None]) / k_taus)  # (c, P, K)
+    found = (hits * anchor[..., None]).sum(1)  # (c, K)
     inv_norm = 1.0 / torch.minimum(ks, pos.sum(1, keepdim=True)).clamp(min=1) / ks.shape[0]
     recall = (torch.minimum(found, ks) * inv_norm).sum(1)
     if not need_grad:
         return recall, None
-    # d recall / d rank_i = -sum_k [found_k < k] inv_norm_k p_i h'_ik / tau_k (the min's branch)
+    # d recall / d rank_a = -sum_k [found_k < k] inv_norm_k p_a h'_ak / tau_k (the min's branch)
     w = (found < ks) * inv_norm  # (c, K)
-    d_rank = -(pos[..., None] * hits * (1.0 - hits) / k_taus * w[:, None, :]).sum(2)
-    return recall, _through_ranks(sig, sets, d_rank[..., None], tau)
+    d_rank = -(anchor[..., None] * hits * (1.0 - hits) / k_taus * w[:, None, :]).sum(2)
+    return recall, _through_ranks(sig, sets, d_rank[..., None], index, tau)
 
 
 def _similarity_mixup(bt: _Batch, labels: torch.Tensor, generator: torch.Generator | None) -> _Batch:
@@ -386,7 +436,8 @@ def recall_at_k_loss(
     ranked items like real ones; ``k`` is still clipped to the real batch size. The number of pairs
     depends on the labels (one host synchronization); not available with a global batch under DDP.
 
-    Cost :math:`O(B^3)` sigmoids in blocks with the gradient formed in forward, as :func:`smooth_ap_loss`.
+    Cost as :func:`smooth_ap_loss`: the soft ranks of the positives against every item, in blocks, with the
+    gradient formed in forward.
 
     Shape:
         - embeddings: :math:`(B, D)`; labels :math:`(B,)` or :math:`(B, 1)`.
@@ -423,7 +474,15 @@ def recall_at_k_loss(
     kt = torch.stack([torch.full((), float(min(v, max(n, 1))), dtype=dt, device=dev) for v in ks])
     taus = torch.stack([torch.full((), v, dtype=dt, device=dev) for v in k_taus])
     omega = _retrieval_set(bt, include_query).to(dt)
-    recall = _per_query(lambda s, o, p, g: _recall_block(s, o, p, kt, taus, tau, g), bt.sim, omega, bt.pos.to(dt))
+    index, anchor = _anchors(bt.pos)
+    recall = _per_query(
+        lambda s, o, p, i, a, g: _recall_block(s, o, p, i, a, kt, taus, tau, g),
+        bt.sim,
+        omega,
+        bt.pos.to(dt),
+        index,
+        anchor.to(dt),
+    )
     return _mean_over_valid(1.0 - recall, bt.pos.any(1), bt)
 
 

@@ -444,7 +444,7 @@ def _isotonic_last(
     cpu = _cpu_kernels(xc)
     if not cpu and n >= 2 and _triton_for(xc) is not None:  # CUDA: sort + Triton PAV, float64 inside
         fused = _SoftRankTriton if cpu_op is _SoftRankCPU else _SoftSortTriton
-        out = _nan_rows(fused.apply(xc, eps, descending, kl), xc, False)
+        out = fused.apply(xc, eps, descending, kl)
         out = out.reshape(x.shape) if out.shape != x.shape else out
         return out if out.dtype == out_dtype else out.to(out_dtype)
     far, finite, done = False, False, None
@@ -595,7 +595,8 @@ class _SoftRankTriton(torch.autograd.Function):
     :func:`_condition_rank_inputs` and the projection in float64 with float64 weights (``x / eps``
     divided in the input dtype: the same blocks as the CPU kernels), one scatter; backward: one
     gather, the projection's vector-Jacobian product and one scatter (the conditioning's derivative
-    is the plain ``1 / eps``). Double backward through the composite path."""
+    is the plain ``1 / eps``). Rows holding a NaN or an inf are NaN, with zero gradients. Double
+    backward through the composite path."""
 
     @staticmethod
     def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
@@ -606,13 +607,14 @@ class _SoftRankTriton(torch.autograd.Function):
         w = _rank_weights(n, torch.float64, xc.device, kl)
         mu, state = _triton_kernels().projection_forward(s, w, kl)
         r = torch.exp(mu) if kl else mu
-        ctx.save_for_backward(xc, s, w, perm, r, *state)
+        bad = ~torch.isfinite(xc).all(dim=-1, keepdim=True)  # rows holding a NaN or an inf: NaN
+        ctx.save_for_backward(xc, s, w, perm, r, bad, *state)
         ctx.cfg = (eps, descending, kl)
-        return torch.empty_like(xc).scatter_(-1, perm, r.to(xc.dtype))
+        return torch.empty_like(xc).scatter_(-1, perm, r.to(xc.dtype)).masked_fill_(bad, math.nan)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        xc, s, w, perm, r, *state = ctx.saved_tensors
+        xc, s, w, perm, r, bad, *state = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             g = graph_vjp(_soft_rank_composite, grad, xc, eps, descending, "kl" if kl else "l2")
@@ -621,7 +623,7 @@ class _SoftRankTriton(torch.autograd.Function):
         if kl:  # r = exp(mu)
             g = g * r
         gs, _ = _triton_kernels().projection_backward(g, s, w, tuple(state), kl, True, False)
-        gx = torch.empty_like(gs).scatter_(-1, perm, gs)
+        gx = torch.empty_like(gs).scatter_(-1, perm, gs).masked_fill_(bad, 0.0)
         return (gx * ((-1.0 if descending else 1.0) / eps)).to(xc.dtype), None, None, None
 
 
@@ -629,7 +631,8 @@ class _SoftSortTriton(torch.autograd.Function):
     """Soft sort of the rows of ``xc`` through the Triton kernels: one sort of ``sign * x``, the
     projection of ``rho / eps`` in float64 (rows whose gaps all exceed the limit of
     :func:`_sort_gap_limit` are the sorted row exactly); backward: the projection's product for
-    ``w`` and one scatter. Double backward through the composite path."""
+    ``w`` and one scatter. Rows holding a NaN or an inf are NaN, with zero gradients. Double
+    backward through the composite path."""
 
     @staticmethod
     def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
@@ -642,13 +645,14 @@ class _SoftSortTriton(torch.autograd.Function):
         rho = torch.arange(n, 0, -1, dtype=torch.float64, device=xc.device)
         s = torch.where(hard, rho * limit, rho / eps)
         mu, state = _triton_kernels().projection_forward(s, w64, kl)
-        ctx.save_for_backward(xc, s, w64, perm, hard, *state)
+        bad = ~torch.isfinite(xc).all(dim=-1, keepdim=True)  # rows holding a NaN or an inf: NaN
+        ctx.save_for_backward(xc, s, w64, perm, hard, bad, *state)
         ctx.cfg = (eps, descending, kl)
-        return (torch.where(hard, w64, mu) * sign).to(xc.dtype)
+        return (torch.where(hard, w64, mu) * sign).to(xc.dtype).masked_fill_(bad, math.nan)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        xc, s, w64, perm, hard, *state = ctx.saved_tensors
+        xc, s, w64, perm, hard, bad, *state = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             return graph_vjp(_soft_sort_composite, grad, xc, eps, descending, "kl" if kl else "l2"), None, None, None
@@ -657,7 +661,8 @@ class _SoftSortTriton(torch.autograd.Function):
         _, gw = _triton_kernels().projection_backward(g, s, w64, tuple(state), kl, False, True)
         assert gw is not None
         gw = torch.where(hard, g, gw)
-        return torch.empty_like(gw).scatter_(-1, perm, gw).to(xc.dtype), None, None, None
+        gx = torch.empty_like(gw).scatter_(-1, perm, gw).masked_fill_(bad, 0.0)
+        return gx.to(xc.dtype), None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:

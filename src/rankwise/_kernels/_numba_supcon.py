@@ -54,7 +54,7 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
 
     ``logits`` (m, n): anchor ``i`` (sample ``i // va``, view ``i % va``) against every view
     ``a`` (sample ``a // v``, view ``a % v``), ``m = b va``, ``n = b v``, the anchor's own entry set
-    far below the others; ``prob`` (m, n): their row softmax (own entry 0); ``mask`` (b, b): 0/1
+    far below the others; ``prob`` (m, n): their row softmax (own entry 0); ``mask`` (b, b): bool or 0/1
     positive samples (its diagonal: whether a sample's other views are positives); ``scale``:
     ``tau / tau_b``. With :math:`|P(i)| = V \sum_j mask_{sj} - mask_{ss}`, ``c = scale / (va
     \cdot \#\{s: |P(s)| > 0\})``, :math:`g_i = c` for an anchor with a positive (else 0) and

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 def _warm(k: Any) -> None:
     one = np.full((2, 2), 0.5, dtype=np.float32)  # compiles (or reads) the float32 version
     k.supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.float32), 2, 2, 1.0, 2)
+    k.supcon_out(one.copy(), one.copy(), np.ones((1, 1), dtype=np.bool_), 2, 2, 1.0, 2)  # the loss's bool mask
     norm = np.ones((2, 1), dtype=np.float32)
     k.normalize_rows(one, 1.0, one.copy(), one.copy(), norm)
     k.normalize_rows_backward(one.copy(), one, norm)
@@ -47,8 +48,9 @@ def _supcon_out(
     prob: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor, v: int, va: int, scale: float, out: int
 ) -> torch.Tensor:
     """The loss value (a 0-d tensor of the dtype of ``logits``) of the (m, N) softmax ``prob`` of
-    ``logits`` with the (B, B) positive mask; ``out`` (0 value only, 1 ``W``, 2 ``W + W^T``, 3 the
-    same from symmetric logits) says what is written over ``prob`` (contiguous CPU tensors)."""
+    ``logits`` with the (B, B) positive mask (bool, or 0/1 in any dtype); ``out`` (0 value only, 1
+    ``W``, 2 ``W + W^T``, 3 the same from symmetric logits) says what is written over ``prob``
+    (contiguous CPU tensors)."""
     k = FAMILY.require()
     if k is None:
         raise RuntimeError("rankwise: the SupCon kernel needs numba, which cannot be imported")

@@ -408,9 +408,9 @@ class _SupConOutSmall(torch.autograd.Function):
     logits is :math:`W = g P - T`, so the gradient on the normalized views is
     :math:`(W + W^\top) z / \tau` (all views anchors) or :math:`W^\top a` plus :math:`W z / \tau` on
     the anchors' rows. It is computed in forward (when ``need_grad``: ``x`` needs a gradient), so
-    only the (B, V, D) gradient is kept and backward is one multiplication. ``mask`` (B, B) holds the
-    positive samples of each sample as 0/1 in the compute dtype (its diagonal: whether the other
-    views of a sample are positives); N >= 2.
+    only the (B, V, D) gradient is kept and backward is one multiplication. ``mask`` (B, B) bool holds
+    the positive samples of each sample (its diagonal: whether the other views of a sample are
+    positives); N >= 2.
 
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
     probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
@@ -461,6 +461,7 @@ class _SupConOutSmall(torch.autograd.Function):
             total = kernels.supcon_out(prob, logits, mask, v, va, scale, out)
             w = prob
         else:
+            mask = mask.to(x.dtype)  # 0/1 in the compute dtype
             npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
             valid = npos > 0
             count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
@@ -616,13 +617,13 @@ def supcon_loss(
     va = v if contrast_mode == "all" else 1
     small_max = _SMALL_MAX_ELEMENTS_CUDA if x.device.type == "cuda" else _SMALL_MAX_ELEMENTS
     if variant == "out" and n >= 2 and b * va * n <= small_max and (chunk is None or chunk >= b * va):
-        if mask is not None:
-            pos = sample_mask(mask, b).to(x.dtype)
+        if mask is not None:  # bool (B, B) positive samples: the kernel reads them as they are
+            pos = sample_mask(mask, b)
         elif labels is not None:
             y = as_labels(labels, b).detach()
-            pos = torch.eq(y[:, None], y).to(x.dtype)  # NaN equals nothing, itself included
+            pos = torch.eq(y[:, None], y)  # NaN equals nothing, itself included
         else:
-            pos = torch.eye(b, dtype=x.dtype, device=x.device)
+            pos = torch.eye(b, dtype=torch.bool, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
             return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)

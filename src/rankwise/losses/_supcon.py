@@ -418,7 +418,11 @@ class _SupConOutSmall(torch.autograd.Function):
     over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
     weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
     (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives besides one
-    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only.
+    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only. There,
+    float32 views are also normalized before the logits, and the gradient taken through that
+    normalization after the gradient matmul, by one kernel call each
+    (:func:`rankwise._kernels.supcon.normalize_rows`: the squared norms summed in float64, so no
+    overflow or underflow at any finite magnitude; the same values as the torch ops).
     """
 
     @staticmethod
@@ -559,9 +563,9 @@ def supcon_loss(
     :math:`2^{20}` anchor x view logits: ``B = 512`` with two views) take a one-pass path with fewer,
     larger torch ops that forms the gradient already in forward (when ``features`` needs one)
     and keeps only that (B, V, D) gradient for backward; on CPU up to ``B V = 256`` its
-    per-element work between the two matrix products is one numba call (when numba is installed;
-    loaded as ``RANKWISE_NUMBA`` says), same values up to
-    float rounding.
+    per-element work between the two matrix products is one numba call, and the normalization of
+    float32 features one before and one after them (when numba is installed; loaded as
+    ``RANKWISE_NUMBA`` says), same values up to float rounding.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
     and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-L = pytest.importorskip("lightning")
+pytest.importorskip("lightning")
 pytest.importorskip("torchvision")
 pytest.importorskip("sklego")
 
+import lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 
 from rankwise.data import ClassificationData, TensorPairDataset, load_mnist5k_arrays
@@ -34,7 +35,10 @@ RECIPES = {
     "abalone_rnc": ([*TINY, "task.pretrain_epochs=1"], ["pretrain", ""]),
     "mnist5k_supcon": (SUPCON, ["", "probe"]),
     "large_mnist_neuralsort": (SORT, [""]),
-    "mnist5k_dknn": ([*QUIET, "task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"], [""]),
+    "mnist5k_dknn": (
+        [*QUIET, "task.steps=2", "task.queries=10", "task.neighbors=10", "model.options.feature_dim=8"],
+        [""],
+    ),
     "mnist5k_smooth_ap": (
         [*QUIET, "task.steps=2", "task.classes_per_batch=3", "task.samples_per_class=3", "model.options.feature_dim=8"],
         [""],
@@ -187,8 +191,9 @@ def test_dir_evaluates_its_best_checkpoint_from_ckpt_path(tmp_path, record):
     from rankwise.data import get_dataset
 
     data = get_dataset(res.config.data.name, **res.config.data.options)
+    d = data
     module = DIRRegressor(
-        cfg=res.config, input_dim=data.input_dim, bin_width=data.bin_width, train_labels=data.train_labels, meta=data.meta
+        cfg=res.config, input_dim=d.input_dim, bin_width=d.bin_width, train_labels=d.train_labels, meta=d.meta
     )
     load_weights(module, run_dir / "checkpoints" / "best.ckpt")
     _, val_dl, test_dl = regression_loaders(data, res.config)

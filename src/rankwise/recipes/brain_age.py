@@ -224,7 +224,7 @@ def _stage(run: Run, module: BrainAgeModule, name: str, epochs: int, *, last: bo
     ``last`` stage's is tested from its checkpoint)."""
     # stage 2 holds the frozen stage-1 network in eval mode on purpose
     quiet = [r"Found \d+ module\(s\) in eval mode"]
-    hand_on = None if last else "best"
+    hand_on: Literal["best"] | None = None if last else "best"
     data = LoaderData(*_loaders(run))
     return Stage(name, module, data, epochs=epochs, monitor="val/mae", hand_on=hand_on, quiet=quiet)
 

@@ -235,3 +235,21 @@ def test_supcon_tests_the_probe_checkpoint_with_trainer_test(tmp_path, record, d
     fit.fit(probe, train_dl)
     out = fit.test(probe, DataLoader(TensorDataset(fte, yte.long()), batch_size=1024), verbose=False)
     assert res.metrics["test"]["probe_acc"] == float(out[0]["test/acc"])
+
+
+def test_brain_age_stages_train_on_datamodules_and_test_their_best_checkpoints(tmp_path, record):
+    for extra in ("nibabel", "nilearn", "torchio"):
+        pytest.importorskip(extra)
+    from rankwise.data import make_brain_age_synthetic
+    from tests.recipes.test_brain_age_recipe import TINY as BRAIN
+
+    csv_path = make_brain_age_synthetic(tmp_path / "cohort", n=16, spacing=6.0)
+    sets = [f"data.options.csv={csv_path}", f"data.options.cache_dir={tmp_path / 'cache'}", *BRAIN, "run.plots=false"]
+    res = _train("brain_age_tsan_synthetic", sets, tmp_path)
+    assert [r.stage.name for r in record["stages"]] == ["stage1", ""]
+    assert all(isinstance(r.stage.data, LoaderData) and r.trainer.datamodule is r.stage.data for r in record["stages"])
+    # stage 1 hands its best weights on to stage 2; both are evaluated from their best.ckpt by Trainer.predict
+    assert [r.stage.hand_on for r in record["stages"]] == ["best", None]
+    paths = [str(c["ckpt_path"]) for c in record["predict"]]
+    stage1, stage2 = (str(res.run_dir / d / "best.ckpt") for d in ("stage1", "checkpoints"))
+    assert paths == [stage1, stage1, stage2, stage2]  # val and test of each

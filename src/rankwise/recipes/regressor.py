@@ -104,13 +104,12 @@ def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
     (Lightning loads it: :func:`evaluate_regressor`)."""
     import warnings
 
+    from rankwise.recipes.datamodules import LoaderData
     from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
 
     note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
     if note is not None:
         warnings.warn(note, DataDefaultsWarning, stacklevel=2)
-    from rankwise.recipes.datamodules import LoaderData
-
     data = LoaderData(*regression_loaders(run.data, run.cfg))
     stage = Stage("", module, data, epochs=run.cfg.trainer.max_epochs, monitor="val/mae", hand_on=None)
     run.run_stage(stage)

@@ -253,3 +253,18 @@ def test_brain_age_stages_train_on_datamodules_and_test_their_best_checkpoints(t
     paths = [str(c["ckpt_path"]) for c in record["predict"]]
     stage1, stage2 = (str(res.run_dir / d / "best.ckpt") for d in ("stage1", "checkpoints"))
     assert paths == [stage1, stage1, stage2, stage2]  # val and test of each
+
+
+def test_a_redone_probe_is_tested_from_its_own_fresh_checkpoint(tmp_path, digits):
+    """``rankwise evaluate`` retrains the local probe stage: its test must load the probe just trained, which
+    replaces ``probe/last.ckpt`` (a stale probe left there would otherwise be tested)."""
+    from rankwise.recipes.runner import evaluate
+
+    res = _train("mnist5k_supcon", SUPCON, tmp_path, digits)
+    last = res.run_dir / "probe" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["state_dict"] = {k: torch.zeros_like(v) for k, v in ckpt["state_dict"].items()}
+    torch.save(ckpt, last)  # a probe that predicts nothing useful
+    again = evaluate(res.run_dir, data=digits)
+    assert again["test"]["probe_acc"] == res.metrics["test"]["probe_acc"]
+    assert sorted(p.name for p in last.parent.glob("*.ckpt")) == ["last.ckpt"]

@@ -801,7 +801,11 @@ class Run:
             if checkpoint:
                 kw |= {
                     "enable_checkpointing": True,
-                    "callbacks": [*callbacks, ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)],
+                    # a redone stage replaces its last.ckpt (no last-v1.ckpt beside a stale one)
+                    "callbacks": [
+                        *callbacks,
+                        ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True, enable_version_counter=False),
+                    ],
                     "plugins": [AtomicCheckpointIO()],
                 }
         return _make_trainer(L.Trainer, kw)

@@ -155,7 +155,7 @@ def test_a_stage_refuses_what_the_lifecycle_cannot_do(kwargs, match):
     from rankwise.recipes.stages import Stage
 
     with pytest.raises(ValueError, match=match):
-        Stage(**{"name": "s", "module": None, "train": None, **kwargs})
+        Stage(**{"name": "s", "module": None, "data": None, **kwargs})
     assert Stage("s", None, None, best=False, hand_on="last").hand_on == "last"
 
 

@@ -200,11 +200,20 @@ def to_builtin(obj: Any) -> Any:
     return obj
 
 
-def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
-    """``module.predict_step`` outputs (e.g. features) of images ``x``, CPU float32, on one device."""
+def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512, *, checkpoint: str | None = None) -> torch.Tensor:
+    """``module.predict_step`` outputs (e.g. features) of images ``x``, CPU float32, on one device.
+
+    ``checkpoint``: the run's ``checkpoints/<checkpoint>.ckpt``, loaded into ``module`` by
+    ``Trainer.predict(ckpt_path=...)`` (:meth:`Run.predict <rankwise.recipes.rundir.Run.predict>`);
+    None: the weights ``module`` holds.
+    """
     from torch.utils.data import DataLoader, TensorDataset
 
-    out = run.local_trainer().predict(module, DataLoader(TensorDataset(x), batch_size=batch))
+    loader = DataLoader(TensorDataset(x), batch_size=batch)
+    if checkpoint is None:
+        out = run.local_trainer().predict(module, loader)
+    else:
+        out, _ = run.predict(module, loader, checkpoint)
     return torch.cat([o.cpu().float() for o in out])
 
 

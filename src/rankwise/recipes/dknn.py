@@ -37,6 +37,7 @@ from rankwise.recipes.common import (
     tensors,
 )
 from rankwise.recipes.config import Config, Options
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -160,15 +161,14 @@ class DKNNRecipe(RecipeBase):
         ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
-        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last"))
-        return run.rank_zero(self._test, run, module)
+        run.run_stage(Stage("", module, LoaderData(loader), epochs=epochs, hand_on=None))
+        return run.rank_zero(self._test, run, module, "last")
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         if run.cfg.task.method == "knn_pixels":
             return self._pixels(run)
         module = self._module(run, len(run.data.train))
-        run.load(module, checkpoint or "last")
-        return self._test(run, module)
+        return self._test(run, module, checkpoint or "last")
 
     def _pixels(self, run: Run) -> dict[str, Any]:
         xtr, ytr = tensors(run.data.train)
@@ -177,10 +177,11 @@ class DKNNRecipe(RecipeBase):
         plot_embedding(run, xte.flatten(1).float(), yte)
         return {"test": {"accuracy": acc}, "device": "cpu"}
 
-    def _test(self, run: Run, module: DKNNModule) -> dict[str, Any]:
+    def _test(self, run: Run, module: DKNNModule, checkpoint: str) -> dict[str, Any]:
+        """Hard kNN test accuracy on the embeddings of ``checkpoints/<checkpoint>.ckpt``."""
         xtr, ytr = tensors(run.data.train)
         xte, yte = tensors(run.data.test)
-        ftr, fte = encode(run, module, xtr), encode(run, module, xte)
+        ftr, fte = encode(run, module, xtr, checkpoint=checkpoint), encode(run, module, xte, checkpoint=checkpoint)
         plot_embedding(run, fte, yte)
         acc = _knn_accuracy(ftr.numpy(), ytr, fte.numpy(), yte, run.cfg.task.k)
         return {"test": {"accuracy": acc}, "device": device_name(run.cfg)}

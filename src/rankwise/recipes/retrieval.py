@@ -41,6 +41,7 @@ from rankwise.recipes.common import (
     tensors,
 )
 from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -170,19 +171,21 @@ class RetrievalRecipe(RecipeBase):
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
         timer = StepTimer()
-        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last", callbacks=[timer]))
-        return run.rank_zero(self._test, run, module, timer)
+        run.run_stage(Stage("", module, LoaderData(loader), epochs=epochs, hand_on=None, callbacks=[timer]))
+        return run.rank_zero(self._test, run, module, "last", timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         module = RetrievalModule(run.cfg, meta=run.data.meta)
-        run.load(module, checkpoint or "last")
-        return self._test(run, module)
+        return self._test(run, module, checkpoint or "last")
 
-    def _test(self, run: Run, module: RetrievalModule, timer: StepTimer | None = None) -> dict[str, Any]:
+    def _test(
+        self, run: Run, module: RetrievalModule, checkpoint: str, timer: StepTimer | None = None
+    ) -> dict[str, Any]:
+        """Retrieval metrics of the test embeddings of ``checkpoints/<checkpoint>.ckpt``."""
         from rankwise.metrics import retrieval_metrics
 
         xte, yte = tensors(run.data.test)
-        emb = encode(run, module, xte)
+        emb = encode(run, module, xte, checkpoint=checkpoint)
         plot_embedding(run, emb, yte)
         m = retrieval_metrics(emb, yte, ks=tuple(run.cfg.task.ks), distance="cosine")
         test = {k: 100.0 * v for k, v in m.items() if k != "num_queries"}

@@ -531,9 +531,11 @@ class Run:
     """What a recipe's ``fit``/``evaluate`` gets: the typed config, the data and the run directory.
 
     Recipes train their stages with :meth:`run_stage` / :meth:`run_stages` (folders, ``done``
-    markers, resume, handed-on weights: :mod:`rankwise.recipes.stages`), load a checkpoint into a
-    module with :meth:`load`, run rank-0 work with :meth:`rank_zero`, and predict or test with
-    :meth:`local_trainer` (one device). :meth:`trainer` / :meth:`fit` are the stage lifecycle's
+    markers, resume, handed-on weights: :mod:`rankwise.recipes.stages`), test or predict from a
+    checkpoint with :meth:`test` / :meth:`predict` (Lightning loads it: ``ckpt_path``), load a
+    checkpoint into a module by hand with :meth:`load` (weights handed to another module, a
+    Lightning-free evaluation), run rank-0 work with :meth:`rank_zero`; :meth:`local_trainer` is
+    their one-device Trainer. :meth:`trainer` / :meth:`fit` are the stage lifecycle's
     Trainer and ``fit`` (which resumes a stage from its ``last.ckpt``).
     """
 
@@ -565,6 +567,44 @@ class Run:
         path = self.checkpoint(name, stage)
         load_weights(module, path)
         return path
+
+    def checked(self, module: torch.nn.Module, name: str = "best", stage: str = "") -> Path:
+        """Path of ``<stage dir>/<name>.ckpt`` once it is known to fit ``module`` (every key and shape
+        checked, weights-only; :class:`CheckpointError` naming the file), for Lightning to load it."""
+        path = self.checkpoint(name, stage)
+        check_state_matches(module, load_state_dict(path), path)
+        return path
+
+    def test(
+        self,
+        module: Any,
+        data: Any,
+        name: str = "best",
+        stage: str = "",
+        *,
+        trainer: Any = None,
+        callbacks: Sequence[Any] = (),
+    ) -> tuple[dict[str, float], Path]:
+        """``trainer.test(module, datamodule=data, ckpt_path=<stage dir>/<name>.ckpt)``: the test metrics
+        of a checkpoint (checked with :meth:`checked`) and its path. ``trainer``: the Trainer to test with
+        (default: :meth:`local_trainer` with ``callbacks``)."""
+        path = self.checked(module, name, stage)
+        trainer = trainer if trainer is not None else self.local_trainer(callbacks=callbacks)
+        with _restoring_weights():
+            out = trainer.test(module, datamodule=data, ckpt_path=path, weights_only=True, verbose=False)
+        return dict(out[0]), path
+
+    def predict(self, module: Any, loaders: Any, name: str = "best", stage: str = "") -> tuple[list[Any], Path]:
+        """``trainer.predict(module, loaders, ckpt_path=<stage dir>/<name>.ckpt)`` on one device (the checkpoint
+        checked with :meth:`checked`): the outputs and the checkpoint's path. ``loaders``: a
+        ``DataLoader`` or a ``LightningDataModule`` (its ``predict_dataloader``)."""
+        import lightning as L
+
+        path = self.checked(module, name, stage)
+        kw = {"datamodule": loaders} if isinstance(loaders, L.LightningDataModule) else {"dataloaders": loaders}
+        with _restoring_weights():
+            out = self.local_trainer().predict(module, ckpt_path=path, weights_only=True, **kw)
+        return list(out or []), path
 
     def run_stage(self, stage: _stages.Stage) -> _stages.StageResult:
         """Train one stage of the recipe (see :mod:`rankwise.recipes.stages`)."""
@@ -676,10 +716,16 @@ class Run:
             kwargs["limit_val_batches"] = t.limit_val_batches
         return _make_trainer(L.Trainer, kwargs)
 
-    def fit(self, trainer: Any, module: Any, train_dl: Any, val_dl: Any = None, *, stage: str = "") -> None:
-        """``trainer.fit``; with ``resume``, the stage continues from its ``last.ckpt`` when there is one."""
+    def fit(self, trainer: Any, module: Any, data: Any, val_dl: Any = None, *, stage: str = "") -> None:
+        """``trainer.fit`` on ``data`` (a ``LightningDataModule``, or a training loader and ``val_dl``); with
+        ``resume``, the stage continues from its ``last.ckpt`` when there is one."""
+        import lightning as L
+
         ckpt = self._resume_from(module, stage) if self.resume else None
-        trainer.fit(module, train_dl, val_dl, ckpt_path=ckpt, weights_only=True)
+        if isinstance(data, L.LightningDataModule):
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        else:
+            trainer.fit(module, data, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
 
     def check_last(self, module: Any, stage: str = "") -> int | None:
@@ -755,10 +801,23 @@ class Run:
             if checkpoint:
                 kw |= {
                     "enable_checkpointing": True,
-                    "callbacks": [*callbacks, ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)],
+                    # a redone stage replaces its last.ckpt (no last-v1.ckpt beside a stale one)
+                    "callbacks": [
+                        *callbacks,
+                        ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True, enable_version_counter=False),
+                    ],
                     "plugins": [AtomicCheckpointIO()],
                 }
         return _make_trainer(L.Trainer, kw)
+
+
+@contextlib.contextmanager
+def _restoring_weights() -> Iterator[None]:
+    """Lightning evaluating from ``ckpt_path`` warns that the training callbacks are absent: only the weights
+    are restored there, on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
+        yield
 
 
 def _make_trainer(cls: Any, kwargs: dict[str, Any]) -> Any:

@@ -36,7 +36,7 @@ import stat
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -61,6 +61,7 @@ __all__ = [
     "RunConfig",
     "ScheduleConfig",
     "Section",
+    "StepBudget",
     "TrainerConfig",
     "UserError",
     "apply_overrides",
@@ -271,6 +272,51 @@ class Section(BaseModel):
 
 class Options(Section):
     """Base of a recipe's ``task`` options (the recipe registers the model as ``Recipe.options``)."""
+
+
+class StepBudget(Options):
+    """A recipe's ``task`` options with a training budget of steps: ``task.steps`` in epochs of at most
+    ``task.steps_per_epoch`` (:func:`rankwise.recipes.common.epochs_and_batches`).
+
+    A recipe's options subclass it and name what a step is and after which of their own fields the
+    two keys are listed (the config reference, ``rankwise config``, the dumped config)::
+
+        class DKNNOptions(StepBudget, unit="episodes", after="n_samples"): ...
+
+    A subclass of such options (``MedianOptions(SortOptions)``) keeps its parent's ``unit`` and place.
+    """
+
+    steps: int = Field(300, description="training {unit}, in epochs of at most steps_per_epoch", ge=1)
+    steps_per_epoch: int = Field(100, description="{unit} per epoch (a checkpoint after each)", ge=1)
+
+    _step_unit: ClassVar[str] = "steps"
+    _steps_after: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, *, unit: str | None = None, after: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if unit is not None:
+            cls._step_unit = unit
+        if after is not None:
+            cls._steps_after = after
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        fields = dict(cls.__pydantic_fields__)
+        budget = {}
+        for name in ("steps", "steps_per_epoch"):
+            field = copy.copy(fields.pop(name))
+            field.description = str(StepBudget.model_fields[name].description).format(unit=cls._step_unit)
+            budget[name] = field
+        if cls._steps_after is not None and cls._steps_after not in fields:
+            raise TypeError(f"{cls.__name__}: `after` must name one of its fields, got {cls._steps_after!r}")
+        ordered: dict[str, Any] = {} if cls._steps_after is not None else dict(budget)
+        for name, field in fields.items():
+            ordered[name] = field
+            if name == cls._steps_after:
+                ordered.update(budget)
+        cls.__pydantic_fields__ = ordered
+        cls.model_rebuild(force=True)
 
 
 #: a list element that is an integer >= 1 (``schedule.milestones``)

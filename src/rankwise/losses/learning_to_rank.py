@@ -175,21 +175,26 @@ def listnet_loss(
     return _ListNet.apply(p, t, valid, e)
 
 
-def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-    """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
+def _listnet_parts(
+    p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ListNet's target ``q = softmax(t)``, ``s = softmax(p)`` (both over the valid slots, 0 elsewhere and in
+    the rows without a valid slot), ``denom = s + eps`` (1 on padding) and the loss, in differentiable ops:
+    :class:`_ListNet`'s forward, and its value for the double backward."""
     invalid = ~valid
     dead = ~valid.any(dim=-1, keepdim=True)
 
     def soft(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill(dead, 0.0), dim=-1) * valid
 
-    denom = (soft(p) + e).masked_fill(invalid, 1.0)
-    return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
+    q, s = soft(t), soft(p)
+    denom = (s + e).masked_fill(invalid, 1.0)
+    return q, s, denom, -(q * torch.log(denom)).sum() / p.shape[0]
 
 
-def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
-    return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
+def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+    """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
+    return _listnet_parts(p, t, valid, e)[-1]
 
 
 class _ListNet(torch.autograd.Function):
@@ -199,14 +204,10 @@ class _ListNet(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-        invalid = ~valid
-        dead = ~valid.any(dim=-1, keepdim=True)
-        q = _fill_softmax(t, invalid, dead, valid)
-        s = _fill_softmax(p, invalid, dead, valid)
-        denom = (s + e).masked_fill_(invalid, 1.0)
+        q, s, denom, loss = _listnet_parts(p, t, valid, e)
         ctx.save_for_backward(q, s, denom, p, t, valid)
         ctx.e = e
-        return -(q * torch.log(denom)).sum() / p.shape[0]
+        return loss
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

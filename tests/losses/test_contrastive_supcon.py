@@ -368,10 +368,15 @@ def test_anchor_subsets_add_up(variant, contrast_mode, block, label_path):
 
 
 def test_labels_with_trailing_dim_and_float_labels():
-    x = _feats(4, 2, 3)
-    y = torch.tensor([0.5, 1.0, 0.5, 2.0])
-    torch.testing.assert_close(supcon_loss(x, y[:, None]), supcon_loss(x, y))
-    assert math.isfinite(supcon_loss(x, y).item())
+    """(B, 1) labels are the (B,) labels, and float labels group by equality: the loss of the mask
+    ``y_i == y_j`` (0.25 and 0.5 are different classes; rounding or truncating them would merge them)."""
+    x = _feats(5, 2, 3)
+    y = torch.tensor([0.5, 0.25, 0.5, 2.0, 0.25])
+    want = supcon_loss(x, mask=y[:, None] == y[None, :])
+    torch.testing.assert_close(supcon_loss(x, y), want)
+    torch.testing.assert_close(supcon_loss(x, y[:, None]), want)
+    assert not torch.allclose(supcon_loss(x, y.round()), want)  # merged classes give another loss
+    assert math.isfinite(want.item())
 
 
 @pytest.mark.parametrize("variant", ["out", "in"])

@@ -26,6 +26,7 @@ Each loss has an ``nn.Module`` twin and is registered with ``register_loss``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -173,21 +175,26 @@ def listnet_loss(
     return _ListNet.apply(p, t, valid, e)
 
 
-def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-    """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
+def _listnet_parts(
+    p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ListNet's target ``q = softmax(t)``, ``s = softmax(p)`` (both over the valid slots, 0 elsewhere and in
+    the rows without a valid slot), ``denom = s + eps`` (1 on padding) and the loss, in differentiable ops:
+    :class:`_ListNet`'s forward, and its value for the double backward."""
     invalid = ~valid
     dead = ~valid.any(dim=-1, keepdim=True)
 
     def soft(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill(dead, 0.0), dim=-1) * valid
 
-    denom = (soft(p) + e).masked_fill(invalid, 1.0)
-    return -(soft(t) * torch.log(denom)).sum() / p.shape[0]
+    q, s = soft(t), soft(p)
+    denom = (s + e).masked_fill(invalid, 1.0)
+    return q, s, denom, -(q * torch.log(denom)).sum() / p.shape[0]
 
 
-def _fill_softmax(x: torch.Tensor, invalid: torch.Tensor, dead: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Softmax over the valid slots (0 elsewhere; all 0 in the ``dead`` rows, those without a valid slot)."""
-    return torch.softmax(x.masked_fill(invalid, float("-inf")).masked_fill_(dead, 0.0), dim=-1).mul_(valid)
+def _listnet_composite(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
+    """:class:`_ListNet`'s value in differentiable torch ops (double backward)."""
+    return _listnet_parts(p, t, valid, e)[-1]
 
 
 class _ListNet(torch.autograd.Function):
@@ -197,14 +204,10 @@ class _ListNet(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor, e: float) -> torch.Tensor:
-        invalid = ~valid
-        dead = ~valid.any(dim=-1, keepdim=True)
-        q = _fill_softmax(t, invalid, dead, valid)
-        s = _fill_softmax(p, invalid, dead, valid)
-        denom = (s + e).masked_fill_(invalid, 1.0)
+        q, s, denom, loss = _listnet_parts(p, t, valid, e)
         ctx.save_for_backward(q, s, denom, p, t, valid)
         ctx.e = e
-        return -(q * torch.log(denom)).sum() / p.shape[0]
+        return loss
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -738,26 +741,27 @@ def pirank_ndcg_loss(
 # --------------------------------------------------------------------------------------------------
 # Module twins
 # --------------------------------------------------------------------------------------------------
-class _Twin(nn.Module):
-    """Module twin holding the options of a functional loss."""
+class _Twin(FunctionModule):
+    """Module twin of a functional loss: the constructor's keyword-only options (``_options``, read from
+    the subclass's ``__init__`` signature) are stored as attributes and passed on; ``repr`` shows each as
+    ``name=repr(value)``, then the ``**`` options (``_kwargs``) where the twin takes them."""
 
-    _fn: Any = None
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params = inspect.signature(cls.__init__).parameters.values()
+        cls._options = tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        cls._shown = (*(f"{name}!r" for name in cls._options), *(("**",) if cls._kwargs is not None else ()))
 
     def __init__(self, **options: Any) -> None:
         super().__init__()
-        self.options = options
-
-    def forward(self, y_pred: torch.Tensor, y_true: torch.Tensor) -> torch.Tensor:
-        return type(self)._fn(y_pred, y_true, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        for name, value in options.items():
+            setattr(self, name, value)
 
 
 class ListNetLoss(_Twin):
     """Module twin of :func:`listnet_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(listnet_loss)
+    _function = staticmethod(listnet_loss)
 
     def __init__(self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE) -> None:
         super().__init__(eps=eps, padded_value_indicator=padded_value_indicator)
@@ -766,7 +770,7 @@ class ListNetLoss(_Twin):
 class ListMLELoss(_Twin):
     """Module twin of :func:`listmle_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(listmle_loss)
+    _function = staticmethod(listmle_loss)
 
     def __init__(
         self,
@@ -781,7 +785,7 @@ class ListMLELoss(_Twin):
 class RankNetLoss(_Twin):
     """Module twin of :func:`ranknet_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(ranknet_loss)
+    _function = staticmethod(ranknet_loss)
 
     def __init__(
         self,
@@ -800,7 +804,7 @@ class RankNetLoss(_Twin):
 class LambdaLoss(_Twin):
     """Module twin of :func:`lambda_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(lambda_loss)
+    _function = staticmethod(lambda_loss)
 
     def __init__(
         self,
@@ -829,7 +833,7 @@ class LambdaLoss(_Twin):
 class ApproxNDCGLoss(_Twin):
     """Module twin of :func:`approx_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(approx_ndcg_loss)
+    _function = staticmethod(approx_ndcg_loss)
 
     def __init__(
         self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE, alpha: float = 1.0
@@ -840,7 +844,7 @@ class ApproxNDCGLoss(_Twin):
 class NeuralNDCGLoss(_Twin):
     """Module twin of :func:`neural_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(neural_ndcg_loss)
+    _function = staticmethod(neural_ndcg_loss)
 
     def __init__(
         self,
@@ -871,7 +875,8 @@ class NeuralNDCGLoss(_Twin):
 class PiRankNDCGLoss(_Twin):
     """Module twin of :func:`pirank_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(pirank_ndcg_loss)
+    _function = staticmethod(pirank_ndcg_loss)
+    _kwargs = "method_options"
 
     def __init__(
         self,
@@ -887,7 +892,7 @@ class PiRankNDCGLoss(_Twin):
             k=k,
             powered_relevancies=powered_relevancies,
             padded_value_indicator=padded_value_indicator,
-            **method_options,
+            method_options=method_options,
         )
 
 

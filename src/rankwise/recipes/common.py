@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise.recipes.config import ConfigError, ModelConfig
+from rankwise.recipes.config import ConfigError, ModelConfig, StepBudget
 
 __all__ = [
     "DataDefaultsWarning",
@@ -116,7 +116,7 @@ class EpochIndexSampler(EpochShuffleSampler):
         yield from (base + torch.as_tensor(list(super().__iter__()))).tolist()
 
 
-def epochs_and_batches(t: Any) -> tuple[int, int]:
+def epochs_and_batches(t: StepBudget) -> tuple[int, int]:
     """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
     epochs = math.ceil(t.steps / t.steps_per_epoch)
     return epochs, math.ceil(t.steps / epochs)

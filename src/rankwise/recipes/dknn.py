@@ -36,7 +36,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, Options
+from rankwise.recipes.config import Config, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -46,7 +46,7 @@ from rankwise.recipes.stages import Stage
 __all__ = ["DKNNModule", "DKNNOptions", "DKNNRecipe", "Episodes"]
 
 
-class DKNNOptions(Options):
+class DKNNOptions(StepBudget, unit="episodes", after="n_samples"):
     """Differentiable kNN (NeuralSort sec. 5.3) vs plain kNN on raw pixels."""
 
     method: Literal["dknn", "knn_pixels"] = Field(
@@ -58,8 +58,6 @@ class DKNNOptions(Options):
         "deterministic", description="deterministic NeuralSort or stochastic (Gumbel) samples"
     )
     n_samples: int = Field(5, description="relaxed samples (stochastic)", ge=1)
-    steps: int = Field(300, description="training episodes, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="episodes per epoch (a checkpoint after each)", ge=1)
     queries: int = Field(100, description="query images per episode", ge=1)
     neighbors: int = Field(100, description="candidate neighbour images per episode", ge=1)
     embedding_dim: int = Field(

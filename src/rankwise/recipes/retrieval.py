@@ -40,7 +40,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -53,7 +53,7 @@ __all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalR
 RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
 
 
-class RetrievalOptions(Options):
+class RetrievalOptions(StepBudget, unit="steps", after="samples_per_class"):
     """Embedding trained with a retrieval / metric-learning loss, evaluated by Recall@k and MAP@R."""
 
     loss: str = Field(
@@ -64,8 +64,6 @@ class RetrievalOptions(Options):
     )
     classes_per_batch: int = Field(8, description="classes in every batch", ge=1)
     samples_per_class: int = Field(8, description="images of each class in every batch", ge=2)
-    steps: int = Field(300, description="training steps, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="steps per epoch (a checkpoint after each)", ge=1)
     embedding_dim: int = Field(
         64, description="width of the embedding (a linear layer on the backbone's features)", ge=1
     )

@@ -86,7 +86,7 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -123,7 +123,7 @@ TEST_SEED = 12345
 _BN_SEED_OFFSET = 1_000_003
 
 
-class SortOptions(Options):
+class SortOptions(StepBudget, unit="batches", after="bn_recalibration"):
     """NeuralSort's large-MNIST tasks (Grover et al. 2019): sort lists of 4-digit numbers / regress their median."""
 
     n: int = Field(5, description="numbers per list", ge=2)
@@ -148,8 +148,6 @@ class SortOptions(Options):
         description="before testing, re-estimate BatchNorm statistics over this many training batches (0 = off)",
         ge=0,
     )
-    steps: int = Field(300, description="training batches, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="batches per epoch (a checkpoint after each)", ge=1)
     lists_per_batch: int = Field(16, description="lists per training batch", ge=1)
     test_lists: int = Field(1000, description="fixed test lists", ge=1)
     digits: int = Field(4, description="digits per number", ge=1)

@@ -134,3 +134,40 @@ def test_isotonic_twins_keep_their_surface() -> None:
     want = soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, descending=True, dim=0)
     torch.testing.assert_close(m(x), want)
     assert not torch.allclose(m(x), soft_sort_isotonic(x, regularization="kl", regularization_strength=0.3, dim=0))
+
+
+def test_learning_to_rank_and_sinkhorn_twins_keep_their_surface() -> None:
+    """The learning-to-rank twins and the Sinkhorn twins on the base: the same ``repr`` (options shown with
+    ``repr`` for the former), no state, and ``forward`` passes every option, the ``**`` ones of PiRank too."""
+    from rankwise.losses import LambdaLoss, PiRankNDCGLoss, lambda_loss, pirank_ndcg_loss
+    from rankwise.ops import SinkhornSoftRank, soft_rank_sinkhorn
+
+    assert repr(LambdaLoss(k=3, weighing_scheme="ndcgLoss2_scheme")) == (
+        "LambdaLoss(eps=1e-10, padded_value_indicator=-1, weighing_scheme='ndcgLoss2_scheme', k=3, sigma=1.0, "
+        "mu=10.0, reduction='sum', reduction_log='binary')"
+    )
+    assert repr(PiRankNDCGLoss(tau=0.5)) == (
+        "PiRankNDCGLoss(method='neuralsort', k=None, powered_relevancies=True, padded_value_indicator=-1, tau=0.5)"
+    )
+    assert repr(SinkhornSoftRank(epsilon=0.1, num_targets=2)) == (
+        "SinkhornSoftRank(epsilon=0.1, p=2.0, num_targets=2, descending=False, tol=None, max_iter=50, dim=-1)"
+    )
+    assert list(PiRankNDCGLoss().state_dict()) == [] and list(SinkhornSoftRank().state_dict()) == []
+    assert list(inspect.signature(PiRankNDCGLoss).parameters) == [
+        "method",
+        "k",
+        "powered_relevancies",
+        "padded_value_indicator",
+        "method_options",
+    ]
+    g = torch.Generator().manual_seed(0)
+    y_pred, y_true = torch.randn(3, 6, generator=g), torch.randint(0, 4, (3, 6), generator=g).float()
+    want = pirank_ndcg_loss(y_pred, y_true, k=3, tau=0.2)
+    torch.testing.assert_close(PiRankNDCGLoss(k=3, tau=0.2)(y_pred, y_true), want)
+    assert not torch.allclose(PiRankNDCGLoss(k=3)(y_pred, y_true), want)  # tau reaches the function
+    torch.testing.assert_close(
+        LambdaLoss(k=2, sigma=2.0)(y_pred=y_pred, y_true=y_true), lambda_loss(y_pred, y_true, k=2, sigma=2.0)
+    )
+    x = torch.randn(4, 5, generator=g)
+    m = SinkhornSoftRank(epsilon=0.3, descending=True, dim=0)
+    torch.testing.assert_close(m(x), soft_rank_sinkhorn(x, epsilon=0.3, descending=True, dim=0))

@@ -339,7 +339,8 @@ def to_compute(x: torch.Tensor) -> torch.Tensor:
 
 def autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """A context in which autocast is disabled on ``device`` (matmuls inside keep their input dtype:
-    an op that computes in float32 stays float32 under ``torch.autocast``)."""
-    if torch.amp.is_autocast_available(device.type):
+    an op that computes in float32 stays float32 under ``torch.autocast``). Outside an autocast region
+    of that device it is a no-op context (entering ``torch.autocast`` costs microseconds a call)."""
+    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()

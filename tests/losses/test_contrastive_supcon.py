@@ -368,10 +368,15 @@ def test_anchor_subsets_add_up(variant, contrast_mode, block, label_path):
 
 
 def test_labels_with_trailing_dim_and_float_labels():
-    x = _feats(4, 2, 3)
-    y = torch.tensor([0.5, 1.0, 0.5, 2.0])
-    torch.testing.assert_close(supcon_loss(x, y[:, None]), supcon_loss(x, y))
-    assert math.isfinite(supcon_loss(x, y).item())
+    """(B, 1) labels are the (B,) labels, and float labels group by equality: the loss of the mask
+    ``y_i == y_j`` (0.25 and 0.5 are different classes; rounding or truncating them would merge them)."""
+    x = _feats(5, 2, 3)
+    y = torch.tensor([0.5, 0.25, 0.5, 2.0, 0.25])
+    want = supcon_loss(x, mask=y[:, None] == y[None, :])
+    torch.testing.assert_close(supcon_loss(x, y), want)
+    torch.testing.assert_close(supcon_loss(x, y[:, None]), want)
+    assert not torch.allclose(supcon_loss(x, y.round()), want)  # merged classes give another loss
+    assert math.isfinite(want.item())
 
 
 @pytest.mark.parametrize("variant", ["out", "in"])
@@ -654,3 +659,46 @@ def test_small_path_torch_ops_same_on_one_and_two_threads(monkeypatch):
     torch.testing.assert_close(one[0], two[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(one[1], two[1], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(one[0], slow_supcon(x.detach(), y), rtol=1e-10, atol=1e-12)
+
+
+def test_numba_normalization_at_any_magnitude(monkeypatch):
+    """float32 views on the kernel path are normalized by the kernel (squares summed in float64): rows
+    at 1e-37, 1e-25, 1e20 and 3e37 (whose float32 squares underflow / overflow) and an
+    all-zero row give the float64 normalization of the same values; the gradient through it equals
+    the float64 formula, and the loss and its gradient equal the float64 loss (torch path)."""
+    pytest.importorskip("numba")
+    _fresh_loader(monkeypatch, "sync")
+    ksup.FAMILY.load()
+    real = ksup.normalize_rows
+    calls = []
+    monkeypatch.setattr(ksup, "normalize_rows", lambda *args: calls.append(args[0].dtype) or real(*args))
+    g = torch.Generator().manual_seed(12)
+    b, v, d = 10, 2, 16
+    scales = torch.tensor([1.0, 1e-37, 1e-25, 1e20, 3e37] * 4, dtype=torch.float64)
+    x64 = torch.randn(b, v, d, generator=g, dtype=torch.float64) * scales.view(b, v, 1)
+    x64[3, 1] = 0.0  # an all-zero view
+    x = x64.to(torch.float32)
+    x64 = x.double()  # the same values
+    flat = x.reshape(b * v, d)
+    z, zs, norm = ksup.normalize_rows(flat, 10.0)
+    want_norm = flat.double().norm(dim=1, keepdim=True)
+    want_z = flat.double() / want_norm.where(want_norm > 0, 1.0)
+    torch.testing.assert_close(norm.double(), want_norm.where(want_norm > 0, math.inf), rtol=1e-6, atol=0)
+    torch.testing.assert_close(z.double(), want_z, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(zs.double(), want_z * 10, rtol=1e-6, atol=1e-6)
+    up = torch.randn(b * v, d, generator=g)
+    grad = up.clone()
+    ksup.normalize_rows_backward(grad, z, norm)
+    u64 = up.double()
+    want = (u64 - want_z * (want_z * u64).sum(1, keepdim=True)) / want_norm.where(want_norm > 0, math.inf)
+    torch.testing.assert_close(grad.double() * scales.view(-1, 1), want * scales.view(-1, 1), rtol=1e-5, atol=1e-6)
+    assert not grad[7].any()  # the all-zero view (sample 3, view 1)
+    y = torch.tensor([0, 1, 0, 1, 2, 2, 0, 1, 2, 3])
+    calls.clear()
+    got = _value_and_grad(x, y)
+    assert calls == [torch.float32]
+    want_value, want_grad = _value_and_grad(x64, y)  # float64: the torch ops (robust norm)
+    torch.testing.assert_close(got[0].double(), want_value, rtol=1e-5, atol=0)
+    sv = scales.view(b, v, 1)
+    torch.testing.assert_close(got[1].double() * sv, want_grad * sv, rtol=1e-4, atol=1e-6)
+    assert torch.isfinite(got[1]).all() and not got[1][3, 1].any()

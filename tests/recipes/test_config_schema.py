@@ -93,3 +93,36 @@ def test_a_recipe_registers_an_options_model():
 
     with pytest.raises(TypeError, match=r"`recipe\.options` must be a subclass of rankwise\.recipes\.config\.Options"):
         register_recipe(Bad())
+
+
+def test_step_budget_options_list_their_steps_in_place_with_their_unit():
+    """``task.steps`` / ``task.steps_per_epoch`` are declared once (:class:`StepBudget`); each recipe's
+    reference rows name its own unit and keep the keys after the recipe's chosen field."""
+    from rankwise.recipes.config import StepBudget
+    from rankwise.recipes.dknn import DKNNOptions
+    from rankwise.recipes.retrieval import RetrievalOptions
+    from rankwise.recipes.sorting import MedianOptions, SortOptions
+
+    for cls, unit, after in (
+        (DKNNOptions, "episodes", "n_samples"),
+        (RetrievalOptions, "steps", "samples_per_class"),
+        (SortOptions, "batches", "bn_recalibration"),
+        (MedianOptions, "batches", "bn_recalibration"),
+    ):
+        assert issubclass(cls, StepBudget)
+        rows = {d.key: d for d in model_fields_doc(cls, "task")}
+        assert rows["task.steps"].doc == f"training {unit}, in epochs of at most steps_per_epoch"
+        assert rows["task.steps_per_epoch"].doc == f"{unit} per epoch (a checkpoint after each)"
+        assert (rows["task.steps"].default, rows["task.steps_per_epoch"].default) == (300, 100)
+        keys = list(cls.model_fields)
+        assert keys[keys.index(after) + 1 : keys.index(after) + 3] == ["steps", "steps_per_epoch"]
+        assert list(cls.model_json_schema()["properties"]) == keys
+        with pytest.raises(ConfigError, match=r"`task\.steps_per_epoch` must be >= 1, got 0"):
+            validate_section(cls, {"steps_per_epoch": 0}, "task")
+        with pytest.raises(ConfigError, match=r"`task\.steps` must be an integer, got 2\.5"):
+            validate_section(cls, {"steps": 2.5}, "task")
+    assert MedianOptions.model_fields["median_objective"] is not None  # the subclass's own field stays
+    with pytest.raises(TypeError, match=r"`after` must name one of its fields, got 'nope'"):
+
+        class _Bad(StepBudget, after="nope"):
+            a: int = 1

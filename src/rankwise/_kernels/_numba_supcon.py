@@ -21,7 +21,7 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["supcon_out"]
+__all__ = ["normalize_rows", "normalize_rows_backward", "supcon_out"]
 
 #: Side of the square tiles of the symmetric pass (two 16 x 16 float64 tiles fit in L1 many times).
 _TILE = 16
@@ -54,7 +54,7 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
 
     ``logits`` (m, n): anchor ``i`` (sample ``i // va``, view ``i % va``) against every view
     ``a`` (sample ``a // v``, view ``a % v``), ``m = b va``, ``n = b v``, the anchor's own entry set
-    far below the others; ``prob`` (m, n): their row softmax (own entry 0); ``mask`` (b, b): 0/1
+    far below the others; ``prob`` (m, n): their row softmax (own entry 0); ``mask`` (b, b): bool or 0/1
     positive samples (its diagonal: whether a sample's other views are positives); ``scale``:
     ``tau / tau_b``. With :math:`|P(i)| = V \sum_j mask_{sj} - mask_{ss}`, ``c = scale / (va
     \cdot \#\{s: |P(s)| > 0\})``, :math:`g_i = c` for an anchor with a positive (else 0) and
@@ -163,3 +163,43 @@ def supcon_out(prob, logits, mask, v, va, scale, out):  # type: ignore[no-untype
                     if out >= 2:
                         prob[a, i] -= h
     return total
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def normalize_rows(x, inv_tau, z, zs, norm):  # type: ignore[no-untyped-def]
+    """Row normalization of the float32 (n, d) views ``x`` in one pass per row: ``norm`` (n, 1) the L2
+    norms, their squares accumulated in float64 (the square of any finite float32, 3.4e38 or 1e-45,
+    is a normal float64: no overflow or underflow), an all-zero row's norm set to ``inf``;
+    ``z = x / norm`` (an all-zero row stays 0) and ``zs = z * inv_tau``, in float32 as the torch ops.
+    (``reassoc``: the float64 sum may be vectorized, i.e. added in another order.)"""
+    n, d = x.shape
+    scale = np.float32(inv_tau)
+    for i in range(n):
+        s = 0.0
+        for j in range(d):
+            t = np.float64(x[i, j])
+            s += t * t
+        r = np.float32(math.sqrt(s))
+        if r == 0:
+            r = np.float32(np.inf)
+        norm[i, 0] = r
+        for j in range(d):
+            q = x[i, j] / r
+            z[i, j] = q
+            zs[i, j] = q * scale
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+def normalize_rows_backward(grad, z, norm):  # type: ignore[no-untyped-def]
+    """In place, the gradient ``grad`` (n, d) on the normalized rows ``z = x / norm`` taken through the
+    normalization: ``(grad - z (z . grad)) / norm`` (0 for an all-zero row, whose norm is ``inf``); the
+    row dot product accumulated in float64 (``reassoc``: in any order), the rest in float32."""
+    n, d = grad.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(d):
+            s += np.float64(z[i, j]) * np.float64(grad[i, j])
+        along = np.float32(s)
+        r = norm[i, 0]
+        for j in range(d):
+            grad[i, j] = (grad[i, j] - z[i, j] * along) / r

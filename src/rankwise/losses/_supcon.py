@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -205,11 +206,12 @@ def _autocast_off(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def run(ctx: Any, *args: Any) -> Any:
-        with torch.autocast("cpu", enabled=False):
-            if torch.cuda.is_available():
-                with torch.autocast("cuda", enabled=False):
-                    return fn(ctx, *args)
+        cpu, cuda = torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
+        if not (cpu or cuda):  # the common case: no autocast context to enter (microseconds a call)
             return fn(ctx, *args)
+        with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+            with torch.autocast("cuda", enabled=False) if cuda else contextlib.nullcontext():
+                return fn(ctx, *args)
 
     return run
 
@@ -406,9 +408,9 @@ class _SupConOutSmall(torch.autograd.Function):
     logits is :math:`W = g P - T`, so the gradient on the normalized views is
     :math:`(W + W^\top) z / \tau` (all views anchors) or :math:`W^\top a` plus :math:`W z / \tau` on
     the anchors' rows. It is computed in forward (when ``need_grad``: ``x`` needs a gradient), so
-    only the (B, V, D) gradient is kept and backward is one multiplication. ``mask`` (B, B) holds the
-    positive samples of each sample as 0/1 in the compute dtype (its diagonal: whether the other
-    views of a sample are positives); N >= 2.
+    only the (B, V, D) gradient is kept and backward is one multiplication. ``mask`` (B, B) bool holds
+    the positive samples of each sample (its diagonal: whether the other views of a sample are
+    positives); N >= 2.
 
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
     probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
@@ -416,7 +418,11 @@ class _SupConOutSmall(torch.autograd.Function):
     over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
     weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
     (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives besides one
-    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only.
+    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only. There,
+    float32 views are also normalized before the logits, and the gradient taken through that
+    normalization after the gradient matmul, by one kernel call each
+    (:func:`rankwise._kernels.supcon.normalize_rows`: the squared norms summed in float64, so no
+    overflow or underflow at any finite magnitude; the same values as the torch ops).
     """
 
     @staticmethod
@@ -434,18 +440,23 @@ class _SupConOutSmall(torch.autograd.Function):
         b, v, d = x.shape
         n, m = b * v, b * va
         xf = x.reshape(n, d)
-        if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-            norm = _norm_rows(xf)
-            norm.masked_fill_(norm == 0, math.inf)
-            z = xf / norm
+        kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and kernels.ready()
+        # float32 views normalized by the kernel: one pass instead of five torch ops, the same values
+        fused_norm = kernel and normalize and x.dtype == torch.float32
+        if fused_norm:
+            z, zs, norm = kernels.normalize_rows(xf, 1.0 / tau)
         else:
-            z = xf
-        zs = z * (1.0 / tau)
+            if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
+                norm = _norm_rows(xf)
+                norm.masked_fill_(norm == 0, math.inf)
+                z = xf / norm
+            else:
+                z = xf
+            zs = z * (1.0 / tau)
         anchors = zs if va == v else zs.view(b, v, d)[:, 0]
         logits = torch.mm(anchors, z.T)
         _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
         prob = torch.softmax(logits, 1)
-        kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and kernels.ready()
         if kernel:  # weights, value and W (+ W^T) in one kernel call
             # out: 0 the value only, 1 W, 2 W + W^T, 3 W + W^T from the symmetric logits (see below)
             sym = va == v
@@ -454,6 +465,7 @@ class _SupConOutSmall(torch.autograd.Function):
             total = kernels.supcon_out(prob, logits, mask, v, va, scale, out)
             w = prob
         else:
+            mask = mask.to(x.dtype)  # 0/1 in the compute dtype
             npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
             valid = npos > 0
             count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
@@ -480,7 +492,9 @@ class _SupConOutSmall(torch.autograd.Function):
                 grad = torch.mm(w.T.contiguous().add_(w) if one_thread else w + w.T, zs)
             else:
                 grad = torch.mm(w, zs).addmm_(w.T, zs)
-            if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
+            if fused_norm:  # in place, as below
+                kernels.normalize_rows_backward(grad, z, norm)
+            elif normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
                 along = (z * grad).sum(1, keepdim=True)
                 grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
             ctx.save_for_backward(grad.view(b, v, d))
@@ -549,9 +563,9 @@ def supcon_loss(
     :math:`2^{20}` anchor x view logits: ``B = 512`` with two views) take a one-pass path with fewer,
     larger torch ops that forms the gradient already in forward (when ``features`` needs one)
     and keeps only that (B, V, D) gradient for backward; on CPU up to ``B V = 256`` its
-    per-element work between the two matrix products is one numba call (when numba is installed;
-    loaded as ``RANKWISE_NUMBA`` says), same values up to
-    float rounding.
+    per-element work between the two matrix products is one numba call, and the normalization of
+    float32 features one before and one after them (when numba is installed; loaded as
+    ``RANKWISE_NUMBA`` says), same values up to float rounding.
 
     ``distributed=True`` / ``"auto"`` (see :mod:`rankwise.distributed`): the views (with gradient)
     and labels of all ranks are gathered; the anchors are this rank's views and :math:`A(i)`,
@@ -607,13 +621,13 @@ def supcon_loss(
     va = v if contrast_mode == "all" else 1
     small_max = _SMALL_MAX_ELEMENTS_CUDA if x.device.type == "cuda" else _SMALL_MAX_ELEMENTS
     if variant == "out" and n >= 2 and b * va * n <= small_max and (chunk is None or chunk >= b * va):
-        if mask is not None:
-            pos = sample_mask(mask, b).to(x.dtype)
+        if mask is not None:  # bool (B, B) positive samples: the kernel reads them as they are
+            pos = sample_mask(mask, b)
         elif labels is not None:
             y = as_labels(labels, b).detach()
-            pos = torch.eq(y[:, None], y).to(x.dtype)  # NaN equals nothing, itself included
+            pos = torch.eq(y[:, None], y)  # NaN equals nothing, itself included
         else:
-            pos = torch.eye(b, dtype=x.dtype, device=x.device)
+            pos = torch.eye(b, dtype=torch.bool, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
             return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)

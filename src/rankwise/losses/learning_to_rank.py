@@ -26,6 +26,7 @@ Each loss has an ``nn.Module`` twin and is registered with ``register_loss``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -792,26 +794,27 @@ def pirank_ndcg_loss(
 # --------------------------------------------------------------------------------------------------
 # Module twins
 # --------------------------------------------------------------------------------------------------
-class _Twin(nn.Module):
-    """Module twin holding the options of a functional loss."""
+class _Twin(FunctionModule):
+    """Module twin of a functional loss: the constructor's keyword-only options (``_options``, read from
+    the subclass's ``__init__`` signature) are stored as attributes and passed on; ``repr`` shows each as
+    ``name=repr(value)``, then the ``**`` options (``_kwargs``) where the twin takes them."""
 
-    _fn: Any = None
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params = inspect.signature(cls.__init__).parameters.values()
+        cls._options = tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        cls._shown = (*(f"{name}!r" for name in cls._options), *(("**",) if cls._kwargs is not None else ()))
 
     def __init__(self, **options: Any) -> None:
         super().__init__()
-        self.options = options
-
-    def forward(self, y_pred: torch.Tensor, y_true: torch.Tensor) -> torch.Tensor:
-        return type(self)._fn(y_pred, y_true, **self.options)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        for name, value in options.items():
+            setattr(self, name, value)
 
 
 class ListNetLoss(_Twin):
     """Module twin of :func:`listnet_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(listnet_loss)
+    _function = staticmethod(listnet_loss)
 
     def __init__(self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE) -> None:
         super().__init__(eps=eps, padded_value_indicator=padded_value_indicator)
@@ -820,7 +823,7 @@ class ListNetLoss(_Twin):
 class ListMLELoss(_Twin):
     """Module twin of :func:`listmle_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(listmle_loss)
+    _function = staticmethod(listmle_loss)
 
     def __init__(
         self,
@@ -835,7 +838,7 @@ class ListMLELoss(_Twin):
 class RankNetLoss(_Twin):
     """Module twin of :func:`ranknet_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(ranknet_loss)
+    _function = staticmethod(ranknet_loss)
 
     def __init__(
         self,
@@ -854,7 +857,7 @@ class RankNetLoss(_Twin):
 class LambdaLoss(_Twin):
     """Module twin of :func:`lambda_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(lambda_loss)
+    _function = staticmethod(lambda_loss)
 
     def __init__(
         self,
@@ -883,7 +886,7 @@ class LambdaLoss(_Twin):
 class ApproxNDCGLoss(_Twin):
     """Module twin of :func:`approx_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(approx_ndcg_loss)
+    _function = staticmethod(approx_ndcg_loss)
 
     def __init__(
         self, *, eps: float = DEFAULT_EPS, padded_value_indicator: float = PADDED_Y_VALUE, alpha: float = 1.0
@@ -894,7 +897,7 @@ class ApproxNDCGLoss(_Twin):
 class NeuralNDCGLoss(_Twin):
     """Module twin of :func:`neural_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(neural_ndcg_loss)
+    _function = staticmethod(neural_ndcg_loss)
 
     def __init__(
         self,
@@ -925,7 +928,8 @@ class NeuralNDCGLoss(_Twin):
 class PiRankNDCGLoss(_Twin):
     """Module twin of :func:`pirank_ndcg_loss` (keyword options as the function)."""
 
-    _fn = staticmethod(pirank_ndcg_loss)
+    _function = staticmethod(pirank_ndcg_loss)
+    _kwargs = "method_options"
 
     def __init__(
         self,
@@ -941,7 +945,7 @@ class PiRankNDCGLoss(_Twin):
             k=k,
             powered_relevancies=powered_relevancies,
             padded_value_indicator=padded_value_indicator,
-            **method_options,
+            method_options=method_options,
         )
 
 

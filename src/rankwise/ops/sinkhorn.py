@@ -78,9 +78,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankwise._registry import RelaxationInfo
+from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
     check_dim,
@@ -718,10 +718,10 @@ def soft_sort_sinkhorn(
 # --------------------------------------------------------------------------------------------------
 # module twins
 # --------------------------------------------------------------------------------------------------
-class _SinkhornModule(nn.Module):
+class _SinkhornModule(FunctionModule):
     """Shared module twin: holds the options of a Sinkhorn operator."""
 
-    _fn: Any
+    _options = ("epsilon", "p", "num_targets", "descending", "tol", "max_iter", "dim")
 
     def __init__(
         self,
@@ -740,42 +740,23 @@ class _SinkhornModule(nn.Module):
         )
         self.num_targets, self.descending, self.dim = num_targets, descending, dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = type(self)._fn(
-            x,
-            epsilon=self.epsilon,
-            p=self.p,
-            num_targets=self.num_targets,
-            descending=self.descending,
-            tol=self.tol,
-            max_iter=self.max_iter,
-            dim=self.dim,
-        )
-        return out
-
-    def extra_repr(self) -> str:
-        return (
-            f"epsilon={self.epsilon}, p={self.p}, num_targets={self.num_targets}, descending={self.descending}, "
-            f"tol={self.tol}, max_iter={self.max_iter}, dim={self.dim}"
-        )
-
 
 class SinkhornTransport(_SinkhornModule):
     """Module twin of :func:`sinkhorn_transport`."""
 
-    _fn = staticmethod(sinkhorn_transport)
+    _function = staticmethod(sinkhorn_transport)
 
 
 class SinkhornSoftRank(_SinkhornModule):
     """Module twin of :func:`soft_rank_sinkhorn`."""
 
-    _fn = staticmethod(soft_rank_sinkhorn)
+    _function = staticmethod(soft_rank_sinkhorn)
 
 
 class SinkhornSoftSort(_SinkhornModule):
     """Module twin of :func:`soft_sort_sinkhorn`."""
 
-    _fn = staticmethod(soft_sort_sinkhorn)
+    _function = staticmethod(soft_sort_sinkhorn)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from rankwise.models.brain_age import ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import build_regularizers, check_loss_config
 from rankwise.recipes.optim import configure
@@ -218,12 +219,14 @@ def _loaders(run: Run) -> tuple[Any, Any, Any]:
     return regression_loaders(run.data, run.cfg)
 
 
-def _stage(run: Run, module: BrainAgeModule, name: str, epochs: int) -> Stage:
-    """A TSAN / SFCN training stage: best = lowest validation MAE, handed on to the next stage and the test."""
-    train_dl, val_dl, _ = _loaders(run)
+def _stage(run: Run, module: BrainAgeModule, name: str, epochs: int, *, last: bool) -> Stage:
+    """A TSAN / SFCN training stage: best = lowest validation MAE, handed on to the next stage (the
+    ``last`` stage's is tested from its checkpoint)."""
     # stage 2 holds the frozen stage-1 network in eval mode on purpose
     quiet = [r"Found \d+ module\(s\) in eval mode"]
-    return Stage(name, module, train_dl, val_dl, epochs=epochs, monitor="val/mae", quiet=quiet)
+    hand_on: Literal["best"] | None = None if last else "best"
+    data = LoaderData(*_loaders(run))
+    return Stage(name, module, data, epochs=epochs, monitor="val/mae", hand_on=hand_on, quiet=quiet)
 
 
 def _two_stages(run: Run) -> bool:
@@ -267,21 +270,21 @@ def _stage_dirs(run: Run) -> tuple[str, str | None]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _predict(run: Run, module: BrainAgeModule, loader: Any) -> tuple[np.ndarray, np.ndarray]:
-    module.eval()
-    outs = run.local_trainer().predict(module, loader)
+def _predict(run: Run, module: BrainAgeModule, loader: Any, name: str, stage: str) -> tuple[np.ndarray, np.ndarray]:
+    outs, _ = run.predict(module, loader, name, stage)
     pred = torch.cat([o["pred"] for o in outs]).cpu().double().numpy()
     label = torch.cat([o["label"] for o in outs]).cpu().double().numpy()
     return pred, label
 
 
-def _evaluate_module(run: Run, module: BrainAgeModule, *, write: bool) -> dict[str, Any]:
-    """Val/test metrics with both bias corrections fitted on val; with ``write``, predictions.csv + plots."""
+def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *, write: bool) -> dict[str, Any]:
+    """Val/test metrics of checkpoint ``<stage dir>/<name>.ckpt`` (Lightning loads it into ``module``) with both
+    bias corrections fitted on val; with ``write``, predictions.csv + plots."""
     from rankwise.brain_age import brain_age_metrics, correct_age_bias
 
     _, val_dl, test_dl = _loaders(run)
-    val_pred, val_age = _predict(run, module, val_dl)
-    test_pred, test_age = _predict(run, module, test_dl)
+    val_pred, val_age = _predict(run, module, val_dl, name, stage)
+    test_pred, test_age = _predict(run, module, test_dl, name, stage)
     corrected: dict[str, np.ndarray] = {}
     for method in ("gap", "prediction"):
         try:
@@ -420,19 +423,21 @@ class BrainAgeRecipe(RecipeBase):
         dir1, _ = _stage_dirs(run)
         # every process trains every stage (under DDP stage 2 trains on all of them), each stage
         # starting from the best weights of the one before; rank 0 evaluates at the end
-        stages: list[Any] = [_stage(run, first, dir1, cfg.trainer.max_epochs)]
-        if _two_stages(run):
+        two = _two_stages(run)
+        stages: list[Any] = [_stage(run, first, dir1, cfg.trainer.max_epochs, last=not two)]
+        if two:
             epochs2 = cfg.task.stage2_epochs or cfg.trainer.max_epochs
-            stages.append(lambda _: _stage(run, _second(run, first, init=True), "", epochs2))
+            stages.append(lambda _: _stage(run, _second(run, first, init=True), "", epochs2, last=True))
         done = run.run_stages(stages)
         secs = [s for r in done for s in r.epoch_seconds]
         return run.rank_zero(self._test, run, [r.module for r in done], secs)
 
     def _test(self, run: Run, modules: list[BrainAgeModule], secs: list[float]) -> dict[str, Any]:
+        dir1, _ = _stage_dirs(run)
         if len(modules) == 1:
-            metrics = _evaluate_module(run, modules[0], write=True)
+            metrics = _evaluate_module(run, modules[0], "best", dir1, write=True)
         else:
-            stage1 = _evaluate_module(run, modules[0], write=False)  # the frozen stage-1 weights, unchanged
+            stage1 = _evaluate_module(run, modules[0], "best", dir1, write=False)  # the frozen stage-1 weights
             metrics = self._evaluate_second(run, modules[1], stage1, "best")
         metrics["test"]["epoch_seconds"] = float(np.mean(secs)) if secs else float("nan")
         return metrics
@@ -440,8 +445,7 @@ class BrainAgeRecipe(RecipeBase):
     def _evaluate_second(
         self, run: Run, second: BrainAgeModule, stage1: dict[str, Any], checkpoint: str
     ) -> dict[str, Any]:
-        run.load(second, checkpoint)
-        metrics = _evaluate_module(run, second, write=True)
+        metrics = _evaluate_module(run, second, checkpoint, "", write=True)
         for key in ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap"):
             metrics["test"][f"stage1_{key}"] = stage1["test"][key]
         metrics["stage1"] = stage1
@@ -452,10 +456,8 @@ class BrainAgeRecipe(RecipeBase):
         dir1, _ = _stage_dirs(run)
         name = checkpoint or "best"
         if not _two_stages(run):
-            run.load(first, name, dir1)
-            return _evaluate_module(run, first, write=True)
-        run.load(first, "best", dir1)
-        stage1 = _evaluate_module(run, first, write=False)
+            return _evaluate_module(run, first, name, dir1, write=True)
+        stage1 = _evaluate_module(run, first, "best", dir1, write=False)  # loads stage 1's best into `first`
         return self._evaluate_second(run, _second(run, first), stage1, name)
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:

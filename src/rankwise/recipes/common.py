@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise.recipes.config import ConfigError, ModelConfig
+from rankwise.recipes.config import ConfigError, ModelConfig, StepBudget
 
 __all__ = [
     "DataDefaultsWarning",
@@ -116,7 +116,7 @@ class EpochIndexSampler(EpochShuffleSampler):
         yield from (base + torch.as_tensor(list(super().__iter__()))).tolist()
 
 
-def epochs_and_batches(t: Any) -> tuple[int, int]:
+def epochs_and_batches(t: StepBudget) -> tuple[int, int]:
     """``(E, batches per epoch)`` for ``t.steps`` training batches in epochs of at most ``t.steps_per_epoch``."""
     epochs = math.ceil(t.steps / t.steps_per_epoch)
     return epochs, math.ceil(t.steps / epochs)
@@ -200,11 +200,20 @@ def to_builtin(obj: Any) -> Any:
     return obj
 
 
-def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
-    """``module.predict_step`` outputs (e.g. features) of images ``x``, CPU float32, on one device."""
+def encode(run: Any, module: Any, x: torch.Tensor, batch: int = 512, *, checkpoint: str | None = None) -> torch.Tensor:
+    """``module.predict_step`` outputs (e.g. features) of images ``x``, CPU float32, on one device.
+
+    ``checkpoint``: the run's ``checkpoints/<checkpoint>.ckpt``, loaded into ``module`` by
+    ``Trainer.predict(ckpt_path=...)`` (:meth:`Run.predict <rankwise.recipes.rundir.Run.predict>`);
+    None: the weights ``module`` holds.
+    """
     from torch.utils.data import DataLoader, TensorDataset
 
-    out = run.local_trainer().predict(module, DataLoader(TensorDataset(x), batch_size=batch))
+    loader = DataLoader(TensorDataset(x), batch_size=batch)
+    if checkpoint is None:
+        out = run.local_trainer().predict(module, loader)
+    else:
+        out, _ = run.predict(module, loader, checkpoint)
     return torch.cat([o.cpu().float() for o in out])
 
 

@@ -36,7 +36,8 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, Options
+from rankwise.recipes.config import Config, StepBudget
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -45,7 +46,7 @@ from rankwise.recipes.stages import Stage
 __all__ = ["DKNNModule", "DKNNOptions", "DKNNRecipe", "Episodes"]
 
 
-class DKNNOptions(Options):
+class DKNNOptions(StepBudget, unit="episodes", after="n_samples"):
     """Differentiable kNN (NeuralSort sec. 5.3) vs plain kNN on raw pixels."""
 
     method: Literal["dknn", "knn_pixels"] = Field(
@@ -57,8 +58,6 @@ class DKNNOptions(Options):
         "deterministic", description="deterministic NeuralSort or stochastic (Gumbel) samples"
     )
     n_samples: int = Field(5, description="relaxed samples (stochastic)", ge=1)
-    steps: int = Field(300, description="training episodes, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="episodes per epoch (a checkpoint after each)", ge=1)
     queries: int = Field(100, description="query images per episode", ge=1)
     neighbors: int = Field(100, description="candidate neighbour images per episode", ge=1)
     embedding_dim: int = Field(
@@ -160,15 +159,14 @@ class DKNNRecipe(RecipeBase):
         ds = Episodes(xtr, ytr, nq + nn_, per_epoch, cfg.run.seed)
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
-        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last"))
-        return run.rank_zero(self._test, run, module)
+        run.run_stage(Stage("", module, LoaderData(loader), epochs=epochs, hand_on=None))
+        return run.rank_zero(self._test, run, module, "last")
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         if run.cfg.task.method == "knn_pixels":
             return self._pixels(run)
         module = self._module(run, len(run.data.train))
-        run.load(module, checkpoint or "last")
-        return self._test(run, module)
+        return self._test(run, module, checkpoint or "last")
 
     def _pixels(self, run: Run) -> dict[str, Any]:
         xtr, ytr = tensors(run.data.train)
@@ -177,10 +175,11 @@ class DKNNRecipe(RecipeBase):
         plot_embedding(run, xte.flatten(1).float(), yte)
         return {"test": {"accuracy": acc}, "device": "cpu"}
 
-    def _test(self, run: Run, module: DKNNModule) -> dict[str, Any]:
+    def _test(self, run: Run, module: DKNNModule, checkpoint: str) -> dict[str, Any]:
+        """Hard kNN test accuracy on the embeddings of ``checkpoints/<checkpoint>.ckpt``."""
         xtr, ytr = tensors(run.data.train)
         xte, yte = tensors(run.data.test)
-        ftr, fte = encode(run, module, xtr), encode(run, module, xte)
+        ftr, fte = encode(run, module, xtr, checkpoint=checkpoint), encode(run, module, xte, checkpoint=checkpoint)
         plot_embedding(run, fte, yte)
         acc = _knn_accuracy(ftr.numpy(), ytr, fte.numpy(), yte, run.cfg.task.k)
         return {"test": {"accuracy": acc}, "device": device_name(run.cfg)}

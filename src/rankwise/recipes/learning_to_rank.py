@@ -43,6 +43,7 @@ from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, loader_workers, reseed
 from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -220,29 +221,30 @@ class LTRRecipe(RecipeBase):
         cfg = run.cfg
         torch.manual_seed(cfg.run.seed)
         module = self._module(run)
-        train, val, _ = self._loaders(run)
+        data = LoaderData(*self._loaders(run))
         timer = StepTimer()
         monitor = f"val/{cfg.task.val_metric}"
-        run.run_stage(
-            Stage("", module, train, val, epochs=cfg.trainer.max_epochs, monitor=monitor, mode="max", callbacks=[timer])
-        )
-        return run.rank_zero(self._finish, run, timer)
+        epochs = cfg.trainer.max_epochs
+        stage = Stage("", module, data, epochs=epochs, monitor=monitor, mode="max", hand_on=None, callbacks=[timer])
+        run.run_stage(stage)
+        return run.rank_zero(self._finish, run, module, data, timer)
 
-    def _finish(self, run: Run, timer: StepTimer) -> dict[str, Any]:
-        out = self.evaluate(run, "best")
+    def _finish(self, run: Run, module: LTRModule, data: LoaderData, timer: StepTimer) -> dict[str, Any]:
+        out = self._evaluate(run, module, data.val_dataloader(), data.test_dataloader(), "best")
         if timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
         return out
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        module = self._module(run)
-        ckpt = run.load(module, checkpoint or "best")
-        module.eval()
         _, val_dl, test_dl = self._loaders(run)
-        trainer = run.local_trainer()
-        out: dict[str, Any] = {"checkpoint": str(ckpt.relative_to(run.dir)), "device": device_name(run.cfg)}
+        return self._evaluate(run, self._module(run), val_dl, test_dl, checkpoint or "best")
+
+    def _evaluate(self, run: Run, module: LTRModule, val_dl: Any, test_dl: Any, checkpoint: str) -> dict[str, Any]:
+        """Test and val NDCG of ``checkpoints/<checkpoint>.ckpt`` (``Trainer.predict`` loads it)."""
+        out: dict[str, Any] = {"checkpoint": checkpoint, "device": device_name(run.cfg)}
         for split, dl in (("test", test_dl), ("val", val_dl)):
-            batches = trainer.predict(module, dl)
+            batches, ckpt = run.predict(module, dl, checkpoint)
+            out["checkpoint"] = str(ckpt.relative_to(run.dir))
             per_query = [ltr_metrics(b["scores"], b["relevance"], run.cfg.task.ats) for b in batches]
             out[split] = {k: float(torch.cat([m[k] for m in per_query]).mean()) * 100.0 for k in per_query[0]}
             if split == "test":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import Field
 
 from rankwise.recipes.base import RegressionRecipe
@@ -69,26 +68,28 @@ def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
     }
 
 
-def _predict(module: Any, loader: Any, trainer: Any) -> dict[str, np.ndarray]:
-    return concat_predictions(trainer.predict(module, loader))
-
-
-def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str) -> dict[str, Any]:
-    """Load ``checkpoints/<checkpoint>.ckpt`` into ``module``; val/test shot metrics, predictions.npz, plots.
+def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str, data: Any = None) -> dict[str, Any]:
+    """Val/test shot metrics of ``checkpoints/<checkpoint>.ckpt``, predictions.npz, plots.
 
     A :class:`~rankwise.recipes.dir_module.DIRRegressor` predicts through a Lightning Trainer on
-    ``trainer.accelerator``; a plain :class:`~rankwise.recipes.dir_net.DIRNet` with
+    ``trainer.accelerator``, which loads the checkpoint (``ckpt_path``); a plain
+    :class:`~rankwise.recipes.dir_net.DIRNet` gets it loaded by :meth:`Run.load` and predicts with
     :func:`~rankwise.recipes.dir_net.predict` (on the CPU). Both end in
-    :func:`~rankwise.recipes.dir_net.write_evaluation`.
+    :func:`~rankwise.recipes.dir_net.write_evaluation`. ``data``: the training stage's
+    ``LightningDataModule`` (its val and test loaders), else the loaders are built here.
     """
-    cfg, data = run.cfg, run.data
-    ckpt = run.load(module, checkpoint)
-    module.eval()
-    _, val_dl, test_dl = regression_loaders(data, cfg)
-    if _is_lightning(module):
-        trainer = run.local_trainer()
-        test, val = _predict(module, test_dl, trainer), _predict(module, val_dl, trainer)
+    cfg = run.cfg
+    if data is not None:
+        val_dl, test_dl = data.val_dataloader(), data.test_dataloader()
     else:
+        _, val_dl, test_dl = regression_loaders(run.data, cfg)
+    if _is_lightning(module):
+        outs, ckpt = run.predict(module, test_dl, checkpoint)
+        test = concat_predictions(outs)
+        val = concat_predictions(run.predict(module, val_dl, checkpoint)[0])
+    else:
+        ckpt = run.load(module, checkpoint)
+        module.eval()
         test, val = predict(module, test_dl), predict(module, val_dl)
     return write_evaluation(run, test, val, ckpt)
 
@@ -99,17 +100,20 @@ def _is_lightning(module: Any) -> bool:
 
 
 def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
-    """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0."""
+    """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0
+    (Lightning loads it: :func:`evaluate_regressor`)."""
     import warnings
 
+    from rankwise.recipes.datamodules import LoaderData
     from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
 
     note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
     if note is not None:
         warnings.warn(note, DataDefaultsWarning, stacklevel=2)
-    train_dl, val_dl, _ = regression_loaders(run.data, run.cfg)
-    run.run_stage(Stage("", module, train_dl, val_dl, epochs=run.cfg.trainer.max_epochs, monitor="val/mae"))
-    return run.rank_zero(evaluate_regressor, run, module, "best")
+    data = LoaderData(*regression_loaders(run.data, run.cfg))
+    stage = Stage("", module, data, epochs=run.cfg.trainer.max_epochs, monitor="val/mae", hand_on=None)
+    run.run_stage(stage)
+    return run.rank_zero(evaluate_regressor, run, module, "best", data)
 
 
 class DIRRecipe(RegressionRecipe):

@@ -40,7 +40,8 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, StepBudget
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -52,7 +53,7 @@ __all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalR
 RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
 
 
-class RetrievalOptions(Options):
+class RetrievalOptions(StepBudget, unit="steps", after="samples_per_class"):
     """Embedding trained with a retrieval / metric-learning loss, evaluated by Recall@k and MAP@R."""
 
     loss: str = Field(
@@ -63,8 +64,6 @@ class RetrievalOptions(Options):
     )
     classes_per_batch: int = Field(8, description="classes in every batch", ge=1)
     samples_per_class: int = Field(8, description="images of each class in every batch", ge=2)
-    steps: int = Field(300, description="training steps, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="steps per epoch (a checkpoint after each)", ge=1)
     embedding_dim: int = Field(
         64, description="width of the embedding (a linear layer on the backbone's features)", ge=1
     )
@@ -170,19 +169,21 @@ class RetrievalRecipe(RecipeBase):
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
         loader = DataLoader(ds, batch_size=None, sampler=EpochIndexSampler(len(ds), cfg.run.seed, shuffle=False), **kw)
         timer = StepTimer()
-        run.run_stage(Stage("", module, loader, epochs=epochs, hand_on="last", callbacks=[timer]))
-        return run.rank_zero(self._test, run, module, timer)
+        run.run_stage(Stage("", module, LoaderData(loader), epochs=epochs, hand_on=None, callbacks=[timer]))
+        return run.rank_zero(self._test, run, module, "last", timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         module = RetrievalModule(run.cfg, meta=run.data.meta)
-        run.load(module, checkpoint or "last")
-        return self._test(run, module)
+        return self._test(run, module, checkpoint or "last")
 
-    def _test(self, run: Run, module: RetrievalModule, timer: StepTimer | None = None) -> dict[str, Any]:
+    def _test(
+        self, run: Run, module: RetrievalModule, checkpoint: str, timer: StepTimer | None = None
+    ) -> dict[str, Any]:
+        """Retrieval metrics of the test embeddings of ``checkpoints/<checkpoint>.ckpt``."""
         from rankwise.metrics import retrieval_metrics
 
         xte, yte = tensors(run.data.test)
-        emb = encode(run, module, xte)
+        emb = encode(run, module, xte, checkpoint=checkpoint)
         plot_embedding(run, emb, yte)
         m = retrieval_metrics(emb, yte, ks=tuple(run.cfg.task.ks), distance="cosine")
         test = {k: 100.0 * v for k, v in m.items() if k != "num_queries"}

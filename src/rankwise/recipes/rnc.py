@@ -20,6 +20,7 @@ from pydantic import Field
 
 from rankwise.recipes.common import build_backbone, check_finite, reseed
 from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import build_term
 from rankwise.recipes.optim import configure
@@ -100,7 +101,7 @@ class RnCRecipe(DIRRecipe):
         pre = RnCPretrainer(run.cfg, input_dim=data.input_dim, meta=data.meta, kind=data.kind)
         train_dl, _, _ = regression_loaders(data, run.cfg)
         epochs = run.cfg.task.pretrain_epochs
-        run.run_stage(Stage("pretrain", pre, train_dl, epochs=epochs, best=False, hand_on="last"))
+        run.run_stage(Stage("pretrain", pre, LoaderData(train_dl), epochs=epochs, best=False, hand_on="last"))
         module = build_regressor(run, freeze_backbone=True)
         module.backbone.load_state_dict(pre.backbone.state_dict())
         return fit_regressor(run, module)

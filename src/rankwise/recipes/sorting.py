@@ -86,7 +86,8 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, StepBudget
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -122,7 +123,7 @@ TEST_SEED = 12345
 _BN_SEED_OFFSET = 1_000_003
 
 
-class SortOptions(Options):
+class SortOptions(StepBudget, unit="batches", after="bn_recalibration"):
     """NeuralSort's large-MNIST tasks (Grover et al. 2019): sort lists of 4-digit numbers / regress their median."""
 
     n: int = Field(5, description="numbers per list", ge=2)
@@ -147,8 +148,6 @@ class SortOptions(Options):
         description="before testing, re-estimate BatchNorm statistics over this many training batches (0 = off)",
         ge=0,
     )
-    steps: int = Field(300, description="training batches, in epochs of at most steps_per_epoch", ge=1)
-    steps_per_epoch: int = Field(100, description="batches per epoch (a checkpoint after each)", ge=1)
     lists_per_batch: int = Field(16, description="lists per training batch", ge=1)
     test_lists: int = Field(1000, description="fixed test lists", ge=1)
     digits: int = Field(4, description="digits per number", ge=1)
@@ -586,6 +585,17 @@ def recalibrate_bn(module: SortingModule, sampler: ListSampler, t: SortOptions, 
     return True
 
 
+class RecalibrateBN(L.Callback):
+    """:func:`recalibrate_bn` when a test starts: after ``Trainer.test`` has loaded the tested checkpoint."""
+
+    def __init__(self, sampler: ListSampler, t: SortOptions, seed: int) -> None:
+        self.sampler, self.t, self.seed = sampler, t, seed
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        with torch.inference_mode(False):  # the test loop runs in inference mode; the statistics are plain buffers
+            recalibrate_bn(pl_module, self.sampler, self.t, self.seed)
+
+
 #: seed of the fixed validation lists and of the held-out validation digits
 VAL_SEED = 54321
 
@@ -677,33 +687,47 @@ class SortRecipe(RecipeBase):
             val_loader = DataLoader(val, batch_size=100)
             monitor, mode = self.monitor
         timer = StepTimer()
+        data = LoaderData(loader, val_loader, test=lambda: _test_loader(run))
         # the reference tests the best validation checkpoint (without validation, best = last)
-        stage = Stage("", module, loader, val_loader, epochs=epochs, monitor=monitor, mode=mode, callbacks=[timer])
+        stage = Stage("", module, data, epochs=epochs, monitor=monitor, mode=mode, hand_on=None, callbacks=[timer])
         run.run_stage(stage)
-        return run.rank_zero(self._test, run, module, ds.sampler, timer)
+        return run.rank_zero(self._test, run, module, data, ds.sampler, "best", timer)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         t = run.cfg.task
         xtr, ytr, *_ = digit_pools(run)
         module = SortingModule(run.cfg, meta=run.data.meta)
-        run.load(module, checkpoint or "best")
-        return self._test(run, module, ListSampler(xtr, ytr, t.n, t.digits))
+        data = LoaderData(test=lambda: _test_loader(run))
+        return self._test(run, module, data, ListSampler(xtr, ytr, t.n, t.digits), checkpoint or "best")
 
     def _test(
-        self, run: Run, module: SortingModule, sampler: ListSampler, timer: StepTimer | None = None
+        self,
+        run: Run,
+        module: SortingModule,
+        data: LoaderData,
+        sampler: ListSampler,
+        checkpoint: str,
+        timer: StepTimer | None = None,
     ) -> dict[str, Any]:
-        from torch.utils.data import DataLoader
-
-        cfg, t = run.cfg, run.cfg.task
-        recalibrate_bn(module, sampler, t, cfg.run.seed)  # the training lists' sampler
-        *_, xte, yte = digit_pools(run)
-        test = RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED)
-        out = run.local_trainer().test(module, DataLoader(test, batch_size=100), verbose=False)[0]
+        """``Trainer.test`` of ``checkpoints/<checkpoint>.ckpt``, its BatchNorm statistics first re-estimated on
+        lists of the training ``sampler``."""
+        cfg = run.cfg
+        recalibrate = RecalibrateBN(sampler, cfg.task, cfg.run.seed)
+        out, _ = run.test(module, data, checkpoint, callbacks=[recalibrate])
         result: dict[str, Any] = {"test": {k.removeprefix("test/"): float(v) for k, v in out.items()}}
         result["device"] = device_name(cfg)
         if timer is not None and timer.steps:
             result["seconds_per_step"] = timer.seconds / timer.steps
         return result
+
+
+def _test_loader(run: Run) -> Any:
+    """The fixed test lists (seed :data:`TEST_SEED`) of the held-out digits."""
+    from torch.utils.data import DataLoader
+
+    t = run.cfg.task
+    *_, xte, yte = digit_pools(run)
+    return DataLoader(RandomLists(ListSampler(xte, yte, t.n, t.digits), t.test_lists, TEST_SEED), batch_size=100)
 
 
 class MedianRecipe(SortRecipe):

@@ -1,7 +1,8 @@
 """Training stages: what a recipe trains, and the one lifecycle that trains it (:meth:`Run.run_stage`).
 
-A recipe describes each of its stages with a :class:`Stage` -- a LightningModule, its training
-(and validation) data, epochs, the checkpoint monitor, which weights it hands on -- and runs them in
+A recipe describes each of its stages with a :class:`Stage` -- a LightningModule, its data (a
+``LightningDataModule``: :class:`~rankwise.recipes.datamodules.LoaderData` over the recipe's
+loaders), epochs, the checkpoint monitor, which weights it hands on -- and runs them in
 order with ``run.run_stage(stage)`` (or ``run.run_stages([...])``); the next stage is built from the
 modules of the stages before it (the weights they hand on are loaded in them). The lifecycle alone
 owns, for every stage:
@@ -56,8 +57,8 @@ class Stage:
         name: folder of the stage: ``""`` is the main stage (``checkpoints/``, ``logs/``), another
             name ``RUN_DIR/<name>/`` and ``logs/<name>/``.
         module: the LightningModule trained.
-        train: its training ``DataLoader`` (or a ``LightningDataModule``, then ``val`` is None).
-        val: its validation ``DataLoader`` (None: no validation).
+        data: its ``LightningDataModule`` (:class:`~rankwise.recipes.datamodules.LoaderData`): training
+            data, and validation data when it defines ``val_dataloader`` (else no validation).
         epochs: training epochs.
         monitor: the logged metric selecting ``best.ckpt`` (None: the latest epoch).
         mode: ``"min"`` or ``"max"`` of ``monitor``.
@@ -74,8 +75,7 @@ class Stage:
 
     name: str
     module: Any
-    train: Any
-    val: Any = None
+    data: Any
     epochs: int = 1
     monitor: str | None = None
     mode: Literal["min", "max"] = "min"
@@ -180,6 +180,7 @@ def _quiet(patterns: Sequence[str]) -> Iterator[None]:
 
 def run_stage(run: Any, stage: Stage) -> StageResult:
     """Train ``stage`` through ``run`` (skipped when done), then load the weights it hands on."""
+    _check_data(stage)
     if stage.local:
         return _run_local(run, stage)
     done = run.ckpt_dir(stage.name) / DONE
@@ -200,7 +201,7 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
             callbacks=[timer, *stage.callbacks],
         )
         with _quiet(stage.quiet):
-            run.fit(trainer, stage.module, stage.train, stage.val, stage=stage.name)
+            run.fit(trainer, stage.module, stage.data, stage=stage.name)
         if run.is_global_zero:
             write_done(done, timer.seconds)
         result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
@@ -211,6 +212,16 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)
     return result
+
+
+def _check_data(stage: Stage) -> None:
+    import lightning as L
+
+    if not isinstance(stage.data, L.LightningDataModule):
+        raise TypeError(
+            f"`data` of stage {stage.name!r} must be a lightning.LightningDataModule "
+            f"(e.g. rankwise.recipes.datamodules.LoaderData), got {type(stage.data).__name__}"
+        )
 
 
 def _run_local(run: Any, stage: Stage) -> StageResult:
@@ -224,7 +235,7 @@ def _run_local(run: Any, stage: Stage) -> StageResult:
         max_epochs=stage.epochs, root=root, checkpoint=True, precision=stage.precision, callbacks=[timer]
     )
     with _quiet(stage.quiet):
-        trainer.fit(stage.module, stage.train, stage.val)
+        trainer.fit(stage.module, datamodule=stage.data)
     result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
     if stage.curves and not (run.evaluating and (run.dir / "plots" / f"{stage.name}_curves.png").is_file()):
         plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)  # evaluation: if missing

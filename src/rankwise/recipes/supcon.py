@@ -64,6 +64,7 @@ from rankwise.recipes.common import (
     tensors,
 )
 from rankwise.recipes.config import Config, Options
+from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import LossTerm, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -262,7 +263,8 @@ def linear_probe(
     """Test accuracy (%) of a :class:`LinearProbe` trained (Adam) on frozen features, on one device.
 
     A local stage named ``probe``: its CSV log (``RUN_DIR/probe/logs``, plotted as
-    ``plots/probe_curves.png``) and last checkpoint (``RUN_DIR/probe/last.ckpt``) are written.
+    ``plots/probe_curves.png``) and last checkpoint (``RUN_DIR/probe/last.ckpt``) are written; the
+    accuracy is ``Trainer.test`` of that checkpoint.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -273,12 +275,11 @@ def linear_probe(
         TensorDataset(ftr.float(), ytr.long()), batch_size=batch, sampler=EpochShuffleSampler(len(ytr), seed)
     )
     test_dl = DataLoader(TensorDataset(fte.float(), yte.long()), batch_size=1024)
-    stage = Stage(
-        "probe", probe, train_dl, epochs=epochs, local=True, precision=False, hand_on=None, curves="linear probe"
-    )
+    data = LoaderData(train_dl, test=test_dl)
+    stage = Stage("probe", probe, data, epochs=epochs, local=True, precision=False, hand_on=None, curves="linear probe")
     trainer = run.run_stage(stage).trainer
-    out = trainer.test(probe, test_dl, verbose=False)
-    return float(out[0]["test/acc"])
+    out, _ = run.test(probe, data, "last", "probe", trainer=trainer)
+    return float(out["test/acc"])
 
 
 def _train_images(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,20 +322,22 @@ class SupConRecipe(RecipeBase):
             drop_last=len(ds) > bs,
             **loader_workers(cfg.data.num_workers),
         )
-        # no validation split: best = the last epoch, which the probe evaluates
-        run.run_stage(Stage("", module, loader, epochs=cfg.trainer.max_epochs, hand_on="last"))
-        return run.rank_zero(self._test, run, module, xtr, ytr)
+        # no validation split: best = the last epoch, whose features the probe is trained and tested on
+        run.run_stage(Stage("", module, LoaderData(loader), epochs=cfg.trainer.max_epochs, hand_on=None))
+        return run.rank_zero(self._test, run, module, xtr, ytr, "last")
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         xtr, ytr = _train_images(run)
         module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
-        run.load(module, checkpoint or "last")
-        return self._test(run, module, xtr, ytr)
+        return self._test(run, module, xtr, ytr, checkpoint or "last")
 
-    def _test(self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor) -> dict[str, Any]:
+    def _test(
+        self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor, checkpoint: str
+    ) -> dict[str, Any]:
+        """The linear probe's test accuracy on the features of ``checkpoints/<checkpoint>.ckpt``."""
         cfg, t = run.cfg, run.cfg.task
         xte, yte = tensors(run.data.test)
-        ftr, fte = encode(run, module, xtr), encode(run, module, xte)
+        ftr, fte = encode(run, module, xtr, checkpoint=checkpoint), encode(run, module, xte, checkpoint=checkpoint)
         acc = linear_probe(
             run,
             ftr,

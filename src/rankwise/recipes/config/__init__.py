@@ -1,0 +1,129 @@
+"""Typed configuration of a run: the shared sections, the recipe's ``task`` section, loading and ``--set``.
+
+A run is described by a :class:`Config`: ``recipe`` (a name in the recipe registry, see
+:mod:`rankwise.recipes.registry`), the shared sections ``data``, ``model``, ``optimizer``,
+``schedule``, ``trainer``, ``run`` (and ``loss`` for the recipes that train a regressor), and
+``task``: the options model that the recipe owns (``SortOptions`` for ``recipe: sort``, ...).
+
+Every section is a pydantic model (:class:`Section`: unknown keys refused, strict types, finite
+numbers, ranges as :func:`pydantic.Field` bounds, a one-line ``description`` per field), so the
+reference of all fields (:func:`config_fields`, the documentation site) is read from their JSON
+schema. :func:`validate_section` turns pydantic's first error into a one-line
+:class:`ConfigError` naming the dotted key ("did you mean", the range, the choices).
+
+Configs come from YAML files or package presets (``src/rankwise/recipes/presets/*.yaml``), may
+``extends:`` another preset/file, and accept ``--set a.b=value`` overrides whose values are parsed
+as YAML. :func:`load_config` does ONE pass: read YAML -> apply ``--set`` -> build the typed config
+-> the cross-field checks and the recipe's own. Recipes receive the typed objects. This module
+imports no recipe and not the recipe registry: the registry installs its lookup
+(:func:`set_recipe_lookup`) when it is imported.
+
+Example:
+    >>> cfg = load_config("abalone_ranksim", overrides=["trainer.max_epochs=2"])
+    >>> cfg.recipe, cfg.trainer.max_epochs, cfg.loss.regularizers[0].name
+    ('dir', 2, 'ranksim')
+"""
+
+from __future__ import annotations
+
+from rankwise.recipes.config._checks import (
+    check_kwargs as check_kwargs,
+)
+from rankwise.recipes.config._checks import (
+    check_lds_fds,
+    config_from_dict,
+    config_to_dict,
+    validate_section,
+)
+from rankwise.recipes.config._checks import (
+    check_run_name as check_run_name,
+)
+from rankwise.recipes.config._legacy import current_key, register_legacy_place, upgrade_legacy, upgrade_saved
+from rankwise.recipes.config._loading import (
+    PRESET_DIR as PRESET_DIR,
+)
+from rankwise.recipes.config._loading import (
+    apply_overrides,
+    list_presets,
+    load_config,
+    load_raw,
+    preset_path,
+)
+from rankwise.recipes.config._loading import (
+    register_raw_hook as register_raw_hook,
+)
+from rankwise.recipes.config._lookup import get_recipe as get_recipe
+from rankwise.recipes.config._lookup import set_recipe_lookup
+from rankwise.recipes.config._parsing import (
+    MAX_CONFIG_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_VALUES,
+    ConfigError,
+    UserError,
+    parse_yaml,
+)
+from rankwise.recipes.config._reference import FieldDoc, config_fields, model_fields_doc
+from rankwise.recipes.config._sections import (
+    OPTIONAL_SECTIONS as OPTIONAL_SECTIONS,
+)
+from rankwise.recipes.config._sections import (
+    UNIVERSAL_SECTIONS as UNIVERSAL_SECTIONS,
+)
+from rankwise.recipes.config._sections import (
+    Config,
+    DataConfig,
+    FDSConfig,
+    LDSConfig,
+    LossConfig,
+    ModelConfig,
+    OptimizerConfig,
+    Options,
+    RegularizerConfig,
+    ReportConfig,
+    RunConfig,
+    ScheduleConfig,
+    Section,
+    StepBudget,
+    TrainerConfig,
+)
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_VALUES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "FDSConfig",
+    "FieldDoc",
+    "LDSConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "Options",
+    "RegularizerConfig",
+    "ReportConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "Section",
+    "StepBudget",
+    "TrainerConfig",
+    "UserError",
+    "apply_overrides",
+    "check_lds_fds",
+    "config_fields",
+    "config_from_dict",
+    "config_to_dict",
+    "current_key",
+    "list_presets",
+    "load_config",
+    "load_raw",
+    "model_fields_doc",
+    "parse_yaml",
+    "preset_path",
+    "register_legacy_place",
+    "set_recipe_lookup",
+    "upgrade_legacy",
+    "upgrade_saved",
+    "validate_section",
+]

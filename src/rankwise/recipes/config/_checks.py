@@ -1,0 +1,265 @@
+"""Building a :class:`Config`: pydantic's errors as one-line messages, the cross-field checks, the recipe lookup."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from typing import Any, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from rankwise.recipes.config._legacy import MOVED, upgrade_legacy
+from rankwise.recipes.config._lookup import default_recipe, get_recipe, lookup_recipe
+from rankwise.recipes.config._parsing import ConfigError, short
+from rankwise.recipes.config._sections import (
+    OPTIONAL_SECTIONS,
+    UNIVERSAL_SECTIONS,
+    Config,
+    FDSConfig,
+    LDSConfig,
+    accepts,
+    is_model,
+    unwrap,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+# --------------------------------------------------------------------------------------------------
+# validation: pydantic's errors as the one-line messages of the CLI
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{hint}valid keys: {', '.join(sorted(valid))}"
+
+
+def walk(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The annotation at ``loc`` below ``model`` (``None`` past an unknown key or a union branch)."""
+    tp: Any = model
+    for part in loc:
+        tp = unwrap(tp)
+        if isinstance(part, int) and get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        elif isinstance(part, str) and is_model(tp) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        elif isinstance(part, str) and get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
+            return None
+    return tp
+
+
+def _dotted(loc: tuple[Any, ...], raw: Any, prefix: str) -> str:
+    """The dotted key of ``loc``: a list entry by its ``name`` (``loss.regularizers.ranksim``), else ``[i]``."""
+    key, node = prefix, raw
+    for part in loc:
+        if isinstance(part, int):
+            entry = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            key += f".{name}" if isinstance(name, str) else f"[{part}]"
+            node = entry
+        else:
+            key = f"{key}.{part}" if key else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return key
+
+
+def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
+    """One pydantic error as the message of a :class:`ConfigError` (the dotted key, what was expected)."""
+    loc, kind, value, ctx = tuple(err["loc"]), err["type"], err.get("input"), err.get("ctx") or {}
+    key = _dotted(loc, raw, prefix)
+    tp = walk(model, loc)
+    if kind == "extra_forbidden":
+        parent = unwrap(walk(model, loc[:-1]))
+        valid = list(parent.model_fields) if is_model(parent) else []
+        former = [".".join(old) for old, new in MOVED.items() if key == ".".join(new)]
+        moved = f" (`{former[0]}` moved there: this recipe does not read it)" if former else ""
+        return f"unknown config key `{key}`{moved}; " + _suggest(str(loc[-1]), valid)
+    if kind == "missing":
+        return f"`{key}` is required"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound, sym = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<")}.get(
+            kind, ("le", "<=")
+        )
+        shown = float(value) if isinstance(value, int) and tp is not None and accepts(unwrap(tp), float) else value
+        return f"`{key}` must be {sym} {ctx[bound]:g}, got {short(shown)}"
+    if kind == "finite_number":
+        return f"`{key}` must be a finite number, got {short(value)}"
+    if kind == "literal_error":
+        choices = list(get_args(unwrap(tp))) if tp is not None else []
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.4)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        return f"`{key}` must be one of {choices}, got {short(value)}{hint}"
+    expected = {
+        "int_type": "an integer",
+        "int_from_float": "an integer",
+        "int_parsing": "an integer",
+        "float_type": "a number",
+        "float_parsing": "a number",
+        "bool_type": "true or false",
+        "bool_parsing": "true or false",
+        "string_type": "a string",
+    }
+    if kind in expected:
+        return f"`{key}` must be {expected[kind]}, got {short(value)}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"`{key}` must be a mapping, got {type(value).__name__} {short(value)}"
+    if kind == "list_type":
+        return f"`{key}` must be a list, got {type(value).__name__} {short(value)}"
+    return f"`{key}`: {err['msg']}, got {short(value)}"  # pragma: no cover - every type above is mapped
+
+
+def validate_section(model: type[M], raw: Any, prefix: str = "") -> M:
+    """Build the model ``model`` of a raw (YAML) mapping; the first problem is a :class:`ConfigError`.
+
+    The message names the dotted key (below ``prefix``) and what was expected: the valid keys and
+    the closest ones ("did you mean"), the type, the range or the choices.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        where = f"`{prefix}`" if prefix else "the config"
+        raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {short(raw)}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_message(e.errors()[0], model, raw, prefix)) from None
+
+
+def _check_devices(devices: Any) -> None:
+    ok = (
+        devices == "auto"
+        or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= -1)
+        or (isinstance(devices, str) and devices.lstrip("-").isdigit())
+        or (isinstance(devices, list) and all(isinstance(d, int) and d >= 0 for d in devices) and devices)
+    )
+    if not ok:
+        raise ConfigError(f"`trainer.devices` must be 'auto', a count, -1 or a list of indices, got {devices!r}")
+
+
+def _check_limit(value: Any, key: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"`{key}` must be a count or a fraction in [0, 1], got {short(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and 0 <= value <= 1):
+        raise ConfigError(f"`{key}` as a fraction must be in [0, 1], got {short(value)}")
+    if isinstance(value, int) and value < 0:
+        raise ConfigError(f"`{key}` must be >= 0, got {short(value)}")
+
+
+def check_run_name(name: str, key: str = "run.name") -> str:
+    """A run name is one path component: not empty, no ``/`` or ``\\``, not ``.`` or ``..``."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"`{key}` must be a single path component (no '/', not '.' or '..'), got {name!r}")
+    return name
+
+
+def _check_shared(cfg: Config) -> None:
+    """Cross-field checks of the shared sections (each field's type and range were checked when built)."""
+    names = [r.name for r in cfg.loss.regularizers]
+    for n in names:
+        if names.count(n) > 1:
+            raise ConfigError(f"`loss.regularizers` lists {n!r} twice")
+    ms = cfg.schedule.milestones
+    if any(b <= a for a, b in itertools.pairwise(ms)):
+        raise ConfigError(f"`schedule.milestones` must be increasing, got {ms}")
+    t = cfg.trainer
+    _check_devices(t.devices)
+    if t.deterministic not in (True, False, "warn"):
+        raise ConfigError(f"`trainer.deterministic` must be true, false or 'warn', got {t.deterministic!r}")
+    _check_limit(t.limit_train_batches, "trainer.limit_train_batches")
+    _check_limit(t.limit_val_batches, "trainer.limit_val_batches")
+    if t.limit_train_batches == 0:
+        raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
+    check_run_name(cfg.run.name)
+    rep = cfg.report
+    if rep.few_shot is not None and rep.many_shot is not None and rep.few_shot > rep.many_shot:
+        raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
+
+
+def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:
+    """Cross-field checks of LDS and FDS options (odd kernel sizes; LDS smooths a reweighting)."""
+    for sec, ks in (("lds", lds.ks), ("fds", fds.ks)):
+        if ks % 2 == 0:
+            raise ConfigError(f"`{key}.{sec}.ks` must be odd, got {ks}")
+    if lds.lds and lds.reweight == "none":
+        raise ConfigError(
+            f"`{key}.lds.lds` is true but `{key}.lds.reweight` is 'none': LDS smooths the reweighting "
+            f"counts, set `{key}.lds.reweight` to 'sqrt_inv' or 'inverse'"
+        )
+
+
+def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:
+    """Every key of ``options`` must be a keyword parameter of ``fn`` that the recipe does not supply itself."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return
+    valid = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in supplied]
+    takes_more = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name in options:
+        if name in supplied:
+            raise ConfigError(f"option `{key}.{name}` is supplied by the recipe (a batch tensor), not by the config")
+        if name not in valid and not takes_more:
+            raise ConfigError(f"unknown option `{key}.{name}`; " + _suggest(str(name), valid))
+
+
+def _check_library(cfg: Config) -> None:
+    """Dataset and backbone names against their registries, their options against the loaders' signatures."""
+    from rankwise import data, models
+
+    for getter, name, key in (
+        (data.DATASETS.get, cfg.data.name, "data"),
+        (models.BACKBONES.get, cfg.model.backbone, "model"),
+    ):
+        field_name = "name" if key == "data" else "backbone"
+        try:
+            fn = getter(name)
+        except ValueError as e:
+            raise ConfigError(f"`{key}.{field_name}`: {e}") from None
+        check_kwargs(fn, getattr(cfg, key).options, f"{key}.options")
+
+
+def config_from_dict(raw: dict[str, Any] | None) -> Config:
+    """Build and validate the typed :class:`Config` of a raw (YAML) mapping, in one pass.
+
+    Types, ranges and unknown keys of every section; the ``task`` section is built as the options
+    model of the recipe; sections the recipe does not read must be left at their defaults;
+    then the shared cross-field checks and the recipe's own (``Recipe.check``: names and options
+    against the registries and the library signatures).
+    """
+    raw = upgrade_legacy(dict(raw or {}))
+    raw.pop("extends", None)
+    recipe = lookup_recipe(raw.get("recipe", default_recipe()))
+    task_raw = raw.pop("task", None)
+    if task_raw is not None and not isinstance(task_raw, dict):
+        raise ConfigError(f"`task` must be a mapping, got {type(task_raw).__name__} {task_raw!r}")
+    cfg = validate_section(Config, raw)
+    cfg.task = validate_section(recipe.options, task_raw, "task")
+    for sec in OPTIONAL_SECTIONS:
+        if sec not in recipe.uses and getattr(cfg, sec) != getattr(Config(), sec):
+            raise ConfigError(f"`{sec}` is not used by recipe {recipe.name!r} (it reads: {_sections(recipe)})")
+    _check_shared(cfg)
+    _check_library(cfg)
+    recipe.check(cfg)
+    return cfg
+
+
+def _sections(recipe: Any) -> str:
+    return ", ".join([*UNIVERSAL_SECTIONS, *sorted(recipe.uses), "task"])
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads."""
+    out = cfg.model_dump(mode="python")
+    out["task"] = cfg.task.model_dump(mode="python") if isinstance(cfg.task, BaseModel) else cfg.task
+    uses = get_recipe(cfg.recipe).uses
+    for sec in OPTIONAL_SECTIONS:
+        if sec not in uses:
+            out.pop(sec)
+    return out

@@ -1,0 +1,202 @@
+"""Config files, presets, ``extends:``, ``--set`` overrides and :func:`load_config` (one pass)."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_origin
+
+from rankwise.recipes.config._checks import config_from_dict, walk
+from rankwise.recipes.config._legacy import upgrade_legacy
+from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
+from rankwise.recipes.config._sections import Config, unwrap
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
+# --------------------------------------------------------------------------------------------------
+# files, presets, overrides
+
+
+def list_presets() -> dict[str, str]:
+    """Preset name -> one-line description, for every YAML under ``rankwise/recipes/presets``."""
+    import yaml
+
+    out = {}
+    for p in sorted(PRESET_DIR.glob("*.yaml")):
+        with open(p) as fh:
+            raw = yaml.safe_load(fh) or {}
+        out[p.stem] = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""
+    return out
+
+
+def preset_path(name: str) -> Path:
+    """The YAML file of the bundled preset ``name`` (only names listed by :func:`list_presets`)."""
+    names = sorted(q.stem for q in PRESET_DIR.glob("*.yaml"))
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise ConfigError(f"`{name}` is neither a config file nor a preset; {hint}see `rankwise presets`")
+    return PRESET_DIR / f"{name}.yaml"
+
+
+def _looks_like_path(source: str) -> bool:
+    return any(c in source for c in "/\\") or source.endswith((".yaml", ".yml")) or source.startswith(".")
+
+
+def _check_regular_file(path: Path) -> Path:
+    """``path`` if it is a regular file (a symlink to one counts); else a :class:`ConfigError` saying what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"config file {path} is a directory, expected a YAML file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"config file {path} is not a regular file (a device, FIFO or socket), expected a YAML file")
+    return path
+
+
+def _resolve_source(source: str | Path, base_dir: Path | None = None) -> Path:
+    """An explicit path is a path (relative to ``base_dir`` for ``extends``); a bare name is a preset."""
+    if isinstance(source, Path):
+        return _check_regular_file(source)
+    cand = (base_dir / source) if base_dir is not None else Path(source)
+    if os.path.lexists(cand) or _looks_like_path(source):
+        return _check_regular_file(cand)
+    return preset_path(source)
+
+
+def _read_config_text(path: Path) -> str:
+    """The UTF-8 text of a config file, its size checked before it is read (errors name the file, never its text)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config file {path} is {size:,} bytes; the limit is {MAX_CONFIG_BYTES:,}")
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES:,} bytes")
+    if data[:4] == b"PK\x03\x04" or b"\0" in data:
+        raise ConfigError(f"config file {path} is a binary file, expected YAML text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})") from None
+
+
+def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | None = None) -> dict[str, Any]:
+    """Read a YAML file or preset into a raw dict, resolving ``extends:`` (path or preset name).
+
+    A file must be a regular UTF-8 file of at most :data:`MAX_CONFIG_BYTES` holding a non-empty
+    mapping, within the limits of :func:`parse_yaml`.
+    """
+    path = _resolve_source(source, _base)
+    key = str(path.resolve())
+    if key in _seen:
+        raise ConfigError(f"`extends` cycle through {path}")
+    raw = parse_yaml(_read_config_text(path), f"config file {path}")
+    if raw is None or raw == {}:
+        raise ConfigError(
+            f"config file {path} is empty; write at least `extends:` or `recipe:` (see `rankwise presets`)"
+        )
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must contain a mapping, got {type(raw).__name__}")
+    raw = upgrade_legacy(raw)
+    parent = raw.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str) or not parent:
+            raise ConfigError(f"`extends` in {path} must be a preset name or a file path, got {short(parent)}")
+        raw = deep_merge(load_raw(parent, (*_seen, key), _base=path.parent), raw)
+    return raw
+
+
+def _select(node: list[Any], part: str, item: str) -> dict[str, Any]:
+    """The list entry ``part`` of ``node``: an index, or the mapping whose ``name`` is ``part`` (appended if absent)."""
+    if part.isdigit():
+        i = int(part)
+        if i >= len(node) or not isinstance(node[i], dict):
+            raise ConfigError(f"--set {item}: no entry {i} (the list has {len(node)})")
+        return node[i]
+    for entry in node:
+        if isinstance(entry, dict) and entry.get("name") == part:
+            return entry
+    node.append({"name": part})
+    return node[-1]
+
+
+def _is_list_field(parts: list[str]) -> bool:
+    """Whether the dotted path ``parts`` of a :class:`Config` is a list field (e.g. ``loss.regularizers``)."""
+    tp = walk(Config, tuple(parts))
+    return tp is not None and get_origin(unwrap(tp)) is list
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a raw dict (copied).
+
+    In a list of named entries (``loss.regularizers``) a key part selects the entry by ``name``
+    (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``. Values are parsed by
+    :func:`parse_yaml` (its limits apply to each value).
+    """
+    out = copy.deepcopy(raw)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        value = parse_yaml(text, f"--set {key}") if text.strip() else ""
+        node: Any = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                node = _select(node, part, item)
+                continue
+            if node.get(part) is not None and not isinstance(node[part], (dict, list)):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"--set {item}: `{where}` is {type(node[part]).__name__} {short(node[part])} in the config, "
+                    "not a mapping"
+                )
+            if not isinstance(node.get(part), (dict, list)):
+                node[part] = [] if _is_list_field(parts[: i + 1]) else {}
+            node = node[part]
+        if isinstance(node, list):
+            raise ConfigError(f"--set {item}: `{key}` names a list entry, set one of its fields")
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a config file / preset name / raw dict, apply ``--set`` overrides, build it (one pass)."""
+    raw: dict[str, Any]
+    if source is None:
+        raw = {}
+    elif isinstance(source, dict):
+        raw = upgrade_legacy(source)
+    else:
+        raw = load_raw(source)
+    for hook in _RAW_HOOKS:
+        raw = hook(raw, overrides)
+    # an override may spell a key at its former place (`--set run.tsne=false`): moved like a file's
+    return config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
+
+
+#: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the
+#: order registered (:mod:`rankwise.recipes.own_data` registers the switch of a preset to another
+#: dataset); the config layer knows no recipe or dataset itself
+_RAW_HOOKS: list[Callable[[dict[str, Any], list[str] | None], dict[str, Any]]] = []
+
+
+def register_raw_hook(hook: Callable[[dict[str, Any], list[str] | None], dict[str, Any]]) -> None:
+    """Add ``hook`` to the raw-config transformations of :func:`load_config` (once)."""
+    if hook not in _RAW_HOOKS:
+        _RAW_HOOKS.append(hook)

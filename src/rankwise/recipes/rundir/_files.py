@@ -1,0 +1,273 @@
+"""Run-directory files: the errors, JSON, git hash, and checkpoints (weights-only reads, atomic writes)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankwise.recipes.config import UserError
+
+log = logging.getLogger("rankwise")
+
+
+class RunDirError(UserError):
+    """The run directory cannot be used (exists, is locked by another process, is not a run directory, ...)."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, unreadable (truncated, corrupt) or refused by the weights-only loader."""
+
+
+class RunTerminated(BaseException):
+    """The process received SIGTERM, SIGHUP or SIGINT during a run; the CLI exits with ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({name})" if signum == signal.SIGINT else f"terminated by signal {name}")
+        self.signum = int(signum)
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (temporary file + ``os.replace``)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=_json_default))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def git_hash() -> str | None:
+    """Commit hash of the rankwise source checkout (``None`` outside a git work tree)."""
+    try:
+        root = Path(__file__).resolve().parents[3]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``; a missing, truncated or refused file raises :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    corrupt = (
+        f"cannot read checkpoint {path}: the file is corrupt or not a torch checkpoint "
+        "(truncated, or written by another program)"
+    )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        if not _holds_pickled_objects(path):  # random bytes, a truncated or foreign file: no pickle at all
+            raise CheckpointError(corrupt) from None
+        # never repeat torch's advice to load with weights_only=False: that would run code from the file
+        raise CheckpointError(
+            f"checkpoint {path} was refused: it holds objects other than tensors and plain data, and rankwise "
+            "only loads checkpoints in weights-only mode"
+        ) from None
+    except MemoryError:
+        raise
+    except Exception:  # any byte sequence: RuntimeError, EOFError, BadZipFile, KeyError, IndexError, ...
+        raise CheckpointError(corrupt) from None
+
+
+#: most pickle opcodes :func:`_holds_pickled_objects` reads before deciding
+_MAX_OPCODES = 1_000_000
+
+
+def _holds_pickled_objects(path: Path) -> bool:
+    """Whether ``path`` (the ``data.pkl`` of a zip checkpoint, else the file itself: up to four pickles in a
+    row, as in torch's legacy format) holds a complete pickle stream that builds objects (``GLOBAL``,
+    ``REDUCE``, ...); read with :mod:`pickletools`, which decodes the opcodes without running any of
+    them. Random bytes, a truncated pickle and a pickle of plain data only are not."""
+    import pickletools
+    import zipfile
+
+    builders = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
+    try:
+        with contextlib.ExitStack() as stack:
+            if zipfile.is_zipfile(path):
+                archive = stack.enter_context(zipfile.ZipFile(path))
+                member = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+                if member is None:
+                    return False
+                stream = stack.enter_context(archive.open(member))
+            else:
+                stream = stack.enter_context(open(path, "rb"))
+            count = 0
+            for _ in range(4):  # torch's legacy format: magic number, protocol, system info, then the objects
+                seen = False
+                for op, _, _ in pickletools.genops(stream):
+                    seen = seen or op.name in builders
+                    count += 1
+                    if count >= _MAX_OPCODES:
+                        return seen
+                if seen:  # a complete pickle stream that builds objects
+                    return True
+            return False
+    except Exception:  # an unknown opcode, a truncated stream, a broken zip: not a pickle
+        return False
+
+
+def _check_state(state: Any, path: str | Path) -> dict[str, torch.Tensor]:
+    """A state dict: a mapping of names to tensors, every floating tensor finite."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds no state dict (got {type(state).__name__})")
+    for k, v in state.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise CheckpointError(
+                f"checkpoint {path} is not a state dict: entry {str(k)[:60]!r} holds a {type(v).__name__}, not a tensor"
+            )
+        if v.is_floating_point() and v.numel() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"checkpoint {path} holds NaN or infinite weights in {k!r}")
+    return state
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model ``state_dict`` of a Lightning checkpoint (or a plain state dict), weights-only.
+
+    Raises :class:`CheckpointError` naming the file when it holds no mapping of names to tensors
+    or a NaN/infinite weight.
+    """
+    ckpt = load_checkpoint(path)
+    state = ckpt["state_dict"] if isinstance(ckpt, dict) and "state_dict" in ckpt else ckpt
+    return _check_state(state, path)
+
+
+def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """``state`` has exactly the keys of ``module.state_dict()`` with the same shapes and kinds of dtype
+    (floating or not), else :class:`CheckpointError`."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s), e.g. {missing[:3]}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {[k[:60] for k in unexpected[:3]]}")
+        raise CheckpointError(f"checkpoint {path} does not fit this run's model: {'; '.join(parts)}")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this run's model: {k!r} has shape {tuple(state[k].shape)}, "
+                f"the model's is {tuple(v.shape)}"
+            )
+        if state[k].is_floating_point() != v.is_floating_point():  # integer weights would load truncated
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this run's model: {k!r} has dtype {state[k].dtype}, "
+                f"the model's is {v.dtype}"
+            )
+
+
+def load_weights(module: torch.nn.Module, path: str | Path, *, strict: bool = True, skip: Sequence[str] = ()) -> None:
+    """Load the (Lightning or plain) checkpoint ``path`` into ``module``, every key and shape checked.
+
+    ``skip``: prefixes of keys left out; ``strict=False``: only the keys the module and the file share
+    are loaded (e.g. another run's encoder into a new head).
+    """
+    state = load_state_dict(path)
+    if skip:
+        state = {k: v for k, v in state.items() if not k.startswith(tuple(skip))}
+    if not strict:
+        module.load_state_dict(state, strict=False)
+        return
+    check_state_matches(module, state, path)
+    module.load_state_dict(state)
+
+
+def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> int | None:
+    """A ``last.ckpt`` that ``--resume`` can continue: a Lightning checkpoint of this run's model.
+    Returns the epochs it has trained (its ``epoch`` + 1; ``None`` when that is not an int).
+
+    Refused with :class:`CheckpointError` naming the file: not a regular file (a symlink to a
+    device, a directory), not a Lightning checkpoint (no ``state_dict``, ``optimizer_states``,
+    ``loops``, ``epoch``), a state dict whose keys or shapes differ from the model's, NaN weights.
+    """
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise CheckpointError(f"cannot --resume: checkpoint {path} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"cannot --resume: checkpoint {path} is not a regular file")
+    ckpt = load_checkpoint(path)
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"cannot --resume: checkpoint {path} is not a Lightning checkpoint (a {type(ckpt).__name__})"
+        )
+    missing = [k for k in ("state_dict", "optimizer_states", "loops", "epoch", "global_step") if k not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"cannot --resume: checkpoint {path} is not a Lightning training checkpoint (no {', '.join(missing)})"
+        )
+    opt = ckpt["optimizer_states"]
+    if not isinstance(opt, list) or not all(isinstance(o, dict) and "param_groups" in o for o in opt):
+        raise CheckpointError(f"cannot --resume: checkpoint {path} has no valid optimizer state")
+    check_state_matches(module, _check_state(ckpt["state_dict"], path), path)
+    epoch = ckpt["epoch"]
+    return epoch + 1 if isinstance(epoch, int) else None
+
+
+def _atomic_checkpoint_io() -> Any:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class _AtomicCheckpointIO(TorchCheckpointIO):
+        """Checkpoint I/O that never leaves a truncated file: temp file + fsync + ``os.replace``.
+
+        Loading always uses ``torch.load(weights_only=True)`` (errors name the file).
+        """
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+            if storage_options is not None:
+                raise TypeError("`storage_options` is not supported by AtomicCheckpointIO")
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            try:
+                with open(tmp, "wb") as fh:
+                    torch.save(checkpoint, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+
+        def load_checkpoint(
+            self, path: Any, map_location: Any = None, weights_only: bool | None = None
+        ) -> dict[str, Any]:
+            return load_checkpoint(path, map_location=map_location or "cpu")
+
+    return _AtomicCheckpointIO()
+
+
+def AtomicCheckpointIO() -> Any:
+    """A Lightning ``CheckpointIO`` plug-in writing checkpoints atomically (see module doc)."""
+    return _atomic_checkpoint_io()

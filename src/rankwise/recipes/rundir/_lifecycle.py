@@ -1,0 +1,275 @@
+"""The lifecycle of ``rankwise train`` / ``evaluate``: data checks, signals, :func:`run_recipe`,
+:func:`evaluate_run`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankwise.recipes import stages as _stages
+from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.rundir._directory import RunDir, is_launched_worker
+from rankwise.recipes.rundir._files import RunTerminated, git_hash, write_json
+from rankwise.recipes.rundir._trainer import Run, quiet_lightning
+
+log = logging.getLogger("rankwise")
+
+# ------------------------------------------------------------------------------------------ lifecycle
+
+
+def load_data(cfg: Config, recipe: Any) -> Any:
+    """Load ``cfg.data`` and check it suits ``recipe`` (kind, non-empty splits)."""
+    from rankwise.data import DataFormatError, get_dataset
+
+    try:
+        data = get_dataset(cfg.data.name, **cfg.data.options)
+    except DataFormatError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None
+    check_data(cfg, recipe, data)
+    return data
+
+
+def check_data(cfg: Config, recipe: Any, data: Any) -> None:
+    """The dataset has the recipe's kind and no empty split it uses."""
+    regression = hasattr(data, "train_labels")
+    ranking = hasattr(data, "num_features") and not regression
+    if (recipe.data_kind == "ranking") != ranking:
+        kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
+        need = (
+            "a ranking dataset (letor, ltr_synthetic)"
+            if recipe.data_kind == "ranking"
+            else f"a {recipe.data_kind} dataset"
+        )
+        raise ConfigError(
+            f"dataset `{cfg.data.name}` is {kind}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
+        )
+    if recipe.data_kind == "regression" and not regression:
+        raise ConfigError(
+            f"dataset `{cfg.data.name}` is a classification dataset; recipe {recipe.name!r} needs a regression "
+            "dataset (see `rankwise data list`)"
+        )
+    if recipe.data_kind == "classification" and not hasattr(data, "num_classes"):
+        raise ConfigError(
+            f"recipe {recipe.name!r} needs a classification dataset, got the regression dataset `{cfg.data.name}`"
+        )
+    splits = ("train", "val", "test") if regression or ranking else ("train", "test")
+    for s in splits:
+        split = getattr(data, s, None)
+        if split is None or len(split) == 0:
+            raise ConfigError(
+                f"dataset `{cfg.data.name}` (options {cfg.data.options}) has an empty {s} split; it needs at least "
+                f"one example in each of {', '.join(splits)} (more rows, or other `data.options`)"
+            )
+    if regression:
+        _check_target_range(cfg, data)
+
+
+def target_limit(precision: str) -> float:
+    """The largest ``|target|`` a regression run trains on at ``trainer.precision``.
+
+    float32 (and bfloat16, same range): ``sqrt(float32 max) / 2`` (about 9.2e18), so that the
+    squared error of a prediction within the target range stays finite; ``16-true``: a quarter of
+    the float16 maximum (16,376); ``64-true``: the float64 counterpart.
+    """
+    if precision in ("64-true", "64"):
+        return math.sqrt(float(np.finfo(np.float64).max)) / 2
+    if precision == "16-true":
+        return float(np.finfo(np.float16).max) / 4
+    return math.sqrt(float(np.finfo(np.float32).max)) / 2
+
+
+def _check_target_range(cfg: Config, data: Any) -> None:
+    """Refuse targets whose losses overflow the training dtype (the run would stop at its first step)."""
+    limit = target_limit(str(cfg.trainer.precision))
+    for split in ("train", "val", "test"):
+        y = np.asarray(getattr(data, f"{split}_labels", None) if hasattr(data, f"{split}_labels") else [])
+        if y.size == 0 or not np.issubdtype(y.dtype, np.number):
+            continue
+        top = float(np.max(np.abs(y)))
+        if not top <= limit:
+            raise ConfigError(
+                f"dataset `{cfg.data.name}`: {split} targets reach |y| = {top:.3g}, beyond {limit:.3g}, the largest "
+                f"target whose squared error stays finite at `trainer.precision` {cfg.trainer.precision!r}; "
+                "rescale the target column (e.g. divide it by a power of ten)"
+            )
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM / SIGHUP / SIGINT into :class:`RunTerminated` in the main thread for the duration of a run.
+
+    SIGINT (Ctrl-C) too: Lightning turns a ``KeyboardInterrupt`` into ``exit(1)`` without a word,
+    whereas the CLI promises exit status 130 and an "interrupted" line.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise RunTerminated(signum)
+
+    sigs = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _common_metrics(recipe: Any, cfg: Config) -> dict[str, Any]:
+    return {
+        "recipe": recipe.name,
+        "method": recipe.method(cfg),
+        "dataset": cfg.data.name,
+        "run": cfg.run.name,
+        "seed": cfg.run.seed,
+    }
+
+
+def run_recipe(
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    plots: bool | None = None,
+    data: Any = None,
+    callbacks: Sequence[Any] = (),
+    log_epoch: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg`` with ``recipe`` in ``run_dir`` (the lifecycle of the module doc); returns metrics.json.
+
+    Rank > 0 of a distributed run returns ``{}`` (rank 0 owns the directory, evaluates and reports).
+    """
+    import lightning as L
+
+    quiet_lightning()
+    if data is None:
+        data = load_data(cfg, recipe)
+    else:
+        check_data(cfg, recipe, data)
+    worker = is_launched_worker()
+    rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
+    try:
+        with _signals_raise():
+            if rd is not None:
+                from rankwise import __version__
+
+                if not resume:
+                    rd.write_config(cfg)
+                    rd.update_meta(
+                        rankwise_version=__version__,
+                        git_hash=git_hash(),
+                        command=" ".join(sys.argv),
+                        torch_version=torch.__version__,
+                        started=_now(),
+                        threads=cfg.trainer.num_threads or torch.get_num_threads(),
+                    )
+                rd.update_meta(status="running", error=None, pid=os.getpid())
+            if cfg.trainer.num_threads:
+                torch.set_num_threads(cfg.trainer.num_threads)
+            L.seed_everything(cfg.run.seed, workers=True, verbose=False)
+            run = Run(
+                cfg,
+                Path(run_dir),
+                data,
+                resume=resume,
+                progress=progress,
+                plots=cfg.report.plots if plots is None else plots,
+                callbacks=list(callbacks),
+                log_epoch=log_epoch,
+            )
+            t0 = time.perf_counter()
+            result = recipe.fit(run)
+            if not run.is_global_zero or worker:
+                return {}
+            seconds = round(time.perf_counter() - t0, 2)
+            metrics = {**_common_metrics(recipe, cfg), **result, "train_seconds": seconds}
+            write_json(run.dir / "metrics.json", metrics)
+            _plot_curves(run)
+            if rd is not None:
+                rd.update_meta(status="completed", train_seconds=seconds, finished=_now())
+            return metrics
+    except BaseException as e:
+        if rd is not None:
+            with contextlib.suppress(OSError):  # e.g. a full disk: keep the original error
+                rd.update_meta(status="failed", failure=type(e).__name__, error=str(e), finished=_now())
+        raise
+    finally:
+        if rd is not None:
+            rd.close()
+
+
+def _plot_curves(run: Run, *, only_missing: bool = False) -> None:
+    """``plots/training_curves.png`` from the run's CSV log (a stage's own curves: its ``Stage.curves``).
+
+    ``only_missing``: keep curves already drawn (an evaluation does not change the training logs)."""
+    pdir = run.plots_dir
+    if pdir is None:
+        return
+    if only_missing and (pdir / "training_curves.png").is_file():
+        return
+    from rankwise.recipes import reports
+
+    name = f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
+    csv = _stages.stage_log(run, "")
+    if csv.is_file():
+        reports.plot_training_curves(csv, pdir / "training_curves.png", title=name)
+
+
+def evaluate_run(
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    *,
+    checkpoint: str | None = None,
+    plots: bool | None = None,
+    data: Any = None,
+) -> dict[str, Any]:
+    """Re-evaluate a finished run from its checkpoint (``best``, ``last`` or None: the recipe's choice; see
+    :func:`rankwise.recipes.runner.check_checkpoint_name`); rewrites metrics.json (keeping the training
+    time) and plots."""
+    quiet_lightning()
+    if data is None:
+        data = load_data(cfg, recipe)
+    else:
+        check_data(cfg, recipe, data)
+    rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
+    try:
+        run = Run(cfg, Path(run_dir), data, plots=cfg.report.plots if plots is None else plots, evaluating=True)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        result = recipe.evaluate(run, checkpoint)
+        old = {}
+        with contextlib.suppress(OSError, ValueError):
+            old = json.loads((run.dir / "metrics.json").read_text())
+        metrics = {**_common_metrics(recipe, cfg), **result}
+        if isinstance(old, dict) and "train_seconds" in old:
+            metrics["train_seconds"] = old["train_seconds"]
+        write_json(run.dir / "metrics.json", metrics)
+        _plot_curves(run, only_missing=True)
+        return metrics
+    finally:
+        rd.close()

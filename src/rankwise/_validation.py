@@ -341,6 +341,9 @@ def autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]
     """A context in which autocast is disabled on ``device`` (matmuls inside keep their input dtype:
     an op that computes in float32 stays float32 under ``torch.autocast``). Outside an autocast region
     of that device it is a no-op context (entering ``torch.autocast`` costs microseconds a call)."""
-    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
+    kind = device.type
+    # cpu / cuda first: ``is_autocast_available`` is a builtin dynamo does not trace (a graph break)
+    known = kind in ("cpu", "cuda") or torch.amp.is_autocast_available(kind)
+    if known and torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
     return contextlib.nullcontext()

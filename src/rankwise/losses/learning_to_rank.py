@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._random import rand_from
 from rankwise._validation import (
     batch_loss,
     check_bool,
@@ -560,7 +561,7 @@ def _sinkhorn_scaling(
 
 def _gumbel_like(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Gumbel(0, 1) noise drawn like allRank's ``sample_gumbel`` (float32 uniforms, eps 1e-10)."""
-    u = torch.rand(shape, generator=generator, device=like.device if generator is None else generator.device)
+    u = rand_from(shape, generator, device=like.device if generator is None else generator.device)
     return (-torch.log(-torch.log(u + 1e-10) + 1e-10)).to(device=like.device, dtype=like.dtype)
 
 

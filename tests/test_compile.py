@@ -3,9 +3,9 @@
 For each entry of ``rankwise.ops.OPS`` and ``rankwise.losses.LOSSES``: the compiled function
 (``backend="aot_eager"``: dynamo's graph capture and AOT autograd, the parts that break on locks,
 threads, ``.item()``, numpy views and data-dependent Python branches) gives the eager value and
-gradients; a representative subset also runs under the default inductor backend and with
-``dynamic=True`` on a changing batch. Entries that cannot compile yet are listed in
-:data:`NOT_COMPILABLE` with the reason, as strict xfails (a fix is noticed).
+gradients, with static shapes and with ``dynamic=True`` (one compiled function over two batch
+sizes); a representative subset also runs under the default inductor backend. Entries that cannot
+compile yet are listed in :data:`NOT_COMPILABLE` with the reason, as strict xfails (a fix is noticed).
 Also: every entry under ``torch.autocast("cpu", dtype=torch.bfloat16)`` gives its documented
 output dtype and finite values where float32 does.
 """
@@ -29,13 +29,15 @@ ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + 
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 _RNN = "dynamo does not trace nn.GRU / nn.LSTM (the SoDeep sorter's recurrent network)"
-_SAMPLING = "sampling: the compiled graph draws a different random stream than eager"
-#: entries that do not compile with ``fullgraph=True`` yet, and why
+_PL_CHECK = (
+    "the CPU check that Plackett-Luce scores are > 0 (a ValueError) reads the input on the host: a data-dependent "
+    "branch that fullgraph refuses"
+)
+#: entries that do not compile with ``fullgraph=True`` yet (static or ``dynamic=True``), and why
 NOT_COMPILABLE: dict[str, str] = {
     "soft_rank.sodeep": _RNN,
-    "perturbed_rank.normal": _SAMPLING,
-    "stochastic_neural_sort": _SAMPLING,
-    "stochastic_neural_sort.hard": _SAMPLING,
+    "stochastic_neural_sort": _PL_CHECK,
+    "stochastic_neural_sort.hard": _PL_CHECK,
 }
 
 _BF16_OUT = "the result follows autocast's bfloat16 matmul instead of the inputs' float32"
@@ -97,7 +99,7 @@ PARAMS = [pytest.param(kind, e, id=i, marks=_marks(e)) for (kind, e), i in zip(E
 
 def test_not_compilable_names_exist() -> None:
     names = {e.name for _, e in ENTRIES}
-    assert set(NOT_COMPILABLE) <= names and set(SUBSET) <= names and set(AUTOCAST_FAILS) <= names
+    assert set(NOT_COMPILABLE) | set(SUBSET) | set(AUTOCAST_FAILS) | set(DYNAMIC_AOT_SUBSET) <= names
 
 
 def test_constant_result_mark_matches_torch() -> None:
@@ -128,28 +130,81 @@ def test_inductor_compile_equals_eager(name: str) -> None:
     _check(entry, "inductor")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["soft_rank.isotonic_l2", "soft_sort.isotonic_kl", "rank", "supcon", "rnc"])
-def test_dynamic_batch(name: str) -> None:
-    """``dynamic=True``: one compiled function over a changing batch (leading dim) equals eager."""
-    entry = dict((e.name, e) for _, e in ENTRIES)[name]
-    torch._dynamo.reset()
-    compiled = torch.compile(entry.fn, fullgraph=True, backend="aot_eager", dynamic=True)
-    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
+def _at_batch(ex: Example, b: int) -> Example:
+    """``ex`` with a batch (leading dim) of ``b``: a fresh first input, the other inputs that share the
+    leading dim cycled to ``b`` rows (labels, targets, masks keep their kind)."""
     x0 = ex.args[0]
-    for b in (x0.shape[0], x0.shape[0] + 3, x0.shape[0] + 7):
-        g = torch.Generator().manual_seed(b)
-        x = torch.randn((b, *x0.shape[1:]), generator=g).requires_grad_()
-        rest = list(ex.args[1:])
-        if rest and isinstance(rest[0], torch.Tensor) and rest[0].shape[:1] == x0.shape[:1]:
-            rest[0] = rest[0][torch.arange(b) % x0.shape[0]]
-        case = Example((x, *rest), dict(ex.kwargs))
+    b0 = x0.shape[0]
+    x = torch.randn((b, *x0.shape[1:]), generator=torch.Generator().manual_seed(b), dtype=x0.dtype)
+    if x0.numel() and x0.min() >= 0:  # (positive inputs: scores of a Plackett-Luce model, distances)
+        x = x.abs()
+    rest = [
+        a[torch.arange(b) % b0] if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == b0 else a
+        for a in ex.args[1:]
+    ]
+    return Example((x.requires_grad_(x0.requires_grad), *rest), dict(ex.kwargs))
+
+
+def _check_dynamic(entry: RegistryEntry, backend: str) -> None:
+    """``dynamic=True``: one compiled function called at the example's batch size and a larger one equals
+    eager at both (values, gradients, and the same NaN pattern)."""
+    torch._dynamo.reset()
+    ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
+    compiled = torch.compile(entry.fn, fullgraph=True, backend=backend, dynamic=True)
+    b = ex.args[0].shape[0]
+    for size in (b, b + 3):
+        case = _at_batch(ex, size)
         want = _run(entry.fn, entry, _fresh(case))
         got = _run(compiled, entry, _fresh(case))
         for a, c in zip(got[0] + got[1], want[0] + want[1], strict=True):
             assert (a is None) == (c is None)  # (rank: no gradient)
             if a is not None and c is not None:
-                torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def _dynamic_input(entry: RegistryEntry) -> bool:
+    """Whether the example's first input is a floating tensor with a leading dim to change (the batch, or
+    the ranked length of a 1-d input)."""
+    x0 = entry_factories(entry).example(torch.float32, torch.device("cpu")).args[0]
+    return isinstance(x0, torch.Tensor) and x0.dim() >= 1 and x0.is_floating_point()
+
+
+DYNAMIC_PARAMS = [p for p, (_, e) in zip(PARAMS, ENTRIES) if _dynamic_input(e)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "entry"), DYNAMIC_PARAMS)
+def test_dynamic_compile_equals_eager(kind: str, entry: RegistryEntry) -> None:
+    """Every entry with symbolic shapes. ``backend="eager"``: dynamo's graph capture with symbolic sizes and
+    floats (where dynamic shapes break: data-dependent checks, random draws, option checks on symbolic
+    floats), run as captured; AOT autograd's tracing, already run with static shapes above, costs 3 to 4
+    times as much again with symbolic ones, so it runs on :data:`DYNAMIC_AOT_SUBSET`
+    (``tools/probe_library.py --only G`` runs it on every entry)."""
+    _check_dynamic(entry, "eager")
+
+
+#: ``dynamic=True`` under ``aot_eager`` (symbolic shapes through AOT autograd's forward and backward graphs)
+DYNAMIC_AOT_SUBSET = [
+    "soft_rank.isotonic_l2",
+    "soft_sort.isotonic_kl",
+    "rank",
+    "supcon",
+    "rnc",
+    "perturbed_rank.normal",
+    "spearman.softsort",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DYNAMIC_AOT_SUBSET)
+def test_dynamic_aot_compile_equals_eager(name: str) -> None:
+    _check_dynamic(dict((e.name, e) for _, e in ENTRIES)[name], "aot_eager")
+
+
+def test_dynamic_params_cover_every_entry() -> None:
+    """The dynamic-shape test runs on every entry (a new entry whose first input is not a floating tensor
+    must be given its own changing-shape case)."""
+    assert [e.name for _, e in ENTRIES if not _dynamic_input(e)] == []
 
 
 def test_isotonic_kernel_ops_compile() -> None:

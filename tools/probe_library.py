@@ -731,7 +731,7 @@ def section_f() -> None:
 
 # ------------------------------------------------------------- G. torch.compile of every op and loss
 #: entries that do not compile with fullgraph=True (tests/test_compile.py's list): probed eagerly only by H
-NOT_COMPILABLE = {"soft_rank.sodeep", "perturbed_rank.normal", "stochastic_neural_sort", "stochastic_neural_sort.hard"}
+NOT_COMPILABLE = {"soft_rank.sodeep", "stochastic_neural_sort", "stochastic_neural_sort.hard"}
 MATCH = [""]
 
 

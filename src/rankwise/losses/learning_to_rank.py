@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._random import rand_from, randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
@@ -272,7 +273,7 @@ def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torc
         return torch.randperm(n, generator=generator, device=p.device)
     # drawn on the CPU like allRank's ``torch.randperm(n)``, so the same seed gives the same tie order;
     # copied without waiting for the device (a blocking copy would synchronize the host with it)
-    return torch.randperm(n, generator=generator).to(p.device, non_blocking=True)
+    return randperm_from(n, generator, device=torch.device("cpu")).to(p.device, non_blocking=True)
 
 
 @batch_loss("y_pred", "y_true")
@@ -616,7 +617,7 @@ def _sinkhorn_scaling(
 
 def _gumbel_like(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Gumbel(0, 1) noise drawn like allRank's ``sample_gumbel`` (float32 uniforms, eps 1e-10)."""
-    u = torch.rand(shape, generator=generator, device=like.device if generator is None else generator.device)
+    u = rand_from(shape, generator, device=like.device if generator is None else generator.device)
     return (-torch.log(-torch.log(u + 1e-10) + 1e-10)).to(device=like.device, dtype=like.dtype)
 
 

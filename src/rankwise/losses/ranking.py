@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from rankwise._kernels import ranksim as kernels
+from rankwise._random import randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
@@ -101,7 +102,7 @@ def sample_unique_labels(targets: torch.Tensor, *, generator: torch.Generator | 
         raise ValueError("`targets` must have shape (B,) or (B, 1), got a 0-d tensor")
     y = _targets_1d(targets, targets.shape[0])
     gen_device = generator.device if generator is not None else y.device
-    prio = torch.randperm(y.shape[0], generator=generator, device=gen_device).to(y.device)
+    prio = randperm_from(y.shape[0], generator, device=gen_device).to(y.device)
     return _unique_by_priority(y, prio)
 
 
@@ -286,7 +287,7 @@ def _ranksim_global(
         return zg.sum() * 0
     if unique_labels:  # a collective: before any rank-dependent early return
         gen_device = generator.device if generator is not None else yg.device
-        prio = broadcast(torch.randperm(total, generator=generator, device=gen_device).to(yg.device), 0)
+        prio = broadcast(randperm_from(total, generator, device=gen_device).to(yg.device), 0)
         keep = _unique_by_priority(yg, prio)
     else:
         keep = torch.ones(total, dtype=torch.bool, device=yg.device)

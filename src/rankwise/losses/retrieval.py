@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rankwise._random import rand_from, randn_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
@@ -371,7 +372,7 @@ def _similarity_mixup(bt: _Batch, labels: torch.Tensor, generator: torch.Generat
     same = (labels[first] == labels[second]).nonzero().squeeze(1)
     first, second = first[same], second[same]
     count = first.shape[0]
-    alpha = torch.rand(count, generator=generator, device=dev if generator is None else generator.device)
+    alpha = rand_from((count,), generator, device=dev if generator is None else generator.device)
     alpha = alpha.to(device=dev, dtype=dt)
     rows = torch.arange(count, device=dev)
     mix = torch.zeros(count, b, dtype=dt, device=dev)
@@ -552,7 +553,7 @@ def blackbox_ap_loss(
     posf = pos.to(dt)
     shift = posf - 0.5
     if random_margin:
-        noise = torch.randn(bt.sim.shape, generator=gen, device=bt.sim.device if gen is None else gen.device)
+        noise = randn_from(bt.sim.shape, gen, device=bt.sim.device if gen is None else gen.device)
         shift = shift * noise.to(device=bt.sim.device, dtype=dt).abs()
     scores = bt.sim - alpha * shift
     if not include_query:  # the query's own column ranks last and takes no part

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rankwise._random import rand_from
 from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -124,7 +125,7 @@ def _straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_noise(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    u = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+    u = rand_from(shape, generator, device=like.device, dtype=like.dtype)
     tiny = torch.finfo(like.dtype).tiny
     return -torch.log(-torch.log(u.clamp_min(tiny)))
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from rankwise._random import randn_from
 from rankwise._registry import RelaxationInfo
 from rankwise._validation import (
     check_bool,
@@ -64,15 +65,16 @@ _REDUCTIONS = ("mean", "sum", "none")
 Solver = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _sample(
-    shape: tuple[int, ...], like: torch.Tensor, noise: str, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise ``Z`` and ``∇ν(Z)`` (the negative score of its density)."""
+def _sample(shape: tuple[int, ...], like: torch.Tensor, noise: str, generator: torch.Generator | None) -> torch.Tensor:
+    """Noise ``Z`` of the given kind."""
     if noise == "normal":
-        z = torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
-        return z, z
-    z = gumbel_noise(shape, like, generator)
-    return z, -torch.expm1(-z)  # 1 - exp(-z)
+        return randn_from(shape, generator, device=like.device, dtype=like.dtype)
+    return gumbel_noise(shape, like, generator)
+
+
+def _grad_nu(z: torch.Tensor, noise: str) -> torch.Tensor:
+    """``∇ν(Z)``, the negative score of the noise density: ``Z`` (normal), ``1 - exp(-Z)`` (Gumbel)."""
+    return z if noise == "normal" else -torch.expm1(-z)
 
 
 class _Perturbed(torch.autograd.Function):
@@ -86,11 +88,11 @@ class _Perturbed(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, theta: torch.Tensor, solver: Solver, sigma: float, z: torch.Tensor, grad_nu: torch.Tensor
+        ctx: Any, theta: torch.Tensor, solver: Solver, sigma: float, z: torch.Tensor, noise: str
     ) -> torch.Tensor:
         y = solver(theta.unsqueeze(0) + sigma * z)  # (S, ..., n)
         ctx.sigma = sigma
-        ctx.save_for_backward(y, grad_nu)
+        ctx.save_for_backward(y, _grad_nu(z, noise))
         return y.mean(0)
 
     @staticmethod
@@ -114,8 +116,8 @@ def _perturbed(
     x: torch.Tensor, solver: Solver, sigma: float, n_samples: int, noise: str, generator: torch.Generator | None
 ) -> torch.Tensor:
     """``x`` with the solved dimension last, compute dtype."""
-    z, grad_nu = _sample((n_samples, *x.shape), x, noise, generator)
-    out: torch.Tensor = _Perturbed.apply(x, solver, sigma, z, grad_nu)
+    z = _sample((n_samples, *x.shape), x, noise, generator)
+    out: torch.Tensor = _Perturbed.apply(x, solver, sigma, z, noise)
     return out
 
 
@@ -291,7 +293,7 @@ def perturbed_fy_loss(
     cdt = common_compute_dtype(x, target_ranks)
     theta = x.movedim(d, -1).to(cdt)
     y = target_ranks.detach().movedim(d, -1).to(cdt)
-    z, _ = _sample((m, *theta.shape), theta, noise, gen)
+    z = _sample((m, *theta.shape), theta, noise, gen)
     pert = theta.unsqueeze(0) + s * z  # (S, ..., n)
     if descending:
         pert = -pert

@@ -79,6 +79,7 @@ from typing import Any
 
 import torch
 
+from rankwise._kernels._custom import constant_result
 from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -290,16 +291,44 @@ def _worst(err: torch.Tensor) -> float:
     return float(err.nan_to_num(nan=0.0).max()) if err.numel() else 0.0
 
 
+def _make_decay_values() -> tuple[float, ...]:
+    """The epsilon-scaling values without the floor: ``0.1 * 0.95^k`` down to ``_FAST_BELOW``, then a factor
+    1/100 per value, down to the smallest subnormal (384 values)."""
+    out = []
+    e = _EPS0
+    while e > 0.0:
+        out.append(e)
+        nxt = e * (_DECAY if e > _FAST_BELOW else _FAST_DECAY)
+        if nxt >= e:  # (a subnormal product may round back to e)
+            break
+        e = nxt
+    return tuple(out)
+
+
+_DECAY_VALUES = _make_decay_values()
+
+
+@constant_result
+def _decay_values() -> tuple[float, ...]:
+    """:data:`_DECAY_VALUES`; under ``torch.compile`` a constant of the trace (the tracer calls it eagerly)."""
+    return _DECAY_VALUES
+
+
 def _schedule(eps: float) -> list[float]:
     """The epsilon-scaling schedule: the authors' ``max(0.1 * 0.95^k, eps)`` down to ``_FAST_BELOW``,
     then a factor 1/100 per sweep (about 160 sweeps from 1e-6 down to the smallest subnormal, where
-    0.95 per sweep would need 14,000, and a product that rounds back to itself would never end)."""
+    0.95 per sweep would need 14,000, and a product that rounds back to itself would never end).
+
+    The decaying values are constants (:func:`_decay_values`), each only compared with ``eps``: under
+    ``torch.compile(dynamic=True)`` ``eps`` (and every module-level float the traced code reads) is a
+    symbolic float, and a schedule computed as ``max(e * decay, eps)`` nested one symbolic product and
+    ``Max`` per sweep (tracing took over 10 minutes at ``eps=1e-3``); compared with constants, ``eps``
+    only gets one guard ``eps < value`` per sweep."""
     out = []
-    e = max(_EPS0, eps)
-    while e > eps:
+    for e in _decay_values():
+        if not e > eps:
+            break
         out.append(e)
-        nxt = e * (_DECAY if e > _FAST_BELOW else _FAST_DECAY)
-        e = eps if nxt >= e else max(nxt, eps)  # (a subnormal product may round back to e)
     out.append(eps)
     return out
 

@@ -8,7 +8,6 @@ already moved so that the sorted dimension is last and must accept any leading d
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +32,13 @@ class _SoftMethod:
     rank: SoftImpl | None
     #: the implementations apply the NaN/inf policy themselves (``soft_*`` then skips its own pass)
     handles_nonfinite: bool = False
+    #: keyword options of ``sort`` / ``rank`` (``None``: it takes ``**kwargs``), read from their signatures
+    #: when the method is registered: a traced call must not inspect the signature (dynamo then reads the
+    #: defaults as graph inputs, and a float default reaches the implementation as a tensor)
+    sort_options: tuple[str, ...] | None = None
+    rank_options: tuple[str, ...] | None = None
 
 
-@functools.cache
 def _options(fn: SoftImpl) -> tuple[str, ...] | None:
     """Keyword options of an implementation (after the input and ``descending``); None if it takes ``**kwargs``."""
     params = list(inspect.signature(fn).parameters.values())[1:]
@@ -80,7 +83,14 @@ def register_soft_method(
     or inf (docs/conventions.md), so :func:`soft_sort` / :func:`soft_rank` skip their own pass.
     """
     old = SOFT_METHODS[name] if name in SOFT_METHODS else _SoftMethod(None, None)
-    method = _SoftMethod(sort=sort or old.sort, rank=rank or old.rank, handles_nonfinite=handles_nonfinite)
+    sort, rank = sort or old.sort, rank or old.rank
+    method = _SoftMethod(
+        sort=sort,
+        rank=rank,
+        handles_nonfinite=handles_nonfinite,
+        sort_options=_options(sort) if sort is not None else None,
+        rank_options=_options(rank) if rank is not None else None,
+    )
     SOFT_METHODS.add(name, method, replace=True)
 
 
@@ -108,15 +118,14 @@ def _check_options(kind: str, method: str, kwargs: dict[str, Any], fn: SoftImpl 
         fn = _impl(method, kind)
     if not kwargs:
         return
-    accepted = _options(fn)
+    accepted = getattr(SOFT_METHODS[method], f"{kind}_options")
     unknown = [k for k in kwargs if accepted is not None and k not in accepted]
     if not unknown:
         return
     per_method = []
     for name, registered in SOFT_METHODS.items():
-        impl = getattr(registered, kind)
-        if impl is not None:
-            opts = _options(impl)
+        if getattr(registered, kind) is not None:
+            opts = getattr(registered, f"{kind}_options")
             per_method.append(f"{name}: {', '.join(opts) if opts else 'no options'}" if opts is not None else name)
     got = ", ".join(repr(k) for k in unknown)
     plural = "s" if len(unknown) > 1 else ""

@@ -66,6 +66,16 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``extended`` tests run only with ``RANKWISE_EXTENDED=1`` (skipped, with the reason, otherwise)."""
+    if os.environ.get("RANKWISE_EXTENDED") == "1":
+        return
+    skip = pytest.mark.skip(reason="extended sweep: set RANKWISE_EXTENDED=1 to run it")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Probe counts of the property/fuzz suite (tests/test_properties.py), when it ran in this process."""
     import json

@@ -173,6 +173,7 @@ DYNAMIC_PARAMS = [p for p, (_, e) in zip(PARAMS, ENTRIES) if _dynamic_input(e)]
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # about 6 min on 2 cores: over CI's budget (the aot_eager subset below runs in CI)
 @pytest.mark.parametrize(("kind", "entry"), DYNAMIC_PARAMS)
 def test_dynamic_compile_equals_eager(kind: str, entry: RegistryEntry) -> None:
     """Every entry with symbolic shapes. ``backend="eager"``: dynamo's graph capture with symbolic sizes and

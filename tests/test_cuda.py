@@ -126,8 +126,8 @@ def test_cuda_autocast(kind: str, entry: RegistryEntry, half: torch.dtype) -> No
 
 def test_listmle_draws_on_the_generator_device() -> None:
     """ListMLE's tie-breaking permutation: a CUDA generator draws on the device (the same seed, the
-    same loss), the default draws on the CPU as allRank does and is copied without a host sync; a
-    generator on another device than the scores is refused, naming the argument."""
+    same loss), the default draws on the CPU as allRank does and is copied without a host sync (the
+    same loss as on CPU); a generator on another device than the scores is refused, naming it."""
     from rankwise.losses import listmle_loss
 
     gen = torch.Generator().manual_seed(0)
@@ -136,6 +136,8 @@ def test_listmle_draws_on_the_generator_device() -> None:
     first = listmle_loss(p, t, generator=torch.Generator("cuda").manual_seed(3))
     again = listmle_loss(p, t, generator=torch.Generator("cuda").manual_seed(3))
     assert torch.equal(first, again) and first.device.type == "cuda"
+    # distinct labels: the CPU and CUDA sorts order ties differently, whatever the shuffle
+    t = torch.stack([torch.randperm(6, generator=gen) for _ in range(4)]).float().cuda()
     torch.manual_seed(5)
     on_cpu = listmle_loss(p.detach().cpu(), t.cpu())
     torch.manual_seed(5)

@@ -210,3 +210,22 @@ def test_double_backward(triton_backend) -> None:  # type: ignore[no-untyped-def
     for op, reg in zip(OPS, REGS):
         fn = functools.partial(op, regularization=reg, regularization_strength=0.7)
         assert torch.autograd.gradgradcheck(fn, (x,), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_compiled_operators_call_the_kernels_as_custom_operators(triton_backend, reg) -> None:  # type: ignore[no-untyped-def]
+    """Under ``torch.compile(fullgraph=True)`` (inductor) the Triton projection is one opaque custom
+    operator each way (the compiler does not see the kernels or their scratch buffers); soft rank and
+    soft sort equal eager, values and gradients, on a row long enough to be cut into pieces."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    for op in OPS:
+        fn = functools.partial(op, regularization=reg, regularization_strength=0.5)
+        want = _value_and_grad(fn, x)
+        got = _value_and_grad(torch.compile(fn, fullgraph=True), x)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-10)
+    assert hasattr(torch.ops.rankwise, "triton_projection_forward")
+    assert hasattr(torch.ops.rankwise, "triton_projection_backward")

@@ -40,7 +40,9 @@ class KernelOp:
     ``schema``: the operator's schema without the name (e.g. ``"(Tensor x, float eps) -> Tensor"``);
     ``fake``: outputs of the right shapes and dtypes for fake (meta) inputs; ``backward`` and
     ``setup_context``: as ``torch.library.register_autograd`` takes them (optional); ``mutates``: the
-    arguments written in place (marked ``Tensor(a!)`` in the schema too).
+    arguments written in place (marked ``Tensor(a!)`` in the schema too); ``device_types``: where
+    the implementation runs (``None``: every device, e.g. Triton kernels, which run on CUDA and, under
+    the Triton interpreter, on CPU).
     """
 
     def __init__(
@@ -53,9 +55,11 @@ class KernelOp:
         backward: Callable[..., Any] | None = None,
         setup_context: Callable[..., Any] | None = None,
         mutates: tuple[str, ...] = (),
+        device_types: str | None = "cpu",
     ) -> None:
         self.name, self.schema, self.impl, self.fake = name, schema, impl, fake
         self.backward, self.setup_context, self.mutates = backward, setup_context, mutates
+        self.device_types = device_types
         self.__doc__ = impl.__doc__
         self.registered = False
         _OPS.append(self)
@@ -78,7 +82,7 @@ def _register_all() -> bool:
     for k in _OPS:
         if not k.registered:
             op = torch.library.custom_op(
-                f"rankwise::{k.name}", k.impl, mutates_args=k.mutates, device_types="cpu", schema=k.schema
+                f"rankwise::{k.name}", k.impl, mutates_args=k.mutates, device_types=k.device_types, schema=k.schema
             )
             op.register_fake(k.fake)
             if k.backward is not None:

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rankwise._kernels._custom import KernelOp
+
 __all__ = ["TIE_ULPS", "projection_backward", "projection_forward"]
 
 #: tie tolerance in float64 ulps of the local magnitudes (the CPU kernels' rule)
@@ -446,6 +448,39 @@ def _block(n: int) -> int:
 def projection_forward(
     s: torch.Tensor, w: torch.Tensor, kl: bool, *, chunk: int | None = None
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``mu = s - v(s, w)`` and the state of :func:`projection_backward` (see
+    :func:`_projection_forward`); under ``torch.compile`` one opaque custom operator
+    (``torch.ops.rankwise.triton_projection_forward``: the compiler neither traces nor reorders the
+    kernels and their scratch buffers). ``chunk``: as :func:`_projection_forward` (eager only)."""
+    if chunk is not None:
+        return _projection_forward(s, w, kl, chunk=chunk)
+    mu, ids, starts, acc_a, acc_b = _FORWARD_OP(s, w, kl)
+    return mu, (ids, starts, acc_a, acc_b)
+
+
+def _forward_op_impl(
+    s: torch.Tensor, w: torch.Tensor, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    mu, (ids, starts, acc_a, acc_b) = _projection_forward(s, w, kl)
+    return mu, ids, starts, acc_a, acc_b
+
+
+def _forward_op_fake(
+    s: torch.Tensor, w: torch.Tensor, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = s.shape
+    return (
+        s.new_empty((rows, n)),
+        s.new_empty((rows, n), dtype=torch.int32),
+        s.new_empty((rows, n + 1), dtype=torch.int32),
+        s.new_empty((rows, n), dtype=torch.float64),
+        s.new_empty((rows, n), dtype=torch.float64),
+    )
+
+
+def _projection_forward(
+    s: torch.Tensor, w: torch.Tensor, kl: bool, *, chunk: int | None = None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``mu = s - v(s, w)`` for the rows of ``s`` (``(R, n)``, sorted decreasingly; float32/float64)
     and ``w`` (``(R, n)`` or ``(1, n)``), and the state the backward pass needs: block ids (int32,
     ``(R, n)``), block starts (int32, ``(R, n + 1)``) and the blocks' two float64 statistics.
@@ -499,6 +534,73 @@ def projection_forward(
 
 
 def projection_backward(
+    grad: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    kl: bool,
+    need_s: bool,
+    need_w: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`_projection_backward`; under ``torch.compile`` one opaque custom operator
+    (``torch.ops.rankwise.triton_projection_backward``)."""
+    grad_s, grad_w = _BACKWARD_OP(grad, s, w, *state, kl, need_s, need_w)
+    return (grad_s if need_s else None), (grad_w if need_w else None)
+
+
+def _backward_op_impl(
+    grad: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    starts: torch.Tensor,
+    acc_a: torch.Tensor,
+    acc_b: torch.Tensor,
+    kl: bool,
+    need_s: bool,
+    need_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_s, grad_w = _projection_backward(grad, s, w, (ids, starts, acc_a, acc_b), kl, need_s, need_w)
+    empty = s.new_empty((0,))  # an operator returns tensors: an empty one where a gradient is not needed
+    return (empty if grad_s is None else grad_s), (empty if grad_w is None else grad_w)
+
+
+def _backward_op_fake(
+    grad: torch.Tensor,
+    s: torch.Tensor,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    starts: torch.Tensor,
+    acc_a: torch.Tensor,
+    acc_b: torch.Tensor,
+    kl: bool,
+    need_s: bool,
+    need_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        s.new_empty(s.shape if need_s else (0,)),
+        s.new_empty(w.shape if need_w else (0,)),
+    )
+
+
+_FORWARD_OP = KernelOp(
+    "triton_projection_forward",
+    "(Tensor s, Tensor w, bool kl) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _forward_op_impl,
+    _forward_op_fake,
+    device_types=None,
+)
+_BACKWARD_OP = KernelOp(
+    "triton_projection_backward",
+    "(Tensor grad, Tensor s, Tensor w, Tensor ids, Tensor starts, Tensor acc_a, Tensor acc_b, bool kl, "
+    "bool need_s, bool need_w) -> (Tensor, Tensor)",
+    _backward_op_impl,
+    _backward_op_fake,
+    device_types=None,
+)
+
+
+def _projection_backward(
     grad: torch.Tensor,
     s: torch.Tensor,
     w: torch.Tensor,

@@ -443,7 +443,7 @@ def _isotonic_last(
     kl = regularization == "kl"
     cpu = _cpu_kernels(xc)
     if not cpu and n >= 2 and _triton_for(xc) is not None:  # CUDA: sort + Triton PAV, float64 inside
-        fused = _SoftRankTriton if cpu_op is _SoftRankCPU else _SoftSortTriton
+        fused = _SoftRankTriton if composite is _soft_rank_composite else _SoftSortTriton
         out = fused.apply(xc, eps, descending, kl)
         out = out.reshape(x.shape) if out.shape != x.shape else out
         return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -703,8 +703,9 @@ def soft_rank_isotonic(
     Degenerate inputs: empty -> empty; ``n = 1`` -> 1; all ties -> :math:`(n+1)/2` everywhere; a row
     (along ``dim``) holding a NaN or inf -> NaN for the whole row.
 
-    Cost: CPU tensors use a numba PAV kernel, CUDA tensors a Triton PAV kernel (one program per
-    row), both O(n log n) time and O(n) memory per row; other devices use a vectorized PyTorch
+    Cost: CPU tensors use a numba PAV kernel, CUDA tensors Triton PAV kernels (one program per
+    row, or, for a few long rows, pieces of each row in parallel and a merge of their blocks), both
+    O(n log n) time and O(n) memory per row; other devices use a vectorized PyTorch
     min-max formulation, O(n^2) time and memory per row (rows are processed in chunks). No host
     synchronization on CUDA.
 

@@ -103,7 +103,13 @@ def test_torchrun_launch(tmp_path: Path) -> None:
     "preset,sets,steps",
     [
         # 4 batches of lists per epoch split over 2 ranks: 2 optimizer steps per epoch, 2 epochs
-        ("large_mnist_neuralsort", ["task.steps=8", "task.steps_per_epoch=4", "task.lists_per_batch=4"], 4),
+        # (about 35 s: extended, over CI's time budget; the SupCon case below runs a DDP recipe in CI)
+        pytest.param(
+            "large_mnist_neuralsort",
+            ["task.steps=8", "task.steps_per_epoch=4", "task.lists_per_batch=4"],
+            4,
+            marks=pytest.mark.extended,
+        ),
         # 64 images, batch 16 per rank: 2 steps per epoch, 1 epoch; then the probe on rank 0
         ("mnist5k_supcon", ["task.train_subset=64", "data.batch_size=16", "task.probe_epochs=1"], 2),
     ],

@@ -178,7 +178,15 @@ def _overrides(name: str, image_split, shared_dir: Path, cohort=None, letor=None
     return out
 
 
-@pytest.mark.parametrize("name", sorted(list_presets()))
+_EXTENDED = {"brain_age_tsan_synthetic", "brain_age_mse_synthetic", "brain_age_sfcn_synthetic"}
+
+
+@pytest.mark.parametrize(
+    # the synthetic-cohort twins of the brain-age presets (about 9 s each; the TSAN one also trains in
+    # tests/recipes/test_brain_age_recipe.py): extended here, over CI's time budget
+    "name",
+    [pytest.param(n, marks=pytest.mark.extended) if n in _EXTENDED else n for n in sorted(list_presets())],
+)
 def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort, letor_folders):
     # only the STS-B-DIR presets need ../shared (skipped without it); the others run anywhere
     shared_dir = SHARED

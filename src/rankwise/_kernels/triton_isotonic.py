@@ -68,6 +68,19 @@ def _violates(pa, pb, pms, pmw, a, b, ms, mw, TOL: tl.constexpr, KL: tl.constexp
 
 
 @triton.jit
+def _empty_stack():
+    """The state of an empty PAV block stack for :func:`_push`: its size (0) and the registers of its
+    top block (statistics, largest ``|s|``/``|w|``, first position)."""
+    nb = tl.zeros((), tl.int32)
+    ta = tl.zeros((), tl.float64)
+    tb = tl.full((), 1.0, tl.float64)
+    tms = tl.zeros((), tl.float64)
+    tmw = tl.zeros((), tl.float64)
+    tstart = tl.zeros((), tl.int32)
+    return nb, ta, tb, tms, tmw, tstart
+
+
+@triton.jit
 def _push(
     a,
     b,
@@ -123,12 +136,7 @@ def _push(
 def _pav_range(s_row, w_row, lo, hi, acc_a, acc_b, max_s, max_w, starts, TOL: tl.constexpr, KL: tl.constexpr):
     """Sequential PAV over the positions ``lo .. hi - 1`` of one row; the block stack is written
     from slot 0 of the given arrays (block starts are positions in the row); returns its size."""
-    nb = tl.zeros((), tl.int32)  # blocks on the stack; the top one is also held in registers (t*)
-    ta = tl.zeros((), tl.float64)
-    tb = tl.full((), 1.0, tl.float64)
-    tms = tl.zeros((), tl.float64)
-    tmw = tl.zeros((), tl.float64)
-    tstart = tl.zeros((), tl.int32)
+    nb, ta, tb, tms, tmw, tstart = _empty_stack()
     for i in range(lo, hi):
         si = tl.load(s_row + i).to(tl.float64)
         wi = tl.load(w_row + i).to(tl.float64)
@@ -287,12 +295,7 @@ def _pav_merge_kernel(
     acc_b = acc_b_ptr + row * n
     max_s = max_s_ptr + row * n
     max_w = max_w_ptr + row * n
-    nb = tl.zeros((), tl.int32)
-    ta = tl.zeros((), tl.float64)
-    tb = tl.full((), 1.0, tl.float64)
-    tms = tl.zeros((), tl.float64)
-    tmw = tl.zeros((), tl.float64)
-    tstart = tl.zeros((), tl.int32)
+    nb, ta, tb, tms, tmw, tstart = _empty_stack()
     for c in range(0, chunks):
         count = tl.load(counts_ptr + row * chunks + c)
         for k in range(0, count):

@@ -110,3 +110,30 @@ def peak_rss_growth(fn: Callable[[], Any]) -> tuple[int, float]:
     fn()
     wall = time.perf_counter() - t0
     return status_bytes("VmHWM") - base, wall
+
+
+def peak_allocated_bytes(fn: Callable[[], Any]) -> int:
+    """Peak of the tensor memory ``fn()`` holds at once on the CPU (bytes above what was live before it).
+
+    Exact for tensors: every allocation and free of torch's CPU allocator during the call, taken from
+    the profiler's memory events in time order (the largest running sum), independent of what
+    ``malloc`` keeps or returns to the OS. Memory outside torch's allocator (Python objects, numba's
+    own buffers) is not counted.
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak

@@ -9,10 +9,10 @@ Every case is ``loss(embeddings, labels).backward()`` on CPU, float32, D = 128, 
 ``B / 16`` classes with 16 embeddings each (the class-balanced batches these losses are trained
 with), all cases in one process and, for each ``--threads`` setting, timed side by side
 (median over repeats; one repeat runs every case of a batch size once, in a fresh random order, so
-that load from other jobs hits all of them alike). Peak memory is the largest resident-set growth
-(``/proc/self/statm``, sampled every millisecond by a thread) above the resident set before the
-call, measured on the first (warm-up) call of each case: an approximation (the allocator may reuse memory that the
-process already holds), comparable between cases of one run.
+that load from other jobs hits all of them alike). Peak memory is the most tensor memory a call
+holds at once above what was live before it, from every allocation and free of torch's CPU allocator
+during a second call of each case (after an untimed warm-up call; ``_timing.peak_allocated_bytes``):
+exact for tensors, whatever ``malloc`` keeps or returns to the OS.
 
 References: pytorch-metric-learning's ``SmoothAPLoss`` (the Smooth-AP authors' formulation: every
 (query, item, item) sigmoid at once) and ``FastAPLoss``; for the Recall@k surrogate, the authors'
@@ -30,12 +30,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -45,37 +43,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import loadavg, machine
+from _timing import loadavg, machine, peak_allocated_bytes
 from rankwise.losses import blackbox_ap_loss, fastap_loss, recall_at_k_loss, smooth_ap_loss
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 def peak_mib(fn: Callable[[], Any]) -> float:
-    """Largest resident-set growth (MiB) above the level before ``fn()``, sampled every millisecond."""
-    base = _rss()
-    peak = [base]
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.001)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    try:
-        fn()
-    finally:
-        done.set()
-        t.join()
-    peak[0] = max(peak[0], _rss())
-    return (peak[0] - base) / 2**20
+    """Warm-up call of ``fn``, then the peak tensor memory (MiB) of a second call."""
+    fn()
+    return peak_allocated_bytes(fn) / 2**20
 
 
 def authors_recall_at_k(
@@ -192,7 +167,7 @@ def main() -> None:
         torch.set_num_threads(th)
         for b in batches:
             cases, values = cases_for(b, args, before)
-            mems = {name: peak_mib(fn) for name, fn in cases.items()}  # (also the warm-up call)
+            mems = {name: peak_mib(fn) for name, fn in cases.items()}  # (also the warm-up calls)
             rel = relative_differences(values)
             times: dict[str, list[float]] = {k: [] for k in cases}
             start = time.perf_counter()
@@ -214,7 +189,7 @@ def main() -> None:
                     "median_ms": statistics.median(times[name]),
                     "min_ms": min(times[name]),
                     "repeats": len(times[name]),
-                    "peak_rss_growth_mib": round(mem, 1),
+                    "peak_allocated_mib": round(mem, 1),
                     "value_rel_diff": rel.get(name),
                     "load": loadavg(),
                 }

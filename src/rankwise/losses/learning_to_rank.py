@@ -678,7 +678,16 @@ def neural_ndcg_loss(
     averages ``n_samples`` relaxations of Gumbel-perturbed scores
     :math:`\log(\hat y + |\min \hat y| + 10^{-10}) + \beta g` (``log_scores``; without the log otherwise;
     the min over the whole batch as in allRank), the noise drawn from ``generator`` (or the global
-    generator) with allRank's shapes, so a seed reproduces its draw.
+    generator) with allRank's shapes, so a seed reproduces its draw. Under
+    ``torch.compile(fullgraph=True)`` leave ``generator=None`` and seed with ``torch.manual_seed``: a
+    ``torch.Generator`` cannot be a graph input (docs/architecture.md, "torch.compile").
+
+    Non-finite scores: a NaN or ±inf score of a real item makes the loss NaN (the rule of every
+    learning-to-rank loss here) and the gradient NaN on the real slots of its own list, finite on the
+    other lists; in eager mode and under ``torch.compile`` alike. With ``stochastic=True`` the batch
+    minimum of the shift is taken over the finite scores (the same value on a finite batch; allRank's
+    minimum of a batch holding a NaN or ``-inf`` is NaN or ``-inf`` and makes every list NaN), and the
+    lists holding a non-finite score pass no gradient to it.
 
     Shape:
         - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.

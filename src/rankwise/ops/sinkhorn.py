@@ -354,19 +354,19 @@ def _solve(
         # the same stopping rule as below, evaluated on the device: once the batch's error is within tol
         # (or has stalled), the remaining steps leave g unchanged, so the result is the eager loop's
         # whenever that stops within the budget (all-tied rows, converged at the warm-up: no step at all)
-        worst = err.nan_to_num(nan=0.0).amax() if err.numel() else err.new_zeros(())
-        active = worst > tol
-        best = torch.full_like(worst, math.inf)
-        stalled = torch.zeros_like(worst)
+        worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else err.new_zeros(())
+        active = worst_d > tol
+        best_d = torch.full_like(worst_d, math.inf)
+        stalled_d = torch.zeros_like(worst_d)
         for _ in range(min(max_iter, _COMPILED_NEWTON_STEPS)):
             g_new, err_new = _newton_step(g, err, cost, eps)
             g = torch.where(active, g_new, g)
             err = torch.where(active, err_new, err)
-            worst = err.nan_to_num(nan=0.0).amax() if err.numel() else worst
-            better = worst < best
-            best = torch.where(active & better, worst, best)
-            stalled = torch.where(active, torch.where(better, 0.0, stalled + 1.0), stalled)
-            active = active & (worst > tol) & (stalled < _STALL)
+            worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else worst_d
+            better = worst_d < best_d
+            best_d = torch.where(active & better, worst_d, best_d)
+            stalled_d = torch.where(active, torch.where(better, 0.0, stalled_d + 1.0), stalled_d)
+            active = active & (worst_d > tol) & (stalled_d < _STALL)
         return (
             g,
             err,

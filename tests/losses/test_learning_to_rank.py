@@ -431,3 +431,102 @@ def test_listnet_closed_form_matches_autograd_with_all_padding_lists(eps: float,
     first = ours.grad.clone()
     loss.backward()  # the backward reuses a buffer of the forward: a second run must give the same
     torch.testing.assert_close(ours.grad, 2 * first, rtol=1e-12, atol=0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# stochastic NeuralNDCG: non-finite scores, tied batch minima, the traced Sinkhorn scaling
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("whole_list", [False, True])
+def test_stochastic_neural_ndcg_non_finite_score_makes_its_own_list_nan(value: float, whole_list: bool) -> None:
+    """The rule of the deterministic NeuralNDCG and the other learning-to-rank losses: a NaN or ±inf score
+    makes the loss NaN and the gradient NaN on its own list, finite on the others (the shift by the batch
+    minimum takes the finite scores only; allRank's ``|min|`` made every list NaN for a NaN or -inf score)."""
+    pred, true = _batch(3, 4, 6, ties=False, end_padding=True)
+    true[1] = true[1].clamp(min=0.0)  # (padded slots take no part and get no gradient)
+    if whole_list:
+        pred[1] = value
+    else:
+        pred[1, 2] = value
+    for stochastic in (False, True):
+        x = pred.clone().requires_grad_()
+        torch.manual_seed(0)
+        out = neural_ndcg_loss(x, true, stochastic=stochastic, n_samples=3, temperature=0.5)
+        (g,) = torch.autograd.grad(out, x)
+        assert math.isnan(float(out))
+        assert g[1].isnan().all() and g[[0, 2, 3]].isfinite().all(), (stochastic, g)
+
+
+def test_stochastic_neural_ndcg_tied_batch_minima_match_allrank() -> None:
+    """The batch minimum held by two lists: the gradient of the shift is shared evenly, as ``torch.min``'s
+    (positive scores: with a negative minimum, ``log(s + |min s| + 1e-10)`` puts the minima at ``log(1e-10)``
+    and their gradients at 1e10 times a cancellation, which no two implementations share)."""
+    al, _ = load()
+    kw: dict[str, Any] = {"stochastic": True, "n_samples": 4, "beta": 0.5}
+    for seed in range(3):
+        pred, true = _batch(seed, 4, 7, ties=False, end_padding=False)
+        pred = pred.abs() + 0.2
+        true[:, 5:] = PAD
+        true[:, :5] = true[:, :5].clamp(min=0.0)
+        pred[0, 1] = pred[2, 3] = float(pred.min()) - 0.1
+        v1, g1 = _value_and_grad(lambda p, t: neural_ndcg_loss(p, t, **kw), pred, true, seed)
+        v2, g2 = _value_and_grad(lambda p, t: al.neuralNDCG(p, t, **kw), pred, true, seed)
+        assert v1 == pytest.approx(v2, rel=1e-5, abs=2e-5)
+        torch.testing.assert_close(g1, g2, rtol=1e-4, atol=2e-5)
+        assert float(g1[0, 1]) != 0.0
+
+
+def test_stochastic_shift_keeps_nan_gradients_to_their_list_under_compile() -> None:
+    """``torch.compile``'s trace of ``torch.min``'s backward multiplies the upstream gradient by the mask
+    of the minima (``NaN * 0`` is NaN everywhere), where eager mode scatters it: the shift routes the
+    gradient with ``torch.where`` instead, the same NaN pattern in both (a NaN upstream gradient on the
+    list holding ``+inf``)."""
+    from rankwise.losses.learning_to_rank import _batch_shift
+
+    def f(p: torch.Tensor) -> torch.Tensor:
+        return p + _batch_shift(p)
+
+    pred = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    pred[0, 2] = math.inf
+    up = torch.ones(4, 5)
+    up[0] = math.nan
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    grads = []
+    for fn in (f, compiled):
+        x = pred.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(x), x, up)
+        grads.append(g)
+    assert torch.equal(grads[0].isnan(), grads[1].isnan())
+    assert grads[0][0].isnan().all() and grads[0][1:].isfinite().all()
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+    # the argmin gets the gradient of every list without a non-finite score (eager: torch.min's)
+    x = pred[1:].clone().requires_grad_()
+    (want,) = torch.autograd.grad(x + x.min().abs(), x, up[1:])
+    torch.testing.assert_close(grads[0][1:], want)
+
+
+def test_traced_sinkhorn_scaling_lifts_no_float_constant() -> None:
+    """``torch.compile(dynamic=True)`` turns a module-level or default float read by the traced code into
+    a symbolic graph input; the 50 unrolled iterations of the Sinkhorn scaling then used one in over a
+    hundred nodes (clamps, comparisons) and tracing the stochastic NeuralNDCG took over 5 minutes. The
+    captured graph takes the tensors and their sizes only."""
+    from rankwise.losses.learning_to_rank import _sinkhorn_scaling
+
+    placeholders: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        placeholders.extend(n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder")
+        return gm
+
+    mat = torch.rand(2, 3, 4, 4)
+    rows = torch.ones(2, 3, 4, dtype=torch.bool)
+    cols = rows.clone()
+    cols[:, :, -1] = False
+    torch._dynamo.reset()
+    compiled = torch.compile(_sinkhorn_scaling, fullgraph=True, backend=backend, dynamic=True)
+    torch.testing.assert_close(compiled(mat, rows, cols), _sinkhorn_scaling(mat, rows, cols))
+    tensors = [p for p in placeholders if isinstance(p, torch.Tensor)]
+    sizes = [p for p in placeholders if not isinstance(p, torch.Tensor)]
+    assert len(tensors) == 3 and all(t.dim() >= 3 for t in tensors), placeholders
+    assert all(isinstance(s, torch.SymInt) for s in sizes), placeholders

@@ -641,3 +641,50 @@ def test_an_invalid_plan_is_refused_not_returned() -> None:
         rankwise.sinkhorn_transport(x, epsilon=1e-9, num_targets=3)
     plan = rankwise.sinkhorn_transport(x, epsilon=1e-3, num_targets=3).double()
     assert float((plan.sum(-2) * 3 - 1).abs().max()) < 1e-6
+
+
+def _ties_and_random_costs() -> list[tuple[torch.Tensor, float]]:
+    ties = torch.full((2, 5), 0.7)
+    rand = torch.randn(6, 12, generator=torch.Generator().manual_seed(5))
+    huge = rand * 1e30
+    out = []
+    for x, eps in [(ties, 1e-3), (ties, 0.1), (rand, 1e-3), (rand, 1e-2), (huge, 1e-3)]:
+        out.append((sk._cost(sk._squash(x)[0], sk._targets(x.shape[-1], True, x), 2.0), eps))
+    return out
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_fixed_budget_solve_stops_where_the_loop_stops(case: int) -> None:
+    """The solve without host reads applies the loop's stopping rule on the device: where the loop stops
+    within the budget (all ties converge in the warm-up sweeps and take no Newton step), the potential
+    is the loop's, bit for bit (all-tied rows squash to one value at the std floor, which magnifies any
+    difference of the potential a millionfold in the gradient)."""
+    cost, eps = _ties_and_random_costs()[case]
+    tol = sk._default_tol(cost.dtype, eps)[0]
+    g_loop, err_loop, info = sk._solve(cost, eps, tol, 50, False)
+    g_fixed, err_fixed, _ = sk._solve(cost, eps, tol, 50, True)
+    assert info.newton_steps <= sk._COMPILED_NEWTON_STEPS
+    if case == 0:
+        assert info.newton_steps == 0
+    assert torch.equal(g_fixed, g_loop) and torch.equal(err_fixed, err_loop)
+
+
+@pytest.mark.parametrize("name", ["sinkhorn_transport", "soft_rank_sinkhorn"])
+def test_path_without_host_reads_gives_the_eager_gradient_of_all_tied_rows(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The traced path (what ``torch.compile`` runs, here taken in eager mode) on all-tied rows at
+    ``epsilon=1e-3``: the gradient (of order 1e8 for the soft ranks: the std floor) equals eager's."""
+    fn = getattr(rankwise, name)
+    x = torch.full((2, 5), 0.7)
+    w = torch.linspace(0.5, 1.5, fn(x, epsilon=1e-3, descending=True).numel()).reshape(-1)
+
+    def grad() -> torch.Tensor:
+        xr = x.clone().requires_grad_()
+        y = fn(xr, epsilon=1e-3, descending=True)
+        return torch.autograd.grad((y.reshape(-1) * w).sum(), xr)[0]
+
+    want = grad()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got = grad()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

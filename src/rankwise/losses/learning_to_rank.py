@@ -585,34 +585,61 @@ def _masked_neural_sort(s: torch.Tensor, valid: torch.Tensor, tau: float = 1.0) 
     n = s.shape[-1]
     rows = torch.arange(n, device=s.device)[:, None] < valid.sum(dim=-1)[..., None, None]
     p = torch.where(rows & valid[..., None, :], p, 0.0)
-    return p / torch.where(rows, p.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+    return p / torch.where(rows, p.sum(dim=-1, keepdim=True).clamp(min=1e-10), 1.0)
 
 
-def _sinkhorn_scaling(
-    mat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, tol: float = 1e-6, max_iter: int = 50
-) -> torch.Tensor:
-    """Alternate column / row normalisation of the blocks ``rows x cols`` (allRank's Sinkhorn scaling).
+def _sinkhorn_scaling(mat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Alternate column / row normalisation of the blocks ``rows x cols`` (allRank's Sinkhorn scaling:
+    at most 50 iterations, tolerance 1e-6).
 
-    allRank stops at the first iteration whose row and column sums are all within ``tol`` of 1 over
-    the whole batch. On the CPU the loop stops there too (reading the flag is no device sync); on other
-    devices and under ``torch.compile`` (a traced graph has no data-dependent branch) it runs the full
-    ``max_iter`` without a host read, the iterations after the stop leaving the matrices unchanged.
-    Either way values and gradients are allRank's.
+    allRank stops at the first iteration whose row and column sums are all within the tolerance of 1
+    over the whole batch. On the CPU the loop stops there too (reading the flag is no device sync); on
+    other devices and under ``torch.compile`` (a traced graph has no data-dependent branch) it runs the
+    full 50 iterations without a host read, the iterations after the stop leaving the matrices
+    unchanged. Either way values and gradients are allRank's.
+
+    The constants are literals (not module globals or default arguments): ``torch.compile(dynamic=True)``
+    lifts a global or default float into a symbolic graph input, and a hundred uses of symbolic floats
+    over the unrolled iterations made its tracing take minutes. Each iteration's column sums are those
+    the next iteration divides by (the same tensor, so the same floats as allRank's two reductions).
     """
     early = mat.device.type == "cpu" and not torch.compiler.is_compiling()
     done = torch.zeros((), dtype=torch.bool, device=mat.device)
     col_in, row_in = cols[..., None, :], rows[..., :, None]
-    for _ in range(max_iter):
+    col_sum = mat.sum(dim=-2, keepdim=True)
+    for _ in range(50):
         # outside the blocks the sums are 0: divide by 1 there (a clamped 0 would scale gradients by 1e10)
-        cand = mat / torch.where(col_in, mat.sum(dim=-2, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
-        cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+        cand = mat / torch.where(col_in, col_sum.clamp(min=1e-10), 1.0)
+        cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=1e-10), 1.0)
         mat = cand if early else torch.where(done, mat, cand)
+        col_sum = mat.sum(dim=-2, keepdim=True)
         row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
-        col_err = torch.where(cols, (mat.sum(dim=-2) - 1.0).abs(), 0.0)
-        done = done | ((row_err < tol).all() & (col_err < tol).all())
+        col_err = torch.where(cols, (col_sum.squeeze(-2) - 1.0).abs(), 0.0)
+        done = done | ((row_err < 1e-6).all() & (col_err < 1e-6).all())
         if early and bool(done):
             break
     return mat
+
+
+def _batch_shift(p: torch.Tensor) -> torch.Tensor:
+    """allRank's shift of the stochastic scores, ``|min p|`` over the whole batch, as a ``(B, 1)`` column.
+
+    The minimum is taken over the finite scores only and its gradient reaches the lists without a
+    non-finite score only, so that a NaN or ±inf score makes its own list NaN (loss and gradient) and
+    leaves the other lists' gradients finite, as in the deterministic NeuralNDCG; on a finite batch the
+    value is ``p.min().abs()`` and the gradient that of ``torch.min`` (shared evenly by tied minima). The
+    gradient is routed by ``torch.where`` rather than multiplied by a mask (``NaN * 0`` is NaN): the
+    same NaN pattern in eager mode and under ``torch.compile``, whose trace of ``torch.min``'s backward
+    multiplies by the mask of the minima.
+    """
+    pd = p.detach()
+    finite = torch.isfinite(pd)
+    low = torch.where(finite, pd, math.inf).amin()
+    at_low = finite & (pd == low)
+    # exactly 0 in the forward pass (p == low there); the gradient of torch.min in the backward pass
+    tie_share = torch.where(at_low, p - low, 0.0).sum() / at_low.sum().clamp(min=1)
+    shift = (low + tie_share).abs()
+    return torch.where(finite.all(dim=-1, keepdim=True), shift, shift.detach())
 
 
 def _gumbel_like(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -651,7 +678,16 @@ def neural_ndcg_loss(
     averages ``n_samples`` relaxations of Gumbel-perturbed scores
     :math:`\log(\hat y + |\min \hat y| + 10^{-10}) + \beta g` (``log_scores``; without the log otherwise;
     the min over the whole batch as in allRank), the noise drawn from ``generator`` (or the global
-    generator) with allRank's shapes, so a seed reproduces its draw.
+    generator) with allRank's shapes, so a seed reproduces its draw. Under
+    ``torch.compile(fullgraph=True)`` leave ``generator=None`` and seed with ``torch.manual_seed``: a
+    ``torch.Generator`` cannot be a graph input (docs/architecture.md, "torch.compile").
+
+    Non-finite scores: a NaN or ±inf score of a real item makes the loss NaN (the rule of every
+    learning-to-rank loss here) and the gradient NaN on the real slots of its own list, finite on the
+    other lists; in eager mode and under ``torch.compile`` alike. With ``stochastic=True`` the batch
+    minimum of the shift is taken over the finite scores (the same value on a finite batch; allRank's
+    minimum of a batch holding a NaN or ``-inf`` is NaN or ``-inf`` and makes every list NaN), and the
+    lists holding a non-finite score pass no gradient to it.
 
     Shape:
         - y_pred: :math:`(*, n)` floating; y_true: the same shape, padding ``== padded_value_indicator``.
@@ -679,9 +715,9 @@ def neural_ndcg_loss(
     if p.numel() == 0:
         return _zero(p)
     if stochastic:
-        s = p + p.min().abs()
+        s = p + _batch_shift(p)
         if log_scores:
-            s = torch.log(s + DEFAULT_EPS)
+            s = torch.log(s + 1e-10)
         s = s.unsqueeze(0) + b * _gumbel_like((samples, bsz, n), p, generator)
         mask = valid.expand(samples, bsz, n)
     else:
@@ -695,7 +731,7 @@ def neural_ndcg_loss(
     dcg = (sorted_gains / _discounts(n, p))[..., :kk].sum(dim=-1)
     idcg = _ideal_dcg(t, valid, kk, powered=powered_relevancies)
     has = idcg != 0
-    ndcg = torch.where(has, dcg / (idcg + DEFAULT_EPS), 0.0)
+    ndcg = torch.where(has, dcg / (idcg + 1e-10), 0.0)
     count = has.sum().clamp(min=1).to(p.dtype) * ndcg.shape[0]
     return -ndcg.sum() / count
 

@@ -49,8 +49,9 @@ says so once per process (all-tied rows are exact and do not warn).
 
 Under ``torch.compile`` (``fullgraph=True`` works) and on non-CPU devices (CUDA) the solver reads
 nothing on the host: the same warm-up sweeps, then a fixed budget of ``min(max_iter, 6)`` Newton
-steps without the early stop (each keeps a row's potential where it does not lower the error), and
-no warning; the values equal the CPU eager loop's to the tolerance. On a non-CPU device an invalid
+steps with the eager loop's stopping rule (below) kept as a flag on the device (the steps after the
+stop leave the potential unchanged), and no warning; where the eager loop stops within the budget
+(2 to 4 steps; none for all-tied rows) the potential is the eager loop's, bit for bit. On a non-CPU device an invalid
 plan (below) fails as a device-side assertion (``torch._assert_async``) instead of a ``ValueError``.
 
 The loop stops when the marginal error :math:`\max_j |(P^\top 1)_j - b_j| / b_j` (the authors'
@@ -349,9 +350,23 @@ def _solve(
         sweeps += 1
 
     err = _col_error(_log_plan(g, cost, eps))
-    if fixed:  # a fixed budget of Newton steps, no host read, no early stop
+    if fixed:  # a fixed budget of Newton steps, no host read: the eager loop's stop as a flag in the graph
+        # the same stopping rule as below, evaluated on the device: once the batch's error is within tol
+        # (or has stalled), the remaining steps leave g unchanged, so the result is the eager loop's
+        # whenever that stops within the budget (all-tied rows, converged at the warm-up: no step at all)
+        worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else err.new_zeros(())
+        active = worst_d > tol
+        best_d = torch.full_like(worst_d, math.inf)
+        stalled_d = torch.zeros_like(worst_d)
         for _ in range(min(max_iter, _COMPILED_NEWTON_STEPS)):
-            g, err = _newton_step(g, err, cost, eps)
+            g_new, err_new = _newton_step(g, err, cost, eps)
+            g = torch.where(active, g_new, g)
+            err = torch.where(active, err_new, err)
+            worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else worst_d
+            better = worst_d < best_d
+            best_d = torch.where(active & better, worst_d, best_d)
+            stalled_d = torch.where(active, torch.where(better, 0.0, stalled_d + 1.0), stalled_d)
+            active = active & (worst_d > tol) & (stalled_d < _STALL)
         return (
             g,
             err,

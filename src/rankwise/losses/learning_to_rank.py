@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._kernels import ltr as kernels
 from rankwise._random import rand_from, randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -180,6 +181,8 @@ def listnet_loss(
     p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     if p.numel() == 0:
         return _zero(p)
+    if p.device.type == "cpu" and kernels.ready():
+        return _ListNetKernel.apply(p, t, ind, e, p.requires_grad and torch.is_grad_enabled())
     return _ListNet.apply(p, t, t == ind, e)
 
 
@@ -264,6 +267,27 @@ class _ListNet(torch.autograd.Function):
         return u.mul_(grad / -s.shape[0]), None, None, None
 
 
+class _ListNetKernel(torch.autograd.Function):
+    """ListNet on CPU through the kernel of :mod:`rankwise._kernels.ltr`: the value and (when ``p``
+    needs a gradient) the gradient of every list in one pass over its row, so the backward is one
+    multiplication by the incoming gradient; double backward goes through :func:`_listnet_composite`.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool) -> torch.Tensor:
+        out, grad = kernels.listnet(p, t, ind, e, need_grad)
+        ctx.save_for_backward(p, t, grad)
+        ctx.ind, ctx.e = ind, e
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        p, t, g = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return graph_vjp(_listnet_composite, grad, p, t, t == ctx.ind, ctx.e), None, None, None, None
+        return g * grad, None, None, None, None
+
+
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
@@ -309,11 +333,16 @@ def listmle_loss(
         tensor(0.5981)
     """
     e = check_positive(eps, "eps", allow_zero=True)
-    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     n = p.shape[-1]
     perm = _shuffle(n, p, generator)
     if p.numel() == 0:
         return _zero(p)
+    if p.device.type == "cpu" and kernels.ready():
+        # the label order of the shuffled list (padding last), as the torch path below sorts it
+        _, idx = t.masked_fill(t == ind, float("-inf"))[:, perm].sort(descending=True, dim=-1)
+        return _ListMLEKernel.apply(p, perm[idx], t, ind, e, p.requires_grad and torch.is_grad_enabled())
+    valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
     _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
     ps = p.gather(-1, perm[idx])
@@ -358,6 +387,34 @@ class _ListMLE(torch.autograd.Function):
         gz = denom.reciprocal().masked_fill_(~vs, 0.0).cumsum(dim=-1).mul_(ex).sub_(vs.to(ex.dtype))
         gz.scatter_add_(-1, arg, -gz.sum(dim=-1, keepdim=True))
         return gz.mul_(grad / ex.shape[0]), None, None
+
+
+def _listmle_ordered(p: torch.Tensor, order: torch.Tensor, t: torch.Tensor, ind: float, e: float) -> torch.Tensor:
+    """:class:`_ListMLEKernel`'s value in differentiable torch ops (double backward)."""
+    return _listmle_composite(p.gather(-1, order), (t != ind).gather(-1, order), e)
+
+
+class _ListMLEKernel(torch.autograd.Function):
+    """ListMLE on CPU through the kernel of :mod:`rankwise._kernels.ltr`: ``order`` (the slots of each
+    list in label order) is applied inside the kernel, which gives the value and (when ``p`` needs
+    a gradient) the gradient on ``p`` in one pass per row; the backward is one multiplication by the
+    incoming gradient, double backward goes through :func:`_listmle_ordered`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, p: torch.Tensor, order: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool
+    ) -> torch.Tensor:
+        out, grad = kernels.listmle(p, order, t, ind, e, need_grad)
+        ctx.save_for_backward(p, order, t, grad)
+        ctx.ind, ctx.e = ind, e
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        p, order, t, g = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return graph_vjp(_listmle_ordered, grad, p, order, t, ctx.ind, ctx.e), *[None] * 5
+        return g * grad, *[None] * 5
 
 
 @batch_loss("y_pred", "y_true")

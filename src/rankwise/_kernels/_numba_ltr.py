@@ -17,7 +17,9 @@ sums are accumulated in float64, whatever the dtype of the rows.
   ``exp(z_k) sum_{i <= k} 1 / (T_i + eps) - 1`` and minus the row's sum of it to the arg-max (the
   path through the max, as autograd takes it).
 
-A list without a real slot adds 0 and gets a zero gradient. Importing this module raises
+A list without a real slot adds 0 and gets a zero gradient. The sum is NaN when any element of
+``p`` or ``t`` is not finite (padding included: the NaN policy of the batch losses, checked in the
+pass that reads them anyway). Importing this module raises
 ``ImportError`` when numba is unavailable (the losses then take their torch path).
 """
 
@@ -27,30 +29,88 @@ import math
 
 import numba
 import numpy as np
-from numba import carray
+from llvmlite import ir
+from numba import carray, types
+from numba.core.extending import intrinsic
 
 from rankwise._kernels._numba_util import TASK_ARGS, f32p, f64p, i64p, next_chunk, task
 
 __all__ = ["LISTMLE_ROWS", "LISTNET_ROWS", "listmle_rows", "listnet_rows"]
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@intrinsic
+def _f32_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
+    """The float32 whose bit pattern is the int32 ``bits``."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+# exp of float32 (Cephes' expf: x = k ln 2 + r, ln 2 in two parts, a degree-7 polynomial on |r| <= ln 2 / 2,
+# 2^k from the exponent bits); about 1 ulp, flushed to 0 below -87 (where exp is near float32's
+# smallest normal number). Pure arithmetic, so the loops that call it vectorize (libm's exp does not).
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_E0 = np.float32(1.9875691500e-4)
+_E1 = np.float32(1.3981999507e-3)
+_E2 = np.float32(8.3334519073e-3)
+_E3 = np.float32(4.1665795894e-2)
+_E4 = np.float32(1.6666665459e-1)
+_E5 = np.float32(5.0000001201e-1)
+_EXP_LO = np.float32(-87.0)
+_HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
+
+
+@numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _exp32(x):  # type: ignore[no-untyped-def]
+    """``exp(x)`` of a float32 ``x <= 0`` (NaN and values below -87 give 0)."""
+    c = x if x > _EXP_LO else _EXP_LO
+    k = np.floor(c * _LOG2E + _HALF)
+    r = c - k * _LN2_HI - k * _LN2_LO
+    y = (((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5) * (r * r) + r + _ONE
+    y = y * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    return y if x > _EXP_LO else _ZERO
+
+
+#: below this ``eps / s``, ``log(s + eps) = log s + log1p(eps / s)`` takes log1p from three terms of its
+#: series (error under 1e-17) and ``log s`` from the scores (no log per slot)
+_SERIES_MAX = 1e-4
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def listnet_rows(p, t, ind, eps, scale, grad, need_grad):  # type: ignore[no-untyped-def]
     """Sum over the rows of ``-sum_i q_i log(s_i + eps)``; with ``need_grad`` ``grad`` (the shape and
     dtype of ``p``) receives ``scale * -(u - s sum(u))`` (0 in the padded slots and dead lists).
 
     ``s``: the softmax of ``p`` over the slots with ``t != ind`` (0 when every real score is -inf);
     ``q``: that of ``t`` (0, the list adding nothing, when there is no real slot or every real
-    label is -inf). With ``eps == 0`` a padded slot adds nothing (not ``0 * log 0``)."""
+    label is -inf). With ``eps == 0`` a padded slot adds nothing (not ``0 * log 0``).
+
+    float32 rows with finite extremes take their exponentials from :func:`_exp32` (float32, as
+    torch's softmax) and ``log(s_i + eps)`` as ``p_i - max p - log sum e`` plus the series of
+    ``log1p(eps / s_i)`` where ``eps / s_i < _SERIES_MAX`` (libm's log elsewhere): no libm call per
+    slot, so the passes vectorize. float64 rows (and rows with an infinite extreme) use libm's
+    ``exp`` and ``log`` per slot."""
     rows, n = p.shape
-    es = np.empty(n, np.float64)  # exp(p - max p), then s
-    eq = np.empty(n, np.float64)  # exp(t - max t), then u
+    es = np.empty(n, np.float32)  # float32 rows: exp(p - max p)
+    eq = np.empty(n, np.float32)  # float32 rows: exp(t - max t)
+    sv = np.empty(n, np.float64)  # s
+    uv = np.empty(n, np.float64)  # u
+    fast = p.itemsize == 4 and t.itemsize == 4
     total = 0.0
+    poison = 0.0
     for r in range(rows):
         mp = -np.inf
         mt = -np.inf
         alive = False
         for i in range(n):
+            poison += np.float64(p[r, i]) * 0.0 + np.float64(t[r, i]) * 0.0
             if t[r, i] != ind:
                 alive = True
                 if p[r, i] > mp:
@@ -62,38 +122,81 @@ def listnet_rows(p, t, ind, eps, scale, grad, need_grad):  # type: ignore[no-unt
                 for i in range(n):
                     grad[r, i] = 0.0
             continue
-        sp = 0.0
-        st = 0.0
-        for i in range(n):
-            if t[r, i] != ind:
-                e = math.exp(p[r, i] - mp) if mp > -np.inf else 0.0
-                es[i] = e
-                sp += e
-                e = math.exp(t[r, i] - mt)
-                eq[i] = e
-                st += e
-            else:
-                es[i] = 0.0
-                eq[i] = 0.0
-        inv_p = 1.0 / sp if sp > 0.0 else 0.0
-        inv_t = 1.0 / st
         row = 0.0
         su = 0.0
-        for i in range(n):
-            if t[r, i] != ind:
-                s = es[i] * inv_p
+        if fast and -np.inf < mp < np.inf and mt < np.inf:
+            mp32 = np.float32(mp)
+            mt32 = np.float32(mt)
+            sp = 0.0
+            st = 0.0
+            for i in range(n):
+                keep = t[r, i] != ind
+                e = _exp32(np.float32(p[r, i] - mp32))
+                e = e if keep else _ZERO
+                es[i] = e
+                sp += e
+                e = _exp32(np.float32(t[r, i] - mt32))
+                e = e if keep else _ZERO
+                eq[i] = e
+                st += e
+            inv_p = 1.0 / sp
+            inv_t = 1.0 / st
+            base = mp + math.log(sp)  # log s_i = p_i - base
+            eps_sp = np.float32(eps * sp)  # eps / s_i = eps sp / e_i (float32: it corrects a small term)
+            rare = 0
+            for i in range(n):
+                e = es[i]
+                y = np.float64(eps_sp / e)  # inf for e = 0, NaN for eps = e = 0: the exact formula below
+                near = y < _SERIES_MAX
                 q = eq[i] * inv_t
-                d = s + eps
-                row -= q * math.log(d)
-                ui = q * s / d
-                es[i] = s
-                eq[i] = ui
-                su += ui
+                lg = (np.float64(p[r, i]) - base) + y * (1.0 - y * (0.5 - y * (1.0 / 3.0)))  # log(s + eps)
+                row -= q * lg if near else 0.0
+                u = q * (1.0 - y * (1.0 - y)) if near else 0.0  # q s / (s + eps) = q / (1 + y)
+                sv[i] = e * inv_p
+                uv[i] = u
+                su += u
+                rare += 0 if near or t[r, i] == ind else 1
+            if rare:  # real slots where eps is not small beside s: log(s + eps) itself
+                for i in range(n):
+                    if t[r, i] != ind and not np.float64(eps_sp / es[i]) < _SERIES_MAX:
+                        s = sv[i]
+                        q = eq[i] * inv_t
+                        d = s + eps
+                        row -= q * math.log(d)
+                        u = q * s / d
+                        uv[i] = u
+                        su += u
+        else:
+            sp = 0.0
+            st = 0.0
+            for i in range(n):
+                if t[r, i] != ind:
+                    e = math.exp(p[r, i] - mp) if mp > -np.inf else 0.0
+                    sv[i] = e
+                    sp += e
+                    e = math.exp(t[r, i] - mt)
+                    uv[i] = e
+                    st += e
+                else:
+                    sv[i] = 0.0
+                    uv[i] = 0.0
+            inv_p = 1.0 / sp if sp > 0.0 else 0.0
+            inv_t = 1.0 / st
+            for i in range(n):
+                if t[r, i] != ind:
+                    s = sv[i] * inv_p
+                    q = uv[i] * inv_t
+                    d = s + eps
+                    row -= q * math.log(d)
+                    u = q * s / d
+                    sv[i] = s
+                    uv[i] = u
+                    su += u
         total += row
         if need_grad:
             for i in range(n):
-                grad[r, i] = scale * (eq[i] - es[i] * su)
-    return total
+                grad[r, i] = scale * (uv[i] - sv[i] * su)
+    return total + poison
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -106,11 +209,13 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
     den = np.empty(n, np.float64)
     gz = np.empty(n, np.float64)
     total = 0.0
+    poison = 0.0
     for r in range(rows):
         top = -np.inf
         arg = -1
         for i in range(n):
             k = order[r, i]
+            poison += np.float64(p[r, k]) * 0.0 + np.float64(t[r, k]) * 0.0
             if t[r, k] != ind and p[r, k] > top:
                 top = np.float64(p[r, k])
                 arg = i
@@ -145,7 +250,7 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
                 gz[arg] -= gsum
             for i in range(n):
                 grad[r, order[r, i]] = scale * gz[i]
-    return total
+    return total + poison
 
 
 def listnet_task(data):  # type: ignore[no-untyped-def]

@@ -40,6 +40,7 @@ from rankwise._random import rand_from, randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
+    finite_checked,
     check_bool,
     check_choice,
     check_floating,
@@ -182,7 +183,7 @@ def listnet_loss(
     if p.numel() == 0:
         return _zero(p)
     if p.device.type == "cpu" and kernels.ready():
-        return _ListNetKernel.apply(p, t, ind, e, p.requires_grad and torch.is_grad_enabled())
+        return _kernel_loss(_ListNetKernel.apply(p, t, ind, e, p.requires_grad and torch.is_grad_enabled()))
     return _ListNet.apply(p, t, t == ind, e)
 
 
@@ -267,6 +268,26 @@ class _ListNet(torch.autograd.Function):
         return u.mul_(grad / -s.shape[0]), None, None, None
 
 
+def _kernel_loss(out: torch.Tensor) -> torch.Tensor:
+    """A loss from the kernels of :mod:`rankwise._kernels.ltr`, which is NaN already where an input is
+    not finite: the ``batch_loss`` wrapper need not check again (eager mode)."""
+    if not torch.compiler.is_compiling():
+        finite_checked()
+    return out
+
+
+def _scaled_gradient(ctx: Any, grad: torch.Tensor, recompute: Any) -> torch.Tensor:
+    """The saved gradient of the mean times ``grad``: in place the first time (eager mode; it is the
+    result), recomputed by ``recompute()`` when backward runs again (``retain_graph``)."""
+    g = ctx.grad
+    if g is None:
+        return recompute() * grad
+    if torch.compiler.is_compiling():
+        return g * grad
+    ctx.grad = None
+    return g.mul_(grad)
+
+
 class _ListNetKernel(torch.autograd.Function):
     """ListNet on CPU through the kernel of :mod:`rankwise._kernels.ltr`: the value and (when ``p``
     needs a gradient) the gradient of every list in one pass over its row, so the backward is one
@@ -276,16 +297,17 @@ class _ListNetKernel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool) -> torch.Tensor:
         out, grad = kernels.listnet(p, t, ind, e, need_grad)
-        ctx.save_for_backward(p, t, grad)
-        ctx.ind, ctx.e = ind, e
+        ctx.save_for_backward(p, t)
+        ctx.ind, ctx.e, ctx.grad = ind, e, grad
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        p, t, g = ctx.saved_tensors
+        p, t = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
             return graph_vjp(_listnet_composite, grad, p, t, t == ctx.ind, ctx.e), None, None, None, None
-        return g * grad, None, None, None, None
+        g = _scaled_gradient(ctx, grad, lambda: kernels.listnet(p, t, ctx.ind, ctx.e, True)[1])
+        return g, None, None, None, None
 
 
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -341,7 +363,8 @@ def listmle_loss(
     if p.device.type == "cpu" and kernels.ready():
         # the label order of the shuffled list (padding last), as the torch path below sorts it
         _, idx = t.masked_fill(t == ind, float("-inf"))[:, perm].sort(descending=True, dim=-1)
-        return _ListMLEKernel.apply(p, perm[idx], t, ind, e, p.requires_grad and torch.is_grad_enabled())
+        need_grad = p.requires_grad and torch.is_grad_enabled()
+        return _kernel_loss(_ListMLEKernel.apply(p, perm[idx], t, ind, e, need_grad))
     valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
     _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
@@ -405,16 +428,17 @@ class _ListMLEKernel(torch.autograd.Function):
         ctx: Any, p: torch.Tensor, order: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool
     ) -> torch.Tensor:
         out, grad = kernels.listmle(p, order, t, ind, e, need_grad)
-        ctx.save_for_backward(p, order, t, grad)
-        ctx.ind, ctx.e = ind, e
+        ctx.save_for_backward(p, order, t)
+        ctx.ind, ctx.e, ctx.grad = ind, e, grad
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        p, order, t, g = ctx.saved_tensors
+        p, order, t = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
             return graph_vjp(_listmle_ordered, grad, p, order, t, ctx.ind, ctx.e), *[None] * 5
-        return g * grad, *[None] * 5
+        g = _scaled_gradient(ctx, grad, lambda: kernels.listmle(p, order, t, ctx.ind, ctx.e, True)[1])
+        return g, *[None] * 5
 
 
 @batch_loss("y_pred", "y_true")

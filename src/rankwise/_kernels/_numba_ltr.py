@@ -35,7 +35,7 @@ from numba.core.extending import intrinsic
 
 from rankwise._kernels._numba_util import TASK_ARGS, f32p, f64p, i64p, next_chunk, task
 
-__all__ = ["LISTMLE_ROWS", "LISTNET_ROWS", "listmle_rows", "listnet_rows"]
+__all__ = ["LISTMLE_ROWS", "LISTNET_ROWS", "listmle_keys", "listmle_rows", "listnet_rows"]
 
 
 @intrinsic
@@ -200,10 +200,21 @@ def listnet_rows(p, t, ind, eps, scale, grad, need_grad):  # type: ignore[no-unt
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore[no-untyped-def]
-    """Sum over the rows of ``sum_i log(T_i + eps) - z_i`` over the real slots of ``p[r, order[r]]``
-    (a slot is real where ``t != ind``); with ``need_grad`` ``grad`` (the shape and dtype of ``p``,
-    in the slots of ``p``) receives ``scale`` times its gradient."""
+def listmle_keys(t, perm, ind, out):  # type: ignore[no-untyped-def]
+    """``out[r, j] = t[r, perm[j]]``, or ``-inf`` where that is padding (``== ind``): the keys whose
+    descending sort gives ListMLE's label order of the shuffled lists."""
+    rows, n = t.shape
+    for r in range(rows):
+        for j in range(n):
+            v = t[r, perm[j]]
+            out[r, j] = v if v != ind else -np.inf
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def listmle_rows(p, perm, idx, t, ind, eps, scale, grad, need_grad):  # type: ignore[no-untyped-def]
+    """Sum over the rows of ``sum_i log(T_i + eps) - z_i`` over the real slots of ``p[r, order[r]]``,
+    ``order[r] = perm[idx[r]]`` (a slot is real where ``t != ind``); with ``need_grad`` ``grad`` (the
+    shape and dtype of ``p``, in the slots of ``p``) receives ``scale`` times its gradient."""
     rows, n = p.shape
     ex = np.empty(n, np.float64)
     den = np.empty(n, np.float64)
@@ -214,7 +225,7 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
         top = -np.inf
         arg = -1
         for i in range(n):
-            k = order[r, i]
+            k = perm[idx[r, i]]
             poison += np.float64(p[r, k]) * 0.0 + np.float64(t[r, k]) * 0.0
             if t[r, k] != ind and p[r, k] > top:
                 top = np.float64(p[r, k])
@@ -223,7 +234,7 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
             top = 0.0
         tail = 0.0
         for i in range(n - 1, -1, -1):
-            k = order[r, i]
+            k = perm[idx[r, i]]
             if t[r, k] != ind:
                 e = math.exp(p[r, k] - top)
                 ex[i] = e
@@ -236,7 +247,7 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
         gsum = 0.0
         for i in range(n):
             if ex[i] >= 0.0:
-                k = order[r, i]
+                k = perm[idx[r, i]]
                 row += math.log(den[i]) - (p[r, k] - top)
                 acc += 1.0 / den[i]
                 g = ex[i] * acc - 1.0
@@ -249,7 +260,7 @@ def listmle_rows(p, order, t, ind, eps, scale, grad, need_grad):  # type: ignore
             if arg >= 0:
                 gz[arg] -= gsum
             for i in range(n):
-                grad[r, order[r, i]] = scale * gz[i]
+                grad[r, perm[idx[r, i]]] = scale * gz[i]
     return total + poison
 
 
@@ -274,17 +285,18 @@ def listnet_task(data):  # type: ignore[no-untyped-def]
 
 
 def listmle_task(data):  # type: ignore[no-untyped-def]
-    """args[4:11]: p, order (int64), t, grad (float32), partial (float64, one per chunk), params
-    (float64: ind, eps, scale), need_grad (:func:`listmle_rows` on chunks of rows)."""
+    """args[4:12]: p, perm (int64, n), idx (int64), t, grad (float32), partial (float64, one per
+    chunk), params (float64: ind, eps, scale), need_grad (:func:`listmle_rows` on chunks of rows)."""
     a = carray(i64p(data), TASK_ARGS)
     rows, n, chunks = a[2], a[3], a[1]
     p = carray(f32p(a[4]), (rows, n))
-    order = carray(i64p(a[5]), (rows, n))
-    t = carray(f32p(a[6]), (rows, n))
-    grad = carray(f32p(a[7]), (rows, n))
-    partial = carray(f64p(a[8]), chunks)
-    params = carray(f64p(a[9]), 3)
-    need_grad = a[10] != 0
+    perm = carray(i64p(a[5]), n)
+    idx = carray(i64p(a[6]), (rows, n))
+    t = carray(f32p(a[7]), (rows, n))
+    grad = carray(f32p(a[8]), (rows, n))
+    partial = carray(f64p(a[9]), chunks)
+    params = carray(f64p(a[10]), 3)
+    need_grad = a[11] != 0
     ind = np.float32(params[0])
     while True:
         c = next_chunk(i64p(data))
@@ -292,7 +304,7 @@ def listmle_task(data):  # type: ignore[no-untyped-def]
             break
         r0, r1 = c * rows // chunks, (c + 1) * rows // chunks
         partial[c] = listmle_rows(
-            p[r0:r1], order[r0:r1], t[r0:r1], ind, params[1], params[2], grad[r0:r1], need_grad
+            p[r0:r1], perm, idx[r0:r1], t[r0:r1], ind, params[1], params[2], grad[r0:r1], need_grad
         )
 
 

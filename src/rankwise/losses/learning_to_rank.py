@@ -361,10 +361,10 @@ def listmle_loss(
     if p.numel() == 0:
         return _zero(p)
     if p.device.type == "cpu" and kernels.ready():
-        # the label order of the shuffled list (padding last), as the torch path below sorts it
-        _, idx = t.masked_fill(t == ind, float("-inf"))[:, perm].sort(descending=True, dim=-1)
+        # the label order of the shuffled list (padding last), sorted as the torch path below sorts it
+        _, idx = kernels.listmle_keys(t, perm, ind).sort(descending=True, dim=-1)
         need_grad = p.requires_grad and torch.is_grad_enabled()
-        return _kernel_loss(_ListMLEKernel.apply(p, perm[idx], t, ind, e, need_grad))
+        return _kernel_loss(_ListMLEKernel.apply(p, perm, idx, t, ind, e, need_grad))
     valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
     _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
@@ -412,33 +412,43 @@ class _ListMLE(torch.autograd.Function):
         return gz.mul_(grad / ex.shape[0]), None, None
 
 
-def _listmle_ordered(p: torch.Tensor, order: torch.Tensor, t: torch.Tensor, ind: float, e: float) -> torch.Tensor:
+def _listmle_ordered(
+    p: torch.Tensor, perm: torch.Tensor, idx: torch.Tensor, t: torch.Tensor, ind: float, e: float
+) -> torch.Tensor:
     """:class:`_ListMLEKernel`'s value in differentiable torch ops (double backward)."""
+    order = perm[idx]
     return _listmle_composite(p.gather(-1, order), (t != ind).gather(-1, order), e)
 
 
 class _ListMLEKernel(torch.autograd.Function):
-    """ListMLE on CPU through the kernel of :mod:`rankwise._kernels.ltr`: ``order`` (the slots of each
-    list in label order) is applied inside the kernel, which gives the value and (when ``p`` needs
-    a gradient) the gradient on ``p`` in one pass per row; the backward is one multiplication by the
-    incoming gradient, double backward goes through :func:`_listmle_ordered`."""
+    """ListMLE on CPU through the kernel of :mod:`rankwise._kernels.ltr`: the slots of each list in
+    label order (``perm[idx[r]]``) are visited inside the kernel, which gives the value and (when
+    ``p`` needs a gradient) the gradient on ``p`` in one pass per row; the backward is one
+    multiplication by the incoming gradient, double backward goes through :func:`_listmle_ordered`."""
 
     @staticmethod
     def forward(
-        ctx: Any, p: torch.Tensor, order: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool
+        ctx: Any,
+        p: torch.Tensor,
+        perm: torch.Tensor,
+        idx: torch.Tensor,
+        t: torch.Tensor,
+        ind: float,
+        e: float,
+        need_grad: bool,
     ) -> torch.Tensor:
-        out, grad = kernels.listmle(p, order, t, ind, e, need_grad)
-        ctx.save_for_backward(p, order, t)
+        out, grad = kernels.listmle(p, perm, idx, t, ind, e, need_grad)
+        ctx.save_for_backward(p, perm, idx, t)
         ctx.ind, ctx.e, ctx.grad = ind, e, grad
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        p, order, t = ctx.saved_tensors
+        p, perm, idx, t = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
-            return graph_vjp(_listmle_ordered, grad, p, order, t, ctx.ind, ctx.e), *[None] * 5
-        g = _scaled_gradient(ctx, grad, lambda: kernels.listmle(p, order, t, ctx.ind, ctx.e, True)[1])
-        return g, *[None] * 5
+            return graph_vjp(_listmle_ordered, grad, p, perm, idx, t, ctx.ind, ctx.e), *[None] * 6
+        g = _scaled_gradient(ctx, grad, lambda: kernels.listmle(p, perm, idx, t, ctx.ind, ctx.e, True)[1])
+        return g, *[None] * 6
 
 
 @batch_loss("y_pred", "y_true")

@@ -26,7 +26,9 @@ def _kernels_loaded() -> None:
         pytest.skip("numba unavailable")
 
 
-def _batch(seed: int, b: int, n: int, dtype: torch.dtype = torch.float32, ties: bool = False) -> tuple[torch.Tensor, ...]:
+def _batch(
+    seed: int, b: int, n: int, dtype: torch.dtype = torch.float32, ties: bool = False
+) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     pred = torch.randn(b, n, generator=g, dtype=torch.float64)
     if ties:
@@ -39,7 +41,9 @@ def _batch(seed: int, b: int, n: int, dtype: torch.dtype = torch.float32, ties: 
     return pred.to(dtype), true.to(dtype)
 
 
-def _run(loss: Any, pred: torch.Tensor, true: torch.Tensor, kernel: bool, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    loss: Any, pred: torch.Tensor, true: torch.Tensor, kernel: bool, **kw: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     if loss is listmle_loss:
         kw["generator"] = torch.Generator().manual_seed(7)
     x = pred.clone().requires_grad_()
@@ -53,9 +57,9 @@ def _run(loss: Any, pred: torch.Tensor, true: torch.Tensor, kernel: bool, **kw: 
 
 
 def _close(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], dtype: torch.dtype) -> None:
-    tol = {"rtol": 1e-10, "atol": 1e-13} if dtype == torch.float64 else {"rtol": 2e-5, "atol": 1e-7}
+    rtol, atol = (1e-10, 1e-13) if dtype == torch.float64 else (2e-5, 1e-7)
     for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, **tol)
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("loss", LOSSES)

@@ -56,7 +56,13 @@ def _rows_ind(ind: float, dtype: torch.dtype) -> float:
 
 
 def _run(
-    name: str, p: torch.Tensor, t: torch.Tensor, order: tuple[torch.Tensor, ...], ind: float, eps: float, need_grad: bool
+    name: str,
+    p: torch.Tensor,
+    t: torch.Tensor,
+    order: tuple[torch.Tensor, ...],
+    ind: float,
+    eps: float,
+    need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k = _k()
     p, t = p.detach().contiguous(), t.detach().contiguous()
@@ -92,7 +98,9 @@ def _run(
     return torch.scalar_tensor(total * abs(scale), dtype=p.dtype), grad
 
 
-def _listnet(p: torch.Tensor, t: torch.Tensor, ind: float, eps: float, need_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _listnet(
+    p: torch.Tensor, t: torch.Tensor, ind: float, eps: float, need_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ListNet's mean over the (rows, n) lists ``p`` / ``t`` (a slot is real where ``t != ind``; ``p``
     and ``t`` of one floating dtype) and, with ``need_grad``, its gradient on ``p`` (else a (1, 1)
     placeholder)."""

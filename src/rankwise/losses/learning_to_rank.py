@@ -40,7 +40,6 @@ from rankwise._random import rand_from, randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
-    finite_checked,
     check_bool,
     check_choice,
     check_floating,
@@ -48,6 +47,7 @@ from rankwise._validation import (
     check_positive_int,
     check_real,
     common_compute_dtype,
+    finite_checked,
 )
 from rankwise.losses._registry import register_loss
 from rankwise.ops.permutation import neural_sort, softsort_matrix

@@ -601,9 +601,15 @@ def lambda_loss(
     weights = _scheme_weights(weighing_scheme, g, d, m, ts0)
     diffs = (ps[:, :, None] - ps[:, None, :]).clamp_(min=-1e8, max=1e8)
     probas = torch.sigmoid(diffs if s == 1.0 else diffs.mul_(s)).clamp(min=e)
-    if not (isinstance(weights, float) and weights == 1.0):  # x ** 1 and its clamp are x (value and gradient)
-        probas = (probas**weights).clamp(min=e)
-    logs = torch.log2(probas) if reduction_log == "binary" else torch.log(probas)
+    log = torch.log2 if reduction_log == "binary" else torch.log
+    if isinstance(weights, float) and weights == 1.0:  # x ** 1 and its clamp are x (value and gradient)
+        logs = log(probas)
+    elif e > 0.0:
+        # log(max(p^w, eps)) = max(w log p, log eps) for p >= eps > 0 and w >= 0 (value, and the gradient
+        # w / p where p^w > eps): no pow, whose forward and backward are the dearest passes over the pairs
+        logs = log(probas).mul_(weights).clamp_(min=math.log2(e) if reduction_log == "binary" else math.log(e))
+    else:  # (0 ** 0 is 1: the pow keeps a pair of weight 0 at log 1 = 0 when a probability is 0)
+        logs = log((probas**weights).clamp(min=e))
     total = -torch.where(pairs, logs, 0.0).sum()
     if reduction == "mean":
         return total / pairs.sum().clamp(min=1).to(total.dtype)

@@ -699,14 +699,19 @@ def _sinkhorn_scaling(
     early = mat.device.type == "cpu" and not torch.compiler.is_compiling()
     done = torch.zeros((), dtype=torch.bool, device=mat.device)
     col_in, row_in = cols[..., None, :], rows[..., :, None]
+    col_sum = mat.sum(dim=-2, keepdim=True)
     for _ in range(max_iter):
         # outside the blocks the sums are 0: divide by 1 there (a clamped 0 would scale gradients by 1e10)
-        cand = mat / torch.where(col_in, mat.sum(dim=-2, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
+        cand = mat / torch.where(col_in, col_sum.clamp(min=DEFAULT_EPS), 1.0)
         cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=DEFAULT_EPS), 1.0)
         mat = cand if early else torch.where(done, mat, cand)
-        row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
-        col_err = torch.where(cols, (mat.sum(dim=-2) - 1.0).abs(), 0.0)
-        done = done | ((row_err < tol).all() & (col_err < tol).all())
+        # the column sums of the check are the next iteration's (the same tensor, the same floats);
+        # the checks themselves need no graph
+        col_sum = mat.sum(dim=-2, keepdim=True)
+        with torch.no_grad():
+            row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
+            col_err = torch.where(cols, (col_sum.squeeze(-2) - 1.0).abs(), 0.0)
+            done = done | ((row_err < tol).all() & (col_err < tol).all())
         if early and bool(done):
             break
     return mat

@@ -26,6 +26,7 @@ pass that reads them anyway). Importing this module raises
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
@@ -38,8 +39,7 @@ from rankwise._kernels._numba_util import TASK_ARGS, f32p, f64p, i64p, next_chun
 __all__ = ["LISTMLE_ROWS", "LISTNET_ROWS", "listmle_keys", "listmle_rows", "listnet_rows"]
 
 
-@intrinsic
-def _f32_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
+def _f32_from_bits_intrinsic(typingctx, bits):  # type: ignore[no-untyped-def]
     """The float32 whose bit pattern is the int32 ``bits``."""
     sig = types.float32(types.int32)
 
@@ -47,6 +47,9 @@ def _f32_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
+
+
+_f32_from_bits: Any = intrinsic(_f32_from_bits_intrinsic)
 
 
 # exp of float32 (Cephes' expf: x = k ln 2 + r, ln 2 in two parts, a degree-7 polynomial on |r| <= ln 2 / 2,

@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import math
+import threading
 from collections.abc import Callable, Iterable
 from numbers import Integral, Real
 from typing import Any, ParamSpec, TypeVar
@@ -281,6 +282,17 @@ def nan_if_nonfinite(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.T
     return out + poison
 
 
+_checked = threading.local()
+
+
+def finite_checked() -> None:
+    """Tell the enclosing :func:`batch_loss` that the loss about to be returned already is NaN where
+    an input is not finite (a kernel that reads every input checks it for free), so that its
+    :func:`nan_if_nonfinite` pass is skipped for this call (this thread only; eager mode only:
+    under ``torch.compile`` the wrapper always checks)."""
+    _checked.flag = True
+
+
 def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorator applying the device and NaN/inf conventions of a batch loss to ``fn``.
 
@@ -321,7 +333,13 @@ def batch_loss(*tensor_args: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             ref_name, ref = tensors[0]
             if isinstance(ref, torch.Tensor):
                 check_same_device(ref_name, ref, *tensors[1:])
+            eager = not torch.compiler.is_compiling()
+            if eager:
+                _checked.flag = False
             out = fn(*args, **kwargs)
+            if eager and _checked.flag:  # see finite_checked
+                _checked.flag = False
+                return out
             if isinstance(out, torch.Tensor):
                 return nan_if_nonfinite(out, *(t for _, t in tensors if isinstance(t, torch.Tensor)))  # type: ignore[return-value]
             return out

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankwise._autograd import graph_vjp
+from rankwise._kernels import ltr as kernels
 from rankwise._random import rand_from, randperm_from
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -46,6 +47,7 @@ from rankwise._validation import (
     check_positive_int,
     check_real,
     common_compute_dtype,
+    finite_checked,
 )
 from rankwise.losses._registry import register_loss
 from rankwise.ops.permutation import neural_sort, softsort_matrix
@@ -180,6 +182,8 @@ def listnet_loss(
     p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     if p.numel() == 0:
         return _zero(p)
+    if p.device.type == "cpu" and kernels.ready():
+        return _kernel_loss(_ListNetKernel.apply(p, t, ind, e, p.requires_grad and torch.is_grad_enabled()))
     return _ListNet.apply(p, t, t == ind, e)
 
 
@@ -264,6 +268,48 @@ class _ListNet(torch.autograd.Function):
         return u.mul_(grad / -s.shape[0]), None, None, None
 
 
+def _kernel_loss(out: torch.Tensor) -> torch.Tensor:
+    """A loss from the kernels of :mod:`rankwise._kernels.ltr`, which is NaN already where an input is
+    not finite: the ``batch_loss`` wrapper need not check again (eager mode)."""
+    if not torch.compiler.is_compiling():
+        finite_checked()
+    return out
+
+
+def _scaled_gradient(ctx: Any, grad: torch.Tensor, recompute: Any) -> torch.Tensor:
+    """The saved gradient of the mean times ``grad``: in place the first time (eager mode; it is the
+    result), recomputed by ``recompute()`` when backward runs again (``retain_graph``)."""
+    g = ctx.grad
+    if g is None:
+        return recompute() * grad
+    if torch.compiler.is_compiling():
+        return g * grad
+    ctx.grad = None
+    return g.mul_(grad)
+
+
+class _ListNetKernel(torch.autograd.Function):
+    """ListNet on CPU through the kernel of :mod:`rankwise._kernels.ltr`: the value and (when ``p``
+    needs a gradient) the gradient of every list in one pass over its row, so the backward is one
+    multiplication by the incoming gradient; double backward goes through :func:`_listnet_composite`.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, p: torch.Tensor, t: torch.Tensor, ind: float, e: float, need_grad: bool) -> torch.Tensor:
+        out, grad = kernels.listnet(p, t, ind, e, need_grad)
+        ctx.save_for_backward(p, t)
+        ctx.ind, ctx.e, ctx.grad = ind, e, grad
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        p, t = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return graph_vjp(_listnet_composite, grad, p, t, t == ctx.ind, ctx.e), None, None, None, None
+        g = _scaled_gradient(ctx, grad, lambda: kernels.listnet(p, t, ctx.ind, ctx.e, True)[1])
+        return g, None, None, None, None
+
+
 def _shuffle(n: int, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"`generator` must be a torch.Generator or None, got {type(generator).__name__}")
@@ -309,11 +355,17 @@ def listmle_loss(
         tensor(0.5981)
     """
     e = check_positive(eps, "eps", allow_zero=True)
-    p, t, valid = _lists(y_pred, y_true, padded_value_indicator)
+    p, t, ind = _flat_lists(y_pred, y_true, padded_value_indicator)
     n = p.shape[-1]
     perm = _shuffle(n, p, generator)
     if p.numel() == 0:
         return _zero(p)
+    if p.device.type == "cpu" and kernels.ready():
+        # the label order of the shuffled list (padding last), sorted as the torch path below sorts it
+        _, idx = kernels.listmle_keys(t, perm, ind).sort(descending=True, dim=-1)
+        need_grad = p.requires_grad and torch.is_grad_enabled()
+        return _kernel_loss(_ListMLEKernel.apply(p, perm, idx, t, ind, e, need_grad))
+    valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
     _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
     ps = p.gather(-1, perm[idx])
@@ -358,6 +410,45 @@ class _ListMLE(torch.autograd.Function):
         gz = denom.reciprocal().masked_fill_(~vs, 0.0).cumsum(dim=-1).mul_(ex).sub_(vs.to(ex.dtype))
         gz.scatter_add_(-1, arg, -gz.sum(dim=-1, keepdim=True))
         return gz.mul_(grad / ex.shape[0]), None, None
+
+
+def _listmle_ordered(
+    p: torch.Tensor, perm: torch.Tensor, idx: torch.Tensor, t: torch.Tensor, ind: float, e: float
+) -> torch.Tensor:
+    """:class:`_ListMLEKernel`'s value in differentiable torch ops (double backward)."""
+    order = perm[idx]
+    return _listmle_composite(p.gather(-1, order), (t != ind).gather(-1, order), e)
+
+
+class _ListMLEKernel(torch.autograd.Function):
+    """ListMLE on CPU through the kernel of :mod:`rankwise._kernels.ltr`: the slots of each list in
+    label order (``perm[idx[r]]``) are visited inside the kernel, which gives the value and (when
+    ``p`` needs a gradient) the gradient on ``p`` in one pass per row; the backward is one
+    multiplication by the incoming gradient, double backward goes through :func:`_listmle_ordered`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        p: torch.Tensor,
+        perm: torch.Tensor,
+        idx: torch.Tensor,
+        t: torch.Tensor,
+        ind: float,
+        e: float,
+        need_grad: bool,
+    ) -> torch.Tensor:
+        out, grad = kernels.listmle(p, perm, idx, t, ind, e, need_grad)
+        ctx.save_for_backward(p, perm, idx, t)
+        ctx.ind, ctx.e, ctx.grad = ind, e, grad
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        p, perm, idx, t = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: through the differentiable formulation
+            return graph_vjp(_listmle_ordered, grad, p, perm, idx, t, ctx.ind, ctx.e), *[None] * 6
+        g = _scaled_gradient(ctx, grad, lambda: kernels.listmle(p, perm, idx, t, ctx.ind, ctx.e, True)[1])
+        return g, *[None] * 6
 
 
 @batch_loss("y_pred", "y_true")
@@ -510,9 +601,15 @@ def lambda_loss(
     weights = _scheme_weights(weighing_scheme, g, d, m, ts0)
     diffs = (ps[:, :, None] - ps[:, None, :]).clamp_(min=-1e8, max=1e8)
     probas = torch.sigmoid(diffs if s == 1.0 else diffs.mul_(s)).clamp(min=e)
-    if not (isinstance(weights, float) and weights == 1.0):  # x ** 1 and its clamp are x (value and gradient)
-        probas = (probas**weights).clamp(min=e)
-    logs = torch.log2(probas) if reduction_log == "binary" else torch.log(probas)
+    log = torch.log2 if reduction_log == "binary" else torch.log
+    if isinstance(weights, float) and weights == 1.0:  # x ** 1 and its clamp are x (value and gradient)
+        logs = log(probas)
+    elif e > 0.0:
+        # log(max(p^w, eps)) = max(w log p, log eps) for p >= eps > 0 and w >= 0 (value, and the gradient
+        # w / p where p^w > eps): no pow, whose forward and backward are the dearest passes over the pairs
+        logs = log(probas).mul_(weights).clamp_(min=math.log2(e) if reduction_log == "binary" else math.log(e))
+    else:  # (0 ** 0 is 1: the pow keeps a pair of weight 0 at log 1 = 0 when a probability is 0)
+        logs = log((probas**weights).clamp(min=e))
     total = -torch.where(pairs, logs, 0.0).sum()
     if reduction == "mean":
         return total / pairs.sum().clamp(min=1).to(total.dtype)
@@ -613,9 +710,10 @@ def _sinkhorn_scaling(mat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor)
         cand = cand / torch.where(row_in, cand.sum(dim=-1, keepdim=True).clamp(min=1e-10), 1.0)
         mat = cand if early else torch.where(done, mat, cand)
         col_sum = mat.sum(dim=-2, keepdim=True)
-        row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
-        col_err = torch.where(cols, (col_sum.squeeze(-2) - 1.0).abs(), 0.0)
-        done = done | ((row_err < 1e-6).all() & (col_err < 1e-6).all())
+        with torch.no_grad():  # the stopping check needs no graph
+            row_err = torch.where(rows, (mat.sum(dim=-1) - 1.0).abs(), 0.0)
+            col_err = torch.where(cols, (col_sum.squeeze(-2) - 1.0).abs(), 0.0)
+            done = done | ((row_err < 1e-6).all() & (col_err < 1e-6).all())
         if early and bool(done):
             break
     return mat

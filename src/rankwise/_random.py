@@ -14,9 +14,16 @@ refuses it); with ``generator=None`` the draw is part of the graph and comes fro
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["rand_from", "randn_from", "randperm_from"]
+
+
+def _generator_kwargs(generator: torch.Generator | None) -> dict[str, Any]:
+    """``{"generator": generator}`` when one is given, else nothing (the overloads without it)."""
+    return {} if generator is None else {"generator": generator}
 
 
 def rand_from(
@@ -27,9 +34,7 @@ def rand_from(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``torch.rand(shape)`` on ``device``, from ``generator`` (the global generator if ``None``)."""
-    if generator is None:
-        return torch.rand(shape, device=device, dtype=dtype)
-    return torch.rand(shape, generator=generator, device=device, dtype=dtype)
+    return torch.rand(shape, device=device, dtype=dtype, **_generator_kwargs(generator))
 
 
 def randn_from(
@@ -40,13 +45,9 @@ def randn_from(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``torch.randn(shape)`` on ``device``, from ``generator`` (the global generator if ``None``)."""
-    if generator is None:
-        return torch.randn(shape, device=device, dtype=dtype)
-    return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    return torch.randn(shape, device=device, dtype=dtype, **_generator_kwargs(generator))
 
 
 def randperm_from(n: int, generator: torch.Generator | None, *, device: torch.device) -> torch.Tensor:
     """``torch.randperm(n)`` on ``device``, from ``generator`` (the global generator if ``None``)."""
-    if generator is None:
-        return torch.randperm(n, device=device)
-    return torch.randperm(n, generator=generator, device=device)
+    return torch.randperm(n, device=device, **_generator_kwargs(generator))

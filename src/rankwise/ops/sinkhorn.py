@@ -287,9 +287,15 @@ def _solve_sym(s: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.linalg.ldl_solve(ld, pivots, rhs.unsqueeze(-1)).squeeze(-1)
 
 
+def _worst_tensor(err: torch.Tensor) -> torch.Tensor:
+    """The batch's largest marginal error as a 0-d tensor (rows with NaN inputs excluded: their output is
+    NaN anyway; 0 for an empty batch)."""
+    return err.nan_to_num(nan=0.0).amax() if err.numel() else err.new_zeros(())
+
+
 def _worst(err: torch.Tensor) -> float:
-    """The batch's largest marginal error (rows with NaN inputs excluded: their output is NaN anyway)."""
-    return float(err.nan_to_num(nan=0.0).max()) if err.numel() else 0.0
+    """:func:`_worst_tensor` read on the host."""
+    return float(_worst_tensor(err))
 
 
 def _make_decay_values() -> tuple[float, ...]:
@@ -354,7 +360,7 @@ def _solve(
         # the same stopping rule as below, evaluated on the device: once the batch's error is within tol
         # (or has stalled), the remaining steps leave g unchanged, so the result is the eager loop's
         # whenever that stops within the budget (all-tied rows, converged at the warm-up: no step at all)
-        worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else err.new_zeros(())
+        worst_d = _worst_tensor(err)
         active = worst_d > tol
         best_d = torch.full_like(worst_d, math.inf)
         stalled_d = torch.zeros_like(worst_d)
@@ -362,7 +368,7 @@ def _solve(
             g_new, err_new = _newton_step(g, err, cost, eps)
             g = torch.where(active, g_new, g)
             err = torch.where(active, err_new, err)
-            worst_d = err.nan_to_num(nan=0.0).amax() if err.numel() else worst_d
+            worst_d = _worst_tensor(err)
             better = worst_d < best_d
             best_d = torch.where(active & better, worst_d, best_d)
             stalled_d = torch.where(active, torch.where(better, 0.0, stalled_d + 1.0), stalled_d)

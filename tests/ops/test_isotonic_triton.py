@@ -137,6 +137,55 @@ def test_kernels_compile_for_hopper(kl: bool) -> None:
         assert "div.rn.f64" in fwd.asm["ptx"]
 
 
+@pytest.mark.parametrize("kl", [False, True], ids=["l2", "kl"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+def test_operator_kernels_compile_for_hopper(kl: bool, dtype: str) -> None:
+    """The kernels around the projection (prologues, epilogue, the backward's gather and scatter)
+    compile ahead of time for sm_90, for float32 and float64 inputs, both directions."""
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        pytest.skip(f"this Triton has no ahead-of-time compile API: {exc}")
+    from rankwise._kernels import triton_isotonic as tk
+
+    target = GPUTarget("cuda", 90, 32)
+    f64, i64, i32, i8 = "*fp64", "i64", "i32", "*i8"
+    rank_pro = {"v_ptr": f"*{dtype}", "s_ptr": f64, "w_ptr": f64, "flags_ptr": i8, "n": i32}
+    rank_pro.update({"eps_bits": i64, "limit_bits": i64, "far_bits": i64, "gap_bits": i64})
+    sort_pro = {"v_ptr": f"*{dtype}", "s_ptr": f64, "w_ptr": f64, "flags_ptr": i8, "n": i32}
+    sort_pro.update({"eps_bits": i64, "extra_bits": i64})
+    epi = {"mu_ptr": f64, "w_ptr": f64, "perm_ptr": "*i64", "flags_ptr": i8, "out_ptr": f"*{dtype}", "n": i32}
+    gather = {"grad_ptr": f"*{dtype}", "grad_row_stride": i32, "grad_col_stride": i32, "perm_ptr": "*i64"}
+    gather.update({"mu_ptr": f64, "g_ptr": f64, "n": i32})
+    scatter = {"gp_ptr": f64, "grad_ptr": f"*{dtype}", "grad_row_stride": i32, "grad_col_stride": i32}
+    scatter.update({"perm_ptr": "*i64", "flags_ptr": i8, "gx_ptr": f"*{dtype}", "n": i32, "scale_bits": i64})
+    compiled = []
+    for sign in (1.0, -1.0):
+        for kernel, sig, consts in [
+            (tk._rank_prologue_kernel, rank_pro, {"KL": kl, "SIGN": sign, "BLOCK": 1024}),
+            (tk._sort_prologue_kernel, sort_pro, {"KL": kl, "SIGN": sign, "BLOCK": 1024}),
+            (tk._epilogue_kernel, epi, {"RANK": True, "KL": kl, "SIGN": sign, "BLOCK": 1024}),
+            (tk._epilogue_kernel, epi, {"RANK": False, "KL": kl, "SIGN": sign, "BLOCK": 1024}),
+        ]:
+            sig = {**sig, **{k: "constexpr" for k in consts}}
+            compiled.append(triton.compile(ASTSource(kernel, sig, consts), target=target, options={"num_warps": 4}))
+    for rank in (True, False):
+        sig = {**scatter, "RANK": "constexpr", "BLOCK": "constexpr"}
+        src = ASTSource(tk._scatter_grad_kernel, sig, {"RANK": rank, "BLOCK": 256})
+        compiled.append(triton.compile(src, target=target, options={"num_warps": 1}))
+    sig = {**gather, "KL": "constexpr", "BLOCK": "constexpr"}
+    compiled.append(triton.compile(ASTSource(tk._gather_grad_kernel, sig, {"KL": kl, "BLOCK": 256}), target=target))
+    for kernel in compiled:
+        ptx = kernel.asm["ptx"]
+        assert "ld.local" not in ptx and "st.local" not in ptx
+    prologue = compiled[0].asm["ptx"]
+    assert "bar.sync" in prologue  # the scans of the conditioned rows
+    if dtype == "fp32":
+        assert "div.rn.f32" in prologue  # x / eps rounded as the CPU kernels divide
+
+
 def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto``: CUDA rows of at least ``_TRITON_MIN_N`` go to Triton, CPU and meta never; ``torch``
     never."""
@@ -258,64 +307,3 @@ def test_cuda_long_row_linear_memory() -> None:
         y.sum().backward()
     assert torch.isfinite(x.grad).all()  # type: ignore[arg-type]
     assert torch.cuda.max_memory_allocated() - base < 200 * x.numel()  # bytes per element
-
-
-# --------------------------------------------------------------------------------------------------
-# the CUDA autograd Functions around the Triton module, on CPU (numba's projection standing in)
-# --------------------------------------------------------------------------------------------------
-def _numba_projection_forward(s: torch.Tensor, w: torch.Tensor, kl: bool, *, chunk: int | None = None) -> Any:
-    from rankwise._kernels import _numba_isotonic as nb
-
-    mu = torch.empty_like(s)
-    ids = torch.empty(s.shape, dtype=torch.int64)
-    (nb.pav_kl if kl else nb.pav_l2)(
-        s.contiguous().numpy(), w.to(s.dtype).contiguous().numpy(), mu.numpy(), ids.numpy()
-    )
-    return mu, (ids, ids, ids, ids)
-
-
-def _numba_projection_backward(grad, s, w, state, kl, need_s, need_w):  # type: ignore[no-untyped-def]
-    from rankwise._kernels import _numba_isotonic as nb
-
-    w = w.to(s.dtype).contiguous()
-    gs, gw = torch.empty_like(s), torch.zeros_like(w)
-    g = grad.to(s.dtype).contiguous()
-    nb.pav_backward(
-        g.numpy(), s.contiguous().numpy(), w.numpy(), state[0].numpy(), kl, need_s, need_w, gs.numpy(), gw.numpy()
-    )
-    return (gs if need_s else None), (gw if need_w else None)
-
-
-@pytest.mark.parametrize("reg", REGS)
-@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
-def test_cuda_functions_equal_cpu_kernels_on_long_rows(
-    monkeypatch: pytest.MonkeyPatch, reg: str, descending: bool
-) -> None:
-    """The CUDA path (one sort, the projection in float64 with float64 weights, ``x / eps`` divided
-    in the input dtype, one scatter; hand-written backward) with numba's projection in place of the
-    Triton kernels equals the CPU kernels on float32 rows of 20,000: rounding ``log rho`` to float32,
-    or dividing in float64, made PAV pool a few near-ties differently, gradients off by up to 1e5."""
-    monkeypatch.setattr(iso, "_BACKEND", "triton")
-    stand_in = types.SimpleNamespace(
-        projection_forward=_numba_projection_forward, projection_backward=_numba_projection_backward
-    )
-    x = torch.randn(3, 20000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    x[1] = (x[1] * 3).round()
-    x[2, 5] = float("nan")
-    for dtype in (torch.float32, torch.float64):
-        for op in OPS:
-            fn = functools.partial(op, regularization=reg, regularization_strength=0.2, descending=descending)
-            monkeypatch.setattr(iso, "_triton_kernels", lambda: stand_in)
-            got = _value_and_grad(fn, x.to(dtype))
-            monkeypatch.setattr(iso, "_BACKEND", "auto")
-            want = _value_and_grad(fn, x.to(dtype))
-            monkeypatch.setattr(iso, "_BACKEND", "triton")
-            torch.testing.assert_close(got[0], want[0], equal_nan=True, **_tol(dtype))
-            assert got[0][2].isnan().all()
-            torch.testing.assert_close(
-                got[1][:2],
-                want[1][:2],
-                rtol=1e-4 if dtype == torch.float32 else 1e-9,
-                atol=1e-4 if dtype == torch.float32 else 1e-9,
-            )
-            assert (got[1][2].nan_to_num(0.0) == 0).all()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -115,6 +116,143 @@ def test_chunked_projection_matches_numba(interpreted, reg, chunk) -> None:  # t
         gs, gw = interpreted.projection_backward(g, s, w, state, reg == "kl", True, True)
         close(gs, gs_ref)
         close(gw, gw_ref)
+
+
+def _far_rows(n: int, dtype: torch.dtype, gen: torch.Generator, eps: float) -> torch.Tensor:
+    """Rows for the soft-rank conditioning: values of a few ``eps`` (not conditioned), runs of nearby values
+    around 1e15 to 1e18 separated by wide gaps (conditioned: several runs, some crossing the
+    kernel's chunks), a run of exact ties, a NaN row and an inf row."""
+    unit = 3 * eps * torch.randn(n, generator=gen, dtype=torch.float64)
+    centres = torch.tensor([1e18, -3e17, 2e15], dtype=torch.float64)[torch.arange(n) % 3]
+    runs = centres * (1 + 1e-6 * torch.randn(n, generator=gen, dtype=torch.float64).round())
+    tied = torch.where(torch.arange(n) < n // 2, 5e17, -5e17).to(torch.float64)
+    nan = unit.clone()
+    nan[n // 3] = float("nan")
+    inf = runs.clone()
+    inf[n - 2] = float("inf")
+    return torch.stack([unit, runs, tied, nan, inf]).to(dtype)
+
+
+@pytest.mark.parametrize("kl", [False, True], ids=["l2", "kl"])
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_rank_prologue_matches_the_conditioning(interpreted, kl, descending, dtype) -> None:  # type: ignore[no-untyped-def]
+    """The soft ranks' prologue kernel: ``x / eps`` divided in the input dtype for ordinary rows
+    (bit for bit), the run-by-run layout of ``_condition_rank_inputs`` for rows of large
+    ``|x| / eps`` (rows of 3,000 cross the kernel's 1,024-position chunks), the weights and the rows'
+    flags (NaN / inf, conditioned)."""
+    gen = torch.Generator().manual_seed(7)
+    for n, eps in [(2, 0.5), (40, 1e-3), (3000, 1e3)]:
+        x = _far_rows(n, dtype, gen, eps)
+        v = x.sort(-1, descending=not descending).values
+        y = -v if descending else v
+        limit = iso._gap_limit(n, kl)
+        s, w, flags = interpreted.rank_prologue(v, eps, limit, iso._CONDITION_FACTOR * limit, descending, kl)
+        want = iso._condition_rank_inputs(y.double(), eps, limit, plain=(y / eps).double())
+        far = (y.double().abs().amax(-1) / eps > iso._CONDITION_FACTOR * limit) & x.isfinite().all(-1)
+        assert far[1:3].all() and not far[0]  # both kinds of rows are exercised
+        assert torch.equal(flags.long(), (~x.isfinite().all(-1)).long() + 2 * far.long())
+        ok = x.isfinite().all(-1)
+        assert torch.equal(s[ok & ~far], want[ok & ~far])
+        torch.testing.assert_close(s[far], want[far], rtol=1e-13, atol=1e-9)
+        assert s[far].diff(dim=-1).le(0).all()  # still decreasing
+        torch.testing.assert_close(w, iso._rank_weights(n, torch.float64, x.device, kl))
+
+
+@pytest.mark.parametrize("kl", [False, True], ids=["l2", "kl"])
+def test_far_rows_through_the_operators(triton_backend, monkeypatch, kl) -> None:  # type: ignore[no-untyped-def]
+    """Soft ranks and sorts of rows of 1e18-scale values (conditioned), with ties and a NaN/inf row,
+    through the Triton path equal the CPU path: values and gradients, both directions (the NaN / inf
+    rows: NaN values and zero gradients)."""
+    gen = torch.Generator().manual_seed(8)
+    x = _far_rows(200, torch.float64, gen, 1e-2)
+    # (kl soft sort works in absolute units: at 1e17 its pooling is decided at round-off level, and
+    # the two paths' gradients differ there; see soft_sort_isotonic's docstring)
+    for op in OPS if not kl else OPS[:1]:
+        for descending in (False, True):
+            fn = functools.partial(
+                op, regularization="kl" if kl else "l2", regularization_strength=1e-2, descending=descending
+            )
+            got = _value_and_grad(fn, x)
+            monkeypatch.setattr(iso, "_BACKEND", "auto")
+            want = _value_and_grad(fn, x)
+            monkeypatch.setattr(iso, "_BACKEND", "triton")
+            torch.testing.assert_close(got[0], want[0], rtol=1e-9, atol=1e-9, equal_nan=True)
+            torch.testing.assert_close(got[1][:3], want[1][:3], rtol=1e-9, atol=1e-9)
+            assert got[0][3:].isnan().all() and not got[0][:3].isnan().any()
+            assert (got[1][3:] == 0).all()  # the NaN / inf rows: zero gradients
+
+
+def test_backward_takes_any_gradient_layout(triton_backend, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The backward kernels read the incoming gradient through its strides: an expanded gradient
+    (``y.sum().backward()``), a transposed one and a column slice give the CPU path's gradients."""
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    gt = torch.randn(33, 4, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    wide = torch.randn(4, 66, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    for op in OPS:
+        for reg in REGS:
+            for grad in (None, gt.T, wide[:, ::2]):
+                grads = []
+                for backend in ("triton", "auto"):
+                    monkeypatch.setattr(iso, "_BACKEND", backend)
+                    xg = x.clone().requires_grad_()
+                    y = op(xg, regularization=reg, regularization_strength=0.4, descending=True)
+                    y.sum().backward() if grad is None else y.backward(grad)
+                    grads.append(xg.grad)
+                torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------------
+# the CUDA autograd Functions on long rows, numba's projection standing in for the Triton one
+# --------------------------------------------------------------------------------------------------
+def _numba_projection_forward(s: torch.Tensor, w: torch.Tensor, kl: bool, *, chunk: int | None = None) -> Any:
+    mu = torch.empty_like(s)
+    ids = torch.empty(s.shape, dtype=torch.int64)
+    (nb.pav_kl if kl else nb.pav_l2)(
+        s.contiguous().numpy(), w.to(s.dtype).contiguous().numpy(), mu.numpy(), ids.numpy()
+    )
+    return mu, (ids, ids, ids, ids)
+
+
+def _numba_projection_backward(grad, s, w, state, kl, need_s, need_w):  # type: ignore[no-untyped-def]
+    w = w.to(s.dtype).contiguous()
+    gs, gw = torch.empty_like(s), torch.zeros_like(w)
+    g = grad.to(s.dtype).contiguous()
+    nb.pav_backward(
+        g.numpy(), s.contiguous().numpy(), w.numpy(), state[0].numpy(), kl, need_s, need_w, gs.numpy(), gw.numpy()
+    )
+    return (gs if need_s else None), (gw if need_w else None)
+
+
+@pytest.mark.parametrize("reg", REGS)
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+def test_cuda_functions_equal_cpu_kernels_on_long_rows(triton_backend, monkeypatch, reg, descending) -> None:  # type: ignore[no-untyped-def]
+    """The CUDA path (one sort, the prologue kernel: ``x / eps`` divided in the input dtype, float64
+    weights; the projection in float64; the epilogue's scatter; the backward's gather and scatter)
+    with numba's projection in place of the Triton one (the interpreted PAV is too slow for rows of
+    20,000) equals the CPU kernels on float32 rows of 20,000: rounding ``log rho`` to float32, or
+    dividing in float64, made PAV pool a few near-ties differently, gradients off by up to 1e5."""
+    monkeypatch.setattr(triton_backend, "projection_forward", _numba_projection_forward)
+    monkeypatch.setattr(triton_backend, "projection_backward", _numba_projection_backward)
+    x = torch.randn(3, 20000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    x[1] = (x[1] * 3).round()
+    x[2, 5] = float("nan")
+    for dtype in (torch.float32, torch.float64):
+        for op in OPS:
+            fn = functools.partial(op, regularization=reg, regularization_strength=0.2, descending=descending)
+            got = _value_and_grad(fn, x.to(dtype))
+            monkeypatch.setattr(iso, "_BACKEND", "auto")
+            want = _value_and_grad(fn, x.to(dtype))
+            monkeypatch.setattr(iso, "_BACKEND", "triton")
+            torch.testing.assert_close(got[0], want[0], equal_nan=True, **_tol(dtype, 1e-10))
+            assert got[0][2].isnan().all()
+            torch.testing.assert_close(
+                got[1][:2],
+                want[1][:2],
+                rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                atol=1e-4 if dtype == torch.float32 else 1e-9,
+            )
+            assert (got[1][2].nan_to_num(0.0) == 0).all()
 
 
 def test_long_rows_take_the_chunked_path(interpreted, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -30,13 +30,26 @@ the kernels also run on CPU tensors, which is how the CPU test suite checks them
 
 from __future__ import annotations
 
+import math
+import struct
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from rankwise._kernels._custom import KernelOp
 
-__all__ = ["TIE_ULPS", "projection_backward", "projection_forward"]
+__all__ = [
+    "TIE_ULPS",
+    "operator_epilogue",
+    "projection_backward",
+    "projection_forward",
+    "rank_grad_gather",
+    "rank_prologue",
+    "scatter_grad",
+    "sort_prologue",
+]
 
 #: tie tolerance in float64 ulps of the local magnitudes (the CPU kernels' rule)
 TIE_ULPS = 4.0
@@ -420,6 +433,233 @@ def _pav_backward_kernel(
                 tl.store(gw_ptr + row * n + c0 + offs, mean.to(gw_ptr.dtype.element_ty), mask=m)
 
 
+# --------------------------------------------------------------------------------------------------
+# The soft operators around the projection: one kernel each for what precedes and follows it
+# --------------------------------------------------------------------------------------------------
+@triton.jit
+def _as_f64(bits):
+    """A float64 passed as the int64 of its bits (Triton types a Python float argument as float32)."""
+    return bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _row_ends(v_row, n, SIGN: tl.constexpr):
+    """The first and last entries of a sorted row (times ``SIGN``) in float64, and whether the row
+    holds a NaN or an inf: a sort puts them at its ends (NaN as the largest value)."""
+    first = tl.load(v_row).to(tl.float64) * SIGN
+    last = tl.load(v_row + n - 1).to(tl.float64) * SIGN
+    bad = ~((tl.abs(first) < float("inf")) & (tl.abs(last) < float("inf")))
+    return first, last, bad
+
+
+@triton.jit
+def _conditioned_row(v_row, s_row, n, eps, limit, gap, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """``s = y / eps`` of one decreasing row ``y = SIGN * v`` laid out run by run (runs: gaps of at
+    most ``gap = limit * eps``): ``(y_i - y_first) / eps`` plus the run's offset, each run starting
+    ``limit`` below the last value of the one before (``rankwise.ops.isotonic._condition_rank_inputs``).
+    Sequential over the row's chunks (run starts, offsets carried)."""
+    offs = tl.arange(0, BLOCK)
+    carry_first = tl.zeros((), tl.int32)  # start of the run the chunk begins in
+    carry_prev = tl.zeros((), tl.int32)  # start of the run before the current position's
+    carry_off = tl.zeros((), tl.float64)  # offset of the run the chunk begins in
+    for c0 in range(0, n, BLOCK):
+        idx = c0 + offs
+        m = idx < n
+        y = tl.load(v_row + idx, mask=m, other=0.0).to(tl.float64) * SIGN
+        yp = tl.load(v_row + idx - 1, mask=m & (idx >= 1), other=0.0).to(tl.float64) * SIGN
+        ypp = tl.load(v_row + idx - 2, mask=m & (idx >= 2), other=0.0).to(tl.float64) * SIGN
+        cut = m & (idx >= 1) & ((yp - y) > gap)  # position idx starts a run after a wide gap
+        start = (idx == 0) | cut
+        start_prev = (idx == 1) | ((idx >= 2) & ((ypp - yp) > gap))  # position idx - 1 starts a run
+        first = tl.associative_scan(tl.where(m & start, idx, -1), 0, _max_combine)
+        first = tl.maximum(first, carry_first)
+        prev = tl.associative_scan(tl.where(m & start_prev, idx - 1, -1), 0, _max_combine)
+        prev = tl.maximum(prev, carry_prev)
+        y_first = tl.load(v_row + first, mask=m, other=0.0).to(tl.float64) * SIGN
+        y_prev_first = tl.load(v_row + prev, mask=cut, other=0.0).to(tl.float64) * SIGN
+        step = tl.where(cut, (yp - y_prev_first) / eps - limit, 0.0)
+        offset = tl.cumsum(step, 0) + carry_off
+        tl.store(s_row + idx, (y - y_first) / eps + offset, mask=m)
+        carry_first = tl.max(tl.where(m, first, 0), 0)
+        carry_prev = tl.max(tl.where(m, prev, 0), 0)
+        carry_off = tl.sum(tl.where(offs == BLOCK - 1, offset, 0.0), 0)
+
+
+@triton.jit(do_not_specialize=["eps_bits", "limit_bits", "far_bits", "gap_bits"])
+def _rank_prologue_kernel(
+    v_ptr,
+    s_ptr,
+    w_ptr,
+    flags_ptr,
+    n,
+    eps_bits,
+    limit_bits,
+    far_bits,
+    gap_bits,
+    KL: tl.constexpr,
+    SIGN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program ``(row, c)``, soft ranks: ``s = y / eps`` (``y = SIGN * v``, ``v`` the sorted row; the
+    division in the dtype of ``v``, as the CPU kernels divide) of the positions ``c * BLOCK ..``,
+    float64; the row's flags (bit 0: a NaN or an inf, bit 1: conditioned) and, for row 0, the
+    weights ``rho`` (``log rho`` for kl). A row whose largest ``|y| / eps`` exceeds ``far`` is
+    conditioned as a whole (:func:`_conditioned_row`) by its program ``c = 0``."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    eps = _as_f64(eps_bits)
+    v_row = v_ptr + row * n
+    s_row = s_ptr + row * n
+    first, last, bad = _row_ends(v_row, n, SIGN)
+    far = (tl.maximum(tl.abs(first), tl.abs(last)) / eps > _as_f64(far_bits)) & ~bad
+    if c == 0:
+        tl.store(flags_ptr + row, (bad.to(tl.int8) + 2 * far.to(tl.int8)).to(tl.int8))
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    if row == 0:
+        rho = tl.where(m, n - offs, 1).to(tl.float64)
+        if KL:
+            rho = tl.log(rho)
+        tl.store(w_ptr + offs, rho, mask=m)
+    if far:
+        if c == 0:
+            _conditioned_row(v_row, s_row, n, eps, _as_f64(limit_bits), _as_f64(gap_bits), SIGN, BLOCK)
+    else:
+        v = tl.load(v_row + offs, mask=m, other=0.0)
+        if v_ptr.dtype.element_ty == tl.float32:
+            s = tl.math.div_rn(v * SIGN, eps.to(tl.float32)).to(tl.float64)
+        else:
+            s = (v.to(tl.float64) * SIGN) / eps
+        tl.store(s_row + offs, s, mask=m)
+
+
+@triton.jit(do_not_specialize=["eps_bits", "extra_bits"])
+def _sort_prologue_kernel(
+    v_ptr,
+    s_ptr,
+    w_ptr,
+    flags_ptr,
+    n,
+    eps_bits,
+    extra_bits,
+    KL: tl.constexpr,
+    SIGN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program ``(row, c)``, soft sort: the weights ``w = SIGN * v`` (float64, ``v`` the sorted row),
+    the row's gap limit (l2: twice the spread of ``w``; kl: twice the spread plus ``extra = 2 log n``,
+    plus 1), the targets ``s = rho / eps``, or ``rho * limit`` where ``1 / eps`` exceeds the limit
+    (then every block is one entry), and the row's flags (bit 0: a NaN or an inf, bit 1: hard)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    eps = _as_f64(eps_bits)
+    v_row = v_ptr + row * n
+    first, last, bad = _row_ends(v_row, n, SIGN)
+    spread = tl.abs(first - last)
+    if KL:
+        limit = 2.0 * ((spread + _as_f64(extra_bits)) + 1.0)
+    else:
+        limit = 2.0 * spread
+    hard = ((1.0 / eps) > limit) & ~bad
+    if c == 0:
+        tl.store(flags_ptr + row, (bad.to(tl.int8) + 2 * hard.to(tl.int8)).to(tl.int8))
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    w = tl.load(v_row + offs, mask=m, other=0.0).to(tl.float64) * SIGN
+    tl.store(w_ptr + row * n + offs, w, mask=m)
+    rho = (n - offs).to(tl.float64)
+    s = tl.where(hard, rho * limit, rho / eps)
+    tl.store(s_ptr + row * n + offs, s, mask=m)
+
+
+@triton.jit
+def _epilogue_kernel(
+    mu_ptr,
+    w_ptr,
+    perm_ptr,
+    flags_ptr,
+    out_ptr,
+    n,
+    RANK: tl.constexpr,
+    KL: tl.constexpr,
+    SIGN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program ``(row, c)``: the operator's output from the projection ``mu`` (sorted order). Soft
+    ranks: ``mu`` (``exp(mu)`` for kl) scattered back to the input order by ``perm``; soft sort: ``mu``
+    (``w`` where the row is hard) times ``SIGN``. NaN for a row holding a NaN or an inf."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    flags = tl.load(flags_ptr + row)
+    bad = (flags & 1) != 0
+    mu = tl.load(mu_ptr + row * n + offs, mask=m, other=0.0).to(tl.float64)
+    if RANK:
+        val = mu
+        if KL:
+            val = tl.exp(mu)
+        dest = row * n + tl.load(perm_ptr + row * n + offs, mask=m, other=0)
+    else:
+        w = tl.load(w_ptr + row * n + offs, mask=m, other=0.0).to(tl.float64)
+        val = tl.where((flags & 2) != 0, w, mu) * SIGN
+        dest = row * n + offs
+    val = tl.where(bad, float("nan"), val)
+    tl.store(out_ptr + dest, val.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gather_grad_kernel(
+    grad_ptr, grad_row_stride, grad_col_stride, perm_ptr, mu_ptr, g_ptr, n, KL: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Program ``(row, c)``, soft ranks' backward: the incoming gradient in sorted order, float64,
+    times ``exp(mu)`` for kl (the derivative of ``r = exp(mu)``)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    p = tl.load(perm_ptr + row * n + offs, mask=m, other=0)
+    g = tl.load(grad_ptr + row * grad_row_stride + p * grad_col_stride, mask=m, other=0.0).to(tl.float64)
+    if KL:
+        g = g * tl.exp(tl.load(mu_ptr + row * n + offs, mask=m, other=0.0).to(tl.float64))
+    tl.store(g_ptr + row * n + offs, g, mask=m)
+
+
+@triton.jit(do_not_specialize=["scale_bits"])
+def _scatter_grad_kernel(
+    gp_ptr,
+    grad_ptr,
+    grad_row_stride,
+    grad_col_stride,
+    perm_ptr,
+    flags_ptr,
+    gx_ptr,
+    n,
+    scale_bits,
+    RANK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program ``(row, c)``: the gradient of the operator's input from the projection's (``gp``,
+    sorted order), scattered back by ``perm``. Soft ranks: ``gp * scale`` (``scale = ±1 / eps``);
+    soft sort: ``gp``, or the incoming gradient itself where the row is hard. 0 for a row holding a
+    NaN or an inf."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    flags = tl.load(flags_ptr + row)
+    g = tl.load(gp_ptr + row * n + offs, mask=m, other=0.0).to(tl.float64)
+    if RANK:
+        g = g * _as_f64(scale_bits)
+    elif (flags & 2) != 0:
+        g = tl.load(grad_ptr + row * grad_row_stride + offs * grad_col_stride, mask=m, other=0.0).to(tl.float64)
+    g = tl.where((flags & 1) != 0, 0.0, g)
+    dest = row * n + tl.load(perm_ptr + row * n + offs, mask=m, other=0)
+    tl.store(gx_ptr + dest, g.to(gx_ptr.dtype.element_ty), mask=m)
+
+
 #: shortest piece of a row solved by its own program before the merge
 _MIN_CHUNK = 64
 
@@ -647,3 +887,220 @@ def _projection_backward(
     if grad_w is not None and w.shape[0] != rows:
         grad_w = grad_w.sum(0, keepdim=True)
     return grad_s, grad_w
+
+
+# --------------------------------------------------------------------------------------------------
+# The soft operators' kernels around the projection (custom operators under torch.compile)
+# --------------------------------------------------------------------------------------------------
+def _bits(x: float) -> int:
+    """A float64 as the int64 of its bits (see :func:`_as_f64`)."""
+    return int(struct.unpack("<q", struct.pack("<d", float(x)))[0])
+
+
+def _grid(rows: int, n: int) -> tuple[tuple[int, int], int, int]:
+    """Grid, block and warps of the element-wise passes: programs ``(row, chunk)``."""
+    block = _block(n)
+    return (rows, triton.cdiv(n, block)), block, (4 if block >= 512 else 1)
+
+
+def _rank_prologue_impl(
+    v: torch.Tensor, eps: float, limit: float, far: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = v.shape
+    v = v.detach().contiguous()
+    s, w, flags = _prologue_outputs(v, rows, n, 1)
+    if rows and n:
+        grid, block, warps = _grid(rows, n)
+        _rank_prologue_kernel[grid](
+            v, s, w, flags, n, _bits(eps), _bits(limit), _bits(far), _bits(limit * eps),
+            KL=kl, SIGN=-1.0 if descending else 1.0, BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return s, w, flags
+
+
+def _rank_prologue_fake(
+    v: torch.Tensor, eps: float, limit: float, far: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = v.shape
+    return _prologue_outputs(v, rows, n, 1)
+
+
+def _sort_prologue_fake(
+    v: torch.Tensor, eps: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = v.shape
+    return _prologue_outputs(v, rows, n, rows)
+
+
+def _prologue_outputs(
+    v: torch.Tensor, rows: int, n: int, w_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``s`` (rows, n), ``w`` (w_rows, n), both float64, and the rows' int8 flags, uninitialized."""
+    f64 = torch.float64
+    flags = v.new_empty((rows,), dtype=torch.int8)
+    return v.new_empty((rows, n), dtype=f64), v.new_empty((w_rows, n), dtype=f64), flags
+
+
+def _sort_prologue_impl(
+    v: torch.Tensor, eps: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = v.shape
+    v = v.detach().contiguous()
+    s, w, flags = _prologue_outputs(v, rows, n, rows)
+    if rows and n:
+        grid, block, warps = _grid(rows, n)
+        extra = 2.0 * math.log(max(n, 1))
+        _sort_prologue_kernel[grid](
+            v, s, w, flags, n, _bits(eps), _bits(extra),
+            KL=kl, SIGN=1.0 if descending else -1.0, BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return s, w, flags
+
+
+def _epilogue_impl(
+    mu: torch.Tensor, w: torch.Tensor, perm: torch.Tensor, flags: torch.Tensor, rank: bool, kl: bool,
+    descending: bool, dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    rows, n = mu.shape
+    out = torch.empty((rows, n), dtype=dtype, device=mu.device)
+    if rows and n:
+        grid, block, warps = _grid(rows, n)
+        sign = 1.0 if (descending or rank) else -1.0
+        _epilogue_kernel[grid](
+            mu, w, perm.contiguous(), flags, out, n, RANK=rank, KL=kl, SIGN=sign, BLOCK=block, num_warps=warps
+        )
+    return out
+
+
+def _epilogue_fake(mu: torch.Tensor, *args: Any) -> torch.Tensor:
+    return mu.new_empty(mu.shape, dtype=args[-1])
+
+
+def _rank_grad_gather_impl(grad: torch.Tensor, perm: torch.Tensor, mu: torch.Tensor, kl: bool) -> torch.Tensor:
+    rows, n = mu.shape
+    g = torch.empty((rows, n), dtype=torch.float64, device=mu.device)
+    if rows and n:
+        grid, block, warps = _grid(rows, n)
+        _gather_grad_kernel[grid](
+            grad, grad.stride(0), grad.stride(1), perm.contiguous(), mu, g, n, KL=kl, BLOCK=block, num_warps=warps
+        )
+    return g
+
+
+def _rank_grad_gather_fake(grad: torch.Tensor, perm: torch.Tensor, mu: torch.Tensor, kl: bool) -> torch.Tensor:
+    return mu.new_empty(mu.shape, dtype=torch.float64)
+
+
+def _scatter_grad_impl(
+    gp: torch.Tensor, grad: torch.Tensor, perm: torch.Tensor, flags: torch.Tensor, scale: float, rank: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    rows, n = gp.shape
+    gx = torch.empty((rows, n), dtype=dtype, device=gp.device)
+    if rows and n:
+        grid, block, warps = _grid(rows, n)
+        _scatter_grad_kernel[grid](
+            gp, grad, grad.stride(0), grad.stride(1), perm.contiguous(), flags, gx, n, _bits(scale),
+            RANK=rank, BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return gx
+
+
+def _scatter_grad_fake(gp: torch.Tensor, *args: Any) -> torch.Tensor:
+    return gp.new_empty(gp.shape, dtype=args[-1])
+
+
+_RANK_PROLOGUE_OP = KernelOp(
+    "triton_rank_prologue",
+    "(Tensor v, float eps, float limit, float far, bool descending, bool kl) -> (Tensor, Tensor, Tensor)",
+    _rank_prologue_impl,
+    _rank_prologue_fake,
+    device_types=None,
+)
+_SORT_PROLOGUE_OP = KernelOp(
+    "triton_sort_prologue",
+    "(Tensor v, float eps, bool descending, bool kl) -> (Tensor, Tensor, Tensor)",
+    _sort_prologue_impl,
+    _sort_prologue_fake,
+    device_types=None,
+)
+_EPILOGUE_OP = KernelOp(
+    "triton_operator_epilogue",
+    "(Tensor mu, Tensor w, Tensor perm, Tensor flags, bool rank, bool kl, bool descending, ScalarType dtype) -> Tensor",
+    _epilogue_impl,
+    _epilogue_fake,
+    device_types=None,
+)
+_GATHER_OP = KernelOp(
+    "triton_rank_grad_gather",
+    "(Tensor grad, Tensor perm, Tensor mu, bool kl) -> Tensor",
+    _rank_grad_gather_impl,
+    _rank_grad_gather_fake,
+    device_types=None,
+)
+_SCATTER_OP = KernelOp(
+    "triton_scatter_grad",
+    "(Tensor gp, Tensor grad, Tensor perm, Tensor flags, float scale, bool rank, ScalarType dtype) -> Tensor",
+    _scatter_grad_impl,
+    _scatter_grad_fake,
+    device_types=None,
+)
+
+
+def rank_prologue(
+    v: torch.Tensor, eps: float, limit: float, far: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Soft ranks before the projection, one kernel: for ``v`` (rows, n) sorted (decreasingly, or
+    increasingly when ``descending``: ``y = -v`` is then decreasing), ``s = y / eps`` in float64
+    (divided in the dtype of ``v``; rows whose largest ``|y| / eps`` exceeds ``far`` laid out run by
+    run as ``rankwise.ops.isotonic._condition_rank_inputs`` does, with gap limit ``limit``), the
+    weights ``rho`` (``log rho`` for ``kl``; (1, n) float64) and the rows' flags (int8, bit 0: a NaN
+    or an inf; bit 1: conditioned)."""
+    return _RANK_PROLOGUE_OP(v, eps, limit, far, descending, kl)
+
+
+def sort_prologue(
+    v: torch.Tensor, eps: float, descending: bool, kl: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Soft sort before the projection, one kernel: for ``v`` (rows, n) sorted so that
+    ``w = v`` (``descending``) or ``w = -v`` is decreasing: the targets ``s`` (``rho / eps``, or
+    ``rho`` times the row's gap limit where ``1 / eps`` exceeds it), ``w`` in float64 and the rows'
+    flags (bit 0: a NaN or an inf; bit 1: hard, the result is ``w`` itself)."""
+    return _SORT_PROLOGUE_OP(v, eps, descending, kl)
+
+
+def operator_epilogue(
+    mu: torch.Tensor,
+    w: torch.Tensor,
+    perm: torch.Tensor,
+    flags: torch.Tensor,
+    rank: bool,
+    kl: bool,
+    descending: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The soft operator's output in ``dtype`` from the projection ``mu``, one kernel: soft ranks
+    (``rank``): ``mu`` (``exp(mu)`` for ``kl``) in the input order (``perm``); soft sort: ``mu``, or
+    ``w`` on hard rows, signed back (ascending: ``-``); NaN on rows flagged as holding a NaN/inf."""
+    return _EPILOGUE_OP(mu, w, perm, flags, rank, kl, descending, dtype)
+
+
+def rank_grad_gather(grad: torch.Tensor, perm: torch.Tensor, mu: torch.Tensor, kl: bool) -> torch.Tensor:
+    """Soft ranks' backward, one kernel: ``grad`` (any strides) in sorted order, float64, times
+    ``exp(mu)`` for ``kl``."""
+    return _GATHER_OP(grad, perm, mu, kl)
+
+
+def scatter_grad(
+    gp: torch.Tensor,
+    grad: torch.Tensor,
+    perm: torch.Tensor,
+    flags: torch.Tensor,
+    scale: float,
+    rank: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The gradient of the operator's input in ``dtype``, one kernel: the projection's gradient
+    ``gp`` (sorted order) times ``scale`` (soft ranks) or, soft sort, ``gp`` with the incoming
+    ``grad`` on hard rows, scattered to the input order by ``perm``; 0 on rows holding a NaN/inf."""
+    return _SCATTER_OP(gp, grad, perm, flags, scale, rank, dtype)

@@ -591,78 +591,69 @@ class _SoftSortCPU(torch.autograd.Function):
 # CUDA: sort + the Triton projection in float64, the torch ops around it recorded by no autograd node
 # --------------------------------------------------------------------------------------------------
 class _SoftRankTriton(torch.autograd.Function):
-    """Soft ranks of the rows of ``xc`` through the Triton kernels: one sort, the conditioning of
-    :func:`_condition_rank_inputs` and the projection in float64 with float64 weights (``x / eps``
-    divided in the input dtype: the same blocks as the CPU kernels), one scatter; backward: one
-    gather, the projection's vector-Jacobian product and one scatter (the conditioning's derivative
-    is the plain ``1 / eps``). Rows holding a NaN or an inf are NaN, with zero gradients. Double
-    backward through the composite path."""
+    """Soft ranks of the rows of ``xc`` through the Triton kernels: one sort, then one kernel for
+    ``s = x / eps`` in float64 (divided in the input dtype, as the CPU kernels divide: the same
+    blocks; rows of large ``|x| / eps`` conditioned as :func:`_condition_rank_inputs` does), the
+    weights and the rows' NaN/inf flags, the projection in float64, and one kernel that writes the
+    ranks in the input order; backward: one gathering kernel, the projection's vector-Jacobian
+    product and one scattering kernel (the conditioning's derivative is the plain ``1 / eps``). Rows
+    holding a NaN or an inf are NaN, with zero gradients. Double backward through the composite
+    path."""
 
     @staticmethod
     def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
-        n = xc.shape[-1]
-        y, perm = sorted_values_last(-xc if descending else xc, descending=True)
-        # x / eps in the input dtype, as the CPU kernel divides; conditioned rows in float64
-        s = _condition_rank_inputs(y.double(), eps, _gap_limit(n, kl), plain=(y / eps).double())
-        w = _rank_weights(n, torch.float64, xc.device, kl)
-        mu, state = _triton_kernels().projection_forward(s, w, kl)
-        r = torch.exp(mu) if kl else mu
-        bad = ~torch.isfinite(xc).all(dim=-1, keepdim=True)  # rows holding a NaN or an inf: NaN
-        ctx.save_for_backward(xc, s, w, perm, r, bad, *state)
+        tk = _triton_kernels()
+        limit = _gap_limit(xc.shape[-1], kl)
+        # y = x sorted decreasingly (-x for descending: the increasing sort of x, negated in the kernel)
+        v, perm = sorted_values_last(xc, descending=not descending)
+        s, w, flags = tk.rank_prologue(v, eps, limit, _CONDITION_FACTOR * limit, descending, kl)
+        mu, state = tk.projection_forward(s, w, kl)
+        ctx.save_for_backward(xc, s, w, perm, mu, flags, *state)
         ctx.cfg = (eps, descending, kl)
-        return torch.empty_like(xc).scatter_(-1, perm, r.to(xc.dtype)).masked_fill_(bad, math.nan)
+        return tk.operator_epilogue(mu, w, perm, flags, True, kl, descending, xc.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        xc, s, w, perm, r, bad, *state = ctx.saved_tensors
+        xc, s, w, perm, mu, flags, *state = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             g = graph_vjp(_soft_rank_composite, grad, xc, eps, descending, "kl" if kl else "l2")
             return g, None, None, None
-        g = grad.gather(-1, perm).double()
-        if kl:  # r = exp(mu)
-            g = g * r
-        gs, _ = _triton_kernels().projection_backward(g, s, w, tuple(state), kl, True, False)
-        gx = torch.empty_like(gs).scatter_(-1, perm, gs).masked_fill_(bad, 0.0)
-        return (gx * ((-1.0 if descending else 1.0) / eps)).to(xc.dtype), None, None, None
+        tk = _triton_kernels()
+        g = tk.rank_grad_gather(grad, perm, mu, kl)  # times exp(mu) for kl (r = exp(mu))
+        gs, _ = tk.projection_backward(g, s, w, tuple(state), kl, True, False)
+        scale = (-1.0 if descending else 1.0) / eps
+        return tk.scatter_grad(gs, grad, perm, flags, scale, True, xc.dtype), None, None, None
 
 
 class _SoftSortTriton(torch.autograd.Function):
-    """Soft sort of the rows of ``xc`` through the Triton kernels: one sort of ``sign * x``, the
-    projection of ``rho / eps`` in float64 (rows whose gaps all exceed the limit of
-    :func:`_sort_gap_limit` are the sorted row exactly); backward: the projection's product for
-    ``w`` and one scatter. Rows holding a NaN or an inf are NaN, with zero gradients. Double
-    backward through the composite path."""
+    """Soft sort of the rows of ``xc`` through the Triton kernels: one sort, one kernel for the
+    targets ``rho / eps`` and the weights (the sorted row, in float64; rows whose gaps all exceed the
+    limit of :func:`_sort_gap_limit` are the sorted row exactly), the projection and one kernel for
+    the output; backward: the projection's product for ``w`` and one scattering kernel. Rows holding
+    a NaN or an inf are NaN, with zero gradients. Double backward through the composite path."""
 
     @staticmethod
     def forward(ctx, xc: torch.Tensor, eps: float, descending: bool, kl: bool) -> torch.Tensor:  # type: ignore[override]
-        n = xc.shape[-1]
-        sign = 1.0 if descending else -1.0
-        w, perm = sorted_values_last(xc * sign, descending=True)
-        w64 = w.double()
-        limit = _sort_gap_limit(w64, n, kl)
-        hard = 1.0 / eps > limit
-        rho = torch.arange(n, 0, -1, dtype=torch.float64, device=xc.device)
-        s = torch.where(hard, rho * limit, rho / eps)
-        mu, state = _triton_kernels().projection_forward(s, w64, kl)
-        bad = ~torch.isfinite(xc).all(dim=-1, keepdim=True)  # rows holding a NaN or an inf: NaN
-        ctx.save_for_backward(xc, s, w64, perm, hard, bad, *state)
+        tk = _triton_kernels()
+        # w = the sorted row, decreasing: x sorted decreasingly, or -x (x sorted increasingly, negated)
+        v, perm = sorted_values_last(xc, descending=descending)
+        s, w64, flags = tk.sort_prologue(v, eps, descending, kl)
+        mu, state = tk.projection_forward(s, w64, kl)
+        ctx.save_for_backward(xc, s, w64, perm, flags, *state)
         ctx.cfg = (eps, descending, kl)
-        return (torch.where(hard, w64, mu) * sign).to(xc.dtype).masked_fill_(bad, math.nan)
+        return tk.operator_epilogue(mu, w64, perm, flags, False, kl, descending, xc.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        xc, s, w64, perm, hard, bad, *state = ctx.saved_tensors
+        xc, s, w64, perm, flags, *state = ctx.saved_tensors
         eps, descending, kl = ctx.cfg
         if grad.requires_grad:  # double backward: through the differentiable composite path
             return graph_vjp(_soft_sort_composite, grad, xc, eps, descending, "kl" if kl else "l2"), None, None, None
         # the two sign flips (of x before the sort, of the sorted values after) cancel
-        g = grad.double()
-        _, gw = _triton_kernels().projection_backward(g, s, w64, tuple(state), kl, False, True)
+        _, gw = _triton_kernels().projection_backward(grad, s, w64, tuple(state), kl, False, True)
         assert gw is not None
-        gw = torch.where(hard, g, gw)
-        gx = torch.empty_like(gw).scatter_(-1, perm, gw).masked_fill_(bad, 0.0)
-        return gx.to(xc.dtype), None, None, None
+        return _triton_kernels().scatter_grad(gw, grad, perm, flags, 1.0, False, xc.dtype), None, None, None
 
 
 def _prepare(x: torch.Tensor, dim: int) -> int:

@@ -466,7 +466,7 @@ def _out_small_torch(
     normalize: bool,
     need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:class:`_SupConOutSmall` with torch ops (CUDA, other devices, CPU without the kernels): (value,
+    r""":class:`_SupConOutSmall` with torch ops (CUDA, other devices, CPU without the kernels): (value,
     (N, D) gradient or None) in few ops, each one a kernel launch on CUDA (where these sizes are
     bound by the host): 28 forward + backward at B = 1024 with two views, normalized, labels given
     (``benchmarks/host_overhead.py``).

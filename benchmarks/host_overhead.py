@@ -109,8 +109,22 @@ def _supcon_as_cuda() -> Iterator[None]:
         _supcon_module._SMALL_MAX_ELEMENTS = saved
 
 
+@contextlib.contextmanager
+def _supcon_cpu_as_cuda() -> Iterator[None]:
+    """On CPU: the torch ops of the one-pass path (not the numba kernel) and the two gradient products
+    that CUDA takes above ``B V = 512`` (not the one-thread transposing copy)."""
+    saved = _supcon_module._NUMBA_MAX_N, _supcon_module._SYMMETRIC_MAX_N
+    _supcon_module._NUMBA_MAX_N = _supcon_module._SYMMETRIC_MAX_N = 0
+    try:
+        yield
+    finally:
+        _supcon_module._NUMBA_MAX_N, _supcon_module._SYMMETRIC_MAX_N = saved
+
+
 #: per case: a context in which the rankwise function takes its CUDA route on ``meta`` tensors
 META_AS_CUDA: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {"supcon": _supcon_as_cuda}
+#: per case: a context in which the rankwise function takes the CUDA route's torch ops on CPU
+CPU_AS_CUDA: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {"supcon": _supcon_cpu_as_cuda}
 
 
 class OpCounter(TorchDispatchMode):
@@ -166,7 +180,7 @@ def _fake_cuda_forward(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -
     return c.ops
 
 
-def run_case(name: str, batch: int, repeats: int) -> dict[str, Any]:
+def run_case(name: str, batch: int, repeats: int, cpu_batch: int) -> dict[str, Any]:
     ours, ref, factory = CASES[name]
     as_cuda = META_AS_CUDA.get(name, contextlib.nullcontext)
     meta = torch.device("meta")
@@ -187,15 +201,33 @@ def run_case(name: str, batch: int, repeats: int) -> dict[str, Any]:
             )
             cases["reference"] = _fwd_bwd(ref, ref_args)
         times = time_cases(cases, repeats, warmup=20)
-    for side, t in times.items():
-        out[side]["meta_host_us"] = round(t["median_ms"] * 1e3, 1)
-        out[side]["meta_host_q1_us"] = round(t["q1_ms"] * 1e3, 1)
-        out[side]["meta_host_q3_us"] = round(t["q3_ms"] * 1e3, 1)
-        out[side]["repeats"] = t["repeats"]
+    _store(out, times, "meta_host")
+    # CPU at a tiny batch: the same operations (checked) on real tensors whose compute is negligible
+    cpu = torch.device("cpu")
+    with as_cuda(), CPU_AS_CUDA.get(name, contextlib.nullcontext)():
+        tiny = factory(cpu_batch, cpu)
+        cases = {"rankwise": _fwd_bwd(ours, tiny)}
+        out["rankwise"]["cpu_tiny_same_ops"] = _count(ours, tiny)["forward_ops"] == out["rankwise"]["forward_ops"]
+        if ref is not None:
+            tiny_ref = factory(cpu_batch, cpu)
+            cases["reference"] = _fwd_bwd(ref, tiny_ref)
+            same = _count(ref, tiny_ref)["forward_ops"] == out["reference"]["forward_ops"]
+            out["reference"]["cpu_tiny_same_ops"] = same
+        times = time_cases(cases, repeats, warmup=20)
+    _store(out, times, "cpu_tiny_host")
     if ref is not None:
         out["op_ratio"] = round(out["reference"]["total"] / out["rankwise"]["total"], 3)
-        out["meta_host_ratio"] = round(out["reference"]["meta_host_us"] / out["rankwise"]["meta_host_us"], 3)
+        for key in ("meta_host", "cpu_tiny_host"):
+            out[f"{key}_ratio"] = round(out["reference"][f"{key}_us"] / out["rankwise"][f"{key}_us"], 3)
     return out
+
+
+def _store(out: dict[str, Any], times: dict[str, dict[str, float]], key: str) -> None:
+    for side, t in times.items():
+        out[side][f"{key}_us"] = round(t["median_ms"] * 1e3, 1)
+        out[side][f"{key}_q1_us"] = round(t["q1_ms"] * 1e3, 1)
+        out[side][f"{key}_q3_us"] = round(t["q3_ms"] * 1e3, 1)
+        out[side][f"{key}_repeats"] = t["repeats"]
 
 
 def _fwd_bwd(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> Callable[[], None]:
@@ -214,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--losses", default=",".join(CASES), help=f"comma-separated cases of {sorted(CASES)}")
     p.add_argument("--batches", default="256,1024,4096")
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--cpu-batch", type=int, default=8, help="batch of the CPU proxy (compute negligible)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "host_overhead.json"))
     a = p.parse_args(argv)
     names = [s for s in a.losses.split(",") if s]
@@ -224,15 +257,18 @@ def main(argv: list[str] | None = None) -> None:
     res: dict[str, Any] = {"machine": machine(), "threads": 1, "loadavg_before": loadavg(), "cases": {}}
     for name in names:
         for batch in [int(s) for s in a.batches.split(",")]:
-            r = run_case(name, batch, a.repeats)
+            r = run_case(name, batch, a.repeats, a.cpu_batch)
             res["cases"].setdefault(name, {})[f"B={batch}"] = r
             line = f"{name:10s} B={batch:5d}  ops rankwise {r['rankwise']['total']:3d}"
             line += f" (fwd {r['rankwise']['forward']}, bwd {r['rankwise']['backward']})"
-            line += f"  meta host {r['rankwise']['meta_host_us']:8.1f} us"
+            line += f" meta {r['rankwise']['meta_host_us']:7.0f} us cpu {r['rankwise']['cpu_tiny_host_us']:5.0f} us"
             if "reference" in r:
-                line += f" | reference ops {r['reference']['total']:3d} ({r['reference']['meta_host_us']:8.1f} us)"
-                line += f"  ratio ops {r['op_ratio']:.2f} host {r['meta_host_ratio']:.2f}"
-            line += f"  fwd==fake cuda {r['rankwise']['forward_matches_fake_cuda']}"
+                rr = r["reference"]
+                line += f" | reference ops {rr['total']:3d} meta {rr['meta_host_us']:7.0f} us"
+                line += f" cpu {rr['cpu_tiny_host_us']:5.0f} us | ratio ops {r['op_ratio']:.2f}"
+                line += f" meta {r['meta_host_ratio']:.2f} cpu {r['cpu_tiny_host_ratio']:.2f}"
+            line += f" | fwd==fake cuda {r['rankwise']['forward_matches_fake_cuda']}"
+            line += f" cpu ops same {r['rankwise']['cpu_tiny_same_ops']}"
             print(line, flush=True)
     res["loadavg_after"] = loadavg()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -781,8 +781,9 @@ def test_torch_route_value_is_nan_for_a_non_finite_normalized_feature(bad, label
 
 
 def test_separate_nan_pass_only_where_needed(monkeypatch):
-    """Off CPU the NaN pass of ``batch_loss`` runs for unnormalized features and floating labels or
-    masks (a NaN label only removes positives), not for normalized features with integer labels."""
+    """On the one-pass path's torch route the NaN pass of ``batch_loss`` runs for unnormalized features
+    and floating labels or masks (a NaN label only removes positives), not for normalized features
+    with integer labels, boolean masks or neither; the numba route keeps it."""
     import rankwise._validation as validation
 
     calls = []
@@ -801,6 +802,15 @@ def test_separate_nan_pass_only_where_needed(monkeypatch):
         calls.clear()
         supcon_loss(x, **kwargs).backward()
         assert len(calls) == want, kwargs
-    calls.clear()
-    supcon_loss(torch.randn(8, 2, 4, requires_grad=True), torch.arange(8) % 3)  # CPU: unchanged
-    assert calls == [3]
+    x, y = torch.randn(8, 2, 4), torch.arange(8) % 3
+    _fresh_loader(monkeypatch, "sync")
+    for kernel, want in ((True, 1), (False, 0)):
+        with monkeypatch.context() as mp:
+            if not kernel:
+                mp.setattr(ksup, "ready", lambda: False)
+            calls.clear()
+            loss = supcon_loss(x.clone().requires_grad_(), y)
+            assert len(calls) == want and torch.isfinite(loss), kernel
+            bad = x.clone()
+            bad[0, 1, 2] = math.nan
+            assert torch.isnan(supcon_loss(bad.requires_grad_(), y)), kernel

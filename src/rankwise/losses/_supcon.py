@@ -493,16 +493,16 @@ def _out_small_torch(
     # number of anchors with a positive) and -g_i / |P(i)|
     neg_npos = torch.add(mask.diagonal(), mask.sum(1, dtype=xf.dtype), alpha=-v)
     valid = neg_npos < 0
-    count = valid[:, None].expand(b, va).sum(dtype=xf.dtype).clamp_(min=1)  # anchors with a positive
+    count = valid.view(b, 1).expand(b, va).sum(dtype=xf.dtype).clamp_(min=1)  # anchors with a positive
     g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
     neg_h = g / neg_npos.clamp_(max=-1)
     # -T (m, N) in one op from the (B, B) mask (sample-major rows and columns)
-    w = torch.mul(mask[:, None, :, None].expand(b, va, b, v), neg_h[:, None, None, None]).view(m, n)
+    w = torch.mul(mask.view(b, 1, b, 1).expand(b, va, b, v), neg_h.view(b, 1, 1, 1)).view(m, n)
     _own_entries(w, va, v).fill_(0.0)  # a view is not its own positive
     total = torch.dot(w.view(-1), log_p.view(-1))  # -sum T log P (0 x the finite own log P)
     if not need_grad:
         return total, None
-    w.view(b, va, n).addcmul_(log_p.exp_().view(b, va, n), g[:, None, None])  # d total / d logits = g P - T
+    w.view(b, va, n).addcmul_(log_p.exp_().view(b, va, n), g.view(b, 1, 1))  # d total / d logits = g P - T
     if va != v:
         grad = torch.addmm(z, w.T, anchors, beta=0, alpha=inv_tau)
         grad.view(b, v, d)[:, 0].addmm_(w, z, alpha=inv_tau)
@@ -558,6 +558,7 @@ class _SupConOutSmall(torch.autograd.Function):
         scale: float,
         normalize: bool,
         need_grad: bool,
+        exact_positives: bool,
     ) -> torch.Tensor:
         b, v, d = x.shape
         n = b * v
@@ -566,6 +567,10 @@ class _SupConOutSmall(torch.autograd.Function):
             total, grad = _out_small_kernel(xf, mask, b, v, va, tau, scale, normalize, need_grad)
         else:
             total, grad = _out_small_torch(xf, mask, b, v, va, tau, scale, normalize, need_grad)
+            if normalize and exact_positives:
+                # a non-finite feature makes its normalized view, hence every row of the logits and the
+                # value, NaN (see _out_small_torch): batch_loss needs no separate pass over the features
+                finite_checked()
         if grad is not None:  # (ctx.needs_input_grad is True under no_grad too)
             ctx.save_for_backward(grad.view(b, v, d))
         return total
@@ -575,7 +580,7 @@ class _SupConOutSmall(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (grad,) = ctx.saved_tensors
-        return grad * grad_total, None, None, None, None, None, None
+        return grad * grad_total, None, None, None, None, None, None, None
 
 
 def _floating(t: torch.Tensor | None) -> bool:
@@ -698,18 +703,15 @@ def supcon_loss(
         if mask is not None:  # bool (B, B) positive samples: the kernel reads them as they are
             pos = sample_mask(mask, b)
         elif labels is not None:
-            y = as_labels(labels, b).detach()
-            pos = torch.eq(y[:, None], y)  # NaN equals nothing, itself included
+            y = as_labels(labels, b)  # (the bool result needs no detach)
+            pos = torch.eq(y.view(b, 1), y)  # NaN equals nothing, itself included
         else:
             pos = torch.eye(b, dtype=torch.bool, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
-            out = _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
-        if normalize and x.device.type != "cpu" and not _floating(labels) and not _floating(mask):
-            # a non-finite feature makes the normalized view, hence every row of logits, NaN (see
-            # _out_small_torch): the value is NaN already; no separate pass over the features
-            finite_checked()
-        return out
+            # floating labels / masks need batch_loss's NaN pass: a NaN label only removes positives
+            exact = not _floating(labels) and not _floating(mask)
+            return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad, exact)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:

@@ -50,10 +50,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
+import rankwise.losses._supcon as _supcon_module
 from _timing import loadavg, machine, time_cases
 from losses import supcon_reference
-
-import rankwise.losses._supcon as _supcon_module
 from rankwise.losses import supcon_loss
 
 Factory = Callable[[int, torch.device], tuple[Any, ...]]
@@ -164,12 +163,12 @@ def _count(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> dict[str, 
 
 def _fake_cuda_forward(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> list[str]:
     mode = FakeTensorMode()
-    fake = []
+    fake: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            t = mode.from_tensor(a.detach(), static_shapes=True)
+            host = mode.from_tensor(a.detach(), static_shapes=True)
             with mode:
-                t = t.to("cuda")
+                t = host.to("cuda")
             fake.append(t.requires_grad_(a.requires_grad))
         else:
             fake.append(a)
@@ -189,9 +188,9 @@ def run_case(name: str, batch: int, repeats: int, cpu_batch: int) -> dict[str, A
         args = factory(batch, meta)
         out["rankwise"] = _count(ours, args)
         cpu_args = factory(batch, torch.device("cpu"))
-        out["rankwise"]["forward_matches_fake_cuda"] = _fake_cuda_forward(ours, cpu_args) == out["rankwise"][
-            "forward_ops"
-        ]
+        out["rankwise"]["forward_matches_fake_cuda"] = (
+            _fake_cuda_forward(ours, cpu_args) == out["rankwise"]["forward_ops"]
+        )
         cases = {"rankwise": _fwd_bwd(ours, args)}
         if ref is not None:
             ref_args = factory(batch, meta)

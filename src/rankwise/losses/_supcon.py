@@ -59,9 +59,9 @@ _SYMMETRIC_MAX_N = 512
 # few torch ops, because at this size per-op overhead costs more than passes over the logits.
 _SMALL_MAX_ELEMENTS = 1 << 20
 # On CUDA (launch-bound at these sizes: few ops matter more than passes) the one-pass path is taken up
-# to the dense limit: 61 kernel-launching ops forward + backward at B = 1024 (two views, with the
-# input normalization) against the general path's 102; its (m, N) logits, probabilities and
-# gradient weights take 768 MiB in float32 at 2**26 elements (B = 4096, two views).
+# to the dense limit: 30 torch ops forward + backward at B = 1024 (two views, normalized, integer
+# labels; counted by benchmarks/host_overhead.py) against the general path's 102; its (m, N) logits,
+# log-probabilities and gradient weights take 768 MiB in float32 at 2**26 elements (B = 4096, two views).
 _SMALL_MAX_ELEMENTS_CUDA = _DENSE_MAX_ELEMENTS
 
 
@@ -468,8 +468,8 @@ def _out_small_torch(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r""":class:`_SupConOutSmall` with torch ops (CUDA, other devices, CPU without the kernels): (value,
     (N, D) gradient or None) in few ops, each one a kernel launch on CUDA (where these sizes are
-    bound by the host): 28 forward + backward at B = 1024 with two views, normalized, labels given
-    (``benchmarks/host_overhead.py``).
+    bound by the host): 28 in forward and 2 in backward (``benchmarks/host_overhead.py`` counts them
+    at B = 1024 with two views, normalized, integer labels; the same at every size above ``N = 512``).
 
     The value is :math:`-\sum_{ia} T_{ia} \log P_{ia}` from one ``log_softmax`` (``P`` is then its
     ``exp``, the gradient's ``g P - T``); the factor :math:`1 / \tau` rides on the matrix products
@@ -536,11 +536,11 @@ class _SupConOutSmall(torch.autograd.Function):
 
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
     probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
-    The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
-    over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
-    weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
-    (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives besides one
-    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only. There,
+    With torch ops (:func:`_out_small_torch`) the value is :math:`-\sum T \log P` from one
+    ``log_softmax`` (finite at the own entries, whose :math:`T` is 0), :math:`P` its ``exp``. On CPU
+    up to ``N = _NUMBA_MAX_N`` the weights, the value and ``W`` (``W + W^T``) come from one call of
+    the numba kernel (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives
+    besides one dense pass) after the softmax instead of ~12 torch ops; without ``need_grad`` it computes the value only. There,
     float32 views are also normalized before the logits, and the gradient taken through that
     normalization after the gradient matmul, by one kernel call each
     (:func:`rankwise._kernels.supcon.normalize_rows`: the squared norms summed in float64, so no

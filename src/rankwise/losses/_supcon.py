@@ -541,8 +541,8 @@ class _SupConOutSmall(torch.autograd.Function):
     up to ``N = _NUMBA_MAX_N`` the weights, the value and ``W`` (``W + W^T``) come from one call of
     the numba kernel (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives
     besides one dense pass) after the softmax instead of ~12 torch ops; without ``need_grad`` it
-    computes the value only. There, float32 views are also normalized before the logits, and the gradient taken through that
-    normalization after the gradient matmul, by one kernel call each
+    computes the value only. There, float32 views are also normalized before the logits, and the
+    gradient taken through that normalization after the gradient matmul, by one kernel call each
     (:func:`rankwise._kernels.supcon.normalize_rows`: the squared norms summed in float64, so no
     overflow or underflow at any finite magnitude; the same values as the torch ops).
     """

@@ -567,9 +567,11 @@ class _SupConOutSmall(torch.autograd.Function):
             total, grad = _out_small_kernel(xf, mask, b, v, va, tau, scale, normalize, need_grad)
         else:
             total, grad = _out_small_torch(xf, mask, b, v, va, tau, scale, normalize, need_grad)
-            if normalize and exact_positives:
+            if normalize and exact_positives and not torch.compiler.is_compiling():
                 # a non-finite feature makes its normalized view, hence every row of the logits and the
                 # value, NaN (see _out_small_torch): batch_loss needs no separate pass over the features
+                # (eager only: compiled, batch_loss always checks, and a traced side effect here breaks
+                # the autograd.Function's graph)
                 finite_checked()
         if grad is not None:  # (ctx.needs_input_grad is True under no_grad too)
             ctx.save_for_backward(grad.view(b, v, d))

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rankwise._kernels import _loader
 from rankwise._kernels import supcon as ksup
@@ -702,3 +703,114 @@ def test_numba_normalization_at_any_magnitude(monkeypatch):
     sv = scales.view(b, v, 1)
     torch.testing.assert_close(got[1].double() * sv, want_grad * sv, rtol=1e-4, atol=1e-6)
     assert torch.isfinite(got[1]).all() and not got[1][3, 1].any()
+
+
+class _OpLog(TorchDispatchMode):
+    """The aten operations reaching the dispatcher, views and metadata (no kernel on CUDA) excluded."""
+
+    VIEWS = frozenset({"view", "_unsafe_view", "detach", "expand", "slice", "select", "t", "transpose", "alias"})
+    VIEWS |= {"diagonal", "unsqueeze", "squeeze", "as_strided", "permute", "reshape", "_reshape_alias"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace != "prim" and func.overloadpacket.__name__ not in self.VIEWS:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+#: forward + backward of ``supcon_loss(x, labels)`` on the CUDA route at B = 1024, V = 2, D = 128
+#: (integer labels, defaults): every one a kernel launch on CUDA, where this size is bound by the host
+_CUDA_ROUTE_OPS = 30
+
+
+def test_cuda_route_op_count(monkeypatch):
+    """The one-pass path's torch route, as CUDA takes it, dispatches at most ``_CUDA_ROUTE_OPS`` ops.
+
+    Counted on ``meta`` tensors (forward + backward; the one-pass size limit set to CUDA's, the only
+    ``device.type == "cuda"`` choice of the route), and the forward checked against the same call on
+    fake CUDA tensors (the branches a CUDA tensor takes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(_supcon, "_SMALL_MAX_ELEMENTS", _supcon._SMALL_MAX_ELEMENTS_CUDA)
+    b = 1024
+    x = torch.randn(b, 2, 128, device="meta", requires_grad=True)
+    y = torch.randint(0, 100, (b,), device="meta")
+    supcon_loss(x, y).backward()  # first-call work is not per-call work
+    x.grad = None  # (a training step's zero_grad(set_to_none=True): no accumulation)
+    with _OpLog() as fwd:
+        loss = supcon_loss(x, y)
+    with _OpLog() as bwd:
+        loss.backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    mode = FakeTensorMode()
+    xf = mode.from_tensor(torch.randn(b, 2, 128), static_shapes=True)
+    yf = mode.from_tensor(torch.randint(0, 100, (b,)), static_shapes=True)
+    with mode:
+        xf, yf = xf.to("cuda").requires_grad_(), yf.to("cuda")
+        supcon_loss(xf, yf)
+    with mode, _OpLog() as fake:
+        supcon_loss(xf, yf)
+    assert fake.ops == fwd.ops
+    assert len(fwd.ops) + len(bwd.ops) <= _CUDA_ROUTE_OPS, (fwd.ops, bwd.ops)
+
+
+@pytest.mark.parametrize("contrast_mode", ["all", "one"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("labels", ["classes", "distinct", "none"])
+def test_torch_route_value_is_nan_for_a_non_finite_normalized_feature(bad, labels, contrast_mode):
+    """Off CPU, ``supcon_loss`` skips its separate NaN pass over normalized features because the torch
+    route's value is NaN already: one non-finite element, anywhere, even with no positive at all."""
+    b, v = 6, 2
+    mask = {
+        "classes": torch.tensor([0, 1, 0, 1, 2, 2])[:, None] == torch.tensor([0, 1, 0, 1, 2, 2]),
+        "distinct": torch.zeros(b, b, dtype=torch.bool),
+        "none": torch.eye(b, dtype=torch.bool),
+    }[labels]
+    va = 2 if contrast_mode == "all" else 1
+    for row in (0, 3, 5, 11):  # view 0 (an anchor) or view 1 (not one for "one")
+        x = torch.randn(b * v, 8, dtype=torch.float64)
+        x[row, 5] = bad
+        total, grad = _supcon._out_small_torch(x, mask, b, v, va, 0.1, 1.0, True, True)
+        assert torch.isnan(total), (row, total)
+        x[row, 5] = 1e300  # finite: finite value
+        total, grad = _supcon._out_small_torch(x, mask, b, v, va, 0.1, 1.0, True, True)
+        assert torch.isfinite(total) and torch.isfinite(grad).all()
+
+
+def test_separate_nan_pass_only_where_needed(monkeypatch):
+    """On the one-pass path's torch route the NaN pass of ``batch_loss`` runs for unnormalized features
+    and floating labels or masks (a NaN label only removes positives), not for normalized features
+    with integer labels, boolean masks or neither; the numba route keeps it."""
+    import rankwise._validation as validation
+
+    calls = []
+    real = validation.nan_if_nonfinite
+    monkeypatch.setattr(validation, "nan_if_nonfinite", lambda *a: calls.append(len(a)) or real(*a))
+    x = torch.randn(8, 2, 4, device="meta", requires_grad=True)
+    y = torch.arange(8, device="meta") % 3
+    for kwargs, want in (
+        ({"labels": y}, 0),
+        ({}, 0),
+        ({"mask": torch.ones(8, 8, dtype=torch.bool, device="meta")}, 0),
+        ({"labels": y, "normalize": False}, 1),
+        ({"labels": y.double()}, 1),
+        ({"mask": torch.ones(8, 8, device="meta")}, 1),
+    ):
+        calls.clear()
+        supcon_loss(x, **kwargs).backward()
+        assert len(calls) == want, kwargs
+    x, y = torch.randn(8, 2, 4), torch.arange(8) % 3
+    _fresh_loader(monkeypatch, "sync")
+    for kernel, want in ((True, 1), (False, 0)):
+        with monkeypatch.context() as mp:
+            if not kernel:
+                mp.setattr(ksup, "ready", lambda: False)
+            calls.clear()
+            loss = supcon_loss(x.clone().requires_grad_(), y)
+            assert len(calls) == want and torch.isfinite(loss), kernel
+            bad = x.clone()
+            bad[0, 1, 2] = math.nan
+            assert torch.isnan(supcon_loss(bad.requires_grad_(), y)), kernel

@@ -12,7 +12,14 @@ import torch
 
 from rankwise._kernels import supcon as kernels
 from rankwise._twin import FunctionModule
-from rankwise._validation import autocast_off, batch_loss, check_bool, check_choice, check_positive
+from rankwise._validation import (
+    autocast_off,
+    batch_loss,
+    check_bool,
+    check_choice,
+    check_positive,
+    finite_checked,
+)
 from rankwise.distributed import (
     DistributedFlag,
     all_gather_no_grad,
@@ -52,9 +59,9 @@ _SYMMETRIC_MAX_N = 512
 # few torch ops, because at this size per-op overhead costs more than passes over the logits.
 _SMALL_MAX_ELEMENTS = 1 << 20
 # On CUDA (launch-bound at these sizes: few ops matter more than passes) the one-pass path is taken up
-# to the dense limit: 61 kernel-launching ops forward + backward at B = 1024 (two views, with the
-# input normalization) against the general path's 102; its (m, N) logits, probabilities and
-# gradient weights take 768 MiB in float32 at 2**26 elements (B = 4096, two views).
+# to the dense limit: 30 torch ops forward + backward at B = 1024 (two views, normalized, integer
+# labels; counted by benchmarks/host_overhead.py) against the general path's 102; its (m, N) logits,
+# log-probabilities and gradient weights take 768 MiB in float32 at 2**26 elements (B = 4096, two views).
 _SMALL_MAX_ELEMENTS_CUDA = _DENSE_MAX_ELEMENTS
 
 
@@ -397,6 +404,121 @@ def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
     return t.diagonal() if va == v else t.view(-1)[:: t.shape[1] + v]
 
 
+def _out_small_kernel(
+    xf: torch.Tensor,
+    mask: torch.Tensor,
+    b: int,
+    v: int,
+    va: int,
+    tau: float,
+    scale: float,
+    normalize: bool,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:class:`_SupConOutSmall` on CPU with the numba kernels: (value, (N, D) gradient or None)."""
+    d = xf.shape[1]
+    # float32 views normalized by the kernel: one pass instead of five torch ops, the same values
+    fused_norm = normalize and xf.dtype == torch.float32
+    if fused_norm:
+        z, zs, norm = kernels.normalize_rows(xf, 1.0 / tau)
+    else:
+        if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
+            norm = _norm_rows(xf)
+            norm.masked_fill_(norm == 0, math.inf)
+            z = xf / norm
+        else:
+            z = xf
+        zs = z * (1.0 / tau)
+    sym = va == v
+    anchors = zs if sym else zs.view(b, v, d)[:, 0]
+    logits = torch.mm(anchors, z.T)
+    _own_entries(logits, va, v).fill_(torch.finfo(xf.dtype).min / 2)  # N >= 2: other entries remain
+    prob = torch.softmax(logits, 1)
+    # weights, value and W (+ W^T) in one kernel call
+    # out: 0 the value only, 1 W, 2 W + W^T, 3 W + W^T from the symmetric logits (see below)
+    factor = normalize and tau >= _FACTOR_MIN_TAU.get(xf.dtype, math.inf)
+    out = ((3 if factor else 2) if sym else 1) if need_grad else 0
+    total = kernels.supcon_out(prob, logits, mask, v, va, scale, out)
+    if not need_grad:
+        return total, None
+    w = prob
+    if not sym:
+        grad = torch.mm(w.T, anchors)
+        grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
+    else:  # w is W + W^T already
+        grad = torch.mm(w, zs)
+    if fused_norm:  # in place, as below
+        kernels.normalize_rows_backward(grad, z, norm)
+    elif normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
+        along = (z * grad).sum(1, keepdim=True)
+        grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
+    return total, grad
+
+
+def _out_small_torch(
+    xf: torch.Tensor,
+    mask: torch.Tensor,
+    b: int,
+    v: int,
+    va: int,
+    tau: float,
+    scale: float,
+    normalize: bool,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    r""":class:`_SupConOutSmall` with torch ops (CUDA, other devices, CPU without the kernels): (value,
+    (N, D) gradient or None) in few ops, each one a kernel launch on CUDA (where these sizes are
+    bound by the host): 28 in forward and 2 in backward (``benchmarks/host_overhead.py`` counts them
+    at B = 1024 with two views, normalized, integer labels; the same at every size above ``N = 512``).
+
+    The value is :math:`-\sum_{ia} T_{ia} \log P_{ia}` from one ``log_softmax`` (``P`` is then its
+    ``exp``, the gradient's ``g P - T``); the factor :math:`1 / \tau` rides on the matrix products
+    (``alpha``) instead of a scaled copy of the views.
+    """
+    n, d = xf.shape
+    m = b * va
+    if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
+        norm = _norm_rows(xf)
+        norm.masked_fill_(norm == 0, math.inf)
+        z = xf / norm
+    else:
+        z = xf
+    anchors = z if va == v else z.view(b, v, d)[:, 0]
+    inv_tau = 1.0 / tau
+    # beta=0: the first argument is not read (only its shape, broadcast to the result's, matters)
+    logits = torch.addmm(z[:1, :1], anchors, z.T, beta=0, alpha=inv_tau)
+    _own_entries(logits, va, v).fill_(torch.finfo(xf.dtype).min / 2)  # N >= 2: other entries remain
+    log_p = torch.log_softmax(logits, 1)  # finite at the own entries too (their P is exactly 0)
+    # per sample (B,): minus the positives of each of its anchors, 0/1 weights g_i (scale over the
+    # number of anchors with a positive) and -g_i / |P(i)|
+    neg_npos = torch.add(mask.diagonal(), mask.sum(1, dtype=xf.dtype), alpha=-v)
+    valid = neg_npos < 0
+    count = valid.view(b, 1).expand(b, va).sum(dtype=xf.dtype).clamp_(min=1)  # anchors with a positive
+    g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
+    neg_h = g / neg_npos.clamp_(max=-1)
+    # -T (m, N) in one op from the (B, B) mask (sample-major rows and columns)
+    w = torch.mul(mask.view(b, 1, b, 1).expand(b, va, b, v), neg_h.view(b, 1, 1, 1)).view(m, n)
+    _own_entries(w, va, v).fill_(0.0)  # a view is not its own positive
+    total = torch.dot(w.view(-1), log_p.view(-1))  # -sum T log P (0 x the finite own log P)
+    if not need_grad:
+        return total, None
+    w.view(b, va, n).addcmul_(log_p.exp_().view(b, va, n), g.view(b, 1, 1))  # d total / d logits = g P - T
+    if va != v:
+        grad = torch.addmm(z, w.T, anchors, beta=0, alpha=inv_tau)
+        grad.view(b, v, d)[:, 0].addmm_(w, z, alpha=inv_tau)
+    elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (faster than
+        # `w + w.T` on one CPU thread) but single-threaded, the transposed add uses every thread
+        # (on other devices, and under torch.compile where the thread count is not traceable)
+        one_thread = xf.device.type == "cpu" and not torch.compiler.is_compiling() and torch.get_num_threads() == 1
+        grad = torch.addmm(z, w.T.contiguous().add_(w) if one_thread else w + w.T, z, beta=0, alpha=inv_tau)
+    else:
+        grad = torch.addmm(z, w, z, beta=0, alpha=inv_tau).addmm_(w.T, z, alpha=inv_tau)
+    if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
+        along = (z * grad).sum(1, keepdim=True)
+        grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
+    return total, grad
+
+
 class _SupConOutSmall(torch.autograd.Function):
     r"""SupCon ``variant="out"`` on a local batch in one pass, for small problems (the fast path).
 
@@ -414,13 +536,13 @@ class _SupConOutSmall(torch.autograd.Function):
 
     The anchors' own logits are set to half the dtype's lowest value instead of ``-inf``: their
     probability is still exactly 0, and :math:`\sum T s` needs no mask (``0 * -inf`` would be NaN).
-    The log-sum-exp comes from the softmax as ``max - log(max(prob))`` (a separate ``exp`` pass
-    over the logits costs more than the softmax itself). On CPU up to ``N = _NUMBA_MAX_N`` the
-    weights, the value and ``W`` (``W + W^T``) come from one call of the numba kernel
-    (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives besides one
-    dense pass) instead of ~25 torch ops; without ``need_grad`` it computes the value only. There,
-    float32 views are also normalized before the logits, and the gradient taken through that
-    normalization after the gradient matmul, by one kernel call each
+    With torch ops (:func:`_out_small_torch`) the value is :math:`-\sum T \log P` from one
+    ``log_softmax`` (finite at the own entries, whose :math:`T` is 0), :math:`P` its ``exp``. On CPU
+    up to ``N = _NUMBA_MAX_N`` the weights, the value and ``W`` (``W + W^T``) come from one call of
+    the numba kernel (:func:`rankwise._kernels.supcon.supcon_out`, which visits only the positives
+    besides one dense pass) after the softmax instead of ~12 torch ops; without ``need_grad`` it
+    computes the value only. There, float32 views are also normalized before the logits, and the
+    gradient taken through that normalization after the gradient matmul, by one kernel call each
     (:func:`rankwise._kernels.supcon.normalize_rows`: the squared norms summed in float64, so no
     overflow or underflow at any finite magnitude; the same values as the torch ops).
     """
@@ -436,67 +558,22 @@ class _SupConOutSmall(torch.autograd.Function):
         scale: float,
         normalize: bool,
         need_grad: bool,
+        exact_positives: bool,
     ) -> torch.Tensor:
         b, v, d = x.shape
-        n, m = b * v, b * va
+        n = b * v
         xf = x.reshape(n, d)
-        kernel = n <= _NUMBA_MAX_N and x.device.type == "cpu" and kernels.ready()
-        # float32 views normalized by the kernel: one pass instead of five torch ops, the same values
-        fused_norm = kernel and normalize and x.dtype == torch.float32
-        if fused_norm:
-            z, zs, norm = kernels.normalize_rows(xf, 1.0 / tau)
+        if n <= _NUMBA_MAX_N and x.device.type == "cpu" and kernels.ready():
+            total, grad = _out_small_kernel(xf, mask, b, v, va, tau, scale, normalize, need_grad)
         else:
-            if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-                norm = _norm_rows(xf)
-                norm.masked_fill_(norm == 0, math.inf)
-                z = xf / norm
-            else:
-                z = xf
-            zs = z * (1.0 / tau)
-        anchors = zs if va == v else zs.view(b, v, d)[:, 0]
-        logits = torch.mm(anchors, z.T)
-        _own_entries(logits, va, v).fill_(torch.finfo(x.dtype).min / 2)  # N >= 2: other entries remain
-        prob = torch.softmax(logits, 1)
-        if kernel:  # weights, value and W (+ W^T) in one kernel call
-            # out: 0 the value only, 1 W, 2 W + W^T, 3 W + W^T from the symmetric logits (see below)
-            sym = va == v
-            factor = normalize and tau >= _FACTOR_MIN_TAU.get(x.dtype, math.inf)
-            out = ((3 if factor else 2) if sym else 1) if need_grad else 0
-            total = kernels.supcon_out(prob, logits, mask, v, va, scale, out)
-            w = prob
-        else:
-            mask = mask.to(x.dtype)  # 0/1 in the compute dtype
-            npos = mask.sum(1).mul_(v).sub_(mask.diagonal())  # positives of each anchor of a sample
-            valid = npos > 0
-            count = valid.sum(dtype=x.dtype).mul_(va).clamp_(min=1)
-            g = valid / (count if scale == 1.0 else count.div_(scale))  # per sample: d result / d lse_i
-            neg_h = (g / npos.clamp_(min=1)).neg_()
-            w = (mask * neg_h[:, None])[:, None, :, None].expand(b, va, b, v).reshape(m, n).contiguous()
-            _own_entries(w, va, v).fill_(0.0)  # -T: a view is not its own positive
-            total = torch.dot(w.view(-1), logits.view(-1))  # minus the weighted positive logits
-            lse = logits.amax(1).sub_(prob.amax(1).log_())  # the largest probability is exp(top - lse)
-            total += torch.dot(lse.view(b, va).sum(1), g)
-            w.view(b, va, n).addcmul_(prob.view(b, va, n), g[:, None, None])  # d total / d logits = g P - T
-        if need_grad:  # (ctx.needs_input_grad is True under no_grad too)
-            if va != v:
-                grad = torch.mm(w.T, anchors)
-                grad.view(b, v, d)[:, 0] += torch.mm(w, zs)
-            elif kernel and sym:  # w is W + W^T already
-                grad = torch.mm(w, zs)
-            elif n <= _SYMMETRIC_MAX_N:  # W + W^T: torch's transposing copy is blocked (faster than
-                # `w + w.T` on one CPU thread) but single-threaded, the transposed add uses every thread
-                # (on other devices, and under torch.compile where the thread count is not traceable)
-                one_thread = (
-                    x.device.type == "cpu" and not torch.compiler.is_compiling() and torch.get_num_threads() == 1
-                )
-                grad = torch.mm(w.T.contiguous().add_(w) if one_thread else w + w.T, zs)
-            else:
-                grad = torch.mm(w, zs).addmm_(w.T, zs)
-            if fused_norm:  # in place, as below
-                kernels.normalize_rows_backward(grad, z, norm)
-            elif normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
-                along = (z * grad).sum(1, keepdim=True)
-                grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
+            total, grad = _out_small_torch(xf, mask, b, v, va, tau, scale, normalize, need_grad)
+            if normalize and exact_positives and not torch.compiler.is_compiling():
+                # a non-finite feature makes its normalized view, hence every row of the logits and the
+                # value, NaN (see _out_small_torch): batch_loss needs no separate pass over the features
+                # (eager only: compiled, batch_loss always checks, and a traced side effect here breaks
+                # the autograd.Function's graph)
+                finite_checked()
+        if grad is not None:  # (ctx.needs_input_grad is True under no_grad too)
             ctx.save_for_backward(grad.view(b, v, d))
         return total
 
@@ -505,7 +582,11 @@ class _SupConOutSmall(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (grad,) = ctx.saved_tensors
-        return grad * grad_total, None, None, None, None, None, None
+        return grad * grad_total, None, None, None, None, None, None, None
+
+
+def _floating(t: torch.Tensor | None) -> bool:
+    return t is not None and t.is_floating_point()
 
 
 @batch_loss("features", "labels", "mask")
@@ -624,13 +705,15 @@ def supcon_loss(
         if mask is not None:  # bool (B, B) positive samples: the kernel reads them as they are
             pos = sample_mask(mask, b)
         elif labels is not None:
-            y = as_labels(labels, b).detach()
-            pos = torch.eq(y[:, None], y)  # NaN equals nothing, itself included
+            y = as_labels(labels, b)  # (the bool result needs no detach)
+            pos = torch.eq(y.view(b, 1), y)  # NaN equals nothing, itself included
         else:
             pos = torch.eye(b, dtype=torch.bool, device=x.device)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         with autocast_off(x.device):  # float32 (compute dtype) matmuls under torch.autocast too
-            return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad)
+            # floating labels / masks need batch_loss's NaN pass: a NaN label only removes positives
+            exact = not _floating(labels) and not _floating(mask)
+            return _SupConOutSmall.apply(x, pos, va, tau, tau / tau_b, normalize, need_grad, exact)
     if mask is not None:
         positives = _Positives.from_mask(sample_mask(mask, b), x.dtype)
     elif labels is not None:

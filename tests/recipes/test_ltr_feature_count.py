@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,9 +123,9 @@ def test_yahoo_like_sparse_indices_below_the_count_are_normal(tmp_path: Path) ->
     sparse = sorted(np.random.default_rng(1).choice(np.arange(1, 691), size=60, replace=False).tolist())
     names = ("set1.train.txt", "set1.valid.txt", "set1.test.txt")
     root = _write_letor(tmp_path / "yahoo", sparse, names=names)
-    opts = {"path": str(root), "train": names[0], "val": names[1], "test": names[2]}
-    explicit = load_letor(**opts, num_features=700)
-    preset = load_letor_preset(700, **opts)
+    opts: dict[str, Any] = {"train": names[0], "val": names[1], "test": names[2]}
+    explicit = load_letor(str(root), **opts, num_features=700)
+    preset = load_letor_preset(700, path=str(root), **opts)
     for data in (explicit, preset):
         assert data.num_features == 700 and data.meta["notes"] == []
         assert data.meta["max_feature_index"] == max(sparse)
@@ -181,10 +182,8 @@ def test_the_presets_own_data_keeps_the_presets_count(tmp_path, preset, indices,
     else:
         _write_letor(tmp_path / "data", indices, names=("set1.train.txt", "set1.valid.txt", "set1.test.txt"))
     run_dir = tmp_path / "run"
-    r = runner.invoke(
-        app,
-        ["train", preset, "--no-progress", "-o", str(run_dir), *_sets([f"data.options.path={tmp_path / 'data'}", *TINY])],
-    )
+    sets = [f"data.options.path={tmp_path / 'data'}", *TINY]
+    r = runner.invoke(app, ["train", preset, "--no-progress", "-o", str(run_dir), *_sets(sets)])
     assert r.exit_code == 0, r.output
     assert not _warnings(r.output), r.output
     assert _saved_num_features(run_dir) == width and _input_width(run_dir) == width

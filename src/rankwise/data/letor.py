@@ -436,7 +436,7 @@ def load_letor_preset(preset_num_features: int, /, **options: Any) -> RankingDat
         >>> import tempfile, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp())
         >>> for f in ("train.txt", "vali.txt", "test.txt"):
-        ...     _ = (d / f).write_text("1 qid:1 1:0.5 46:2\n0 qid:1 2:1\n")
+        ...     _ = (d / f).write_text("1 qid:1 1:0.5 46:2\\n0 qid:1 2:1\\n")
         >>> data = load_letor_preset(136, path=str(d))
         >>> data.num_features, data.meta["resolved_options"]
         (46, {'num_features': 46})

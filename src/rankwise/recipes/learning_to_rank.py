@@ -215,9 +215,9 @@ class LTRRecipe(RecipeBase):
         from rankwise.recipes.config import inherited_options
 
         opts = dict(cfg.data.options)
-        if cfg.data.name == "letor" and opts.get("num_features") is not None and "num_features" in inherited_options(
-            cfg
-        ):
+        data: Any
+        inherited = "num_features" in inherited_options(cfg)
+        if cfg.data.name == "letor" and opts.get("num_features") is not None and inherited:
             data = load_letor_preset(opts.pop("num_features"), **opts)
         else:
             data = get_dataset(cfg.data.name, **opts)

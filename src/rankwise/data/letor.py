@@ -111,15 +111,33 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> 
     return True
 
 
-def _locate_error(path: Path, num_features: int | None) -> None:
-    """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+#: the UTF-8 byte-order mark that some editors (Windows Notepad) write at the start of a text file
+_BOM = b"\xef\xbb\xbf"
+
+
+def _opener(path: Path) -> Any:
     import bz2
     import gzip
 
-    opener: Any = {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
-    with opener(path, "rb") as fh:
+    return {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
+
+
+def _locate_error(path: Path, num_features: int | None) -> None:
+    """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+    with _opener(path)(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
-            _check_line(raw, path, line, num_features)
+            _check_line(raw.removeprefix(_BOM) if line == 1 else raw, path, line, num_features)
+
+
+def _load_svmlight(p: Path, num_features: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
+    """scikit-learn's reader on ``p``, past a leading UTF-8 byte-order mark if the file has one."""
+    from sklearn.datasets import load_svmlight_file
+
+    kw: dict[str, Any] = {"n_features": num_features, "dtype": np.float32, "zero_based": False, "query_id": True}
+    with _opener(p)(p, "rb") as fh:
+        if fh.read(len(_BOM)) == _BOM:  # read from the open file, after the mark
+            return load_svmlight_file(fh, **kw)
+    return load_svmlight_file(str(p), **kw)
 
 
 def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -145,18 +163,17 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
         raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
     p = check_file(path, "LETOR / svmlight file")
     try:
-        from sklearn.datasets import load_svmlight_file
+        import sklearn.datasets  # noqa: F401
     except ImportError as e:  # pragma: no cover - the train extra is missing
         raise ImportError(f"reading LETOR files needs scikit-learn: pip install 'rankwise[train]' ({e})") from None
     try:
-        x, y, qid = load_svmlight_file(
-            str(p), n_features=num_features, dtype=np.float32, zero_based=False, query_id=True
-        )
+        x, y, qid = _load_svmlight(p, num_features)
     except (ValueError, UnicodeDecodeError) as err:
         _locate_error(p, num_features)
         raise DataFormatError(p, None, f"cannot read the file as LETOR / svmlight: {err}") from None
-    except OSError as err:
-        raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from None
+    except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2
+        why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise DataFormatError(p, None, f"cannot read the file: {why}") from None
     n = x.shape[0]
     if (
         len(qid) != n
@@ -503,7 +520,7 @@ def _load_letor(
                 "(null: the files' largest index)"
             )
     dense = {s: _dense(p, d) for s, p in parts.items()}
-    return build_ranking_data(
+    data = build_ranking_data(
         "letor",
         dense,
         standardize=standardize,
@@ -512,9 +529,22 @@ def _load_letor(
             "source": {s: str(f) for s, f in files.items()},
             "max_feature_index": largest,
             "resolved_options": {"num_features": d},
-            "notes": notes,
         },
     )
+    if len(data.train) and not _ranked_queries(data.train):
+        notes.append(
+            f"no training query of {files['train']} has two documents of different relevance (one document "
+            "per query, or equal grades): every ranking loss is constant and the model learns nothing"
+        )
+    data.meta["notes"] = notes
+    return data
+
+
+def _ranked_queries(lists: QueryLists) -> int:
+    """The queries of ``lists`` with at least two different relevance grades (the ones a ranking loss learns from)."""
+    y = lists.y.numpy()
+    starts = lists.offsets[:-1]  # every query has a document: strictly increasing
+    return int((np.maximum.reduceat(y, starts) > np.minimum.reduceat(y, starts)).sum())
 
 
 def _fit_preset_count(preset: int, largest: int, root: Path) -> tuple[int, str | None]:

@@ -180,12 +180,14 @@ def run_recipe(
     import lightning as L
 
     quiet_lightning()
+    worker = is_launched_worker()
+    if not worker:  # an unusable run directory is refused before the data are read
+        RunDir.check(run_dir, resume=resume, overwrite=overwrite)
     if data is None:
         data = load_data(cfg, recipe)
     else:
         check_data(cfg, recipe, data)
     record_resolved_options(cfg, data)
-    worker = is_launched_worker()
     rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
     try:
         with _signals_raise():

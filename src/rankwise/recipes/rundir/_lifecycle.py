@@ -37,7 +37,7 @@ def load_data(cfg: Config, recipe: Any) -> Any:
     loader = getattr(recipe, "load_data", None)  # a recipe may read its data its own way
     try:
         data = loader(cfg) if loader is not None else get_dataset(cfg.data.name, **cfg.data.options)
-    except DataFormatError:
+    except (DataFormatError, ConfigError):  # they name the file or the key themselves
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None

@@ -136,6 +136,11 @@ def test_an_empty_file_or_a_missing_folder_through_the_training_route(tmp_path: 
     assert line.startswith(f"error: {root / 'vali.txt'}: no document in the file")
     line = one_error_line(_train(tmp_path / "nowhere", tmp_path / "run"))
     assert line.startswith(f"error: {tmp_path / 'nowhere'}: LETOR folder not found") and "data.options.path" in line
+    sets = [a for item in [f"data.options.path={root}", *ROUTE] for a in ("--set", item)]
+    r = runner.invoke(app, ["train", "yahoo_ltr_listnet", "--no-progress", "-o", str(tmp_path / "run"), *sets])
+    line = one_error_line(r)  # the Yahoo preset's file names on a folder of train.txt / vali.txt / test.txt
+    assert line.startswith(f"error: {root / 'set1.train.txt'}: the train file is missing")
+    assert "data.options.train" in line
 
 
 def test_an_existing_run_directory_is_refused_before_the_data_are_read(tmp_path: Path) -> None:

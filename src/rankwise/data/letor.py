@@ -498,7 +498,10 @@ def _load_letor(
     for s, f in files.items():
         if not f.is_file():
             raise DataFileNotFoundError(
-                f, None, f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test})"
+                f,
+                None,
+                f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test}: the file names "
+                "are options `train`, `val`, `test`, in a config `data.options.train` ...)",
             )
     parts = {s: read_letor(f) for s, f in files.items()}  # each as wide as its largest index
     largest = max(p[0].shape[1] for p in parts.values())

@@ -187,3 +187,14 @@ def test_the_presets_own_data_keeps_the_presets_count(tmp_path, preset, indices,
     assert r.exit_code == 0, r.output
     assert not _warnings(r.output), r.output
     assert _saved_num_features(run_dir) == width and _input_width(run_dir) == width
+
+
+def test_compare_records_the_files_count_in_every_seeds_config(tmp_path: Path) -> None:
+    from rankwise.recipes.runner import compare
+
+    own = _write_letor(tmp_path / "own_ltr", list(range(1, 47)))
+    sets = [f"data.options.path={own}", "data.options.fold=null", *TINY]
+    with pytest.warns(UserWarning, match="using 46"):
+        res = compare(["mslr_web10k_listnet"], seeds=[0, 1], out=tmp_path / "cmp", overrides=sets)
+    for run_dir in res.run_dirs["mslr_web10k_listnet"]:  # the second seed reuses the loaded data
+        assert _saved_num_features(run_dir) == 46 and _input_width(run_dir) == 46

@@ -42,6 +42,7 @@ from rankwise.data.letor import (
     SlateSampler,
     build_ranking_data,
     load_letor,
+    load_letor_preset,
     pad_lists,
     read_letor,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "load_image_folder",
     "load_imdb_wiki_dir",
     "load_letor",
+    "load_letor_preset",
     "load_ltr_synthetic",
     "load_mnist5k",
     "load_mnist5k_arrays",

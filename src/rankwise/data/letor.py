@@ -49,6 +49,7 @@ __all__ = [
     "build_ranking_data",
     "group_queries",
     "load_letor",
+    "load_letor_preset",
     "pad_lists",
     "read_letor",
 ]
@@ -97,7 +98,12 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> 
         if i < 1:
             raise DataFormatError(path, line, f"feature index {i} (feature indices start at 1)")
         if num_features is not None and i > num_features:
-            raise DataFormatError(path, line, f"feature index {i} is above `num_features` = {num_features}")
+            raise DataFormatError(
+                path,
+                line,
+                f"feature index {i} is above `num_features` = {num_features} (option `num_features`, in a config "
+                "`data.options.num_features`: raise it to the files' largest index, or null to take that index)",
+            )
         if i <= last:
             raise DataFormatError(path, line, f"feature index {i} after {last}: indices must be increasing")
         last = i
@@ -105,15 +111,33 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> 
     return True
 
 
-def _locate_error(path: Path, num_features: int | None) -> None:
-    """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+#: the UTF-8 byte-order mark that some editors (Windows Notepad) write at the start of a text file
+_BOM = b"\xef\xbb\xbf"
+
+
+def _opener(path: Path) -> Any:
     import bz2
     import gzip
 
-    opener: Any = {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
-    with opener(path, "rb") as fh:
+    return {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
+
+
+def _locate_error(path: Path, num_features: int | None) -> None:
+    """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
+    with _opener(path)(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
-            _check_line(raw, path, line, num_features)
+            _check_line(raw.removeprefix(_BOM) if line == 1 else raw, path, line, num_features)
+
+
+def _load_svmlight(p: Path, num_features: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
+    """scikit-learn's reader on ``p``, past a leading UTF-8 byte-order mark if the file has one."""
+    from sklearn.datasets import load_svmlight_file
+
+    kw: dict[str, Any] = {"n_features": num_features, "dtype": np.float32, "zero_based": False, "query_id": True}
+    with _opener(p)(p, "rb") as fh:
+        if fh.read(len(_BOM)) == _BOM:  # read from the open file, after the mark
+            return load_svmlight_file(fh, **kw)
+    return load_svmlight_file(str(p), **kw)
 
 
 def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -139,18 +163,17 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
         raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
     p = check_file(path, "LETOR / svmlight file")
     try:
-        from sklearn.datasets import load_svmlight_file
+        import sklearn.datasets  # noqa: F401
     except ImportError as e:  # pragma: no cover - the train extra is missing
         raise ImportError(f"reading LETOR files needs scikit-learn: pip install 'rankwise[train]' ({e})") from None
     try:
-        x, y, qid = load_svmlight_file(
-            str(p), n_features=num_features, dtype=np.float32, zero_based=False, query_id=True
-        )
+        x, y, qid = _load_svmlight(p, num_features)
     except (ValueError, UnicodeDecodeError) as err:
         _locate_error(p, num_features)
         raise DataFormatError(p, None, f"cannot read the file as LETOR / svmlight: {err}") from None
-    except OSError as err:
-        raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from None
+    except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2
+        why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise DataFormatError(p, None, f"cannot read the file: {why}") from None
     n = x.shape[0]
     if (
         len(qid) != n
@@ -397,11 +420,67 @@ def load_letor(
     training documents' mean and standard deviation (``standardize``); ``drop_no_relevant``
     (none / train / all) drops the queries without a document of relevance > 0 from no split,
     the training split or every split. ``num_features`` (None: the largest index in the three
-    files) bounds the feature indices: a larger index is an error naming the file and line.
+    files) bounds the feature indices: a larger index is an error naming the file and line; a
+    value more than twice the largest index is kept with a note in ``meta["notes"]`` (the CLI
+    prints it as a warning). ``meta["max_feature_index"]``: the largest index in the three files.
 
     Options: ``path`` (folder), ``fold``, ``train``, ``val``, ``test`` (file names, ``.gz`` allowed),
     ``num_features``, ``standardize``, ``drop_no_relevant``.
     """
+    return _load_letor(
+        path,
+        fold=fold,
+        train=train,
+        val=val,
+        test=test,
+        num_features=num_features,
+        standardize=standardize,
+        drop_no_relevant=drop_no_relevant,
+        from_preset=False,
+    )
+
+
+def load_letor_preset(preset_num_features: int, /, **options: Any) -> RankingData:
+    """:func:`load_letor` with a ``num_features`` that only a preset gave (a fact about the preset's dataset).
+
+    The preset's count is kept when it fits the files: their largest feature index is at most
+    ``preset_num_features`` and at least half of it (MSLR-WEB10K's 136 dense features; Yahoo! LTR's
+    700, of which the files use a sparse subset). Otherwise the files are the user's own, and their
+    largest index is the feature count, with a note in ``meta["notes"]``. ``options``: those of
+    :func:`load_letor` except ``num_features``; ``meta["resolved_options"]`` holds the count used.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> for f in ("train.txt", "vali.txt", "test.txt"):
+        ...     _ = (d / f).write_text("1 qid:1 1:0.5 46:2\\n0 qid:1 2:1\\n")
+        >>> data = load_letor_preset(136, path=str(d))
+        >>> data.num_features, data.meta["resolved_options"]
+        (46, {'num_features': 46})
+        >>> load_letor_preset(60, path=str(d)).num_features
+        60
+    """
+    if "num_features" in options:
+        raise TypeError("load_letor_preset() takes the count as `preset_num_features`, not `num_features`")
+    return _load_letor(**options, num_features=preset_num_features, from_preset=True)
+
+
+def _load_letor(
+    path: str,
+    *,
+    fold: int | None = None,
+    train: str = "train.txt",
+    val: str = "vali.txt",
+    test: str = "test.txt",
+    num_features: int | None = None,
+    standardize: bool = True,
+    drop_no_relevant: Literal["none", "train", "all"] = "none",
+    from_preset: bool,
+) -> RankingData:
+    if num_features is not None and (
+        isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1
+    ):
+        raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
     if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 1):
         raise ValueError(f"`fold` must be a positive int or None, got {fold!r}")
     if not Path(path).is_dir():
@@ -419,15 +498,69 @@ def load_letor(
     for s, f in files.items():
         if not f.is_file():
             raise DataFileNotFoundError(
-                f, None, f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test})"
+                f,
+                None,
+                f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test}: the file names "
+                "are options `train`, `val`, `test`, in a config `data.options.train` ...)",
             )
-    parts = {s: read_letor(f, num_features=num_features) for s, f in files.items()}
-    d = num_features if num_features is not None else max(p[0].shape[1] for p in parts.values())
+    parts = {s: read_letor(f) for s, f in files.items()}  # each as wide as its largest index
+    largest = max(p[0].shape[1] for p in parts.values())
+    notes: list[str] = []
+    if num_features is None:
+        d = largest
+    elif from_preset:
+        d, note = _fit_preset_count(num_features, largest, root)
+        notes += [note] if note else []
+    else:
+        for s, f in files.items():
+            if parts[s][0].shape[1] > num_features:  # the line holding the first index above it
+                _locate_error(f, num_features)
+        d = num_features
+        if d > 2 * largest:
+            notes.append(
+                f"`data.options.num_features` = {d} is far above the largest feature index in the files of "
+                f"{root} ({largest}): the model keeps {d} inputs, {d - largest} of them always 0 "
+                "(null: the files' largest index)"
+            )
     dense = {s: _dense(p, d) for s, p in parts.items()}
-    return build_ranking_data(
+    data = build_ranking_data(
         "letor",
         dense,
         standardize=standardize,
         drop_no_relevant=drop_no_relevant,
-        meta={"source": {s: str(f) for s, f in files.items()}},
+        meta={
+            "source": {s: str(f) for s, f in files.items()},
+            "max_feature_index": largest,
+            "resolved_options": {"num_features": d},
+        },
+    )
+    if len(data.train) and not _ranked_queries(data.train):
+        notes.append(
+            f"no training query of {files['train']} has two documents of different relevance (one document "
+            "per query, or equal grades): every ranking loss is constant and the model learns nothing"
+        )
+    data.meta["notes"] = notes
+    return data
+
+
+def _ranked_queries(lists: QueryLists) -> int:
+    """The queries of ``lists`` with at least two different relevance grades (the ones a ranking loss learns from)."""
+    y = lists.y.numpy()
+    starts = lists.offsets[:-1]  # every query has a document: strictly increasing
+    return int((np.maximum.reduceat(y, starts) > np.minimum.reduceat(y, starts)).sum())
+
+
+def _fit_preset_count(preset: int, largest: int, root: Path) -> tuple[int, str | None]:
+    """The feature count of files whose ``num_features`` only a preset gave: the preset's when it fits them.
+
+    It fits when the files' largest index is at most ``preset`` and at least half of it (a sparse index
+    space such as Yahoo! LTR's leaves some top indices unused); otherwise the files are not the
+    preset's dataset and their largest index is used, with a note saying so.
+    """
+    if largest <= preset <= 2 * largest:
+        return preset, None
+    return largest, (
+        f"`data.options.num_features` = {preset} of the preset (its own dataset's) does not fit the files of "
+        f"{root}, whose largest feature index is {largest}: using {largest} "
+        "(set data.options.num_features to choose another)"
     )

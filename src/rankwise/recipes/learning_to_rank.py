@@ -199,6 +199,32 @@ class LTRRecipe(RecipeBase):
         if not t.ats or len(set(t.ats)) != len(t.ats):
             raise ConfigError(f"`task.ats` must be a non-empty list of distinct positive ints; got {t.ats!r}")
 
+    def load_data(self, cfg: Config) -> Any:
+        """The run's :class:`~rankwise.data.RankingData`; its loader's notes become ``warning:`` lines.
+
+        A ``letor`` ``num_features`` that only a bundled preset gave (the preset's dataset's count,
+        e.g. MSLR-WEB10K's 136) is kept when it fits the files and replaced by their largest feature
+        index when it does not (the user's own files through a preset):
+        :func:`~rankwise.data.load_letor_preset`. One the user set is checked against the files
+        (:func:`~rankwise.data.load_letor`). The run's ``config.yaml`` records the count used.
+        """
+        import warnings
+
+        from rankwise.data import get_dataset, load_letor_preset
+        from rankwise.recipes.common import DataDefaultsWarning
+        from rankwise.recipes.config import inherited_options
+
+        opts = dict(cfg.data.options)
+        data: Any
+        inherited = "num_features" in inherited_options(cfg)
+        if cfg.data.name == "letor" and opts.get("num_features") is not None and inherited:
+            data = load_letor_preset(opts.pop("num_features"), **opts)
+        else:
+            data = get_dataset(cfg.data.name, **opts)
+        for note in data.meta.get("notes", ()):
+            warnings.warn(note, DataDefaultsWarning, stacklevel=2)
+        return data
+
     def _loaders(self, run: Run) -> tuple[Any, Any, Any]:
         from torch.utils.data import DataLoader
 

@@ -157,6 +157,15 @@ class RetrievalRecipe(RecipeBase):
                 takes = sorted(p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p != "distributed")
                 raise ConfigError(f"unknown option `task.loss_options.{k}` for loss {t.loss!r}; it takes: {takes}")
 
+    def load_data(self, cfg: Config) -> Any:
+        """The run's dataset, checked before the run directory is made (:func:`_check_splits`)."""
+        from rankwise.data import get_dataset
+
+        data = get_dataset(cfg.data.name, **cfg.data.options)
+        if hasattr(data, "train") and hasattr(data, "test"):
+            _check_splits(cfg, tensors(data.train)[1], tensors(data.test)[1])
+        return data
+
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 
@@ -191,6 +200,31 @@ class RetrievalRecipe(RecipeBase):
         if timer is not None and timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
         return out
+
+
+def _check_splits(cfg: Config, train_labels: torch.Tensor, test_labels: torch.Tensor) -> None:
+    """Before training: a test split without two images of a class is an error, fewer training classes than
+    ``task.classes_per_batch`` a warning (settings of a preset for another dataset)."""
+    import warnings
+
+    from rankwise.recipes.common import DataDefaultsWarning
+
+    _, counts = torch.unique(test_labels, return_counts=True)
+    if not bool((counts >= 2).any()):
+        raise ConfigError(
+            f"the test split of dataset `{cfg.data.name}` has no class with two images: every retrieval metric is "
+            "undefined (a query needs another image of its class); give the test split more images per class "
+            "(e.g. a larger `data.options.test_fraction`)"
+        )
+    classes = int(torch.unique(train_labels).numel())
+    if classes < cfg.task.classes_per_batch:
+        warnings.warn(
+            f"`task.classes_per_batch` = {cfg.task.classes_per_batch} is more than the {classes} classes of the "
+            f"training split of `{cfg.data.name}`: every batch holds {classes} classes x "
+            f"{cfg.task.samples_per_class} images",
+            DataDefaultsWarning,
+            stacklevel=2,
+        )
 
 
 register_recipe(RetrievalRecipe())

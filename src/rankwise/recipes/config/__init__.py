@@ -44,6 +44,7 @@ from rankwise.recipes.config._loading import (
 )
 from rankwise.recipes.config._loading import (
     apply_overrides,
+    inherited_options,
     list_presets,
     load_config,
     load_raw,
@@ -115,6 +116,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "current_key",
+    "inherited_options",
     "list_presets",
     "load_config",
     "load_raw",

@@ -6,12 +6,13 @@ import copy
 import difflib
 import os
 import stat
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_origin
 
 from rankwise.recipes.config._checks import config_from_dict, walk
-from rankwise.recipes.config._legacy import upgrade_legacy
+from rankwise.recipes.config._legacy import current_key, upgrade_legacy
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
 from rankwise.recipes.config._sections import Config, unwrap
 
@@ -187,7 +188,65 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
     for hook in _RAW_HOOKS:
         raw = hook(raw, overrides)
     # an override may spell a key at its former place (`--set run.tsne=false`): moved like a file's
-    return config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
+    cfg = config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
+    if isinstance(source, (str, Path)):
+        _remember_inherited(cfg, _preset_only_options(source, cfg, overrides))
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------------
+# which values came from a bundled preset only (a preset's dataset facts, e.g. its feature count)
+
+#: ``id(config)`` -> the ``data.options`` keys of that config inherited from a bundled preset
+_INHERITED: dict[int, frozenset[str]] = {}
+
+
+def _remember_inherited(cfg: Config, keys: frozenset[str]) -> None:
+    if not keys:
+        return
+    _INHERITED[id(cfg)] = keys
+    weakref.finalize(cfg, _INHERITED.pop, id(cfg), None)
+
+
+def inherited_options(cfg: Config) -> frozenset[str]:
+    """The ``data.options`` keys of ``cfg`` whose value only a bundled preset gave.
+
+    A key set by the user -- in their own config file (anywhere in its ``extends:`` chain above the
+    preset) or by a ``--set`` of the key or of a mapping holding it -- is not inherited; nor is any
+    key of a config built from a mapping (a run directory's saved ``config.yaml``, a config made in
+    Python) or copied. Loaders use it to tell a preset's facts about its own dataset (e.g. MSLR-WEB10K's
+    136 features) from the user's choices.
+
+    Example:
+        >>> cfg = load_config("mslr_web10k_listnet", ["data.options.path=mine"])
+        >>> sorted(inherited_options(cfg))
+        ['fold', 'num_features']
+    """
+    return _INHERITED.get(id(cfg), frozenset())
+
+
+def _preset_only_options(source: str | Path, cfg: Config, overrides: list[str] | None) -> frozenset[str]:
+    user_keys: set[str] = set()
+    path: Path | None = _resolve_source(source)
+    seen: set[str] = set()
+    while path is not None and path.resolve().parent != PRESET_DIR and str(path.resolve()) not in seen:
+        seen.add(str(path.resolve()))
+        raw = upgrade_legacy(parse_yaml(_read_config_text(path), f"config file {path}") or {})
+        data = raw.get("data") if isinstance(raw, dict) else None
+        if isinstance(data, dict) and "options" in data:
+            options = data["options"]
+            user_keys |= set(options) if isinstance(options, dict) else set(cfg.data.options)
+        parent = raw.get("extends") if isinstance(raw, dict) else None
+        path = _resolve_source(parent, path.parent) if isinstance(parent, str) and parent else None
+    if path is None:  # no bundled preset in the chain: every value is the user's
+        return frozenset()
+    for item in overrides or []:
+        key = current_key(item.split("=", 1)[0].strip())
+        for name in cfg.data.options:
+            full = f"data.options.{name}"
+            if full == key or full.startswith(key + "."):
+                user_keys.add(name)
+    return frozenset(k for k in cfg.data.options if k not in user_keys)
 
 
 #: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the

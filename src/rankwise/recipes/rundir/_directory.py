@@ -65,7 +65,20 @@ class RunDir:
             raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
 
     @classmethod
-    def _open(cls, path: Path, *, resume: bool, overwrite: bool) -> RunDir:
+    def check(cls, path: str | Path, *, resume: bool, overwrite: bool) -> None:
+        """Raise the :class:`RunDirError` that :meth:`open` would raise for ``path``, changing nothing.
+
+        A run checks its directory before it reads its data (which may take minutes), then opens it.
+        """
+        path = Path(path)
+        try:
+            cls._check(path, resume=resume, overwrite=overwrite)
+        except OSError as e:
+            raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
+
+    @classmethod
+    def _check(cls, path: Path, *, resume: bool, overwrite: bool) -> list[Path]:
+        """The validation of :meth:`open`; returns the directory's entries other than its lock."""
         if resume and overwrite:
             raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
         if path.exists() and not path.is_dir():
@@ -89,6 +102,11 @@ class RunDir:
                     f"--overwrite refuses to delete {path}: it is not a rankwise run directory (no meta.json "
                     "written by rankwise); remove it yourself or choose another --out"
                 )
+        return contents
+
+    @classmethod
+    def _open(cls, path: Path, *, resume: bool, overwrite: bool) -> RunDir:
+        contents = cls._check(path, resume=resume, overwrite=overwrite)
         path.mkdir(parents=True, exist_ok=True)
         fd = _lock(path)
         if not resume and contents:  # --overwrite of a rankwise run directory, now that we hold its lock

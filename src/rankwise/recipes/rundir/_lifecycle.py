@@ -34,14 +34,28 @@ def load_data(cfg: Config, recipe: Any) -> Any:
     """Load ``cfg.data`` and check it suits ``recipe`` (kind, non-empty splits)."""
     from rankwise.data import DataFormatError, get_dataset
 
+    loader = getattr(recipe, "load_data", None)  # a recipe may read its data its own way
     try:
-        data = get_dataset(cfg.data.name, **cfg.data.options)
-    except DataFormatError:
+        data = loader(cfg) if loader is not None else get_dataset(cfg.data.name, **cfg.data.options)
+    except (DataFormatError, ConfigError):  # they name the file or the key themselves
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None
     check_data(cfg, recipe, data)
     return data
+
+
+def record_resolved_options(cfg: Config, data: Any) -> None:
+    """Write into ``cfg.data.options`` the loader options that ``data`` resolved from its files.
+
+    A loader that derives an option from the data (``letor``: ``num_features``) lists the values it
+    used in ``data.meta["resolved_options"]``; the run's ``config.yaml`` then records them, and a
+    resumed or re-evaluated run reads the same.
+    """
+    meta = getattr(data, "meta", None)
+    resolved = meta.get("resolved_options") if isinstance(meta, dict) else None
+    if isinstance(resolved, dict):
+        cfg.data.options.update(resolved)
 
 
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
@@ -166,11 +180,14 @@ def run_recipe(
     import lightning as L
 
     quiet_lightning()
+    worker = is_launched_worker()
+    if not worker:  # an unusable run directory is refused before the data are read
+        RunDir.check(run_dir, resume=resume, overwrite=overwrite)
     if data is None:
         data = load_data(cfg, recipe)
     else:
         check_data(cfg, recipe, data)
-    worker = is_launched_worker()
+    record_resolved_options(cfg, data)
     rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
     try:
         with _signals_raise():

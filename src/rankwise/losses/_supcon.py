@@ -404,6 +404,22 @@ def _own_entries(t: torch.Tensor, va: int, v: int) -> torch.Tensor:
     return t.diagonal() if va == v else t.view(-1)[:: t.shape[1] + v]
 
 
+def _safe_normalize(xf: torch.Tensor, normalize: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(z, norm)``: the rows of ``xf`` over their norms (as safe_normalize: an all-zero row, whose
+    norm is set to inf, stays 0 and gets a zero gradient), or ``(xf, None)`` without ``normalize``."""
+    if not normalize:
+        return xf, None
+    norm = _norm_rows(xf)
+    norm.masked_fill_(norm == 0, math.inf)
+    return xf / norm, norm
+
+
+def _through_normalize(grad: torch.Tensor, z: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """The gradient on ``z = x / |x|`` taken to ``x``: ``(g - z (z . g)) / |x|`` (0 where the norm is inf)."""
+    along = (z * grad).sum(1, keepdim=True)
+    return torch.addcmul(grad, z, along, value=-1).div_(norm)
+
+
 def _out_small_kernel(
     xf: torch.Tensor,
     mask: torch.Tensor,
@@ -422,12 +438,7 @@ def _out_small_kernel(
     if fused_norm:
         z, zs, norm = kernels.normalize_rows(xf, 1.0 / tau)
     else:
-        if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-            norm = _norm_rows(xf)
-            norm.masked_fill_(norm == 0, math.inf)
-            z = xf / norm
-        else:
-            z = xf
+        z, norm = _safe_normalize(xf, normalize)
         zs = z * (1.0 / tau)
     sym = va == v
     anchors = zs if sym else zs.view(b, v, d)[:, 0]
@@ -449,9 +460,8 @@ def _out_small_kernel(
         grad = torch.mm(w, zs)
     if fused_norm:  # in place, as below
         kernels.normalize_rows_backward(grad, z, norm)
-    elif normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
-        along = (z * grad).sum(1, keepdim=True)
-        grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
+    elif norm is not None:
+        grad = _through_normalize(grad, z, norm)
     return total, grad
 
 
@@ -477,12 +487,7 @@ def _out_small_torch(
     """
     n, d = xf.shape
     m = b * va
-    if normalize:  # as safe_normalize: an all-zero vector (norm set to inf) stays 0, zero gradient
-        norm = _norm_rows(xf)
-        norm.masked_fill_(norm == 0, math.inf)
-        z = xf / norm
-    else:
-        z = xf
+    z, norm = _safe_normalize(xf, normalize)
     anchors = z if va == v else z.view(b, v, d)[:, 0]
     inv_tau = 1.0 / tau
     # beta=0: the first argument is not read (only its shape, broadcast to the result's, matters)
@@ -513,9 +518,8 @@ def _out_small_torch(
         grad = torch.addmm(z, w.T.contiguous().add_(w) if one_thread else w + w.T, z, beta=0, alpha=inv_tau)
     else:
         grad = torch.addmm(z, w, z, beta=0, alpha=inv_tau).addmm_(w.T, z, alpha=inv_tau)
-    if normalize:  # through z = x / |x|: (g - z (z . g)) / |x|, and 0 for an all-zero x
-        along = (z * grad).sum(1, keepdim=True)
-        grad = torch.addcmul(grad, z, along, value=-1).div_(norm)  # 0 where the norm is inf
+    if norm is not None:
+        grad = _through_normalize(grad, z, norm)
     return total, grad
 
 

@@ -250,3 +250,38 @@ def test_cli_data_show_labels_beyond_the_bins_is_one_error_line(tmp_path: Path) 
     csv = _cohort(tmp_path, rows=["KEEP", "s1.nii.gz,1e30,M,s,x1"])
     r = CliRunner().invoke(app, ["data", "show", "nifti", "-O", f"csv={csv}", "-O", f"cache_dir={tmp_path / 'k'}"])
     assert "cannot bin the training labels" in one_error_line(r)
+
+
+def test_a_crop_that_cuts_into_the_brain_is_noted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 mm volumes through a grid meant for 2 mm (a preset's ``shape``): the centred crop keeps about half
+    of each brain, which ``meta["notes"]`` says (naming the option, a row, the share kept and the voxel
+    size), also when the volumes come from the cache; resampling first, or resizing, is not noted."""
+    rng = np.random.default_rng(4)
+    lines = ["path,age"]
+    for i in range(4):
+        vol = np.zeros((40, 48, 40), np.float32)
+        vol[8:-8, 8:-8, 8:-8] = rng.uniform(100, 200, (24, 32, 24))
+        _write(tmp_path / f"h{i}.nii.gz", vol, zooms=1.0)
+        lines.append(f"h{i}.nii.gz,{30 + i}")
+    csv = tmp_path / "c.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    cache = str(tmp_path / "k")
+    data = load_nifti_csv(str(csv), shape=[20, 24, 20], cache_dir=cache, val_fraction=0.0, test_fraction=0.25)
+    (note,) = data.meta["notes"]
+    kept = 20 * 24 * 20 / (24 * 32 * 24)
+    assert "`data.options.shape` [20, 24, 20]" in note and "4 of 4 volumes" in note
+    assert f"{kept:.0%} kept" in note and "voxel size 1 x 1 x 1 mm" in note and "`data.options.spacing`" in note
+    monkeypatch.setattr(nib, "load", lambda *a, **k: pytest.fail("decoded a cached volume"))
+    again = load_nifti_csv(str(csv), shape=[20, 24, 20], cache_dir=cache, val_fraction=0.0, test_fraction=0.25)
+    assert again.meta["notes"] == [note]
+    monkeypatch.undo()
+    for options in ({"spacing": 2.0}, {"resize": "resample"}):
+        fine = load_nifti_csv(str(csv), shape=[20, 24, 20], cache_dir=cache, test_fraction=0.25, **options)
+        assert fine.meta["notes"] == [] and fine.train[0][0]["volume"].shape == (1, 20, 24, 20)
+    # 2 mm volumes whose crop removes only background: nothing to say
+    assert _cohort_notes(tmp_path / "two") == []
+
+
+def _cohort_notes(root: Path) -> list[str]:
+    root.mkdir()
+    return load_nifti_csv(str(_cohort(root)), shape=[16, 16, 16], cache_dir=str(root / "k")).meta["notes"]

@@ -108,3 +108,17 @@ def test_the_label_column_is_an_option(cohort: Path, tmp_path: Path) -> None:
     table = tmp_path / "table.csv"
     table.write_text("path,age\nimg.png,40\n")
     assert not looks_like_nifti_csv(table) and not looks_like_nifti_csv(tmp_path / "missing.csv")
+
+
+def test_a_preset_grid_that_crops_the_users_volumes_is_a_warning(cohort: Path, tmp_path: Path) -> None:
+    """A ``shape`` whose centred crop cuts into the brains (a preset's grid on volumes of another voxel
+    size) reaches the run as a DataDefaultsWarning (the CLI's ``warning:`` line) naming the option."""
+    from rankwise.recipes.common import DataDefaultsWarning
+    from rankwise.recipes.registry import get_recipe
+    from rankwise.recipes.rundir._lifecycle import load_data
+
+    options = {"cache_dir": str(tmp_path / "c"), "shape": [8, 8, 8]}
+    cfg, _ = own_data_config(cohort, "age_at_scan", "mse", options=options)
+    with pytest.warns(DataDefaultsWarning, match=r"`data\.options\.shape` \[8, 8, 8\] keeps less than 90%"):
+        data = load_data(cfg, get_recipe(cfg.recipe))
+    assert data.train[0][0]["volume"].shape == (1, 8, 8, 8)

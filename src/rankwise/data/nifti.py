@@ -51,7 +51,7 @@ __all__ = [
 #: accepted ``sex`` values (case-insensitive) -> 1 (male) / 0 (female)
 SEX_VALUES = {"m": 1, "male": 1, "1": 1, "f": 0, "female": 0, "0": 0}
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"
 #: largest volume file (on disk) and largest decoded volume (header dims x voxel size), bytes
 MAX_VOLUME_BYTES = 2**30
 #: largest preprocessed grid (voxels) that ``shape`` / ``spacing`` may ask for
@@ -112,15 +112,32 @@ def preprocess_volume(
         >>> out.shape, round(float(out[out != 0].mean()), 2) == 0.0
         ((12, 12, 12), True)
     """
+    return _preprocess(data, affine, spacing, shape, resize, normalize)[0]
+
+
+def _preprocess(
+    data: np.ndarray,
+    affine: np.ndarray,
+    spacing: float | Sequence[float] | None,
+    shape: Sequence[int] | None,
+    resize: str,
+    normalize: str,
+) -> tuple[np.ndarray, float]:
+    """:func:`preprocess_volume` and the fraction of the voxels > 0 that the centred crop to ``shape``
+    kept (1.0 without a crop)."""
     _, tio = _mri_modules()
     img = tio.ScalarImage(tensor=torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None], affine=affine)
     if spacing is not None:
         img = tio.Resample(spacing)(img)
+    kept = 1.0
     if shape is not None:
         shape3 = tuple(int(s) for s in shape)
+        before = int((img.data > 0).sum())
         img = tio.CropOrPad(shape3)(img) if resize == "crop_or_pad" else tio.Resize(shape3)(img)
+        if resize == "crop_or_pad" and before:
+            kept = int((img.data > 0).sum()) / before
     vol = img.data[0].numpy().astype(np.float32)
-    return _brain_zscore(vol) if normalize == "brain_zscore" else vol
+    return (_brain_zscore(vol) if normalize == "brain_zscore" else vol), kept
 
 
 class NiftiVolumeDataset(Dataset):
@@ -323,6 +340,43 @@ def _check_grid(dims: tuple[int, ...], affine: np.ndarray, spacing: Any, where: 
         )
 
 
+#: a centred crop that keeps less than this fraction of a volume's voxels > 0 is reported
+CROP_KEEP_WARN = 0.9
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
+
+
+def _read_facts(path: Path) -> dict[str, Any]:
+    """What the preprocessing noted about a cached volume (``{}`` when the note is missing or unreadable)."""
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def _crop_notes(items: list[dict[str, Any]], shape: Sequence[int] | None) -> list[str]:
+    """One note when the centred crop to ``shape`` cut away more than a tenth of some volumes' voxels > 0
+    (e.g. 1 mm volumes through a preset's 2 mm grid: a silent crop to the middle of the head)."""
+    cut = [it for it in items if float(it["facts"].get("kept", 1.0)) < CROP_KEEP_WARN]
+    if not cut or shape is None:
+        return []
+    worst = min(cut, key=lambda it: float(it["facts"]["kept"]))
+    vox = worst["facts"].get("voxel_mm")
+    size = f", voxel size {' x '.join(f'{v:g}' for v in vox)} mm" if isinstance(vox, list) else ""
+    return [
+        f"the centred crop to `data.options.shape` {list(shape)} keeps less than "
+        f"{CROP_KEEP_WARN:.0%} of the voxels > 0 of {len(cut)} of {len(items)} volumes (row {worst['row']}, "
+        f"{worst['path']}: {float(worst['facts']['kept']):.0%} kept{size}); resample them first with "
+        "`data.options.spacing` (e.g. 2 for the 91 x 109 x 91 grid of MNI space at 2 mm) or set "
+        "`data.options.resize` to resample"
+    ]
+
+
 def _cache_array(vol: np.ndarray) -> np.ndarray:
     """float16 when the largest ``|voxel|`` lies in [2**-4, 65504] (or all are 0): a relative precision of
     about 1e-3 for every voxel that matters; otherwise float32 (raw intensities beyond the float16 range
@@ -436,15 +490,18 @@ def load_nifti_csv(
             data, affine = _read_volume(it["path"], where)
             _check_grid(data.shape, affine, spacing, where, it["path"])
             try:
-                vol = preprocess_volume(data, affine, spacing=spacing, shape=shape, resize=resize, normalize=normalize)
+                vol, kept = _preprocess(data, affine, spacing, shape, resize, normalize)
             except (ValueError, ArithmeticError, RuntimeError) as e:
                 msg = " ".join(str(e).split()) or type(e).__name__
                 raise DataFormatError(
                     csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}"
                 ) from None
+            facts = {"kept": kept, "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))]}
+            _write_atomic(cached.with_suffix(".json"), json.dumps(facts).encode())
             tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(tmp, _cache_array(vol))
             os.replace(tmp, cached)
+        it["facts"] = _read_facts(cached.with_suffix(".json"))
         vshape = tuple(np.load(cached, mmap_mode="r").shape)
         if grid is None:
             grid = (vshape, it["row"])
@@ -476,6 +533,7 @@ def load_nifti_csv(
 
     labels = {s: np.array([it["age"] for it in part(s)], dtype=np.float64) for s in ("train", "val", "test")}
     meta: dict[str, Any] = {
+        "notes": _crop_notes(items, shape),
         "source": str(csv_path),
         "split": split_rule,
         "seed": seed,

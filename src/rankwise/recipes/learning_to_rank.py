@@ -200,7 +200,7 @@ class LTRRecipe(RecipeBase):
             raise ConfigError(f"`task.ats` must be a non-empty list of distinct positive ints; got {t.ats!r}")
 
     def load_data(self, cfg: Config) -> Any:
-        """The run's :class:`~rankwise.data.RankingData`; its loader's notes become ``warning:`` lines.
+        """The run's :class:`~rankwise.data.RankingData` (its loader's notes become ``warning:`` lines).
 
         A ``letor`` ``num_features`` that only a bundled preset gave (the preset's dataset's count,
         e.g. MSLR-WEB10K's 136) is kept when it fits the files and replaced by their largest feature
@@ -208,10 +208,7 @@ class LTRRecipe(RecipeBase):
         :func:`~rankwise.data.load_letor_preset`. One the user set is checked against the files
         (:func:`~rankwise.data.load_letor`). The run's ``config.yaml`` records the count used.
         """
-        import warnings
-
         from rankwise.data import get_dataset, load_letor_preset
-        from rankwise.recipes.common import DataDefaultsWarning
         from rankwise.recipes.config import inherited_options
 
         opts = dict(cfg.data.options)
@@ -221,8 +218,6 @@ class LTRRecipe(RecipeBase):
             data = load_letor_preset(opts.pop("num_features"), **opts)
         else:
             data = get_dataset(cfg.data.name, **opts)
-        for note in data.meta.get("notes", ()):
-            warnings.warn(note, DataDefaultsWarning, stacklevel=2)
         return data
 
     def _loaders(self, run: Run) -> tuple[Any, Any, Any]:

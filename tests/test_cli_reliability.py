@@ -114,6 +114,57 @@ def test_second_run_on_the_same_dir_fails_at_once_and_sigterm_exits_143(tmp_path
         os.close(fd)
 
 
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_dataloader_workers_exits_143(tmp_path):
+    """A scheduler's time limit (or ``timeout``, or Ctrl-C) signals the whole process group: the DataLoader
+    workers die of the signal too, and however the race between them and the main process goes, the run
+    is "terminated by signal SIGTERM" (exit 143, resumable), not an unexpected RuntimeError."""
+    run = tmp_path / "group"
+    cmd = [sys.executable, "-m", "rankwise.cli", "train", "abalone_vanilla", "--out", str(run), "--no-progress"]
+    cmd += _sets(["trainer.max_epochs=100000", "trainer.limit_train_batches=2", "data.num_workers=2"])
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert _wait_for(lambda: (run / "checkpoints" / "last.ckpt").is_file()), "the run did not start"
+        time.sleep(1.0)  # inside an epoch, with the workers alive
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    assert "error: terminated by signal SIGTERM" in " ".join(out.split()) and "RuntimeError" not in out
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "failed" and meta["failure"] == "RunTerminated"
+
+
+def test_a_worker_killed_by_a_stop_signal_is_a_termination():
+    from rankwise.recipes.rundir import termination_of
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        msg = f"DataLoader worker (pid 123) is killed by signal: {signal.strsignal(sig)}. "
+        stopped = termination_of(RuntimeError(msg))
+        assert stopped is not None and stopped.signum == sig
+    for other in (
+        RuntimeError("DataLoader worker (pid 123) is killed by signal: Segmentation fault. "),
+        RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly"),
+        RuntimeError("killed by signal: Terminated"),
+        ValueError("DataLoader worker (pid 123) is killed by signal: Terminated. "),
+    ):
+        assert termination_of(other) is None
+    from rankwise.recipes.rundir import RunTerminated
+
+    try:  # an error raised while the run unwinds from the signal: still a termination
+        try:
+            raise RunTerminated(signal.SIGTERM)
+        except RunTerminated:
+            raise RuntimeError("DataLoader worker (pid 9) is killed by signal: Segmentation fault. ") from None
+    except RuntimeError as e:
+        chained = termination_of(e)
+    assert chained is not None and chained.signum == signal.SIGTERM
+
+
 def test_every_failure_marks_the_run_failed_and_exits_non_zero(tmp_path, monkeypatch):
     import errno
 

@@ -153,8 +153,9 @@ def _error_code(e: BaseException) -> tuple[int, str] | None:
     from rankwise.data import DataFormatError
     from rankwise.recipes.common import NonFiniteLossError
     from rankwise.recipes.config import UserError
-    from rankwise.recipes.rundir import RunTerminated
+    from rankwise.recipes.rundir import RunTerminated, termination_of
 
+    e = termination_of(e) or e  # a DataLoader worker killed by the signal that stopped the run
     if isinstance(e, (UserError, DataFormatError)):
         return 2, str(e)
     if isinstance(e, NonFiniteLossError):

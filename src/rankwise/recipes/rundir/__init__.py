@@ -45,7 +45,7 @@ from rankwise.recipes.rundir._files import (
     write_json,
 )
 from rankwise.recipes.rundir._lifecycle import check_data as check_data
-from rankwise.recipes.rundir._lifecycle import evaluate_run, load_data, run_recipe, target_limit
+from rankwise.recipes.rundir._lifecycle import evaluate_run, load_data, run_recipe, target_limit, termination_of
 from rankwise.recipes.rundir._lifecycle import log as log
 from rankwise.recipes.rundir._trainer import Run
 from rankwise.recipes.rundir._trainer import quiet_lightning as quiet_lightning
@@ -69,5 +69,6 @@ __all__ = [
     "run_recipe",
     "saved_config",
     "target_limit",
+    "termination_of",
     "write_json",
 ]

@@ -132,6 +132,10 @@ def _check_target_range(cfg: Config, data: Any) -> None:
             )
 
 
+#: the signals that stop a run (:class:`RunTerminated`)
+_STOP_SIGNALS = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """Turn SIGTERM / SIGHUP / SIGINT into :class:`RunTerminated` in the main thread for the duration of a run.
@@ -144,10 +148,11 @@ def _signals_raise() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if hasattr(signal, "SIGCHLD"):  # the DataLoader's workers die of the same signal: no second error
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         raise RunTerminated(signum)
 
-    sigs = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-    old = {s: signal.signal(s, handler) for s in sigs}
+    old = {s: signal.signal(s, handler) for s in _STOP_SIGNALS}
     try:
         yield
     finally:
@@ -239,13 +244,42 @@ def run_recipe(
                 rd.update_meta(status="completed", train_seconds=seconds, finished=_now())
             return metrics
     except BaseException as e:
+        stopped = None if isinstance(e, RunTerminated) else termination_of(e)
         if rd is not None:
+            err = stopped or e
             with contextlib.suppress(OSError):  # e.g. a full disk: keep the original error
-                rd.update_meta(status="failed", failure=type(e).__name__, error=str(e), finished=_now())
+                rd.update_meta(status="failed", failure=type(err).__name__, error=str(err), finished=_now())
+        if stopped is not None:
+            raise stopped from None
         raise
     finally:
         if rd is not None:
             rd.close()
+
+
+def termination_of(e: BaseException) -> RunTerminated | None:
+    """The :class:`RunTerminated` that ``e`` stands for, else ``None``: ``e`` itself, or a DataLoader's
+    report that a worker was killed by SIGTERM, SIGINT or SIGHUP (``e`` or an exception it was raised
+    while handling).
+
+    A scheduler's time limit (SLURM), ``timeout`` or Ctrl-C signal the whole process group: the workers
+    die of the signal, and the DataLoader's child handler may raise its ``RuntimeError`` before, or
+    while unwinding, the main process's :class:`RunTerminated`; the run was terminated all the same
+    (exit status ``128 + signum``, "continue it with --resume"), not broken.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, RunTerminated):
+            return cur
+        if isinstance(cur, RuntimeError) and "DataLoader worker" in str(cur):
+            for sig in _STOP_SIGNALS:
+                name = signal.strsignal(sig)
+                if name and f"killed by signal: {name}" in str(cur):
+                    return RunTerminated(sig)
+        cur = cur.__context__
+    return None
 
 
 def _plot_curves(run: Run, *, only_missing: bool = False) -> None:

@@ -47,6 +47,16 @@ class RecipeBase:
     def method(self, cfg: Config) -> str:
         return str(getattr(cfg.task, "method", self.name))
 
+    def load_data(self, cfg: Config) -> Any:
+        """The run's dataset (``cfg.data``); each note its loader leaves in ``meta["notes"]`` becomes a
+        ``warning:`` line (:func:`~rankwise.recipes.common.warn_data_notes`)."""
+        from rankwise.data import get_dataset
+        from rankwise.recipes.common import warn_data_notes
+
+        data = get_dataset(cfg.data.name, **cfg.data.options)
+        warn_data_notes(data)
+        return data
+
     def fit(self, run: Any) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 

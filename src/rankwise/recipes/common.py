@@ -45,6 +45,7 @@ __all__ = [
     "tensors",
     "to_builtin",
     "usable_cpus",
+    "warn_data_notes",
 ]
 
 
@@ -240,6 +241,14 @@ def plot_embedding(run: Any, features: torch.Tensor, labels: torch.Tensor) -> No
 
 class DataDefaultsWarning(UserWarning):
     """A run's settings were derived from (or do not fit) its data or machine; the CLI prints it as ``warning: ...``."""
+
+
+def warn_data_notes(data: Any) -> None:
+    """Each note a dataset's loader left in ``data.meta["notes"]`` (a setting that does not fit the files,
+    e.g. a preset's grid on the user's own volumes) as a :class:`DataDefaultsWarning`."""
+    meta = getattr(data, "meta", None)
+    for note in meta.get("notes", ()) if isinstance(meta, dict) else ():
+        warnings.warn(note, DataDefaultsWarning, stacklevel=3)
 
 
 _CAPPED_WORKERS: set[tuple[int, int]] = set()

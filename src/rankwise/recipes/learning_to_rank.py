@@ -209,6 +209,7 @@ class LTRRecipe(RecipeBase):
         (:func:`~rankwise.data.load_letor`). The run's ``config.yaml`` records the count used.
         """
         from rankwise.data import get_dataset, load_letor_preset
+        from rankwise.recipes.common import warn_data_notes
         from rankwise.recipes.config import inherited_options
 
         opts = dict(cfg.data.options)
@@ -218,6 +219,7 @@ class LTRRecipe(RecipeBase):
             data = load_letor_preset(opts.pop("num_features"), **opts)
         else:
             data = get_dataset(cfg.data.name, **opts)
+        warn_data_notes(data)
         return data
 
     def _loaders(self, run: Run) -> tuple[Any, Any, Any]:

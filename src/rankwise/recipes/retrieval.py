@@ -159,9 +159,7 @@ class RetrievalRecipe(RecipeBase):
 
     def load_data(self, cfg: Config) -> Any:
         """The run's dataset, checked before the run directory is made (:func:`_check_splits`)."""
-        from rankwise.data import get_dataset
-
-        data = get_dataset(cfg.data.name, **cfg.data.options)
+        data = super().load_data(cfg)
         if hasattr(data, "train") and hasattr(data, "test"):
             _check_splits(cfg, tensors(data.train)[1], tensors(data.test)[1])
         return data

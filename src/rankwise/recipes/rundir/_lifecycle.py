@@ -31,14 +31,10 @@ log = logging.getLogger("rankwise")
 
 
 def load_data(cfg: Config, recipe: Any) -> Any:
-    """Load ``cfg.data`` and check it suits ``recipe`` (kind, non-empty splits); each note the loader left
-    in ``data.meta["notes"]`` (a setting that does not fit the files, e.g. a preset's grid on the
-    user's own volumes) becomes a :class:`~rankwise.recipes.common.DataDefaultsWarning` (one
-    ``warning:`` line of the CLI)."""
-    import warnings
-
+    """Load ``cfg.data`` (through ``recipe.load_data`` where the recipe has one: see
+    :meth:`~rankwise.recipes.base.RecipeBase.load_data`) and check it suits ``recipe`` (kind,
+    non-empty splits)."""
     from rankwise.data import DataFormatError, get_dataset
-    from rankwise.recipes.common import DataDefaultsWarning
 
     loader = getattr(recipe, "load_data", None)  # a recipe may read its data its own way
     try:
@@ -47,9 +43,6 @@ def load_data(cfg: Config, recipe: Any) -> Any:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None
-    meta = getattr(data, "meta", None)
-    for note in meta.get("notes", ()) if isinstance(meta, dict) else ():
-        warnings.warn(note, DataDefaultsWarning, stacklevel=2)
     check_data(cfg, recipe, data)
     return data
 

@@ -132,10 +132,12 @@ def _preprocess(
     kept = 1.0
     if shape is not None:
         shape3 = tuple(int(s) for s in shape)
-        before = int((img.data > 0).sum())
-        img = tio.CropOrPad(shape3)(img) if resize == "crop_or_pad" else tio.Resize(shape3)(img)
-        if resize == "crop_or_pad" and before:
-            kept = int((img.data > 0).sum()) / before
+        if resize == "crop_or_pad":
+            before = int((img.data > 0).sum())
+            img = tio.CropOrPad(shape3)(img)
+            kept = int((img.data > 0).sum()) / before if before else 1.0
+        else:
+            img = tio.Resize(shape3)(img)
     vol = img.data[0].numpy().astype(np.float32)
     return (_brain_zscore(vol) if normalize == "brain_zscore" else vol), kept
 
@@ -496,12 +498,17 @@ def load_nifti_csv(
                 raise DataFormatError(
                     csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}"
                 ) from None
-            facts = {"kept": kept, "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))]}
+            facts: dict[str, Any] = {
+                "kept": kept,
+                "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))],
+            }
             _write_atomic(cached.with_suffix(".json"), json.dumps(facts).encode())
             tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(tmp, _cache_array(vol))
             os.replace(tmp, cached)
-        it["facts"] = _read_facts(cached.with_suffix(".json"))
+        else:  # what the preprocessing noted when it wrote the cache
+            facts = _read_facts(cached.with_suffix(".json"))
+        it["facts"] = facts
         vshape = tuple(np.load(cached, mmap_mode="r").shape)
         if grid is None:
             grid = (vshape, it["row"])

@@ -339,9 +339,7 @@ def _sort_gap_limit(w: torch.Tensor, n: int, kl: bool) -> torch.Tensor:
     return 2.0 * (spread + 2.0 * math.log(max(n, 1)) + 1.0)
 
 
-def _condition_rank_inputs(
-    y: torch.Tensor, eps: float, limit: float, plain: torch.Tensor | None = None
-) -> torch.Tensor:
+def _condition_rank_inputs(y: torch.Tensor, eps: float, limit: float) -> torch.Tensor:
     r"""``s = y / eps`` for decreasingly sorted rows ``y``, as PAV should see them at any magnitude.
 
     The projection depends on ``s`` only through the differences inside runs of gaps at most ``limit``
@@ -352,11 +350,10 @@ def _condition_rank_inputs(
     between them: ``(y_i - y_{start}) / eps`` (exact differences of nearby floats, never ``x / eps``
     itself, which can overflow) plus the run's offset. The offsets are constants of the run, which
     the projection's Jacobian annihilates, so the derivative is the plain ``1 / eps``. Same values as
-    the unconditioned formula in exact arithmetic; no host sync. ``plain``: the values of the rows
-    that need no conditioning (default ``y / eps``).
+    the unconditioned formula in exact arithmetic; no host sync.
     """
     rows, n = y.shape
-    s = y / eps if plain is None else plain
+    s = y / eps
     if n < 2:
         return s
     yd = y.detach()

@@ -21,10 +21,19 @@ import torch
 
 from rankwise.recipes.config import ConfigError
 
-__all__ = ["PREDICTABLE_DATASETS", "prediction_columns", "prediction_rows"]
+__all__ = ["PREDICTABLE_DATASETS", "check_predictable", "prediction_columns", "prediction_rows"]
 
 #: the datasets whose runs predict from a new file
 PREDICTABLE_DATASETS = ("csv", "image_csv")
+
+
+def check_predictable(cfg: Any) -> None:
+    """A ConfigError naming :data:`PREDICTABLE_DATASETS` unless the run's dataset is one of them."""
+    if cfg.data.name not in PREDICTABLE_DATASETS:
+        raise ConfigError(
+            f"recipe {cfg.recipe!r} predicts from a file for runs on the datasets "
+            f"{', '.join(PREDICTABLE_DATASETS)}; this run's dataset is {cfg.data.name!r}"
+        )
 
 
 def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
@@ -33,6 +42,7 @@ def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], A
     a ConfigError naming them."""
     from rankwise.data import TensorPairDataset
 
+    check_predictable(run.cfg)
     name = run.cfg.data.name
     options = run.cfg.data.options
     if name == "csv":
@@ -44,16 +54,11 @@ def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], A
         x = (table.features - np.asarray(meta["feature_mean"])) / np.asarray(meta["feature_std"])
         y = torch.full((len(table.rows),), float("nan"))
         return table.header, table.rows, TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
-    if name == "image_csv":
-        from rankwise.data.images import load_image_csv, read_image_rows
+    from rankwise.data.images import load_image_csv, read_image_rows
 
-        column = _option(load_image_csv, options, "image_column")
-        images = read_image_rows(path, run.data.test.transform, image_column=column, root=options.get("root"))
-        return images.header, images.rows, images.dataset
-    raise ConfigError(
-        f"recipe {run.cfg.recipe!r} predicts from a file for runs on the datasets "
-        f"{', '.join(PREDICTABLE_DATASETS)}; this run's dataset is {name!r}"
-    )
+    column = _option(load_image_csv, options, "image_column")
+    images = read_image_rows(path, run.data.test.transform, image_column=column, root=options.get("root"))
+    return images.header, images.rows, images.dataset
 
 
 def _option(loader: Callable[..., Any], options: dict[str, Any], key: str) -> Any:

@@ -166,8 +166,9 @@ class DIRRecipe(RegressionRecipe):
         """The checkpoint's (default ``best``, as :meth:`evaluate`) predictions for the rows of ``path``:
         the file's columns then ``prediction``, in the target's units (runs on the datasets ``csv`` and
         ``image_csv``: :func:`~rankwise.recipes.predict_data.prediction_rows`)."""
-        from rankwise.recipes.predict_data import prediction_columns, prediction_rows
+        from rankwise.recipes.predict_data import check_predictable, prediction_columns, prediction_rows
 
+        check_predictable(run.cfg)
         name = checkpoint or "best"
         try:
             run.checkpoint(name)

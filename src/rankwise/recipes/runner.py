@@ -163,9 +163,14 @@ def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = N
     (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`: ``dir``, ``rrt`` and ``rnc`` runs on the
     datasets ``csv`` and ``image_csv``); another recipe raises a ``ConfigError`` naming those that can.
     """
+    from rankwise.recipes.base import can_predict, cannot_predict
+
     check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
-    return rundir.predict_run(get_recipe(cfg.recipe), cfg, Path(run_dir), Path(data), checkpoint=checkpoint)
+    recipe = get_recipe(cfg.recipe)
+    if not can_predict(recipe):  # before the run's data are loaded
+        raise cannot_predict(recipe)
+    return rundir.predict_run(recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint)
 
 
 def default_predictions_path(run_dir: str | Path, data: str | Path) -> Path:

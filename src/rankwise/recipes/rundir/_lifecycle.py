@@ -337,14 +337,10 @@ def predict_run(
     The run's data are loaded as for :func:`evaluate_run` (the training split's statistics are those
     the model was trained with) and the run directory is locked meanwhile (its ``.lock`` file);
     nothing else in it is written.
-    A recipe that cannot predict from a file is refused before its data are loaded
-    (:func:`~rankwise.recipes.base.cannot_predict`), and so is a file that does not exist.
+    A file that does not exist is refused before the data are loaded.
     """
     from rankwise.data._files import check_file
-    from rankwise.recipes.base import can_predict, cannot_predict
 
-    if not can_predict(recipe):
-        raise cannot_predict(recipe)
     check_file(path)
     quiet_lightning()
     data = load_data(cfg, recipe)

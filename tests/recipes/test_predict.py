@@ -8,8 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +23,9 @@ from rankwise.recipes import predict, write_predictions
 from rankwise.recipes.config import load_config
 from rankwise.recipes.own_data import own_data_config
 from rankwise.recipes.runner import evaluate, train
-from tests.cli_helpers import TINY, one_error_line
+from tests.cli_helpers import TINY, cli_in_fresh_interpreter, one_error_line
 
 runner = CliRunner()
-
-#: the CLI's ``predict`` in a fresh interpreter, and the heavy packages it imported
-_PROBE = """
-import json, sys
-from rankwise.cli import main
-sys.argv = ["rankwise", "predict", *sys.argv[1:]]
-code = 0
-try:
-    main()
-except SystemExit as e:
-    code = e.code or 0
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"lightning", "pytorch_lightning", "torchmetrics",
-                                                        "matplotlib", "pandas", "sklearn", "torchvision"})
-print("PROBE " + json.dumps({"code": code, "heavy": heavy}))
-"""
 
 
 def invoke(args):
@@ -305,9 +288,8 @@ def test_recipes_and_datasets_that_cannot_predict(tmp_path, test_rows_file):
 def test_cli_predict_imports_no_lightning(runs, tmp_path, test_rows_file):
     out = tmp_path / "p.csv"
     args = [str(runs["dir"]), "--data", str(test_rows_file), "--out", str(out)]
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=300)
-    probe = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE "))[6:])
-    assert probe == {"code": 0, "heavy": []}, proc.stdout + proc.stderr
+    probe, output = cli_in_fresh_interpreter(["predict", *args])
+    assert probe == {"code": 0, "heavy": []}, output
     assert _read(out)[0][-1] == "prediction" and len(_read(out)[1]) == len(_read(test_rows_file)[1])
 
 

@@ -260,6 +260,10 @@ def test_user_errors_are_one_line(runs, tmp_path, test_rows_file):
     assert "cannot predict" in line and "checkpoints/best.ckpt" in line
     line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", tmp_path]))  # a folder
     assert "is a directory" in line
+    blocked = tmp_path / "a_file"
+    blocked.write_text("x")
+    line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", blocked / "p.csv"]))
+    assert f"cannot write {blocked / 'p.csv'}" in line and blocked.read_text() == "x"
     line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", test_rows_file, "--overwrite"]))
     assert "would replace the input file" in line
     assert not out.exists()

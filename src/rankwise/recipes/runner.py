@@ -216,9 +216,9 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     lengths = {len(v) for v in texts.values()}
     if len(lengths) > 1:
         raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             writer.writerow(texts)
@@ -226,9 +226,11 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from e
         raise
     return path
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 pytest.importorskip("typer")
 pytest.importorskip("lightning")
@@ -260,6 +261,13 @@ def test_user_errors_are_one_line(runs, tmp_path, test_rows_file):
     assert "cannot predict" in line and "checkpoints/best.ckpt" in line
     line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", tmp_path]))  # a folder
     assert "is a directory" in line
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved, ignore=shutil.ignore_patterns(".lock"))
+    cfg = yaml.safe_load((moved / "config.yaml").read_text())
+    cfg["data"]["options"]["path"] = str(tmp_path / "gone.csv")
+    (moved / "config.yaml").write_text(yaml.safe_dump(cfg))
+    line = fails([moved, "--data", test_rows_file])
+    assert "cannot read the run's training data" in line and f"{tmp_path / 'gone.csv'}: data file not found" in line
     blocked = tmp_path / "a_file"
     blocked.write_text("x")
     line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", blocked / "p.csv"]))

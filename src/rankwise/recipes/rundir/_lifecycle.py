@@ -339,11 +339,15 @@ def predict_run(
     nothing else in it is written.
     A file that does not exist is refused before the data are loaded.
     """
+    from rankwise.data import DataFormatError
     from rankwise.data._files import check_file
 
     check_file(path)
     quiet_lightning()
-    data = load_data(cfg, recipe)
+    try:
+        data = load_data(cfg, recipe)
+    except DataFormatError as e:  # e.g. a training file moved since: say whose file it is
+        raise type(e)(f"cannot read the run's training data (the predictions use its statistics): {e}") from None
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
         run = Run(cfg, Path(run_dir), data, plots=False, evaluating=True)

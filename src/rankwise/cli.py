@@ -404,10 +404,13 @@ def predict(
 
     Columns are read by name and standardized as for training; predictions are in the target's units.
 
-    With the target column in the file, the MAE is printed. Recipes dir, rrt and rnc; datasets csv, image_csv.
+    With the target column in the file, the MAE is printed.
+
+    Runs of the recipes dir, rrt and rnc on the datasets csv, image_csv, abalone, agedb_dir, imdb_wiki_dir.
     """
 
     def go() -> Any:
+        from rankwise.recipes.predict_data import target_column
         from rankwise.recipes.runner import (
             check_predictions_path,
             default_predictions_path,
@@ -419,11 +422,11 @@ def predict(
 
         path = out if out is not None else default_predictions_path(run_dir, data)
         check_predictions_path(path, overwrite=overwrite, data=data)  # before the model runs
-        target = load_run_config(run_dir).data.options.get("target")
+        target = target_column(load_run_config(run_dir))
         columns = run_predict(run_dir, data, checkpoint=checkpoint)
         written = write_predictions(columns, path, overwrite=overwrite)
         rows = len(next(iter(columns.values()))) if columns else 0
-        return written, rows, predictions_mae(columns, str(target)) if target is not None else None
+        return written, rows, predictions_mae(columns, target) if target is not None else None
 
     con = _console()
     with _data_warnings(con):

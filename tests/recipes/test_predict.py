@@ -285,16 +285,20 @@ def _config_only_run(path: Path, preset: str, overrides: list[str] = ()) -> Path
     return path
 
 
-def test_recipes_and_datasets_that_cannot_predict(tmp_path, test_rows_file):
+def test_recipes_and_datasets_that_cannot_predict(tmp_path, test_rows_file, monkeypatch):
     sort_run = _config_only_run(tmp_path / "sort", "large_mnist_softsort")
     line = one_error_line(invoke(["predict", sort_run, "--data", test_rows_file]))
     assert "recipe 'sort' cannot predict from a file" in line
     can = line.split("the recipes that can: ")[1].split(", ")
     assert {"dir", "rrt", "rnc"} <= set(can) and "sort" not in can and "supcon" not in can
-    abalone_run = _config_only_run(tmp_path / "abalone", "abalone_vanilla")
-    line = one_error_line(invoke(["predict", abalone_run, "--data", test_rows_file]))
-    assert "datasets csv, image_csv" in line and "'abalone'" in line
-    assert not (sort_run / "predictions").exists() and not (abalone_run / "predictions").exists()
+    # a dir run on text pairs (its data are not needed to refuse it)
+    from rankwise.recipes.rundir import _lifecycle
+
+    monkeypatch.setattr(_lifecycle, "load_data", lambda cfg, recipe: None)
+    text_run = _config_only_run(tmp_path / "text", "sts_b_dir_vanilla")
+    line = one_error_line(invoke(["predict", text_run, "--data", test_rows_file]))
+    assert "datasets csv, image_csv, abalone, agedb_dir, imdb_wiki_dir" in line and "'stsb_dir'" in line
+    assert not (sort_run / "predictions").exists() and not (text_run / "predictions").exists()
 
 
 def test_cli_predict_imports_no_lightning(runs, tmp_path, test_rows_file):
@@ -308,32 +312,41 @@ def test_cli_predict_imports_no_lightning(runs, tmp_path, test_rows_file):
 # ------------------------------------------------------------------------------------------ image_csv
 
 
-@pytest.fixture(scope="module")
-def image_run(tmp_path_factory):
-    """A tiny image_csv run (60 12x12 images whose brightness is the target, a small CNN)."""
+#: overrides that train a tiny image regressor on 16x16 images in a second
+_IMAGE_TINY = [
+    "data.options.image_size=16",
+    "model.backbone=small_cnn",
+    "model.options={in_channels: 3, feature_dim: 8}",
+    "data.num_workers=0",
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=2",
+    "trainer.num_threads=1",
+    "run.plots=false",
+]
+
+
+def _faces(root: Path, n: int, *, seed: int) -> list[list[str]]:
+    """``n`` 12x12 images in ``root/img`` whose brightness follows an age; rows ``[img/i.png, age]``."""
     from PIL import Image
 
-    root = tmp_path_factory.mktemp("faces")
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     (root / "img").mkdir()
     rows = []
-    for i in range(60):
+    for i in range(n):
         age = int(rng.integers(20, 80))
         arr = np.clip(rng.normal(age * 3, 20, size=(12, 12, 3)), 0, 255).astype(np.uint8)
         Image.fromarray(arr).save(root / "img" / f"{i}.png")
         rows.append([f"img/{i}.png", str(age)])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    """A tiny image_csv run (60 12x12 images whose brightness is the target, a small CNN)."""
+    root = tmp_path_factory.mktemp("faces")
+    rows = _faces(root, 60, seed=1)
     listing = _write(root / "faces.csv", ["file", "age"], rows)
-    sets = [
-        "data.options.image_column=file",
-        "data.options.image_size=16",
-        "model.backbone=small_cnn",
-        "model.options={in_channels: 3, feature_dim: 8}",
-        "data.num_workers=0",
-        "trainer.max_epochs=2",
-        "trainer.limit_train_batches=2",
-        "trainer.num_threads=1",
-        "run.plots=false",
-    ]
+    sets = ["data.options.image_column=file", *_IMAGE_TINY]
     cfg, _ = own_data_config(listing, "age", "vanilla", dataset="image_csv", overrides=sets)
     run = train(cfg, out=root / "run", progress=False, verbose=False).run_dir
     return run, listing, rows
@@ -361,3 +374,55 @@ def test_missing_image_is_one_error_naming_file_row_and_image(image_run, tmp_pat
     line = one_error_line(invoke(["predict", run, "--data", nocol, "--out", tmp_path / "o.csv"]))
     assert str(nocol) in line and "missing column(s) ['file']" in line
     assert not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.filterwarnings("ignore::rankwise.recipes.common.DataDefaultsWarning")  # 48 images: empty shot groups
+def test_agedb_style_run_predicts_images_under_its_root(tmp_path):
+    """A preset of the DIR image benchmarks (split file ``age,path,split``, images under ``root``): the
+    new list's paths are relative to the run's ``data.options.root``, wherever the list is."""
+    root = tmp_path / "agedb"
+    root.mkdir()
+    rows = _faces(root, 48, seed=2)
+    splits = ["train"] * 32 + ["val"] * 8 + ["test"] * 8
+    split_file = _write(root / "agedb.csv", ["age", "path", "split"], [[a, p, s] for (p, a), s in zip(rows, splits)])
+    cfg = load_config(
+        "agedb_dir_vanilla",
+        [
+            f"data.options.csv={split_file}",
+            f"data.options.root={root}",
+            "data.batch_size=16",
+            *_IMAGE_TINY,
+        ],
+    )
+    run = train(cfg, out=tmp_path / "run", progress=False, verbose=False).run_dir
+    elsewhere = tmp_path / "lists"
+    elsewhere.mkdir()
+    new = _write(elsewhere / "new.csv", ["path", "age"], [r for r, s in zip(rows, splits) if s == "test"])
+    r = invoke(["predict", run, "--data", new])
+    assert r.exit_code == 0, r.output
+    _, got = _read(run / "predictions" / "new.csv")
+    pred = np.asarray([g[-1] for g in got], dtype=np.float64)
+    np.testing.assert_allclose(pred, _test_predictions(run), rtol=1e-5, atol=1e-4)
+    mae = np.mean(np.abs(pred - np.asarray([g[1] for g in got], dtype=np.float64)))
+    assert f"MAE {mae:.4g} on the 8 row(s)" in r.output  # the column `age` is the target
+
+
+def test_abalone_run_predicts_rows_of_the_abalone_table(tmp_path):
+    """An abalone preset's run: the table's columns by name (``rings`` optional), the one-hot sex and
+    the measurements standardized with the training rows' statistics, as the loader builds them."""
+    import zipfile
+
+    from rankwise.data import abalone_path
+
+    pytest.importorskip("sklego")
+    run = train(load_config("abalone_lds", TINY), out=tmp_path / "run", progress=False, verbose=False).run_dir
+    with zipfile.ZipFile(abalone_path()) as zf:
+        text = zf.read(zf.namelist()[0]).decode()
+    header, *rows = list(csv.reader(text.splitlines()))
+    test = _split_indices(run)["test"]
+    order = [header.index(c) for c in ("shell_weight", "sex", "length", "diameter", "height")]
+    order += [header.index(c) for c in ("whole_weight", "shucked_weight", "viscera_weight")]
+    new = _write(tmp_path / "shells.csv", [header[i] for i in order], [[rows[t][i] for i in order] for t in test])
+    cols = predict(run, new)
+    assert list(cols)[-1] == "prediction" and "rings" not in cols
+    np.testing.assert_allclose(np.asarray(cols["prediction"], dtype=np.float64), _test_predictions(run), rtol=1e-5)

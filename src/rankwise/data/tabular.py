@@ -42,6 +42,7 @@ __all__ = [
     "abalone_path",
     "load_abalone",
     "load_csv",
+    "read_abalone_rows",
     "read_feature_rows",
     "table_records",
 ]
@@ -158,6 +159,43 @@ def abalone_path() -> Path:
     return path
 
 
+def _abalone_table(path: str | Path, *, rings: bool) -> tuple[str, list[str], list[list[str]], np.ndarray]:
+    """``(display name, header, rows as text, table)`` of an abalone CSV: ``table`` holds the one-hot sex
+    (``sex_F, sex_I, sex_M``), the 7 measurements and, with ``rings``, the rings (float64). The columns
+    are found by name (``rings`` required only with ``rings``); a bad value is a DataFormatError
+    naming the file, the row and the column."""
+    wanted = ABALONE_COLUMNS if rings else ABALONE_COLUMNS[:-1]
+    display, header, records = table_records(path)
+    position = {c: i for i, c in enumerate(header)}
+    missing = [c for c in wanted if c not in position]
+    if missing:
+        raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(wanted)}")
+    isex = position["sex"]
+    numeric_columns = wanted[1:]
+    numeric_idx = [position[c] for c in numeric_columns]
+    rows: list[list[str]] = []
+    sexes: list[int] = []
+    numeric: list[list[float]] = []
+    for row_no, row in records:
+        sex = row[isex].strip()
+        if sex not in _SEXES:
+            raise DataFormatError(display, row_no, f"column 'sex': expected one of {list(_SEXES)}, got {sex!r}")
+        sexes.append(_SEXES.index(sex))
+        numeric.append(_parse_fields(row, numeric_idx, numeric_columns, display, row_no))
+        rows.append(row)
+    onehot = np.eye(len(_SEXES))[np.asarray(sexes, dtype=np.int64)].reshape(len(rows), len(_SEXES))
+    num = np.asarray(numeric, dtype=np.float64).reshape(len(rows), len(numeric_columns))
+    return display, header, rows, np.concatenate([onehot, num], axis=1)
+
+
+def read_abalone_rows(path: str | Path) -> FeatureRows:
+    """The rows of an abalone CSV (the columns of :data:`ABALONE_COLUMNS` by name, ``rings`` optional)
+    and their features as :func:`load_abalone` builds them before standardizing: one-hot sex and the
+    7 measurements (``meta["feature_names"]``). Errors as there; a header only gives zero rows."""
+    display, header, rows, table = _abalone_table(path, rings=False)
+    return FeatureRows(display, header, rows, table)
+
+
 @register_dataset("abalone")
 def load_abalone(
     *, per_label: int = 10, seed: int = 0, standardize_features: bool = True, path: str | Path | None = None
@@ -183,35 +221,18 @@ def load_abalone(
     :class:`~rankwise.data.DataFormatError` naming the file and the row (nothing is dropped).
     """
     src = Path(path) if path is not None else abalone_path()
-    display, header, records = table_records(src)
-    position = {c: i for i, c in enumerate(header)}
-    missing = [c for c in ABALONE_COLUMNS if c not in position]
-    if missing:
-        raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(ABALONE_COLUMNS)}")
-    col = {c: position[c] for c in ABALONE_COLUMNS}
-    sexes: list[int] = []
-    numeric: list[list[float]] = []
-    numeric_columns = ABALONE_COLUMNS[1:]
-    numeric_idx = [col[c] for c in numeric_columns]
-    for row_no, row in records:
-        sex = row[col["sex"]].strip()
-        if sex not in _SEXES:
-            raise DataFormatError(display, row_no, f"column 'sex': expected one of {list(_SEXES)}, got {sex!r}")
-        sexes.append(_SEXES.index(sex))
-        numeric.append(_parse_fields(row, numeric_idx, numeric_columns, display, row_no))
-    if not numeric:
+    display, _, _, table = _abalone_table(src, rings=True)
+    if not len(table):
         raise DataFormatError(display, None, "no data rows")
-    num = np.asarray(numeric, dtype=np.float64)
-    age = num[:, -1] + 1.5
-    onehot = np.eye(len(_SEXES))[np.asarray(sexes)]
-    x = np.concatenate([onehot, num[:, :-1]], axis=1)
+    age = table[:, -1] + 1.5
+    x = table[:, :-1]
     train_idx, val_idx, test_idx = dir_split(age, per_label=per_label, seed=seed)
     _check_splits(display, (len(train_idx), len(val_idx), len(test_idx)), f"DIR (per_label={per_label})")
     mean = np.zeros(x.shape[1])
     std = np.ones(x.shape[1])
     if standardize_features:
         x, mean, std = standardize(x, train_idx, columns=np.arange(len(_SEXES), x.shape[1]))
-    feature_names = [f"sex_{s}" for s in _SEXES] + list(ABALONE_COLUMNS[1:-1])
+    feature_names = [f"sex_{s}" for s in _SEXES] + list(ABALONE_COLUMNS[1:-1])  # the columns of x
     return RegressionData(
         name="abalone",
         train=_to_tensors(x[train_idx], age[train_idx]),

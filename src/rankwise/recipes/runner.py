@@ -161,7 +161,8 @@ def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = N
     (the recipe's choice, as :func:`evaluate`). The run directory is locked meanwhile and nothing
     in it changes. The recipe predicts through its ``predict_file`` hook
     (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`: ``dir``, ``rrt`` and ``rnc`` runs on the
-    datasets ``csv`` and ``image_csv``); another recipe raises a ``ConfigError`` naming those that can.
+    datasets of :data:`~rankwise.recipes.predict_data.PREDICTABLE_DATASETS`); another recipe raises a
+    ``ConfigError`` naming those that can.
     """
     from rankwise.recipes.base import can_predict, cannot_predict
 

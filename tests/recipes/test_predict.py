@@ -426,3 +426,17 @@ def test_abalone_run_predicts_rows_of_the_abalone_table(tmp_path):
     cols = predict(run, new)
     assert list(cols)[-1] == "prediction" and "rings" not in cols
     np.testing.assert_allclose(np.asarray(cols["prediction"], dtype=np.float64), _test_predictions(run), rtol=1e-5)
+
+
+def test_mae_counts_only_the_rows_with_a_numeric_target():
+    from rankwise.recipes.runner import predictions_mae
+
+    cols = {
+        "y": ["1", "x", "3", " ", "nan"],
+        "prediction": ["9", "9", "9", "9", "9"],  # the file's own column of that name
+        "prediction_1": np.asarray([2.0, 5.0, 4.5, 7.0, 1.0], dtype=np.float32),
+        "note": ["a", "b", "c", "d", "e"],
+    }
+    assert predictions_mae(cols, "y") == (pytest.approx((1.0 + 1.5) / 2), 2)
+    assert predictions_mae({**cols, "y": ["", "x", "-", "", ""]}, "y") is None
+    assert predictions_mae(cols, "price") is None

@@ -237,14 +237,18 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
 
 
 def predictions_mae(columns: Mapping[str, Any], target: str) -> tuple[float, int] | None:
-    """``(MAE, rows)`` of the last column of ``columns`` (the prediction) against the column ``target``
-    on the rows whose target is a valid number (the loaders' rule); None when there are none."""
+    """``(MAE, rows)`` of the predictions in ``columns`` (the last column named ``prediction`` or
+    ``prediction_<k>``) against the column ``target`` on the rows whose target is a valid number (the
+    loaders' rule); None when there are none."""
+    import re
+
     from rankwise.data import DataFormatError
     from rankwise.data._files import parse_number
 
-    if target not in columns or len(columns) < 2:
+    named = [k for k in columns if re.fullmatch(r"prediction(_[0-9]+)?", k)]
+    if target not in columns or not named:
         return None
-    pred = np.asarray(list(columns.values())[-1], dtype=np.float64)
+    pred = np.asarray(columns[named[-1]], dtype=np.float64)
     y = np.full(len(pred), np.nan)
     for i, v in enumerate(columns[target]):
         with contextlib.suppress(DataFormatError):

@@ -106,9 +106,13 @@ def can_predict(recipe: Any) -> bool:
 def cannot_predict(recipe: Any) -> Exception:
     """The error of ``rankwise predict`` for a run of a recipe that cannot predict from a file."""
     from rankwise.recipes.config import ConfigError
-    from rankwise.recipes.registry import get_recipe, list_recipes
+    from rankwise.recipes.registry import RECIPES, get_recipe, list_recipes
 
-    able = [n for n in list_recipes() if can_predict(get_recipe(n))]
+    try:
+        names = list_recipes()
+    except ImportError:  # a recipe whose optional dependency is missing: the ones imported so far
+        names = RECIPES.names()
+    able = [n for n in names if can_predict(get_recipe(n))]
     return ConfigError(
         f"recipe {recipe.name!r} cannot predict from a file; the recipes that can: {', '.join(able) or 'none'}"
     )

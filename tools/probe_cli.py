@@ -323,6 +323,10 @@ cases.append(("flag:evaluate --checkpoint bogus", ["evaluate", str(F), "--checkp
 cases.append(("flag:evaluate missing dir", ["evaluate", str(F / "nope")], "refuse"))
 cases.append(("flag:evaluate a file", ["evaluate", "/etc/passwd"], "refuse"))
 cases.append(("flag:evaluate a non-run dir", ["evaluate", str(F)], "refuse"))
+cases.append(("flag:predict missing dir", ["predict", str(F / "nope"), "--data", str(F / "new.csv")], "refuse"))
+cases.append(("flag:predict a file as run dir", ["predict", "/etc/passwd", "--data", "/etc/passwd"], "refuse"))
+cases.append(("flag:predict a non-run dir", ["predict", str(F), "--data", str(F / "new.csv")], "refuse"))
+cases.append(("flag:predict without --data", ["predict", str(F)], "refuse"))
 for o in [
     "noeq",
     "path=[unclosed",

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +16,7 @@ pytest.importorskip("sklego")
 
 from rankwise.recipes.config import load_config
 from rankwise.recipes.runner import evaluate, train
-from tests.cli_helpers import TINY
-
-#: run the CLI's ``evaluate`` in a fresh interpreter and report which heavy packages it imported
-_PROBE = """
-import json, sys
-from rankwise.cli import main
-sys.argv = ["rankwise", "evaluate", sys.argv[1], "--no-plots"]
-code = 0
-try:
-    main()
-except SystemExit as e:
-    code = e.code or 0
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"lightning", "pytorch_lightning", "torchmetrics",
-                                                        "matplotlib", "pandas", "sklearn", "torchvision"})
-print("PROBE " + json.dumps({"code": code, "heavy": heavy}))
-"""
+from tests.cli_helpers import TINY, cli_in_fresh_interpreter
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +64,8 @@ def test_cli_evaluate_imports_no_lightning_and_repeats_the_training_time_evaluat
     stale = {**metrics, "test": {}, "val": {}}  # rewritten from the checkpoint; the training time kept
     (run / "metrics.json").write_text(json.dumps(stale))
     (run / "predictions.npz").unlink()
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(run)], capture_output=True, text=True, timeout=300)
-    probe = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE "))[6:])
-    assert probe == {"code": 0, "heavy": []}, proc.stdout + proc.stderr
+    probe, output = cli_in_fresh_interpreter(["evaluate", str(run), "--no-plots"])
+    assert probe == {"code": 0, "heavy": []}, output
     again, again_preds = _saved(run)
     assert again == metrics  # every metric, the checkpoint, the thresholds and the training time
     _assert_same_predictions(again_preds, preds)

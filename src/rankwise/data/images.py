@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from rankwise.data._files import check_dir, check_header, csv_records, parse_num
 
 __all__ = [
     "DIRImageDataset",
+    "ImageRows",
     "dir_image_transforms",
     "dir_images",
     "load_agedb_dir",
     "load_image_csv",
     "load_imdb_wiki_dir",
+    "read_image_rows",
 ]
 
 _SPLITS = ("train", "val", "test")
@@ -157,10 +160,7 @@ def dir_images(
         raise DataFormatError(csv_path, None, f"no rows for split(s) {empty}")
     if not labels_only and check_files:
         for s in _SPLITS:
-            paths, _, rows = per[s]
-            for p, r in zip(paths, rows):
-                if not p.is_file():
-                    raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
+            check_image_files(csv_path, per[s][0], per[s][2])
     if labels_only:
         t_train: Callable[[Any], torch.Tensor] | None = None
         t_eval: Callable[[Any], torch.Tensor] | None = None
@@ -198,6 +198,97 @@ def dir_images(
         },
         shot_thresholds=(100, 20),  # the DIR benchmarks' many-shot > 100, few-shot < 20
     )
+
+
+def check_image_files(csv_path: Path, paths: Sequence[Path], rows: Sequence[int]) -> None:
+    """Every image of a list exists, else :class:`~rankwise.data.DataFileNotFoundError` naming the
+    list, the row and the image."""
+    for p, r in zip(paths, rows):
+        if not p.is_file():
+            raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
+
+
+def image_list_records(
+    csv_path: Path,
+    image_column: str,
+    root: str | Path | None,
+    *,
+    required: Sequence[str] = (),
+    check_root: bool = True,
+) -> tuple[Path, list[str], Iterator[tuple[int, list[str], Path]]]:
+    """The images root, the header of a CSV list of images and its records ``(row number, fields,
+    image path)``.
+
+    Image paths are relative to ``root`` (default: the CSV's folder; checked to be a directory
+    when given and ``check_root``). A missing column (``image_column`` or ``required``), a row with
+    another number of fields than the header or an empty image path raises
+    :class:`~rankwise.data.DataFormatError` naming the file (and the row).
+    """
+    text = read_text(csv_path, "image list")
+    root_dir = Path(root) if root is not None else csv_path.parent
+    if root is not None and check_root:
+        check_dir(root_dir)
+    records = csv_records(text, csv_path)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(csv_path, None, "the file is empty")
+    header = check_header(first[1], csv_path)
+    missing = [c for c in (image_column, *required) if c not in header]
+    if missing:
+        raise DataFormatError(csv_path, first[0], f"missing column(s) {missing}; the columns are {header}")
+    ip = header.index(image_column)
+
+    def rows() -> Iterator[tuple[int, list[str], Path]]:
+        for row_no, row in records:
+            if len(row) != len(header):
+                raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
+            rel = row[ip].strip()
+            if not rel:
+                raise DataFormatError(csv_path, row_no, f"column {image_column!r} is empty")
+            yield row_no, row, root_dir / rel
+
+    return root_dir, header, rows()
+
+
+@dataclass
+class ImageRows:
+    """A list of images read for prediction by :func:`read_image_rows`."""
+
+    #: the file's column names, in its order
+    header: list[str]
+    #: every data row's fields as read (text)
+    rows: list[list[str]]
+    #: item ``(transform(image), nan)`` of each row, in the file's order
+    dataset: DIRImageDataset
+
+
+def read_image_rows(
+    path: str | Path,
+    transform: Callable[[Any], torch.Tensor],
+    *,
+    image_column: str = "path",
+    root: str | Path | None = None,
+) -> ImageRows:
+    """The rows of a CSV list of images, read with the rules of :func:`load_image_csv` (image paths
+    in ``image_column``, relative to ``root``, default the CSV's folder; every image must exist),
+    and a dataset of their images through ``transform`` (labels NaN: the target column is not read).
+
+    A missing column, a row with a wrong number of fields, an empty image path or a missing image
+    raises :class:`~rankwise.data.DataFormatError` naming the file and the row (and the image);
+    a file of a header only gives zero rows.
+    """
+    csv_path = Path(path)
+    _, header, records = image_list_records(csv_path, image_column, root)
+    rows: list[list[str]] = []
+    paths: list[Path] = []
+    numbers: list[int] = []
+    for row_no, row, image in records:
+        rows.append(row)
+        paths.append(image)
+        numbers.append(row_no)
+    check_image_files(csv_path, paths, numbers)
+    labels = np.full(len(rows), np.nan)
+    return ImageRows(header, rows, DIRImageDataset(paths, labels, numbers, csv_path, transform))
 
 
 def _resolve(csv: str | Path | None, root: str | Path | None, default_name: str) -> tuple[Path, Path | None]:
@@ -281,34 +372,23 @@ def load_image_csv(
     from rankwise.data._base import random_split_indices, suggest_bin_width, suggest_shot_thresholds
 
     csv_path = Path(path)
-    text = read_text(csv_path, "image list")
-    root_dir = Path(root) if root is not None else csv_path.parent
     check_positive_int(image_size, "image_size")
-    if root is not None and not labels_only:
-        check_dir(root_dir)
-    records = csv_records(text, csv_path)
-    first = next(records, None)
-    if first is None:
-        raise DataFormatError(csv_path, None, "the file is empty")
-    header = check_header(first[1], csv_path)
-    wanted = [image_column, target, *([split_column] if split_column else [])]
-    missing = [c for c in wanted if c not in header]
-    if missing:
-        raise DataFormatError(csv_path, first[0], f"missing column(s) {missing}; the columns are {header}")
-    ip, it = header.index(image_column), header.index(target)
+    root_dir, header, records = image_list_records(
+        csv_path,
+        image_column,
+        root,
+        required=[target, *([split_column] if split_column else [])],
+        check_root=not labels_only,
+    )
+    it = header.index(target)
     isp = header.index(split_column) if split_column else None
     paths: list[Path] = []
     labels: list[float] = []
     rows: list[int] = []
     splits: list[str] = []
-    for row_no, row in records:
-        if len(row) != len(header):
-            raise DataFormatError(csv_path, row_no, f"expected {len(header)} fields, got {len(row)}")
-        rel = row[ip].strip()
-        if not rel:
-            raise DataFormatError(csv_path, row_no, f"column {image_column!r} is empty")
+    for row_no, row, image in records:
         labels.append(parse_number(row[it], csv_path, row_no, target))
-        paths.append(root_dir / rel)
+        paths.append(image)
         rows.append(row_no)
         if isp is not None:
             split = row[isp].strip()
@@ -331,9 +411,7 @@ def load_image_csv(
     if empty:
         raise DataFormatError(csv_path, None, f"no rows for split(s) {empty} ({rule}); every split needs one")
     if not labels_only and check_files:
-        for p, r in zip(paths, rows):
-            if not p.is_file():
-                raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
+        check_image_files(csv_path, paths, rows)
     t_train: Callable[[Any], torch.Tensor] | None = None
     t_eval: Callable[[Any], torch.Tensor] | None = None
     if not labels_only:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -35,7 +36,16 @@ from rankwise.data._files import (
     read_limited,
 )
 
-__all__ = ["ABALONE_COLUMNS", "abalone_path", "load_abalone", "load_csv"]
+__all__ = [
+    "ABALONE_COLUMNS",
+    "FeatureRows",
+    "abalone_path",
+    "load_abalone",
+    "load_csv",
+    "read_abalone_rows",
+    "read_feature_rows",
+    "table_records",
+]
 
 ABALONE_COLUMNS = (
     "sex",
@@ -91,6 +101,35 @@ def _columns_text(header: list[str]) -> str:
     return f"columns are [{shown}{more}]"
 
 
+def table_records(path: str | Path, *, delimiter: str = ",") -> tuple[str, list[str], Iterator[tuple[int, list[str]]]]:
+    """A CSV table (or the single CSV of a zip archive) as ``(display name, header, records)``.
+
+    ``header``: the checked column names (:func:`~rankwise.data._files.check_header`); ``records``
+    yields ``(row number, fields)`` of each data row (the header is row 1) and raises a
+    :class:`~rankwise.data.DataFormatError` naming the file and the row when a row has another
+    number of fields than the header. An empty file is a ``DataFormatError`` naming it.
+    """
+    text, display = _read_text(Path(path))
+    records = csv_records(text, display, delimiter=delimiter)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(display, None, "the file is empty")
+    header = check_header(first[1], display)
+
+    def rows() -> Iterator[tuple[int, list[str]]]:
+        for row_no, row in records:
+            if len(row) != len(header):
+                raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
+            yield row_no, row
+
+    return display, header, rows()
+
+
+def _parse_fields(row: list[str], idx: Sequence[int], names: Sequence[str], display: str, row_no: int) -> list[float]:
+    """The numbers of the columns ``names`` (at positions ``idx``) of one row (errors name file, row and column)."""
+    return [parse_number(row[i], display, row_no, c) for i, c in zip(idx, names)]
+
+
 def _check_splits(display: str, sizes: tuple[int, int, int], rule: str) -> None:
     """Regression recipes need a non-empty train, val and test split."""
     if min(sizes) == 0:
@@ -120,6 +159,43 @@ def abalone_path() -> Path:
     return path
 
 
+def _abalone_table(path: str | Path, *, rings: bool) -> tuple[str, list[str], list[list[str]], np.ndarray]:
+    """``(display name, header, rows as text, table)`` of an abalone CSV: ``table`` holds the one-hot sex
+    (``sex_F, sex_I, sex_M``), the 7 measurements and, with ``rings``, the rings (float64). The columns
+    are found by name (``rings`` required only with ``rings``); a bad value is a DataFormatError
+    naming the file, the row and the column."""
+    wanted = ABALONE_COLUMNS if rings else ABALONE_COLUMNS[:-1]
+    display, header, records = table_records(path)
+    position = {c: i for i, c in enumerate(header)}
+    missing = [c for c in wanted if c not in position]
+    if missing:
+        raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(wanted)}")
+    isex = position["sex"]
+    numeric_columns = wanted[1:]
+    numeric_idx = [position[c] for c in numeric_columns]
+    rows: list[list[str]] = []
+    sexes: list[int] = []
+    numeric: list[list[float]] = []
+    for row_no, row in records:
+        sex = row[isex].strip()
+        if sex not in _SEXES:
+            raise DataFormatError(display, row_no, f"column 'sex': expected one of {list(_SEXES)}, got {sex!r}")
+        sexes.append(_SEXES.index(sex))
+        numeric.append(_parse_fields(row, numeric_idx, numeric_columns, display, row_no))
+        rows.append(row)
+    onehot = np.eye(len(_SEXES))[np.asarray(sexes, dtype=np.int64)].reshape(len(rows), len(_SEXES))
+    num = np.asarray(numeric, dtype=np.float64).reshape(len(rows), len(numeric_columns))
+    return display, header, rows, np.concatenate([onehot, num], axis=1)
+
+
+def read_abalone_rows(path: str | Path) -> FeatureRows:
+    """The rows of an abalone CSV (the columns of :data:`ABALONE_COLUMNS` by name, ``rings`` optional)
+    and their features as :func:`load_abalone` builds them before standardizing: one-hot sex and the
+    7 measurements (``meta["feature_names"]``). Errors as there; a header only gives zero rows."""
+    display, header, rows, table = _abalone_table(path, rings=False)
+    return FeatureRows(display, header, rows, table)
+
+
 @register_dataset("abalone")
 def load_abalone(
     *, per_label: int = 10, seed: int = 0, standardize_features: bool = True, path: str | Path | None = None
@@ -145,40 +221,18 @@ def load_abalone(
     :class:`~rankwise.data.DataFormatError` naming the file and the row (nothing is dropped).
     """
     src = Path(path) if path is not None else abalone_path()
-    text, display = _read_text(src)
-    records = csv_records(text, display)
-    first = next(records, None)
-    if first is None:
-        raise DataFormatError(display, None, "the file is empty")
-    header = check_header(first[1], display)
-    position = {c: i for i, c in enumerate(header)}
-    missing = [c for c in ABALONE_COLUMNS if c not in position]
-    if missing:
-        raise DataFormatError(display, 1, f"missing column(s) {missing}; expected {list(ABALONE_COLUMNS)}")
-    col = {c: position[c] for c in ABALONE_COLUMNS}
-    sexes: list[int] = []
-    numeric: list[list[float]] = []
-    for row_no, row in records:
-        if len(row) != len(header):
-            raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
-        sex = row[col["sex"]].strip()
-        if sex not in _SEXES:
-            raise DataFormatError(display, row_no, f"column 'sex': expected one of {list(_SEXES)}, got {sex!r}")
-        sexes.append(_SEXES.index(sex))
-        numeric.append([parse_number(row[col[c]], display, row_no, c) for c in ABALONE_COLUMNS[1:]])
-    if not numeric:
+    display, _, _, table = _abalone_table(src, rings=True)
+    if not len(table):
         raise DataFormatError(display, None, "no data rows")
-    num = np.asarray(numeric, dtype=np.float64)
-    age = num[:, -1] + 1.5
-    onehot = np.eye(len(_SEXES))[np.asarray(sexes)]
-    x = np.concatenate([onehot, num[:, :-1]], axis=1)
+    age = table[:, -1] + 1.5
+    x = table[:, :-1]
     train_idx, val_idx, test_idx = dir_split(age, per_label=per_label, seed=seed)
     _check_splits(display, (len(train_idx), len(val_idx), len(test_idx)), f"DIR (per_label={per_label})")
     mean = np.zeros(x.shape[1])
     std = np.ones(x.shape[1])
     if standardize_features:
         x, mean, std = standardize(x, train_idx, columns=np.arange(len(_SEXES), x.shape[1]))
-    feature_names = [f"sex_{s}" for s in _SEXES] + list(ABALONE_COLUMNS[1:-1])
+    feature_names = [f"sex_{s}" for s in _SEXES] + list(ABALONE_COLUMNS[1:-1])  # the columns of x
     return RegressionData(
         name="abalone",
         train=_to_tensors(x[train_idx], age[train_idx]),
@@ -258,12 +312,7 @@ def load_csv(
         ((280, 40, 80), 5.0, 'y')
     """
     src = Path(path)
-    text, display = _read_text(src)
-    records = csv_records(text, display, delimiter=delimiter)
-    first = next(records, None)
-    if first is None:
-        raise DataFormatError(display, None, "the file is empty")
-    header = check_header(first[1], display)
+    display, header, records = table_records(src, delimiter=delimiter)
     position = {c: i for i, c in enumerate(header)}  # names are distinct (check_header): linear look-ups
     if target not in position:
         raise ValueError(f"`target` must be a column of {display}; got {target!r}, {_columns_text(header)}")
@@ -280,12 +329,10 @@ def load_csv(
     xs: list[list[float]] = []
     ys: list[float] = []
     for row_no, row in records:
-        if len(row) != len(header):
-            raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
         if row[tidx].strip() == "":
             raise DataFormatError(display, row_no, f"missing target value in column {target!r}")
         ys.append(parse_number(row[tidx], display, row_no, target))
-        xs.append([parse_number(row[i], display, row_no, c) for i, c in zip(fidx, feats)])
+        xs.append(_parse_fields(row, fidx, feats, display, row_no))
     if not ys:
         raise DataFormatError(display, None, "no data rows")
     x = np.asarray(xs, dtype=np.float64)
@@ -330,3 +377,50 @@ def load_csv(
         },
         shot_thresholds=suggest_shot_thresholds(y[train_idx], float(bin_width)),
     )
+
+
+@dataclass
+class FeatureRows:
+    """A table read for prediction by :func:`read_feature_rows`."""
+
+    #: the file's display name (``archive.zip::member.csv`` for a zip archive)
+    source: str
+    #: the file's column names, in its order
+    header: list[str]
+    #: every data row's fields as read (text)
+    rows: list[list[str]]
+    #: ``(rows, len(features))`` float64: the requested feature columns, in the requested order
+    features: np.ndarray
+
+
+def read_feature_rows(path: str | Path, features: Sequence[str], *, delimiter: str = ",") -> FeatureRows:
+    """The rows of a CSV file and the values of its columns ``features`` (by name, in that order),
+    read with the rules of :func:`load_csv` (other columns, e.g. the target, are kept as text only).
+
+    A missing feature column, a row with a wrong number of fields or a value that is not a plain
+    finite decimal raises :class:`~rankwise.data.DataFormatError` naming the file (and the row and
+    the column), exactly as :func:`load_csv` does; a file of a header only gives zero rows.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "new.csv"
+        >>> _ = path.write_text("id,b,a\\nx,2,1\\ny,4,3.5\\n")
+        >>> t = read_feature_rows(path, ["a", "b"])
+        >>> t.header, t.rows, t.features.tolist()
+        (['id', 'b', 'a'], [['x', '2', '1'], ['y', '4', '3.5']], [[1.0, 2.0], [3.5, 4.0]])
+    """
+    display, header, records = table_records(path, delimiter=delimiter)
+    position = {c: i for i, c in enumerate(header)}
+    missing = [c for c in features if c not in position]
+    if missing:
+        shown = ", ".join(repr(c) for c in missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
+        raise DataFormatError(
+            display, 1, f"missing feature column(s) {shown} that the model was trained on; {_columns_text(header)}"
+        )
+    idx = [position[c] for c in features]
+    rows: list[list[str]] = []
+    xs: list[list[float]] = []
+    for row_no, row in records:
+        xs.append(_parse_fields(row, idx, features, display, row_no))
+        rows.append(row)
+    return FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64).reshape(len(xs), len(idx)))

@@ -2,10 +2,12 @@
 
 Public API (imported lazily, so ``import rankwise.recipes`` does not import Lightning)::
 
-    from rankwise.recipes import load_config, train, evaluate, compare
+    from rankwise.recipes import load_config, train, evaluate, predict, write_predictions, compare
     cfg = load_config("abalone_ranksim_lds", overrides=["trainer.max_epochs=50"])
     result = train(cfg, out="runs/my_run")       # RunResult(run_dir, metrics, config)
     evaluate("runs/my_run")                      # metrics dict, rewrites metrics.json + plots
+    cols = predict("runs/my_run", "new.csv")     # the file's columns + "prediction"
+    write_predictions(cols, "new_predictions.csv")
     compare(["abalone_vanilla", "abalone_lds"], seeds=[0, 1, 2], out="runs/cmp")
 
 A config names its recipe (``recipe: sort``); :func:`get_recipe` / :func:`list_recipes` /
@@ -40,6 +42,8 @@ _EXPORTS = {
     "CompareResult": "runner",
     "train": "runner",
     "evaluate": "runner",
+    "predict": "runner",
+    "write_predictions": "runner",
     "compare": "runner",
 }
 

@@ -7,7 +7,8 @@
   GM tables, shot bar chart and per-label MAE plots (``report_kind = "regression"``).
 
 A recipe subclasses one of them and implements ``fit`` and ``evaluate`` (and ``check`` if it has
-cross-field constraints).
+cross-field constraints; ``predict_file`` if a trained run predicts the rows of a new file,
+``rankwise predict``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from rankwise.recipes.config import Config
 
-__all__ = ["RecipeBase", "RegressionRecipe"]
+__all__ = ["RecipeBase", "RegressionRecipe", "can_predict", "cannot_predict"]
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -63,6 +64,15 @@ class RecipeBase:
     def evaluate(self, run: Any, checkpoint: str | None) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def predict_file(self, run: Any, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """The predictions of the run's ``checkpoint`` (``best``, ``last``, None: the recipe's choice) for
+        the rows of the file ``path``: its columns in order, name -> values (``rankwise predict``).
+
+        Not every recipe predicts from a file: by default a :class:`~rankwise.recipes.config.ConfigError`
+        saying so and naming the recipes that do (:func:`cannot_predict`).
+        """
+        raise cannot_predict(self)
+
     def summary(self, metrics: Mapping[str, Any]) -> str:
         from rankwise.recipes.reports import scalar_summary
 
@@ -85,6 +95,27 @@ class RecipeBase:
         from rankwise.recipes.reports import write_scalar_report
 
         return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra, per_step=self.per_step)
+
+
+def can_predict(recipe: Any) -> bool:
+    """Whether ``recipe`` predicts the rows of a new file: a ``predict_file`` other than :class:`RecipeBase`'s."""
+    own = getattr(type(recipe), "predict_file", None)
+    return callable(own) and own is not RecipeBase.predict_file
+
+
+def cannot_predict(recipe: Any) -> Exception:
+    """The error of ``rankwise predict`` for a run of a recipe that cannot predict from a file."""
+    from rankwise.recipes.config import ConfigError
+    from rankwise.recipes.registry import RECIPES, get_recipe, list_recipes
+
+    try:
+        names = list_recipes()
+    except ImportError:  # a recipe whose optional dependency is missing: the ones imported so far
+        names = RECIPES.names()
+    able = [n for n in names if can_predict(get_recipe(n))]
+    return ConfigError(
+        f"recipe {recipe.name!r} cannot predict from a file; the recipes that can: {', '.join(able) or 'none'}"
+    )
 
 
 class RegressionRecipe(RecipeBase):

@@ -27,6 +27,7 @@ from rankwise.recipes.loss_terms import build_regularizers, build_task_loss
 
 __all__ = [
     "DIRNet",
+    "eval_loader",
     "lds_weight_table",
     "make_fds",
     "predict",
@@ -204,9 +205,16 @@ def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
     train_dl = DataLoader(
         data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
     )
-    val_dl = DataLoader(data.val, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
-    test_dl = DataLoader(data.test, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
-    return train_dl, val_dl, test_dl
+    return train_dl, eval_loader(data.val, data, cfg), eval_loader(data.test, data, cfg)
+
+
+def eval_loader(dataset: Any, data: Any, cfg: Config) -> Any:
+    """The loader of an evaluation split (or of a new file's rows) of a ``RegressionData``: in order, batches of
+    ``cfg.data.eval_batch_size``, the loader workers and ``collate_fn`` of the training loader."""
+    from torch.utils.data import DataLoader
+
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": data.meta.get("collate_fn")}
+    return DataLoader(dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
 
 
 def predicts_on_cpu(cfg: Config) -> bool:

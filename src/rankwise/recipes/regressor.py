@@ -12,8 +12,11 @@ reading a config and ``rankwise evaluate`` on the CPU rebuild the plain network
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pydantic import Field
 
 from rankwise.recipes.base import RegressionRecipe
@@ -21,6 +24,7 @@ from rankwise.recipes.config import Config, FDSConfig, LDSConfig, Options, check
 from rankwise.recipes.dir_net import (
     DIRNet,
     concat_predictions,
+    eval_loader,
     predict,
     predicts_on_cpu,
     regression_loaders,
@@ -28,13 +32,21 @@ from rankwise.recipes.dir_net import (
     write_evaluation,
 )
 from rankwise.recipes.loss_terms import check_loss_config
-from rankwise.recipes.rundir import Run
+from rankwise.recipes.rundir import CheckpointError, Run
 from rankwise.recipes.stages import Stage
 
 if TYPE_CHECKING:
     from rankwise.recipes.dir_module import DIRRegressor
 
-__all__ = ["DIROptions", "DIRRecipe", "build_net", "build_regressor", "evaluate_regressor", "fit_regressor"]
+__all__ = [
+    "DIROptions",
+    "DIRRecipe",
+    "build_net",
+    "build_regressor",
+    "evaluate_regressor",
+    "fit_regressor",
+    "predict_regressor",
+]
 
 
 class DIROptions(Options):
@@ -83,15 +95,23 @@ def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str, data: Any = No
         val_dl, test_dl = data.val_dataloader(), data.test_dataloader()
     else:
         _, val_dl, test_dl = regression_loaders(run.data, cfg)
-    if _is_lightning(module):
-        outs, ckpt = run.predict(module, test_dl, checkpoint)
-        test = concat_predictions(outs)
-        val = concat_predictions(run.predict(module, val_dl, checkpoint)[0])
-    else:
-        ckpt = run.load(module, checkpoint)
-        module.eval()
-        test, val = predict(module, test_dl), predict(module, val_dl)
+    (test, val), ckpt = predict_regressor(run, module, [test_dl, val_dl], checkpoint)
     return write_evaluation(run, test, val, ckpt)
+
+
+def predict_regressor(
+    run: Run, module: DIRNet, loaders: Sequence[Any], checkpoint: str
+) -> tuple[list[dict[str, np.ndarray]], Path]:
+    """The predictions (``pred``, ``label``, ``features``) of ``checkpoints/<checkpoint>.ckpt`` over each
+    loader, and the checkpoint's path: through a Lightning Trainer for a
+    :class:`~rankwise.recipes.dir_module.DIRRegressor` (it loads the checkpoint), with
+    :func:`~rankwise.recipes.dir_net.predict` on the CPU for a plain :class:`~rankwise.recipes.dir_net.DIRNet`."""
+    if _is_lightning(module):
+        outs = [run.predict(module, dl, checkpoint) for dl in loaders]
+        return [concat_predictions(o) for o, _ in outs], outs[0][1]
+    ckpt = run.load(module, checkpoint)
+    module.eval()
+    return [predict(module, dl) for dl in loaders], ckpt
 
 
 def _is_lightning(module: Any) -> bool:
@@ -132,9 +152,34 @@ class DIRRecipe(RegressionRecipe):
     def fit(self, run: Run) -> dict[str, Any]:
         return fit_regressor(run, build_regressor(run, freeze_backbone=self.frozen_backbone))
 
-    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        """The checkpoint's val/test metrics; on the CPU in float32 (the run's evaluation Trainer would
-        predict there) with the plain network and no Lightning, else through a Lightning Trainer."""
+    def _module(self, run: Run) -> DIRNet:
+        """On the CPU in float32 (where the run's evaluation Trainer would predict) the plain network, no
+        Lightning; else the Lightning module, predicting through a Trainer."""
         build = build_net if predicts_on_cpu(run.cfg) else build_regressor
-        module = build(run, freeze_backbone=self.frozen_backbone)
-        return evaluate_regressor(run, module, checkpoint or "best")
+        return build(run, freeze_backbone=self.frozen_backbone)
+
+    def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
+        """The checkpoint's val/test metrics (the network of :meth:`_module`)."""
+        return evaluate_regressor(run, self._module(run), checkpoint or "best")
+
+    def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """The checkpoint's (default ``best``, as :meth:`evaluate`) predictions for the rows of ``path``:
+        the file's columns then ``prediction``, in the target's units (runs on the datasets of
+        :data:`~rankwise.recipes.predict_data.PREDICTABLE_DATASETS`:
+        :func:`~rankwise.recipes.predict_data.prediction_rows`)."""
+        from rankwise.recipes.predict_data import check_predictable, prediction_columns, prediction_rows
+
+        check_predictable(run.cfg)
+        name = checkpoint or "best"
+        try:
+            run.checkpoint(name)
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
+                "finish it with `rankwise train ... --resume`)"
+            ) from None
+        header, rows, dataset = prediction_rows(run, path)
+        if len(dataset) == 0:
+            return prediction_columns(header, rows, np.zeros(0, dtype=np.float32))
+        (out,), _ = predict_regressor(run, self._module(run), [eval_loader(dataset, run.data, run.cfg)], name)
+        return prediction_columns(header, rows, out["pred"])

@@ -1,4 +1,5 @@
-"""``train`` / ``evaluate`` / ``compare``: the public entry points, dispatching through the recipe registry.
+"""``train`` / ``evaluate`` / ``predict`` / ``compare``: the public entry points, dispatching through the
+recipe registry.
 
 Each looks up the recipe named by the config (``recipe:``; for a run directory, its saved
 ``config.yaml``) with :func:`~rankwise.recipes.registry.get_recipe` and runs it through the run
@@ -7,17 +8,35 @@ lifecycle of :mod:`rankwise.recipes.rundir` (see there for the run directory lay
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rankwise.recipes import rundir
-from rankwise.recipes.config import Config, ConfigError, load_config, load_raw, upgrade_saved
+from rankwise.recipes.config import Config, ConfigError, UserError, load_config, load_raw, upgrade_saved
 from rankwise.recipes.registry import Recipe, get_recipe
 
-__all__ = ["CompareResult", "RunResult", "check_checkpoint_name", "compare", "evaluate", "load_run_config", "train"]
+__all__ = [
+    "CompareResult",
+    "RunResult",
+    "check_checkpoint_name",
+    "check_predictions_path",
+    "compare",
+    "default_predictions_path",
+    "evaluate",
+    "load_run_config",
+    "predict",
+    "predictions_mae",
+    "train",
+    "write_predictions",
+]
 
 
 @dataclass
@@ -130,6 +149,114 @@ def evaluate(
     return rundir.evaluate_run(
         get_recipe(cfg.recipe), cfg, Path(run_dir), checkpoint=checkpoint, plots=plots, data=data
     )
+
+
+def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = None) -> dict[str, Any]:
+    """A trained run's predictions for the rows of a new file ``data``: its columns, in order, then
+    ``prediction`` (name -> list of text or numpy array); write them with :func:`write_predictions`.
+
+    ``data`` holds the run's feature columns by name (any order; other columns, the target
+    included, are optional and kept as they are), read with the rules of the run's loader and
+    standardized with the training split's statistics; ``checkpoint``: ``best``, ``last`` or None
+    (the recipe's choice, as :func:`evaluate`). The run directory is locked meanwhile and nothing
+    in it changes. The recipe predicts through its ``predict_file`` hook
+    (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`: ``dir``, ``rrt`` and ``rnc`` runs on the
+    datasets of :data:`~rankwise.recipes.predict_data.PREDICTABLE_DATASETS`); another recipe raises a
+    ``ConfigError`` naming those that can.
+    """
+    from rankwise.recipes.base import can_predict, cannot_predict
+
+    check_checkpoint_name(checkpoint)
+    cfg = load_run_config(run_dir)
+    recipe = get_recipe(cfg.recipe)
+    if not can_predict(recipe):  # before the run's data are loaded
+        raise cannot_predict(recipe)
+    return rundir.predict_run(recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint)
+
+
+def default_predictions_path(run_dir: str | Path, data: str | Path) -> Path:
+    """``RUN_DIR/predictions/<stem>.csv`` of a data file (``new.csv``, ``new.csv.gz``, ``new.zip``: ``new``)."""
+    name = Path(data).name
+    for suffix in (".gz", ".zip"):
+        name = name.removesuffix(suffix)
+    stem = Path(name).stem if Path(name).suffix.lower() in (".csv", ".tsv", ".txt") else name
+    return Path(run_dir) / "predictions" / f"{stem or 'predictions'}.csv"
+
+
+def _text(values: Any) -> list[str]:
+    """A column as CSV text: numbers in their shortest round-trip form (float32 as float32)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind == "f":
+        return [str(v) for v in arr]  # numpy scalars print their shortest repr of their own precision
+    return [str(v) for v in arr.tolist()]
+
+
+def check_predictions_path(path: str | Path, *, overwrite: bool, data: str | Path | None = None) -> Path:
+    """``path`` as a Path if predictions may be written there: not a directory, not the input file
+    ``data``, and not an existing file unless ``overwrite``; else a ``UserError`` naming it."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; name the predictions file to write (--out FILE)")
+    if data is not None and path.exists() and Path(data).exists() and path.resolve() == Path(data).resolve():
+        raise UserError(f"the predictions would replace the input file {data}; choose another --out")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} exists; pass --overwrite to replace it")
+    return path
+
+
+def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``columns`` (name -> values, all of one length; e.g. the result of :func:`predict`) as a
+    CSV file ``path`` with a header; returns ``path``.
+
+    An existing file is refused (a ``UserError`` naming it) unless ``overwrite``; the file is written
+    to a temporary file beside it and moved into place (``os.replace``), so only ``path`` changes,
+    and a failed write leaves it as it was. Missing parent folders are created.
+    """
+    path = check_predictions_path(path, overwrite=overwrite)
+    texts = {str(k): _text(v) for k, v in columns.items()}
+    lengths = {len(v) for v in texts.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(texts)
+            writer.writerows(zip(*texts.values()))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from e
+        raise
+    return path
+
+
+def predictions_mae(columns: Mapping[str, Any], target: str) -> tuple[float, int] | None:
+    """``(MAE, rows)`` of the predictions in ``columns`` (the last column named ``prediction`` or
+    ``prediction_<k>``) against the column ``target`` on the rows whose target is a valid number (the
+    loaders' rule); None when there are none."""
+    import re
+
+    from rankwise.data import DataFormatError
+    from rankwise.data._files import parse_number
+
+    named = [k for k in columns if re.fullmatch(r"prediction(_[0-9]+)?", k)]
+    if target not in columns or not named:
+        return None
+    pred = np.asarray(columns[named[-1]], dtype=np.float64)
+    y = np.full(len(pred), np.nan)
+    for i, v in enumerate(columns[target]):
+        with contextlib.suppress(DataFormatError):
+            y[i] = parse_number(str(v), "", 0, target)
+    ok = ~np.isnan(y)
+    if not ok.any():
+        return None
+    return float(np.mean(np.abs(pred[ok] - y[ok]))), int(ok.sum())
 
 
 def _read_metrics(path: Path) -> dict[str, Any]:

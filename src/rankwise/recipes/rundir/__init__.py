@@ -45,7 +45,14 @@ from rankwise.recipes.rundir._files import (
     write_json,
 )
 from rankwise.recipes.rundir._lifecycle import check_data as check_data
-from rankwise.recipes.rundir._lifecycle import evaluate_run, load_data, run_recipe, target_limit, termination_of
+from rankwise.recipes.rundir._lifecycle import (
+    evaluate_run,
+    load_data,
+    predict_run,
+    run_recipe,
+    target_limit,
+    termination_of,
+)
 from rankwise.recipes.rundir._lifecycle import log as log
 from rankwise.recipes.rundir._trainer import Run
 from rankwise.recipes.rundir._trainer import quiet_lightning as quiet_lightning
@@ -66,6 +73,7 @@ __all__ = [
     "load_data",
     "load_state_dict",
     "load_weights",
+    "predict_run",
     "run_recipe",
     "saved_config",
     "target_limit",

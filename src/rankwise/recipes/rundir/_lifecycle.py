@@ -1,5 +1,5 @@
-"""The lifecycle of ``rankwise train`` / ``evaluate``: data checks, signals, :func:`run_recipe`,
-:func:`evaluate_run`."""
+"""The lifecycle of ``rankwise train`` / ``evaluate`` / ``predict``: data checks, signals, :func:`run_recipe`,
+:func:`evaluate_run`, :func:`predict_run`."""
 
 from __future__ import annotations
 
@@ -324,5 +324,35 @@ def evaluate_run(
         write_json(run.dir / "metrics.json", metrics)
         _plot_curves(run, only_missing=True)
         return metrics
+    finally:
+        rd.close()
+
+
+def predict_run(
+    recipe: Any, cfg: Config, run_dir: Path, path: Path, *, checkpoint: str | None = None
+) -> dict[str, Any]:
+    """The predictions of a trained run for the rows of the file ``path`` (``recipe.predict_file``): its
+    columns, name -> values.
+
+    The run's data are loaded as for :func:`evaluate_run` (the training split's statistics are those
+    the model was trained with) and the run directory is locked meanwhile (its ``.lock`` file);
+    nothing else in it is written.
+    A file that does not exist is refused before the data are loaded.
+    """
+    from rankwise.data import DataFormatError
+    from rankwise.data._files import check_file
+
+    check_file(path)
+    quiet_lightning()
+    try:
+        data = load_data(cfg, recipe)
+    except DataFormatError as e:  # e.g. a training file moved since: say whose file it is
+        raise type(e)(f"cannot read the run's training data (the predictions use its statistics): {e}") from None
+    rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
+    try:
+        run = Run(cfg, Path(run_dir), data, plots=False, evaluating=True)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        return dict(recipe.predict_file(run, Path(path), checkpoint))
     finally:
         rd.close()

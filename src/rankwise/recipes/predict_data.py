@@ -1,0 +1,97 @@
+"""The rows of a new file for a trained run's predictions (``rankwise predict``).
+
+:func:`prediction_rows` reads the file with the rules of the run's own loader and turns it into
+the inputs its model saw on the test split. Tables (``csv``; ``abalone``: its columns ``sex`` and
+the 7 measurements): the training file's feature columns by name (any order, other columns kept as
+text), standardized with the TRAINING split's mean and std (those the model was trained with, from
+the run's reloaded data). Image lists (``image_csv``: the column ``data.options.image_column``;
+``agedb_dir``, ``imdb_wiki_dir``: the column ``path``): image paths relative to
+``data.options.root`` (default: the new file's folder, as the loaders resolve their own list),
+through the test split's transform. :func:`prediction_columns` appends the predictions to the
+file's columns.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankwise.recipes.config import ConfigError
+
+__all__ = ["PREDICTABLE_DATASETS", "check_predictable", "prediction_columns", "prediction_rows", "target_column"]
+
+#: the datasets whose runs predict from a new file
+PREDICTABLE_DATASETS = ("csv", "image_csv", "abalone", "agedb_dir", "imdb_wiki_dir")
+
+
+def check_predictable(cfg: Any) -> None:
+    """A ConfigError naming :data:`PREDICTABLE_DATASETS` unless the run's dataset is one of them."""
+    if cfg.data.name not in PREDICTABLE_DATASETS:
+        raise ConfigError(
+            f"recipe {cfg.recipe!r} predicts from a file for runs on the datasets "
+            f"{', '.join(PREDICTABLE_DATASETS)}; this run's dataset is {cfg.data.name!r}"
+        )
+
+
+def target_column(cfg: Any) -> str | None:
+    """The column of a run's data file that holds the target (``data.options.target``; ``age`` for
+    AgeDB-DIR / IMDB-WIKI-DIR), or None (abalone: its target, the age, is ``rings + 1.5``)."""
+    if cfg.data.name in ("agedb_dir", "imdb_wiki_dir"):
+        return "age"
+    target = cfg.data.options.get("target")
+    return None if target is None else str(target)
+
+
+def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
+    """``(header, rows as text, dataset)`` of the file ``path`` for the run ``run`` (its config and its
+    reloaded data); dataset items are ``(input, nan)``. Another dataset than :data:`PREDICTABLE_DATASETS`:
+    a ConfigError naming them."""
+    from rankwise.data import TensorPairDataset
+
+    check_predictable(run.cfg)
+    name = run.cfg.data.name
+    options = run.cfg.data.options
+    if name in ("csv", "abalone"):
+        from rankwise.data.tabular import load_csv, read_abalone_rows, read_feature_rows
+
+        meta = run.data.meta
+        if name == "csv":
+            table = read_feature_rows(path, meta["feature_names"], delimiter=_option(load_csv, options, "delimiter"))
+        else:
+            table = read_abalone_rows(path)
+        # the loader's arithmetic (rankwise.data.standardize, then float32) with the training statistics
+        x = (table.features - np.asarray(meta["feature_mean"])) / np.asarray(meta["feature_std"])
+        y = torch.full((len(table.rows),), float("nan"))
+        return table.header, table.rows, TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
+    from rankwise.data.images import load_image_csv, read_image_rows
+
+    column = _option(load_image_csv, options, "image_column") if name == "image_csv" else "path"
+    images = read_image_rows(path, run.data.test.transform, image_column=column, root=options.get("root"))
+    return images.header, images.rows, images.dataset
+
+
+def _option(loader: Callable[..., Any], options: dict[str, Any], key: str) -> Any:
+    """The loader option ``key`` of a run: its ``data.options`` value, else the loader's default."""
+    return options[key] if key in options else inspect.signature(loader).parameters[key].default
+
+
+def prediction_columns(header: Sequence[str], rows: Sequence[Sequence[str]], pred: Any) -> dict[str, Any]:
+    """The file's columns (text, as read) followed by the predictions, named ``prediction`` (or
+    ``prediction_1``, ``prediction_2``, ... when the file already has a column of that name).
+
+    Example:
+        >>> prediction_columns(["x", "prediction"], [["1", "a"], ["2", "b"]], [0.5, 1.5])
+        {'x': ['1', '2'], 'prediction': ['a', 'b'], 'prediction_1': [0.5, 1.5]}
+    """
+    columns: dict[str, Any] = {h: [r[i] for r in rows] for i, h in enumerate(header)}
+    name, k = "prediction", 0
+    while name in columns:
+        k += 1
+        name = f"prediction_{k}"
+    columns[name] = pred
+    return columns

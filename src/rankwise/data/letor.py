@@ -51,7 +51,9 @@ __all__ = [
     "load_letor",
     "load_letor_preset",
     "pad_lists",
+    "query_order",
     "read_letor",
+    "standardize_like",
 ]
 
 #: ``y_true`` of padded list slots (allRank's convention, the losses' ``padded_value_indicator``)
@@ -73,8 +75,10 @@ def _number(token: bytes, path: Path, line: int, what: str) -> float:
     return v
 
 
-def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> bool:
-    """Raise :class:`DataFormatError` for a malformed LETOR line; False for a blank / comment-only line."""
+def _check_line(raw: bytes, path: Path, line: int, num_features: int | None, limit: str | None = None) -> bool:
+    """Raise :class:`DataFormatError` for a malformed LETOR line; False for a blank / comment-only line.
+
+    ``limit``: what ``num_features`` stands for, in the error of an index above it (None: the option)."""
     body = raw.split(b"#", 1)[0].strip()
     if not body:
         return False
@@ -101,8 +105,11 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None) -> 
             raise DataFormatError(
                 path,
                 line,
-                f"feature index {i} is above `num_features` = {num_features} (option `num_features`, in a config "
-                "`data.options.num_features`: raise it to the files' largest index, or null to take that index)",
+                f"feature index {i} is above {limit}"
+                if limit
+                else f"feature index {i} is above `num_features` = {num_features} (option `num_features`, in a "
+                "config `data.options.num_features`: raise it to the files' largest index, or null to take that "
+                "index)",
             )
         if i <= last:
             raise DataFormatError(path, line, f"feature index {i} after {last}: indices must be increasing")
@@ -122,11 +129,11 @@ def _opener(path: Path) -> Any:
     return {".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix, open)
 
 
-def _locate_error(path: Path, num_features: int | None) -> None:
+def _locate_error(path: Path, num_features: int | None, limit: str | None = None) -> None:
     """Scan ``path`` line by line and raise the error of its first malformed line (if any)."""
     with _opener(path)(path, "rb") as fh:
         for line, raw in enumerate(fh, start=1):
-            _check_line(raw.removeprefix(_BOM) if line == 1 else raw, path, line, num_features)
+            _check_line(raw.removeprefix(_BOM) if line == 1 else raw, path, line, num_features, limit)
 
 
 def _load_svmlight(p: Path, num_features: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -140,14 +147,17 @@ def _load_svmlight(p: Path, num_features: int | None) -> tuple[Any, np.ndarray, 
     return load_svmlight_file(str(p), **kw)
 
 
-def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[Any, np.ndarray, np.ndarray]:
+def read_letor(
+    path: str | Path, *, num_features: int | None = None, limit: str | None = None
+) -> tuple[Any, np.ndarray, np.ndarray]:
     """Read one LETOR / svmlight file: ``(features, relevance, qid)``.
 
     ``features`` is a float32 ``scipy.sparse.csr_matrix`` of shape ``(documents, num_features)``
     (``num_features`` None: the largest index in the file), ``relevance`` float32 and ``qid``
     int64 arrays of length ``documents``, in file order. A ``.gz`` or ``.bz2`` file is decompressed. Every
     error is a :class:`~rankwise.data.DataFormatError` naming the file (and the line of a
-    malformed line; see the module docstring).
+    malformed line; see the module docstring). ``limit``: what ``num_features`` stands for, in the
+    error of a feature index above it (default: the ``num_features`` option).
 
     Example:
         >>> import tempfile, pathlib
@@ -169,7 +179,7 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
     try:
         x, y, qid = _load_svmlight(p, num_features)
     except (ValueError, UnicodeDecodeError) as err:
-        _locate_error(p, num_features)
+        _locate_error(p, num_features, limit)
         raise DataFormatError(p, None, f"cannot read the file as LETOR / svmlight: {err}") from None
     except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2
         why = getattr(err, "strerror", None) or str(err) or type(err).__name__
@@ -181,7 +191,7 @@ def read_letor(path: str | Path, *, num_features: int | None = None) -> tuple[An
         or (y < 0).any()
         or not np.isfinite(x.data).all()  # NaN, inf, or beyond the float32 range (parsed as inf)
     ):
-        _locate_error(p, num_features)
+        _locate_error(p, num_features, limit)
         raise DataFormatError(p, None, "cannot read the file as LETOR / svmlight")  # pragma: no cover
     if n == 0:
         raise DataFormatError(p, None, "no document in the file (expected `<relevance> qid:<id> <index>:<value> ...`)")
@@ -306,20 +316,41 @@ class RankingData:
         return len(self.train), len(self.val), len(self.test)
 
 
-def group_queries(x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> QueryLists:
-    """Group documents by query id: queries in order of first appearance, documents in input order."""
+def query_order(qid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How :func:`group_queries` groups documents: ``(order, offsets, qids)``.
+
+    ``order`` is the permutation of the documents (queries in order of first appearance, documents
+    in input order within a query): grouped document ``j`` is input document ``order[j]``; query
+    ``i`` holds grouped documents ``offsets[i]:offsets[i + 1]`` and has id ``qids[i]``.
+
+    Example:
+        >>> import numpy as np
+        >>> order, offsets, qids = query_order(np.array([7, 3, 7, 3, 9]))
+        >>> order.tolist(), offsets.tolist(), qids.tolist()
+        ([0, 2, 1, 3, 4], [0, 2, 4, 5], [7, 3, 9])
+    """
     qid = np.asarray(qid, dtype=np.int64)
     if len(qid) == 0:
-        return QueryLists(np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.float32), np.zeros(1, np.int64), qid)
+        return np.zeros(0, np.int64), np.zeros(1, np.int64), qid
     uniq, first, inverse, counts = np.unique(qid, return_index=True, return_inverse=True, return_counts=True)
     rank = np.empty(len(uniq), dtype=np.int64)
     by_first = np.argsort(first, kind="stable")
     rank[by_first] = np.arange(len(uniq))
     order = np.argsort(rank[inverse], kind="stable")
     offsets = np.concatenate([[0], np.cumsum(counts[by_first])])
+    return order, offsets, uniq[by_first]
+
+
+def group_queries(x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> QueryLists:
+    """Group documents by query id: queries in order of first appearance, documents in input order
+    (the permutation is :func:`query_order`'s)."""
+    if len(qid) == 0:
+        qid = np.asarray(qid, dtype=np.int64)
+        return QueryLists(np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.float32), np.zeros(1, np.int64), qid)
+    order, offsets, qids = query_order(qid)
     if np.array_equal(order, np.arange(len(order))):  # queries already contiguous: no copy
-        return QueryLists(x, y, offsets, uniq[by_first])
-    return QueryLists(x[order], y[order], offsets, uniq[by_first])
+        return QueryLists(x, y, offsets, qids)
+    return QueryLists(x[order], y[order], offsets, qids)
 
 
 #: rows per block when standardising (float64 temporaries of this many rows, not of the whole split)
@@ -342,6 +373,23 @@ def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarra
     for i in range(0, x.shape[0], _BLOCK_ROWS):
         out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
     return out
+
+
+def standardize_like(x: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
+    """``x`` (float32, ``(documents, D)``) standardised as a :class:`RankingData`'s training split was:
+    with its ``meta["mean"]`` / ``meta["std"]``; unchanged when the data were not standardised
+    (``mean`` None). The features of new documents scored by a model trained on that data.
+
+    Example:
+        >>> import numpy as np
+        >>> meta = {"mean": np.array([0.0, 2.0]), "std": np.array([1.0, 2.0])}
+        >>> standardize_like(np.array([[1.0, 4.0]], np.float32), meta)
+        array([[1., 1.]], dtype=float32)
+    """
+    mean, std = meta.get("mean"), meta.get("std")
+    if mean is None or std is None:
+        return np.asarray(x, dtype=np.float32)
+    return _standardized(np.asarray(x, dtype=np.float32), np.asarray(mean), np.asarray(std))
 
 
 def _drop_without_relevant(lists: QueryLists) -> tuple[QueryLists, int]:

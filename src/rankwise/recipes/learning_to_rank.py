@@ -32,6 +32,7 @@ wall time of one training step. ``plots/ndcg_at_k.png`` shows test NDCG@k for k 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import lightning as L
@@ -261,6 +262,50 @@ class LTRRecipe(RecipeBase):
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
         _, val_dl, test_dl = self._loaders(run)
         return self._evaluate(run, self._module(run), val_dl, test_dl, checkpoint or "best")
+
+    def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """Scores of the documents of a new LETOR / svmlight file, in file order.
+
+        The file is read like the run's own files (:func:`~rankwise.data.read_letor`, at most the
+        run's ``num_features`` feature indices), standardised with the run's training moments
+        (:func:`~rankwise.data.standardize_like`), grouped by query and scored whole by
+        ``checkpoints/<checkpoint>.ckpt`` (default ``best``). Columns: ``qid``, ``document`` (the
+        document's position among the file's documents, 1 = the first), ``relevance`` (the file's
+        grade), ``score`` and ``rank`` (1 = the highest score of its query; equal scores in file order).
+        """
+        import numpy as np
+        from torch.utils.data import DataLoader
+
+        from rankwise.data import group_queries, pad_lists, query_order, read_letor, standardize_like
+
+        data = run.data
+        d = int(data.num_features)
+        limit = f"the {d} features the run's model scores (its training files' largest feature index)"
+        x, y, qid = read_letor(path, num_features=d, limit=limit)
+        order, _, _ = query_order(qid)
+        xs = standardize_like(np.asarray(x[order].toarray(), dtype=np.float32), data.meta)
+        lists = group_queries(xs, y[order], qid[order])  # contiguous by construction: grouped = sorted order
+        kw: dict[str, Any] = {**loader_workers(run.cfg.data.num_workers), "collate_fn": pad_lists}
+        dl = DataLoader(lists, batch_size=run.cfg.data.eval_batch_size, shuffle=False, **kw)
+        batches, _ = run.predict(self._module(run), dl, checkpoint or "best")
+        # padded slots carry relevance -1; a file's relevance is >= 0 (read_letor refuses negatives)
+        grouped = torch.cat([b["scores"][b["relevance"] >= 0] for b in batches]).double().numpy()
+        score = np.empty_like(grouped)
+        score[order] = grouped
+        # rank within the query: by query, then by decreasing score, equal scores in file order
+        by_rank = np.lexsort((np.arange(len(score)), -score, qid))
+        q_sorted = qid[by_rank]
+        starts = np.flatnonzero(np.r_[True, q_sorted[1:] != q_sorted[:-1]])
+        first_of_query = np.repeat(starts, np.diff(np.r_[starts, len(q_sorted)]))
+        rank = np.empty(len(score), dtype=np.int64)
+        rank[by_rank] = np.arange(len(score)) - first_of_query + 1
+        return {
+            "qid": qid,
+            "document": np.arange(1, len(score) + 1),
+            "relevance": y,
+            "score": score,
+            "rank": rank,
+        }
 
     def _evaluate(self, run: Run, module: LTRModule, val_dl: Any, test_dl: Any, checkpoint: str) -> dict[str, Any]:
         """Test and val NDCG of ``checkpoints/<checkpoint>.ckpt`` (``Trainer.predict`` loads it)."""

@@ -298,7 +298,7 @@ def test_recipes_and_datasets_that_cannot_predict(tmp_path, test_rows_file, monk
     monkeypatch.setattr(_lifecycle, "load_data", lambda cfg, recipe: None)
     text_run = _config_only_run(tmp_path / "text", "sts_b_dir_vanilla")
     line = one_error_line(invoke(["predict", text_run, "--data", test_rows_file]))
-    assert "datasets csv, image_csv, abalone, agedb_dir, imdb_wiki_dir" in line and "'stsb_dir'" in line
+    assert "datasets abalone, agedb_dir, csv, image_csv, imdb_wiki_dir;" in line and "'stsb_dir'" in line
     assert not (sort_run / "predictions").exists() and not (text_run / "predictions").exists()
 
 

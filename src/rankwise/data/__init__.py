@@ -26,6 +26,7 @@ from rankwise.data._base import (
     suggest_bin_width,
     suggest_shot_thresholds,
 )
+from rankwise.data._files import check_file, parse_number
 from rankwise.data.image_classes import load_cifar_dir, load_image_folder
 from rankwise.data.images import (
     DIRImageDataset,
@@ -83,6 +84,7 @@ __all__ = [
     "abalone_path",
     "build_ranking_data",
     "build_vocab",
+    "check_file",
     "collate_text_pairs",
     "dataset_info",
     "dir_image_transforms",
@@ -113,6 +115,7 @@ __all__ = [
     "make_ltr_synthetic",
     "mnist5k_path",
     "pad_lists",
+    "parse_number",
     "preprocess_volume",
     "query_order",
     "random_split_indices",

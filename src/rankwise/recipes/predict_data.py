@@ -15,62 +15,109 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from rankwise._registry import Registry
 from rankwise.recipes.config import ConfigError
 
-__all__ = ["PREDICTABLE_DATASETS", "check_predictable", "prediction_columns", "prediction_rows", "target_column"]
+F = TypeVar("F", bound=Callable[..., Any])
 
-#: the datasets whose runs predict from a new file
-PREDICTABLE_DATASETS = ("csv", "image_csv", "abalone", "agedb_dir", "imdb_wiki_dir")
+__all__ = [
+    "PREDICTION_READERS",
+    "PredictionReader",
+    "check_predictable",
+    "prediction_columns",
+    "prediction_rows",
+    "register_prediction_reader",
+    "target_column",
+]
+
+
+@dataclass(frozen=True)
+class PredictionReader:
+    """How a new file of a dataset is read for a trained run: ``read(run, path) -> (header, rows as
+    text, dataset)`` (dataset items ``(input, nan)``); ``target``: the file's column of the target
+    when ``data.options.target`` does not name it."""
+
+    read: Callable[[Any, Path], tuple[list[str], list[list[str]], Any]]
+    target: str | None = None
+
+
+#: the datasets whose regression runs predict from a new file (:func:`register_prediction_reader`)
+PREDICTION_READERS: Registry[Any] = Registry("prediction reader")
+
+
+def register_prediction_reader(*datasets: str, target: str | None = None) -> Callable[[F], F]:
+    """Decorator registering ``read(run, path)`` as the :class:`PredictionReader` of ``datasets``."""
+
+    def decorator(read: F) -> F:
+        for name in datasets:
+            PREDICTION_READERS.add(name, PredictionReader(read, target))
+        return read
+
+    return decorator
 
 
 def check_predictable(cfg: Any) -> None:
-    """A ConfigError naming :data:`PREDICTABLE_DATASETS` unless the run's dataset is one of them."""
-    if cfg.data.name not in PREDICTABLE_DATASETS:
+    """A ConfigError naming the datasets of :data:`PREDICTION_READERS` unless the run's dataset is one of them."""
+    if cfg.data.name not in PREDICTION_READERS:
         raise ConfigError(
             f"recipe {cfg.recipe!r} predicts from a file for runs on the datasets "
-            f"{', '.join(PREDICTABLE_DATASETS)}; this run's dataset is {cfg.data.name!r}"
+            f"{', '.join(PREDICTION_READERS.names())}; this run's dataset is {cfg.data.name!r}"
         )
 
 
 def target_column(cfg: Any) -> str | None:
-    """The column of a run's data file that holds the target (``data.options.target``; ``age`` for
-    AgeDB-DIR / IMDB-WIKI-DIR), or None (abalone: its target, the age, is ``rings + 1.5``)."""
-    if cfg.data.name in ("agedb_dir", "imdb_wiki_dir"):
-        return "age"
+    """The column of a run's data file that holds the target (``data.options.target``, else the one its
+    reader registered: ``age`` for AgeDB-DIR / IMDB-WIKI-DIR), or None (abalone: its target, the age,
+    is ``rings + 1.5``)."""
     target = cfg.data.options.get("target")
-    return None if target is None else str(target)
+    if target is not None:
+        return str(target)
+    reader = PREDICTION_READERS[cfg.data.name] if cfg.data.name in PREDICTION_READERS else None
+    return None if reader is None else reader.target
 
 
 def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
     """``(header, rows as text, dataset)`` of the file ``path`` for the run ``run`` (its config and its
-    reloaded data); dataset items are ``(input, nan)``. Another dataset than :data:`PREDICTABLE_DATASETS`:
-    a ConfigError naming them."""
-    from rankwise.data import TensorPairDataset
-
+    reloaded data); dataset items are ``(input, nan)``. A dataset without a registered reader: a
+    ConfigError naming those that have one."""
     check_predictable(run.cfg)
-    name = run.cfg.data.name
-    options = run.cfg.data.options
-    if name in ("csv", "abalone"):
-        from rankwise.data.tabular import load_csv, read_abalone_rows, read_feature_rows
+    return PREDICTION_READERS[run.cfg.data.name].read(run, path)
 
-        meta = run.data.meta
-        if name == "csv":
-            table = read_feature_rows(path, meta["feature_names"], delimiter=_option(load_csv, options, "delimiter"))
-        else:
-            table = read_abalone_rows(path)
-        # the loader's arithmetic (rankwise.data.standardize, then float32) with the training statistics
-        x = (table.features - np.asarray(meta["feature_mean"])) / np.asarray(meta["feature_std"])
-        y = torch.full((len(table.rows),), float("nan"))
-        return table.header, table.rows, TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
+
+@register_prediction_reader("csv", "abalone")
+def _read_table(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
+    """The training file's feature columns by name, standardized with the training statistics."""
+    from rankwise.data import TensorPairDataset
+    from rankwise.data.tabular import load_csv, read_abalone_rows, read_feature_rows
+
+    meta = run.data.meta
+    if run.cfg.data.name == "csv":
+        delimiter = _option(load_csv, run.cfg.data.options, "delimiter")
+        table = read_feature_rows(path, meta["feature_names"], delimiter=delimiter)
+    else:
+        table = read_abalone_rows(path)
+    # the loader's arithmetic (rankwise.data.standardize, then float32) with the training statistics
+    x = (table.features - np.asarray(meta["feature_mean"])) / np.asarray(meta["feature_std"])
+    y = torch.full((len(table.rows),), float("nan"))
+    return table.header, table.rows, TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
+
+
+@register_prediction_reader("image_csv")
+@register_prediction_reader("agedb_dir", "imdb_wiki_dir", target="age")
+def _read_images(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
+    """Image paths (relative to ``data.options.root``, else the new file's folder) through the test
+    split's transform."""
     from rankwise.data.images import load_image_csv, read_image_rows
 
-    column = _option(load_image_csv, options, "image_column") if name == "image_csv" else "path"
+    options = run.cfg.data.options
+    column = _option(load_image_csv, options, "image_column") if run.cfg.data.name == "image_csv" else "path"
     images = read_image_rows(path, run.data.test.transform, image_column=column, root=options.get("root"))
     return images.header, images.rows, images.dataset
 

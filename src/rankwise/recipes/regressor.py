@@ -165,7 +165,7 @@ class DIRRecipe(RegressionRecipe):
     def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
         """The checkpoint's (default ``best``, as :meth:`evaluate`) predictions for the rows of ``path``:
         the file's columns then ``prediction``, in the target's units (runs on the datasets of
-        :data:`~rankwise.recipes.predict_data.PREDICTABLE_DATASETS`:
+        :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`:
         :func:`~rankwise.recipes.predict_data.prediction_rows`)."""
         from rankwise.recipes.predict_data import check_predictable, prediction_columns, prediction_rows
 

@@ -161,7 +161,7 @@ def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = N
     (the recipe's choice, as :func:`evaluate`). The run directory is locked meanwhile and nothing
     in it changes. The recipe predicts through its ``predict_file`` hook
     (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`: ``dir``, ``rrt`` and ``rnc`` runs on the
-    datasets of :data:`~rankwise.recipes.predict_data.PREDICTABLE_DATASETS`); another recipe raises a
+    datasets of :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`); another recipe raises a
     ``ConfigError`` naming those that can.
     """
     from rankwise.recipes.base import can_predict, cannot_predict
@@ -242,8 +242,7 @@ def predictions_mae(columns: Mapping[str, Any], target: str) -> tuple[float, int
     loaders' rule); None when there are none."""
     import re
 
-    from rankwise.data import DataFormatError
-    from rankwise.data._files import parse_number
+    from rankwise.data import DataFormatError, parse_number
 
     named = [k for k in columns if re.fullmatch(r"prediction(_[0-9]+)?", k)]
     if target not in columns or not named:

@@ -339,8 +339,7 @@ def predict_run(
     nothing else in it is written.
     A file that does not exist is refused before the data are loaded.
     """
-    from rankwise.data import DataFormatError
-    from rankwise.data._files import check_file
+    from rankwise.data import DataFormatError, check_file
 
     check_file(path)
     quiet_lightning()

@@ -109,20 +109,18 @@ def test_the_run_s_own_test_subjects_reproduce_predictions_csv(trained: dict[str
         warnings.simplefilter("error", DataDefaultsWarning)  # these volumes fit the run's grid: no crop note
         table = _predict_file(trained["run"], new)
     assert list(table) == [
-        "subject",
-        "site",
-        "path",
-        "age",
-        "prediction",
+        *header,  # the file's columns as read, then what the run computes, the prediction last
         "stage1_prediction",
         "gap",
         "prediction_corrected_gap",
         "prediction_corrected_prediction",
         "gap_corrected_gap",
         "gap_corrected_prediction",
+        "prediction",
     ]
-    assert list(table["subject"]) == subjects and list(table["site"]) == [rows[s]["site"] for s in subjects]
-    assert list(table["path"]) == [_rel(trained, s, folder) for s in subjects]
+    assert table["subject"] == subjects and table["site"] == [rows[s]["site"] for s in subjects]
+    assert table["path"] == [_rel(trained, s, folder) for s in subjects]
+    assert table["age"] == [rows[s]["age"] for s in subjects]
     age = np.array([float(r["age"]) for r in test])
     np.testing.assert_allclose(_col(table, "age"), age, atol=1e-3)
     pred = _col(table, "prediction")
@@ -154,26 +152,35 @@ def test_unknown_ages_other_order_and_extra_columns(trained: dict[str, Any]) -> 
     )
     table = _predict_file(trained["run"], new)
     by_subject = {r["subject"]: r for r in test}
-    assert list(table["subject"]) == subjects
+    assert list(table)[: len(header)] == header and "age" not in table
+    assert table["subject"] == subjects and table["diagnosis"] == ["AD"] * len(subjects)
+    assert table["split"] == ["train"] * len(subjects)  # kept as text, not a split
     np.testing.assert_allclose(_col(table, "prediction"), [float(by_subject[s]["pred"]) for s in subjects], atol=1e-5)
     # the "prediction" correction inverts the validation line and needs no age; "gap" does
     expected = [float(by_subject[s]["pred_corrected_prediction"]) for s in subjects]
     np.testing.assert_allclose(_col(table, "prediction_corrected_prediction"), expected, atol=1e-5)
-    for name in ("age", "gap", "prediction_corrected_gap", "gap_corrected_gap", "gap_corrected_prediction"):
+    for name in ("gap", "prediction_corrected_gap", "gap_corrected_gap", "gap_corrected_prediction"):
         assert np.isnan(_col(table, name)).all(), name
     # some ages known, some not, and no subject column: the rows with an age get their gaps
+    # a column named like a computed one keeps its values; the computed one gets a suffix
     mixed = _write(
         folder / "mixed.csv",
-        ["path", "age", "sex"],
-        [[_rel(trained, s, folder), rows[s]["age"] if i % 2 else "", rows[s]["sex"]] for i, s in enumerate(subjects)],
+        ["path", "age", "sex", "gap"],
+        [
+            [_rel(trained, s, folder), rows[s]["age"] if i % 2 else "", rows[s]["sex"], "x"]
+            for i, s in enumerate(subjects)
+        ],
     )
     part = _predict_file(trained["run"], mixed, "best")
-    assert "subject" not in part and "site" not in part
+    assert "subject" not in part and "site" not in part and part["gap"] == ["x"] * len(subjects)
+    assert part["age"] == [rows[s]["age"] if i % 2 else "" for i, s in enumerate(subjects)]
     known = np.arange(len(subjects)) % 2 == 1
+    ages = np.array([float(rows[s]["age"]) for s in subjects])
+    np.testing.assert_allclose(_col(part, "gap_1")[known], (_col(part, "prediction") - ages)[known], atol=1e-3)
+    assert np.isnan(_col(part, "gap_1")[~known]).all()
     gap = [float(by_subject[s]["pred_corrected_gap"]) for s in subjects]
     np.testing.assert_allclose(_col(part, "prediction_corrected_gap")[known], np.array(gap)[known], atol=1e-5)
     assert np.isnan(_col(part, "prediction_corrected_gap")[~known]).all()
-    assert np.isfinite(_col(part, "gap")[known]).all() and np.isnan(_col(part, "gap")[~known]).all()
 
 
 def test_the_last_checkpoint_is_another_prediction(trained: dict[str, Any]) -> None:
@@ -188,7 +195,7 @@ def test_the_last_checkpoint_is_another_prediction(trained: dict[str, Any]) -> N
 
     (trained["run"] / "checkpoints" / "last.ckpt").rename(trained["run"] / "checkpoints" / "last.bak")
     try:
-        with pytest.raises(CheckpointError, match="last.ckpt"):
+        with pytest.raises(CheckpointError, match=r"cannot predict: .* has no checkpoints/last\.ckpt"):
             _predict_file(trained["run"], new, "last")
     finally:
         (trained["run"] / "checkpoints" / "last.bak").rename(trained["run"] / "checkpoints" / "last.ckpt")
@@ -223,7 +230,9 @@ def test_bad_new_cohorts_are_one_clear_error(trained: dict[str, Any]) -> None:
     with pytest.raises(DataFormatError, match=r"empty\.csv, row 1: missing column\(s\) \['path'\]"):
         _predict_file(trained["run"], folder / "empty.csv")
     # a volume whose preprocessed grid is not the run's (a run without `shape` keeps the native grid)
-    with pytest.raises(DataFormatError, match=r"row 2: volume .* has shape \(23, 27, 23\) after preprocessing, the run"):
+    with pytest.raises(
+        DataFormatError, match=r"row 2: volume .* has shape \(23, 27, 23\) after preprocessing, the run"
+    ):
         load_nifti_cohort(folder / "missing.csv", cache_dir=str(trained["root"] / "cache"), grid=[20, 20, 20])
     assert not (folder / "gone").exists() and corrupt.read_bytes() == b"\x1f\x8b not a volume"
 

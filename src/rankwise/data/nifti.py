@@ -639,18 +639,15 @@ class NiftiCohort:
     """A CSV of NIfTI volumes preprocessed as a training cohort was (:func:`load_nifti_cohort`).
 
     ``dataset`` yields the items of :class:`NiftiVolumeDataset` in the CSV's order (label NaN where the
-    age is unknown); ``rows`` (1-based CSV lines), ``paths`` (the ``path`` column as written),
-    ``subjects`` / ``sites`` (the columns' values, ``""`` without the column), ``ages`` (NaN where
-    unknown) follow that order; ``columns`` is the CSV's header; ``meta`` holds ``notes`` (a crop that
-    cut into the brains, see :func:`load_nifti_csv`), ``source``, ``shape``, ``has_sex``, ``cache_dir``.
+    age is unknown); ``columns`` holds the CSV's columns as read (header order, stripped text),
+    ``rows`` the 1-based CSV lines, ``ages`` the parsed ages (NaN where unknown), in that order;
+    ``meta`` holds ``notes`` (a crop that cut into the brains, see :func:`load_nifti_csv`), ``source``,
+    ``shape``, ``has_sex``, ``cache_dir``.
     """
 
     dataset: NiftiVolumeDataset
-    columns: list[str]
+    columns: dict[str, list[str]]
     rows: list[int]
-    paths: list[str]
-    subjects: list[str]
-    sites: list[str]
     ages: np.ndarray
     meta: dict[str, Any]
 
@@ -738,11 +735,8 @@ def load_nifti_cohort(
     }
     return NiftiCohort(
         dataset=dataset,
-        columns=columns,
+        columns={c: [r[c] for r in rows] for c in columns},
         rows=[it["row"] for it in items],
-        paths=[r["path"] for r in rows],
-        subjects=[r.get("subject", "") for r in rows],
-        sites=[r.get("site", "") for r in rows],
         ages=ages,
         meta=meta,
     )

@@ -387,12 +387,24 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
 
     from rankwise.data.nifti import load_nifti_cohort
     from rankwise.recipes.common import loader_workers, warn_data_notes
+    from rankwise.recipes.rundir import CheckpointError
 
     cfg = run.cfg
     if cfg.data.name != "nifti":
         raise ConfigError(
             f"recipe 'brain_age' predicts from a `nifti` run's CSV, but the run's `data.name` is {cfg.data.name!r}"
         )
+    dir1, _ = _stage_dirs(run)
+    name = checkpoint or "best"
+    two = _two_stages(run)
+    for ckpt, stage in [("best", dir1), (name, "")] if two else [(name, dir1)]:
+        try:
+            run.checkpoint(ckpt, stage)  # before the new volumes are preprocessed
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
+                "finish it with `rankwise train ... --resume`)"
+            ) from None
     first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, run.data.train_labels))
     options = {k: v for k, v in cfg.data.options.items() if k in _PREPROCESSING}
     cohort = load_nifti_cohort(path, **options, grid=run.data.meta.get("shape"), require_sex=first.uses_sex)
@@ -401,24 +413,27 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
         cohort.dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **loader_workers(cfg.data.num_workers)
     )
     _, val_dl, _ = _loaders(run)
-    dir1, _ = _stage_dirs(run)
-    name = checkpoint or "best"
     stage1: np.ndarray | None = None
     module, stage = first, dir1
-    if _two_stages(run):  # as evaluate: stage 1's best (the weights stage 2 was trained on), then stage 2's `name`
+    if two:  # as evaluate: stage 1's best (the weights stage 2 was trained on), then stage 2's `name`
         stage1, _ = _predict(run, first, new_dl, "best", dir1)
         module, stage = _second(run, first), ""
     val_pred, val_age = _predict(run, module, val_dl, name, stage)
     pred, _ = _predict(run, module, new_dl, name, stage)
     age = cohort.ages
     corrected = _bias_corrected(pred, age, val_pred, val_age)
-    table: dict[str, Any] = {c: getattr(cohort, f"{c}s") for c in ("subject", "site") if c in cohort.columns}
-    table |= {"path": cohort.paths, "age": age, "prediction": pred}
-    if stage1 is not None:
-        table["stage1_prediction"] = stage1
-    table["gap"] = pred - age
-    table |= {f"prediction_corrected_{m}": corrected[m] for m in CORRECTIONS}
-    table |= {f"gap_corrected_{m}": corrected[m] - age for m in CORRECTIONS}
+    computed: dict[str, np.ndarray] = {} if stage1 is None else {"stage1_prediction": stage1}
+    computed["gap"] = pred - age
+    computed |= {f"prediction_corrected_{m}": corrected[m] for m in CORRECTIONS}
+    computed |= {f"gap_corrected_{m}": corrected[m] - age for m in CORRECTIONS}
+    computed["prediction"] = pred  # last, as every recipe's `rankwise predict` output
+    table: dict[str, Any] = dict(cohort.columns)
+    for key, values in computed.items():
+        name, k = key, 0
+        while name in table:  # the file's own column of that name stays as it is
+            k += 1
+            name = f"{key}_{k}"
+        table[name] = values
     return table
 
 
@@ -533,11 +548,12 @@ class BrainAgeRecipe(RecipeBase):
 
         The volumes go through the run's preprocessing (its ``data.options``, its cache; a crop that cuts
         into the brains is a ``warning:`` line); the bias corrections are fitted on the run's validation
-        predictions as in :meth:`evaluate`. Columns, in the CSV's row order: ``subject`` and ``site`` (when
-        the CSV has them), ``path`` (as written), ``age`` (NaN where unknown), ``prediction`` (years),
-        ``stage1_prediction`` (TSAN with two stages), ``gap`` (prediction - age),
-        ``prediction_corrected_<method>`` and ``gap_corrected_<method>`` for each of :data:`CORRECTIONS`
-        (``gap`` needs the age: NaN where it is unknown; ``prediction`` does not).
+        predictions as in :meth:`evaluate`. Columns, one value per CSV row in its order: the CSV's own
+        columns as read (text), then ``stage1_prediction`` (TSAN with two stages), ``gap`` (prediction
+        - age), ``prediction_corrected_<method>`` and ``gap_corrected_<method>`` for each of
+        :data:`CORRECTIONS` (``gap`` needs the age, ``prediction`` does not) and ``prediction`` (years),
+        float64 arrays, NaN where the age is unknown; a computed name that the CSV already has gets
+        ``_1`` (``_2``, ...).
         """
         return _predict_cohort(run, Path(path), checkpoint)
 

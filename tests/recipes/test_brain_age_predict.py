@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("lightning")
 pytest.importorskip("nibabel")
@@ -24,7 +25,7 @@ pytest.importorskip("torchio")
 from rankwise.data import DataFileNotFoundError, DataFormatError
 from rankwise.data.nifti import load_nifti_cohort
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
-from rankwise.recipes import evaluate, load_config, train
+from rankwise.recipes import CheckpointError, evaluate, load_config, train
 from rankwise.recipes.common import DataDefaultsWarning
 from rankwise.recipes.registry import get_recipe
 from rankwise.recipes.rundir import Run
@@ -183,22 +184,39 @@ def test_unknown_ages_other_order_and_extra_columns(trained: dict[str, Any]) -> 
     assert np.isnan(_col(part, "prediction_corrected_gap")[~known]).all()
 
 
-def test_the_last_checkpoint_is_another_prediction(trained: dict[str, Any]) -> None:
-    """``checkpoint="last"`` reads stage 2's last.ckpt: with one epoch per stage the same weights as best."""
-    s = trained["test"][0]["subject"]
-    folder = trained["root"] / "last"
-    new = _write(folder / "one.csv", ["path", "sex"], [[_rel(trained, s, folder), trained["rows"][s]["sex"]]])
-    best = _col(_predict_file(trained["run"], new, "best"), "prediction")
-    last = _col(_predict_file(trained["run"], new, "last"), "prediction")
-    np.testing.assert_allclose(last, best, atol=1e-5)
-    from rankwise.recipes import CheckpointError
+def _shift_head(ckpt: Path, years: float) -> None:
+    """Add ``years`` to the bias of the last layer of the sex head in a checkpoint of this test's run."""
+    blob = torch.load(ckpt, weights_only=True)
+    blob["state_dict"]["net.end_fc_with_gender.1.bias"] += years
+    torch.save(blob, ckpt)
 
-    (trained["run"] / "checkpoints" / "last.ckpt").rename(trained["run"] / "checkpoints" / "last.bak")
-    try:
-        with pytest.raises(CheckpointError, match=r"cannot predict: .* has no checkpoints/last\.ckpt"):
-            _predict_file(trained["run"], new, "last")
-    finally:
-        (trained["run"] / "checkpoints" / "last.bak").rename(trained["run"] / "checkpoints" / "last.ckpt")
+
+def test_the_checkpoint_option_picks_the_last_stage_s_checkpoint(trained: dict[str, Any], tmp_path: Path) -> None:
+    """``last``: stage 2's last.ckpt, as ``evaluate --checkpoint last``; stage 1 always predicts from its best."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    _shift_head(run / "stage1" / "last.ckpt", 3.0)  # one epoch per stage: make last differ from best
+    _shift_head(run / "checkpoints" / "last.ckpt", 3.0)
+    evaluate(run, checkpoint="last", plots=False)
+    test = [r for r in csv.DictReader(open(run / "predictions.csv")) if r["split"] == "test"]
+    folder = trained["root"] / "last"
+    rows = trained["rows"]
+    new = _write(
+        folder / "test.csv",
+        ["path", "sex"],
+        [[_rel(trained, r["subject"], folder), rows[r["subject"]]["sex"]] for r in test],
+    )
+    last = _predict_file(run, new, "last")
+    best = _predict_file(run, new, "best")
+    np.testing.assert_allclose(_col(last, "prediction"), [float(r["pred"]) for r in test], atol=1e-5)
+    expected = [float(r["pred_corrected_prediction"]) for r in test]
+    np.testing.assert_allclose(_col(last, "prediction_corrected_prediction"), expected, atol=1e-5)
+    np.testing.assert_allclose(_col(best, "prediction"), [float(r["pred"]) for r in trained["test"]], atol=1e-5)
+    assert np.abs(_col(last, "prediction") - _col(best, "prediction")).min() > 0.1
+    np.testing.assert_allclose(_col(last, "stage1_prediction"), _col(best, "stage1_prediction"), atol=1e-6)
+    (run / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(CheckpointError, match=r"cannot predict: .* has no checkpoints/last\.ckpt"):
+        _predict_file(run, new, "last")
 
 
 def test_bad_new_cohorts_are_one_clear_error(trained: dict[str, Any]) -> None:
@@ -246,3 +264,39 @@ def test_volumes_of_another_voxel_size_are_a_crop_warning(trained: dict[str, Any
         table = _predict_file(trained["run"], new)
     assert np.isfinite(_col(table, "prediction")).all() and len(table["path"]) == 2
     shutil.rmtree(fine.parent)
+
+
+@pytest.fixture(scope="module")
+def sfcn(trained: dict[str, Any]) -> dict[str, Any]:
+    """SFCN (one stage, no sex input) on the same cohort, padded to a grid its five poolings fit."""
+    root = trained["root"]
+    sets = [
+        f"data.options.csv={trained['src']}",
+        f"data.options.cache_dir={root / 'cache'}",
+        "data.options.shape=[32, 32, 32]",
+        "data.batch_size=4",
+        "trainer.max_epochs=1",
+        "trainer.num_threads=1",
+        "task.montage=0",
+    ]
+    run_dir = root / "sfcn"
+    train(load_config("brain_age_sfcn_synthetic", overrides=sets), out=run_dir, progress=False, plots=False)
+    preds = list(csv.DictReader(open(run_dir / "predictions.csv")))
+    return {"run": run_dir, "test": [r for r in preds if r["split"] == "test"]}
+
+
+def test_sfcn_predicts_without_sex(trained: dict[str, Any], sfcn: dict[str, Any]) -> None:
+    folder = trained["root"] / "sfcn_new"
+    test = sfcn["test"]
+    new = _write(
+        folder / "nosex.csv",
+        ["subject", "path", "age"],
+        [[r["subject"], _rel(trained, r["subject"], folder), r["age"]] for r in test],
+    )
+    table = _predict_file(sfcn["run"], new)
+    assert "stage1_prediction" not in table and list(table)[-1] == "prediction"
+    np.testing.assert_allclose(_col(table, "prediction"), [float(r["pred"]) for r in test], atol=1e-5)
+    for method in ("gap", "prediction"):
+        expected = [float(r[f"pred_corrected_{method}"]) for r in test]
+        assert np.isfinite(expected).all()
+        np.testing.assert_allclose(_col(table, f"prediction_corrected_{method}"), expected, atol=1e-5)

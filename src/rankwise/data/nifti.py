@@ -654,8 +654,8 @@ class NiftiCohort:
 
 #: what the crop note advises for a cohort preprocessed on a trained run's grid
 _COHORT_CROP_ADVICE = (
-    "the run's grid holds less of these heads than of its training volumes: resample the volumes to the voxel "
-    "size of the run's training volumes first"
+    "the run's grid holds only part of these heads: resample the volumes to the voxel size of the run's "
+    "training volumes first"
 )
 
 
@@ -727,7 +727,7 @@ def load_nifti_cohort(
         [it["subject"] for it in items],
     )
     meta: dict[str, Any] = {
-        "notes": _crop_notes(items, prep.shape, _COHORT_CROP_ADVICE),
+        "notes": [f"{csv_path}: {note}" for note in _crop_notes(items, prep.shape, _COHORT_CROP_ADVICE)],
         "source": str(csv_path),
         "shape": list(vshape),
         "has_sex": all(it["sex"] >= 0 for it in items),

@@ -69,7 +69,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _predict_file(run_dir: Path, path: Path, checkpoint: str | None = None) -> dict[str, Any]:
     """The Run as :func:`rankwise.recipes.rundir.evaluate_run` builds it, then the recipe's hook."""
     cfg = load_run_config(run_dir)
-    recipe = get_recipe(cfg.recipe)
+    recipe: Any = get_recipe(cfg.recipe)  # predict_file: the hook of `rankwise predict`
     run = Run(cfg, Path(run_dir), load_data(cfg, recipe), plots=False, evaluating=True)
     return recipe.predict_file(run, Path(path), checkpoint)
 

@@ -675,7 +675,8 @@ def load_nifti_cohort(
     options preprocesses a training cohort (same steps, same cache), to predict their ages.
 
     The CSV has the training CSV's columns, but the label column ``target`` is optional (missing
-    column or empty value: the age is unknown, NaN) and ``split`` is ignored. ``grid``: the shape the
+    column or empty value: the age is unknown, NaN) and ``split`` selects nothing (it is a column like
+    any other). ``grid``: the shape the
     training volumes had after preprocessing; every volume must reach it. ``require_sex``: the network
     uses sex, so every row needs a ``sex`` value.
 

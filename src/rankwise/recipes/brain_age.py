@@ -31,6 +31,7 @@ predictions) and plots.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -296,7 +297,7 @@ def _bias_corrected(
     for method in CORRECTIONS:
         values = np.full(pred.shape, np.nan)
         rows = known if method == "gap" else np.ones_like(known)
-        try:
+        with contextlib.suppress(ValueError):  # no line fits: NaN
             values[rows] = correct_age_bias(
                 pred[rows],
                 np.where(known, age, 0.0)[rows],  # unknown ages reach only "prediction", which ignores them
@@ -304,8 +305,6 @@ def _bias_corrected(
                 fit_age=fit_age,
                 method=method,  # type: ignore[arg-type]
             )
-        except ValueError:
-            values[:] = np.nan
         out[method] = values
     return out
 
@@ -429,11 +428,11 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     computed["prediction"] = pred  # last, as every recipe's `rankwise predict` output
     table: dict[str, Any] = dict(cohort.columns)
     for key, values in computed.items():
-        name, k = key, 0
-        while name in table:  # the file's own column of that name stays as it is
+        column, k = key, 0
+        while column in table:  # the file's own column of that name stays as it is
             k += 1
-            name = f"{key}_{k}"
-        table[name] = values
+            column = f"{key}_{k}"
+        table[column] = values
     return table
 
 
@@ -549,11 +548,11 @@ class BrainAgeRecipe(RecipeBase):
         The volumes go through the run's preprocessing (its ``data.options``, its cache; a crop that cuts
         into the brains is a ``warning:`` line); the bias corrections are fitted on the run's validation
         predictions as in :meth:`evaluate`. Columns, one value per CSV row in its order: the CSV's own
-        columns as read (text), then ``stage1_prediction`` (TSAN with two stages), ``gap`` (prediction
-        - age), ``prediction_corrected_<method>`` and ``gap_corrected_<method>`` for each of
-        :data:`CORRECTIONS` (``gap`` needs the age, ``prediction`` does not) and ``prediction`` (years),
-        float64 arrays, NaN where the age is unknown; a computed name that the CSV already has gets
-        ``_1`` (``_2``, ...).
+        columns as read (text), then ``stage1_prediction`` (TSAN with two stages), ``gap`` (the
+        prediction minus the age), ``prediction_corrected_<method>`` and ``gap_corrected_<method>`` for
+        each of :data:`CORRECTIONS` (``gap`` needs the age, ``prediction`` does not) and ``prediction``
+        (years): float64 arrays, NaN where they need an unknown age. A computed name that the CSV
+        already has gets ``_1`` (``_2``, ...).
         """
         return _predict_cohort(run, Path(path), checkpoint)
 

@@ -106,6 +106,8 @@ def test_the_run_s_own_test_subjects_reproduce_predictions_csv(trained: dict[str
         [[_rel(trained, s, folder), rows[s]["age"], rows[s]["sex"], rows[s]["site"], s] for s in subjects],
     )
     before = {f: (trained["run"] / f).read_bytes() for f in ("predictions.csv", "metrics.json")}
+    user_files = sorted(trained["src"].parent.iterdir()) + sorted(folder.iterdir())
+    cache = set((trained["root"] / "cache").iterdir())
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataDefaultsWarning)  # these volumes fit the run's grid: no crop note
         table = _predict_file(trained["run"], new)
@@ -136,8 +138,10 @@ def test_the_run_s_own_test_subjects_reproduce_predictions_csv(trained: dict[str
     stage1_mae = np.abs(_col(table, "stage1_prediction") - age).mean()
     assert stage1_mae == pytest.approx(trained["metrics"]["test"]["stage1_mae"], abs=1e-3)
     assert not np.allclose(_col(table, "stage1_prediction"), pred)  # stage 2 changed them
-    # nothing of the run changed
+    # nothing of the run or of the user's folders changed; the volumes were cached already (training)
     assert {f: (trained["run"] / f).read_bytes() for f in before} == before
+    assert sorted(trained["src"].parent.iterdir()) + sorted(folder.iterdir()) == user_files
+    assert set((trained["root"] / "cache").iterdir()) == cache
 
 
 def test_unknown_ages_other_order_and_extra_columns(trained: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +42,9 @@ from rankwise.data._base import DataFileNotFoundError, DataFormatError, Regressi
 
 __all__ = [
     "SEX_VALUES",
+    "NiftiCohort",
     "NiftiVolumeDataset",
+    "load_nifti_cohort",
     "load_nifti_csv",
     "looks_like_nifti_csv",
     "parse_sex",
@@ -229,14 +232,16 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
     return data, affine
 
 
-def _read_rows(csv_path: Path, target: str = "age") -> list[dict[str, Any]]:
+def _read_rows(csv_path: Path, target: str | None = "age") -> list[dict[str, Any]]:
+    """The CSV's rows (stripped values, ``_row``: the 1-based line); ``path`` and ``target`` (unless
+    None) are required columns."""
     if not csv_path.is_file():
         raise DataFileNotFoundError(csv_path, None, "CSV file does not exist")
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in ("path", target) if c not in header]
+            missing = [c for c in ("path", target) if c is not None and c not in header]
             if missing:
                 raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
             reader.fieldnames = header
@@ -256,18 +261,16 @@ def _read_rows(csv_path: Path, target: str = "age") -> list[dict[str, Any]]:
     return rows
 
 
-def _parse_row(r: dict[str, Any], csv_path: Path, root: Path, target: str = "age") -> dict[str, Any]:
+def _parse_row(
+    r: dict[str, Any], csv_path: Path, root: Path, target: str = "age", *, age_optional: bool = False
+) -> dict[str, Any]:
+    """One CSV row checked and parsed; with ``age_optional`` a missing or empty ``target`` is NaN."""
     row = r["_row"]
     if not r["path"]:
         raise DataFormatError(csv_path, row, "empty `path`")
     p = Path(r["path"])
     path = p if p.is_absolute() else root / p
-    try:
-        age = float(r[target])
-    except ValueError:
-        raise DataFormatError(csv_path, row, f"`{target}` must be a number, got {r[target]!r} ({path})") from None
-    if not math.isfinite(age) or age < 0:
-        raise DataFormatError(csv_path, row, f"`{target}` must be a finite number >= 0, got {r[target]!r} ({path})")
+    age = math.nan if age_optional and not r.get(target, "") else _parse_age(r, csv_path, row, target, path)
     try:
         sex = parse_sex(r.get("sex", ""))
     except ValueError as e:
@@ -285,6 +288,16 @@ def _parse_row(r: dict[str, Any], csv_path: Path, root: Path, target: str = "age
         "subject": subject,
         "split": _SPLITS.get(split, ""),
     }
+
+
+def _parse_age(r: dict[str, Any], csv_path: Path, row: int, target: str, path: Path) -> float:
+    try:
+        age = float(r[target])
+    except ValueError:
+        raise DataFormatError(csv_path, row, f"`{target}` must be a number, got {r[target]!r} ({path})") from None
+    if not math.isfinite(age) or age < 0:
+        raise DataFormatError(csv_path, row, f"`{target}` must be a finite number >= 0, got {r[target]!r} ({path})")
+    return age
 
 
 def _assign_splits(items: list[dict[str, Any]], csv_path: Path, val: float, test: float, seed: int) -> None:
@@ -361,9 +374,17 @@ def _read_facts(path: Path) -> dict[str, Any]:
     return facts if isinstance(facts, dict) else {}
 
 
-def _crop_notes(items: list[dict[str, Any]], shape: Sequence[int] | None) -> list[str]:
+#: what the crop note advises for a training cohort
+_CROP_ADVICE = (
+    "resample them first with `data.options.spacing` (e.g. 2 for the 91 x 109 x 91 grid of MNI space at 2 mm) "
+    "or set `data.options.resize` to resample"
+)
+
+
+def _crop_notes(items: list[dict[str, Any]], shape: Sequence[int] | None, advice: str = _CROP_ADVICE) -> list[str]:
     """One note when the centred crop to ``shape`` cut away more than a tenth of some volumes' voxels > 0
-    (e.g. 1 mm volumes through a preset's 2 mm grid: a silent crop to the middle of the head)."""
+    (e.g. 1 mm volumes through a preset's 2 mm grid: a silent crop to the middle of the head), ending
+    with ``advice``."""
     cut = [it for it in items if float(it["facts"].get("kept", 1.0)) < CROP_KEEP_WARN]
     if not cut or shape is None:
         return []
@@ -373,9 +394,7 @@ def _crop_notes(items: list[dict[str, Any]], shape: Sequence[int] | None) -> lis
     return [
         f"the centred crop to `data.options.shape` {list(shape)} keeps less than "
         f"{CROP_KEEP_WARN:.0%} of the voxels > 0 of {len(cut)} of {len(items)} volumes (row {worst['row']}, "
-        f"{worst['path']}: {float(worst['facts']['kept']):.0%} kept{size}); resample them first with "
-        "`data.options.spacing` (e.g. 2 for the 91 x 109 x 91 grid of MNI space at 2 mm) or set "
-        "`data.options.resize` to resample"
+        f"{worst['path']}: {float(worst['facts']['kept']):.0%} kept{size}); {advice}"
     ]
 
 
@@ -408,6 +427,109 @@ def looks_like_nifti_csv(path: str | Path) -> bool:
 def _default_cache() -> Path:
     base = os.environ.get("RANKWISE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rankwise")
     return Path(base) / "volumes"
+
+
+def _check_target(target: Any) -> None:
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"`target` must be the name of the CSV's label column, got {target!r}")
+
+
+@dataclass(frozen=True)
+class _Preprocessing:
+    """The preprocessing options of a cohort and its cache folder: every volume of a CSV through
+    :func:`_preprocess`, once, into ``cache``."""
+
+    shape: tuple[int, ...] | None
+    spacing: float | tuple[float, ...] | None
+    resize: str
+    normalize: str
+    cache: Path
+
+    @classmethod
+    def checked(cls, shape: Any, spacing: Any, resize: Any, normalize: Any, cache_dir: str | None) -> _Preprocessing:
+        if shape is not None and (len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape)):
+            raise ValueError(f"`shape` must be three positive ints [D, H, W], got {shape!r}")
+        if shape is not None and math.prod(shape) > MAX_GRID_VOXELS:
+            raise ValueError(f"`shape` {list(shape)} has more than {MAX_GRID_VOXELS:,} voxels")
+        if resize not in ("crop_or_pad", "resample"):
+            raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {resize!r}")
+        if normalize not in ("brain_zscore", "none"):
+            raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {normalize!r}")
+        cache = Path(cache_dir) if cache_dir else _default_cache()
+        grid = None if shape is None else tuple(shape)
+        return cls(grid, _check_spacing(spacing), resize, normalize, cache)
+
+    def cache_volumes(
+        self,
+        items: list[dict[str, Any]],
+        csv_path: Path,
+        *,
+        grid: tuple[Sequence[int], str] | None = None,
+        hint: str = "set `data.options.shape` to crop/pad every volume to one grid",
+    ) -> tuple[int, ...]:
+        """Check, preprocess and cache every item's volume (``it["cache"]``: the ``.npy``, ``it["facts"]``:
+        what the preprocessing noted); every preprocessed volume must have the shape ``grid[0]``
+        (described as ``grid[1]``; default: the first volume's), else a :class:`DataFormatError` ending
+        with ``hint``. Returns the shape."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        shape = None if self.shape is None else list(self.shape)
+        opts = json.dumps(
+            {
+                "v": _CACHE_VERSION,
+                "shape": shape,
+                "spacing": self.spacing,
+                "resize": self.resize,
+                "normalize": self.normalize,
+            },
+            sort_keys=True,
+            default=list,
+        )
+        expected = None if grid is None else (tuple(int(g) for g in grid[0]), grid[1])
+        for it in items:
+            cached, it["facts"] = self._cached(it, csv_path, opts)
+            vshape = tuple(np.load(cached, mmap_mode="r").shape)
+            if expected is None:
+                expected = (vshape, f"the cohort {vshape} (row {it['row']})")
+            elif vshape != expected[0]:
+                raise DataFormatError(
+                    csv_path,
+                    it["row"],
+                    f"volume {it['path']} has shape {vshape} after preprocessing, {expected[1]}; {hint}",
+                )
+            it["cache"] = str(cached)
+        assert expected is not None
+        return expected[0]
+
+    def _cached(self, it: dict[str, Any], csv_path: Path, opts: str) -> tuple[Path, dict[str, Any]]:
+        """The cache file of one item's volume (written when missing) and its preprocessing facts."""
+        where = (csv_path, it["row"])
+        if not it["path"].is_file():
+            raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
+        size = it["path"].stat().st_size
+        if size > MAX_VOLUME_BYTES:
+            raise DataFormatError(
+                csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
+            )
+        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
+        cached = self.cache / f"{key}.npy"
+        if cached.is_file():  # what the preprocessing noted when it wrote the cache
+            return cached, _read_facts(cached.with_suffix(".json"))
+        data, affine = _read_volume(it["path"], where)
+        _check_grid(data.shape, affine, self.spacing, where, it["path"])
+        try:
+            vol, kept = _preprocess(data, affine, self.spacing, self.shape, self.resize, self.normalize)
+        except (ValueError, ArithmeticError, RuntimeError) as e:
+            msg = " ".join(str(e).split()) or type(e).__name__
+            raise DataFormatError(csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}") from None
+        facts: dict[str, Any] = {
+            "kept": kept,
+            "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))],
+        }
+        _write_atomic(cached.with_suffix(".json"), json.dumps(facts).encode())
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, _cache_array(vol))
+        os.replace(tmp, cached)
+        return cached, facts
 
 
 @register_dataset("nifti", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation")
@@ -450,76 +572,17 @@ def load_nifti_csv(
     for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"`{name}` must be in [0, 1), got {frac!r}")
-    if shape is not None and (len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape)):
-        raise ValueError(f"`shape` must be three positive ints [D, H, W], got {shape!r}")
-    if shape is not None and math.prod(shape) > MAX_GRID_VOXELS:
-        raise ValueError(f"`shape` {list(shape)} has more than {MAX_GRID_VOXELS:,} voxels")
-    spacing = _check_spacing(spacing)
+    prep = _Preprocessing.checked(shape, spacing, resize, normalize, cache_dir)
     if not isinstance(augment, bool):
         raise TypeError(f"`augment` must be true or false, got {augment!r}")
-    if resize not in ("crop_or_pad", "resample"):
-        raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {resize!r}")
-    if normalize not in ("brain_zscore", "none"):
-        raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {normalize!r}")
     root = csv_path.resolve().parent
-    if not isinstance(target, str) or not target.strip():
-        raise ValueError(f"`target` must be the name of the CSV's label column, got {target!r}")
+    _check_target(target)
     items = [_parse_row(r, csv_path, root, target) for r in _read_rows(csv_path, target)]
     split_rule = "csv" if all(it["split"] for it in items) else "subject"
     _assign_splits(items, csv_path, val_fraction, test_fraction, seed)
     if not any(it["split"] == "train" for it in items):
         raise DataFormatError(csv_path, None, "no row is in the train split")
-    cache = Path(cache_dir) if cache_dir else _default_cache()
-    cache.mkdir(parents=True, exist_ok=True)
-    opts = json.dumps(
-        {"v": _CACHE_VERSION, "shape": shape, "spacing": spacing, "resize": resize, "normalize": normalize},
-        sort_keys=True,
-        default=list,
-    )
-    grid: tuple[tuple[int, ...], int] | None = None
-    for it in items:
-        where = (csv_path, it["row"])
-        if not it["path"].is_file():
-            raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
-        size = it["path"].stat().st_size
-        if size > MAX_VOLUME_BYTES:
-            raise DataFormatError(
-                csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
-            )
-        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
-        cached = cache / f"{key}.npy"
-        if not cached.is_file():
-            data, affine = _read_volume(it["path"], where)
-            _check_grid(data.shape, affine, spacing, where, it["path"])
-            try:
-                vol, kept = _preprocess(data, affine, spacing, shape, resize, normalize)
-            except (ValueError, ArithmeticError, RuntimeError) as e:
-                msg = " ".join(str(e).split()) or type(e).__name__
-                raise DataFormatError(
-                    csv_path, it["row"], f"volume {it['path']} cannot be preprocessed: {msg}"
-                ) from None
-            facts: dict[str, Any] = {
-                "kept": kept,
-                "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))],
-            }
-            _write_atomic(cached.with_suffix(".json"), json.dumps(facts).encode())
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
-            np.save(tmp, _cache_array(vol))
-            os.replace(tmp, cached)
-        else:  # what the preprocessing noted when it wrote the cache
-            facts = _read_facts(cached.with_suffix(".json"))
-        it["facts"] = facts
-        vshape = tuple(np.load(cached, mmap_mode="r").shape)
-        if grid is None:
-            grid = (vshape, it["row"])
-        elif vshape != grid[0]:
-            raise DataFormatError(
-                csv_path,
-                it["row"],
-                f"volume {it['path']} has shape {vshape} after preprocessing, the cohort {grid[0]} (row {grid[1]}); "
-                "set `data.options.shape` to crop/pad every volume to one grid",
-            )
-        it["cache"] = str(cached)
+    grid = prep.cache_volumes(items, csv_path)
     transform = None
     if augment:
         _, tio = _mri_modules()
@@ -540,13 +603,13 @@ def load_nifti_csv(
 
     labels = {s: np.array([it["age"] for it in part(s)], dtype=np.float64) for s in ("train", "val", "test")}
     meta: dict[str, Any] = {
-        "notes": _crop_notes(items, shape),
+        "notes": _crop_notes(items, prep.shape),
         "source": str(csv_path),
         "split": split_rule,
         "seed": seed,
-        "shape": list(grid[0]) if grid else None,
+        "shape": list(grid),
         "has_sex": all(it["sex"] >= 0 for it in items),
-        "cache_dir": str(cache),
+        "cache_dir": str(prep.cache),
     }
     for s in ("train", "val", "test"):
         meta[f"{s}_subjects"] = [it["subject"] for it in part(s)]
@@ -568,4 +631,113 @@ def load_nifti_csv(
         shot_thresholds=None,
         label_unit="years",
         label_description="age",
+    )
+
+
+@dataclass
+class NiftiCohort:
+    """A CSV of NIfTI volumes preprocessed as a training cohort was (:func:`load_nifti_cohort`).
+
+    ``dataset`` yields the items of :class:`NiftiVolumeDataset` in the CSV's order (label NaN where the
+    age is unknown); ``columns`` holds the CSV's columns as read (header order, stripped text),
+    ``rows`` the 1-based CSV lines, ``ages`` the parsed ages (NaN where unknown), in that order;
+    ``meta`` holds ``notes`` (a crop that cut into the brains, see :func:`load_nifti_csv`), ``source``,
+    ``shape``, ``has_sex``, ``cache_dir``.
+    """
+
+    dataset: NiftiVolumeDataset
+    columns: dict[str, list[str]]
+    rows: list[int]
+    ages: np.ndarray
+    meta: dict[str, Any]
+
+
+#: what the crop note advises for a cohort preprocessed on a trained run's grid
+_COHORT_CROP_ADVICE = (
+    "the run's grid holds only part of these heads: resample the volumes to the voxel size of the run's "
+    "training volumes first"
+)
+
+
+def load_nifti_cohort(
+    csv: str | Path,
+    *,
+    target: str = "age",
+    shape: Sequence[int] | None = None,
+    spacing: float | Sequence[float] | None = None,
+    resize: Literal["crop_or_pad", "resample"] = "crop_or_pad",
+    normalize: Literal["brain_zscore", "none"] = "brain_zscore",
+    cache_dir: str | None = None,
+    grid: Sequence[int] | None = None,
+    require_sex: bool = False,
+) -> NiftiCohort:
+    """The volumes of a new cohort's CSV preprocessed exactly as :func:`load_nifti_csv` with the same
+    options preprocesses a training cohort (same steps, same cache), to predict their ages.
+
+    The CSV has the training CSV's columns, but the label column ``target`` is optional (missing
+    column or empty value: the age is unknown, NaN) and ``split`` selects nothing (it is a column like
+    any other). ``grid``: the shape the
+    training volumes had after preprocessing; every volume must reach it. ``require_sex``: the network
+    uses sex, so every row needs a ``sex`` value.
+
+    Raises :class:`~rankwise.data.DataFormatError` (or :class:`~rankwise.data.DataFileNotFoundError`)
+    naming the CSV, the row and the volume, for everything :func:`load_nifti_csv` refuses in a row or a
+    volume, a missing ``sex`` column or value with ``require_sex``, and a volume that does not reach
+    ``grid``.
+
+    Example:
+        >>> import tempfile
+        >>> from rankwise.data.synthetic_mri import make_brain_age_synthetic
+        >>> folder = tempfile.mkdtemp()
+        >>> csv_path = make_brain_age_synthetic(folder, n=2, spacing=8.0)
+        >>> cohort = load_nifti_cohort(csv_path, cache_dir=folder + "/cache", shape=[20, 24, 20])
+        >>> len(cohort.dataset), cohort.meta["shape"], cohort.dataset[0][0]["volume"].shape
+        (2, [20, 24, 20], torch.Size([1, 20, 24, 20]))
+    """
+    csv_path = Path(csv)
+    prep = _Preprocessing.checked(shape, spacing, resize, normalize, cache_dir)
+    _check_target(target)
+    rows = _read_rows(csv_path, None)
+    columns = [k for k in rows[0] if k != "_row"]
+    if require_sex and "sex" not in columns:
+        raise DataFormatError(
+            csv_path,
+            1,
+            f"missing column `sex`: the run's network uses sex (`model.options.use_sex`); the header is {columns}",
+        )
+    root = csv_path.resolve().parent
+    items = []
+    for r in rows:
+        it = _parse_row({k: v for k, v in r.items() if k != "split"}, csv_path, root, target, age_optional=True)
+        if require_sex and it["sex"] < 0:
+            raise DataFormatError(
+                csv_path,
+                it["row"],
+                f"empty `sex` ({it['path']}): the run's network uses sex (`model.options.use_sex`); "
+                "give M/F, male/female or 1/0",
+            )
+        items.append(it)
+    hint = "bring the volumes to the run's grid (the run has no `data.options.shape` that would crop/pad them)"
+    expected = None if grid is None else (tuple(grid), f"the run's training volumes {tuple(grid)}")
+    vshape = prep.cache_volumes(items, csv_path, grid=expected, hint=hint)
+    ages = np.array([it["age"] for it in items], dtype=np.float64)
+    dataset = NiftiVolumeDataset(
+        [it["cache"] for it in items],
+        ages.astype(np.float32),
+        np.array([it["sex"] for it in items], dtype=np.int64),
+        [it["subject"] for it in items],
+    )
+    meta: dict[str, Any] = {
+        "notes": [f"{csv_path}: {note}" for note in _crop_notes(items, prep.shape, _COHORT_CROP_ADVICE)],
+        "source": str(csv_path),
+        "shape": list(vshape),
+        "has_sex": all(it["sex"] >= 0 for it in items),
+        "cache_dir": str(prep.cache),
+    }
+    return NiftiCohort(
+        dataset=dataset,
+        columns={c: [r[c] for r in rows] for c in columns},
+        rows=[it["row"] for it in items],
+        ages=ages,
+        meta=meta,
     )

@@ -31,7 +31,9 @@ predictions) and plots.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -277,26 +279,45 @@ def _predict(run: Run, module: BrainAgeModule, loader: Any, name: str, stage: st
     return pred, label
 
 
+#: the bias corrections of :func:`rankwise.correct_age_bias` that evaluation and prediction apply
+CORRECTIONS = ("gap", "prediction")
+
+
+def _bias_corrected(
+    pred: np.ndarray, age: np.ndarray, fit_pred: np.ndarray, fit_age: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Each of :data:`CORRECTIONS` fitted on ``(fit_pred, fit_age)`` (the validation set) and applied to
+    ``(pred, age)``; NaN where no line fits (e.g. constant validation predictions) and, for ``"gap"``, which
+    subtracts a line in the chronological age, where ``age`` is NaN (unknown). ``"prediction"`` inverts
+    the fitted line and does not use ``age``."""
+    from rankwise.brain_age import correct_age_bias
+
+    known = np.isfinite(age)
+    out: dict[str, np.ndarray] = {}
+    for method in CORRECTIONS:
+        values = np.full(pred.shape, np.nan)
+        rows = known if method == "gap" else np.ones_like(known)
+        with contextlib.suppress(ValueError):  # no line fits: NaN
+            values[rows] = correct_age_bias(
+                pred[rows],
+                np.where(known, age, 0.0)[rows],  # unknown ages reach only "prediction", which ignores them
+                fit_pred=fit_pred,
+                fit_age=fit_age,
+                method=method,  # type: ignore[arg-type]
+            )
+        out[method] = values
+    return out
+
+
 def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *, write: bool) -> dict[str, Any]:
     """Val/test metrics of checkpoint ``<stage dir>/<name>.ckpt`` (Lightning loads it into ``module``) with both
     bias corrections fitted on val; with ``write``, predictions.csv + plots."""
-    from rankwise.brain_age import brain_age_metrics, correct_age_bias
+    from rankwise.brain_age import brain_age_metrics
 
     _, val_dl, test_dl = _loaders(run)
     val_pred, val_age = _predict(run, module, val_dl, name, stage)
     test_pred, test_age = _predict(run, module, test_dl, name, stage)
-    corrected: dict[str, np.ndarray] = {}
-    for method in ("gap", "prediction"):
-        try:
-            corrected[method] = correct_age_bias(
-                test_pred,
-                test_age,
-                fit_pred=val_pred,
-                fit_age=val_age,
-                method=method,  # type: ignore[arg-type]
-            )
-        except ValueError:
-            corrected[method] = np.full_like(test_pred, np.nan)
+    corrected = _bias_corrected(test_pred, test_age, val_pred, val_age)
     test = brain_age_metrics(test_pred, test_age)
     flat = {k: v for k, v in test.items() if not isinstance(v, dict)}
     for method, values in corrected.items():
@@ -353,6 +374,66 @@ def _write_predictions(
 
 def _fmt(v: Any) -> str:
     return "" if isinstance(v, str) else f"{float(v):.6f}"
+
+
+#: the ``data.options`` of a ``nifti`` run that decide how a volume is preprocessed (and the age column)
+_PREPROCESSING = ("target", "shape", "spacing", "resize", "normalize", "cache_dir")
+
+
+def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+    """:meth:`BrainAgeRecipe.predict_file`."""
+    from torch.utils.data import DataLoader
+
+    from rankwise.data.nifti import load_nifti_cohort
+    from rankwise.recipes.common import loader_workers, warn_data_notes
+    from rankwise.recipes.rundir import CheckpointError
+
+    cfg = run.cfg
+    if cfg.data.name != "nifti":
+        raise ConfigError(
+            f"recipe 'brain_age' predicts from a `nifti` run's CSV, but the run's `data.name` is {cfg.data.name!r}"
+        )
+    dir1, _ = _stage_dirs(run)
+    name = checkpoint or "best"
+    two = _two_stages(run)
+    for ckpt, stage in [("best", dir1), (name, "")] if two else [(name, dir1)]:
+        try:
+            run.checkpoint(ckpt, stage)  # before the new volumes are preprocessed
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
+                "finish it with `rankwise train ... --resume`)"
+            ) from None
+    first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, run.data.train_labels))
+    options = {k: v for k, v in cfg.data.options.items() if k in _PREPROCESSING}
+    cohort = load_nifti_cohort(path, **options, grid=run.data.meta.get("shape"), require_sex=first.uses_sex)
+    warn_data_notes(cohort)
+    new_dl = DataLoader(
+        cohort.dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **loader_workers(cfg.data.num_workers)
+    )
+    _, val_dl, _ = _loaders(run)
+    stage1: np.ndarray | None = None
+    module, stage = first, dir1
+    if two:  # as evaluate: stage 1's best (the weights stage 2 was trained on), then stage 2's `name`
+        stage1, _ = _predict(run, first, new_dl, "best", dir1)
+        module, stage = _second(run, first), ""
+    val_pred, val_age = _predict(run, module, val_dl, name, stage)
+    pred, _ = _predict(run, module, new_dl, name, stage)
+    age = cohort.ages
+    corrected = _bias_corrected(pred, age, val_pred, val_age)
+    computed: dict[str, np.ndarray] = {} if stage1 is None else {"stage1_prediction": stage1}
+    computed["gap"] = pred - age
+    computed |= {f"prediction_corrected_{m}": corrected[m] for m in CORRECTIONS}
+    computed |= {f"gap_corrected_{m}": corrected[m] - age for m in CORRECTIONS}
+    computed["prediction"] = pred  # last, as every recipe's `rankwise predict` output
+    table: dict[str, Any] = dict(cohort.columns)
+    for key, values in computed.items():
+        column, k = key, 0
+        while column in table:  # the file's own column of that name stays as it is
+            k += 1
+            column = f"{key}_{k}"
+        table[column] = values
+    return table
 
 
 def _check_sodeep_batch(cfg: Config) -> None:
@@ -459,6 +540,21 @@ class BrainAgeRecipe(RecipeBase):
             return _evaluate_module(run, first, name, dir1, write=True)
         stage1 = _evaluate_module(run, first, "best", dir1, write=False)  # loads stage 1's best into `first`
         return self._evaluate_second(run, _second(run, first), stage1, name)
+
+    def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """Predicted ages of a new cohort's CSV (the training CSV's columns, ``age`` optional) from the run's
+        checkpoint (``checkpoint``: ``best``/``last`` of the last stage, None: ``best``, as :meth:`evaluate`).
+
+        The volumes go through the run's preprocessing (its ``data.options``, its cache; a crop that cuts
+        into the brains is a ``warning:`` line); the bias corrections are fitted on the run's validation
+        predictions as in :meth:`evaluate`. Columns, one value per CSV row in its order: the CSV's own
+        columns as read (text), then ``stage1_prediction`` (TSAN with two stages), ``gap`` (the
+        prediction minus the age), ``prediction_corrected_<method>`` and ``gap_corrected_<method>`` for
+        each of :data:`CORRECTIONS` (``gap`` needs the age, ``prediction`` does not) and ``prediction``
+        (years): float64 arrays, NaN where they need an unknown age. A computed name that the CSV
+        already has gets ``_1`` (``_2``, ...).
+        """
+        return _predict_cohort(run, Path(path), checkpoint)
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
         from rankwise.recipes.reports import scalar_table_rows

@@ -25,12 +25,8 @@ pytest.importorskip("torchio")
 from rankwise.data import DataFileNotFoundError, DataFormatError
 from rankwise.data.nifti import load_nifti_cohort
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
-from rankwise.recipes import CheckpointError, evaluate, load_config, train
+from rankwise.recipes import CheckpointError, evaluate, load_config, predict, train
 from rankwise.recipes.common import DataDefaultsWarning
-from rankwise.recipes.registry import get_recipe
-from rankwise.recipes.rundir import Run
-from rankwise.recipes.rundir._lifecycle import load_data
-from rankwise.recipes.runner import load_run_config
 
 #: the 8 mm synthetic volumes' own grid: the crop to it keeps all of them, and cuts finer volumes
 GRID = [23, 27, 23]
@@ -67,11 +63,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _predict_file(run_dir: Path, path: Path, checkpoint: str | None = None) -> dict[str, Any]:
-    """The Run as :func:`rankwise.recipes.rundir.evaluate_run` builds it, then the recipe's hook."""
-    cfg = load_run_config(run_dir)
-    recipe: Any = get_recipe(cfg.recipe)  # predict_file: the hook of `rankwise predict`
-    run = Run(cfg, Path(run_dir), load_data(cfg, recipe), plots=False, evaluating=True)
-    return recipe.predict_file(run, Path(path), checkpoint)
+    """The recipe's ``predict_file`` hook through :func:`rankwise.recipes.predict` (what ``rankwise predict`` calls)."""
+    return predict(run_dir, path, checkpoint=checkpoint)
 
 
 def _write(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
@@ -308,3 +301,34 @@ def test_sfcn_predicts_without_sex(trained: dict[str, Any], sfcn: dict[str, Any]
         expected = [float(r[f"pred_corrected_{method}"]) for r in test]
         assert np.isfinite(expected).all()
         np.testing.assert_allclose(_col(table, f"prediction_corrected_{method}"), expected, atol=1e-5)
+
+
+def test_the_command_writes_empty_cells_for_unknown_ages_and_prints_the_mae(trained: dict[str, Any]) -> None:
+    """``rankwise predict`` on a cohort with some ages unknown: the CSV has empty cells where a value needs
+    the age, and the printed MAE is over the rows with an age (the loader's ``age`` column)."""
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    rows, folder = trained["rows"], trained["root"] / "cli"
+    subjects = [r["subject"] for r in trained["test"]]
+    new = _write(
+        folder / "cohort.csv",
+        ["subject", "path", "age", "sex"],
+        [
+            [s, _rel(trained, s, folder), rows[s]["age"] if i % 2 else "", rows[s]["sex"]]
+            for i, s in enumerate(subjects)
+        ],
+    )
+    out = folder / "out.csv"
+    r = CliRunner().invoke(app, ["predict", str(trained["run"]), "--data", str(new), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    written = list(csv.DictReader(open(out)))
+    assert [w["subject"] for w in written] == subjects
+    known = [i % 2 == 1 for i in range(len(subjects))]
+    assert all((w["gap"] == "") != k for w, k in zip(written, known))
+    assert all(w["prediction"] not in ("", "nan") for w in written)
+    errors = [abs(float(w["prediction"]) - float(rows[s]["age"])) for w, s, k in zip(written, subjects, known) if k]
+    line = " ".join(r.output.split())
+    assert f"{len(subjects)} row(s) predicted" in line
+    assert f"MAE {np.mean(errors):.4g} on the {sum(known)} row(s) with a target value" in line

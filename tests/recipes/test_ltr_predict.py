@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data import DataFormatError, make_ltr_synthetic
+from rankwise.recipes import predict
 from rankwise.recipes.learning_to_rank import ltr_metrics
 
 runner = CliRunner()
@@ -37,16 +38,7 @@ TINY = [
 
 
 def _predict(run_dir: Path, path: Path, checkpoint: str | None = None) -> dict[str, Any]:
-    """The recipe's ``predict_file`` on a run built the way ``evaluate_run`` builds it."""
-    from rankwise.recipes.registry import get_recipe
-    from rankwise.recipes.rundir import Run
-    from rankwise.recipes.rundir._lifecycle import load_data
-    from rankwise.recipes.runner import load_run_config
-
-    cfg = load_run_config(run_dir)
-    recipe = get_recipe(cfg.recipe)
-    run = Run(cfg, run_dir, load_data(cfg, recipe), plots=False, evaluating=True)
-    return recipe.predict_file(run, path, checkpoint)
+    return predict(run_dir, path, checkpoint=checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +148,20 @@ def test_a_file_the_run_cannot_read_is_a_data_format_error(trained, tmp_path):
     empty.write_text("")
     with pytest.raises(DataFormatError, match="no document"):
         _predict(run_dir, empty)
+
+
+def test_the_command_writes_one_row_per_document(trained, tmp_path):
+    """``rankwise predict`` writes the columns as CSV (no MAE line: the grades are not a target)."""
+    import csv
+
+    run_dir, own = trained
+    out = tmp_path / "scores.csv"
+    r = runner.invoke(app, ["predict", str(run_dir), "--data", str(own / "test.txt"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(out)))
+    base = _predict(run_dir, own / "test.txt")
+    assert list(rows[0]) == ["qid", "document", "relevance", "score", "rank"]
+    assert [int(row["rank"]) for row in rows] == base["rank"].tolist()
+    np.testing.assert_allclose([float(row["score"]) for row in rows], base["score"], rtol=1e-12)
+    line = " ".join(r.output.split())
+    assert f"{len(base['score'])} row(s) predicted: {out}" in line and "MAE" not in line

@@ -73,14 +73,21 @@ def check_predictable(cfg: Any) -> None:
 
 
 def target_column(cfg: Any) -> str | None:
-    """The column of a run's data file that holds the target (``data.options.target``, else the one its
-    reader registered: ``age`` for AgeDB-DIR / IMDB-WIKI-DIR), or None (abalone: its target, the age,
-    is ``rings + 1.5``)."""
+    """The column of a run's data file that holds the target: ``data.options.target``, else the one its
+    prediction reader registered (``age`` for AgeDB-DIR / IMDB-WIKI-DIR), else the default of its
+    loader's ``target`` option (``age`` for NIfTI cohorts); None when there is none (abalone: its
+    target, the age, is ``rings + 1.5``; learning to rank: grades, not a target column)."""
     target = cfg.data.options.get("target")
     if target is not None:
         return str(target)
-    reader = PREDICTION_READERS[cfg.data.name] if cfg.data.name in PREDICTION_READERS else None
-    return None if reader is None else reader.target
+    if cfg.data.name in PREDICTION_READERS:
+        return PREDICTION_READERS[cfg.data.name].target
+    from rankwise.data import DATASETS
+
+    if cfg.data.name not in DATASETS:
+        return None
+    param = inspect.signature(DATASETS[cfg.data.name]).parameters.get("target")
+    return param.default if param is not None and isinstance(param.default, str) else None
 
 
 def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:

@@ -152,17 +152,23 @@ def evaluate(
 
 
 def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = None) -> dict[str, Any]:
-    """A trained run's predictions for the rows of a new file ``data``: its columns, in order, then
-    ``prediction`` (name -> list of text or numpy array); write them with :func:`write_predictions`.
+    """A trained run's predictions for the rows of a new file ``data`` (name -> list of text or numpy
+    array, in order); write them with :func:`write_predictions`.
 
-    ``data`` holds the run's feature columns by name (any order; other columns, the target
-    included, are optional and kept as they are), read with the rules of the run's loader and
-    standardized with the training split's statistics; ``checkpoint``: ``best``, ``last`` or None
-    (the recipe's choice, as :func:`evaluate`). The run directory is locked meanwhile and nothing
-    in it changes. The recipe predicts through its ``predict_file`` hook
-    (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`: ``dir``, ``rrt`` and ``rnc`` runs on the
-    datasets of :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`); another recipe raises a
-    ``ConfigError`` naming those that can.
+    ``data`` is read with the rules of the run's loader and prepared with the training split's
+    statistics; ``checkpoint``: ``best``, ``last`` or None (the recipe's choice, as :func:`evaluate`).
+    The run directory is locked meanwhile and nothing in it changes. The recipe predicts through its
+    ``predict_file`` hook (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`), which says what
+    the file holds and which columns come back:
+
+    * ``dir``, ``rrt``, ``rnc`` (datasets of :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`):
+      the run's feature columns by name (any order; other columns, the target included, optional and
+      kept as they are) or image paths; the file's columns, then ``prediction`` in the target's units;
+    * ``brain_age``: a cohort CSV of NIfTI volumes (age optional); the CSV's columns, then the
+      stage-1 prediction, the brain-age gap, the bias-corrected ages and ``prediction``;
+    * ``ltr``: a LETOR / svmlight file; ``qid``, ``document``, ``relevance``, ``score``, ``rank``.
+
+    Another recipe raises a ``ConfigError`` naming those that can.
     """
     from rankwise.recipes.base import can_predict, cannot_predict
 
@@ -184,10 +190,12 @@ def default_predictions_path(run_dir: str | Path, data: str | Path) -> Path:
 
 
 def _text(values: Any) -> list[str]:
-    """A column as CSV text: numbers in their shortest round-trip form (float32 as float32)."""
+    """A column as CSV text: numbers in their shortest round-trip form (float32 as float32), NaN (a value
+    that needs what a row does not have, e.g. an unknown age) as an empty cell."""
     arr = np.asarray(values)
     if arr.dtype.kind == "f":
-        return [str(v) for v in arr]  # numpy scalars print their shortest repr of their own precision
+        # numpy scalars print their shortest repr of their own precision
+        return ["" if v != v else str(v) for v in arr]
     return [str(v) for v in arr.tolist()]
 
 

@@ -398,6 +398,13 @@ def _command_paths() -> list[tuple[tuple[str, ...], object]]:
     return walk(typer.main.get_command(app), ())
 
 
+def _required_but(required: list, skip: object) -> list[str]:
+    """The required parameters other than ``skip``, filled (positionals first, as typed)."""
+    pos = ["x" for o in required if o is not skip and not o.opts[0].startswith("--")]
+    opts = [a for o in required if o is not skip and o.opts[0].startswith("--") for a in (o.opts[0], "x")]
+    return pos + opts
+
+
 for path, cmd in _command_paths():
     p = list(path)
     cases.append((f"usage:{' '.join(p)} --no-such-flag", [*p, "--no-such-flag"], "refuse"))
@@ -408,12 +415,13 @@ for path, cmd in _command_paths():
         continue
     params = [q for q in cmd.params if q.name != "help"]
     required = [q for q in params if q.required]
-    for q in required:  # the command without its required argument/option
+
+    for q in required:  # the command without one required argument/option, the others given
         if q.opts[0].startswith("--"):
-            cases.append((f"usage:{' '.join(p)} without {q.opts[0]}", p, "refuse"))
+            cases.append((f"usage:{' '.join(p)} without {q.opts[0]}", [*p, *_required_but(required, q)], "refuse"))
             WORDING[f"usage:{' '.join(p)} without {q.opts[0]}"] = q.opts[0]
         else:
-            cases.append((f"usage:{' '.join(p)} without {q.name}", p, "refuse"))
+            cases.append((f"usage:{' '.join(p)} without {q.name}", [*p, *_required_but(required, q)], "refuse"))
             WORDING[f"usage:{' '.join(p)} without {q.name}"] = q.name
     fill = [a for q in required if q.opts[0].startswith("--") for a in (q.opts[0], str(OUT / "usage_out"))]
     fill += ["x"] * sum(1 for q in required if not q.opts[0].startswith("--"))

@@ -129,7 +129,7 @@ def test_supcon_predicts_the_probes_classes_of_its_own_test_images(supcon_run, f
     from rankwise.recipes.supcon import ContrastivePretrainer
 
     out = predict(supcon_run, folder / "test.csv")
-    header, rows = _read_csv(folder / "test.csv")
+    _, rows = _read_csv(folder / "test.csv")
     assert list(out) == ["id", "path", "note", "probability", "prediction"]
     assert out["id"] == [r[0] for r in rows] and out["note"] == [r[2] for r in rows]
     # the probe's test accuracy that training recorded, from the classes of the file's rows
@@ -153,7 +153,7 @@ def test_supcon_predicts_the_probes_classes_of_its_own_test_images(supcon_run, f
 
 
 def test_supcon_keeps_extra_columns_and_follows_the_rows_order(supcon_run, folder, tmp_path):
-    header, rows = _read_csv(folder / "test.csv")
+    _, rows = _read_csv(folder / "test.csv")
     first = predict(supcon_run, folder / "test.csv")
     # reversed rows, the path column last, own columns named as the computed ones
     new = _write_csv(
@@ -211,7 +211,7 @@ def test_retrieval_gives_each_image_its_most_similar_training_image(retrieval_ru
 
 
 def test_retrieval_keeps_extra_columns_and_follows_the_rows_order(retrieval_run, folder):
-    header, rows = _read_csv(folder / "test.csv")
+    _, rows = _read_csv(folder / "test.csv")
     first = predict(retrieval_run, folder / "test.csv")
     new = _write_csv(folder / "reordered_r.csv", ["path", "neighbor"], [[r[1], "n"] for r in rows[::-1]])
     out = predict(retrieval_run, new)
@@ -254,7 +254,9 @@ def test_file_errors_are_one_line_naming_the_file_and_row(which, supcon_run, ret
         assert not dest.exists()
 
 
-@pytest.mark.parametrize(("which", "gone"), [("supcon", "checkpoints"), ("supcon", "probe"), ("retrieval", "checkpoints")])
+@pytest.mark.parametrize(
+    ("which", "gone"), [("supcon", "checkpoints"), ("supcon", "probe"), ("retrieval", "checkpoints")]
+)
 def test_a_run_without_its_checkpoint_is_refused_before_the_images(which, gone, supcon_run, retrieval_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(supcon_run if which == "supcon" else retrieval_run, run_dir)

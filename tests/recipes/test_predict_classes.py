@@ -344,3 +344,58 @@ def test_cifar_pngs_read_back_as_the_images_the_run_holds(tmp_path):
     data = load_cifar_dir(root=root)
     got = class_prediction_rows(_fake_run("cifar_dir", data), _as_pngs(data.test.x, 255.0, tmp_path / "png"))
     _same_levels(got.images, data.test.x)
+
+
+def test_a_digits_run_names_its_neighbours_by_training_index_and_classes_by_number(tmp_path):
+    from rankwise.data import load_mnist5k
+    from rankwise.recipes.retrieval import RetrievalModule
+
+    run_dir = tmp_path / "run"
+    sets = ["task.steps=2", "task.steps_per_epoch=2", "model.options.feature_dim=8", "trainer.num_threads=1"]
+    args = ["train", "digits_smooth_ap", "--no-progress", "-o", str(run_dir), "--set", "run.plots=false"]
+    r = runner.invoke(app, [*args, *[a for s in sets for a in ("--set", s)]])
+    assert r.exit_code == 0, r.output
+    data = load_mnist5k(source="sklearn")  # the run's data: the preset's seed and split
+    x = data.test.x[:15]
+    new = _as_pngs(x, 255.0, tmp_path / "png")
+    out = predict(run_dir, new)
+    assert list(out)[:3] == ["path", "neighbor", "similarity"] and list(out)[-1] == "prediction"
+    assert out["neighbor"].dtype == np.int64 and out["prediction"].dtype == np.int64
+    # by hand: the training split's embeddings, argmax of the cosine matrix
+    module = RetrievalModule(load_run_config(run_dir), meta={"backbone_options": {"in_channels": 1}})
+    module.load_state_dict(_state(run_dir / "checkpoints" / "last.ckpt"))
+    with torch.no_grad():
+        g = torch.nn.functional.normalize(module.eval()(data.train.x).double(), dim=1)
+        q = torch.nn.functional.normalize(module(x).double(), dim=1)
+    sims = q @ g.T
+    # the PNGs hold the digits to within half a grey level: the same neighbours, similarities to 1e-3
+    assert out["neighbor"].tolist() == sims.argmax(1).tolist()
+    np.testing.assert_allclose(out["similarity"], sims.max(1).values.numpy(), atol=1e-3)
+    assert out["prediction"].tolist() == data.train.y[sims.argmax(1)].tolist()
+    dest = tmp_path / "p.csv"
+    r = runner.invoke(app, ["predict", str(run_dir), "--data", str(new), "--out", str(dest)])
+    assert r.exit_code == 0 and "MAE" not in r.output, r.output
+    _, rows = _read_csv(dest)
+    assert [int(row[1]) for row in rows] == out["neighbor"].tolist()
+    assert [int(row[-1]) for row in rows] == out["prediction"].tolist()
+
+
+def test_nearest_neighbors_by_blocks_ties_and_dtypes():
+    from rankwise.recipes.retrieval import nearest_neighbors
+
+    gen = torch.Generator().manual_seed(0)
+    q, g = torch.randn(37, 5, generator=gen), torch.randn(11, 5, generator=gen) * 3
+    cos = (q / q.norm(dim=1, keepdim=True)) @ (g / g.norm(dim=1, keepdim=True)).T
+    for block in (1, 4, 37, 100):
+        sim, idx = nearest_neighbors(q, g, block_size=block)
+        assert idx.tolist() == cos.argmax(1).tolist()
+        torch.testing.assert_close(sim, cos.max(1).values)
+    # equal gallery items: the first; a scaled copy of a query: similarity 1
+    sim, idx = nearest_neighbors(torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 1.0], [3.0, 0.0], [1.0, 0.0]]))
+    assert idx.tolist() == [1] and sim.tolist() == [1.0]
+    sim, idx = nearest_neighbors(q.double(), g)
+    assert sim.dtype == torch.float64 and idx.tolist() == cos.argmax(1).tolist()
+    sim, idx = nearest_neighbors(torch.zeros(0, 5), g)
+    assert sim.shape == (0,) and idx.shape == (0,) and idx.dtype == torch.int64
+    with pytest.raises(ValueError, match="`gallery` must hold at least one item"):
+        nearest_neighbors(q, torch.zeros(0, 5))

@@ -166,6 +166,10 @@ def test_supcon_keeps_extra_columns_and_follows_the_rows_order(supcon_run, folde
     assert out["prediction"] == [f"mine {k}" for k in range(len(rows))] and out["probability"] == ["x"] * len(rows)
     assert out["prediction_1"] == first["prediction"][::-1]
     np.testing.assert_allclose(out["probability_1"], first["probability"][::-1], rtol=1e-6)
+    # no validation split: checkpoints/best.ckpt is the last epoch, whose features the probe was fitted on
+    best = predict(supcon_run, folder / "test.csv", checkpoint="best")
+    assert best["prediction"] == first["prediction"]
+    np.testing.assert_allclose(best["probability"], first["probability"], rtol=1e-6)
 
 
 def test_cli_writes_the_classes_without_an_mae_line(supcon_run, folder, tmp_path):

@@ -12,7 +12,9 @@ Evaluation: the test split is embedded and every test image queries all the othe
 (:func:`rankwise.metrics.retrieval_metrics`: ``recall@k`` for ``task.ks``, ``map@r``,
 ``r_precision``, in percent); ``seconds_per_step`` is the wall time of one training step. Data: any
 :class:`~rankwise.data.ClassificationData` (the presets use ``mnist5k`` and scikit-learn's 8x8
-digits through ``mnist5k`` with ``source: sklearn``).
+digits through ``mnist5k`` with ``source: sklearn``). ``rankwise predict``
+(:meth:`RetrievalRecipe.predict_file`): embeddings of new images listed in a CSV and their nearest
+training image (:func:`nearest_neighbors`).
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ training curves and a t-SNE of the test digits' encoder features coloured by cla
 
 Data: any :class:`~rankwise.data.ClassificationData` — ``mnist5k`` (held-out stratified test
 split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` (CIFAR pickles).
+``rankwise predict`` (:meth:`SupConRecipe.predict_file`): the probe's class of new images listed
+in a CSV.
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_recipes_and_datasets_that_cannot_predict(tmp_path, test_rows_file, monk
     line = one_error_line(invoke(["predict", sort_run, "--data", test_rows_file]))
     assert "recipe 'sort' cannot predict from a file" in line
     can = line.split("the recipes that can: ")[1].split(", ")
-    assert {"dir", "rrt", "rnc"} <= set(can) and "sort" not in can and "supcon" not in can
+    assert {"dir", "rrt", "rnc", "supcon", "retrieval"} <= set(can) and "sort" not in can and "dknn" not in can
     # a dir run on text pairs (its data are not needed to refuse it)
     from rankwise.recipes.rundir import _lifecycle
 

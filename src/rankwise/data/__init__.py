@@ -27,7 +27,7 @@ from rankwise.data._base import (
     suggest_shot_thresholds,
 )
 from rankwise.data._files import check_file, parse_number
-from rankwise.data.image_classes import load_cifar_dir, load_image_folder
+from rankwise.data.image_classes import class_image_transform, load_cifar_dir, load_image_folder
 from rankwise.data.images import (
     DIRImageDataset,
     dir_image_transforms,
@@ -85,6 +85,7 @@ __all__ = [
     "build_ranking_data",
     "build_vocab",
     "check_file",
+    "class_image_transform",
     "collate_text_pairs",
     "dataset_info",
     "dir_image_transforms",

@@ -20,11 +20,18 @@ from rankwise.data._files import check_dir, read_bytes
 from rankwise.data.images import open_rgb_image
 from rankwise.data.mnist import stratified_split
 
-__all__ = ["load_cifar_dir", "load_image_folder"]
+__all__ = ["class_image_transform", "load_cifar_dir", "load_image_folder"]
 
 
 def _split(
-    name: str, x: torch.Tensor, y: np.ndarray, classes: list[str], test_fraction: float, seed: int, meta: dict[str, Any]
+    name: str,
+    x: torch.Tensor,
+    y: np.ndarray,
+    classes: list[str],
+    test_fraction: float,
+    seed: int,
+    meta: dict[str, Any],
+    paths: list[str] | None = None,
 ) -> ClassificationData:
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"`test_fraction` must be in (0, 1), got {test_fraction!r}")
@@ -37,7 +44,8 @@ def _split(
             f"{len(y)} image(s) are too few: test_fraction={test_fraction} gives {len(train_idx)} train and "
             f"{len(test_idx)} test images, and both splits need at least one",
         )
-    return _make(name, x[train_idx], y[train_idx], x[test_idx], y[test_idx], classes, meta)
+    train_paths = None if paths is None else [paths[i] for i in train_idx]
+    return _make(name, x[train_idx], y[train_idx], x[test_idx], y[test_idx], classes, meta, train_paths)
 
 
 def _make(
@@ -48,8 +56,11 @@ def _make(
     yte: np.ndarray,
     classes: list[str],
     meta: dict[str, Any],
+    train_paths: list[str] | None = None,
 ) -> ClassificationData:
     c, h, w = (int(s) for s in xtr.shape[1:])
+    if train_paths is not None:  # the file of each training item, relative to the dataset's root
+        meta = {**meta, "train_paths": train_paths}
     return ClassificationData(
         name=name,
         train=TensorPairDataset(xtr, torch.from_numpy(ytr)),
@@ -63,20 +74,35 @@ def _make(
     )
 
 
-def _read_folder(root: Path, image_size: int, grayscale: bool) -> tuple[torch.Tensor, np.ndarray, list[str]]:
-    from torchvision.datasets import ImageFolder
+def class_image_transform(image_size: int | tuple[int, int], *, grayscale: bool) -> Any:
+    """How :func:`load_image_folder` turns an image opened by :func:`~rankwise.data.images.open_rgb_image`
+    (RGB PIL) into its items: one grey channel (``grayscale``; ITU-R 601-2 luma, so a grey image keeps its
+    values) or RGB, resized (bilinear) to ``image_size`` (``S`` or ``(H, W)``), float32 ``(C, H, W)`` =
+    8-bit values / 255 (torchvision v2, imported lazily)."""
     from torchvision.transforms import v2 as T
 
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     tf = [T.Grayscale()] if grayscale else [T.RGB()]
-    tf += [T.Resize((image_size, image_size)), T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+    tf += [T.Resize(size), T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+    return T.Compose(tf)
+
+
+def _read_folder(
+    root: Path, image_size: int, grayscale: bool
+) -> tuple[torch.Tensor, np.ndarray, list[str], list[Path]]:
+    from torchvision.datasets import ImageFolder
+
     try:
-        ds = ImageFolder(str(root), transform=T.Compose(tf), loader=open_rgb_image)
+        ds = ImageFolder(
+            str(root), transform=class_image_transform(image_size, grayscale=grayscale), loader=open_rgb_image
+        )
     except FileNotFoundError as err:  # no class folder, or class folders without images
         raise DataFormatError(root, None, f"no images found: {err}") from None
     if len(ds) == 0:
         raise DataFormatError(root, None, "no images found")
     xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
-    return torch.stack(xs), np.asarray(ys, dtype=np.int64), list(ds.classes)
+    paths = [Path(p) for p, _ in ds.samples]
+    return torch.stack(xs), np.asarray(ys, dtype=np.int64), list(ds.classes), paths
 
 
 @register_dataset("image_folder")
@@ -87,20 +113,27 @@ def load_image_folder(
 
     If ``root`` has ``train/`` and ``test/`` subfolders they are the splits (same class folders);
     otherwise a stratified, seeded ``test_fraction`` is held out. Items: float32 ``(C, S, S)`` in
-    [0, 1] (``C`` = 1 with ``grayscale=True``, else 3) and the int64 class index.
+    [0, 1] (``C`` = 1 with ``grayscale=True``, else 3; :func:`class_image_transform`) and the int64
+    class index; ``meta["classes"]``: the class folders' names, ``meta["train_paths"]``: the file of
+    each training item, relative to ``root`` (``/``-separated).
     """
     root = check_dir(root)
     if (root / "train").is_dir() and (root / "test").is_dir():
-        xtr, ytr, classes = _read_folder(root / "train", image_size, grayscale)
-        xte, yte, cte = _read_folder(root / "test", image_size, grayscale)
+        xtr, ytr, classes, ptr = _read_folder(root / "train", image_size, grayscale)
+        xte, yte, cte, _ = _read_folder(root / "test", image_size, grayscale)
         if cte != classes:
             raise DataFormatError(
                 root, None, f"train/ and test/ must have the same class folders, got {classes} and {cte}"
             )
-        return _make("image_folder", xtr, ytr, xte, yte, classes, {"source": str(root), "split": "train/ test/"})
-    x, y, classes = _read_folder(root, image_size, grayscale)
+        meta = {"source": str(root), "split": "train/ test/"}
+        return _make("image_folder", xtr, ytr, xte, yte, classes, meta, _relative(ptr, root))
+    x, y, classes, paths = _read_folder(root, image_size, grayscale)
     meta = {"source": str(root), "split": f"stratified test_fraction={test_fraction}, seed={seed}"}
-    return _split("image_folder", x, y, classes, test_fraction, seed, meta)
+    return _split("image_folder", x, y, classes, test_fraction, seed, meta, _relative(paths, root))
+
+
+def _relative(paths: list[Path], root: Path) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in paths]
 
 
 # --------------------------------------------------------------------------------------------- CIFAR pickles

@@ -9,6 +9,11 @@ the run's reloaded data). Image lists (``image_csv``: the column ``data.options.
 ``data.options.root`` (default: the new file's folder, as the loaders resolve their own list),
 through the test split's transform. :func:`prediction_columns` appends the predictions to the
 file's columns.
+
+The classification recipes (``supcon``, ``retrieval``) read new images through a sibling registry,
+:data:`CLASS_PREDICTION_READERS` (:func:`class_prediction_rows`): a CSV whose ``path`` column lists
+image files (relative to the CSV's folder), each read as the run's dataset reads its own images
+(:func:`~rankwise.data.class_image_transform` at the run's image shape).
 """
 
 from __future__ import annotations
@@ -28,12 +33,20 @@ from rankwise.recipes.config import ConfigError
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
+    "CLASS_PREDICTION_READERS",
     "PREDICTION_READERS",
+    "ClassImages",
     "PredictionReader",
+    "append_columns",
+    "check_class_predictable",
     "check_predictable",
+    "class_names",
+    "class_prediction_rows",
     "prediction_columns",
     "prediction_rows",
+    "register_class_prediction_reader",
     "register_prediction_reader",
+    "require_checkpoint",
     "target_column",
 ]
 
@@ -142,10 +155,110 @@ def prediction_columns(header: Sequence[str], rows: Sequence[Sequence[str]], pre
         >>> prediction_columns(["x", "prediction"], [["1", "a"], ["2", "b"]], [0.5, 1.5])
         {'x': ['1', '2'], 'prediction': ['a', 'b'], 'prediction_1': [0.5, 1.5]}
     """
+    return append_columns(header, rows, {"prediction": pred})
+
+
+def append_columns(header: Sequence[str], rows: Sequence[Sequence[str]], computed: dict[str, Any]) -> dict[str, Any]:
+    """The file's columns (text, as read) followed by the ``computed`` ones in their order; a computed
+    name the file already has becomes ``<name>_1`` (``_2``, ...), the file's column stays as it is.
+
+    Example:
+        >>> append_columns(["id", "score"], [["a", "1"]], {"score": [0.5], "prediction": [2]})
+        {'id': ['a'], 'score': ['1'], 'score_1': [0.5], 'prediction': [2]}
+    """
     columns: dict[str, Any] = {h: [r[i] for r in rows] for i, h in enumerate(header)}
-    name, k = "prediction", 0
-    while name in columns:
-        k += 1
-        name = f"prediction_{k}"
-    columns[name] = pred
+    for key, values in computed.items():
+        name, k = key, 0
+        while name in columns:
+            k += 1
+            name = f"{key}_{k}"
+        columns[name] = values
     return columns
+
+
+def require_checkpoint(run: Any, name: str, stage: str = "") -> Path:
+    """The path of the run's ``<stage dir>/<name>.ckpt``, else a :class:`~rankwise.recipes.rundir.CheckpointError`
+    saying that a run without it cannot predict (checked before the new file is read)."""
+    from rankwise.recipes.rundir import CheckpointError
+
+    try:
+        return Path(run.checkpoint(name, stage))
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
+            "finish it with `rankwise train ... --resume`)"
+        ) from None
+
+
+# ------------------------------------------------------------------------------ classification datasets
+
+
+@dataclass(frozen=True)
+class ClassImages:
+    """New images read for a classification run by :func:`class_prediction_rows`."""
+
+    #: the file's column names, in its order
+    header: list[str]
+    #: every data row's fields as read (text)
+    rows: list[list[str]]
+    #: float32 ``(N, C, H, W)``: row ``i``'s image as the run's dataset holds its own images
+    images: torch.Tensor
+
+
+#: the classification datasets whose ``supcon`` / ``retrieval`` runs predict from a CSV of image files
+#: (:func:`register_class_prediction_reader`): ``read(run, path) -> ClassImages``
+CLASS_PREDICTION_READERS: Registry[Any] = Registry("class prediction reader")
+
+
+def register_class_prediction_reader(*datasets: str) -> Callable[[F], F]:
+    """Decorator registering ``read(run, path) -> ClassImages`` for the classification ``datasets``."""
+
+    def decorator(read: F) -> F:
+        for name in datasets:
+            CLASS_PREDICTION_READERS.add(name, read)
+        return read
+
+    return decorator
+
+
+def check_class_predictable(cfg: Any) -> None:
+    """A ConfigError naming the datasets of :data:`CLASS_PREDICTION_READERS` unless the run's dataset is one."""
+    if cfg.data.name not in CLASS_PREDICTION_READERS:
+        raise ConfigError(
+            f"recipe {cfg.recipe!r} predicts from a CSV of image files for runs on the datasets "
+            f"{', '.join(CLASS_PREDICTION_READERS.names())}; this run's dataset is {cfg.data.name!r}"
+        )
+
+
+def class_prediction_rows(run: Any, path: Path) -> ClassImages:
+    """The rows and images of the file ``path`` for the classification run ``run`` (its reader in
+    :data:`CLASS_PREDICTION_READERS`; another dataset: a ConfigError naming those that have one)."""
+    check_class_predictable(run.cfg)
+    images: ClassImages = CLASS_PREDICTION_READERS[run.cfg.data.name](run, Path(path))
+    return images
+
+
+@register_class_prediction_reader("image_folder", "mnist5k", "cifar_dir")
+def _read_class_images(run: Any, path: Path) -> ClassImages:
+    """The column ``path`` of image files (relative to the CSV's folder; every one must exist), each read
+    as :func:`~rankwise.data.load_image_folder` reads its images (:func:`~rankwise.data.class_image_transform`)
+    at the run's image shape: ``(C, H, W)`` = ``(1, S, S)`` grey (mnist5k: 28x28, or 8x8 with
+    ``source: sklearn``; ``image_folder`` with ``grayscale: true``) or ``(3, S, S)`` RGB, 8-bit values / 255."""
+    from rankwise.data.image_classes import class_image_transform
+    from rankwise.data.images import read_image_rows
+
+    c, h, w = (int(v) for v in run.data.image_shape)
+    rows = read_image_rows(path, class_image_transform((h, w), grayscale=c == 1), image_column="path")
+    ds = rows.dataset
+    x = torch.stack([ds[i][0] for i in range(len(ds))]) if len(ds) else torch.zeros((0, c, h, w))
+    return ClassImages(rows.header, rows.rows, x)
+
+
+def class_names(meta: dict[str, Any], labels: Any) -> Any:
+    """The classes ``labels`` (int indices) by the names the dataset gives them (``meta["classes"]``:
+    the class folders of ``image_folder``, CIFAR's label names), else the indices (int64 array)."""
+    idx = np.asarray(labels, dtype=np.int64)
+    names = meta.get("classes")
+    if names is None:
+        return idx
+    return [str(names[i]) for i in idx.tolist()]

@@ -32,7 +32,7 @@ from rankwise.recipes.dir_net import (
     write_evaluation,
 )
 from rankwise.recipes.loss_terms import check_loss_config
-from rankwise.recipes.rundir import CheckpointError, Run
+from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
 if TYPE_CHECKING:
@@ -167,17 +167,16 @@ class DIRRecipe(RegressionRecipe):
         the file's columns then ``prediction``, in the target's units (runs on the datasets of
         :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`:
         :func:`~rankwise.recipes.predict_data.prediction_rows`)."""
-        from rankwise.recipes.predict_data import check_predictable, prediction_columns, prediction_rows
+        from rankwise.recipes.predict_data import (
+            check_predictable,
+            prediction_columns,
+            prediction_rows,
+            require_checkpoint,
+        )
 
         check_predictable(run.cfg)
         name = checkpoint or "best"
-        try:
-            run.checkpoint(name)
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
-                "finish it with `rankwise train ... --resume`)"
-            ) from None
+        require_checkpoint(run, name)
         header, rows, dataset = prediction_rows(run, path)
         if len(dataset) == 0:
             return prediction_columns(header, rows, np.zeros(0, dtype=np.float32))

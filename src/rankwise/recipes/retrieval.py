@@ -12,11 +12,14 @@ Evaluation: the test split is embedded and every test image queries all the othe
 (:func:`rankwise.metrics.retrieval_metrics`: ``recall@k`` for ``task.ks``, ``map@r``,
 ``r_precision``, in percent); ``seconds_per_step`` is the wall time of one training step. Data: any
 :class:`~rankwise.data.ClassificationData` (the presets use ``mnist5k`` and scikit-learn's 8x8
-digits through ``mnist5k`` with ``source: sklearn``).
+digits through ``mnist5k`` with ``source: sklearn``). ``rankwise predict``
+(:meth:`RetrievalRecipe.predict_file`): embeddings of new images listed in a CSV and their nearest
+training image (:func:`nearest_neighbors`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -47,7 +50,7 @@ from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
-__all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalRecipe"]
+__all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalRecipe", "nearest_neighbors"]
 
 #: losses the recipe can train with (each takes ``(embeddings, labels, **options)`` and ``distributed``)
 RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
@@ -183,6 +186,49 @@ class RetrievalRecipe(RecipeBase):
         module = RetrievalModule(run.cfg, meta=run.data.meta)
         return self._test(run, module, checkpoint or "last")
 
+    def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """Embeddings of new images and their nearest training image: a CSV whose ``path`` column lists
+        image files (relative to the CSV's folder), read as the run's dataset reads its images
+        (:func:`~rankwise.recipes.predict_data.class_prediction_rows`).
+
+        ``checkpoints/<checkpoint>.ckpt`` (None: ``last``, as :meth:`evaluate`) embeds the new images and
+        the whole training split (the gallery); each new image's neighbour is the training image of the
+        highest cosine similarity (:func:`nearest_neighbors`, as the test metrics'
+        ``distance="cosine"``). Columns: the CSV's own (text, as read), ``neighbor`` (the training image's
+        file relative to the dataset's root where the data have files, ``image_folder``; else its index in
+        the training split), ``similarity`` (its cosine), ``embedding_0`` .. ``embedding_{D-1}`` (the
+        L2-normalised embedding, float32) and ``prediction``: the neighbour's class (1-NN) by the
+        dataset's name for it, else its index. A computed name the CSV already has gets ``_1``.
+        """
+        from rankwise.recipes.predict_data import (
+            append_columns,
+            check_class_predictable,
+            class_names,
+            class_prediction_rows,
+            require_checkpoint,
+        )
+
+        check_class_predictable(run.cfg)
+        name = checkpoint or "last"
+        require_checkpoint(run, name)
+        module = RetrievalModule(run.cfg, meta=run.data.meta)
+        run.checked(module, name)  # before the images are read
+        new = class_prediction_rows(run, path)
+        xtr, ytr = tensors(run.data.train)
+        n = len(new.images)
+        if n == 0:
+            emb, sim, idx = torch.zeros(0, run.cfg.task.embedding_dim), torch.zeros(0), torch.zeros(0, dtype=torch.long)
+        else:  # the gallery and the new images in one pass
+            both = encode(run, module, torch.cat([xtr.float(), new.images]), checkpoint=name)
+            emb = both[len(xtr) :]
+            sim, idx = nearest_neighbors(emb, both[: len(xtr)])
+        paths = run.data.meta.get("train_paths")
+        neighbor = [paths[i] for i in idx.tolist()] if paths is not None else idx.numpy()
+        computed: dict[str, Any] = {"neighbor": neighbor, "similarity": sim.numpy()}
+        computed |= {f"embedding_{j}": emb[:, j].numpy() for j in range(emb.shape[1])}
+        computed["prediction"] = class_names(run.data.meta, ytr.cpu()[idx].numpy())
+        return append_columns(new.header, new.rows, computed)
+
     def _test(
         self, run: Run, module: RetrievalModule, checkpoint: str, timer: StepTimer | None = None
     ) -> dict[str, Any]:
@@ -198,6 +244,35 @@ class RetrievalRecipe(RecipeBase):
         if timer is not None and timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
         return out
+
+
+def nearest_neighbors(
+    queries: torch.Tensor, gallery: torch.Tensor, *, block_size: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The cosine similarity of each query to its most similar gallery item, and that item's index (the
+    first one among equals).
+
+    :math:`s_{ij} = \hat q_i \cdot \hat g_j` with :math:`\hat v = v / \max(\lVert v \rVert, 10^{-12})`
+    (:func:`torch.nn.functional.normalize`); one matrix product per block of ``block_size`` queries.
+
+    Shape:
+        ``queries`` ``(N, D)``, ``gallery`` ``(M, D)`` with ``M >= 1`` -> ``(N,)`` similarities (float32,
+        or float64 for float64 inputs) and ``(N,)`` int64 indices.
+
+    Example:
+        >>> g = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        >>> nearest_neighbors(torch.tensor([[0.1, 3.0], [5.0, 0.0]]), g)
+        (tensor([0.9994, 1.0000]), tensor([1, 0]))
+    """
+    if gallery.shape[0] == 0:
+        raise ValueError("`gallery` must hold at least one item, got shape (0, ...)")
+    dt = torch.float64 if torch.float64 in (queries.dtype, gallery.dtype) else torch.float32
+    g = F.normalize(gallery.to(dt), dim=-1)
+    q = F.normalize(queries.to(dt), dim=-1)
+    if q.shape[0] == 0:
+        return q.new_zeros(0), torch.zeros(0, dtype=torch.long, device=q.device)
+    parts = [(block @ g.T).max(dim=-1) for block in q.split(block_size)]
+    return torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts])
 
 
 def _check_splits(cfg: Config, train_labels: torch.Tensor, test_labels: torch.Tensor) -> None:

@@ -166,7 +166,11 @@ def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = N
       kept as they are) or image paths; the file's columns, then ``prediction`` in the target's units;
     * ``brain_age``: a cohort CSV of NIfTI volumes (age optional); the CSV's columns, then the
       stage-1 prediction, the brain-age gap, the bias-corrected ages and ``prediction``;
-    * ``ltr``: a LETOR / svmlight file; ``qid``, ``document``, ``relevance``, ``score``, ``rank``.
+    * ``ltr``: a LETOR / svmlight file; ``qid``, ``document``, ``relevance``, ``score``, ``rank``;
+    * ``supcon``, ``retrieval`` (datasets of :data:`~rankwise.recipes.predict_data.CLASS_PREDICTION_READERS`):
+      a CSV whose ``path`` column lists image files; the CSV's columns, then ``probability`` and
+      ``prediction`` (the linear probe's class) or ``neighbor``, ``similarity``, ``embedding_0`` ..
+      ``embedding_{D-1}`` and ``prediction`` (the nearest training image by cosine and its class).
 
     Another recipe raises a ``ConfigError`` naming those that can.
     """

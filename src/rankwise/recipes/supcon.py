@@ -37,10 +37,13 @@ training curves and a t-SNE of the test digits' encoder features coloured by cla
 
 Data: any :class:`~rankwise.data.ClassificationData` — ``mnist5k`` (held-out stratified test
 split), ``image_folder`` (a torchvision ImageFolder directory) or ``cifar_dir`` (CIFAR pickles).
+``rankwise predict`` (:meth:`SupConRecipe.predict_file`): the probe's class of new images listed
+in a CSV.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import lightning as L
@@ -330,6 +333,44 @@ class SupConRecipe(RecipeBase):
         xtr, ytr = _train_images(run)
         module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
         return self._test(run, module, xtr, ytr, checkpoint or "last")
+
+    def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
+        """The linear probe's classes of new images: a CSV whose ``path`` column lists image files (relative
+        to the CSV's folder), read as the run's dataset reads its images
+        (:func:`~rankwise.recipes.predict_data.class_prediction_rows`).
+
+        The encoder is ``checkpoints/<checkpoint>.ckpt`` (None: ``last``, as :meth:`evaluate`), the probe
+        ``probe/last.ckpt`` (trained by the last ``train`` / ``evaluate`` on that encoder's features).
+        Columns: the CSV's own (text, as read), ``probability`` (softmax of the predicted class, float32)
+        and ``prediction``: the class by the dataset's name for it (``image_folder``: its folder), else its
+        index. A computed name the CSV already has gets ``_1``.
+        """
+        from rankwise.recipes.predict_data import (
+            append_columns,
+            check_class_predictable,
+            class_names,
+            class_prediction_rows,
+            require_checkpoint,
+        )
+
+        check_class_predictable(run.cfg)
+        name = checkpoint or "last"
+        require_checkpoint(run, name)
+        require_checkpoint(run, "last", "probe")
+        module = ContrastivePretrainer(run.cfg, num_classes=int(run.data.num_classes), meta=run.data.meta)
+        dim = module.feature_dim
+        probe = LinearProbe(torch.zeros(dim), torch.ones(dim), int(run.data.num_classes))
+        run.load(probe, "last", "probe")  # every key and shape checked, before the images are read
+        run.checked(module, name)
+        new = class_prediction_rows(run, path)
+        if len(new.images) == 0:
+            prob, idx = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+        else:
+            features = encode(run, module, new.images, checkpoint=name)
+            with torch.no_grad():
+                prob, idx = torch.softmax(probe.eval()(features).float(), dim=-1).max(dim=-1)
+        computed = {"probability": prob.numpy(), "prediction": class_names(run.data.meta, idx.numpy())}
+        return append_columns(new.header, new.rows, computed)
 
     def _test(
         self, run: Run, module: ContrastivePretrainer, xtr: torch.Tensor, ytr: torch.Tensor, checkpoint: str

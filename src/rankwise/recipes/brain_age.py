@@ -386,7 +386,7 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
 
     from rankwise.data.nifti import load_nifti_cohort
     from rankwise.recipes.common import loader_workers, warn_data_notes
-    from rankwise.recipes.rundir import CheckpointError
+    from rankwise.recipes.predict_data import extend_columns, require_checkpoint
 
     cfg = run.cfg
     if cfg.data.name != "nifti":
@@ -397,13 +397,7 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     name = checkpoint or "best"
     two = _two_stages(run)
     for ckpt, stage in [("best", dir1), (name, "")] if two else [(name, dir1)]:
-        try:
-            run.checkpoint(ckpt, stage)  # before the new volumes are preprocessed
-        except CheckpointError as e:
-            raise CheckpointError(
-                f"cannot predict: {e} (a run stopped before it saved a checkpoint has no model; "
-                "finish it with `rankwise train ... --resume`)"
-            ) from None
+        require_checkpoint(run, ckpt, stage)  # before the new volumes are preprocessed
     first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, run.data.train_labels))
     options = {k: v for k, v in cfg.data.options.items() if k in _PREPROCESSING}
     cohort = load_nifti_cohort(path, **options, grid=run.data.meta.get("shape"), require_sex=first.uses_sex)
@@ -426,14 +420,7 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     computed |= {f"prediction_corrected_{m}": corrected[m] for m in CORRECTIONS}
     computed |= {f"gap_corrected_{m}": corrected[m] - age for m in CORRECTIONS}
     computed["prediction"] = pred  # last, as every recipe's `rankwise predict` output
-    table: dict[str, Any] = dict(cohort.columns)
-    for key, values in computed.items():
-        column, k = key, 0
-        while column in table:  # the file's own column of that name stays as it is
-            k += 1
-            column = f"{key}_{k}"
-        table[column] = values
-    return table
+    return extend_columns(cohort.columns, computed)
 
 
 def _check_sodeep_batch(cfg: Config) -> None:

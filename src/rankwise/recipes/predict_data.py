@@ -42,6 +42,7 @@ __all__ = [
     "check_predictable",
     "class_names",
     "class_prediction_rows",
+    "extend_columns",
     "prediction_columns",
     "prediction_rows",
     "register_class_prediction_reader",
@@ -166,14 +167,20 @@ def append_columns(header: Sequence[str], rows: Sequence[Sequence[str]], compute
         >>> append_columns(["id", "score"], [["a", "1"]], {"score": [0.5], "prediction": [2]})
         {'id': ['a'], 'score': ['1'], 'score_1': [0.5], 'prediction': [2]}
     """
-    columns: dict[str, Any] = {h: [r[i] for r in rows] for i, h in enumerate(header)}
+    return extend_columns({h: [r[i] for r in rows] for i, h in enumerate(header)}, computed)
+
+
+def extend_columns(columns: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
+    """``columns`` (the file's, kept as they are) followed by the ``computed`` ones in their order, a
+    computed name the file already has as ``<name>_1`` (``_2``, ...); a new dict."""
+    out = dict(columns)
     for key, values in computed.items():
         name, k = key, 0
-        while name in columns:
+        while name in out:
             k += 1
             name = f"{key}_{k}"
-        columns[name] = values
-    return columns
+        out[name] = values
+    return out
 
 
 def require_checkpoint(run: Any, name: str, stage: str = "") -> Path:

@@ -423,7 +423,7 @@ def predict(
         from rankwise.recipes.runner import predict as run_predict
 
         path = out if out is not None else default_predictions_path(run_dir, data)
-        check_predictions_path(path, overwrite=overwrite, data=data)  # before the model runs
+        check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
         columns = run_predict(run_dir, data, checkpoint=checkpoint)
         written = write_predictions(columns, path, overwrite=overwrite)

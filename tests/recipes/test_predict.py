@@ -441,3 +441,41 @@ def test_mae_counts_only_the_rows_with_a_numeric_target():
     assert predictions_mae(cols, "y") == (pytest.approx((1.0 + 1.5) / 2), 2)
     assert predictions_mae({**cols, "y": ["", "x", "-", "", ""]}, "y") is None
     assert predictions_mae(cols, "price") is None
+
+
+def test_out_never_replaces_the_runs_own_files_or_its_training_file(runs, table, tmp_path, test_rows_file):
+    """--overwrite replaces a predictions file, never a file the run needs (config, checkpoints, data)."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock"))
+    data = tmp_path / "train.csv"
+    shutil.copyfile(table[0], data)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["options"]["path"] = str(data)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = {p: p.read_bytes() for p in [data, *run.rglob("*")] if p.is_file()}
+    for out in (run / "config.yaml", run / "metrics.json", run / "checkpoints" / "best.ckpt", run / "new.csv"):
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out, "--overwrite"]))
+        assert str(out) in line and "run directory" in line and "predictions" in line
+    line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", data, "--overwrite"]))
+    assert str(data) in line and "training data" in line
+    assert {p: p.read_bytes() for p in [data, *run.rglob("*")] if p.is_file()} == before
+    r = invoke(["predict", run, "--data", test_rows_file, "--out", run / "predictions" / "p.csv"])
+    assert r.exit_code == 0, r.output  # the run's predictions folder is where they belong
+
+
+def test_a_symlink_as_out_is_an_existing_file_and_overwrite_writes_through_it(runs, tmp_path, test_rows_file):
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(tmp_path / "elsewhere.csv")
+    line = one_error_line(invoke(["predict", runs["dir"], "--data", test_rows_file, "--out", dangling]))
+    assert str(dangling) in line and "--overwrite" in line
+    assert dangling.is_symlink() and not (tmp_path / "elsewhere.csv").exists()
+    target = tmp_path / "kept" / "target.csv"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    r = invoke(["predict", runs["dir"], "--data", test_rows_file, "--out", link, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and link.resolve() == target.resolve()  # the link stays a link ...
+    assert _read(target)[0] == ["a", "b", "c", "y", "prediction"]  # ... and its file holds the predictions
+    assert sorted(p.name for p in target.parent.iterdir()) == ["target.csv"]

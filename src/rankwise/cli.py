@@ -387,13 +387,18 @@ def predict(
         Path,
         typer.Option(
             "--data",
-            help="CSV file of new rows: the training file's feature (or image path) columns by name; "
-            "the target column is optional",
+            help="file of new rows: a CSV with the training file's feature (or image path) columns by name, "
+            "the target column optional (brain_age: a cohort CSV of volumes; ltr: a LETOR file)",
         ),
     ],
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="predictions CSV to write (default: RUN_DIR/predictions/<FILE stem>.csv)"),
+    out: Annotated[  # text, not a Path: `out/` (a folder) keeps its separator
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="<path>",
+            help="predictions CSV to write (default: RUN_DIR/predictions/<FILE stem>.csv)",
+        ),
     ] = None,
     checkpoint: Annotated[
         str | None, typer.Option(help="best or last (default: the one the recipe evaluates after training)")
@@ -422,7 +427,7 @@ def predict(
         )
         from rankwise.recipes.runner import predict as run_predict
 
-        path = out if out is not None else default_predictions_path(run_dir, data)
+        path: str | Path = out if out is not None else default_predictions_path(run_dir, data)
         check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
         columns = run_predict(run_dir, data, checkpoint=checkpoint)

@@ -479,3 +479,13 @@ def test_a_symlink_as_out_is_an_existing_file_and_overwrite_writes_through_it(ru
     assert link.is_symlink() and link.resolve() == target.resolve()  # the link stays a link ...
     assert _read(target)[0] == ["a", "b", "c", "y", "prediction"]  # ... and its file holds the predictions
     assert sorted(p.name for p in target.parent.iterdir()) == ["target.csv"]
+
+
+def test_out_naming_a_folder_writes_nothing(runs, tmp_path, test_rows_file):
+    """``--out folder/`` (a trailing separator) and the run's predictions folder itself name folders."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock", "predictions"))
+    for out in (f"{tmp_path / 'new_folder'}/", str(run / "predictions")):
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out]))
+        assert out.rstrip("/") in line and "folder" in line
+    assert not (tmp_path / "new_folder").exists() and not (run / "predictions").exists()

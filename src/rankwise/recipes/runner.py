@@ -205,7 +205,10 @@ def check_predictions_path(
     """``path`` as a Path if predictions may be written there: not a directory, not the input file
     ``data``, not an existing file (a symbolic link, even a dangling one, counts) unless ``overwrite``,
     and, given the run ``run_dir``, neither one of its files outside its ``predictions`` folder nor a
-    file of its training data; else a ``UserError`` naming it."""
+    file of its training data; else a ``UserError`` naming it. A name ending in a path separator
+    (``out/``) names a folder too."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise UserError(f"{path} names a folder; name the predictions file to write (--out FILE)")
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a directory; name the predictions file to write (--out FILE)")
@@ -214,7 +217,10 @@ def check_predictions_path(
         raise UserError(f"the predictions would replace the input file {data}; choose another --out")
     if run_dir is not None and Path(run_dir).is_dir():
         run = Path(run_dir).resolve()
-        if real.is_relative_to(run) and not real.is_relative_to(run / "predictions"):
+        folder = run / "predictions"
+        if real == folder:
+            raise UserError(f"{path} is the run's predictions folder; name a file in it (--out FILE)")
+        if real.is_relative_to(run) and not real.is_relative_to(folder):
             raise UserError(
                 f"{path} is in the run directory {run_dir}, whose files the run needs; write predictions "
                 f"to its predictions folder {Path(run_dir) / 'predictions'} or outside it"

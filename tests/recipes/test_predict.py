@@ -489,3 +489,18 @@ def test_out_naming_a_folder_writes_nothing(runs, tmp_path, test_rows_file):
         line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out]))
         assert out.rstrip("/") in line and "folder" in line
     assert not (tmp_path / "new_folder").exists() and not (run / "predictions").exists()
+
+
+def test_a_run_in_use_is_refused_with_advice_that_fits_predict(runs, tmp_path, test_rows_file):
+    from rankwise.recipes.rundir import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock"))
+    held = RunDir.lock_existing(run)  # as a training process holds it
+    try:
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", tmp_path / "o.csv"]))
+    finally:
+        held.close()
+    assert f"run directory {run} is in use by another rankwise process" in line
+    assert "--out" not in line and "wait for it to finish" in line  # predict's --out is not the run's
+    assert not (tmp_path / "o.csv").exists()

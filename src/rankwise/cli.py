@@ -300,7 +300,8 @@ def train(
     from rankwise.distributed import torchrun_trainer_defaults
 
     if (config is None) == (data is None):
-        _fail("give a config (a preset name or YAML file) or --data FILE --target COLUMN, not both")
+        both = ", not both" if config is not None else ""
+        _fail(f"give a config (a preset name or YAML file) or --data FILE --target COLUMN{both}")
     if data is not None and not target:
         _fail("--data needs --target: the label column of the file")
 

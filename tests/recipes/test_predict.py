@@ -504,3 +504,17 @@ def test_a_run_in_use_is_refused_with_advice_that_fits_predict(runs, tmp_path, t
     assert f"run directory {run} is in use by another rankwise process" in line
     assert "--out" not in line and "wait for it to finish" in line  # predict's --out is not the run's
     assert not (tmp_path / "o.csv").exists()
+
+
+def test_a_run_of_a_semicolon_table_reads_new_files_with_its_delimiter(table, tmp_path):
+    path, rows = table
+    semi = tmp_path / "semi.csv"
+    semi.write_text("\n".join(";".join(r) for r in [["a", "b", "c", "y"], *rows]) + "\n")
+    cfg, _ = own_data_config(semi, "y", "vanilla", overrides=[*TINY, "data.options.delimiter=;"])
+    run = train(cfg, out=tmp_path / "run", progress=False, verbose=False).run_dir
+    cols = predict(run, semi)
+    assert cols["a"] == [r[0] for r in rows] and len(cols["prediction"]) == len(rows)
+    line = one_error_line(invoke(["predict", run, "--data", path, "--out", tmp_path / "o.csv"]))
+    assert str(path) in line and "missing feature column" in line
+    assert "the run reads files delimited by ';'" in line and "data.options.delimiter" in line
+    assert not (tmp_path / "o.csv").exists()

@@ -162,7 +162,10 @@ def test_the_command_writes_one_row_per_document(trained, tmp_path):
     base = _predict(run_dir, own / "test.txt")
     assert list(rows[0]) == ["qid", "document", "relevance", "score", "rank"]
     assert [int(row["rank"]) for row in rows] == base["rank"].tolist()
-    np.testing.assert_allclose([float(row["score"]) for row in rows], base["score"], rtol=1e-12)
+    # the network's float32 scores, written in their shortest form, read back exactly
+    assert base["score"].dtype == np.float32
+    assert [row["score"] for row in rows] == [str(v) for v in base["score"]]
+    assert np.array_equal(np.asarray([row["score"] for row in rows], dtype=np.float32), base["score"])
     line = " ".join(r.output.split())
     assert f"{len(base['score'])} row(s) predicted: {out}" in line and "MAE" not in line
 

@@ -508,3 +508,11 @@ def test_set_into_a_scalar_section_is_refused(tmp_path):
     line = one_error(invoke(["train", cfg, *_sets(), "--out", tmp_path / "run", "--no-progress"]))
     assert "`trainer` is int 3" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_train_without_a_config_or_data_asks_for_one_and_both_is_refused(tmp_path):
+    line = one_error(invoke(["train", "--resume", "--out", str(tmp_path / "run")]))
+    assert "give a config (a preset name or YAML file) or --data FILE --target COLUMN" in line
+    assert "not both" not in line  # none was given
+    line = one_error(invoke(["train", "abalone_vanilla", "--data", str(tmp_path / "x.csv"), "--target", "y"]))
+    assert "not both" in line

@@ -300,7 +300,8 @@ def train(
     from rankwise.distributed import torchrun_trainer_defaults
 
     if (config is None) == (data is None):
-        _fail("give a config (a preset name or YAML file) or --data FILE --target COLUMN, not both")
+        both = ", not both" if config is not None else ""
+        _fail(f"give a config (a preset name or YAML file) or --data FILE --target COLUMN{both}")
     if data is not None and not target:
         _fail("--data needs --target: the label column of the file")
 
@@ -387,13 +388,18 @@ def predict(
         Path,
         typer.Option(
             "--data",
-            help="CSV file of new rows: the training file's feature (or image path) columns by name; "
-            "the target column is optional",
+            help="file of new rows: a CSV with the training file's feature (or image path) columns by name, "
+            "the target column optional (brain_age: a cohort CSV of volumes; ltr: a LETOR file)",
         ),
     ],
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="predictions CSV to write (default: RUN_DIR/predictions/<FILE stem>.csv)"),
+    out: Annotated[  # text, not a Path: `out/` (a folder) keeps its separator
+        str | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="<path>",
+            help="predictions CSV to write (default: RUN_DIR/predictions/<FILE stem>.csv)",
+        ),
     ] = None,
     checkpoint: Annotated[
         str | None, typer.Option(help="best or last (default: the one the recipe evaluates after training)")
@@ -423,8 +429,8 @@ def predict(
         )
         from rankwise.recipes.runner import predict as run_predict
 
-        path = out if out is not None else default_predictions_path(run_dir, data)
-        check_predictions_path(path, overwrite=overwrite, data=data)  # before the model runs
+        path: str | Path = out if out is not None else default_predictions_path(run_dir, data)
+        check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
         columns = run_predict(run_dir, data, checkpoint=checkpoint)
         written = write_predictions(columns, path, overwrite=overwrite)

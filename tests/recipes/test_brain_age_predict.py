@@ -238,6 +238,9 @@ def test_bad_new_cohorts_are_one_clear_error(trained: dict[str, Any]) -> None:
     badage = _write(folder / "badage.csv", ["path", "age", "sex"], [[good[0], "old", "M"]])
     with pytest.raises(DataFormatError, match=r"badage\.csv, row 2: `age` must be a number, got 'old'"):
         _predict_file(trained["run"], badage)
+    dup = _write(folder / "dup.csv", ["path", "note", "sex", "note"], [[good[0], "a", "M", "b"]])
+    with pytest.raises(DataFormatError, match=r"dup\.csv, row 1: duplicated column name 'note': columns 2 and 4"):
+        _predict_file(trained["run"], dup)  # the output would keep one of the two columns
     header_only = _write(folder / "header.csv", ["path", "age", "sex"], [])
     with pytest.raises(DataFormatError, match=r"header\.csv: the CSV has no data rows"):
         _predict_file(trained["run"], header_only)

@@ -162,6 +162,28 @@ def test_the_command_writes_one_row_per_document(trained, tmp_path):
     base = _predict(run_dir, own / "test.txt")
     assert list(rows[0]) == ["qid", "document", "relevance", "score", "rank"]
     assert [int(row["rank"]) for row in rows] == base["rank"].tolist()
-    np.testing.assert_allclose([float(row["score"]) for row in rows], base["score"], rtol=1e-12)
+    # the network's float32 scores, written in their shortest form, read back exactly
+    assert base["score"].dtype == np.float32
+    assert [row["score"] for row in rows] == [str(v) for v in base["score"]]
+    assert np.array_equal(np.asarray([row["score"] for row in rows], dtype=np.float32), base["score"])
     line = " ".join(r.output.split())
     assert f"{len(base['score'])} row(s) predicted: {out}" in line and "MAE" not in line
+
+
+def test_large_qids_are_kept_exactly_and_one_beyond_int64_is_one_error_line(trained, tmp_path):
+    run_dir, _ = trained
+    big = 2**63 - 1
+    new = tmp_path / "big_qids.txt"
+    new.write_text(f"1 qid:{big} 1:0.5\n0 qid:{big} 1:0.25\n2 qid:123456789012 2:1.0\n")
+    cols = _predict(run_dir, new)
+    assert cols["qid"].tolist() == [big, big, 123456789012]
+    assert sorted(cols["rank"][:2].tolist()) == [1, 2] and cols["rank"][2] == 1
+    over = tmp_path / "over.txt"
+    over.write_text(f"1 qid:7 1:0.5\n0 qid:{big + 1} 1:0.25\n")
+    r = runner.invoke(app, ["predict", str(run_dir), "--data", str(over), "--out", str(tmp_path / "o.csv")])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.output
+    line = " ".join(r.output.split())
+    assert "over.txt, row 2" in line and f"qid '{big + 1}'" in line and "64-bit" in line
+    assert not (tmp_path / "o.csv").exists()

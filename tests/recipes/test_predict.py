@@ -441,3 +441,80 @@ def test_mae_counts_only_the_rows_with_a_numeric_target():
     assert predictions_mae(cols, "y") == (pytest.approx((1.0 + 1.5) / 2), 2)
     assert predictions_mae({**cols, "y": ["", "x", "-", "", ""]}, "y") is None
     assert predictions_mae(cols, "price") is None
+
+
+def test_out_never_replaces_the_runs_own_files_or_its_training_file(runs, table, tmp_path, test_rows_file):
+    """--overwrite replaces a predictions file, never a file the run needs (config, checkpoints, data)."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock"))
+    data = tmp_path / "train.csv"
+    shutil.copyfile(table[0], data)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["options"]["path"] = str(data)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = {p: p.read_bytes() for p in [data, *run.rglob("*")] if p.is_file()}
+    for out in (run / "config.yaml", run / "metrics.json", run / "checkpoints" / "best.ckpt", run / "new.csv"):
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out, "--overwrite"]))
+        assert str(out) in line and "run directory" in line and "predictions" in line
+    line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", data, "--overwrite"]))
+    assert str(data) in line and "training data" in line
+    assert {p: p.read_bytes() for p in [data, *run.rglob("*")] if p.is_file()} == before
+    r = invoke(["predict", run, "--data", test_rows_file, "--out", run / "predictions" / "p.csv"])
+    assert r.exit_code == 0, r.output  # the run's predictions folder is where they belong
+
+
+def test_a_symlink_as_out_is_an_existing_file_and_overwrite_writes_through_it(runs, tmp_path, test_rows_file):
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(tmp_path / "elsewhere.csv")
+    line = one_error_line(invoke(["predict", runs["dir"], "--data", test_rows_file, "--out", dangling]))
+    assert str(dangling) in line and "--overwrite" in line
+    assert dangling.is_symlink() and not (tmp_path / "elsewhere.csv").exists()
+    target = tmp_path / "kept" / "target.csv"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    r = invoke(["predict", runs["dir"], "--data", test_rows_file, "--out", link, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and link.resolve() == target.resolve()  # the link stays a link ...
+    assert _read(target)[0] == ["a", "b", "c", "y", "prediction"]  # ... and its file holds the predictions
+    assert sorted(p.name for p in target.parent.iterdir()) == ["target.csv"]
+
+
+def test_out_naming_a_folder_writes_nothing(runs, tmp_path, test_rows_file):
+    """``--out folder/`` (a trailing separator) and the run's predictions folder itself name folders."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock", "predictions"))
+    for out in (f"{tmp_path / 'new_folder'}/", str(run / "predictions")):
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out]))
+        assert out.rstrip("/") in line and "folder" in line
+    assert not (tmp_path / "new_folder").exists() and not (run / "predictions").exists()
+
+
+def test_a_run_in_use_is_refused_with_advice_that_fits_predict(runs, tmp_path, test_rows_file):
+    from rankwise.recipes.rundir import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["dir"], run, ignore=shutil.ignore_patterns(".lock"))
+    held = RunDir.lock_existing(run)  # as a training process holds it
+    try:
+        line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", tmp_path / "o.csv"]))
+    finally:
+        held.close()
+    assert f"run directory {run} is in use by another rankwise process" in line
+    assert "--out" not in line and "wait for it to finish" in line  # predict's --out is not the run's
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_a_run_of_a_semicolon_table_reads_new_files_with_its_delimiter(table, tmp_path):
+    path, rows = table
+    semi = tmp_path / "semi.csv"
+    semi.write_text("\n".join(";".join(r) for r in [["a", "b", "c", "y"], *rows]) + "\n")
+    cfg, _ = own_data_config(semi, "y", "vanilla", overrides=[*TINY, "data.options.delimiter=;"])
+    run = train(cfg, out=tmp_path / "run", progress=False, verbose=False).run_dir
+    cols = predict(run, semi)
+    assert cols["a"] == [r[0] for r in rows] and len(cols["prediction"]) == len(rows)
+    line = one_error_line(invoke(["predict", run, "--data", path, "--out", tmp_path / "o.csv"]))
+    assert str(path) in line and "missing feature column" in line
+    assert "the run reads files delimited by ';'" in line and "data.options.delimiter" in line
+    assert not (tmp_path / "o.csv").exists()

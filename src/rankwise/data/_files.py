@@ -156,11 +156,12 @@ def read_text(path: str | Path, what: str = "data file") -> str:
     return decode_text(read_bytes(path, what), path)
 
 
-def check_header(header: list[str], display: str | Path) -> list[str]:
-    """Stripped column names; an empty or repeated name raises :class:`DataFormatError` (row 1)."""
+def check_header(header: list[str], display: str | Path, *, allow_unnamed: bool = False) -> list[str]:
+    """Stripped column names; an empty (unless ``allow_unnamed``) or repeated name raises
+    :class:`DataFormatError` (row 1)."""
     names = [h.strip() for h in header]
     for i, name in enumerate(names):
-        if name == "":
+        if name == "" and not allow_unnamed:
             raise DataFormatError(
                 display, 1, f"column {i + 1} has no name (header {names}); name every column (a saved index? drop it)"
             )

@@ -91,6 +91,8 @@ def _check_line(raw: bytes, path: Path, line: int, num_features: int | None, lim
     qid = tokens[1][4:]
     if not _INTEGER.fullmatch(qid):
         raise DataFormatError(path, line, f"qid {excerpt(qid.decode('latin-1'))} is not an integer")
+    if not -(2**63) <= int(qid) < 2**63:
+        raise DataFormatError(path, line, f"qid {excerpt(qid.decode())} is beyond the 64-bit integer range")
     last = 0
     for tok in tokens[2:]:
         index, sep, value = tok.partition(b":")
@@ -178,7 +180,7 @@ def read_letor(
         raise ImportError(f"reading LETOR files needs scikit-learn: pip install 'rankwise[train]' ({e})") from None
     try:
         x, y, qid = _load_svmlight(p, num_features)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, OverflowError) as err:  # OverflowError: a qid beyond int64
         _locate_error(p, num_features, limit)
         raise DataFormatError(p, None, f"cannot read the file as LETOR / svmlight: {err}") from None
     except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2

@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
+from rankwise.data._files import check_header
 
 __all__ = [
     "SEX_VALUES",
@@ -240,7 +241,8 @@ def _read_rows(csv_path: Path, target: str | None = "age") -> list[dict[str, Any
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+            # one value per name: a repeated name would keep only its last column
+            header = check_header(list(reader.fieldnames or []), csv_path, allow_unnamed=True)
             missing = [c for c in ("path", target) if c is not None and c not in header]
             if missing:
                 raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")

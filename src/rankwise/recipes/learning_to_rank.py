@@ -271,7 +271,8 @@ class LTRRecipe(RecipeBase):
         (:func:`~rankwise.data.standardize_like`), grouped by query and scored whole by
         ``checkpoints/<checkpoint>.ckpt`` (default ``best``). Columns: ``qid``, ``document`` (the
         document's position among the file's documents, 1 = the first), ``relevance`` (the file's
-        grade), ``score`` and ``rank`` (1 = the highest score of its query; equal scores in file order).
+        grade), ``score`` (the network's float32 output) and ``rank`` (1 = the highest score of its
+        query; equal scores in file order).
         """
         import numpy as np
         from torch.utils.data import DataLoader
@@ -289,7 +290,7 @@ class LTRRecipe(RecipeBase):
         dl = DataLoader(lists, batch_size=run.cfg.data.eval_batch_size, shuffle=False, **kw)
         batches, _ = run.predict(self._module(run), dl, checkpoint or "best")
         # padded slots carry relevance -1; a file's relevance is >= 0 (read_letor refuses negatives)
-        grouped = torch.cat([b["scores"][b["relevance"] >= 0] for b in batches]).double().numpy()
+        grouped = torch.cat([b["scores"][b["relevance"] >= 0] for b in batches]).float().numpy()
         score = np.empty_like(grouped)
         score[order] = grouped
         # rank within the query: by query, then by decreasing score, equal scores in file order

@@ -115,13 +115,22 @@ def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], A
 @register_prediction_reader("csv", "abalone")
 def _read_table(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
     """The training file's feature columns by name, standardized with the training statistics."""
-    from rankwise.data import TensorPairDataset
+    from rankwise.data import DataFormatError, TensorPairDataset
     from rankwise.data.tabular import load_csv, read_abalone_rows, read_feature_rows
 
     meta = run.data.meta
     if run.cfg.data.name == "csv":
         delimiter = _option(load_csv, run.cfg.data.options, "delimiter")
-        table = read_feature_rows(path, meta["feature_names"], delimiter=delimiter)
+        try:
+            table = read_feature_rows(path, meta["feature_names"], delimiter=delimiter)
+        except DataFormatError as e:
+            if e.row != 1 or "single column" not in str(e):  # a file of another delimiter
+                raise
+            # the file's delimiter is the run's, not an option of the prediction: say which it is
+            why = str(e).removeprefix(f"{e.path}, row 1: ")
+            raise DataFormatError(
+                e.path or path, 1, f"{why}; the run reads files delimited by {delimiter!r} (its data.options.delimiter)"
+            ) from None
     else:
         table = read_abalone_rows(path)
     # the loader's arithmetic (rankwise.data.standardize, then float32) with the training statistics

@@ -203,17 +203,48 @@ def _text(values: Any) -> list[str]:
     return [str(v) for v in arr.tolist()]
 
 
-def check_predictions_path(path: str | Path, *, overwrite: bool, data: str | Path | None = None) -> Path:
+def check_predictions_path(
+    path: str | Path, *, overwrite: bool, data: str | Path | None = None, run_dir: str | Path | None = None
+) -> Path:
     """``path`` as a Path if predictions may be written there: not a directory, not the input file
-    ``data``, and not an existing file unless ``overwrite``; else a ``UserError`` naming it."""
+    ``data``, not an existing file (a symbolic link, even a dangling one, counts) unless ``overwrite``,
+    and, given the run ``run_dir``, neither one of its files outside its ``predictions`` folder nor a
+    file of its training data; else a ``UserError`` naming it. A name ending in a path separator
+    (``out/``) names a folder too."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise UserError(f"{path} names a folder; name the predictions file to write (--out FILE)")
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a directory; name the predictions file to write (--out FILE)")
-    if data is not None and path.exists() and Path(data).exists() and path.resolve() == Path(data).resolve():
+    real = Path(os.path.realpath(path))
+    if data is not None and Path(data).exists() and real == Path(data).resolve():
         raise UserError(f"the predictions would replace the input file {data}; choose another --out")
-    if path.exists() and not overwrite:
+    if run_dir is not None and Path(run_dir).is_dir():
+        run = Path(run_dir).resolve()
+        folder = run / "predictions"
+        if real == folder:
+            raise UserError(f"{path} is the run's predictions folder; name a file in it (--out FILE)")
+        if real.is_relative_to(run) and not real.is_relative_to(folder):
+            raise UserError(
+                f"{path} is in the run directory {run_dir}, whose files the run needs; write predictions "
+                f"to its predictions folder {Path(run_dir) / 'predictions'} or outside it"
+            )
+        if real in _run_data_files(run):
+            raise UserError(f"{path} is the run's training data; choose another --out")
+    if (path.exists() or path.is_symlink()) and not overwrite:
         raise UserError(f"{path} exists; pass --overwrite to replace it")
     return path
+
+
+def _run_data_files(run_dir: Path) -> set[Path]:
+    """The existing files named by the run's ``data.options`` (its training data); none when its config
+    cannot be read (the prediction itself then says why)."""
+    try:
+        cfg = load_run_config(run_dir)
+    except (UserError, OSError):  # reported by the prediction that follows
+        return set()
+    values = [v for v in cfg.data.options.values() if isinstance(v, (str, os.PathLike))]
+    return {Path(v).resolve() for v in values if str(v) and Path(v).is_file()}
 
 
 def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
@@ -225,20 +256,21 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     and a failed write leaves it as it was. Missing parent folders are created.
     """
     path = check_predictions_path(path, overwrite=overwrite)
+    target = Path(os.path.realpath(path))  # through a symbolic link: the file it names is replaced
     texts = {str(k): _text(v) for k, v in columns.items()}
     lengths = {len(v) for v in texts.values()}
     if len(lengths) > 1:
         raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             writer.writerow(texts)
             writer.writerows(zip(*texts.values()))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)

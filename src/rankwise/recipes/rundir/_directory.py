@@ -125,7 +125,7 @@ class RunDir:
         path = Path(path)
         saved_config(path)
         try:
-            return cls(path, _lock(path))
+            return cls(path, _lock(path, "wait for it to finish"))
         except OSError as e:
             raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
 
@@ -148,7 +148,9 @@ class RunDir:
             self._lock_fd = None
 
 
-def _lock(path: Path) -> int | None:
+def _lock(path: Path, advice: str = "wait for it or choose another --out") -> int | None:
+    """Hold the run directory's lock file (an exclusive ``flock``); another process holding it: a
+    RunDirError naming the directory, its pid and ``advice``."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no lock
@@ -163,9 +165,7 @@ def _lock(path: Path) -> int | None:
             holder = ""
         os.close(fd)
         who = f" (pid {holder})" if holder else ""
-        raise RunDirError(
-            f"run directory {path} is in use by another rankwise process{who}; wait for it or choose another --out"
-        ) from None
+        raise RunDirError(f"run directory {path} is in use by another rankwise process{who}; {advice}") from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd

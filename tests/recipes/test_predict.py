@@ -205,6 +205,8 @@ def test_write_predictions_refuses_an_existing_file_and_writes_float32_exactly(t
     header, rows = _read(path)
     assert header == ["x", "prediction"] and [r[0] for r in rows] == ["1", "2"]
     assert np.array_equal(np.asarray([r[1] for r in rows], dtype=np.float32), cols["prediction"])
+    nan = write_predictions({"x": ["1", "2"], "p": np.asarray([np.nan, 2.0])}, tmp_path / "nan.csv")
+    assert nan.read_bytes() == b"x,p\n1,\n2,2.0\n"  # NaN: an empty cell; Unix line ends
     with pytest.raises(ValueError, match="exists; pass --overwrite"):
         write_predictions(cols, path)
     write_predictions({"x": ["3"], "prediction": [1.5]}, path, overwrite=True)

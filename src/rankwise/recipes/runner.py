@@ -265,7 +265,7 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh)
+            writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(texts)
             writer.writerows(zip(*texts.values()))
             fh.flush()

@@ -412,10 +412,9 @@ def predict(
 
     With the target column in the file, the MAE is printed.
 
-    Runs of the recipes dir, rrt and rnc (tables and image lists: datasets csv, image_csv, abalone,
-    agedb_dir, imdb_wiki_dir), brain_age (a cohort's NIfTI volumes: predicted and bias-corrected ages),
-    ltr (LETOR files: a score and rank per document), supcon and retrieval (a CSV of image paths: the
-    probe's class, or the nearest training image, its class and the embedding).
+    Recipes: dir, rrt, rnc (tables, image lists); brain_age (NIfTI cohorts: bias-corrected ages too).
+
+    ltr (LETOR files: a score and rank per document); supcon, retrieval (image paths: a class).
     """
 
     def go() -> Any:

@@ -19,9 +19,11 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
-#: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``
-INPUT_ROLES = ("features", "predictions", "targets", "weights")
-__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "Registry", "RegistryEntry", "RelaxationInfo"]
+#: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``;
+#: for an ordinal loss (``RegistryEntry.ordinal``) the head's ``logits``, the integer ``classes``
+#: ``0..K-1`` of the targets and their extended binary ``levels`` (``(B, K-1)``, CORAL's encoding)
+INPUT_ROLES = ("features", "predictions", "targets", "weights", "logits", "classes", "levels")
+__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "OrdinalHead", "Registry", "RegistryEntry", "RelaxationInfo"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +82,30 @@ class RelaxationInfo:
 
 
 @dataclass(frozen=True)
+class OrdinalHead:
+    """What network head an ordinal loss trains and how its logits become a class (registry metadata).
+
+    ``outputs``: ``"classes"`` (``K`` logits, one per class: the label-distribution and
+    distance-weighted losses) or ``"thresholds"`` (``K - 1`` logits, one per rank threshold: CORAL,
+    CORN, CONDOR). ``layer``: ``"linear"`` (an ``nn.Linear`` with that many outputs) or ``"coral"``
+    (:class:`rankwise.models.CoralLayer`: one shared weight vector and ``K - 1`` biases, the
+    rank-consistent head CORAL needs). ``predict(logits) -> (B,)``: the predicted class position,
+    an integer class (as float) or, for the expectation-based losses (mean-variance, DLDL), the
+    expected class in ``[0, K - 1]``. ``num_classes``: the loss takes the number of classes as a
+    keyword option, which the recipe supplies from the data.
+    """
+
+    outputs: Literal["classes", "thresholds"]
+    predict: Callable[[torch.Tensor], torch.Tensor]
+    layer: Literal["linear", "coral"] = "linear"
+    num_classes: bool = False
+
+    def num_outputs(self, num_classes: int) -> int:
+        """The head's width for ``num_classes`` classes."""
+        return int(num_classes) if self.outputs == "classes" else int(num_classes) - 1
+
+
+@dataclass(frozen=True)
 class RegistryEntry:
     """What a registry knows about one item."""
 
@@ -103,6 +129,8 @@ class RegistryEntry:
     nonfinite: NonFinite = "propagate"
     #: operators: how the operator serves as a relaxed sort (``None``: it does not)
     relaxation: RelaxationInfo | None = None
+    #: ordinal losses: the head they train and how its logits decode to a class (``None``: not ordinal)
+    ordinal: OrdinalHead | None = None
 
 
 class Registry(Generic[F]):
@@ -131,6 +159,7 @@ class Registry(Generic[F]):
         inputs: Mapping[str, str] | None = None,
         nonfinite: NonFinite = "propagate",
         relaxation: RelaxationInfo | None = None,
+        ordinal: OrdinalHead | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``."""
         if not isinstance(name, str) or not name:
@@ -154,6 +183,7 @@ class Registry(Generic[F]):
                 inputs=dict(inputs) if inputs is not None else None,
                 nonfinite=nonfinite,
                 relaxation=relaxation,
+                ordinal=ordinal,
             )
             return fn
 

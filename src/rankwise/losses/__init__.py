@@ -6,7 +6,13 @@ from rankwise.losses.balanced_mse import __all__ as _bmse_all
 from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
 from rankwise.losses.learning_to_rank import *  # noqa: F403
+from rankwise.losses.label_distribution import *  # noqa: F403
+from rankwise.losses.label_distribution import __all__ as _label_distribution_all
 from rankwise.losses.learning_to_rank import __all__ as _ltr_all
+from rankwise.losses.ordinal import *  # noqa: F403
+from rankwise.losses.ordinal import __all__ as _ordinal_all
+from rankwise.losses.ordinal_regression import *  # noqa: F403
+from rankwise.losses.ordinal_regression import __all__ as _ordinal_regression_all
 from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
 from rankwise.losses.retrieval import *  # noqa: F403
@@ -28,4 +34,7 @@ __all__ = [
     *_imb_all,
     *_bmse_all,
     *_ltr_all,
+    *_ordinal_all,
+    *_label_distribution_all,
+    *_ordinal_regression_all,
 ]

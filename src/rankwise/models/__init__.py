@@ -8,6 +8,8 @@ from rankwise.models._registry import BACKBONES, backbone_info, build_backbone, 
 from rankwise.models.brain_age import SFCN, ScaleDense, TSANSecondStage, load_tsan_checkpoint, sex_one_hot
 from rankwise.models.cnn import SmallCNN, small_cnn
 from rankwise.models.mlp import MLPBackbone, mlp_backbone
+from rankwise.models.ordinal import *  # noqa: F403
+from rankwise.models.ordinal import __all__ as _ordinal_all
 from rankwise.models.resnet import RESNET_FEATURE_DIMS, resnet_backbone
 from rankwise.models.text import TextPairEncoder, text_pair_encoder
 
@@ -30,4 +32,5 @@ __all__ = [
     "sex_one_hot",
     "small_cnn",
     "text_pair_encoder",
+    *_ordinal_all,
 ]

@@ -1,0 +1,5 @@
+"""Ordinal-regression heads."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

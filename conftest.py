@@ -58,6 +58,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 PARITY_PACKAGES = {
     "torchsort": "pip install --no-build-isolation torchsort  (builds from source: a C++ compiler, a few minutes)",
     "diffsort": 'pip install -e ".[parity]"',
+    **dict.fromkeys(
+        ("allrank", "pytorch_metric_learning", "difftopk", "coral_pytorch", "condor_pytorch", "dlordinal"),
+        "pip install --no-deps -r tests/peers.txt",
+    ),
 }
 
 

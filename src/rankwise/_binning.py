@@ -31,8 +31,10 @@ import torch
 
 __all__ = [
     "MAX_BINS",
+    "MAX_ORDINAL_CLASSES",
     "MAX_INDEX",
     "SNAP",
+    "LabelClasses",
     "check_bin_span",
     "label_bins_np",
     "snap_bucketize",
@@ -45,6 +47,9 @@ SNAP = 2.0**-10
 
 #: the most bins a binning may create (LDS keeps a float64 count per bin, FDS statistics per bin)
 MAX_BINS = 2**24
+
+#: the most classes an ordinal head over integer labels gets (wider integer spans are binned)
+MAX_ORDINAL_CLASSES = 1000
 
 #: ``|label - lo| / bin_width`` must stay below this: every bin index is then an exact integer in
 #: float64 (and far from int64 overflow)
@@ -109,3 +114,78 @@ def label_bins_np(labels: np.ndarray, width: float, *, name: str = "labels") -> 
     if k.size and np.abs(k).max() >= MAX_INDEX:
         check_bin_span(float(k.min()), float(k.max()), what=f"`{name}` with `bin_width`={width!r}")
     return k.astype(np.int64)
+
+
+class LabelClasses:
+    """The map between labels and the ``K`` ordered classes ``0..K-1`` of an ordinal head.
+
+    Class ``c`` covers the labels of ``[lo + c w, lo + (c + 1) w)`` (the module's binning rule) and
+    stands for its centre ``lo + (c + 1/2) w``. :meth:`fit` chooses it from the training labels:
+    integer-valued labels (ratings, grades, ages in years) get one class per integer from the
+    smallest to the largest (``w = 1``, class ``c`` = label ``min + c``), unless that makes more
+    than :data:`MAX_ORDINAL_CLASSES` classes; other labels are binned with the run's label bin
+    width (the bins of LDS, FDS and the shot groups), class ``c`` the ``c``-th bin from the
+    smallest training label's. Labels beyond the training range map to the first or last class.
+    """
+
+    def __init__(self, lo: float, width: float, num_classes: int) -> None:
+        if not (math.isfinite(lo) and math.isfinite(width) and width > 0):
+            raise ValueError(f"`lo` and `width` must be finite with `width` > 0, got lo={lo!r}, width={width!r}")
+        if int(num_classes) < 2:
+            raise ValueError(f"`num_classes` must be >= 2, got {num_classes!r}")
+        self.lo, self.width, self.num_classes = float(lo), float(width), int(num_classes)
+
+    @classmethod
+    def fit(cls, train_labels: np.ndarray, bin_width: float) -> LabelClasses:
+        """The classes of ``train_labels`` (finite; at least two classes, else ``ValueError``)."""
+        lab = np.asarray(train_labels, dtype=np.float64).reshape(-1)
+        if lab.size == 0 or not np.isfinite(lab).all():
+            raise ValueError("an ordinal head needs finite training labels, got none or NaN/inf values")
+        lo, hi = float(lab.min()), float(lab.max())
+        if np.array_equal(lab, np.round(lab)) and hi - lo + 1 <= MAX_ORDINAL_CLASSES:
+            out = cls(lo - 0.5, 1.0, int(hi - lo) + 1) if hi > lo else None
+        else:
+            k = label_bins_np(lab, bin_width, name="train_labels")
+            out = cls(float(k.min()) * bin_width, float(bin_width), int(k.max() - k.min()) + 1) if k.max() > k.min() else None
+        if out is None:
+            raise ValueError(
+                f"an ordinal head needs training labels in at least two classes; every training label is {lo:g}"
+            )
+        return out
+
+    @property
+    def integer(self) -> bool:
+        """Whether the classes are the integers ``min..max`` (width 1, centred on integers)."""
+        return self.width == 1.0 and float(self.lo + 0.5).is_integer()
+
+    def classes(self, y: torch.Tensor) -> torch.Tensor:
+        """int64 class of every label (clipped to ``0..K-1``; NaN labels give class 0); no host sync."""
+        c = torch.nan_to_num(snap_floor(y, self.width, self.lo), nan=0.0)
+        return c.clamp(0, self.num_classes - 1).to(torch.int64)
+
+    def values(self, c: torch.Tensor) -> torch.Tensor:
+        """The label each class position stands for (a fractional position interpolates), float64."""
+        return self.lo + (c.to(torch.float64) + 0.5) * self.width
+
+    def describe(self) -> str:
+        """One line: how many classes and which labels they stand for."""
+        first, last = self.lo + 0.5 * self.width, self.lo + (self.num_classes - 0.5) * self.width
+        if self.integer:
+            return f"{self.num_classes} classes: labels {first:g} .. {last:g} (one class per integer)"
+        return (
+            f"{self.num_classes} classes: bins of width {self.width:g} from {self.lo:g} "
+            f"(class 0 = {first:g}, class {self.num_classes - 1} = {last:g}, the bin centres)"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LabelClasses) and (self.lo, self.width, self.num_classes) == (
+            other.lo,
+            other.width,
+            other.num_classes,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.lo, self.width, self.num_classes))
+
+    def __repr__(self) -> str:
+        return f"LabelClasses(lo={self.lo!r}, width={self.width!r}, num_classes={self.num_classes})"

@@ -126,12 +126,15 @@ def _data_warnings(con: Any) -> Any:
     """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines."""
     import warnings
 
+    from rankwise.recipes.common import DataNote
     from rankwise.recipes.own_data import DataDefaultsWarning
 
     shown = warnings.showwarning
 
     def show(message: Any, category: Any, *args: Any, **kw: Any) -> None:
-        if issubclass(category, DataDefaultsWarning):
+        if issubclass(category, DataNote):
+            con.print(f"note: {message}", highlight=False, soft_wrap=True)
+        elif issubclass(category, DataDefaultsWarning):
             con.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
         else:
             shown(message, category, *args, **kw)

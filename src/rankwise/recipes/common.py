@@ -243,6 +243,11 @@ class DataDefaultsWarning(UserWarning):
     """A run's settings were derived from (or do not fit) its data or machine; the CLI prints it as ``warning: ...``."""
 
 
+class DataNote(DataDefaultsWarning):
+    """What a run derived from its data and the user should know (e.g. an ordinal head's classes); the CLI
+    prints it as ``note: ...``."""
+
+
 def warn_data_notes(data: Any) -> None:
     """Each note a dataset's loader left in ``data.meta["notes"]`` (a setting that does not fit the files,
     e.g. a preset's grid on the user's own volumes) as a :class:`DataDefaultsWarning`."""

@@ -66,12 +66,19 @@ class DIRRegressor(DIRNet, L.LightningModule):
             self._fds_feats.append(encoded.detach())
             self._fds_labels.append(y.detach())
             feats = self.fds(encoded, y, self.current_epoch)
-        pred = self.head(feats).squeeze(-1)
+        pred, logits = self.head_outputs(feats)
         w = self.sample_weights(y)
         # regularizers on the features (RankSim, ConR) see the ENCODER output, before FDS smoothing, as
         # in RankSim's reference (agedb-dir/train.py: the regularizer takes the encoding, FDS then smooths
         # it for the regressor); the head and the task loss see the smoothed features
         tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
+        if logits is not None and self.label_classes is not None:  # an ordinal head: logits, classes, levels
+            classes = self.label_class(y)
+            tensors.update(logits=logits, classes=classes)
+            if "levels" in self.task_loss.inputs.values():
+                from rankwise.losses import levels_from_labels
+
+                tensors["levels"] = levels_from_labels(classes, self.label_classes.num_classes).to(logits.dtype)
         task = self.task_loss(tensors)
         total = task
         logs = {"train/task_loss": task.detach()}

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise._binning import label_bins_np, snap_floor, snap_floor_np
+from rankwise._binning import LabelClasses, label_bins_np, snap_floor, snap_floor_np
 from rankwise.recipes.common import EpochShuffleSampler, build_backbone, loader_workers, to_builtin
 from rankwise.recipes.config import Config
-from rankwise.recipes.loss_terms import build_regularizers, build_task_loss
+from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ordinal_head_of
 
 __all__ = [
     "DIRNet",
@@ -87,7 +87,13 @@ def make_fds(feature_dim: int, f: Any, *, bin_width: float, label_range: tuple[f
 
 
 class DIRNet(nn.Module):
-    """Backbone -> features -> linear head, with the state of the DIR loss stack of ``cfg.loss``.
+    """Backbone -> features -> head, with the state of the DIR loss stack of ``cfg.loss``.
+
+    The head is a linear regressor, or, when the task loss is ordinal (its registry entry has an
+    :class:`~rankwise._registry.OrdinalHead`: CORAL, CORN, CDW-CE, ...), a head of ``K`` or ``K - 1``
+    logits over the classes of :class:`~rankwise._binning.LabelClasses` fitted on the training labels
+    (the map is a buffer of the state dict). Either way :meth:`forward` predicts in the label's units:
+    an ordinal head's class (or expected class) is mapped back to the label it stands for.
 
     Args:
         cfg: the run's typed :class:`~rankwise.recipes.config.Config`.
@@ -113,10 +119,19 @@ class DIRNet(nn.Module):
         self.cfg = cfg
         self.bin_width = float(bin_width)
         self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
-        self.head = nn.Linear(self.feature_dim, 1)
         self._label_mean = float(np.mean(train_labels)) if train_labels is not None and len(train_labels) else 0.0
-        with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
-            self.head.bias.fill_(self._label_mean)
+        #: the ordinal head of the task loss (``None``: a linear regressor) and the label classes it predicts
+        self.ordinal = ordinal_head_of(cfg.loss)
+        self.label_classes: LabelClasses | None = None
+        if self.ordinal is not None:
+            if train_labels is None:
+                raise ValueError("`train_labels` are required for an ordinal task loss (they define the classes)")
+            self.label_classes = LabelClasses.fit(train_labels, self.bin_width)
+            lc = self.label_classes
+            self.register_buffer(
+                "label_class_map", torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
+            )
+        self.head = self._make_head()
         lds = cfg.task.lds
         self.use_weights = lds.reweight != "none"
         bins = torch.zeros(0, dtype=torch.int64)
@@ -146,7 +161,8 @@ class DIRNet(nn.Module):
             self.backbone.requires_grad_(False)
         #: the task loss from the registry (``loss.name``, or ``regression_<kind>`` for ``loss.kind``)
         labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
-        self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
+        k = None if self.label_classes is None else self.label_classes.num_classes
+        self.task_loss = build_task_loss(cfg.loss, train_labels=labels, num_classes=k)
         self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
 
     def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
@@ -160,24 +176,58 @@ class DIRNet(nn.Module):
         w = table[idx]
         return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
 
+    def _make_head(self) -> nn.Module:
+        """A new head: linear regressor (bias at the mean label), or the ordinal loss's head of logits."""
+        if self.ordinal is None or self.label_classes is None:
+            head = nn.Linear(self.feature_dim, 1)
+            with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
+                head.bias.fill_(self._label_mean)
+            return head
+        k = self.label_classes.num_classes
+        if self.ordinal.layer == "coral":
+            from rankwise.models import CoralLayer
+
+            return CoralLayer(self.feature_dim, k)
+        return nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
+
     def features(self, x: Any) -> torch.Tensor:
         f = self.backbone(x)
         return f.flatten(1) if f.dim() > 2 else f
 
+    def head_outputs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(prediction, logits)`` of the head on ``feats``: the prediction in the label's units, and an
+        ordinal head's logits (``None`` for the regressor). An ordinal prediction is the label of the
+        decoded class (the ``predict`` of the loss's :class:`~rankwise._registry.OrdinalHead`)."""
+        out = self.head(feats)
+        if self.ordinal is None:
+            return out.squeeze(-1), None
+        cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
+        position = self.ordinal.predict(out).to(cmap.dtype)
+        pred = cmap[0] + (position + 0.5) * cmap[1]
+        return pred.to(out.dtype), out
+
+    def label_class(self, y: torch.Tensor) -> torch.Tensor:
+        """The int64 classes ``0..K-1`` of labels ``y`` (an ordinal head's targets); no host sync."""
+        if self.label_classes is None:
+            raise ValueError("the regressor has no label classes (its task loss is not ordinal)")
+        cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
+        c = torch.nan_to_num(snap_floor(y, cmap[1], cmap[0]), nan=0.0)  # type: ignore[arg-type]
+        return c.clamp(0, self.label_classes.num_classes - 1).to(torch.int64)
+
     def forward(self, x: Any) -> torch.Tensor:
-        return self.head(self.features(x)).squeeze(-1)
+        return self.head_outputs(self.features(x))[0]
 
     def predict_batch(self, batch: Any) -> dict[str, torch.Tensor]:
         """``pred``, ``label`` and ``features`` (float32) of one ``(x, y)`` batch; FDS is a training-time smoothing."""
         x, y = batch
         feats = self.features(x)
-        pred = self.head(feats).squeeze(-1)
+        pred = self.head_outputs(feats)[0]
         return {"pred": pred.float(), "label": y.reshape(-1).float(), "features": feats.float()}
 
     def reset_head(self) -> None:
-        self.head.reset_parameters()
-        with torch.no_grad():
-            self.head.bias.fill_(self._label_mean)
+        """A fresh head (as built), on the current head's device and dtype."""
+        ref = next(self.head.parameters())
+        self.head.load_state_dict(self._make_head().to(device=ref.device, dtype=ref.dtype).state_dict())
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Trainable parameters; a task loss with parameters gets its own group (lr ``loss.lr``)."""
@@ -257,7 +307,8 @@ def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
 
 
 def shot_metrics(preds: np.ndarray, labels: np.ndarray, data: Any, cfg: Config) -> dict[str, Any]:
-    """``rankwise.imbalanced.regression_metrics`` of predictions, with the run's shot thresholds."""
+    """``rankwise.imbalanced.regression_metrics`` of predictions, with the run's shot thresholds, and
+    under ``"ordinal"`` the metrics of the label classes (:func:`class_metrics`)."""
     from rankwise.imbalanced import regression_metrics
 
     many, few = run_shot_thresholds(cfg, data)
@@ -269,6 +320,31 @@ def shot_metrics(preds: np.ndarray, labels: np.ndarray, data: Any, cfg: Config) 
         few_shot=few,
         bin_width=data.bin_width,
     )
+    out = to_builtin(out)
+    ordinal = class_metrics(preds, labels, data.train_labels, data.bin_width)
+    if ordinal is not None:
+        out["ordinal"] = ordinal
+    return out
+
+
+def class_metrics(
+    preds: np.ndarray, labels: np.ndarray, train_labels: np.ndarray, bin_width: float
+) -> dict[str, Any] | None:
+    """The ordinal metrics of predictions as classes: ``num_classes``, exact and off-by-one accuracy, quadratic
+    weighted kappa, Kendall's tau and the RMSE (label units), with the classes of
+    :meth:`~rankwise._binning.LabelClasses.fit` on the training labels (predictions rounded to the nearest
+    class, clipped to the training range), the same for every method of a run's data; ``None`` when the
+    training labels make a single class."""
+    from rankwise.metrics import ordinal_metrics
+
+    try:
+        lc = LabelClasses.fit(np.asarray(train_labels), bin_width)
+    except ValueError:
+        return None
+    p, y = torch.as_tensor(np.asarray(preds, dtype=np.float64)), torch.as_tensor(np.asarray(labels, dtype=np.float64))
+    m = ordinal_metrics(lc.classes(p).double(), lc.classes(y).double(), num_classes=lc.num_classes)
+    out = {"num_classes": lc.num_classes, **{k: m[k] for k in ("exact_acc", "off_by_one_acc", "qwk", "kendall")}}
+    out["rmse"] = float(torch.sqrt(torch.mean((p - y) ** 2))) if p.numel() else float("nan")
     return to_builtin(out)
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "build_task_loss",
     "build_term",
     "check_loss_config",
+    "ordinal_head_of",
     "task_loss_name",
     "usable_losses",
 ]
@@ -50,6 +51,14 @@ def task_loss_name(loss: LossConfig) -> str:
     with ``kind="l1"``, registered in the loss registry), so both go through one :class:`LossTerm`.
     """
     return loss.name if loss.name is not None else f"regression_{loss.kind}"
+
+
+def ordinal_head_of(loss: LossConfig) -> Any:
+    """The :class:`~rankwise._registry.OrdinalHead` of the section's task loss (``None``: not ordinal)."""
+    from rankwise.losses import LOSSES
+
+    name = task_loss_name(loss)
+    return LOSSES.entry(name).ordinal if name in LOSSES else None
 
 
 def usable_losses() -> list[str]:
@@ -115,10 +124,18 @@ def _takes_train_labels(entry: Any) -> bool:
         return False
 
 
-def _module(entry: Any, options: Mapping[str, Any], key: str, train_labels: torch.Tensor | None = None) -> nn.Module:
+def _module(
+    entry: Any,
+    options: Mapping[str, Any],
+    key: str,
+    train_labels: torch.Tensor | None = None,
+    num_classes: int | None = None,
+) -> nn.Module:
     kw = _kwargs(entry, options)
     if train_labels is not None and _takes_train_labels(entry):
         kw["train_labels"] = train_labels  # e.g. a GMM or histogram fitted to the training labels
+    if entry.ordinal is not None and entry.ordinal.num_classes:
+        kw["num_classes"] = 2 if num_classes is None else int(num_classes)  # the data's classes (2: a check)
     try:
         return _construct(entry, kw)
     except (TypeError, ValueError) as e:
@@ -136,6 +153,8 @@ def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
         if param.default is inspect.Parameter.empty:  # cannot be built without them
             return
     kw = _kwargs(entry, options)
+    if entry.ordinal is not None and entry.ordinal.num_classes:
+        kw["num_classes"] = 2  # the run supplies the data's number of classes
     try:
         _construct(entry, kw)
     except MissingTrainLabelsError as e:
@@ -153,16 +172,29 @@ def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
         raise ConfigError(f"`{key}.lr` applies to a task loss from the registry (`{key}.name`), not to `{key}.kind`")
     entry = _entry(name, f"{key}.kind" if shorthand else f"{key}.name")
     roles = set(entry.inputs.values())
-    if not {"predictions", "targets"} <= roles:
+    if entry.ordinal is not None:
+        if "logits" not in roles or not roles & {"classes", "levels"}:
+            raise ConfigError(
+                f"`{key}.name`: ordinal loss {name!r} takes {sorted(roles)}; an ordinal task loss needs logits "
+                "and classes or levels"
+            )
+    elif not {"predictions", "targets"} <= roles:
         raise ConfigError(
             f"`{key}.name`: loss {name!r} takes {sorted(roles)}; a task loss needs predictions and targets"
         )
     supplied = (*entry.inputs, "train_labels", *(_KIND_SUPPLIED if shorthand else ()))
+    if entry.ordinal is not None and entry.ordinal.num_classes:
+        supplied = (*supplied, "num_classes")
     _check_kwargs(_built(entry), loss.options, f"{key}.options", supplied)
     _check_build(entry, loss.options, f"{key}.options")
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
+        if entry.ordinal is not None or not set(entry.inputs.values()) <= {"features", "predictions", "targets", "weights"}:
+            raise ConfigError(
+                f"`{k}.name`: {reg.name!r} is an ordinal loss of a head's logits; it can be the task loss "
+                f"(`{key}.name: {reg.name}`), not a regularizer"
+            )
         _check_kwargs(_built(entry), reg.options, f"{k}.options", (*entry.inputs, "train_labels"))
         _check_build(entry, reg.options, f"{k}.options")
 
@@ -224,12 +256,20 @@ def build_regularizers(
     return terms
 
 
-def build_task_loss(loss: LossConfig, key: str = "loss", *, train_labels: torch.Tensor | None = None) -> LossTerm:
+def build_task_loss(
+    loss: LossConfig,
+    key: str = "loss",
+    *,
+    train_labels: torch.Tensor | None = None,
+    num_classes: int | None = None,
+) -> LossTerm:
     """The task loss as a :class:`LossTerm` of the registry: ``loss.name``, or ``regression_<loss.kind>``.
 
     A loss module whose constructor takes ``train_labels`` receives the FULL training labels
-    (float64 tensor), e.g. to fit a label GMM or histogram once when it is built.
+    (float64 tensor), e.g. to fit a label GMM or histogram once when it is built; an ordinal loss
+    whose :class:`~rankwise._registry.OrdinalHead` says so receives ``num_classes`` (the data's).
     """
     name = task_loss_name(loss)
     entry = _entry(name, f"{key}.name" if loss.name is not None else f"{key}.kind")
-    return LossTerm(name, _module(entry, loss.options, f"{key}.options", train_labels), entry.inputs)
+    module = _module(entry, loss.options, f"{key}.options", train_labels, num_classes)
+    return LossTerm(name, module, entry.inputs)

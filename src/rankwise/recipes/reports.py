@@ -298,6 +298,10 @@ def plot_tsne(
 # ---------------------------------------------------------------------------------------------- tables
 
 
+#: the ordinal metrics of a regression run's label classes that :func:`aggregate` averages (``test.ordinal``)
+ORDINAL_KEYS = ("qwk", "exact_acc", "off_by_one_acc", "kendall", "rmse")
+
+
 def _num(v: Any) -> float:
     try:
         return float(v) if v is not None else float("nan")
@@ -333,6 +337,12 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, tuple[fl
         out.setdefault("corr", {})[k] = (
             (float(vals.mean()), float(vals.std()), int(vals.size)) if vals.size else (float("nan"), float("nan"), 0)
         )
+    for k in ORDINAL_KEYS:  # the label classes' metrics (``test.ordinal``), where the runs have them
+        vals = np.array([_get(r["test"], "ordinal", k) for r in runs], dtype=np.float64)
+        vals = vals[np.isfinite(vals)]
+        out.setdefault("ordinal", {})[k] = (
+            (float(vals.mean()), float(vals.std()), int(vals.size)) if vals.size else (float("nan"), float("nan"), 0)
+        )
     return out
 
 
@@ -349,18 +359,23 @@ def table_rows(
     """Header and rows ``method | n | MAE all/many/medium/few | GM all/many/medium/few | Pearson``."""
     name = metric.upper()
     header = ["method", "seeds", *[f"{name} {g}" for g in GROUPS], *[f"GM {g}" for g in GROUPS], "Pearson"]
+    aggs = {method: aggregate(runs) for method, runs in results.items()}
+    ordinal = any(a["ordinal"]["qwk"][2] for a in aggs.values())  # the runs' label classes were measured
+    if ordinal:
+        header += ["QWK", "exact acc"]
     rows = []
     for method, runs in results.items():
-        agg = aggregate(runs)
-        rows.append(
-            [
-                method,
-                str(len(runs)),
-                *[format_cell(agg[g][metric]) for g in GROUPS],
-                *[format_cell(agg[g]["gmean"]) for g in GROUPS],
-                format_cell(agg["corr"]["pearson"], 3),
-            ]
-        )
+        agg = aggs[method]
+        row = [
+            method,
+            str(len(runs)),
+            *[format_cell(agg[g][metric]) for g in GROUPS],
+            *[format_cell(agg[g]["gmean"]) for g in GROUPS],
+            format_cell(agg["corr"]["pearson"], 3),
+        ]
+        if ordinal:
+            row += [format_cell(agg["ordinal"]["qwk"], 3), format_cell(agg["ordinal"]["exact_acc"], 3)]
+        rows.append(row)
     return header, rows
 
 

@@ -1188,7 +1188,7 @@ def _oe_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generato
 
 
 #: training labels of the Dist Loss examples: skewed ages 20..60
-_DIST_LABELS = [20.0, 21.0, 22.0, 22.0, 23.0, 25.0, 25.0, 25.0, 26.0, 28.0, 30.0, 31.0, 33.0, 35.0, 40.0, 44.0, 52.0, 60.0]
+_DIST_LABELS = [float(v) for v in "20 21 22 22 23 25 25 25 26 28 30 31 33 35 40 44 52 60".split()]
 
 
 def _dist_kwargs(device: torch.device, **more: Any) -> dict[str, Any]:

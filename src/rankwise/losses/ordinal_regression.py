@@ -282,10 +282,12 @@ def _check_range(label_range: Any) -> tuple[float, float] | None:
         raise TypeError(f"`label_range` must be a (min_label, max_label) pair or None, got {label_range!r}")
     lo, hi = label_range
     for v in (lo, hi):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(float(v)) < math.inf:
             raise ValueError(f"`label_range` must hold two finite numbers, got {label_range!r}")
     if not float(lo) <= float(hi):
-        raise ValueError(f"`label_range` must be (min_label, max_label) with min_label <= max_label, got {label_range!r}")
+        raise ValueError(
+            f"`label_range` must be (min_label, max_label) with min_label <= max_label, got {label_range!r}"
+        )
     return float(lo), float(hi)
 
 
@@ -544,7 +546,8 @@ def dist_loss(
     labels = _as_labels(train_labels)
     if labels.device != predictions.device and labels.device.type != "cpu":
         raise ValueError(
-            f"`train_labels` must be on the device of `predictions` ({predictions.device}) or on the CPU, got {labels.device}"
+            f"`train_labels` must be on the device of `predictions` ({predictions.device}) or on the CPU, "
+            f"got {labels.device}"
         )
     if rng is None:  # read on the host
         lo, hi = (float(labels.min()), float(labels.max())) if labels.numel() else (math.nan, math.nan)
@@ -557,8 +560,15 @@ def dist_loss(
     density = _grid_density(labels, inside.to(torch.float64), grid, bw, step_)
     pseudo = _pseudo_labels(density, grid, predictions.shape[0])
     out = _dist_terms(
-        predictions, targets, weights, pseudo, kind=kind, loss_weight=lw, regularization_strength=rs,
-        reduction=reduction, **regression,
+        predictions,
+        targets,
+        weights,
+        pseudo,
+        kind=kind,
+        loss_weight=lw,
+        regularization_strength=rs,
+        reduction=reduction,
+        **regression,
     )
     return nan_if_nonfinite(out, labels)
 
@@ -629,7 +639,9 @@ class DistLoss(nn.Module):
         values, counts = torch.unique(labels, return_counts=True)
         grid = _label_grid(rng[0], rng[1], self.step, torch.device("cpu"))
         self.register_buffer("grid", grid)
-        self.register_buffer("density", _grid_density(values, counts.to(torch.float64), grid, self.bandwidth, self.step))
+        self.register_buffer(
+            "density", _grid_density(values, counts.to(torch.float64), grid, self.bandwidth, self.step)
+        )
 
     def pseudo_labels(self, batch_size: int) -> torch.Tensor:
         """The ``batch_size`` ascending pseudo-labels (float64, on the buffers' device)."""
@@ -652,7 +664,9 @@ def _dist_loss_module(
     module: DistLoss, predictions: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
     _check_pred_target(predictions, targets, weights)
-    pseudo = _pseudo_labels(module.density.to(predictions.device), module.grid.to(predictions.device), predictions.shape[0])
+    pseudo = _pseudo_labels(
+        module.density.to(predictions.device), module.grid.to(predictions.device), predictions.shape[0]
+    )
     return _dist_terms(
         predictions,
         targets,

@@ -78,13 +78,20 @@ def _rows(
     if indices is not None and num_samples is not None:
         raise ValueError("`indices` and `num_samples` are exclusive: give the rows or their number, not both")
     if indices is not None:
-        idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices, dtype=torch.long)
+        if isinstance(indices, torch.Tensor):
+            idx = indices
+        else:
+            try:
+                idx = torch.as_tensor(indices, dtype=torch.long)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"`indices` must be a 1-d integer tensor or sequence, got {indices!r}") from None
+            if idx.dim() == 1 and not all(-batch <= int(i) < batch for i in idx):  # on the host: a sequence
+                raise ValueError(f"`indices` must be in [0, {batch}) (batch size {batch}), got {list(indices)}")
+            idx = idx.to(device)
         if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 1:
             raise ValueError(f"`indices` must be a 1-d integer tensor or sequence, got {idx.dtype} {tuple(idx.shape)}")
         if idx.device != device:
             raise ValueError(f"`indices` must be on the device of `features` ({device}), got {idx.device}")
-        if not isinstance(indices, torch.Tensor) and len(indices) and not all(-batch <= int(i) < batch for i in idx):
-            raise ValueError(f"`indices` must be in [0, {batch}) (batch size {batch}), got {list(indices)}")
         return idx.long()
     if num_samples is None:
         return None

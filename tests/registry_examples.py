@@ -1153,3 +1153,92 @@ def _regression_loss(kind: str) -> None:
 
 for _kind in _REGRESSION_KWARGS:
     _regression_loss(_kind)
+
+
+# --- Ordinal Entropy and Dist Loss (rankwise.losses.ordinal_regression) ---------------------------
+def _oe_example(dtype: torch.dtype, device: torch.device) -> Example:
+    z = torch.randn(10, 6, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
+    y = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0], device=device)
+    return Example((z, y), {"tightness": True, "centers": True})
+
+
+def _oe_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def z(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=_gen()).to(device=device, dtype=dtype).requires_grad_()
+
+    return [
+        Example((z(0, 4), torch.zeros(0, device=device))),  # empty batch
+        Example((z(1, 4), torch.ones(1, 1, device=device))),  # n = 1, (B, 1) targets
+        Example((z(5, 4), torch.full((5,), 7.0, device=device))),  # all targets equal
+        Example((z(5, 4), torch.full((5,), 7.0, device=device)), {"centers": False}),
+        Example((z(4, 4), torch.arange(4.0, device=device))),  # all distinct: no tightness
+        Example((z(6, 3), torch.arange(6.0, device=device)), {"tightness": False, "indices": [0, 2, 3]}),
+        Example((z(6, 3), torch.arange(6.0, device=device)), {"num_samples": 1}),
+        Example((torch.zeros(3, 4, dtype=dtype, device=device).requires_grad_(), torch.arange(3.0, device=device))),
+    ]
+
+
+def _oe_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    z = fuzz_tensor((n, *fuzz_choice(g, [(4,), (2, 3)])), dtype, device, g)
+    y = fuzz_labels(n, device, g).to(fuzz_choice(g, [torch.float32, torch.float64, torch.int64]))
+    if fuzz_choice(g, [False, True]):
+        y = y[:, None]
+    kw = {"tightness": fuzz_choice(g, [False, True]), "centers": fuzz_choice(g, [False, True])}
+    return Example((z, y), kw)
+
+
+#: training labels of the Dist Loss examples: skewed ages 20..60
+_DIST_LABELS = [float(v) for v in "20 21 22 22 23 25 25 25 26 28 30 31 33 35 40 44 52 60".split()]
+
+
+def _dist_kwargs(device: torch.device, **more: Any) -> dict[str, Any]:
+    labels = torch.tensor(_DIST_LABELS, dtype=torch.float64, device=device)
+    return {"train_labels": labels, "label_range": (20.0, 60.0), "regularization_strength": 1.0, **more}
+
+
+def _dist_example(dtype: torch.dtype, device: torch.device) -> Example:
+    g = _gen(3)
+    pred = (torch.randn(8, generator=g) * 10 + 35).to(device=device, dtype=dtype).requires_grad_()
+    target = (torch.randn(8, generator=g) * 10 + 35).round().to(device=device, dtype=dtype)
+    return Example((pred, target), _dist_kwargs(device, kind="mse", loss_weight=0.5))
+
+
+def _dist_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    def p(*shape: int, fill: float | None = None) -> torch.Tensor:
+        x = torch.full(shape, fill) if fill is not None else torch.randn(*shape, generator=_gen(2)) * 10 + 30
+        return x.to(device=device, dtype=dtype).requires_grad_()
+
+    def t(*shape: int) -> torch.Tensor:
+        return torch.full(shape, 30.0, dtype=dtype, device=device)
+
+    one = torch.tensor([35.0], dtype=torch.float64, device=device)
+    return [
+        Example((p(0), t(0)), _dist_kwargs(device)),  # empty batch
+        Example((p(1), t(1)), _dist_kwargs(device)),  # n = 1
+        Example((p(1, 1), t(1, 1)), _dist_kwargs(device, kind="huber")),  # (B, 1) with B = 1
+        Example((p(5, fill=30.0), t(5)), _dist_kwargs(device)),  # all predictions and targets equal
+        Example((p(4), t(4)), _dist_kwargs(device, train_labels=one)),  # training labels of zero spread
+        Example((p(4), t(4)), _dist_kwargs(device, train_labels=one * 100)),  # no training label in range
+        Example((p(3), t(3)), _dist_kwargs(device, reduction="none")),
+    ]
+
+
+def _dist_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+    shape = fuzz_choice(g, [(n,), (n, 1)])
+    pred = fuzz_tensor(shape, dtype, device, g)
+    target = fuzz_tensor(shape, fuzz_choice(g, [dtype, torch.float64]), device, g, grad=False)
+    labels = fuzz_tensor((fuzz_int(g, 1, 12),), torch.float64, device, g, grad=False)
+    kw: dict[str, Any] = {
+        "train_labels": labels,
+        "label_range": (-2.0, 2.0),
+        "step": fuzz_choice(g, [0.25, 1.0]),
+        "kind": fuzz_choice(g, ["l1", "mse", "huber", "focal_l1"]),
+        "loss_weight": fuzz_choice(g, [0.0, 1.0]),
+        "regularization_strength": fuzz_choice(g, [0.1, 1.0]),
+        "reduction": fuzz_choice(g, ["mean", "sum", "none"]),
+    }
+    return Example((pred, target), kw)
+
+
+_loss("ordinal_entropy", _oe_example, _oe_degenerate, _oe_fuzz)
+_loss("dist_loss", _dist_example, _dist_degenerate, _dist_fuzz)

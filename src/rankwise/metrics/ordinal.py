@@ -22,8 +22,7 @@ The streaming (torchmetrics) versions, correct under DDP, are in :mod:`rankwise.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -36,7 +35,17 @@ from rankwise._validation import (
     common_compute_dtype,
 )
 from rankwise.imbalanced.metrics import shot_groups
-from rankwise.ops.ranking import rank
+from rankwise.metrics._ordinal_core import (
+    F64,
+    NAN,
+    SHOT_GROUPS,
+    KappaWeights,
+    any_nan,
+    kappa_from_confusion,
+    kendall_tau_b,
+    nan_where,
+    spearman_rho,
+)
 
 __all__ = [
     "accuracy_within",
@@ -52,11 +61,6 @@ __all__ = [
     "spearman_correlation",
 ]
 
-KappaWeights = Literal["quadratic", "linear"] | None
-
-_F64 = torch.float64
-_NAN = math.nan
-
 
 def _pair(predictions: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
     """Both inputs as float64 ``(N,)`` tensors (detached) and the dtype of the result."""
@@ -69,19 +73,7 @@ def _pair(predictions: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor, t
             f"got {tuple(predictions.shape)} and {tuple(targets.shape)}"
         )
     dt = common_compute_dtype(predictions, targets)
-    return predictions.detach().to(_F64), targets.detach().to(_F64), dt
-
-
-def _any_nan(*xs: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: some element of some ``x`` is NaN (no host sync)."""
-    out = torch.zeros((), dtype=torch.bool, device=xs[0].device)
-    for x in xs:
-        out = out | torch.isnan(x).any()
-    return out
-
-
-def _nan_where(bad: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    return torch.where(bad, torch.full_like(value, _NAN), value)
+    return predictions.detach().to(F64), targets.detach().to(F64), dt
 
 
 def mean_absolute_error(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -166,8 +158,8 @@ def accuracy_within(predictions: torch.Tensor, targets: torch.Tensor, *, toleran
     """
     tol = check_positive(tolerance, "tolerance", allow_zero=True)
     p, t, dt = _pair(predictions, targets)
-    acc = _within(p, t, tol).to(_F64).mean()
-    return _nan_where(_any_nan(p, t), acc).to(dt)
+    acc = _within(p, t, tol).to(F64).mean()
+    return nan_where(any_nan(p, t), acc).to(dt)
 
 
 def exact_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -201,29 +193,6 @@ def off_by_one_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> tor
         tensor(0.5000)
     """
     return accuracy_within(predictions, targets, tolerance=1)
-
-
-def _kappa_from_confusion(confusion: torch.Tensor, weights: KappaWeights = "quadratic") -> torch.Tensor:
-    """Weighted kappa of a ``(K, K)`` confusion matrix of counts (rows targets, columns predictions),
-    with the defined values of :func:`quadratic_weighted_kappa` (float64, no host sync)."""
-    c = confusion.to(_F64)
-    k = c.shape[0]
-    idx = torch.arange(k, dtype=_F64, device=c.device)
-    diff = idx[:, None] - idx[None, :]
-    if weights is None:
-        w = (diff != 0).to(_F64)
-    elif weights == "linear":
-        w = diff.abs()
-    else:
-        w = diff.square()
-    n = c.sum()
-    observed = (w * c).sum()
-    expected = (w * (c.sum(1)[:, None] * c.sum(0)[None, :])).sum() / n.clamp(min=1)
-    defined = 1.0 - observed / torch.where(expected > 0, expected, torch.ones_like(expected))
-    # expected == 0 with N > 0: every target and prediction in the same class, so observed == 0 too
-    undefined = torch.where(observed == 0, torch.ones_like(observed), torch.zeros_like(observed))
-    out = torch.where(expected > 0, defined, undefined)
-    return _nan_where(n == 0, out)
 
 
 def quadratic_weighted_kappa(
@@ -273,8 +242,8 @@ def quadratic_weighted_kappa(
     p, t, dt = _pair(predictions, targets)
     check_choice(weights, "weights", ("quadratic", "linear", None))
     pr = p.round()
-    if bool(_any_nan(p, t)) or p.numel() == 0:
-        return torch.full((), _NAN, dtype=dt, device=p.device)
+    if bool(any_nan(p, t)) or p.numel() == 0:
+        return torch.full((), NAN, dtype=dt, device=p.device)
     if num_classes is None:
         classes = torch.unique(torch.cat([t, pr]))  # sorted
         k = classes.numel()
@@ -288,15 +257,9 @@ def quadratic_weighted_kappa(
             raise ValueError(f"`targets` must be integer classes in [0, {k - 1}] (num_classes={k}), got {value!r}")
         ti = t.to(torch.long)
         pi = pr.clamp(0, k - 1).to(torch.long)
-    confusion = torch.zeros(k * k, dtype=_F64, device=p.device)
+    confusion = torch.zeros(k * k, dtype=F64, device=p.device)
     confusion.index_add_(0, ti * k + pi, torch.ones_like(p))
-    return _kappa_from_confusion(confusion.reshape(k, k), weights).to(dt)
-
-
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    da, db = a - a.mean(), b - b.mean()
-    den = ((da * da).sum() * (db * db).sum()).sqrt()
-    return _nan_where(den == 0, (da * db).sum() / torch.where(den == 0, torch.ones_like(den), den))
+    return kappa_from_confusion(confusion.reshape(k, k), weights).to(dt)
 
 
 def spearman_correlation(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -320,72 +283,7 @@ def spearman_correlation(predictions: torch.Tensor, targets: torch.Tensor) -> to
         tensor(0.8000)
     """
     p, t, dt = _pair(predictions, targets)
-    return _spearman(p, t).to(dt)
-
-
-def _spearman(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    if p.numel() < 2:
-        return torch.full((), _NAN, dtype=_F64, device=p.device)
-    return _pearson(rank(p, ties="average"), rank(t, ties="average"))
-
-
-def _tied_pairs(new_group: torch.Tensor) -> torch.Tensor:
-    """Number of pairs inside the groups of a sorted sequence (``new_group[i]``: element ``i`` starts one)."""
-    pos = torch.arange(new_group.numel(), device=new_group.device)
-    first = torch.where(new_group, pos, torch.zeros_like(pos)).cummax(0).values
-    return (pos - first).sum()  # each element pairs with the earlier members of its group
-
-
-def _new_groups(sorted_values: torch.Tensor) -> torch.Tensor:
-    new = torch.ones(sorted_values.shape, dtype=torch.bool, device=sorted_values.device)
-    new[1:] = sorted_values[1:] != sorted_values[:-1]
-    return new
-
-
-def _inversions(r: torch.Tensor) -> torch.Tensor:
-    """Number of pairs ``i < j`` with ``r[i] > r[j]`` of integers ``0 <= r < N`` (O(N log^2 N) time, O(N) memory).
-
-    A pair is counted at the highest bit where ``r[i]`` and ``r[j]`` differ: there the two share the
-    higher bits (the same group) and ``r[i]`` has a 1, ``r[j]`` a 0. At each bit, a stable sort by the
-    higher bits groups the elements (keeping their order) and a cumulative sum counts, for each element
-    with a 0, the earlier elements of its group with a 1.
-    """
-    n = r.numel()
-    total = torch.zeros((), dtype=torch.long, device=r.device)
-    for b in range(max(1, (n - 1).bit_length())):
-        prefix = r >> (b + 1)
-        order = torch.argsort(prefix, stable=True)
-        sp, sb = prefix[order], (r[order] >> b) & 1
-        ones_before = sb.cumsum(0) - sb
-        ones_before = ones_before - ones_before[torch.searchsorted(sp, sp)]  # from the group's start
-        total = total + (ones_before * (1 - sb)).sum()
-    return total
-
-
-def _kendall(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    n = p.numel()
-    if n < 2:
-        return torch.full((), _NAN, dtype=_F64, device=p.device)
-    order = torch.argsort(t, stable=True)
-    order = order[torch.argsort(p[order], stable=True)]  # lexicographic by (p, t)
-    ps, ts = p[order], t[order]
-    new_p, new_pt = _new_groups(ps), _new_groups(ts)
-    new_pt = new_pt | new_p
-    x_ties = _tied_pairs(new_p)
-    y_ties = _tied_pairs(_new_groups(t.sort().values))
-    joint_ties = _tied_pairs(new_pt)
-    dense_t = rank(ts, ties="dense").to(torch.long) - 1
-    discordant = _inversions(dense_t)  # pairs with p_i <= p_j and t_i > t_j: p_i < p_j (lexicographic order)
-    total = n * (n - 1) // 2
-    con_minus_dis = total - x_ties - y_ties + joint_ties - 2 * discordant
-    den_x, den_y = (total - x_ties).to(_F64), (total - y_ties).to(_F64)
-    undefined = (den_x == 0) | (den_y == 0)
-    safe = torch.ones_like(den_x)
-    tau = (
-        con_minus_dis.to(_F64) / torch.where(undefined, safe, den_x).sqrt() / torch.where(undefined, safe, den_y).sqrt()
-    )
-    tau = tau.clamp(-1.0, 1.0)  # as SciPy: rounding may leave |tau| a hair above 1
-    return _nan_where(undefined | _any_nan(p, t), tau)
+    return spearman_rho(p, t).to(dt)
 
 
 def kendall_tau(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -413,10 +311,7 @@ def kendall_tau(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
         tensor(0.6667)
     """
     p, t, dt = _pair(predictions, targets)
-    return _kendall(p, t).to(dt)
-
-
-SHOT_GROUPS = ("many", "medium", "few")
+    return kendall_tau_b(p, t).to(dt)
 
 
 def shot_group_mae(
@@ -498,8 +393,8 @@ def ordinal_metrics(
         "exact_acc": exact_accuracy(p, t),
         "off_by_one_acc": off_by_one_accuracy(p, t),
         "qwk": quadratic_weighted_kappa(p, t, num_classes=num_classes, weights=weights),
-        "spearman": _spearman(p, t),
-        "kendall": _kendall(p, t),
+        "spearman": spearman_rho(p, t),
+        "kendall": kendall_tau_b(p, t),
     }
     if train_labels is not None:
         groups = _shot_group_mae(

@@ -31,7 +31,7 @@ from rankwise._validation import (
 )
 from rankwise.distributed import get_rank, get_world_size
 from rankwise.imbalanced.metrics import shot_groups
-from rankwise.metrics.ordinal import SHOT_GROUPS, KappaWeights, _kappa_from_confusion, _kendall, _spearman
+from rankwise.metrics._ordinal_core import SHOT_GROUPS, KappaWeights, kappa_from_confusion, kendall_tau_b, spearman_rho
 
 __all__ = ["OrdinalMetrics", "real_sample_mask"]
 
@@ -254,7 +254,7 @@ class OrdinalMetrics(Metric):
             "gm": mean(self.log_abs_sum, n).exp(),
             "exact_acc": torch.where(poisoned, nan, mean(self.exact, n)),
             "off_by_one_acc": torch.where(poisoned, nan, mean(self.off_by_one, n)),
-            "qwk": torch.where(poisoned, nan, _kappa_from_confusion(self.confusion, self.weights)),
+            "qwk": torch.where(poisoned, nan, kappa_from_confusion(self.confusion, self.weights)),
         }
         if self.rank_correlations:
             if isinstance(self.preds, list) and not self.preds:
@@ -262,7 +262,7 @@ class OrdinalMetrics(Metric):
             else:
                 keep = dim_zero_cat(self.keep) > 0
                 p, t = dim_zero_cat(self.preds).to(_F64)[keep], dim_zero_cat(self.target).to(_F64)[keep]
-                out["spearman"], out["kendall"] = _spearman(p, t), _kendall(p, t)
+                out["spearman"], out["kendall"] = spearman_rho(p, t), kendall_tau_b(p, t)
         if self.shot_groups:
             per_group = mean(self.group_abs_sum, self.group_count)
             out.update({f"mae_{name}": per_group[i] for i, name in enumerate(SHOT_GROUPS)})

@@ -79,23 +79,43 @@ def _new_groups(sorted_values: torch.Tensor) -> torch.Tensor:
     return new
 
 
+def _group_bounds(group: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and one-past-last index of each element's run of equal values in a sorted ``group`` (O(N))."""
+    n = group.numel()
+    new = torch.ones(n, dtype=torch.bool, device=group.device)
+    new[1:] = group[1:] != group[:-1]
+    last = torch.ones_like(new)
+    last[:-1] = new[1:]
+    start = torch.where(new, pos, torch.zeros_like(pos)).cummax(0).values
+    end = torch.where(last, pos + 1, torch.full_like(pos, n)).flip(0).cummin(0).values.flip(0)
+    return start, end
+
+
 def _inversions(r: torch.Tensor) -> torch.Tensor:
-    """Number of pairs ``i < j`` with ``r[i] > r[j]`` of integers ``0 <= r < N`` (O(N log^2 N) time, O(N) memory).
+    """Number of pairs ``i < j`` with ``r[i] > r[j]`` of integers ``0 <= r < N`` (O(N log N) time, O(N) memory).
 
     A pair is counted at the highest bit where ``r[i]`` and ``r[j]`` differ: there the two share the
-    higher bits (the same group) and ``r[i]`` has a 1, ``r[j]`` a 0. At each bit, a stable sort by the
-    higher bits groups the elements (keeping their order) and a cumulative sum counts, for each element
-    with a 0, the earlier elements of its group with a 1.
+    higher bits (one group) and ``r[i]`` has a 1, ``r[j]`` a 0. The bits are visited from the highest
+    down, the elements kept in order of their higher bits (stably: each group in position order); at
+    each bit a cumulative sum counts, for each element with a 0, the earlier elements of its group with
+    a 1, then each group is split stably by that bit (a radix step: positions from cumulative sums, no sort).
     """
     n = r.numel()
+    pos = torch.arange(n, device=r.device)
+    order = pos  # sorted by r >> nbits == 0: position order
     total = torch.zeros((), dtype=torch.long, device=r.device)
-    for b in range(max(1, (n - 1).bit_length())):
-        prefix = r >> (b + 1)
-        order = torch.argsort(prefix, stable=True)
-        sp, sb = prefix[order], (r[order] >> b) & 1
-        ones_before = sb.cumsum(0) - sb
-        ones_before = ones_before - ones_before[torch.searchsorted(sp, sp)]  # from the group's start
-        total = total + (ones_before * (1 - sb)).sum()
+    for b in reversed(range(max(1, (n - 1).bit_length()))):
+        rv = r[order]
+        group, bit = rv >> (b + 1), (rv >> b) & 1  # group is non-decreasing along `order`
+        start, end = _group_bounds(group, pos)
+        ones_incl = bit.cumsum(0)
+        ones_excl = ones_incl - bit
+        ones_before = ones_excl - ones_excl[start]  # earlier 1s of the same group
+        total = total + (ones_before * (1 - bit)).sum()
+        group_zeros = (end - start) - (ones_incl[end - 1] - ones_excl[start])
+        zeros_before = (pos - start) - ones_before
+        new_pos = start + torch.where(bit == 0, zeros_before, group_zeros + ones_before)
+        order = torch.empty_like(order).index_copy_(0, new_pos, order)
     return total
 
 

@@ -58,6 +58,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 PARITY_PACKAGES = {
     "torchsort": "pip install --no-build-isolation torchsort  (builds from source: a C++ compiler, a few minutes)",
     "diffsort": 'pip install -e ".[parity]"',
+    "coral_pytorch": 'pip install -e ".[parity]"  (or: pip install --no-deps coral-pytorch==1.4.0)',
+    "condor_pytorch": 'pip install -e ".[parity]"  (or: pip install --no-deps condor-pytorch==1.1.0)',
 }
 
 

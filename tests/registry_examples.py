@@ -1242,3 +1242,65 @@ def _dist_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Genera
 
 _loss("ordinal_entropy", _oe_example, _oe_degenerate, _oe_fuzz)
 _loss("dist_loss", _dist_example, _dist_degenerate, _dist_fuzz)
+# --- threshold ordinal losses: CORAL, CORN, CONDOR (rankwise.losses.ordinal) -------------------------
+def _ordinal_labels(n: int, k: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(k, (n,), generator=g).to(device)
+
+
+def _levels(labels: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return (labels.unsqueeze(1) > torch.arange(k - 1, device=labels.device)).to(dtype)
+
+
+def _threshold_loss(name: str, *, targets: str, reduction: bool, weights: bool = False) -> None:
+    """``targets``: ``"levels"`` (CORAL, CONDOR: extended binary levels) or ``"classes"`` (CORN: integer
+    labels, with ``num_classes`` as an option)."""
+
+    def call(logits: torch.Tensor, labels: torch.Tensor, k: int, kw: dict[str, Any], dtype: torch.dtype) -> Example:
+        if targets == "classes":
+            return Example((logits, labels), {"num_classes": k, **kw})
+        level_dtype = dtype if dtype.is_floating_point else torch.float32
+        return Example((logits, _levels(labels, k, level_dtype)), kw)
+
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        g = _gen(3)
+        k = 5
+        logits = torch.randn(7, k - 1, generator=g).to(device=device, dtype=dtype).requires_grad_()
+        labels = torch.tensor([0, 4, 2, 1, 3, 2, 4], device=device)
+        return call(logits, labels, k, {"reduction": "mean"} if reduction else {}, dtype)
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        def lg(b: int, k: int) -> torch.Tensor:
+            return torch.randn(b, k - 1, generator=_gen(4)).to(device=device, dtype=dtype).requires_grad_()
+
+        long = torch.long
+        cases = [
+            (lg(0, 4), torch.zeros(0, dtype=long, device=device), 4),  # empty batch
+            (lg(1, 4), torch.tensor([2], device=device), 4),  # one example
+            (lg(5, 4), torch.zeros(5, dtype=long, device=device), 4),  # all in class 0: CORN's tasks 1.. empty
+            (lg(5, 4), torch.full((5,), 3, dtype=long, device=device), 4),  # all in class K-1
+            (lg(3, 2), torch.tensor([0, 1, 1], device=device), 2),  # K = 2: one threshold
+            # z = 0 exactly (the kinks of the stable cross-entropy forms)
+            (torch.zeros(3, 3, dtype=dtype, device=device).requires_grad_(), torch.tensor([0, 1, 3], device=device), 4),
+        ]
+        out = [call(x, y, k, {}, dtype) for x, y, k in cases]
+        if reduction:
+            out += [call(x, y, k, {"reduction": r}, dtype) for x, y, k in cases[:2] for r in ("sum", "none")]
+        return out
+
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        k = fuzz_choice(g, [2, 3, 5, 8])
+        logits = fuzz_tensor((n, k - 1), dtype, device, g, scale=fuzz_choice(g, [1.0, 4.0]))
+        labels = _ordinal_labels(n, k, device, g)
+        kw: dict[str, Any] = {}
+        if reduction:
+            kw["reduction"] = fuzz_choice(g, ["mean", "sum", "none", None])
+        if weights and fuzz_choice(g, [False, True]):
+            kw["importance_weights"] = fuzz_tensor((k - 1,), dtype, device, g, grad=False, positive=True)
+        return call(logits, labels, k, kw, dtype)
+
+    _loss(name, example, degenerate, fuzz)
+
+
+_threshold_loss("coral", targets="levels", reduction=True, weights=True)
+_threshold_loss("corn", targets="classes", reduction=False)
+_threshold_loss("condor", targets="levels", reduction=True)

@@ -1242,6 +1242,8 @@ def _dist_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Genera
 
 _loss("ordinal_entropy", _oe_example, _oe_degenerate, _oe_fuzz)
 _loss("dist_loss", _dist_example, _dist_degenerate, _dist_fuzz)
+
+
 # --- threshold ordinal losses: CORAL, CORN, CONDOR (rankwise.losses.ordinal) -------------------------
 def _ordinal_labels(n: int, k: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
     return torch.randint(k, (n,), generator=g).to(device)

@@ -31,8 +31,8 @@ import torch
 
 __all__ = [
     "MAX_BINS",
-    "MAX_ORDINAL_CLASSES",
     "MAX_INDEX",
+    "MAX_ORDINAL_CLASSES",
     "SNAP",
     "LabelClasses",
     "check_bin_span",
@@ -146,7 +146,11 @@ class LabelClasses:
             out = cls(lo - 0.5, 1.0, int(hi - lo) + 1) if hi > lo else None
         else:
             k = label_bins_np(lab, bin_width, name="train_labels")
-            out = cls(float(k.min()) * bin_width, float(bin_width), int(k.max() - k.min()) + 1) if k.max() > k.min() else None
+            out = (
+                cls(float(k.min()) * bin_width, float(bin_width), int(k.max() - k.min()) + 1)
+                if k.max() > k.min()
+                else None
+            )
         if out is None:
             raise ValueError(
                 f"an ordinal head needs training labels in at least two classes; every training label is {lo:g}"

@@ -5,9 +5,9 @@ from rankwise.losses.balanced_mse import *  # noqa: F403
 from rankwise.losses.balanced_mse import __all__ as _bmse_all
 from rankwise.losses.contrastive import *  # noqa: F403
 from rankwise.losses.contrastive import __all__ as _contrastive_all
-from rankwise.losses.learning_to_rank import *  # noqa: F403
 from rankwise.losses.label_distribution import *  # noqa: F403
 from rankwise.losses.label_distribution import __all__ as _label_distribution_all
+from rankwise.losses.learning_to_rank import *  # noqa: F403
 from rankwise.losses.learning_to_rank import __all__ as _ltr_all
 from rankwise.losses.ordinal import *  # noqa: F403
 from rankwise.losses.ordinal import __all__ as _ordinal_all

@@ -190,7 +190,12 @@ def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
-        if entry.ordinal is not None or not set(entry.inputs.values()) <= {"features", "predictions", "targets", "weights"}:
+        if entry.ordinal is not None or not set(entry.inputs.values()) <= {
+            "features",
+            "predictions",
+            "targets",
+            "weights",
+        }:
             raise ConfigError(
                 f"`{k}.name`: {reg.name!r} is an ordinal loss of a head's logits; it can be the task loss "
                 f"(`{key}.name: {reg.name}`), not a regularizer"

@@ -547,8 +547,24 @@ def _real_sequence(value: Any, name: str, length: int) -> list[float]:
     return out
 
 
+def _concrete(key: Any) -> Any:
+    """``key`` with every number a plain Python number: under ``torch.compile(dynamic=True)`` float options
+    and sizes are symbolic, and the soft-label matrix (a constant of the traced graph) needs their values
+    (``float.hex`` specializes a symbolic float on its value)."""
+    if isinstance(key, tuple):
+        return tuple(_concrete(v) for v in key)
+    if isinstance(key, (bool, str)) or key is None:
+        return key
+    value = float.fromhex(float(key).hex())
+    return int(value) if isinstance(key, (int, torch.SymInt)) else value
+
+
 def _resolve(distribution: str, k: int, params: dict[str, Any]) -> tuple[Any, ...]:
     """The hashable key of the soft-label matrix of ``distribution`` for ``K = k`` classes (values checked)."""
+    return _concrete(_resolve_key(distribution, k, params))
+
+
+def _resolve_key(distribution: str, k: int, params: dict[str, Any]) -> tuple[Any, ...]:
     _check_params(distribution, params)
     opts = {**_DIST_PARAMS[distribution], **params}
     if distribution == "beta":

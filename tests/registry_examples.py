@@ -1300,9 +1300,98 @@ def _threshold_loss(name: str, *, targets: str, reduction: bool, weights: bool =
             kw["importance_weights"] = fuzz_tensor((k - 1,), dtype, device, g, grad=False, positive=True)
         return call(logits, labels, k, kw, dtype)
 
+
+# --- ordinal losses over class logits (rankwise.losses.label_distribution) ------------------------
+def _ordinal_unimodal_params(g: torch.Generator, k: int) -> dict[str, Any]:
+    """A distribution of ``unimodal_ce`` and its options, drawn from ``g`` (K in 3..14 for beta)."""
+    dist = fuzz_choice(
+        g, ["beta", "binomial", "poisson", "exponential", "triangular", "general_triangular", "geometric"]
+    )
+    kw: dict[str, Any] = {"distribution": dist}
+    if dist == "exponential":
+        kw.update(p=fuzz_choice(g, [1.0, 1.5, 2.0]), tau=fuzz_choice(g, [0.5, 1.0, 2.0]))
+    elif dist == "triangular":
+        kw["alpha2"] = fuzz_choice(g, [0.01, 0.05, 0.2])
+    elif dist == "general_triangular":
+        kw["alphas"] = [0.0] + [float(v) for v in (torch.rand(2 * k - 1, generator=g, dtype=torch.float64) * 0.3)]
+    elif dist == "geometric":
+        kw["alphas"] = fuzz_choice(g, [0.0, 0.1, 0.4])
+    return kw
+
+
+_ORDINAL_KWARGS: dict[str, dict[str, Any]] = {
+    "cdw_ce": {"alpha": 1.0, "margin": 0.2},
+    "unimodal_ce": {"distribution": "geometric", "eta": 0.7, "alphas": 0.2},
+    "sord": {"alpha": 1.5},
+    "emd": {},
+    "qwk": {"penalization": "quadratic"},
+    "slace": {"alpha": 1.0},
+    "mean_variance": {"lambda_mean": 0.2, "lambda_variance": 0.05},
+    "dldl": {"sigma": 2.0, "lambda_l1": 1.0},
+}
+
+
+def _ordinal_logits_loss(name: str) -> None:
+    reduces = name != "qwk"
+
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        logits = _randn((6, 5), dtype, device, seed=3)
+        targets = torch.tensor([0, 4, 2, 2, 1, 3], device=device)
+        return Example((logits, targets), dict(_ORDINAL_KWARGS[name]))
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        kw = dict(_ORDINAL_KWARGS[name])
+
+        def cls(*v: int) -> torch.Tensor:
+            return torch.tensor(v, dtype=torch.long, device=device)
+
+        out = [
+            Example((_randn((0, 5), dtype, device), cls()), kw),  # empty batch
+            Example((_randn((1, 5), dtype, device), cls(4)), kw),  # n = 1
+            Example((_randn((5, 5), dtype, device, seed=1), cls(2, 2, 2, 2, 2)), kw),  # one class only
+            Example(
+                ((_randn((3, 5), dtype, device, seed=2).detach() * 40).requires_grad_(), cls(0, 4, 1)), kw
+            ),  # confident
+            Example((_filled((4, 5), 0.0, dtype, device), cls(0, 1, 3, 4)), kw),  # uniform softmax
+        ]
+        if name != "unimodal_ce":  # the standard beta set starts at K = 3: K = 2 with the other losses
+            out.append(Example((_randn((3, 2), dtype, device), cls(0, 1, 1)), kw))
+        if reduces:
+            out.append(Example((_randn((0, 5), dtype, device), cls()), {**kw, "reduction": "none"}))
+        if name == "sord":
+            train = cls(0, 1, 1, 2, 3, 3, 3, 4)
+            for ftype in ("max", "norm_log", "division"):
+                ex = Example((_randn((4, 5), dtype, device), cls(0, 2, 4, 4)), {**kw, "prox": True, "ftype": ftype})
+                ex.kwargs["train_targets"] = train
+                out.append(ex)
+        return out
+
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example:
+        k = fuzz_choice(g, [3, 4, 7, 10])
+        lead = fuzz_choice(g, [(), (), (2,)])
+        logits = fuzz_tensor((*lead, n, k), dtype, device, g, scale=fuzz_choice(g, [1.0, 3.0]))
+        targets = torch.randint(k, (*lead, n), generator=g).to(device)
+        kw: dict[str, Any] = dict(_ORDINAL_KWARGS[name])
+        if name == "unimodal_ce":
+            kw = {**_ordinal_unimodal_params(g, k), "eta": fuzz_choice(g, [0.0, 0.5, 1.0])}
+        elif name == "sord" and fuzz_choice(g, [False, True]):
+            kw.update(
+                prox=True, ftype=fuzz_choice(g, ["max", "norm_max", "log", "norm_log", "division", "norm_division"])
+            )
+            kw["train_targets"] = torch.cat([torch.arange(k), torch.randint(k, (9,), generator=g)]).to(device)
+        elif name == "qwk":
+            kw["penalization"] = fuzz_choice(g, ["linear", "quadratic"])
+        if name in ("cdw_ce", "sord", "slace", "qwk") and fuzz_choice(g, [False, True]):
+            kw["weight"] = fuzz_tensor((k,), dtype, device, g, grad=False, positive=True)
+        if reduces:
+            kw["reduction"] = fuzz_choice(g, ["mean", "sum", "none"])
+        return Example((logits, targets), kw)
+
     _loss(name, example, degenerate, fuzz)
 
 
 _threshold_loss("coral", targets="levels", reduction=True, weights=True)
 _threshold_loss("corn", targets="classes", reduction=False)
 _threshold_loss("condor", targets="levels", reduction=True)
+for _name in _ORDINAL_KWARGS:
+    _ordinal_logits_loss(_name)

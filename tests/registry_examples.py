@@ -1300,6 +1300,8 @@ def _threshold_loss(name: str, *, targets: str, reduction: bool, weights: bool =
             kw["importance_weights"] = fuzz_tensor((k - 1,), dtype, device, g, grad=False, positive=True)
         return call(logits, labels, k, kw, dtype)
 
+    _loss(name, example, degenerate, fuzz)
+
 
 # --- ordinal losses over class logits (rankwise.losses.label_distribution) ------------------------
 def _ordinal_unimodal_params(g: torch.Generator, k: int) -> dict[str, Any]:

@@ -149,3 +149,23 @@ def test_ordinal_loss_as_a_regularizer_is_refused(grades: object, tmp_path: obje
     )
     assert r.exit_code == 2  # type: ignore[attr-defined]
     assert "it can be the task loss" in r.output  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["coral", "corn", "condor", "cdw_ce", "dldl"])
+def test_ordinal_head_starts_from_the_training_labels_distribution(name: str) -> None:
+    """With the input ignored, the head's probabilities are the (smoothed) class frequencies."""
+    from rankwise.losses import get_loss_entry
+    from rankwise.recipes.dir_net import ordinal_prior_bias
+
+    counts = torch.tensor([5.0, 0.0, 12.0, 30.0, 3.0], dtype=torch.float64)
+    p = (counts + 1) / (counts.sum() + 5)
+    entry = get_loss_entry(name)
+    assert entry.ordinal is not None
+    b = ordinal_prior_bias(counts, entry.ordinal, layer=entry.ordinal.layer)
+    above = 1 - torch.cumsum(p, 0)[:-1]  # P(y > k)
+    if entry.ordinal.outputs == "classes":
+        torch.testing.assert_close(torch.softmax(b, 0), p)
+    elif entry.ordinal.layer == "coral":
+        torch.testing.assert_close(torch.sigmoid(b), above)
+    else:  # conditional thresholds: P(y > k) is the product of the first k + 1
+        torch.testing.assert_close(torch.cumprod(torch.sigmoid(b), 0), above)

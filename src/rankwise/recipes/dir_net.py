@@ -30,6 +30,7 @@ __all__ = [
     "eval_loader",
     "lds_weight_table",
     "make_fds",
+    "ordinal_prior_bias",
     "predict",
     "predicts_on_cpu",
     "regression_loaders",
@@ -37,6 +38,24 @@ __all__ = [
     "shot_metrics",
     "write_evaluation",
 ]
+
+
+def ordinal_prior_bias(counts: torch.Tensor, ordinal: Any, *, layer: str = "linear") -> torch.Tensor:
+    """The initial biases of an ordinal head: the log-odds its logits have when they ignore the input.
+
+    From the training labels' class ``counts`` (``(K,)``), with one pseudo-count per class: a class
+    head gets the log prior ``log p_c``; a threshold head with the shared weights of CORAL
+    (``layer="coral"``) ``logit P(y > k)``; the conditional threshold heads (CORN, CONDOR)
+    ``logit P(y > k | y > k - 1)``. The regressor's bias starts at the mean label for the same reason.
+    """
+    p = (counts + 1.0) / (counts.sum() + counts.numel())
+    if ordinal.outputs == "classes":
+        return torch.log(p)
+    above = (1.0 - torch.cumsum(p, 0))[:-1].clamp(1e-6, 1 - 1e-6)  # P(y > k), k = 0..K-2
+    if layer == "coral":
+        return torch.logit(above)
+    at_least = torch.cat([torch.ones(1, dtype=p.dtype), above[:-1]])  # P(y > k - 1)
+    return torch.logit((above / at_least).clamp(1e-6, 1 - 1e-6))
 
 
 def lds_weight_table(
@@ -123,11 +142,14 @@ class DIRNet(nn.Module):
         #: the ordinal head of the task loss (``None``: a linear regressor) and the label classes it predicts
         self.ordinal = ordinal_head_of(cfg.loss)
         self.label_classes: LabelClasses | None = None
+        self._class_counts: torch.Tensor | None = None
         if self.ordinal is not None:
             if train_labels is None:
                 raise ValueError("`train_labels` are required for an ordinal task loss (they define the classes)")
             self.label_classes = LabelClasses.fit(train_labels, self.bin_width)
             lc = self.label_classes
+            classes = lc.classes(torch.as_tensor(np.asarray(train_labels, dtype=np.float64)))
+            self._class_counts = torch.bincount(classes, minlength=lc.num_classes).to(torch.float64)
             self.register_buffer(
                 "label_class_map", torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
             )
@@ -187,8 +209,15 @@ class DIRNet(nn.Module):
         if self.ordinal.layer == "coral":
             from rankwise.models import CoralLayer
 
-            return CoralLayer(self.feature_dim, k)
-        return nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
+            head: nn.Module = CoralLayer(self.feature_dim, k)
+            bias = head.coral_bias
+        else:
+            head = nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
+            bias = head.bias
+        if self._class_counts is not None:  # start from the training labels' distribution, as the regressor
+            with torch.no_grad():  # starts from their mean: the head need not learn the thresholds' offsets first
+                bias.copy_(ordinal_prior_bias(self._class_counts, self.ordinal, layer=self.ordinal.layer))
+        return head
 
     def features(self, x: Any) -> torch.Tensor:
         f = self.backbone(x)

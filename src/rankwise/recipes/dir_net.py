@@ -201,19 +201,21 @@ class DIRNet(nn.Module):
     def _make_head(self) -> nn.Module:
         """A new head: linear regressor (bias at the mean label), or the ordinal loss's head of logits."""
         if self.ordinal is None or self.label_classes is None:
-            head = nn.Linear(self.feature_dim, 1)
+            regressor = nn.Linear(self.feature_dim, 1)
             with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
-                head.bias.fill_(self._label_mean)
-            return head
+                regressor.bias.fill_(self._label_mean)
+            return regressor
         k = self.label_classes.num_classes
+        head: nn.Module
+        bias: torch.Tensor
         if self.ordinal.layer == "coral":
             from rankwise.models import CoralLayer
 
-            head: nn.Module = CoralLayer(self.feature_dim, k)
-            bias = head.coral_bias
+            coral = CoralLayer(self.feature_dim, k)
+            head, bias = coral, coral.coral_bias
         else:
-            head = nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
-            bias = head.bias
+            linear = nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
+            head, bias = linear, linear.bias
         if self._class_counts is not None:  # start from the training labels' distribution, as the regressor
             with torch.no_grad():  # starts from their mean: the head need not learn the thresholds' offsets first
                 bias.copy_(ordinal_prior_bias(self._class_counts, self.ordinal, layer=self.ordinal.layer))

@@ -122,16 +122,22 @@ def _console() -> Any:
 
 
 @contextlib.contextmanager
-def _data_warnings(con: Any) -> Any:
-    """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines."""
+def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
+    """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines and the notes
+    (``DataNote``) as ``note: ...``; ``repeat=False``: each distinct message once (the runs of a comparison)."""
     import warnings
 
     from rankwise.recipes.common import DataNote
     from rankwise.recipes.own_data import DataDefaultsWarning
 
     shown = warnings.showwarning
+    seen: set[str] = set()
 
     def show(message: Any, category: Any, *args: Any, **kw: Any) -> None:
+        if issubclass(category, DataDefaultsWarning) and not repeat:
+            if str(message) in seen:
+                return
+            seen.add(str(message))
         if issubclass(category, DataNote):
             con.print(f"note: {message}", highlight=False, soft_wrap=True)
         elif issubclass(category, DataDefaultsWarning):
@@ -496,7 +502,8 @@ def compare(
             on_run=on_run,
         )
 
-    res = _run_guarded(go)
+    with _data_warnings(_console(), repeat=False):
+        res = _run_guarded(go)
     _print_tables(
         res.recipe.tables(res.results), f"test metrics, mean ± std over seeds ({time.perf_counter() - t0:.0f} s)"
     )

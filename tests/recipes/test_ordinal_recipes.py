@@ -169,3 +169,15 @@ def test_ordinal_head_starts_from_the_training_labels_distribution(name: str) ->
         torch.testing.assert_close(torch.sigmoid(b), above)
     else:  # conditional thresholds: P(y > k) is the product of the first k + 1
         torch.testing.assert_close(torch.cumprod(torch.sigmoid(b), 0), above)
+
+
+def test_compare_prints_each_note_once_and_puts_qwk_in_the_table(tmp_path: object) -> None:
+    out = tmp_path / "cmp"  # type: ignore[operator]
+    r = invoke(
+        ["compare", "abalone_coral", "--seeds", "0,1", "--out", str(out), *TINY, "--set", "trainer.max_epochs=1"]
+    )
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    notes = [ln for ln in r.output.splitlines() if ln.startswith("note: ordinal head coral")]  # type: ignore[attr-defined]
+    assert len(notes) == 1, r.output  # type: ignore[attr-defined]
+    header = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| method"))
+    assert header.endswith("| Pearson | QWK | exact acc |")

@@ -27,9 +27,15 @@ from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ord
 
 __all__ = [
     "DIRNet",
+    "class_map_buffer",
+    "decode_ordinal",
     "eval_loader",
+    "label_classes_of",
     "lds_weight_table",
     "make_fds",
+    "note_label_classes",
+    "ordinal_head_module",
+    "ordinal_loss_tensors",
     "predict",
     "predicts_on_cpu",
     "regression_loaders",
@@ -86,6 +92,64 @@ def make_fds(feature_dim: int, f: Any, *, bin_width: float, label_range: tuple[f
     )
 
 
+# ------------------------------------------------------------------ ordinal heads (shared with brain_age)
+
+
+def ordinal_head_module(ordinal: Any, in_features: int, num_classes: int) -> nn.Module:
+    """The head an ordinal loss trains (its :class:`~rankwise._registry.OrdinalHead`) on ``in_features``
+    features for ``num_classes`` classes: :class:`~rankwise.models.CoralLayer` for ``layer="coral"``, else
+    an ``nn.Linear`` of ``K`` (class logits) or ``K - 1`` (threshold logits) outputs."""
+    if ordinal.layer == "coral":
+        from rankwise.models import CoralLayer
+
+        return CoralLayer(in_features, num_classes)
+    return nn.Linear(in_features, ordinal.num_outputs(num_classes))
+
+
+def class_map_buffer(lc: LabelClasses) -> torch.Tensor:
+    """The float64 ``[lo, width, K]`` of a class map: the state-dict buffer ``label_class_map``, so that a
+    checkpoint decodes with the classes it was trained on."""
+    return torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
+
+
+def decode_ordinal(ordinal: Any, logits: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
+    """An ordinal head's prediction in the label's units: the label of the decoded class position (the
+    ``predict`` of the loss's :class:`~rankwise._registry.OrdinalHead`; a fractional position from an
+    expectation interpolates), ``lo + (position + 1/2) width`` of ``class_map``, in ``logits``' dtype."""
+    position = ordinal.predict(logits).to(class_map.dtype)
+    return (class_map[0] + (position + 0.5) * class_map[1]).to(logits.dtype)
+
+
+def label_classes_of(y: torch.Tensor, class_map: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The int64 classes ``0..K-1`` of labels ``y`` under ``class_map`` (clipped; NaN: 0); no host sync."""
+    c = torch.nan_to_num(snap_floor(y, class_map[1], class_map[0]), nan=0.0)  # type: ignore[arg-type]
+    return c.clamp(0, num_classes - 1).to(torch.int64)
+
+
+def ordinal_loss_tensors(
+    task_loss: Any, logits: torch.Tensor, classes: torch.Tensor, num_classes: int
+) -> dict[str, torch.Tensor]:
+    """The roles an ordinal task loss takes: ``logits``, ``classes`` and, when it declares them, ``levels``
+    (:func:`rankwise.losses.levels_from_labels`, in the logits' dtype)."""
+    out: dict[str, torch.Tensor] = {"logits": logits, "classes": classes}
+    if "levels" in task_loss.inputs.values():
+        from rankwise.losses import levels_from_labels
+
+        out["levels"] = levels_from_labels(classes, num_classes).to(logits.dtype)
+    return out
+
+
+def note_label_classes(run: Any, name: str | None, lc: LabelClasses | None) -> None:
+    """The class map of an ordinal head, once (rank 0), as a ``DataNote`` (the CLI's ``note:`` line)."""
+    if lc is None or not run.is_global_zero:
+        return
+    import warnings
+
+    from rankwise.recipes.common import DataNote
+
+    warnings.warn(f"ordinal head {name}: {lc.describe()}", DataNote, stacklevel=3)
+
+
 class DIRNet(nn.Module):
     """Backbone -> features -> head, with the state of the DIR loss stack of ``cfg.loss``.
 
@@ -127,10 +191,7 @@ class DIRNet(nn.Module):
             if train_labels is None:
                 raise ValueError("`train_labels` are required for an ordinal task loss (they define the classes)")
             self.label_classes = LabelClasses.fit(train_labels, self.bin_width)
-            lc = self.label_classes
-            self.register_buffer(
-                "label_class_map", torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
-            )
+            self.register_buffer("label_class_map", class_map_buffer(self.label_classes))
         self.head = self._make_head()
         lds = cfg.task.lds
         self.use_weights = lds.reweight != "none"
@@ -183,12 +244,7 @@ class DIRNet(nn.Module):
             with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
                 head.bias.fill_(self._label_mean)
             return head
-        k = self.label_classes.num_classes
-        if self.ordinal.layer == "coral":
-            from rankwise.models import CoralLayer
-
-            return CoralLayer(self.feature_dim, k)
-        return nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
+        return ordinal_head_module(self.ordinal, self.feature_dim, self.label_classes.num_classes)
 
     def features(self, x: Any) -> torch.Tensor:
         f = self.backbone(x)
@@ -202,17 +258,14 @@ class DIRNet(nn.Module):
         if self.ordinal is None:
             return out.squeeze(-1), None
         cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-        position = self.ordinal.predict(out).to(cmap.dtype)
-        pred = cmap[0] + (position + 0.5) * cmap[1]
-        return pred.to(out.dtype), out
+        return decode_ordinal(self.ordinal, out, cmap), out
 
     def label_class(self, y: torch.Tensor) -> torch.Tensor:
         """The int64 classes ``0..K-1`` of labels ``y`` (an ordinal head's targets); no host sync."""
         if self.label_classes is None:
             raise ValueError("the regressor has no label classes (its task loss is not ordinal)")
         cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-        c = torch.nan_to_num(snap_floor(y, cmap[1], cmap[0]), nan=0.0)  # type: ignore[arg-type]
-        return c.clamp(0, self.label_classes.num_classes - 1).to(torch.int64)
+        return label_classes_of(y, cmap, self.label_classes.num_classes)
 
     def forward(self, x: Any) -> torch.Tensor:
         return self.head_outputs(self.features(x))[0]

@@ -2,7 +2,7 @@
 
 The classes, the decoded ages (within the classes, class ages for a class decoder), ``metrics.json``,
 ``rankwise evaluate`` and ``rankwise predict`` from the checkpoint's class map, the own-cohort route,
-a ranking term beside an expectation-decoded head, and the refused configs.
+the age-difference term beside an expectation-decoded head, and the refused configs.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _sets(*sets: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ordinal_cohort")
-    return make_brain_age_synthetic(root / "cohort", n=16, spacing=8.0, seed=3)
+    return make_brain_age_synthetic(root / "cohort", n=16, spacing=8.0)
 
 
 def _data(cohort: Path, cache: Path) -> list[str]:
@@ -120,7 +120,7 @@ def test_evaluate_and_predict_use_the_checkpoints_classes(coral: dict[str, objec
     np.testing.assert_allclose((p - lo) / width - 0.5, np.round((p - lo) / width - 0.5), atol=1e-4)
 
 
-def test_sfcn_dldl_trains_over_sfcns_bins_with_a_ranking_term(cohort: Path, tmp_path: Path) -> None:
+def test_sfcn_dldl_trains_over_sfcns_bins_with_the_age_difference_term(cohort: Path, tmp_path: Path) -> None:
     """SFCN's 35 two-year bins are the classes; DLDL decodes the expectation (a fractional class), on
     which TSAN's age-difference term trains beside the task loss."""
     run = tmp_path / "run"

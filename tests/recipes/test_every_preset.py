@@ -178,7 +178,14 @@ def _overrides(name: str, image_split, shared_dir: Path, cohort=None, letor=None
     return out
 
 
-_EXTENDED = {"brain_age_tsan_synthetic", "brain_age_mse_synthetic", "brain_age_sfcn_synthetic"}
+_EXTENDED = {
+    "brain_age_tsan_synthetic",
+    "brain_age_mse_synthetic",
+    "brain_age_sfcn_synthetic",
+    "brain_age_coral_synthetic",
+    "brain_age_dldl_synthetic",
+    "brain_age_sfcn_dldl_synthetic",
+}
 
 
 @pytest.mark.parametrize(

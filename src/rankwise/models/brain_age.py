@@ -180,6 +180,20 @@ class ScaleDense(_ScaleTrunk):
         self.end_fc_with_gender = nn.Sequential(nn.Linear(40, 16), nn.Linear(16, 1), nn.ReLU())
         self.end_fc_without_gender = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 1), nn.ReLU())
 
+    @property
+    def head_in_features(self) -> int:
+        """Width of the features the final layers receive: 40 with ``use_sex`` (``deep_fc`` + ``male_fc``), else 32."""
+        return 40 if self.use_sex else 32
+
+    def replace_head(self, head: nn.Module) -> None:
+        """Replace the final layers that ``forward`` uses (``end_fc_with_gender`` with ``use_sex``, else
+        ``end_fc_without_gender``: two linear layers and the ReLU) by ``head``, a module of the
+        ``(B, head_in_features)`` features they received; ``forward`` then returns its output (e.g. the
+        logits of an ordinal head). The other head is kept, as built."""
+        if not isinstance(head, nn.Module):
+            raise TypeError(f"`head` must be an nn.Module, got {type(head).__name__}")
+        setattr(self, "end_fc_with_gender" if self.use_sex else "end_fc_without_gender", head)
+
     def forward(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
         _check_volume(x, sex, self.use_sex)
         h = self.deep_fc(self.trunk(x))
@@ -322,10 +336,30 @@ class SFCN(nn.Module):
             "bin_centers", lo + step * (torch.arange(bins, dtype=torch.float32) + 0.5), persistent=False
         )
         self.bin_step = step
+        self.bins, self.age_range = int(bins), (lo, hi)
+
+    @property
+    def head_in_features(self) -> int:
+        """Width of the pooled features the final 1^3 convolution receives (``channels[-1]``)."""
+        return int(self.feature_extractor[-1][0].out_channels)  # type: ignore[index]
+
+    def replace_head(self, head: nn.Module) -> None:
+        """Replace the final 1^3 convolution (on the pooled, dropped-out ``(B, head_in_features, 1, 1, 1)``
+        map, i.e. a linear map of the pooled features) by ``head``, a module of the flattened
+        ``(B, head_in_features)`` features; :meth:`logits` then returns its output (e.g. an ordinal
+        head's), and ``forward`` its ``log_softmax``."""
+        if not isinstance(head, nn.Module):
+            raise TypeError(f"`head` must be an nn.Module, got {type(head).__name__}")
+        name = list(self.classifier._modules)[-1]
+        setattr(self.classifier, name, nn.Sequential(nn.Flatten(1), head))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``(B, bins)`` logits of the final layer (before ``log_softmax``)."""
+        _check_volume(x, None, False)
+        return self.classifier(self.feature_extractor(x)).flatten(1)
 
     def forward(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
-        _check_volume(x, None, False)
-        return F.log_softmax(self.classifier(self.feature_extractor(x)).flatten(1), dim=1)
+        return F.log_softmax(self.logits(x), dim=1)
 
     def predict_age(self, log_probs: torch.Tensor) -> torch.Tensor:
         """Expected age ``sum_k p_k c_k`` over the bin centres ``c_k``: ``(B, bins) -> (B,)``."""

@@ -18,6 +18,16 @@ SFCN (Peng et al., Medical Image Analysis 2021), ``model.backbone: sfcn``: one s
 the predicted age-bin distribution and Gaussian soft labels (``task.sfcn_sigma``), plus any
 regularizers on the expected age.
 
+Ordinal heads (``loss.name``: an ordinal loss of the registry, one whose entry has an
+:class:`~rankwise._registry.OrdinalHead`: ``coral``, ``corn``, ``cdw_ce``, ``dldl``, ...; one stage): the
+network's final layers are replaced by the loss's head (:func:`~rankwise.recipes.dir_net.ordinal_head_module`)
+on the features they received -- ScaleDense's ``end_fc`` on the ``(B, 40)`` (with sex) features, over the
+classes of :meth:`~rankwise._binning.LabelClasses.fit` on the training ages with ``task.class_width``;
+SFCN's final 1^3 convolution on the pooled features, over SFCN's own age bins. The class map is the
+buffer ``label_class_map`` of the checkpoint; predictions are the decoded classes' ages
+(:func:`~rankwise.recipes.dir_net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
+corrections and ``rankwise predict`` are those of the regression.
+
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
 the Spearman and age-difference losses see the **global** batch (``N * data.batch_size``; a SoDeep
 sorter needs a bundled length 32/64/128 equal to it), the task loss is averaged by DDP.
@@ -42,13 +52,23 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from rankwise.models.brain_age import ScaleDense
+from rankwise._binning import LabelClasses
+from rankwise.models.brain_age import SFCN, ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import regression_loaders
-from rankwise.recipes.loss_terms import build_regularizers, check_loss_config
+from rankwise.recipes.dir_net import (
+    class_counts,
+    class_map_buffer,
+    decode_ordinal,
+    label_classes_of,
+    note_label_classes,
+    ordinal_head_module,
+    ordinal_loss_tensors,
+    regression_loaders,
+)
+from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config, ordinal_head_of
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -72,6 +92,12 @@ class BrainAgeOptions(Options):
     stage2_epochs: int | None = Field(None, description="TSAN: epochs of stage 2 (default trainer.max_epochs)", ge=1)
     stage2_lr: float = Field(1e-5, description="TSAN: learning rate of stage 2", gt=0)
     sfcn_sigma: float = Field(1.0, description="SFCN: SD (years) of the Gaussian soft age labels", gt=0)
+    class_width: float = Field(
+        1.0,
+        description="ScaleDense with an ordinal `loss.name`: width (years) of the age classes, bins from the "
+        "youngest training age (integer ages: one class per year); SFCN's classes are its own bins",
+        gt=0,
+    )
     montage: int = Field(3, description="preprocessed test volumes shown in plots/inputs_montage.png", ge=0)
     init_age_bias: bool = Field(
         True,
@@ -117,6 +143,7 @@ class BrainAgeModule(L.LightningModule):
         stage: Literal["first", "second"] = "first",
         first: nn.Module | None = None,
         age_scale: float = 1.0,
+        train_labels: Any = None,
     ) -> None:
         super().__init__()
         self.cfg, self.task, self.stage = cfg, cfg.task, stage
@@ -130,6 +157,23 @@ class BrainAgeModule(L.LightningModule):
             first.requires_grad_(False)
             first.eval()
         self.terms = build_regularizers(cfg.loss.regularizers)
+        #: the ordinal head of the task loss (``None``: regression / SFCN's KL) and the age classes it predicts
+        self.ordinal = ordinal_head_of(cfg.loss) if stage == "first" else None
+        self.label_classes: LabelClasses | None = None
+        self.task_loss: nn.Module | None = None
+        if self.ordinal is not None:
+            lc = age_classes(cfg, self.net, train_labels)
+            self.label_classes = lc
+            self.register_buffer("label_class_map", class_map_buffer(lc))
+            self.net.replace_head(  # type: ignore[operator]
+                ordinal_head_module(
+                    self.ordinal,
+                    int(self.net.head_in_features),  # type: ignore[arg-type]
+                    lc.num_classes,
+                    counts=None if train_labels is None else class_counts(lc, train_labels),
+                )
+            )
+            self.task_loss = build_task_loss(cfg.loss, num_classes=lc.num_classes)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
         _freeze_unused_heads(self.net)
 
@@ -143,6 +187,10 @@ class BrainAgeModule(L.LightningModule):
         """``{"age": (B,), ...}``: the prediction of this stage and what its loss needs."""
         from rankwise import discretize_age
 
+        if self.ordinal is not None:
+            logits = self.net.logits(vol) if self.kind == "sfcn" else self.net(vol, sex)  # type: ignore[operator]
+            cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
+            return {"age": decode_ordinal(self.ordinal, logits, cmap), "logits": logits}
         if self.kind == "sfcn":
             logp = self.net(vol)
             return {"age": self.net.predict_age(logp), "log_probs": logp}  # type: ignore[operator]
@@ -160,6 +208,11 @@ class BrainAgeModule(L.LightningModule):
     def _task_loss(self, out: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         from rankwise.imbalanced import regression_loss
 
+        if self.task_loss is not None and self.label_classes is not None:  # an ordinal head
+            k = self.label_classes.num_classes
+            cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
+            classes = label_classes_of(y, cmap, k)
+            return self.task_loss(ordinal_loss_tensors(self.task_loss, out["logits"], classes, k))
         if self.kind == "sfcn":
             from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
 
@@ -252,9 +305,27 @@ def _second(run: Run, first: BrainAgeModule, *, init: bool = False) -> BrainAgeM
     return second
 
 
-def resolve_age_scale(cfg: Config, train_labels: Any) -> float:
-    """``task.age_scale``, or for ``null`` the SD of the training ages (1 for SFCN, which classifies)."""
+def age_classes(cfg: Config, net: nn.Module, train_labels: Any) -> LabelClasses:
+    """The age classes of an ordinal head: SFCN's bins (``age_range`` in ``bins`` steps), else
+    :meth:`LabelClasses.fit` on the training ages with ``task.class_width``."""
     if cfg.model.backbone == "sfcn":
+        assert isinstance(net, SFCN)
+        return LabelClasses(lo=net.age_range[0], width=net.bin_step, num_classes=net.bins)
+    if train_labels is None:
+        raise ValueError("`train_labels` are required for an ordinal head on ScaleDense (they define the classes)")
+    return LabelClasses.fit(np.asarray(train_labels, dtype=np.float64), cfg.task.class_width)
+
+
+def first_module(run: Run) -> BrainAgeModule:
+    """The run's first-stage module (ScaleDense or SFCN; with an ordinal loss, its head over the age classes)."""
+    labels = run.data.train_labels
+    return BrainAgeModule(run.cfg, stage="first", age_scale=resolve_age_scale(run.cfg, labels), train_labels=labels)
+
+
+def resolve_age_scale(cfg: Config, train_labels: Any) -> float:
+    """``task.age_scale``, or for ``null`` the SD of the training ages (1 for SFCN and the ordinal heads,
+    which classify)."""
+    if cfg.model.backbone == "sfcn" or ordinal_head_of(cfg.loss) is not None:
         return 1.0
     if cfg.task.age_scale is not None:
         return float(cfg.task.age_scale)
@@ -398,7 +469,7 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     two = _two_stages(run)
     for ckpt, stage in [("best", dir1), (name, "")] if two else [(name, dir1)]:
         require_checkpoint(run, ckpt, stage)  # before the new volumes are preprocessed
-    first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, run.data.train_labels))
+    first = first_module(run)
     options = {k: v for k, v in cfg.data.options.items() if k in _PREPROCESSING}
     cohort = load_nifti_cohort(path, **options, grid=run.data.meta.get("shape"), require_sex=first.uses_sex)
     warn_data_notes(cohort)
@@ -442,6 +513,41 @@ def _check_sodeep_batch(cfg: Config) -> None:
                 )
 
 
+def _decodes_with_gradient(ordinal: Any) -> bool:
+    """Whether an ordinal head's decoded prediction has a gradient (an expectation) or not (a class)."""
+    return bool(ordinal.predict(torch.zeros(1, 3, requires_grad=True)).requires_grad)
+
+
+def _check_ordinal(cfg: Config) -> None:
+    """``loss.name`` is an ordinal loss (one stage; regularizers on the ages need a decoder with a gradient)."""
+    from rankwise.losses import LOSSES, get_loss_entry
+
+    name = cfg.loss.name
+    if name is None:
+        return
+    ordinal = ordinal_head_of(cfg.loss)
+    if ordinal is None:
+        names = sorted(e.name for e in LOSSES.entries() if e.ordinal is not None)
+        raise ConfigError(
+            f"`loss.name` of recipe 'brain_age' must be an ordinal loss ({', '.join(names)}), got {name!r}; "
+            "a regression loss is `loss.kind` (mse, l1, huber)"
+        )
+    if cfg.task.stages != 1:
+        raise ConfigError(
+            f"`loss.name: {name}` (an ordinal head) trains one stage: set `task.stages: 1`, got "
+            f"`task.stages: {cfg.task.stages}` (TSAN's second stage regresses a residual)"
+        )
+    if _decodes_with_gradient(ordinal):
+        return
+    for reg in cfg.loss.regularizers:
+        if reg.weight != 0 and "predictions" in (get_loss_entry(reg.name).inputs or {}).values():
+            raise ConfigError(
+                f"`loss.regularizers.{reg.name}` applies to the predicted ages, which the `loss.name: {name}` "
+                "head decodes as a class (no gradient), so it would train nothing: use an ordinal loss "
+                "predicted by the expectation (dldl, mean_variance) or remove the regularizer"
+            )
+
+
 class BrainAgeRecipe(RecipeBase):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
@@ -461,12 +567,13 @@ class BrainAgeRecipe(RecipeBase):
             raise ConfigError("`task.stages` must be 1 with `model.backbone: sfcn` (SFCN has one stage)")
         if cfg.loss.kind not in ("mse", "l1", "huber"):
             raise ConfigError(f"`loss.kind` of recipe 'brain_age' must be mse, l1 or huber, got {cfg.loss.kind!r}")
-        if cfg.loss.name is not None:
-            raise ConfigError("`loss.name` is not used by recipe 'brain_age' (it reads loss.kind, loss.regularizers)")
         check_loss_config(cfg.loss)
+        _check_ordinal(cfg)
         _check_sodeep_batch(cfg)
 
     def method(self, cfg: Config) -> str:
+        if cfg.loss.name is not None:
+            return f"{'sfcn' if cfg.model.backbone == 'sfcn' else 'scale_dense'}_{cfg.loss.name}"
         if cfg.model.backbone == "sfcn":
             return "sfcn"
         return "tsan" if cfg.task.stages == 2 else "scale_dense"
@@ -476,8 +583,9 @@ class BrainAgeRecipe(RecipeBase):
         data = run.data
         if getattr(data, "kind", None) != "volume":
             raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
-        first = BrainAgeModule(cfg, stage="first", age_scale=resolve_age_scale(cfg, data.train_labels))
-        if cfg.task.init_age_bias and isinstance(first.net, ScaleDense):
+        first = first_module(run)
+        note_label_classes(run, cfg.loss.name, first.label_classes)
+        if cfg.task.init_age_bias and isinstance(first.net, ScaleDense) and first.ordinal is None:
             mean_age = float(np.mean(data.train_labels)) / first.age_scale
             with torch.no_grad():
                 for head in (first.net.end_fc_with_gender, first.net.end_fc_without_gender):
@@ -520,7 +628,7 @@ class BrainAgeRecipe(RecipeBase):
         return metrics
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        first = BrainAgeModule(run.cfg, stage="first", age_scale=resolve_age_scale(run.cfg, run.data.train_labels))
+        first = first_module(run)
         dir1, _ = _stage_dirs(run)
         name = checkpoint or "best"
         if not _two_stages(run):

@@ -15,7 +15,7 @@ import torch
 
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
-from rankwise.recipes.dir_net import DIRNet
+from rankwise.recipes.dir_net import DIRNet, ordinal_loss_tensors
 from rankwise.recipes.optim import configure
 
 __all__ = ["DIRRegressor"]
@@ -73,12 +73,8 @@ class DIRRegressor(DIRNet, L.LightningModule):
         # it for the regressor); the head and the task loss see the smoothed features
         tensors = {"features": encoded, "predictions": pred, "targets": y, "weights": w}
         if logits is not None and self.label_classes is not None:  # an ordinal head: logits, classes, levels
-            classes = self.label_class(y)
-            tensors.update(logits=logits, classes=classes)
-            if "levels" in self.task_loss.inputs.values():
-                from rankwise.losses import levels_from_labels
-
-                tensors["levels"] = levels_from_labels(classes, self.label_classes.num_classes).to(logits.dtype)
+            k = self.label_classes.num_classes
+            tensors.update(ordinal_loss_tensors(self.task_loss, logits, self.label_class(y), k))
         task = self.task_loss(tensors)
         total = task
         logs = {"train/task_loss": task.detach()}

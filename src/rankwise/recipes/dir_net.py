@@ -27,9 +27,16 @@ from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ord
 
 __all__ = [
     "DIRNet",
+    "class_counts",
+    "class_map_buffer",
+    "decode_ordinal",
     "eval_loader",
+    "label_classes_of",
     "lds_weight_table",
     "make_fds",
+    "note_label_classes",
+    "ordinal_head_module",
+    "ordinal_loss_tensors",
     "ordinal_prior_bias",
     "predict",
     "predicts_on_cpu",
@@ -38,24 +45,6 @@ __all__ = [
     "shot_metrics",
     "write_evaluation",
 ]
-
-
-def ordinal_prior_bias(counts: torch.Tensor, ordinal: Any, *, layer: str = "linear") -> torch.Tensor:
-    """The initial biases of an ordinal head: the log-odds its logits have when they ignore the input.
-
-    From the training labels' class ``counts`` (``(K,)``), with one pseudo-count per class: a class
-    head gets the log prior ``log p_c``; a threshold head with the shared weights of CORAL
-    (``layer="coral"``) ``logit P(y > k)``; the conditional threshold heads (CORN, CONDOR)
-    ``logit P(y > k | y > k - 1)``. The regressor's bias starts at the mean label for the same reason.
-    """
-    p = (counts + 1.0) / (counts.sum() + counts.numel())
-    if ordinal.outputs == "classes":
-        return torch.log(p)
-    above = (1.0 - torch.cumsum(p, 0))[:-1].clamp(1e-6, 1 - 1e-6)  # P(y > k), k = 0..K-2
-    if layer == "coral":
-        return torch.logit(above)
-    at_least = torch.cat([torch.ones(1, dtype=p.dtype), above[:-1]])  # P(y > k - 1)
-    return torch.logit((above / at_least).clamp(1e-6, 1 - 1e-6))
 
 
 def lds_weight_table(
@@ -105,6 +94,101 @@ def make_fds(feature_dim: int, f: Any, *, bin_width: float, label_range: tuple[f
     )
 
 
+# ------------------------------------------------------------------ ordinal heads (shared with brain_age)
+
+
+def ordinal_prior_bias(counts: torch.Tensor, ordinal: Any, *, layer: str = "linear") -> torch.Tensor:
+    """The initial biases of an ordinal head: the log-odds its logits have when they ignore the input.
+
+    From the training labels' class ``counts`` (``(K,)``), with one pseudo-count per class: a class
+    head gets the log prior ``log p_c``; a threshold head with the shared weights of CORAL
+    (``layer="coral"``) ``logit P(y > k)``; the conditional threshold heads (CORN, CONDOR)
+    ``logit P(y > k | y > k - 1)``. The regressor's bias starts at the mean label for the same reason.
+    """
+    p = (counts + 1.0) / (counts.sum() + counts.numel())
+    if ordinal.outputs == "classes":
+        return torch.log(p)
+    above = (1.0 - torch.cumsum(p, 0))[:-1].clamp(1e-6, 1 - 1e-6)  # P(y > k), k = 0..K-2
+    if layer == "coral":
+        return torch.logit(above)
+    at_least = torch.cat([torch.ones(1, dtype=p.dtype), above[:-1]])  # P(y > k - 1)
+    return torch.logit((above / at_least).clamp(1e-6, 1 - 1e-6))
+
+
+def class_counts(lc: LabelClasses, train_labels: Any) -> torch.Tensor:
+    """How many training labels fall in each class of ``lc`` (float64 ``(K,)``)."""
+    classes = lc.classes(torch.as_tensor(np.asarray(train_labels, dtype=np.float64)).reshape(-1))
+    return torch.bincount(classes, minlength=lc.num_classes).to(torch.float64)
+
+
+def ordinal_head_module(
+    ordinal: Any, in_features: int, num_classes: int, *, counts: torch.Tensor | None = None
+) -> nn.Module:
+    """The head an ordinal loss trains (its :class:`~rankwise._registry.OrdinalHead`) on ``in_features``
+    features for ``num_classes`` classes: :class:`~rankwise.models.CoralLayer` for ``layer="coral"``, else
+    an ``nn.Linear`` of ``K`` (class logits) or ``K - 1`` (threshold logits) outputs. With the training
+    labels' class ``counts`` its biases start from their distribution (:func:`ordinal_prior_bias`), as
+    the regressor's bias starts at the mean label: the head need not learn the thresholds' offsets first."""
+    head: nn.Module
+    bias: torch.Tensor
+    if ordinal.layer == "coral":
+        from rankwise.models import CoralLayer
+
+        coral = CoralLayer(in_features, num_classes)
+        head, bias = coral, coral.coral_bias
+    else:
+        linear = nn.Linear(in_features, ordinal.num_outputs(num_classes))
+        head, bias = linear, linear.bias
+    if counts is not None:
+        with torch.no_grad():
+            bias.copy_(ordinal_prior_bias(counts, ordinal, layer=ordinal.layer).to(bias.dtype))
+    return head
+
+
+def class_map_buffer(lc: LabelClasses) -> torch.Tensor:
+    """The float64 ``[lo, width, K]`` of a class map: the state-dict buffer ``label_class_map``, so that a
+    checkpoint decodes with the classes it was trained on."""
+    return torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
+
+
+def decode_ordinal(ordinal: Any, logits: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
+    """An ordinal head's prediction in the label's units: the label of the decoded class position (the
+    ``predict`` of the loss's :class:`~rankwise._registry.OrdinalHead`; a fractional position from an
+    expectation interpolates), ``lo + (position + 1/2) width`` of ``class_map``, in ``logits``' dtype."""
+    position = ordinal.predict(logits).to(class_map.dtype)
+    return (class_map[0] + (position + 0.5) * class_map[1]).to(logits.dtype)
+
+
+def label_classes_of(y: torch.Tensor, class_map: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The int64 classes ``0..K-1`` of labels ``y`` under ``class_map`` (clipped; NaN: 0); no host sync."""
+    c = torch.nan_to_num(snap_floor(y, class_map[1], class_map[0]), nan=0.0)  # type: ignore[arg-type]
+    return c.clamp(0, num_classes - 1).to(torch.int64)
+
+
+def ordinal_loss_tensors(
+    task_loss: Any, logits: torch.Tensor, classes: torch.Tensor, num_classes: int
+) -> dict[str, torch.Tensor]:
+    """The roles an ordinal task loss takes: ``logits``, ``classes`` and, when it declares them, ``levels``
+    (:func:`rankwise.losses.levels_from_labels`, in the logits' dtype)."""
+    out: dict[str, torch.Tensor] = {"logits": logits, "classes": classes}
+    if "levels" in task_loss.inputs.values():
+        from rankwise.losses import levels_from_labels
+
+        out["levels"] = levels_from_labels(classes, num_classes).to(logits.dtype)
+    return out
+
+
+def note_label_classes(run: Any, name: str | None, lc: LabelClasses | None) -> None:
+    """The class map of an ordinal head, once (rank 0), as a ``DataNote`` (the CLI's ``note:`` line)."""
+    if lc is None or not run.is_global_zero:
+        return
+    import warnings
+
+    from rankwise.recipes.common import DataNote
+
+    warnings.warn(f"ordinal head {name}: {lc.describe()}", DataNote, stacklevel=3)
+
+
 class DIRNet(nn.Module):
     """Backbone -> features -> head, with the state of the DIR loss stack of ``cfg.loss``.
 
@@ -147,12 +231,8 @@ class DIRNet(nn.Module):
             if train_labels is None:
                 raise ValueError("`train_labels` are required for an ordinal task loss (they define the classes)")
             self.label_classes = LabelClasses.fit(train_labels, self.bin_width)
-            lc = self.label_classes
-            classes = lc.classes(torch.as_tensor(np.asarray(train_labels, dtype=np.float64)))
-            self._class_counts = torch.bincount(classes, minlength=lc.num_classes).to(torch.float64)
-            self.register_buffer(
-                "label_class_map", torch.tensor([lc.lo, lc.width, lc.num_classes], dtype=torch.float64)
-            )
+            self.register_buffer("label_class_map", class_map_buffer(self.label_classes))
+            self._class_counts = class_counts(self.label_classes, train_labels)
         self.head = self._make_head()
         lds = cfg.task.lds
         self.use_weights = lds.reweight != "none"
@@ -201,25 +281,13 @@ class DIRNet(nn.Module):
     def _make_head(self) -> nn.Module:
         """A new head: linear regressor (bias at the mean label), or the ordinal loss's head of logits."""
         if self.ordinal is None or self.label_classes is None:
-            regressor = nn.Linear(self.feature_dim, 1)
+            head = nn.Linear(self.feature_dim, 1)
             with torch.no_grad():  # start from the mean label: the regressor need not learn the offset first
-                regressor.bias.fill_(self._label_mean)
-            return regressor
-        k = self.label_classes.num_classes
-        head: nn.Module
-        bias: torch.Tensor
-        if self.ordinal.layer == "coral":
-            from rankwise.models import CoralLayer
-
-            coral = CoralLayer(self.feature_dim, k)
-            head, bias = coral, coral.coral_bias
-        else:
-            linear = nn.Linear(self.feature_dim, self.ordinal.num_outputs(k))
-            head, bias = linear, linear.bias
-        if self._class_counts is not None:  # start from the training labels' distribution, as the regressor
-            with torch.no_grad():  # starts from their mean: the head need not learn the thresholds' offsets first
-                bias.copy_(ordinal_prior_bias(self._class_counts, self.ordinal, layer=self.ordinal.layer))
-        return head
+                head.bias.fill_(self._label_mean)
+            return head
+        return ordinal_head_module(
+            self.ordinal, self.feature_dim, self.label_classes.num_classes, counts=self._class_counts
+        )
 
     def features(self, x: Any) -> torch.Tensor:
         f = self.backbone(x)
@@ -233,17 +301,14 @@ class DIRNet(nn.Module):
         if self.ordinal is None:
             return out.squeeze(-1), None
         cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-        position = self.ordinal.predict(out).to(cmap.dtype)
-        pred = cmap[0] + (position + 0.5) * cmap[1]
-        return pred.to(out.dtype), out
+        return decode_ordinal(self.ordinal, out, cmap), out
 
     def label_class(self, y: torch.Tensor) -> torch.Tensor:
         """The int64 classes ``0..K-1`` of labels ``y`` (an ordinal head's targets); no host sync."""
         if self.label_classes is None:
             raise ValueError("the regressor has no label classes (its task loss is not ordinal)")
         cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-        c = torch.nan_to_num(snap_floor(y, cmap[1], cmap[0]), nan=0.0)  # type: ignore[arg-type]
-        return c.clamp(0, self.label_classes.num_classes - 1).to(torch.int64)
+        return label_classes_of(y, cmap, self.label_classes.num_classes)
 
     def forward(self, x: Any) -> torch.Tensor:
         return self.head_outputs(self.features(x))[0]

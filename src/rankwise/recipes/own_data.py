@@ -136,7 +136,7 @@ register_own_data(
     max_batch_size=32,
     min_batch_size=32,  # the authors' batch, a length of the bundled SoDeep sorters
     recipe="brain_age",
-    method_names=("tsan", "mse", "sfcn"),
+    method_names=("tsan", "mse", "sfcn", "coral", "corn", "cdw_ce", "sord", "mean_variance", "dldl"),
     keep_options=("shape", "spacing", "resize", "normalize"),
     sniff=_nifti_sniff,
 )

@@ -25,6 +25,7 @@ from rankwise.recipes.dir_net import (
     DIRNet,
     concat_predictions,
     eval_loader,
+    note_label_classes,
     predict,
     predicts_on_cpu,
     regression_loaders,
@@ -130,10 +131,7 @@ def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
     note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
     if note is not None:
         warnings.warn(note, DataDefaultsWarning, stacklevel=2)
-    if module.label_classes is not None and run.is_global_zero:
-        from rankwise.recipes.common import DataNote
-
-        warnings.warn(f"ordinal head {run.cfg.loss.name}: {module.label_classes.describe()}", DataNote, stacklevel=2)
+    note_label_classes(run, run.cfg.loss.name, module.label_classes)
     data = LoaderData(*regression_loaders(run.data, run.cfg))
     stage = Stage("", module, data, epochs=run.cfg.trainer.max_epochs, monitor="val/mae", hand_on=None)
     run.run_stage(stage)

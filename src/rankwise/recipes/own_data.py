@@ -272,7 +272,7 @@ def _load(dataset: str, options: dict[str, Any]) -> Any:
 
 def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
-    import yaml
+    from rankwise.recipes.config import ConfigError, override_value
 
     out = {}
     for item in overrides:
@@ -280,8 +280,8 @@ def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if key.startswith("data.options.") and key.count(".") == 2:
             try:
-                out[key.rsplit(".", 1)[1]] = yaml.safe_load(value) if value.strip() else ""
-            except yaml.YAMLError:
+                out[key.rsplit(".", 1)[1]] = override_value({}, key, value)
+            except ConfigError:
                 continue  # the config's own check names it
     return out
 
@@ -364,9 +364,7 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     data (:func:`data_defaults`) unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
     what was replaced. Returns the (copied) raw config; other configs pass unchanged.
     """
-    import yaml
-
-    from rankwise.recipes.config import apply_overrides, current_key
+    from rankwise.recipes.config import ConfigError, apply_overrides, current_key, override_value
 
     old = (raw.get("data") or {}).get("name", "abalone")
     keys = {}
@@ -376,8 +374,8 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     if "data.name" not in keys:
         return raw
     try:
-        new = yaml.safe_load(keys["data.name"])
-    except yaml.YAMLError:
+        new = override_value(raw, "data.name", keys["data.name"])
+    except ConfigError:
         return raw  # the config's own error reporting names it
     from rankwise.data import list_datasets
 

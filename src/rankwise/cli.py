@@ -6,7 +6,8 @@
     rankwise train abalone_ranksim --set trainer.max_epochs=50 --set loss.regularizers.ranksim.weight=1
 
 Expected user errors (bad config, data file, run directory, checkpoint, unwritable output, full
-disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits 1; SIGTERM exits
+disk, a missing optional dependency: the ``pip install 'rankwise[EXTRA]'`` that installs it) print
+one ``error: ...`` line on stderr and exit with status 2; a NaN/inf loss exits 1; SIGTERM exits
 143 (the run is marked ``failed`` in its meta.json); ``--debug`` shows tracebacks. Heavy packages
 (Lightning, torchvision, matplotlib) are imported only by the commands that use them.
     rankwise train my.yaml --resume --out runs/my   # continue a killed run from its last checkpoint
@@ -146,13 +147,23 @@ def _data_warnings(con: Any) -> Any:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    _console().print(f"[bold red]error:[/] {' '.join(str(msg).split())}", highlight=False, soft_wrap=True, markup=True)
+    """Print ``error: MSG`` as one line (the message verbatim: ``[train]`` is no markup) and exit ``code``."""
+    from rich.markup import escape
+
+    text = escape(" ".join(str(msg).split()))
+    _console().print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 
 def _error_code(e: BaseException) -> tuple[int, str] | None:
     """(exit status, one-line message) of an expected error, ``None`` for an unexpected one."""
     import signal
+
+    from rankwise._extras import missing_dependency
+
+    if isinstance(e, ImportError):  # before the imports below, which may need the missing module
+        missing = missing_dependency(e)
+        return None if missing is None else (2, missing)
 
     from rankwise.data import DataFormatError
     from rankwise.recipes.common import NonFiniteLossError

@@ -259,9 +259,12 @@ def _dataset_for(path: Path, dataset: str | None) -> OwnData:
 
 
 def _load(dataset: str, options: dict[str, Any]) -> Any:
-    from rankwise.data import DataFormatError, get_dataset
-    from rankwise.recipes.config import ConfigError
+    """The dataset ``dataset`` loaded with ``options``; an option its loader does not take is a
+    :class:`ConfigError` naming ``data.options.KEY``, the valid options and the closest ones."""
+    from rankwise.data import DATASETS, DataFormatError, get_dataset
+    from rankwise.recipes.config import ConfigError, check_kwargs
 
+    check_kwargs(DATASETS.get(dataset), options, "data.options")
     try:
         return get_dataset(dataset, **options)
     except (DataFormatError, FileNotFoundError):
@@ -321,13 +324,14 @@ def own_data_config(
         >>> cfg.data.name, cfg.data.batch_size, cfg.trainer.max_epochs, d.bin_width
         ('csv', 32, 125, 5.0)
     """
+    from rankwise._validation import did_you_mean
     from rankwise.recipes.config import ConfigError, load_config, load_raw
 
     path = Path(path)
     own = _dataset_for(path, dataset)
     available = _own_methods(own)
     if method not in available:
-        raise ConfigError(f"--method must be one of {available}, got {method!r}")
+        raise ConfigError(f"unknown --method {method!r}; {did_you_mean(method, available, 'methods')}")
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
     preset_opts = (raw.get("data") or {}).get("options") or {}
     kept = {k: preset_opts[k] for k in own.keep_options if k in preset_opts}

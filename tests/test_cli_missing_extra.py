@@ -78,6 +78,7 @@ def test_missing_mri_extra_names_rankwise_mri(without, tmp_path):
     r = runner.invoke(app, ["data", "make", "brain-age-synthetic", "--out", str(tmp_path / "c"), "--n", "8"])
     line = one_error_line(r)
     assert "nibabel is not installed" in line and "pip install 'rankwise[mri]'" in line
+    assert r.stdout == "" and r.stderr == line + "\n"  # a user error goes to stderr
 
 
 def test_missing_train_extra_names_rankwise_train(without, tmp_path):

@@ -112,13 +112,14 @@ def _mount_sodeep() -> None:
 _mount_sodeep()
 
 
-def _console() -> Any:
-    """Rich console; when the output is not a terminal (a file, a pipe) lines are never wrapped."""
+def _console(stderr: bool = False) -> Any:
+    """Rich console of stdout (``stderr``: of stderr); when it is not a terminal (a file, a pipe) lines are
+    never wrapped."""
     from rich.console import Console
 
-    con = Console()
+    con = Console(stderr=stderr)
     if not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(width=10_000)
+        con = Console(width=10_000, stderr=stderr)
     return con
 
 
@@ -147,11 +148,12 @@ def _data_warnings(con: Any) -> Any:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    """Print ``error: MSG`` as one line (the message verbatim: ``[train]`` is no markup) and exit ``code``."""
+    """Print ``error: MSG`` as one line on stderr (the message verbatim: ``[train]`` is no markup), exit ``code``."""
     from rich.markup import escape
 
     text = escape(" ".join(str(msg).split()))
-    _console().print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
+    sys.stdout.flush()  # what the command printed before comes first
+    _console(stderr=True).print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 

@@ -516,3 +516,21 @@ def test_train_without_a_config_or_data_asks_for_one_and_both_is_refused(tmp_pat
     assert "not both" not in line  # none was given
     line = one_error(invoke(["train", "abalone_vanilla", "--data", str(tmp_path / "x.csv"), "--target", "y"]))
     assert "not both" in line
+
+
+def test_set_values_are_read_by_yaml_1_2_and_saved_to_read_back(tmp_path):
+    from rankwise.recipes.config import load_raw
+
+    run = tmp_path / "run"
+    args = ["train", "abalone_vanilla", *_sets(["run.seed=010", "run.name=no"]), "--out", run, "--no-progress"]
+    r = invoke(args)
+    assert r.exit_code == 0, r.output
+    text = (run / "config.yaml").read_text()
+    assert "name: 'no'" in text and "seed: 10" in text
+    saved = load_raw(run / "config.yaml")
+    assert (saved["run"]["name"], saved["run"]["seed"]) == ("no", 10)
+    line = one_error(invoke(["train", "abalone_vanilla", "--set", "trainer.max_epochs=1:30", "--out", tmp_path / "b"]))
+    assert "`trainer.max_epochs` must be an integer, got '1:30'" in line
+    line = one_error(invoke(["train", "abalone_vanilla", "--set", "report.plots=yes", "--out", tmp_path / "b"]))
+    assert "`report.plots` must be true or false, got 'yes'" in line
+    assert not (tmp_path / "b").exists()

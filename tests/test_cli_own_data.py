@@ -18,6 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rankwise.cli import app
+from tests.cli_helpers import one_error_line
 
 runner = CliRunner()
 
@@ -136,7 +137,8 @@ def test_data_route_needs_a_target_and_a_known_method(diabetes, tmp_path):
     r = invoke(
         ["train", "--data", str(diabetes), "--target", "target", "--method", "lsd", "--out", str(tmp_path / "x")]
     )
-    assert r.exit_code == 2 and "--method must be one of" in r.output and "'lds'" in r.output
+    line = one_error_line(r)
+    assert "unknown --method 'lsd'; did you mean 'lds'" in line and "valid methods: balanced_mse," in line
     r = invoke(["train", "abalone_lds", "--data", str(diabetes), "--target", "target"])
     assert r.exit_code == 2 and r.output.startswith("error:")
     assert not (tmp_path / "x").exists()
@@ -297,3 +299,15 @@ def test_own_data_defaults_follow_the_data_size():
         assert d.max_epochs == min(max(round(1000 / steps), 10), 200)
         assert d.many_shot == pytest.approx(n / 50) and d.few_shot == pytest.approx(n / 250)
         assert math.isclose(d.bin_width, 1.0)
+
+
+@pytest.mark.parametrize("route", ["data", "preset"])
+def test_a_misspelt_data_option_names_the_key_and_the_close_one(diabetes, tmp_path, route):
+    preset = ["abalone_vanilla", "--set", "data.name=csv", "--set", f"data.options.path={diabetes}"]
+    args = ["train", *(["--data", str(diabetes)] if route == "data" else preset)]
+    args += ["--target", "target"] if route == "data" else ["--set", "data.options.target=target"]
+    r = invoke([*args, "--set", "data.options.splt=dir", "--out", str(tmp_path / "x")])
+    line = one_error_line(r)
+    assert "unknown option `data.options.splt`; did you mean 'split'" in line, line
+    assert "valid keys:" in line and "test_fraction" in line and "unexpected keyword" not in line
+    assert not (tmp_path / "x").exists()

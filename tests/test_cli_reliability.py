@@ -101,7 +101,7 @@ def test_second_run_on_the_same_dir_fails_at_once_and_sigterm_exits_143(tmp_path
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, out[-2000:] + err[-2000:]
-    assert "error: terminated by signal SIGTERM" in " ".join(out.split())
+    assert "error: terminated by signal SIGTERM" in " ".join(err.split())
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "failed" and meta["failure"] == "RunTerminated"
     # the lock died with the process
@@ -134,7 +134,7 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_exits_143(tmp_path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, out[-2000:] + err[-2000:]
-    assert "error: terminated by signal SIGTERM" in " ".join(out.split()) and "RuntimeError" not in out
+    assert "error: terminated by signal SIGTERM" in " ".join(err.split()) and "RuntimeError" not in out + err
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "failed" and meta["failure"] == "RunTerminated"
 

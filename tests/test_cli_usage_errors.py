@@ -119,6 +119,22 @@ def test_help_version_and_a_bare_group_are_unchanged():
     assert r.exit_code == 2 and "Usage:" in r.output and "error:" not in r.output
 
 
+@pytest.mark.parametrize(
+    "args,start",
+    [
+        (["train", "abalone_vanilla", "--set", "trainer.max_epochs=0"], "error: `trainer.max_epochs` must be >= 1"),
+        (["train", "abalone_vanilla", "--set", "model.options.hidden=[16"], "error: --set model.options.hidden:"),
+        (["train", "no_such_preset"], "error: `no_such_preset` is neither a config file nor a preset"),
+        (["evaluate", "{tmp}"], "error: "),
+    ],
+)
+def test_a_user_error_is_one_line_on_stderr_and_nothing_on_stdout(args, start, tmp_path):
+    r = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "", r.stdout
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(start), r.stderr
+
+
 def test_console_script_prints_one_line_on_stderr(tmp_path):
     script = Path(sys.executable).with_name("rankwise")
     argv = [str(script)] if script.is_file() else [sys.executable, "-m", "rankwise.cli"]
@@ -137,6 +153,17 @@ def test_console_script_prints_one_line_on_stderr(tmp_path):
     assert lines[0].startswith("error: invalid value for '--train-queries'")
     assert lines[0].endswith("(see `rankwise data make ltr-synthetic --help`)")
     assert not (tmp_path / "d").exists()
+    r = subprocess.run(
+        [*argv, "train", "abalone_vanilla", "--set", "run.name=a/b", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.splitlines() == [
+        "error: `run.name` must be a single path component (no '/', not '.' or '..'), got 'a/b'"
+    ]
 
 
 #: a refused value of each option of `rankwise data make ...` (the wrong types come from the parser)

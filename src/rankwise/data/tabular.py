@@ -149,9 +149,10 @@ def abalone_path() -> Path:
     """Path of ``sklego/data/abalone.zip`` inside the installed scikit-lego (no import of sklego)."""
     spec = importlib.util.find_spec("sklego")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
+        raise ModuleNotFoundError(
             "the abalone data ships with scikit-lego; install it with `pip install scikit-lego` "
-            "(or `pip install rankwise[train]`), or pass `path=` to a copy of abalone.csv"
+            "(or `pip install rankwise[train]`), or pass `path=` to a copy of abalone.csv",
+            name="sklego",
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "abalone.zip"
     if not path.is_file():

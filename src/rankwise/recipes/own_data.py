@@ -259,9 +259,12 @@ def _dataset_for(path: Path, dataset: str | None) -> OwnData:
 
 
 def _load(dataset: str, options: dict[str, Any]) -> Any:
-    from rankwise.data import DataFormatError, get_dataset
-    from rankwise.recipes.config import ConfigError
+    """The dataset ``dataset`` loaded with ``options``; an option its loader does not take is a
+    :class:`ConfigError` naming ``data.options.KEY``, the valid options and the closest ones."""
+    from rankwise.data import DATASETS, DataFormatError, get_dataset
+    from rankwise.recipes.config import ConfigError, check_kwargs
 
+    check_kwargs(DATASETS.get(dataset), options, "data.options")
     try:
         return get_dataset(dataset, **options)
     except (DataFormatError, FileNotFoundError):
@@ -272,7 +275,7 @@ def _load(dataset: str, options: dict[str, Any]) -> Any:
 
 def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
-    import yaml
+    from rankwise.recipes.config import ConfigError, override_value
 
     out = {}
     for item in overrides:
@@ -280,8 +283,8 @@ def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if key.startswith("data.options.") and key.count(".") == 2:
             try:
-                out[key.rsplit(".", 1)[1]] = yaml.safe_load(value) if value.strip() else ""
-            except yaml.YAMLError:
+                out[key.rsplit(".", 1)[1]] = override_value({}, key, value)
+            except ConfigError:
                 continue  # the config's own check names it
     return out
 
@@ -321,13 +324,14 @@ def own_data_config(
         >>> cfg.data.name, cfg.data.batch_size, cfg.trainer.max_epochs, d.bin_width
         ('csv', 32, 125, 5.0)
     """
+    from rankwise._validation import did_you_mean
     from rankwise.recipes.config import ConfigError, load_config, load_raw
 
     path = Path(path)
     own = _dataset_for(path, dataset)
     available = _own_methods(own)
     if method not in available:
-        raise ConfigError(f"--method must be one of {available}, got {method!r}")
+        raise ConfigError(f"unknown --method {method!r}; {did_you_mean(method, available, 'methods')}")
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
     preset_opts = (raw.get("data") or {}).get("options") or {}
     kept = {k: preset_opts[k] for k in own.keep_options if k in preset_opts}
@@ -364,9 +368,7 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     data (:func:`data_defaults`) unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
     what was replaced. Returns the (copied) raw config; other configs pass unchanged.
     """
-    import yaml
-
-    from rankwise.recipes.config import apply_overrides, current_key
+    from rankwise.recipes.config import ConfigError, apply_overrides, current_key, override_value
 
     old = (raw.get("data") or {}).get("name", "abalone")
     keys = {}
@@ -376,8 +378,8 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     if "data.name" not in keys:
         return raw
     try:
-        new = yaml.safe_load(keys["data.name"])
-    except yaml.YAMLError:
+        new = override_value(raw, "data.name", keys["data.name"])
+    except ConfigError:
         return raw  # the config's own error reporting names it
     from rankwise.data import list_datasets
 

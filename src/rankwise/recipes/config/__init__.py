@@ -13,7 +13,9 @@ schema. :func:`validate_section` turns pydantic's first error into a one-line
 
 Configs come from YAML files or package presets (``src/rankwise/recipes/presets/*.yaml``), may
 ``extends:`` another preset/file, and accept ``--set a.b=value`` overrides whose values are parsed
-as YAML. :func:`load_config` does ONE pass: read YAML -> apply ``--set`` -> build the typed config
+as YAML; files and values alike are read by the YAML 1.2 core schema (:func:`parse_yaml`: ``010``
+is 10, ``no`` and ``1:30`` are strings), and a string field given ``--set`` keeps the text typed.
+:func:`load_config` does ONE pass: read YAML -> apply ``--set`` -> build the typed config
 -> the cross-field checks and the recipe's own. Recipes receive the typed objects. This module
 imports no recipe and not the recipe registry: the registry installs its lookup
 (:func:`set_recipe_lookup`) when it is imported.
@@ -48,6 +50,7 @@ from rankwise.recipes.config._loading import (
     list_presets,
     load_config,
     load_raw,
+    override_value,
     preset_path,
 )
 from rankwise.recipes.config._loading import (
@@ -61,6 +64,7 @@ from rankwise.recipes.config._parsing import (
     MAX_YAML_VALUES,
     ConfigError,
     UserError,
+    dump_yaml,
     parse_yaml,
 )
 from rankwise.recipes.config._reference import FieldDoc, config_fields, model_fields_doc
@@ -116,11 +120,13 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "current_key",
+    "dump_yaml",
     "inherited_options",
     "list_presets",
     "load_config",
     "load_raw",
     "model_fields_doc",
+    "override_value",
     "parse_yaml",
     "preset_path",
     "register_legacy_place",

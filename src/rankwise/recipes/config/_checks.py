@@ -102,6 +102,8 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
         "bool_parsing": "true or false",
         "string_type": "a string",
     }
+    if kind == "string_type" and isinstance(value, (bool, int, float)):
+        return f"`{key}` must be a string, got {short(value)} (quote it in YAML to keep the text)"
     if kind in expected:
         return f"`{key}` must be {expected[kind]}, got {short(value)}"
     if kind in ("model_type", "model_attributes_type", "dict_type"):

@@ -9,12 +9,15 @@ import stat
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, get_origin
+from typing import Any, get_args, get_origin
+
+from pydantic import TypeAdapter, ValidationError
 
 from rankwise.recipes.config._checks import config_from_dict, walk
 from rankwise.recipes.config._legacy import current_key, upgrade_legacy
+from rankwise.recipes.config._lookup import default_recipe, get_recipe
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
-from rankwise.recipes.config._sections import Config, unwrap
+from rankwise.recipes.config._sections import Config, is_model, unwrap
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 # --------------------------------------------------------------------------------------------------
@@ -23,12 +26,9 @@ PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 def list_presets() -> dict[str, str]:
     """Preset name -> one-line description, for every YAML under ``rankwise/recipes/presets``."""
-    import yaml
-
     out = {}
     for p in sorted(PRESET_DIR.glob("*.yaml")):
-        with open(p) as fh:
-            raw = yaml.safe_load(fh) or {}
+        raw = parse_yaml(p.read_text(encoding="utf-8"), f"preset {p.stem}") or {}
         out[p.stem] = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""
     return out
 
@@ -139,12 +139,65 @@ def _is_list_field(parts: list[str]) -> bool:
     return tp is not None and get_origin(unwrap(tp)) is list
 
 
+def _field_type(raw: dict[str, Any], key: str) -> Any:
+    """The annotation of the config field at the dotted ``key`` (``task.*``: of ``raw``'s recipe); ``None``
+    when the key names no field (an unknown key, a recipe that does not exist)."""
+    parts = current_key(key).split(".")
+    tp: Any = Config
+    if parts[0] == "task":
+        try:
+            tp = get_recipe(str(raw.get("recipe", default_recipe()))).options
+        except (ValueError, RuntimeError):
+            return None
+        parts = parts[1:]
+    for part in parts:
+        tp = unwrap(tp)
+        if get_origin(tp) is list:  # a list entry, by its name or index
+            tp = get_args(tp)[0]
+        elif is_model(tp) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
+            return None
+    return tp
+
+
+def _takes(tp: Any, value: Any) -> bool:
+    try:
+        TypeAdapter(tp).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    except Exception:  # pragma: no cover - an annotation pydantic cannot build alone
+        return True
+    return True
+
+
+def override_value(raw: dict[str, Any], key: str, text: str) -> Any:
+    """The value of ``--set key=text`` on the config ``raw``: ``text`` read as YAML (:func:`parse_yaml`).
+
+    Where the field at ``key`` takes a string and not the YAML value (``run.name=2024``,
+    ``run.name=null``), the value is the text as typed (stripped): the field's type decides. An
+    empty ``text`` is the empty string.
+    """
+    if not text.strip():
+        return ""
+    value = parse_yaml(text, f"--set {key}")
+    if isinstance(value, (str, dict, list)):
+        return value
+    tp = _field_type(raw, key)
+    if tp is None or _takes(tp, value) or not _takes(tp, text.strip()):
+        return value
+    return text.strip()
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """Apply ``a.b.c=value`` strings (value parsed as YAML) to a raw dict (copied).
 
     In a list of named entries (``loss.regularizers``) a key part selects the entry by ``name``
-    (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``. Values are parsed by
-    :func:`parse_yaml` (its limits apply to each value).
+    (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``. Values are read by
+    :func:`override_value`: YAML 1.2 (:func:`parse_yaml`, its limits apply to each value), except
+    that a string field keeps the text typed (``run.name=2024`` is the name ``"2024"``).
     """
     out = copy.deepcopy(raw)
     for item in overrides or []:
@@ -154,7 +207,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
         key = key.strip()
         if not key or any(not p for p in key.split(".")):
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        value = parse_yaml(text, f"--set {key}") if text.strip() else ""
+        value = override_value(out, key, text)
         node: Any = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+import functools
+import re
+from typing import Any, ClassVar
 
 
 class UserError(ValueError):
@@ -86,32 +88,131 @@ def _yaml_problem(e: Exception) -> str:
     return type(e).__name__
 
 
-def parse_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load(text)`` within the documented limits; any problem is a one-line :class:`ConfigError`.
+#: the implicit types of plain scalars in the YAML 1.2 core schema: (tag, pattern, first characters)
+_CORE_SCHEMA = (
+    ("tag:yaml.org,2002:null", r"null|Null|NULL|~|", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+    ("tag:yaml.org,2002:int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", list("-+0123456789")),
+    (
+        "tag:yaml.org,2002:float",
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        list("-+.0123456789"),
+    ),
+)
 
-    ``where`` names the source in the message (a file, ``--set key``). Refused: more than
-    :data:`MAX_CONFIG_BYTES` bytes, nesting deeper than :data:`MAX_YAML_DEPTH`, more than
-    :data:`MAX_YAML_VALUES` values once aliases are expanded (an alias bomb), a recursive alias, a
-    tag of a Python object (``!!python/object``: the safe loader constructs plain data only).
+
+def _core_resolvers(cls: Any) -> None:
+    for tag, pattern, first in _CORE_SCHEMA:
+        cls.add_implicit_resolver(tag, re.compile(rf"(?:{pattern})\Z"), first)
+
+
+@functools.cache
+def _loader() -> Any:
+    """A safe loader that types plain scalars by the YAML 1.2 core schema (and keeps the ``<<`` merge key)."""
+    import yaml
+
+    def construct(kind: str, convert: Any) -> Any:
+        def build(loader: Any, node: Any) -> Any:
+            text = loader.construct_scalar(node)
+            try:
+                return convert(text)
+            except (ValueError, KeyError):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{text!r} is not {kind} of YAML 1.2", node.start_mark
+                ) from None
+
+        return build
+
+    def to_int(text: str) -> int:
+        body = text.lstrip("+-")
+        sign = -1 if text.startswith("-") else 1
+        if body[:2] in ("0o", "0x"):
+            return sign * int(body[2:], 8 if body[1] == "o" else 16)
+        if not body.isascii() or not body.isdigit():
+            raise ValueError(text)
+        return sign * int(body, 10)  # 010 is ten: YAML 1.2 has no leading-zero octal
+
+    def to_float(text: str) -> float:
+        special = {".inf": float("inf"), "+.inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}
+        if text.lower() in special:
+            return special[text.lower()]
+        if "_" in text or not re.fullmatch(_CORE_SCHEMA[3][1], text):
+            raise ValueError(text)
+        return float(text)
+
+    class CoreLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, Any]]]] = {
+            k: [r for r in v if r[0] == "tag:yaml.org,2002:merge"]
+            for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+            if any(r[0] == "tag:yaml.org,2002:merge" for r in v)
+        }
+
+    _core_resolvers(CoreLoader)
+    CoreLoader.add_constructor("tag:yaml.org,2002:int", construct("an integer", to_int))
+    CoreLoader.add_constructor("tag:yaml.org,2002:float", construct("a float", to_float))
+    CoreLoader.add_constructor(
+        "tag:yaml.org,2002:bool", construct("a boolean", lambda t: {"true": True, "false": False}[t.lower()])
+    )
+    return CoreLoader
+
+
+@functools.cache
+def _dumper() -> Any:
+    """A safe dumper that quotes every string a YAML 1.2 *or* a YAML 1.1 reader would type otherwise."""
+    import yaml
+
+    class CoreDumper(yaml.SafeDumper):
+        yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, Any]]]] = {}
+
+    _core_resolvers(CoreDumper)  # first: how a value of rankwise's own types is written and read back
+    for first, resolvers in yaml.SafeDumper.yaml_implicit_resolvers.items():
+        CoreDumper.yaml_implicit_resolvers.setdefault(first, []).extend(resolvers)
+    return CoreDumper
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML that :func:`parse_yaml` reads back to equal values, keys in their order.
+
+    A string that a YAML reader would take for another type (``no``, ``2024``, ``1:30``, ``1e3``,
+    ``null``) is quoted, whether that reader follows YAML 1.2 or YAML 1.1.
     """
     import yaml
 
+    return str(yaml.dump(data, Dumper=_dumper(), sort_keys=False, allow_unicode=True))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Read YAML ``text`` by the YAML 1.2 core schema, within the documented limits; any problem is a
+    one-line :class:`ConfigError`.
+
+    Plain scalars are typed as YAML 1.2 types them: integers are decimal (``010`` is 10), ``0o17``
+    (octal) or ``0x1f`` (hexadecimal); floats ``1.5``, ``1e3``, ``.inf``, ``.nan``; booleans only
+    ``true``/``false`` (also ``True``, ``TRUE``, ...); null ``null``, ``~`` or nothing; everything
+    else is a string: ``yes``, ``no``, ``on``, ``off``, ``1:30``, ``2024-01-31``, ``1_000``. The
+    merge key ``<<`` is kept. ``where`` names the source in the message (a file, ``--set key``).
+    Refused: more than :data:`MAX_CONFIG_BYTES` bytes, nesting deeper than :data:`MAX_YAML_DEPTH`,
+    more than :data:`MAX_YAML_VALUES` values once aliases are expanded (an alias bomb), a recursive
+    alias, a tag of a Python object (``!!python/object``: only plain data is constructed).
+    """
+    import yaml
+
+    loader = _loader()
     if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{where}: the YAML is larger than {MAX_CONFIG_BYTES:,} bytes")
     try:
         level = 0
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # iterative: no recursion on deep input
+        for event in yaml.parse(text, Loader=loader):  # iterative: no recursion on deep input
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 level += 1
                 if level > MAX_YAML_DEPTH:
                     raise ConfigError(f"{where}: the YAML is nested deeper than {MAX_YAML_DEPTH} levels")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 level -= 1
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=loader)
         if node is None:
             return None
         _check_expansion(node, where)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: invalid YAML: {_yaml_problem(e)}") from None
     except RecursionError:  # pragma: no cover - the depth limit comes first

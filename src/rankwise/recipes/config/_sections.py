@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-#: a plain decimal number written as a string ("1e-4": YAML 1.1 reads it as a string); no "1_000", "nan"
+#: a plain decimal number written as a string (a quoted "1e-4", a value set in Python); no "1_000", "nan"
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -52,7 +52,7 @@ class Section(BaseModel):
     Unknown keys are refused (``extra="forbid"``); types are strict (an integer field takes no
     ``1.5``, ``"1"`` or ``true``; a boolean no ``"yes"``), numbers are finite, and every range is a
     :func:`pydantic.Field` bound. Two YAML conveniences: a float field takes a decimal string
-    (YAML 1.1 reads ``1e-4`` as a string), a field of string choices takes an integer spelling one
+    (a quoted ``"1e-4"``), a field of string choices takes an integer spelling one
     (``precision: 16``); an empty YAML value (``null``) of a section, mapping or list is its default.
     """
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rankwise.recipes.config import Config, config_to_dict
+from rankwise.recipes.config import Config, config_to_dict, dump_yaml
 from rankwise.recipes.rundir._files import RunDirError, write_json
 
 LOCK_NAME = ".lock"
@@ -130,10 +130,8 @@ class RunDir:
             raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
 
     def write_config(self, cfg: Config) -> None:
-        import yaml
-
         tmp = self.path / f".config.yaml.tmp{os.getpid()}"
-        tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        tmp.write_text(dump_yaml(config_to_dict(cfg)), encoding="utf-8")
         os.replace(tmp, self.path / "config.yaml")
 
     def update_meta(self, **fields: Any) -> None:

@@ -82,7 +82,8 @@ def test_a_bad_method_or_target_is_one_error_line(cohort: Path, tmp_path: Path) 
     res = CliRunner().invoke(app, [*base, "--target", "age_at_scan", "--method", "lds"])
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [
-        "error: unknown --method 'lds'; did you mean 'dldl'? valid methods: cdw_ce, coral, corn, dldl, mean_variance, mse, sfcn, sord, tsan"
+        "error: unknown --method 'lds'; did you mean 'dldl'? valid methods: "
+        "cdw_ce, coral, corn, dldl, mean_variance, mse, sfcn, sord, tsan"
     ]
     res = CliRunner().invoke(app, [*base, "--target", "age", "--method", "tsan"])
     assert res.exit_code == 2

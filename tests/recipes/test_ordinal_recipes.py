@@ -171,7 +171,7 @@ def test_ordinal_head_starts_from_the_training_labels_distribution(name: str) ->
         torch.testing.assert_close(torch.cumprod(torch.sigmoid(b), 0), above)
 
 
-def test_compare_prints_each_note_once_and_puts_qwk_in_the_table(tmp_path: object) -> None:
+def test_compare_prints_each_note_once_and_reports_the_label_classes(tmp_path: object) -> None:
     out = tmp_path / "cmp"  # type: ignore[operator]
     r = invoke(
         ["compare", "abalone_coral", "--seeds", "0,1", "--out", str(out), *TINY, "--set", "trainer.max_epochs=1"]
@@ -179,5 +179,11 @@ def test_compare_prints_each_note_once_and_puts_qwk_in_the_table(tmp_path: objec
     assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
     notes = [ln for ln in r.output.splitlines() if ln.startswith("note: ordinal head coral")]  # type: ignore[attr-defined]
     assert len(notes) == 1, r.output  # type: ignore[attr-defined]
-    header = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| method"))
-    assert header.endswith("| Pearson | QWK | exact acc |")
+    headers = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| method")]
+    assert headers[0].endswith("| Pearson |")  # the shot-group table
+    assert headers[1] == "| method | seeds | K | QWK | exact acc | ±1 acc | Kendall | RMSE |"
+    row = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| abalone_coral | 2 | 29 |"))
+    runs = [json.loads((out / "runs" / "abalone_coral" / f"seed{s}" / "metrics.json").read_text()) for s in (0, 1)]
+    qwk = np.mean([m["test"]["ordinal"]["qwk"] for m in runs])
+    assert f"| {qwk:.3f} ± " in row
+    assert "classes" in r.output and "Kendall" in r.output  # the printed table too  # type: ignore[attr-defined]

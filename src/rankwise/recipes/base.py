@@ -132,7 +132,7 @@ class RegressionRecipe(RecipeBase):
         return f"test MAE {metrics['test']['all']['mae']:.3f}"
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
-        from rankwise.recipes.reports import GROUPS, aggregate, format_cell
+        from rankwise.recipes.reports import GROUPS, aggregate, format_cell, ordinal_table_rows
 
         out = []
         for key, label in (("mae", "MAE"), ("gmean", "GM")):
@@ -141,6 +141,10 @@ class RegressionRecipe(RecipeBase):
                 agg = aggregate(runs)
                 rows.append([method, str(len(runs)), *[format_cell(agg[g][key]) for g in GROUPS]])
             out.append(([label, "n", *GROUPS], rows))
+        classes = ordinal_table_rows(results)
+        if classes is not None:
+            header, rows = classes
+            out.append((["classes", *header[1:]], rows))
         return out
 
     def write_report(

@@ -24,6 +24,7 @@ __all__ = [
     "aggregate",
     "format_cell",
     "markdown_table",
+    "ordinal_table_rows",
     "plot_compare_per_label_mae",
     "plot_compare_shots",
     "plot_label_histogram",
@@ -359,23 +360,45 @@ def table_rows(
     """Header and rows ``method | n | MAE all/many/medium/few | GM all/many/medium/few | Pearson``."""
     name = metric.upper()
     header = ["method", "seeds", *[f"{name} {g}" for g in GROUPS], *[f"GM {g}" for g in GROUPS], "Pearson"]
-    aggs = {method: aggregate(runs) for method, runs in results.items()}
-    ordinal = any(a["ordinal"]["qwk"][2] for a in aggs.values())  # the runs' label classes were measured
-    if ordinal:
-        header += ["QWK", "exact acc"]
     rows = []
     for method, runs in results.items():
-        agg = aggs[method]
-        row = [
-            method,
-            str(len(runs)),
-            *[format_cell(agg[g][metric]) for g in GROUPS],
-            *[format_cell(agg[g]["gmean"]) for g in GROUPS],
-            format_cell(agg["corr"]["pearson"], 3),
-        ]
-        if ordinal:
-            row += [format_cell(agg["ordinal"]["qwk"], 3), format_cell(agg["ordinal"]["exact_acc"], 3)]
-        rows.append(row)
+        agg = aggregate(runs)
+        rows.append(
+            [
+                method,
+                str(len(runs)),
+                *[format_cell(agg[g][metric]) for g in GROUPS],
+                *[format_cell(agg[g]["gmean"]) for g in GROUPS],
+                format_cell(agg["corr"]["pearson"], 3),
+            ]
+        )
+    return header, rows
+
+
+#: the header of :func:`ordinal_table_rows` for each of :data:`ORDINAL_KEYS`
+_ORDINAL_HEADER = {
+    "qwk": "QWK",
+    "exact_acc": "exact acc",
+    "off_by_one_acc": "±1 acc",
+    "kendall": "Kendall",
+    "rmse": "RMSE",
+}
+
+
+def ordinal_table_rows(
+    results: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> tuple[list[str], list[list[str]]] | None:
+    """Header and rows ``method | seeds | K | QWK | exact acc | ±1 acc | Kendall | RMSE`` of the runs' label
+    classes (``test.ordinal``: mean ± std over seeds); ``None`` when no run measured them."""
+    aggs = {method: aggregate(runs) for method, runs in results.items()}
+    if not any(a["ordinal"]["qwk"][2] for a in aggs.values()):
+        return None
+    header = ["method", "seeds", "K", *(_ORDINAL_HEADER[k] for k in ORDINAL_KEYS)]
+    rows = []
+    for method, runs in results.items():
+        ks = {int(_get(r["test"], "ordinal", "num_classes")) for r in runs if "ordinal" in r["test"]}
+        cells = [format_cell(aggs[method]["ordinal"][k], 3) for k in ORDINAL_KEYS]
+        rows.append([method, str(len(runs)), ", ".join(str(k) for k in sorted(ks)) or "–", *cells])
     return header, rows
 
 
@@ -444,6 +467,21 @@ def write_compare_report(
         "",
         markdown_table(results, metric),
         "",
+    ]
+    classes = ordinal_table_rows(results)
+    if classes is not None:
+        header, rows = classes
+        lines += [
+            "The predictions as classes (one class per integer label, else the label bins; regression predictions"
+            " rounded to the nearest class): quadratic weighted kappa, exact and off-by-one accuracy, Kendall's tau,"
+            " and the RMSE in label units.",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(r) + " |" for r in rows),
+            "",
+        ]
+    lines += [
         "![shot groups](plots/shots.png)",
         "",
     ]

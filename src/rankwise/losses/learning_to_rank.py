@@ -48,6 +48,7 @@ from rankwise._validation import (
     check_real,
     common_compute_dtype,
     finite_checked,
+    sort_padding_last,
 )
 from rankwise.losses._registry import register_loss
 from rankwise.ops.permutation import neural_sort, softsort_matrix
@@ -142,7 +143,7 @@ def _discounts(n: int, like: torch.Tensor) -> torch.Tensor:
 
 def _ideal_dcg(t: torch.Tensor, valid: torch.Tensor, k: int | None, powered: bool) -> torch.Tensor:
     """DCG@k of the labels sorted by themselves (padding last with gain 0), labels clamped at 0."""
-    ideal, _ = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ideal, _ = sort_padding_last(t, valid)
     ideal = ideal.clamp(min=0.0)
     gains = torch.pow(2.0, ideal) - 1.0 if powered else ideal
     return (gains / _discounts(t.shape[-1], t))[:, :k].sum(dim=-1)
@@ -367,7 +368,7 @@ def listmle_loss(
         return _kernel_loss(_ListMLEKernel.apply(p, perm, idx, t, ind, e, need_grad))
     valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
-    _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    _, idx = sort_padding_last(t, valid)
     ps = p.gather(-1, perm[idx])
     vs = valid.gather(-1, idx)
     return _ListMLE.apply(ps, vs, e)
@@ -583,7 +584,7 @@ def lambda_loss(
     n = p.shape[-1]
     if p.numel() == 0:
         return _zero(p)
-    ps, idx = p.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ps, idx = sort_padding_last(p, valid)
     vs = valid.gather(-1, idx)
     ps = torch.where(vs, ps, 0.0)
     ts = torch.where(vs, t.gather(-1, idx), 0.0)

@@ -2,7 +2,9 @@ r"""Learning-to-rank losses on padded lists, with allRank's option names, defaul
 
 Every loss takes ``(y_pred, y_true, *, ...)``: predicted scores and graded relevance labels of shape
 ``(batch, n)`` (any leading dims are flattened into the batch); a slot whose label equals
-``padded_value_indicator`` (default ``-1``) is padding and takes no part. The option names, defaults
+``padded_value_indicator`` (default ``-1``) is padding and takes no part. Every other label is a
+grade ``>= 0``: a negative one is a ``ValueError`` naming ``y_true`` (a device-side assertion off the
+CPU), as ``rankwise.data.read_letor`` refuses it in a file. The option names, defaults
 and reductions are those of allRank 1.4.3 (``allrank.models.losses``), so its users can swap the
 import; where allRank gives NaN (a list made only of padding, no valid pair) these losses give 0
 and keep the graph.
@@ -43,6 +45,7 @@ from rankwise._validation import (
     check_bool,
     check_choice,
     check_floating,
+    check_grades,
     check_positive,
     check_positive_int,
     check_real,
@@ -122,6 +125,7 @@ def _flat_lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[
             f"got {tuple(y_pred.shape)} and {tuple(y_true.shape)}"
         )
     ind = _check_indicator(padded_value_indicator)
+    check_grades(y_true, ind)
     dt = common_compute_dtype(y_pred, y_true)
     p, t = y_pred, y_true.detach()
     if p.dim() != 2:

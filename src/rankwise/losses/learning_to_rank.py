@@ -1107,13 +1107,9 @@ def _register(name: str, fn: Any, module: type[nn.Module], *, stochastic: bool =
 _register("listnet", listnet_loss, ListNetLoss, description="ListNet (allRank listNet)")
 _register("listmle", listmle_loss, ListMLELoss, stochastic=True, description="ListMLE (allRank listMLE)")
 _register("ranknet", ranknet_loss, RankNetLoss, description="RankNet (allRank rankNet)")
-for _scheme in (None, *WEIGHING_SCHEMES[:5]):
-    _register(
-        "lambda_loss" if _scheme is None else f"lambda_loss.{_scheme.removesuffix('_scheme')}",
-        lambda_loss,
-        LambdaLoss,
-        description=f"LambdaLoss, weighing scheme {_scheme} (allRank lambdaLoss)",
-    )
+_register(
+    "lambda_loss", lambda_loss, LambdaLoss, description="LambdaLoss, option `weighing_scheme` (allRank lambdaLoss)"
+)
 _register("approx_ndcg", approx_ndcg_loss, ApproxNDCGLoss, description="ApproxNDCG (allRank approxNDCGLoss)")
 _register(
     "neural_ndcg",
@@ -1122,16 +1118,8 @@ _register(
     description="NeuralNDCG with rankwise NeuralSort and Sinkhorn scaling (allRank neuralNDCG)",
 )
 _register(
-    "neural_ndcg.stochastic",
-    neural_ndcg_loss,
-    NeuralNDCGLoss,
-    stochastic=True,
-    description="stochastic NeuralNDCG (allRank neuralNDCG, stochastic=True)",
+    "pirank",
+    pirank_ndcg_loss,
+    PiRankNDCGLoss,
+    description="PiRank NDCG@k surrogate through a soft sort (option `method`)",
 )
-for _method in ("neuralsort", "softsort", "diffsort", "isotonic"):
-    _register(
-        "pirank" if _method == "neuralsort" else f"pirank.{_method}",
-        pirank_ndcg_loss,
-        PiRankNDCGLoss,
-        description=f"PiRank NDCG@k surrogate through the {_method!r} soft sort",
-    )

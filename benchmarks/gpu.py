@@ -57,13 +57,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the example inputs of tests/
-from tests.registry_examples import entry_factories, factories
+from tests.registry_examples import case_entry, entry_factories, factories, registry_cases
 
 import ops as ops_bench  # benchmarks/ops.py: torchsort, the diffsort package, reference formulas
 import rankwise
 from losses import ranksim_reference, rnc_reference, supcon_reference  # benchmarks/losses.py
-from rankwise.losses import LOSSES, ranksim_loss, rnc_loss, supcon_loss
-from rankwise.ops import OPS
+from rankwise.losses import ranksim_loss, rnc_loss, supcon_loss
 from rankwise.ops import isotonic as iso
 from rankwise.sodeep.hub import available_sorters
 
@@ -71,10 +70,10 @@ from rankwise.sodeep.hub import available_sorters
 LINEAR_OPS = (
     "rank",
     "blackbox_rank",
-    "soft_rank.isotonic_l2",
-    "soft_rank.isotonic_kl",
-    "soft_sort.isotonic_l2",
-    "soft_sort.isotonic_kl",
+    "soft_rank_isotonic",
+    "soft_rank_isotonic.kl",
+    "soft_sort_isotonic",
+    "soft_sort_isotonic.kl",
     "perturbed_rank",
     "perturbed_rank.normal",
     "soft_rank.perturbed",
@@ -83,7 +82,7 @@ LINEAR_OPS = (
 )
 #: cases compiled in --quick mode: (section, name, shape)
 QUICK_COMPILED = (
-    ("ops", "soft_rank.isotonic_l2", (256, 256)),
+    ("ops", "soft_rank_isotonic", (256, 256)),
     ("losses", "supcon", 1024),
     ("ops", "neural_sort", (256, 256)),
     ("losses", "ranksim", 1024),
@@ -92,7 +91,7 @@ QUICK_COMPILED = (
 )
 #: --quick: only these operators (the isotonic ones and their torchsort references) and the losses
 #: that have a public reference, so that every shape and batch of the summary fits the budget
-QUICK_OPS = ("soft_rank.isotonic_l2", "soft_rank.isotonic_kl", "soft_sort.isotonic_l2", "soft_sort.isotonic_kl")
+QUICK_OPS = ("soft_rank_isotonic", "soft_rank_isotonic.kl", "soft_sort_isotonic", "soft_sort_isotonic.kl")
 QUICK_LOSSES = ("supcon", "ranksim", "rnc")
 #: share of the remaining time budget each section may use (the compiled cases take what is left)
 SECTION_SHARES = {"ops": 0.4, "crossover": 0.15, "losses": 0.5}
@@ -275,13 +274,13 @@ def section_ops(r: Runner, shapes: list[tuple[int, int]], out: dict[str, Any]) -
         rows, n = shape
         res: dict[str, Any] = out.setdefault(_shape_key(shape), {})
         big = n > a.max_quadratic_n
-        for entry in OPS.entries():
+        for _, entry in registry_cases("op"):  # the entries and their test variants (name + options)
             if a.quick and entry.name not in QUICK_OPS:
                 continue
             if big and entry.name not in LINEAR_OPS:
                 res[entry.name] = {"skipped": f"O(n^2) memory or time beyond n = {a.max_quadratic_n}"}
                 continue
-            if entry.name == "soft_rank.sodeep" and ("gru", n) not in available_sorters():
+            if entry.name == "sodeep_rank" and ("gru", n) not in available_sorters():
                 # a learned sorter exists per sequence length: none bundled for this n
                 res[entry.name] = {"skipped": f"no bundled SoDeep sorter for n = {n}"}
                 continue
@@ -382,7 +381,7 @@ def section_losses(r: Runner, batches: list[int], out: dict[str, Any]) -> None:
     a = r.args
     for batch in batches:
         res: dict[str, Any] = out.setdefault(f"B={batch}", {})
-        for entry in LOSSES.entries():
+        for _, entry in registry_cases("loss"):
             if a.quick and entry.name not in QUICK_LOSSES:
                 continue
             try:
@@ -413,19 +412,19 @@ def _compile_case(r: Runner, section: str, name: str, size: Any) -> dict[str, An
         if inp is None:
             return {"skipped": "example-shape operator"}
         args, kwargs = inp
-        fn = OPS.get(name)
+        fn = case_entry("op", name).fn
     else:
         args, kwargs = loss_inputs(name, size, r.device)
-        fn = LOSSES.get(name)
+        fn = case_entry("loss", name).fn
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: fn(*a, **kwargs))
     res: dict[str, Any] = {}
     try:
         with torch.no_grad():
-            if OPS.entry(name).stochastic if section == "ops" else LOSSES.entry(name).stochastic:
+            if case_entry("op" if section == "ops" else "loss", name).stochastic:
                 torch.manual_seed(0)
             want = _floats(fn(*args, **kwargs))
-            if OPS.entry(name).stochastic if section == "ops" else LOSSES.entry(name).stochastic:
+            if case_entry("op" if section == "ops" else "loss", name).stochastic:
                 torch.manual_seed(0)
             got = _floats(compiled(*args))
         res["equals_eager"] = all(
@@ -523,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         a.max_quadratic_n = min(a.max_quadratic_n, 8)
         batches = [8]
         cross_ns, cross_rows = [4, 8], 4
-        compiled = [("ops", "soft_rank.isotonic_l2", (2, 8)), ("losses", "spearman", 8)]
+        compiled = [("ops", "soft_rank_isotonic", (2, 8)), ("losses", "spearman", 8)]
         defaults = {"budget_s": 600.0, "repeats": 2, "case_seconds": 0.05}
         a.compile_min_left_s = 0.0
     elif not torch.cuda.is_available():
@@ -541,8 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             op_shapes = [(1, 1_000_000), (1, 100_000), (1, 10_000), (1, 1000), (256, 256), (32, 4096)]
             batches = [256, 1024, 4096, 8192]
             cross_ns, cross_rows = [4, 8, 16, 32, 64, 128, 256, 512, 1024], 256
-            compiled = [("ops", e.name, (256, 256)) for e in OPS.entries()]
-            compiled += [("losses", e.name, 1024) for e in LOSSES.entries()]
+            compiled = [("ops", e.name, (256, 256)) for _, e in registry_cases("op")]
+            compiled += [("losses", e.name, 1024) for _, e in registry_cases("loss")]
             defaults = {"budget_s": 3000.0, "repeats": 30, "case_seconds": 1.0}
     for k, v in defaults.items():
         if getattr(a, k) is None:
@@ -608,7 +607,7 @@ def _summary(result: dict[str, Any]) -> None:
         if not isinstance(res, dict) or shape.startswith("_"):
             continue
         for reg in ("l2", "kl"):
-            ours = res.get(f"soft_rank.isotonic_{reg}", {}).get("median_ms")
+            ours = res.get("soft_rank_isotonic" + ("" if reg == "l2" else f".{reg}"), {}).get("median_ms")
             ref = res.get(f"ref:torchsort_{reg}", {}).get("median_ms")
             if ours is not None:
                 ratio = f"  vs torchsort {ref:.3f} ms: {ref / ours:.2f}x" if ref else ""

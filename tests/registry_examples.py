@@ -11,15 +11,22 @@ entry with live here, keyed by ``(registry, entry name)`` (``"op"`` or ``"loss"`
   is ``n`` (any ``n >= 0``; ``None`` for an ``n`` the entry cannot take, e.g. ``k > n``), floating
   inputs in ``dtype``, options drawn from ``generator``; integer label tensors stay integer.
 
+The registries hold public names only; a configuration of an entry that the suites also run (a
+weighing scheme of ``lambda_loss``, ``neural_sort`` with ``hard=True``, ...) is a :class:`Variant`
+here: the entry's name and the options that make the configuration, with its own factories (keyed
+by the variant's name ``"<entry>.<tag>"``) and the metadata the options change (``stochastic``,
+``gradient``). :func:`registry_cases` lists every entry and every variant, as the suites iterate them.
+
 A newly registered entry without factories here fails ``tests/test_registry_examples.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
@@ -28,7 +35,18 @@ from rankwise._registry import Example, FuzzFactory, RegistryEntry
 ExampleFactory = Callable[[torch.dtype, torch.device], Example]
 DegenerateFactory = Callable[[torch.dtype, torch.device], list[Example]]
 
-__all__ = ["EXAMPLES", "Example", "Factories", "entry_factories", "factories", "register_examples"]
+__all__ = [
+    "EXAMPLES",
+    "VARIANTS",
+    "Example",
+    "Factories",
+    "Variant",
+    "case_entry",
+    "entry_factories",
+    "factories",
+    "register_examples",
+    "registry_cases",
+]
 
 
 @dataclass(frozen=True)
@@ -68,15 +86,94 @@ def factories(kind: str, name: str) -> Factories:
         ) from None
 
 
-def entry_factories(entry: RegistryEntry) -> Factories:
-    """The factories of ``entry``, an entry of ``rankwise.ops.OPS`` or ``rankwise.losses.LOSSES``."""
-    from rankwise.losses import LOSSES
-    from rankwise.ops import OPS
+@dataclass(frozen=True)
+class Variant:
+    """A configuration of registry entry ``entry`` (of registry ``kind``) that the suites run as a case of
+    its own: ``fn(*args, entry's options + options)``. ``name`` is ``"<entry>.<tag>"``; ``stochastic`` /
+    ``gradient`` (``None``: the entry's) are the metadata these options give the call."""
 
-    for kind, registry in (("op", OPS), ("loss", LOSSES)):
+    kind: str
+    entry: str
+    tag: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    stochastic: bool | None = None
+    gradient: Literal["exact", "surrogate", "none"] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.entry}.{self.tag}"
+
+
+#: ``(registry, variant name)`` -> variant
+VARIANTS: dict[tuple[str, str], Variant] = {}
+_VARIANT_ENTRIES: dict[tuple[str, str], RegistryEntry] = {}
+
+
+def _registry(kind: str) -> Any:
+    from rankwise.losses import LOSSES
+    from rankwise.ops import OPS, list_ops
+
+    list_ops()  # the plugin operators (SoDeep) too
+    return OPS if kind == "op" else LOSSES
+
+
+def variant_entry(variant: Variant) -> RegistryEntry:
+    """The registry entry of ``variant``'s entry, named after the variant, with the variant's metadata."""
+    key = (variant.kind, variant.name)
+    if key not in _VARIANT_ENTRIES:
+        base = _registry(variant.kind).entry(variant.entry)
+        meta: dict[str, Any] = {"name": variant.name}
+        if variant.stochastic is not None:
+            meta["stochastic"] = variant.stochastic
+        if variant.gradient is not None:
+            meta["gradient"] = variant.gradient
+        _VARIANT_ENTRIES[key] = dataclasses.replace(base, **meta)
+    return _VARIANT_ENTRIES[key]
+
+
+def registry_cases(kind: str | None = None) -> list[tuple[str, RegistryEntry]]:
+    """``(registry, entry)`` for every registered operator and loss and every :class:`Variant` (its
+    :func:`variant_entry`), operators first, each sorted by name (``kind``: that registry only)."""
+    out: list[tuple[str, RegistryEntry]] = []
+    for k in ("op", "loss") if kind is None else (kind,):
+        cases = [(k, e) for e in _registry(k).entries()]
+        cases += [(k, variant_entry(v)) for (vk, _), v in VARIANTS.items() if vk == k]
+        out += sorted(cases, key=lambda c: c[1].name)
+    return out
+
+
+def case_entry(kind: str, name: str) -> RegistryEntry:
+    """The registry entry ``name`` of registry ``kind``, or the :func:`variant_entry` of variant ``name``."""
+    if (kind, name) in VARIANTS:
+        return variant_entry(VARIANTS[(kind, name)])
+    return _registry(kind).entry(name)
+
+
+def entry_factories(entry: RegistryEntry) -> Factories:
+    """The factories of ``entry``, an entry of ``rankwise.ops.OPS`` or ``rankwise.losses.LOSSES`` or a
+    :func:`variant_entry`."""
+    for kind in ("op", "loss"):
+        registry = _registry(kind)
         if entry.name in registry and registry.entry(entry.name) is entry:
             return factories(kind, entry.name)
-    raise LookupError(f"{entry.name!r} is not an entry of the operator or loss registry")
+        if _VARIANT_ENTRIES.get((kind, entry.name)) is entry:
+            return factories(kind, entry.name)
+    raise LookupError(f"{entry.name!r} is not an entry of the operator or loss registry, nor a variant")
+
+
+def variant(
+    kind: str,
+    entry: str,
+    tag: str,
+    options: Mapping[str, Any],
+    *,
+    stochastic: bool | None = None,
+    gradient: Literal["exact", "surrogate", "none"] | None = None,
+) -> str:
+    """Declare the variant ``"<entry>.<tag>"`` (its factories are registered under the returned name)."""
+    v = Variant(kind, entry, tag, dict(options), stochastic, gradient)
+    VARIANTS[(kind, v.name)] = v
+    return v.name
 
 
 def _op(name: str, example: ExampleFactory, degenerate: DegenerateFactory, fuzz: FuzzFactory) -> None:
@@ -324,7 +421,12 @@ def _class_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Gener
 
 _op("soft_topk", _topk_example, _topk_degenerate, _topk_fuzz)
 _op("dknn", _dknn_example(False), _dknn_degenerate(False), _dknn_fuzz(False))
-_op("dknn.stochastic", _dknn_example(True), _dknn_degenerate(True), _dknn_fuzz(True))
+_op(
+    variant("op", "dknn", "stochastic", _dknn_kwargs(True), stochastic=True),
+    _dknn_example(True),
+    _dknn_degenerate(True),
+    _dknn_fuzz(True),
+)
 _op("dknn_class_scores", _class_example, _class_degenerate, _class_fuzz)
 
 
@@ -365,15 +467,25 @@ def _permutation_op(name: str, kwargs: dict[str, Any], positive: bool = False) -
     _op(name, example, degenerate, fuzz)
 
 
+_HARD = {"hard": True}
 _permutation_op("neural_sort", {"tau": 0.7})
-_permutation_op("neural_sort.hard", {"tau": 0.7, "hard": True})
+_permutation_op(variant("op", "neural_sort", "hard", _HARD, gradient="surrogate"), {"tau": 0.7, **_HARD})
 _permutation_op("stochastic_neural_sort", {"tau": 0.7, "n_samples": 2}, positive=True)
-_permutation_op("stochastic_neural_sort.hard", {"tau": 0.7, "n_samples": 2, "hard": True}, positive=True)
+_permutation_op(
+    variant("op", "stochastic_neural_sort", "hard", _HARD, gradient="surrogate"),
+    {"tau": 0.7, "n_samples": 2, **_HARD},
+    positive=True,
+)
 _permutation_op("softsort", {"tau": 0.7, "power": 1.0})
-_permutation_op("softsort.hard", {"tau": 0.7, "hard": True})
-for _fn in ("soft_sort", "soft_rank"):
-    _permutation_op(f"{_fn}.neuralsort", {"method": "neuralsort", "tau": 0.7})
-    _permutation_op(f"{_fn}.softsort", {"method": "softsort", "tau": 0.7, "power": 2.0})
+_permutation_op(variant("op", "softsort", "hard", _HARD, gradient="surrogate"), {"tau": 0.7, **_HARD})
+for _fn in (
+    "soft_sort",
+    "soft_rank",
+):  # the soft sort / rank front ends, `method` neuralsort (their entry) and softsort
+    _permutation_op(_fn, {"method": "neuralsort", "tau": 0.7})
+    _permutation_op(
+        variant("op", _fn, "softsort", {"method": "softsort"}), {"method": "softsort", "tau": 0.7, "power": 2.0}
+    )
 
 
 # --- perturbed optimizers (rankwise.ops.perturbed) ------------------------------------------------
@@ -434,10 +546,16 @@ def _perturbed_op(name: str, kwargs: dict[str, Any], kind: str) -> None:
 
 
 _perturbed_op("perturbed_rank", {"n_samples": 8}, "rank")
-_perturbed_op("perturbed_rank.normal", {"noise": "normal", "descending": True}, "rank")
+_perturbed_op(
+    variant("op", "perturbed_rank", "normal", {"noise": "normal"}), {"noise": "normal", "descending": True}, "rank"
+)
 _perturbed_op("perturbed_topk", {"n_samples": 8, "sigma": 0.5}, "topk")
 _perturbed_op("perturbed_fy_loss", {}, "fy")
-_perturbed_op("soft_rank.perturbed", {"method": "perturbed", "n_samples": 8}, "rank")
+_perturbed_op(
+    variant("op", "soft_rank", "perturbed", {"method": "perturbed"}, stochastic=True, gradient="surrogate"),
+    {"method": "perturbed", "n_samples": 8},
+    "rank",
+)
 
 
 # --- Sinkhorn optimal transport (rankwise.ops.sinkhorn) -------------------------------------------
@@ -471,9 +589,9 @@ def _sinkhorn_op(name: str, kwargs: dict[str, Any]) -> None:
 
 
 _sinkhorn_op("sinkhorn_transport", {"epsilon": 0.1})
-_sinkhorn_op("soft_rank.sinkhorn", {"epsilon": 0.1})
-_sinkhorn_op("soft_sort.sinkhorn", {"epsilon": 0.1, "descending": True})
-_sinkhorn_op("soft_sort.sinkhorn_quantized", {"epsilon": 0.05, "num_targets": 4})
+_sinkhorn_op("soft_rank_sinkhorn", {"epsilon": 0.1})
+_sinkhorn_op("soft_sort_sinkhorn", {"epsilon": 0.1, "descending": True})
+_sinkhorn_op(variant("op", "soft_sort_sinkhorn", "quantized", {"num_targets": 4}), {"epsilon": 0.05, "num_targets": 4})
 
 
 # --- differentiable sorting networks (rankwise.ops.sorting_network) -------------------------------
@@ -511,17 +629,23 @@ def _diffsort_op(name: str, kwargs: dict[str, Any]) -> None:
 
 
 _diffsort_op("diffsort", {"steepness": 2.0, "return_matrix": True})
-_diffsort_op("diffsort.bitonic", {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"})
 _diffsort_op(
-    "diffsort.logistic_phi",
+    variant("op", "diffsort", "bitonic", {"network": "bitonic"}),
+    {"network": "bitonic", "steepness": 2.0, "distribution": "optimal"},
+)
+_diffsort_op(
+    variant("op", "diffsort", "logistic_phi", {"distribution": "logistic_phi"}),
     {"network": "bitonic", "distribution": "logistic_phi", "steepness": 3.0, "descending": True, "dim": 0},
 )
-_diffsort_op("diffsort.values", {"distribution": "reciprocal", "return_matrix": False})
+_diffsort_op(
+    variant("op", "diffsort", "values", {"return_matrix": False}),
+    {"distribution": "reciprocal", "return_matrix": False},
+)
 for _fn in ("soft_sort", "soft_rank"):
-    _diffsort_op(f"{_fn}.diffsort", {"method": "diffsort", "steepness": 2.0})
+    _diffsort_op(variant("op", _fn, "diffsort", {"method": "diffsort"}), {"method": "diffsort", "steepness": 2.0})
+    _bitonic = {"method": "diffsort", "network": "bitonic"}
     _diffsort_op(
-        f"{_fn}.diffsort_bitonic",
-        {"method": "diffsort", "network": "bitonic", "distribution": "gaussian", "descending": True},
+        variant("op", _fn, "diffsort_bitonic", _bitonic), {**_bitonic, "distribution": "gaussian", "descending": True}
     )
 
 
@@ -556,9 +680,10 @@ def _isotonic_op(name: str, reg: str, descending: bool) -> None:
     _op(name, example, degenerate, fuzz)
 
 
-for _reg in ("l2", "kl"):
-    _isotonic_op(f"soft_rank.isotonic_{_reg}", _reg, False)
-    _isotonic_op(f"soft_sort.isotonic_{_reg}", _reg, True)
+_isotonic_op("soft_rank_isotonic", "l2", False)
+_isotonic_op("soft_sort_isotonic", "l2", True)
+_isotonic_op(variant("op", "soft_rank_isotonic", "kl", {"regularization": "kl"}), "kl", False)
+_isotonic_op(variant("op", "soft_sort_isotonic", "kl", {"regularization": "kl"}), "kl", True)
 
 
 # --- SoDeep learned sorter (rankwise.sodeep.hub) --------------------------------------------------
@@ -589,7 +714,7 @@ def _sodeep_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Gene
     return Example((x,), {"descending": fuzz_choice(g, [False, True])})
 
 
-_op("soft_rank.sodeep", _sodeep_example, _sodeep_degenerate, _sodeep_fuzz)
+_op("sodeep_rank", _sodeep_example, _sodeep_degenerate, _sodeep_fuzz)
 
 
 # ==================================================================================================
@@ -754,7 +879,8 @@ def _bmse_loss(name: str, method: str, d: int) -> None:
 
 
 for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
-    _bmse_loss(f"balanced_mse.{_method}" + ("" if _d == 1 else f"_{_d}d"), _method, _d)
+    _tag = _method + ("" if _d == 1 else f"_{_d}d")
+    _bmse_loss(variant("loss", "balanced_mse", _tag, {"method": _method}), _method, _d)
 _bmse_loss("balanced_mse", "bmc", 1)
 
 
@@ -808,11 +934,13 @@ def _ltr_loss(name: str, options: dict[str, Any], fuzz_options: dict[str, list[A
 _ltr_loss("listnet", {}, {"eps": [0.0, 1e-10]})
 _ltr_loss("listmle", {}, {"eps": [1e-10]})
 _ltr_loss("ranknet", {"weight_by_diff": True}, {"weight_by_diff": [False, True], "weight_by_diff_powed": [False, True]})
-#: the weighing schemes with an entry of their own (``lambda_loss.<scheme>``)
+#: the weighing schemes run as variants of their own (``lambda_loss.<scheme>``)
 _LAMBDA_SCHEMES = ("ndcgLoss1_scheme", "ndcgLoss2_scheme", "lambdaRank_scheme", "ndcgLoss2PP_scheme", "rankNet_scheme")
 for _scheme in (None, *_LAMBDA_SCHEMES):
     _ltr_loss(
-        "lambda_loss" if _scheme is None else f"lambda_loss.{_scheme.removesuffix('_scheme')}",
+        "lambda_loss"
+        if _scheme is None
+        else variant("loss", "lambda_loss", _scheme.removesuffix("_scheme"), {"weighing_scheme": _scheme}),
         {"weighing_scheme": _scheme, "k": 4, "sigma": 1.5, "reduction": "mean"} if _scheme else {"reduction": "sum"},
         {
             "weighing_scheme": [_scheme],
@@ -828,7 +956,7 @@ _ltr_loss(
     {"temperature": [0.1, 1.0], "k": [None, 2], "powered_relevancies": [True, False]},
 )
 _ltr_loss(
-    "neural_ndcg.stochastic",
+    variant("loss", "neural_ndcg", "stochastic", {"stochastic": True}, stochastic=True),
     {"stochastic": True, "n_samples": 3, "temperature": 0.5},
     {"stochastic": [True], "n_samples": [1, 4], "beta": [0.1, 1.0], "log_scores": [True, False]},
 )
@@ -839,7 +967,7 @@ for _method, _opts in (
     ("isotonic", {"regularization_strength": 0.5}),
 ):
     _ltr_loss(
-        "pirank" if _method == "neuralsort" else f"pirank.{_method}",
+        "pirank" if _method == "neuralsort" else variant("loss", "pirank", _method, {"method": _method}),
         {"method": _method, "k": 4, **_opts},
         {"method": [_method], "k": [None, 2], **{key: [v] for key, v in _opts.items()}},
     )
@@ -1023,7 +1151,9 @@ def _spearman_example(kwargs: dict[str, Any]) -> ExampleFactory:
 for _ranker, _opts in _SPEARMAN_EXAMPLES.items():
     _spearman_kwargs = {"ranker": _ranker, **_opts}
     _loss(
-        f"spearman.{_ranker}",
+        variant(
+            "loss", "spearman", _ranker, {"ranker": _ranker}, gradient="surrogate" if _ranker == "blackbox" else None
+        ),
         _spearman_example(_spearman_kwargs),
         _pt_degenerate(_spearman_kwargs),
         _spearman_fuzz(_ranker),
@@ -1043,7 +1173,7 @@ _loss(
 )
 _loss("pairwise_difference", lambda dt, dev: Example(_pt(dt, dev)), _pt_degenerate({}), _spearman_fuzz(None))
 _loss(
-    "pairwise_difference.random",
+    variant("loss", "pairwise_difference", "random", {"pairs": 16}, stochastic=True),
     lambda dt, dev: Example(_pt(dt, dev), {"pairs": 16}),
     _pt_degenerate({"pairs": "random"}),
     _pairs_fuzz,

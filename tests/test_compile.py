@@ -21,12 +21,12 @@ import torch
 from rankwise._kernels import _custom
 from rankwise._registry import Example, RegistryEntry
 from rankwise.losses import LOSSES
-from rankwise.ops import OPS, list_ops
-from tests.registry_examples import entry_factories
+from rankwise.ops import list_ops
+from tests.registry_examples import entry_factories, registry_cases
 from tests.registry_helpers import tensors as _tensors
 
 list_ops()  # the plugin operators (SoDeep) too, whichever test file ran first
-ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+ENTRIES: list[tuple[str, RegistryEntry]] = registry_cases()  # every entry and every test variant
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 _RNN = "dynamo does not trace nn.GRU / nn.LSTM (the SoDeep sorter's recurrent network)"
@@ -36,7 +36,7 @@ _PL_CHECK = (
 )
 #: entries that do not compile with ``fullgraph=True`` yet (static or ``dynamic=True``), and why
 NOT_COMPILABLE: dict[str, str] = {
-    "soft_rank.sodeep": _RNN,
+    "sodeep_rank": _RNN,
     "stochastic_neural_sort": _PL_CHECK,
     "stochastic_neural_sort.hard": _PL_CHECK,
 }
@@ -49,7 +49,7 @@ AUTOCAST_FAILS: dict[str, str] = {
 }
 
 #: inductor and dynamic-shape runs (slow to compile): one entry per kernel family and main loss
-SUBSET = ["rank", "soft_rank.isotonic_l2", "soft_sort.isotonic_kl", "supcon", "rnc", "ranksim", "spearman"]
+SUBSET = ["rank", "soft_rank_isotonic", "soft_sort_isotonic.kl", "supcon", "rnc", "ranksim", "spearman"]
 
 
 def _fresh(ex: Example) -> Example:
@@ -187,8 +187,8 @@ def test_dynamic_compile_equals_eager(kind: str, entry: RegistryEntry) -> None:
 
 #: ``dynamic=True`` under ``aot_eager`` (symbolic shapes through AOT autograd's forward and backward graphs)
 DYNAMIC_AOT_SUBSET = [
-    "soft_rank.isotonic_l2",
-    "soft_sort.isotonic_kl",
+    "soft_rank_isotonic",
+    "soft_sort_isotonic.kl",
     "rank",
     "supcon",
     "rnc",
@@ -220,7 +220,7 @@ def test_dynamic_aot_compile_equals_eager(name: str) -> None:
 def test_dynamic_compiled_stochastic_neural_ndcg_non_finite_scores_equal_eager(value: float) -> None:
     """A non-finite first list: the same NaN loss and the same gradient (NaN on that list only) compiled
     with ``dynamic=True`` as in eager mode."""
-    entry = LOSSES.entry("neural_ndcg.stochastic")
+    entry = dict((e.name, e) for _, e in ENTRIES)["neural_ndcg.stochastic"]
     ex = entry_factories(entry).example(torch.float32, torch.device("cpu"))
     torch._dynamo.reset()
     compiled = torch.compile(entry.fn, fullgraph=True, backend="aot_eager", dynamic=True)

@@ -15,13 +15,11 @@ import torch
 
 import rankwise
 from rankwise._registry import Example, RegistryEntry
-from rankwise.losses import LOSSES
-from rankwise.ops import OPS
 from tests.conftest import DEVICES
-from tests.registry_examples import factories
+from tests.registry_examples import factories, registry_cases
 from tests.registry_helpers import tensors as _tensors
 
-ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+ENTRIES: list[tuple[str, RegistryEntry]] = registry_cases()  # every entry and every test variant
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 

@@ -20,14 +20,12 @@ import pytest
 import torch
 
 from rankwise._registry import Example, RegistryEntry
-from rankwise.losses import LOSSES
-from rankwise.ops import OPS
-from tests.registry_examples import entry_factories
+from tests.registry_examples import entry_factories, registry_cases
 from tests.registry_helpers import tensors as _tensors
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+ENTRIES: list[tuple[str, RegistryEntry]] = registry_cases()  # every entry and every test variant
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 
 #: entries that synchronize with the host on CUDA, and why (a synchronization elsewhere fails the test)

@@ -22,9 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rankwise._registry import RegistryEntry
-from rankwise.losses import LOSSES
-from rankwise.ops import OPS
-from tests.registry_examples import entry_factories
+from tests.registry_examples import entry_factories, registry_cases
 
 #: entries whose CUDA path is checked here (those that run without data-dependent Python control
 #: flow outside the registry's example, numba or Triton, which fake tensors cannot execute)
@@ -44,9 +42,9 @@ SYNC_FREE = [
     "loss:corn",
     "loss:condor",
     "op:sinkhorn_transport",
-    "op:soft_rank.sinkhorn",
-    "op:soft_sort.sinkhorn",
-    "op:soft_sort.sinkhorn_quantized",
+    "op:soft_rank_sinkhorn",
+    "op:soft_sort_sinkhorn",
+    "op:soft_sort_sinkhorn.quantized",
 ]
 
 _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape")
@@ -54,7 +52,7 @@ _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape")
 
 def _entry(key: str) -> RegistryEntry:
     kind, name = key.split(":")
-    return next(e for e in (LOSSES if kind == "loss" else OPS).entries() if e.name == name)
+    return next(e for k, e in registry_cases(kind) if e.name == name)
 
 
 class _HostCopies(TorchDispatchMode):

@@ -37,7 +37,7 @@ def test_registries_complete_whatever_is_imported_first() -> None:
     """``rankwise.ops`` alone still knows the SoDeep method and operator (registered from rankwise.sodeep)."""
     code = (
         "from rankwise.ops import list_ops, soft_rank, list_soft_methods; "
-        "print('soft_rank.sodeep' in list_ops(), 'sodeep' in list_soft_methods())"
+        "print('sodeep_rank' in list_ops(), 'sodeep' in list_soft_methods())"
     )
     assert _run(code) == "True True"
     code = "import torch; from rankwise.ops import soft_rank as f; print(f(torch.ones(2, 32), method='sodeep').shape)"

@@ -38,14 +38,12 @@ from hypothesis import strategies as st
 from rankwise import losses as rankwise_losses
 from rankwise import ops as rankwise_ops
 from rankwise._registry import Example, RegistryEntry
-from rankwise.losses import LOSSES
-from rankwise.ops import OPS
 from rankwise.ops import blackbox_rank as rankwise_blackbox_rank
 from rankwise.ops import rank as rankwise_rank
-from tests.registry_examples import entry_factories, factories
+from tests.registry_examples import entry_factories, factories, registry_cases
 from tests.registry_helpers import tensors as _tensors
 
-ENTRIES: list[tuple[str, RegistryEntry]] = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+ENTRIES: list[tuple[str, RegistryEntry]] = registry_cases()  # every entry and every test variant
 IDS = [f"{kind}:{e.name}" for kind, e in ENTRIES]
 CPU = torch.device("cpu")
 LARGE = 257  # above bfloat16's exact-integer range (256)

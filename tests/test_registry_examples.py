@@ -13,14 +13,25 @@ import torch
 import rankwise
 from rankwise.losses import LOSSES
 from rankwise.ops import OPS
-from tests.registry_examples import EXAMPLES, Example, factories
+from tests.registry_examples import EXAMPLES, VARIANTS, Example, factories
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rankwise"
 
 
 def _registered() -> set[tuple[str, str]]:
+    """Every registered entry and every test variant."""
     rankwise.list_ops()  # the plugin operators (SoDeep) too
-    return {("op", n) for n in OPS.names()} | {("loss", n) for n in LOSSES.names()}
+    return {("op", n) for n in OPS.names()} | {("loss", n) for n in LOSSES.names()} | set(VARIANTS)
+
+
+def test_every_variant_is_an_entry_with_its_options() -> None:
+    cpu = torch.device("cpu")
+    for (kind, name), v in sorted(VARIANTS.items()):
+        registry = OPS if kind == "op" else LOSSES
+        assert v.entry in registry.names() and name == f"{v.entry}.{v.tag}" and "." not in v.entry, name
+        assert v.options, f"{name}: a variant is its entry with options"
+        kwargs = factories(kind, name).example(torch.float32, cpu).kwargs
+        assert {k: kwargs.get(k) for k in v.options} == dict(v.options), f"{name}: {kwargs} lack {v.options}"
 
 
 def test_every_registered_op_and_loss_has_examples() -> None:

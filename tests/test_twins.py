@@ -8,21 +8,16 @@ import inspect
 import pytest
 import torch
 
-import rankwise
 from rankwise._registry import RegistryEntry
 from rankwise._twin import FunctionModule
-from rankwise.losses import LOSSES
-from rankwise.ops import OPS
-from tests.registry_examples import EXAMPLES, entry_factories
+from tests.registry_examples import EXAMPLES, entry_factories, registry_cases
 
 
 def _twin_entries() -> list[tuple[str, RegistryEntry]]:
-    rankwise.list_ops()
     out: list[tuple[str, RegistryEntry]] = []
-    for kind, reg in (("op", OPS), ("loss", LOSSES)):
-        for e in reg.entries():
-            if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and (kind, e.name) in EXAMPLES:
-                out.append((e.name, e))
+    for kind, e in registry_cases():
+        if isinstance(e.module, type) and issubclass(e.module, FunctionModule) and (kind, e.name) in EXAMPLES:
+            out.append((e.name, e))
     return out
 
 

@@ -30,12 +30,10 @@ import numpy as np
 import torch
 
 import rankwise
-from rankwise.losses import LOSSES
 from rankwise.metrics import dcg, map_at_k, mrr, ndcg, retrieval_metrics
-from rankwise.ops import OPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example inputs of tests/
-from tests.registry_examples import entry_factories
+from tests.registry_examples import entry_factories, registry_cases
 
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
@@ -123,7 +121,7 @@ def finite(*ts: torch.Tensor | None) -> bool:
 
 # -------------------------------------------------------------------------------------------- A. soft ranks
 def section_a() -> None:
-    for e in OPS.entries():
+    for _, e in registry_cases("op"):  # the entries and their test variants (name + options)
         if not e.stochastic or e.gradient != "exact" or factories(e).example is None:
             continue
         for fixed in (False, True):
@@ -164,7 +162,7 @@ def section_a() -> None:
 
 
 # ------------------------------------------------------------------------------------ B. learning to rank
-LTR = [e for e in LOSSES.entries() if e.fn.__module__.endswith("learning_to_rank")]
+LTR = [e for _, e in registry_cases("loss") if e.fn.__module__.endswith("learning_to_rank")]
 DOCUMENTED_PADDING_SHIFT = ("pirank.diffsort", "pirank.softsort", "pirank.isotonic")
 
 
@@ -440,7 +438,7 @@ def section_c() -> None:
 # ------------------------------------------------------------------------------------- D. retrieval
 RETR = [
     e
-    for e in LOSSES.entries()
+    for _, e in registry_cases("loss")
     if e.fn.__module__.rsplit(".", 1)[-1] in ("retrieval", "_pairs", "_supcon") and e.name not in ("conr", "rnc")
 ]  # conr / rnc: regression losses of continuous labels
 
@@ -731,7 +729,7 @@ def section_f() -> None:
 
 # ------------------------------------------------------------- G. torch.compile of every op and loss
 #: entries that do not compile with fullgraph=True (tests/test_compile.py's list): probed eagerly only by H
-NOT_COMPILABLE = {"soft_rank.sodeep", "stochastic_neural_sort", "stochastic_neural_sort.hard"}
+NOT_COMPILABLE = {"sodeep_rank", "stochastic_neural_sort", "stochastic_neural_sort.hard"}
 MATCH = [""]
 
 
@@ -823,7 +821,7 @@ def section_g() -> None:
     from rankwise.ops import list_ops
 
     list_ops()
-    entries = [("op", e) for e in OPS.entries()] + [("loss", e) for e in LOSSES.entries()]
+    entries = registry_cases()
     for kind, e in entries:
         if MATCH[0] not in e.name or factories(e).example is None or e.name in NOT_COMPILABLE:
             continue

@@ -127,10 +127,16 @@ class RegistryEntry:
     #: NaN (or +-inf where IEEE arithmetic gives one); "order": exact ordering ops rank +-inf as the
     #: largest/smallest values (finite outputs) and only NaN propagates.
     nonfinite: NonFinite = "propagate"
-    #: operators: how the operator serves as a relaxed sort (``None``: it does not)
-    relaxation: RelaxationInfo | None = None
+    #: operators: how the operator serves as a relaxed sort, one :class:`RelaxationInfo` per relaxation
+    #: it provides (``diffsort``: its odd-even and bitonic networks); empty: it does not
+    relaxations: tuple[RelaxationInfo, ...] = ()
     #: ordinal losses: the head they train and how its logits decode to a class (``None``: not ordinal)
     ordinal: OrdinalHead | None = None
+
+    @property
+    def relaxation(self) -> RelaxationInfo | None:
+        """The first of :attr:`relaxations` (``None``: the operator is no relaxed sort)."""
+        return self.relaxations[0] if self.relaxations else None
 
 
 class Registry(Generic[F]):
@@ -158,12 +164,19 @@ class Registry(Generic[F]):
         description: str = "",
         inputs: Mapping[str, str] | None = None,
         nonfinite: NonFinite = "propagate",
-        relaxation: RelaxationInfo | None = None,
+        relaxation: RelaxationInfo | tuple[RelaxationInfo, ...] | None = None,
         ordinal: OrdinalHead | None = None,
     ) -> Callable[[F], F]:
-        """Decorator registering ``fn`` under ``name``."""
+        """Decorator registering ``fn`` under ``name`` (a public, callable name: no ``.``; a configuration of
+        an entry is the entry's name and options, never an entry of its own)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}")
+        if "." in name:
+            raise ValueError(
+                f"`name` must be a public function name without '.', got {name!r}: register the function once "
+                "and pass its options to it"
+            )
+        relaxations = (relaxation,) if isinstance(relaxation, RelaxationInfo) else tuple(relaxation or ())
         if inputs is not None:
             bad = {k: v for k, v in inputs.items() if v not in INPUT_ROLES}
             if bad:
@@ -182,7 +195,7 @@ class Registry(Generic[F]):
                 description=doc,
                 inputs=dict(inputs) if inputs is not None else None,
                 nonfinite=nonfinite,
-                relaxation=relaxation,
+                relaxations=relaxations,
                 ordinal=ordinal,
             )
             return fn

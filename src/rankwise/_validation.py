@@ -31,6 +31,7 @@ __all__ = [
     "check_floating",
     "check_floating_nd",
     "check_generator",
+    "check_grades",
     "check_int",
     "check_k",
     "check_ndim",
@@ -45,6 +46,7 @@ __all__ = [
     "nan_if_nonfinite",
     "nan_slices",
     "rank_dtype",
+    "sort_padding_last",
     "to_compute",
 ]
 
@@ -71,6 +73,41 @@ def check_real(x: Any, name: str) -> torch.Tensor:
     if x.is_complex():
         raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype}")
     return x
+
+
+def check_grades(y_true: torch.Tensor, padding: float, name: str = "y_true") -> None:
+    """Every label of the padded lists ``y_true`` is a grade ``>= 0`` or the padding label ``padding``: a
+    ``ValueError`` naming ``name`` on CPU in eager mode (one host read), a device-side assertion
+    (``torch._assert_async``, no host sync) on other devices and under ``torch.compile``."""
+    if y_true.numel() == 0:
+        return
+    bad = (y_true < 0) & (y_true != padding)
+    if y_true.device.type != "cpu" or torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), f"`{name}` must hold grades >= 0 or the padding label {padding:g}")
+        return
+    if bool(bad.any()):
+        i = int(bad.reshape(-1).nonzero()[0, 0])
+        raise ValueError(
+            f"`{name}` must hold relevance grades >= 0 or the padding label {padding:g}, "
+            f"got {y_true.reshape(-1)[i].item()!r} (flat index {i})"
+        )
+
+
+def sort_padding_last(key: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key`` sorted descending along the last dim with every padded slot (``~valid``) after every real
+    one, whatever the real keys (``-inf`` included): ``(sorted keys, indices)``.
+
+    Among the real slots the order is that of ``torch.sort(descending=True)`` of the key with the
+    padding masked to ``-inf``; a stable partition (a cumulative sum, no second sort) then moves the
+    padded slots, which tie with a real ``-inf``, behind the real ones. The padded slots' sorted keys
+    are ``-inf``; the sort is differentiable in the real keys."""
+    vals, idx = key.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    vs = valid.gather(-1, idx)
+    real = vs.to(torch.int64)
+    count = real.sum(dim=-1, keepdim=True)
+    pos = torch.where(vs, real.cumsum(dim=-1) - 1, count + (1 - real).cumsum(dim=-1) - 1)
+    order = torch.empty_like(pos).scatter_(-1, pos, torch.arange(pos.shape[-1], device=pos.device).expand_as(pos))
+    return vals.gather(-1, order), idx.gather(-1, order)
 
 
 def check_bool(value: Any, name: str) -> bool:

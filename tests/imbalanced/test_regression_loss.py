@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import pytest
@@ -154,7 +155,8 @@ def test_registered() -> None:
     assert {f"regression_{k}" for k in KINDS} <= names
     for k in KINDS:
         entry = rankwise.losses.get_loss_entry(f"regression_{k}")
-        assert entry.fn is regression_loss
+        assert entry.fn.__wrapped__ is regression_loss  # regression_loss with this kind as the default
+        assert inspect.signature(entry.fn).parameters["kind"].default == k
         module = entry.module  # the twin of this kind: RegressionLoss(kind=k)
         assert isinstance(module, functools.partial) and module.func is RegressionLoss
         assert module.keywords == {"kind": k} and module().kind == k

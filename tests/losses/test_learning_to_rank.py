@@ -321,7 +321,7 @@ def test_allrank_neuralndcg_cases(stochastic: bool) -> None:
     "name", ["listnet", "listmle", "ranknet", "lambda_loss", "approx_ndcg", "neural_ndcg", "pirank", "pirank.isotonic"]
 )
 def test_all_padding_lists_add_zero(name: str) -> None:
-    fn = get_loss(name)
+    fn = get_loss(name.partition(".")[0])
     kw = {"method": "isotonic"} if name == "pirank.isotonic" else {}
     pred, true = _batch(3, 2, 6, ties=False, end_padding=True)
     pred = pred.requires_grad_()
@@ -530,3 +530,25 @@ def test_traced_sinkhorn_scaling_lifts_no_float_constant() -> None:
     sizes = [p for p in placeholders if not isinstance(p, torch.Tensor)]
     assert len(tensors) == 3 and all(t.dim() >= 3 for t in tensors), placeholders
     assert all(isinstance(s, torch.SymInt) for s in sizes), placeholders
+
+
+def _ltr_entries() -> list[Any]:
+    from rankwise.losses import LOSSES
+
+    return [e for e in LOSSES.entries() if e.fn.__module__ == "rankwise.losses.learning_to_rank"]
+
+
+@pytest.mark.parametrize("entry", _ltr_entries(), ids=lambda e: e.name)
+def test_a_negative_grade_other_than_the_padding_is_refused(entry: Any) -> None:
+    pred = torch.randn(2, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    for bad in (-2.0, -0.5, -math.inf):
+        true = torch.tensor([[2.0, 0.0, -1.0, 1.0], [1.0, bad, 0.0, -1.0]])
+        with pytest.raises(ValueError, match=r"`y_true`.*grades >= 0"):
+            entry.fn(pred, true)
+        with pytest.raises(ValueError, match=r"`y_true`.*grades >= 0"):
+            entry.module()(pred, true)
+    # with another padding label, -1 is a negative grade too
+    true = torch.tensor([[2.0, 0.0, -5.0, 1.0], [1.0, -1.0, 0.0, -5.0]])
+    with pytest.raises(ValueError, match="y_true"):
+        entry.fn(pred, true, padded_value_indicator=-5)
+    assert torch.isfinite(entry.fn(pred, true.clamp(min=-5).where(true != -1, 0.0), padded_value_indicator=-5))

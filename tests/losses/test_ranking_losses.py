@@ -30,7 +30,7 @@ from rankwise.losses import (
     spearman_loss,
 )
 from tests.conftest import gradcheck, tol
-from tests.registry_examples import factories
+from tests.registry_examples import case_entry, factories
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -518,21 +518,18 @@ def test_registered_losses() -> None:
     assert {
         "ranksim",
         "pairwise_difference",
+        "spearman",
         "spearman_correlation",
-        "spearman.isotonic",
-        "spearman.neuralsort",
-        "spearman.softsort",
-        "spearman.blackbox",
     } <= names
     entry = get_loss_entry("ranksim")
     assert entry.gradient == "surrogate" and entry.stochastic and entry.module is RankSimLoss
-    assert get_loss_entry("spearman.blackbox").gradient == "surrogate"
-    assert get_loss_entry("spearman.isotonic").gradient == "exact"
+    assert case_entry("loss", "spearman.blackbox").gradient == "surrogate"  # spearman_loss(..., ranker="blackbox")
+    assert case_entry("loss", "spearman.isotonic").gradient == "exact"
     assert get_loss_entry("pairwise_difference").module is PairwiseDifferenceLoss
     assert {"blackbox", *rankwise.list_soft_methods()} == set(list_spearman_rankers())
     # the registered examples run through function and module alike
     for name in ("ranksim", "spearman.blackbox", "pairwise_difference"):
-        e = get_loss_entry(name)
+        e = case_entry("loss", name)
         f = factories("loss", name)
         assert e.module is not None and f.degenerate is not None
         ex = f.example(torch.float64, torch.device("cpu"))

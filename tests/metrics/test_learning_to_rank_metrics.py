@@ -120,3 +120,21 @@ def test_nan_prediction_in_a_real_slot_gives_a_nan_row() -> None:
         assert torch.isnan(out[0]).all(), m.__name__  # a NaN score has no rank
         clean = m(p[1:, :3], t[1:, :3], ats=[1, 3])  # a NaN in a padded slot is never read
         assert torch.equal(out[1:], clean), m.__name__
+
+
+def test_a_real_item_scored_minus_inf_ranks_before_the_padding() -> None:
+    from rankwise.metrics import dcg
+
+    inf = math.inf
+    p = torch.tensor([[1.0, -inf] + [0.0] * 30])
+    t = torch.tensor([[0.0, 3.0] + [PAD] * 30])
+    assert float(dcg(p, t)) == pytest.approx(7.0 / math.log2(3.0))  # 4.417: the grade 3 at rank 2
+    # padding anywhere, and every metric: the list without its padding
+    p = torch.tensor([[-inf, 0.5, 0.0, -3.0, 2.0, 0.0, 1.0], [0.3, 0.0, -inf, 0.0, 0.0, -2.0, 0.1]])
+    t = torch.tensor([[2.0, 0.0, PAD, 1.0, 0.0, PAD, PAD], [PAD, PAD, 1.0, PAD, PAD, 0.0, 0.0]])
+    for m in (dcg, ndcg, mrr, map_at_k):
+        got = m(p, t, ats=[1, 2, 4])
+        for row in range(2):
+            keep = t[row] != PAD
+            want = m(p[row : row + 1, keep], t[row : row + 1, keep], ats=[1, 2, 4])
+            torch.testing.assert_close(got[row : row + 1], want, msg=f"{m.__name__} row {row}")

@@ -99,3 +99,22 @@ def test_a_nan_or_infinite_embedding_gives_nan_metrics() -> None:
         m = retrieval_metrics(x2, y)
         assert m["num_queries"] == 10.0
         assert all(np.isnan(v) for k, v in m.items() if k != "num_queries"), m
+
+
+def _offset_clusters(offset: float, spread: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 clusters (unit-normal centres, noise of std ``spread``) all shifted by ``offset``."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(10, (300,), generator=g)
+    centres = torch.randn(10, 16, generator=g, dtype=torch.float64)
+    x = offset + centres[y] + spread * torch.randn(300, 16, generator=g, dtype=torch.float64)
+    return x.float(), y
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize(("offset", "spread"), [(1e4, 1.0), (1e4, 0.3), (1e6, 1.0)])
+def test_offset_float32_embeddings_give_the_float64_metrics(distance: str, offset: float, spread: float) -> None:
+    # |x|^2 ~ 1e9 and more: the expanded 2 x.y - |x|^2 - |y|^2 cancels in float32, and so does 1 - cos
+    x, y = _offset_clusters(offset, spread)
+    got = retrieval_metrics(x, y, distance=distance)
+    want = retrieval_metrics(x.double(), y, distance=distance)
+    assert got == pytest.approx(want, abs=0.01), (got, want)

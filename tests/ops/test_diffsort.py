@@ -430,6 +430,10 @@ def test_bad_arguments() -> None:
         soft_rank(x, method="diffsort", steepness=-1.0)
 
 
-@pytest.mark.parametrize("name", ["diffsort", "diffsort.bitonic", "soft_rank.diffsort", "soft_sort.diffsort"])
+@pytest.mark.parametrize("name", ["diffsort", "soft_rank", "soft_sort"])
 def test_registry_entries(name: str) -> None:
     assert name in rankwise.list_ops()
+
+
+def test_diffsort_entry_provides_both_networks_as_relaxations() -> None:
+    assert [r.name for r in rankwise.get_op_entry("diffsort").relaxations] == ["diffsort_odd_even", "diffsort_bitonic"]

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from rankwise.ops import OPS
-from tests.registry_examples import factories
+from tests.registry_examples import factories, registry_cases
 
-STOCHASTIC_EXACT = [e for e in OPS.entries() if e.stochastic and e.gradient == "exact"]
+STOCHASTIC_EXACT = [e for _, e in registry_cases("op") if e.stochastic and e.gradient == "exact"]
 
 
 def _fn(entry: Any, fixed: bool):  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import torch
 import rankwise
 from rankwise import DKNN, DKNNClassScores, SoftTopK, dknn, dknn_class_scores, neural_sort, soft_topk, softsort_matrix
 from tests.conftest import gradcheck
+from tests.registry_examples import case_entry
 
 
 def topk_loop(s: list[float], k: int, tau: float) -> torch.Tensor:
@@ -249,5 +250,5 @@ def test_class_scores() -> None:
 
 
 def test_registered() -> None:
-    assert {"soft_topk", "dknn", "dknn.stochastic", "dknn_class_scores"} <= set(rankwise.list_ops())
-    assert rankwise.get_op_entry("dknn.stochastic").stochastic
+    assert {"soft_topk", "dknn", "dknn_class_scores"} <= set(rankwise.list_ops())
+    assert case_entry("op", "dknn.stochastic").stochastic  # dknn(..., method="stochastic")

@@ -1,4 +1,4 @@
-"""Bundled SoDeep sorters, soft_rank(method="sodeep") and the "soft_rank.sodeep" operator."""
+"""Bundled SoDeep sorters, soft_rank(method="sodeep") and the "sodeep_rank" operator."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def test_trivial_lengths_keep_graph() -> None:
 
 
 def test_registered_op_module_matches_function() -> None:
-    entry = get_op_entry("soft_rank.sodeep")
-    f = factories("op", "soft_rank.sodeep")
+    entry = get_op_entry("sodeep_rank")
+    f = factories("op", "sodeep_rank")
     ex = f.example(torch.float32, torch.device("cpu"))
     torch.testing.assert_close(entry.fn(*ex.args, **ex.kwargs), SodeepRank(**ex.kwargs)(*ex.args))
     assert f.degenerate is not None

@@ -471,14 +471,7 @@ class BalancedMSELoss(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 
-for _method, _d in (("bmc", 1), ("gai", 1), ("bni", 1), ("bmc", 3), ("gai", 2)):
-    register_loss(
-        f"balanced_mse.{_method}" + ("" if _d == 1 else f"_{_d}d"),
-        module=BalancedMSELoss,
-        description=f"Balanced MSE (Ren et al., CVPR'22), {_method.upper()}, {_d}-d targets",
-    )(balanced_mse_loss)
-
-# the entry a training recipe uses (`loss.name: balanced_mse`, option `method`): the batch tensors it takes
+# one entry for every method (option `method`); a training recipe passes it the batch tensors below
 register_loss(
     "balanced_mse",
     module=BalancedMSELoss,

@@ -2,7 +2,9 @@ r"""Learning-to-rank losses on padded lists, with allRank's option names, defaul
 
 Every loss takes ``(y_pred, y_true, *, ...)``: predicted scores and graded relevance labels of shape
 ``(batch, n)`` (any leading dims are flattened into the batch); a slot whose label equals
-``padded_value_indicator`` (default ``-1``) is padding and takes no part. The option names, defaults
+``padded_value_indicator`` (default ``-1``) is padding and takes no part. Every other label is a
+grade ``>= 0``: a negative one is a ``ValueError`` naming ``y_true`` (a device-side assertion off the
+CPU), as ``rankwise.data.read_letor`` refuses it in a file. The option names, defaults
 and reductions are those of allRank 1.4.3 (``allrank.models.losses``), so its users can swap the
 import; where allRank gives NaN (a list made only of padding, no valid pair) these losses give 0
 and keep the graph.
@@ -43,11 +45,13 @@ from rankwise._validation import (
     check_bool,
     check_choice,
     check_floating,
+    check_grades,
     check_positive,
     check_positive_int,
     check_real,
     common_compute_dtype,
     finite_checked,
+    sort_padding_last,
 )
 from rankwise.losses._registry import register_loss
 from rankwise.ops.permutation import neural_sort, softsort_matrix
@@ -121,6 +125,7 @@ def _flat_lists(y_pred: Any, y_true: Any, padded_value_indicator: Any) -> tuple[
             f"got {tuple(y_pred.shape)} and {tuple(y_true.shape)}"
         )
     ind = _check_indicator(padded_value_indicator)
+    check_grades(y_true, ind)
     dt = common_compute_dtype(y_pred, y_true)
     p, t = y_pred, y_true.detach()
     if p.dim() != 2:
@@ -142,7 +147,7 @@ def _discounts(n: int, like: torch.Tensor) -> torch.Tensor:
 
 def _ideal_dcg(t: torch.Tensor, valid: torch.Tensor, k: int | None, powered: bool) -> torch.Tensor:
     """DCG@k of the labels sorted by themselves (padding last with gain 0), labels clamped at 0."""
-    ideal, _ = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ideal, _ = sort_padding_last(t, valid)
     ideal = ideal.clamp(min=0.0)
     gains = torch.pow(2.0, ideal) - 1.0 if powered else ideal
     return (gains / _discounts(t.shape[-1], t))[:, :k].sum(dim=-1)
@@ -367,7 +372,7 @@ def listmle_loss(
         return _kernel_loss(_ListMLEKernel.apply(p, perm, idx, t, ind, e, need_grad))
     valid = t != ind
     t, valid = t[:, perm], valid[:, perm]
-    _, idx = t.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    _, idx = sort_padding_last(t, valid)
     ps = p.gather(-1, perm[idx])
     vs = valid.gather(-1, idx)
     return _ListMLE.apply(ps, vs, e)
@@ -583,7 +588,7 @@ def lambda_loss(
     n = p.shape[-1]
     if p.numel() == 0:
         return _zero(p)
-    ps, idx = p.masked_fill(~valid, float("-inf")).sort(descending=True, dim=-1)
+    ps, idx = sort_padding_last(p, valid)
     vs = valid.gather(-1, idx)
     ps = torch.where(vs, ps, 0.0)
     ts = torch.where(vs, t.gather(-1, idx), 0.0)
@@ -1102,13 +1107,9 @@ def _register(name: str, fn: Any, module: type[nn.Module], *, stochastic: bool =
 _register("listnet", listnet_loss, ListNetLoss, description="ListNet (allRank listNet)")
 _register("listmle", listmle_loss, ListMLELoss, stochastic=True, description="ListMLE (allRank listMLE)")
 _register("ranknet", ranknet_loss, RankNetLoss, description="RankNet (allRank rankNet)")
-for _scheme in (None, *WEIGHING_SCHEMES[:5]):
-    _register(
-        "lambda_loss" if _scheme is None else f"lambda_loss.{_scheme.removesuffix('_scheme')}",
-        lambda_loss,
-        LambdaLoss,
-        description=f"LambdaLoss, weighing scheme {_scheme} (allRank lambdaLoss)",
-    )
+_register(
+    "lambda_loss", lambda_loss, LambdaLoss, description="LambdaLoss, option `weighing_scheme` (allRank lambdaLoss)"
+)
 _register("approx_ndcg", approx_ndcg_loss, ApproxNDCGLoss, description="ApproxNDCG (allRank approxNDCGLoss)")
 _register(
     "neural_ndcg",
@@ -1117,16 +1118,8 @@ _register(
     description="NeuralNDCG with rankwise NeuralSort and Sinkhorn scaling (allRank neuralNDCG)",
 )
 _register(
-    "neural_ndcg.stochastic",
-    neural_ndcg_loss,
-    NeuralNDCGLoss,
-    stochastic=True,
-    description="stochastic NeuralNDCG (allRank neuralNDCG, stochastic=True)",
+    "pirank",
+    pirank_ndcg_loss,
+    PiRankNDCGLoss,
+    description="PiRank NDCG@k surrogate through a soft sort (option `method`)",
 )
-for _method in ("neuralsort", "softsort", "diffsort", "isotonic"):
-    _register(
-        "pirank" if _method == "neuralsort" else f"pirank.{_method}",
-        pirank_ndcg_loss,
-        PiRankNDCGLoss,
-        description=f"PiRank NDCG@k surrogate through the {_method!r} soft sort",
-    )

@@ -663,14 +663,6 @@ class PairwiseDifferenceLoss(FunctionModule):
 # --------------------------------------------------------------------------------------------------
 
 
-for _ranker in ("isotonic", "neuralsort", "softsort", "blackbox"):
-    register_loss(
-        f"spearman.{_ranker}",
-        module=SpearmanLoss,
-        gradient="surrogate" if _ranker == "blackbox" else "exact",
-        description=f"Spearman loss (SoDeep) with the {_ranker!r} ranker",
-    )(spearman_loss)
-
 register_loss(
     "ranksim",
     module=RankSimLoss,
@@ -692,10 +684,4 @@ register_loss(
     "pairwise_difference",
     module=PairwiseDifferenceLoss,
     inputs={"pred": "predictions", "target": "targets"},
-)(pairwise_difference_loss)
-register_loss(
-    "pairwise_difference.random",
-    module=PairwiseDifferenceLoss,
-    stochastic=True,
-    description="age-difference loss over B random pairs drawn with replacement (TSAN's sampling)",
 )(pairwise_difference_loss)

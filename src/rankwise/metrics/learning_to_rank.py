@@ -2,11 +2,14 @@ r"""Learning-to-rank metrics on padded lists: NDCG@k, DCG@k, MRR@k and MAP@k.
 
 Lists are the last dim of ``(*, n)`` tensors (any leading dims, flattened into the batch); a slot
 whose ``y_true`` equals ``padding_indicator`` (default ``-1``) is padding and is ranked after every
-real item. The conventions (gain :math:`2^y - 1`, discount :math:`1/\log_2(r + 1)` at 1-based rank
-:math:`r`, ``ats`` clipped to the list length, the order among tied predictions given by
-``torch.sort(descending=True)``) are those of allRank 1.4.3 (``allrank.models.metrics``), so its
-users can swap the import; the outputs are ``(batch, len(ats))``. A list with a NaN prediction in a
-real slot has no ranking: its row is NaN (the padded slots' predictions are never read).
+real item, whatever the item's score (``-inf`` included). The conventions (gain :math:`2^y - 1`,
+discount :math:`1/\log_2(r + 1)` at 1-based rank :math:`r`, ``ats`` clipped to the list length, the
+order among tied predictions given by ``torch.sort(descending=True)``, NDCG ``filler_value=1`` for a
+list without a relevant item) are those of allRank 1.4.3 (``allrank.models.metrics``), so its users
+can swap the import; scikit-learn's ``ndcg_score`` differs (gain :math:`y`, tied predictions
+averaged, 0 for a list without a relevant item). The outputs are ``(batch, len(ats))``. A list
+with a NaN prediction in a real slot has no ranking: its row is NaN (the padded slots' predictions
+are never read).
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from typing import Any
 
 import torch
 
-from rankwise._validation import check_floating, check_real, check_same_device, common_compute_dtype
+from rankwise._validation import (
+    check_floating,
+    check_real,
+    check_same_device,
+    common_compute_dtype,
+    sort_padding_last,
+)
 
 __all__ = ["dcg", "map_at_k", "mrr", "ndcg", "power_gain"]
 
@@ -63,8 +72,7 @@ def _flat_lists(y_pred: Any, y_true: Any, padding_indicator: Any) -> tuple[torch
 
 def _true_sorted_by_pred(p: torch.Tensor, t: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels in the order of descending predictions (padding last, label 0), and that order's validity."""
-    key = p.masked_fill(~valid, float("-inf"))
-    _, idx = key.sort(descending=True, dim=-1)
+    _, idx = sort_padding_last(p, valid)
     return t.masked_fill(~valid, 0.0).gather(-1, idx), valid.gather(-1, idx)
 
 

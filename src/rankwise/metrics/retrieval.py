@@ -44,8 +44,13 @@ def retrieval_metrics(
     when an embedding is NaN or infinite: distances to it have no order).
     Queries are processed in blocks of ``block_size`` rows against all embeddings, keeping only the
     :math:`\max(R, k)` nearest neighbours of each block, so memory is
-    :math:`O(\text{block\_size} \cdot B)` (100k embeddings fit easily); computed in float64 for
-    float64 input, float32 otherwise, on the embeddings' device. Ties in distance are broken by
+    :math:`O(\text{block\_size} \cdot B)` (100k embeddings fit easily). The embeddings are first
+    centred (their mean subtracted, which leaves every Euclidean distance as it is) and scaled in
+    float64; in cosine mode they are normalised to unit vectors there before centring, and ranked
+    by the Euclidean distance of the unit vectors (:math:`|u - v|^2 = 2 - 2\cos`, the same order).
+    The distances are then computed in float64 for float64 input, float32 otherwise, on the
+    embeddings' device, so embeddings far from the origin (an offset of 1e4 on clusters of spread 1)
+    keep their float64 neighbours in float32. Ties in distance are broken by
     ``torch.topk`` (in no documented order), as the nearest-neighbour search of the reference.
 
     Shape:
@@ -77,14 +82,21 @@ def retrieval_metrics(
     x = embeddings.detach().to(dt)
     y = y.to(x.device)
     n = x.shape[0]
-    # one positive scale for every embedding keeps both orders and keeps |x|^2 representable (1e20 or
-    # 1e-20 in float32 overflowed / underflowed to distances of inf - inf or 0)
-    top = x.abs().amax() if x.numel() else x.new_ones(())
-    finite = bool(torch.isfinite(top))
-    if finite and float(top) > 0:
-        x = x / top
-    if distance == "cosine":  # each row scaled to max |x| = 1 first: no row's norm underflows
-        x = torch.nn.functional.normalize(x / x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(dt).tiny), dim=1)
+    # prepared in float64 (O(B D)), searched in ``dt``: cosine mode ranks the unit vectors by Euclidean
+    # distance (-|u - v|^2 = 2 cos - 2, the same order); the mean is subtracted (distances unchanged)
+    # and one positive scale brings the largest |coordinate| to 1, so the expanded
+    # 2 x.y - |x|^2 - |y|^2 below neither cancels on embeddings far from the origin nor overflows
+    z = x.to(torch.float64) if x.device.type != "mps" else x
+    finite = bool(torch.isfinite(z).all())
+    if finite and z.numel():
+        if distance == "cosine":  # each row scaled to max |x| = 1 first: no row's norm underflows
+            z = z / z.abs().amax(1, keepdim=True).clamp(min=torch.finfo(z.dtype).tiny)
+            z = torch.nn.functional.normalize(z, dim=1)
+        z = z - z.mean(0)
+        top = z.abs().amax()
+        if float(top) > 0:
+            z = z / top
+        x = z.to(dt)
     _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
     r_all = counts[inverse] - 1  # other embeddings of the same label
     valid = r_all > 0
@@ -100,10 +112,7 @@ def retrieval_metrics(
     for start in range(0, n, block):
         stop = min(start + block, n)
         rows = torch.arange(start, stop, device=x.device)
-        if distance == "cosine":
-            score = x[start:stop] @ x.T  # larger is nearer
-        else:  # minus squared distance: the same order as the distance
-            score = 2 * (x[start:stop] @ x.T) - sq[start:stop, None] - sq[None, :]
+        score = 2 * (x[start:stop] @ x.T) - sq[start:stop, None] - sq[None, :]  # minus squared distance
         score[torch.arange(stop - start, device=x.device), rows] = -torch.inf  # never the query itself
         nn_idx = score.topk(k_top, dim=1, largest=True, sorted=True).indices
         rel = y[nn_idx] == y[start:stop, None]  # (c, k_top)

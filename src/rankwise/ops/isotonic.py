@@ -1,8 +1,7 @@
 """Isotonic soft sort / soft rank (Blondel et al., ICML'20): projections onto the permutahedron.
 
 Registers the soft method ``"isotonic"`` (``rankwise.soft_rank(x, method="isotonic", ...)``) and the
-operators ``soft_rank.isotonic_l2``, ``soft_rank.isotonic_kl``, ``soft_sort.isotonic_l2`` and
-``soft_sort.isotonic_kl``.
+operators ``soft_rank_isotonic`` and ``soft_sort_isotonic`` (``regularization="l2"`` or ``"kl"``).
 
 Backends: on CPU the pool-adjacent-violators (PAV) kernels of :mod:`rankwise._kernels.isotonic`
 (O(n) after the O(n log n) sort; loaded as ``RANKWISE_NUMBA`` says, see
@@ -818,15 +817,5 @@ _ISOTONIC_RELAXATION = RelaxationInfo(
     options={"regularization": "l2", "regularization_strength": 1.0},
     description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
 )
-for _reg in _REGULARIZATIONS:
-    register_op(
-        f"soft_rank.isotonic_{_reg}",
-        module=IsotonicSoftRank,
-        gradient="exact",
-        relaxation=_ISOTONIC_RELAXATION if _reg == "l2" else None,
-    )(soft_rank_isotonic)
-    register_op(
-        f"soft_sort.isotonic_{_reg}",
-        module=IsotonicSoftSort,
-        gradient="exact",
-    )(soft_sort_isotonic)
+register_op("soft_rank_isotonic", module=IsotonicSoftRank, relaxation=_ISOTONIC_RELAXATION)(soft_rank_isotonic)
+register_op("soft_sort_isotonic", module=IsotonicSoftSort)(soft_sort_isotonic)

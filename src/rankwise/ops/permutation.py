@@ -457,7 +457,6 @@ register_op(
         "neuralsort", params=("tau", "hard"), description="deterministic NeuralSort (rankwise.neural_sort)"
     ),
 )(neural_sort)
-register_op("neural_sort.hard", module=NeuralSort, gradient="surrogate")(neural_sort)
 register_op(
     "stochastic_neural_sort",
     module=StochasticNeuralSort,
@@ -469,9 +468,6 @@ register_op(
         description="stochastic NeuralSort: Plackett-Luce Gumbel samples of the log-scores",
     ),
 )(stochastic_neural_sort)
-register_op("stochastic_neural_sort.hard", module=StochasticNeuralSort, gradient="surrogate", stochastic=True)(
-    stochastic_neural_sort
-)
 register_op(
     "softsort",
     module=SoftSortMatrix,
@@ -481,9 +477,8 @@ register_op(
         description="SoftSort (rankwise.softsort_matrix), distance power `power`",
     ),
 )(softsort_matrix)
-register_op("softsort.hard", module=SoftSortMatrix, gradient="surrogate")(softsort_matrix)
 
 
-for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
-    register_op(f"{_fn.__name__}.neuralsort", module=_mod)(_fn)
-    register_op(f"{_fn.__name__}.softsort", module=_mod)(_fn)
+# the soft sort / rank front ends (rankwise.ops.soft) over every registered soft method, chosen by `method`
+register_op("soft_sort", module=SoftSort)(soft_sort)
+register_op("soft_rank", module=SoftRank)(soft_rank)

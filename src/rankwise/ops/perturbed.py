@@ -47,7 +47,7 @@ from rankwise._validation import (
 from rankwise.ops._registry import register_op
 from rankwise.ops.permutation import gumbel_noise
 from rankwise.ops.ranking import rank_last
-from rankwise.ops.soft import SoftRank, register_soft_method, soft_rank
+from rankwise.ops.soft import register_soft_method
 
 __all__ = [
     "PerturbedFYLoss",
@@ -416,8 +416,7 @@ class PerturbedFYLoss(_PerturbedModule):
 # ----------------------------------------------------------------------------------------------
 
 
-for _name in ("perturbed_rank", "perturbed_rank.normal"):
-    register_op(_name, module=PerturbedRank, gradient="surrogate", stochastic=True)(perturbed_rank)
+register_op("perturbed_rank", module=PerturbedRank, gradient="surrogate", stochastic=True)(perturbed_rank)
 register_op("perturbed_topk", module=PerturbedTopK, gradient="surrogate", stochastic=True)(perturbed_topk)
 # gradient "exact": the exact gradient of the returned Monte-Carlo value (at fixed noise)
 register_op(
@@ -434,4 +433,3 @@ register_op(
         "Berthet et al.); `n_samples` perturbations",
     ),
 )(perturbed_fy_loss)
-register_op("soft_rank.perturbed", module=SoftRank, gradient="surrogate", stochastic=True)(soft_rank)

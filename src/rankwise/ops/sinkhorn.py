@@ -5,7 +5,7 @@ r"""Optimal-transport soft sort and rank (Cuturi, Teboul & Vert, NeurIPS 2019).
 plan :math:`P`; the soft CDF (ranks) and the soft sorted values are read off :math:`P`.
 
 Registers the soft method ``"sinkhorn"`` (``rankwise.soft_rank(x, method="sinkhorn", ...)``) and
-the operators ``sinkhorn_transport``, ``soft_rank.sinkhorn`` and ``soft_sort.sinkhorn``.
+the operators ``sinkhorn_transport``, ``soft_rank_sinkhorn`` and ``soft_sort_sinkhorn``.
 
 Conventions (those of the authors' code, google-research ``soft_sort/``):
 
@@ -828,9 +828,8 @@ _SINKHORN_RELAXATION = RelaxationInfo(
 )
 for _name, _fn, _mod in (
     ("sinkhorn_transport", sinkhorn_transport, SinkhornTransport),
-    ("soft_rank.sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank),
-    ("soft_sort.sinkhorn", soft_sort_sinkhorn, SinkhornSoftSort),
-    ("soft_sort.sinkhorn_quantized", soft_sort_sinkhorn, SinkhornSoftSort),
+    ("soft_rank_sinkhorn", soft_rank_sinkhorn, SinkhornSoftRank),
+    ("soft_sort_sinkhorn", soft_sort_sinkhorn, SinkhornSoftSort),
 ):
     register_op(
         _name,

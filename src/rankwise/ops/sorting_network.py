@@ -43,7 +43,7 @@ from rankwise._validation import (
     nan_slices,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.soft import SoftRank, SoftSort, register_soft_method, soft_rank, soft_sort
+from rankwise.ops.soft import register_soft_method
 
 __all__ = ["DiffSort", "diffsort"]
 
@@ -675,10 +675,4 @@ def _relaxation(network: Network) -> RelaxationInfo:
     )
 
 
-register_op("diffsort", module=DiffSort, relaxation=_relaxation("odd_even"))(diffsort)
-register_op("diffsort.bitonic", module=DiffSort, relaxation=_relaxation("bitonic"))(diffsort)
-register_op("diffsort.logistic_phi", module=DiffSort)(diffsort)
-register_op("diffsort.values", module=DiffSort)(diffsort)
-for _fn, _mod in ((soft_sort, SoftSort), (soft_rank, SoftRank)):
-    register_op(f"{_fn.__name__}.diffsort", module=_mod)(_fn)
-    register_op(f"{_fn.__name__}.diffsort_bitonic", module=_mod)(_fn)
+register_op("diffsort", module=DiffSort, relaxation=(_relaxation("odd_even"), _relaxation("bitonic")))(diffsort)

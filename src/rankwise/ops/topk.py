@@ -253,5 +253,4 @@ class DKNNClassScores(FunctionModule):
 
 register_op("soft_topk", module=SoftTopK)(soft_topk)
 register_op("dknn", module=DKNN)(dknn)
-register_op("dknn.stochastic", module=DKNN, stochastic=True)(dknn)
 register_op("dknn_class_scores", module=DKNNClassScores)(dknn_class_scores)

@@ -71,7 +71,7 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise._registry import Registry, RegistryEntry
+from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
 from rankwise.ops import OPS
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
@@ -238,10 +238,8 @@ def _option(value: Any, default: Any) -> Any:
     return value
 
 
-def _from_op(entry: RegistryEntry) -> Relaxation:
-    """The relaxation an operator's registry entry describes (:class:`rankwise._registry.RelaxationInfo`)."""
-    info = entry.relaxation
-    assert info is not None
+def _from_op(entry: RegistryEntry, info: RelaxationInfo) -> Relaxation:
+    """The relaxation ``info`` of an operator's registry entry (:class:`rankwise._registry.RelaxationInfo`)."""
     op = entry.fn
 
     def kwargs(t: SortOptions) -> dict[str, Any]:
@@ -270,8 +268,8 @@ def _from_op(entry: RegistryEntry) -> Relaxation:
 
 
 for _entry in OPS.entries():
-    if _entry.relaxation is not None:
-        RELAXATIONS.add(_entry.relaxation.name, _from_op(_entry), description=_entry.relaxation.description)
+    for _info in _entry.relaxations:
+        RELAXATIONS.add(_info.name, _from_op(_entry, _info), description=_info.description)
 
 
 def _try_relaxation(t: SortOptions) -> None:

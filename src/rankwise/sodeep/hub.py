@@ -2,7 +2,7 @@
 
 ``sodeep_sorter(seq_len, model="gru")`` loads a sorter shipped inside the package (no download).
 Importing this module registers ``soft_rank(x, method="sodeep")`` and the operator
-``"soft_rank.sodeep"`` (:func:`sodeep_rank`).
+``"sodeep_rank"`` (:func:`sodeep_rank`).
 """
 
 from __future__ import annotations
@@ -162,4 +162,4 @@ class SodeepRank(nn.Module):
 
 
 register_soft_method("sodeep", rank=_soft_rank_impl)
-register_op("soft_rank.sodeep", module=SodeepRank, gradient="exact")(sodeep_rank)
+register_op("sodeep_rank", module=SodeepRank, gradient="exact")(sodeep_rank)

@@ -181,9 +181,55 @@ def test_compare_prints_each_note_once_and_reports_the_label_classes(tmp_path: o
     assert len(notes) == 1, r.output  # type: ignore[attr-defined]
     headers = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| method")]
     assert headers[0].endswith("| Pearson |")  # the shot-group table
+    assert "(many > 100, few < 20 training examples per label bin)" in (out / "report.md").read_text()
     assert headers[1] == "| method | seeds | K | QWK | exact acc | ±1 acc | Kendall | RMSE |"
     row = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("| abalone_coral | 2 | 29 |"))
     runs = [json.loads((out / "runs" / "abalone_coral" / f"seed{s}" / "metrics.json").read_text()) for s in (0, 1)]
     qwk = np.mean([m["test"]["ordinal"]["qwk"] for m in runs])
     assert f"| {qwk:.3f} ± " in row
     assert "classes" in r.output and "Kendall" in r.output  # the printed table too  # type: ignore[attr-defined]
+
+
+def test_class_metrics_round_predictions_as_the_metrics_do() -> None:
+    """A run's ordinal block is ``ordinal_metrics`` of the predictions' class positions: nearest class, halves
+    to even, Kendall on the predictions as they are."""
+    from rankwise.metrics import ordinal_metrics
+    from rankwise.recipes.dir_net import class_metrics
+
+    train = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 5.0])
+    pred = np.array([1.4995, 2.4992, 3.2, 4.0, 5.0, 2.5, 0.2, 7.0])
+    label = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 2.0, 1.0, 5.0])
+    m = class_metrics(pred, label, train, 1.0)
+    assert m is not None and m["num_classes"] == 5
+    ref = ordinal_metrics(torch.tensor(pred - 1), torch.tensor(label - 1), num_classes=5)
+    for k in ("exact_acc", "off_by_one_acc", "qwk", "kendall"):
+        assert m[k] == pytest.approx(ref[k], abs=1e-12), k
+    # 1.4995, 2.4992, 3.2, 4 and 5 are their classes; 2.5 is position 1.5, rounded to even: grade 3; 0.2 and 7
+    # lie outside the classes (the accuracies do not clip, the kappa does)
+    assert m["exact_acc"] == 5 / 8
+    assert class_metrics(pred, label, np.array([3.0, 3.0]), 1.0) is None  # one training class: not measured
+
+
+def test_a_single_class_or_a_bad_loss_option_is_one_error_line_before_training(
+    grades: object, tmp_path: object
+) -> None:
+    import pandas as pd
+
+    df = pd.read_csv(grades)  # type: ignore[arg-type]
+    df["grade"] = 4
+    one = tmp_path / "one.csv"  # type: ignore[operator]
+    df.to_csv(one, index=False)
+    r = invoke(["train", "--data", str(one), "--target", "grade", "--method", "coral", "--out", str(tmp_path / "a")])  # type: ignore[operator]
+    assert r.exit_code == 2  # type: ignore[attr-defined]
+    assert r.output.strip().splitlines()[-1] == (  # type: ignore[attr-defined]
+        "error: `loss.name` coral: an ordinal head needs training labels in at least two classes; "
+        "every training label is 4"
+    )
+    bad = ["--set", "loss.name=unimodal_ce", "--set", "loss.options.distribution=triangular"]
+    bad += ["--set", "loss.options.alpha2=0.6", "--no-progress"]
+    out = str(tmp_path / "b")  # type: ignore[operator]
+    r = invoke(["train", "--data", str(grades), "--target", "grade", "--method", "cdw_ce", "--out", out, *bad])
+    assert r.exit_code == 2, r.output  # type: ignore[attr-defined]
+    last = r.output.strip().splitlines()[-1]  # type: ignore[attr-defined]
+    assert last.startswith("error: `loss.options` of 'unimodal_ce' for the data's 7 classes:") and "alpha2" in last
+    assert "epoch 1/" not in r.output  # type: ignore[attr-defined]

@@ -368,7 +368,7 @@ def ordinal_metrics(
     few_shot: float = 20,
     bin_width: float | None = None,
 ) -> dict[str, float]:
-    r"""Every ordinal metric at once, as plain floats (the dict a training run writes to ``metrics.json``).
+    r"""Every ordinal metric at once, as plain floats (a regression run writes some under ``ordinal`` in its metrics).
 
     Keys: ``mae``, ``rmse``, ``gm`` (:func:`geometric_mean_absolute_error`), ``exact_acc``,
     ``off_by_one_acc``, ``qwk`` (:func:`quadratic_weighted_kappa` with ``num_classes`` and ``weights``),

@@ -59,9 +59,11 @@ from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, Options
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.dir_net import (
+    check_ordinal_options,
     class_counts,
     class_map_buffer,
     decode_ordinal,
+    fit_label_classes,
     label_classes_of,
     note_label_classes,
     ordinal_head_module,
@@ -174,6 +176,7 @@ class BrainAgeModule(L.LightningModule):
                 )
             )
             self.task_loss = build_task_loss(cfg.loss, num_classes=lc.num_classes)
+            check_ordinal_options(self.task_loss, self.ordinal, lc.num_classes)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
         _freeze_unused_heads(self.net)
 
@@ -313,7 +316,7 @@ def age_classes(cfg: Config, net: nn.Module, train_labels: Any) -> LabelClasses:
         return LabelClasses(lo=net.age_range[0], width=net.bin_step, num_classes=net.bins)
     if train_labels is None:
         raise ValueError("`train_labels` are required for an ordinal head on ScaleDense (they define the classes)")
-    return LabelClasses.fit(np.asarray(train_labels, dtype=np.float64), cfg.task.class_width)
+    return fit_label_classes(train_labels, cfg.task.class_width, cfg.loss.name)
 
 
 def first_module(run: Run) -> BrainAgeModule:

@@ -27,10 +27,12 @@ from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ord
 
 __all__ = [
     "DIRNet",
+    "check_ordinal_options",
     "class_counts",
     "class_map_buffer",
     "decode_ordinal",
     "eval_loader",
+    "fit_label_classes",
     "label_classes_of",
     "lds_weight_table",
     "make_fds",
@@ -145,6 +147,32 @@ def ordinal_head_module(
     return head
 
 
+def fit_label_classes(train_labels: Any, width: float, loss: str | None) -> LabelClasses:
+    """:meth:`LabelClasses.fit` for the ordinal task loss ``loss``; a ``ConfigError`` (one line) when the
+    training labels cannot make two classes."""
+    from rankwise.recipes.config import ConfigError
+
+    try:
+        return LabelClasses.fit(np.asarray(train_labels, dtype=np.float64), width)
+    except ValueError as e:
+        raise ConfigError(f"`loss.name` {loss}: {e}") from None
+
+
+def check_ordinal_options(task_loss: Any, ordinal: Any, num_classes: int) -> None:
+    """Call the ordinal task loss once on a two-sample batch of the data's ``num_classes`` classes, so that
+    options it checks only against ``K`` (a soft-label distribution's parameters, a weight per class) are
+    one ``ConfigError`` naming ``loss.options`` before training instead of an error at the first step."""
+    from rankwise.recipes.config import ConfigError
+
+    logits = torch.zeros(2, ordinal.num_outputs(num_classes))
+    classes = torch.tensor([0, num_classes - 1])
+    try:
+        with torch.no_grad():
+            task_loss(ordinal_loss_tensors(task_loss, logits, classes, num_classes))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"`loss.options` of {task_loss.name!r} for the data's {num_classes} classes: {e}") from None
+
+
 def class_map_buffer(lc: LabelClasses) -> torch.Tensor:
     """The float64 ``[lo, width, K]`` of a class map: the state-dict buffer ``label_class_map``, so that a
     checkpoint decodes with the classes it was trained on."""
@@ -230,7 +258,7 @@ class DIRNet(nn.Module):
         if self.ordinal is not None:
             if train_labels is None:
                 raise ValueError("`train_labels` are required for an ordinal task loss (they define the classes)")
-            self.label_classes = LabelClasses.fit(train_labels, self.bin_width)
+            self.label_classes = fit_label_classes(train_labels, self.bin_width, cfg.loss.name)
             self.register_buffer("label_class_map", class_map_buffer(self.label_classes))
             self._class_counts = class_counts(self.label_classes, train_labels)
         self.head = self._make_head()
@@ -265,6 +293,8 @@ class DIRNet(nn.Module):
         labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
         k = None if self.label_classes is None else self.label_classes.num_classes
         self.task_loss = build_task_loss(cfg.loss, train_labels=labels, num_classes=k)
+        if self.ordinal is not None and self.label_classes is not None:
+            check_ordinal_options(self.task_loss, self.ordinal, self.label_classes.num_classes)
         self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)
 
     def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
@@ -427,10 +457,12 @@ def class_metrics(
     preds: np.ndarray, labels: np.ndarray, train_labels: np.ndarray, bin_width: float
 ) -> dict[str, Any] | None:
     """The ordinal metrics of predictions as classes: ``num_classes``, exact and off-by-one accuracy, quadratic
-    weighted kappa, Kendall's tau and the RMSE (label units), with the classes of
-    :meth:`~rankwise._binning.LabelClasses.fit` on the training labels (predictions rounded to the nearest
-    class, clipped to the training range), the same for every method of a run's data; ``None`` when the
-    training labels make a single class."""
+    weighted kappa and Kendall's tau of :func:`rankwise.metrics.ordinal_metrics` on the class positions of
+    the predictions (``(p - lo) / width - 1/2``: rounded to the nearest class, halves to even, for the
+    accuracies and the kappa, which clips them to the classes; as they are for Kendall) against the
+    labels' classes, and the RMSE in label units; the classes are those of
+    :meth:`~rankwise._binning.LabelClasses.fit` on the training labels, the same for every method of a
+    run's data. ``None`` when the training labels make a single class."""
     from rankwise.metrics import ordinal_metrics
 
     try:
@@ -438,7 +470,8 @@ def class_metrics(
     except ValueError:
         return None
     p, y = torch.as_tensor(np.asarray(preds, dtype=np.float64)), torch.as_tensor(np.asarray(labels, dtype=np.float64))
-    m = ordinal_metrics(lc.classes(p).double(), lc.classes(y).double(), num_classes=lc.num_classes)
+    position = (p - lc.lo) / lc.width - 0.5  # the class position of each prediction (an integer at a class)
+    m = ordinal_metrics(position, lc.classes(y).double(), num_classes=lc.num_classes)
     out = {"num_classes": lc.num_classes, **{k: m[k] for k in ("exact_acc", "off_by_one_acc", "qwk", "kendall")}}
     out["rmse"] = float(torch.sqrt(torch.mean((p - y) ** 2))) if p.numel() else float("nan")
     return to_builtin(out)

@@ -430,6 +430,20 @@ def plot_compare_shots(
     return save_figure(plt, fig, path)
 
 
+def _shot_text(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The shot thresholds of the runs (``shot_thresholds`` of their metrics), or "per run" where they differ."""
+    seen = {
+        (_num(t.get("many")), _num(t.get("few")))
+        for runs in results.values()
+        for r in runs
+        if isinstance(t := r.get("shot_thresholds"), Mapping)
+    }
+    if len(seen) == 1:
+        many, few = next(iter(seen))
+        return f"many > {many:g}, few < {few:g} training examples per label bin"
+    return "shot thresholds per run: see each run's metrics.json" if seen else "shot groups of each run"
+
+
 def write_compare_report(
     out_dir: str | Path,
     results: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -463,7 +477,7 @@ def write_compare_report(
         lines += [extra, ""]
     lines += [
         f"Test {metric.upper()} and GM (geometric mean of |error|) per shot group: mean ± std over seeds "
-        "(many > 100, few < 20 training examples per label).",
+        f"({_shot_text(results)}).",
         "",
         markdown_table(results, metric),
         "",

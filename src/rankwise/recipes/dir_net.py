@@ -13,6 +13,7 @@ the one code path of the evaluation after training and of ``rankwise evaluate``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -474,7 +475,8 @@ def class_metrics(
     m = ordinal_metrics(position, lc.classes(y).double(), num_classes=lc.num_classes)
     out = {"num_classes": lc.num_classes, **{k: m[k] for k in ("exact_acc", "off_by_one_acc", "qwk", "kendall")}}
     out["rmse"] = float(torch.sqrt(torch.mean((p - y) ** 2))) if p.numel() else float("nan")
-    return to_builtin(out)
+    # an undefined value (no test rows, constant predictions for Kendall) is None, as regression_metrics' are
+    return to_builtin({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()})
 
 
 #: the plots of :func:`write_evaluation` (functions of the test predictions and training labels only)

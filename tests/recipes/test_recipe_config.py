@@ -410,3 +410,24 @@ def test_lr_schedule_formula():
     got = [lr_factor(step, st, total_steps=10, epochs=5) for step in range(10)]
     assert got[:2] == [0.5, 1.0]
     assert got[2:] == [0.5 * (1 + math.cos(math.pi * min(s - 2, 8) / 8)) for s in range(2, 10)]
+
+
+def test_half_precision_refuses_an_adam_eps_that_float16_cannot_hold():
+    import torch
+
+    from rankwise.recipes.optim import build_optimizer
+
+    with pytest.raises(ConfigError, match=r"`optimizer\.eps` 1e-08 is below the smallest normal float16"):
+        config_from_dict({"trainer": {"precision": "16-true"}})
+    with pytest.raises(ConfigError, match=r"adamw's state in float16"):
+        config_from_dict({"trainer": {"precision": "16-true"}, "optimizer": {"name": "adamw", "eps": 1e-6}})
+    config_from_dict({"trainer": {"precision": "16-true"}, "optimizer": {"name": "sgd"}})
+    config_from_dict({"trainer": {"precision": "16-mixed"}})
+    cfg = config_from_dict({"trainer": {"precision": "16-true"}, "optimizer": {"eps": 1e-4}})
+    # the mechanism: a float16 weight whose gradient squares to 0 in float16 steps to inf / nan with eps=1e-8
+    for eps, finite in ((1e-8, False), (cfg.optimizer.eps, True)):
+        w = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+        opt = build_optimizer([w], cfg.optimizer.model_copy(update={"eps": eps}))
+        w.grad = torch.full_like(w, 1e-4)
+        opt.step()
+        assert bool(torch.isfinite(w).all()) is finite

@@ -34,9 +34,9 @@ def build_optimizer(params: Any, o: OptimizerConfig, *, lr: float | None = None)
     """The optimizer ``o.name`` over ``params`` (tensors or param-group dicts); ``lr`` overrides ``o.lr``."""
     lr = o.lr if lr is None else lr
     if o.name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=o.weight_decay)
+        return torch.optim.Adam(params, lr=lr, eps=o.eps, weight_decay=o.weight_decay)
     if o.name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, eps=o.eps, weight_decay=o.weight_decay)
     if o.name == "lars":
         from timm.optim import Lars
 

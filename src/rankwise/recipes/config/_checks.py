@@ -7,6 +7,7 @@ import itertools
 import math
 from typing import Any, TypeVar, get_args, get_origin
 
+import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from rankwise.recipes.config._legacy import MOVED, upgrade_legacy
@@ -177,9 +178,23 @@ def _check_shared(cfg: Config) -> None:
     if t.limit_train_batches == 0:
         raise ConfigError("`trainer.limit_train_batches` must be > 0 (0 trains nothing)")
     check_run_name(cfg.run.name)
+    _check_half_precision_eps(cfg)
     rep = cfg.report
     if rep.few_shot is not None and rep.many_shot is not None and rep.few_shot > rep.many_shot:
         raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
+
+
+def _check_half_precision_eps(cfg: Config) -> None:
+    """``16-true`` keeps the weights and Adam's moments in float16, where an ``eps`` below the smallest
+    normal float16 (6.1e-5) vanishes or is denormal: the first step divides by (nearly) zero."""
+    o = cfg.optimizer
+    tiny = float(np.finfo(np.float16).tiny)
+    if str(cfg.trainer.precision) == "16-true" and o.name in ("adam", "adamw") and o.eps < tiny:
+        raise ConfigError(
+            f"`trainer.precision` '16-true' keeps {o.name}'s state in float16, where `optimizer.eps` {o.eps:g} is "
+            f"below the smallest normal float16 ({tiny:.3g}) and the first step divides by zero: set "
+            "optimizer.eps=1e-4, or use --precision 16-mixed (float32 weights)"
+        )
 
 
 def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:

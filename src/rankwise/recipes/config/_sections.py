@@ -219,6 +219,7 @@ class OptimizerConfig(Section):
     lr: float = Field(1e-3, description="learning rate", gt=0)
     weight_decay: float = Field(0.0, description="weight decay", ge=0)
     momentum: float = Field(0.9, description="momentum (sgd, lars)", ge=0, lt=1)
+    eps: float = Field(1e-8, description="term added to Adam's denominator (adam, adamw)", gt=0)
 
 
 class ScheduleConfig(Section):

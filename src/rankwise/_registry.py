@@ -92,13 +92,16 @@ class OrdinalHead:
     rank-consistent head CORAL needs). ``predict(logits) -> (B,)``: the predicted class position,
     an integer class (as float) or, for the expectation-based losses (mean-variance, DLDL), the
     expected class in ``[0, K - 1]``. ``num_classes``: the loss takes the number of classes as a
-    keyword option, which the recipe supplies from the data.
+    keyword option, which the recipe supplies from the data. ``train_classes``: the name of a keyword
+    option taking the training set's classes (an integer tensor), which the recipe supplies (SORD's
+    ``train_targets``, read when ``prox=True``).
     """
 
     outputs: Literal["classes", "thresholds"]
     predict: Callable[[torch.Tensor], torch.Tensor]
     layer: Literal["linear", "coral"] = "linear"
     num_classes: bool = False
+    train_classes: str | None = None
 
     def num_outputs(self, num_classes: int) -> int:
         """The head's width for ``num_classes`` classes."""

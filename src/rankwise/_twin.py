@@ -15,6 +15,8 @@ forwards (``_options``) and shows (``_shown``, default all), and writes only its
             super().__init__()
             self.tau, self.hard, self.dim = check_positive(tau, "tau"), check_bool(hard, "hard"), dim
 
+Tensor options (class weights, the training classes) are kept with :meth:`FunctionModule._tensor_option`
+as non-persistent buffers, so they move with the module.
 Twins with state of their own (buffers, learned sorters, running statistics) stay plain modules.
 """
 
@@ -43,6 +45,11 @@ class FunctionModule(nn.Module):
     #: what ``repr`` shows (``None``: ``_positional`` then ``_options``); ``"name!r"`` shows
     #: ``repr(value)``; ``"**"`` shows the ``_kwargs`` options (as ``name=repr(value)``)
     _shown: ClassVar[tuple[str, ...] | None] = None
+
+    def _tensor_option(self, name: str, value: Any) -> None:
+        """Keep the tensor option ``name`` (or None) as a non-persistent buffer: it follows the module's
+        ``.to(device)`` and stays out of the state dict."""
+        self.register_buffer(name, value, persistent=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         options = {k: getattr(self, k) for k in (*self._positional, *self._options)}

@@ -233,3 +233,27 @@ def test_a_single_class_or_a_bad_loss_option_is_one_error_line_before_training(
     last = r.output.strip().splitlines()[-1]  # type: ignore[attr-defined]
     assert last.startswith("error: `loss.options` of 'unimodal_ce' for the data's 7 classes:") and "alpha2" in last
     assert "epoch 1/" not in r.output  # type: ignore[attr-defined]
+
+
+def test_sord_proximities_and_list_options_come_from_a_config() -> None:
+    """SORD's ``prox=True`` gets the training classes from the run, a YAML list becomes the class-weight
+    tensor, and both move with the module without entering its state dict."""
+    from rankwise.losses import sord_loss
+    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes.loss_terms import build_task_loss, check_loss_config
+
+    cfg = config_from_dict({"loss": {"name": "sord", "options": {"prox": True, "weight": [1, 2.5, 1]}}})
+    check_loss_config(cfg.loss)  # the run supplies the training classes: not refused as missing
+    tc = torch.tensor([0, 0, 1, 2, 2, 2])
+    term = build_task_loss(cfg.loss, num_classes=3, train_classes=tc)
+    module = term.loss
+    assert torch.equal(module.train_targets, tc) and module.weight.dtype == torch.get_default_dtype()
+    logits, y = torch.tensor([[2.0, 0.5, -1.0], [0.0, 0.3, 1.2]]), torch.tensor([0, 2])
+    want = sord_loss(logits, y, prox=True, train_targets=tc, weight=torch.tensor([1.0, 2.5, 1.0]))
+    torch.testing.assert_close(module(logits=logits, targets=y), want)
+    assert module.to(torch.float64).weight.dtype == torch.float64 and not module.state_dict()
+    # integers stay integers (a class list), floats become the default float dtype
+    ints = build_task_loss(
+        config_from_dict({"loss": {"name": "sord", "options": {"weight": [1, 2, 1]}}}).loss, num_classes=3
+    )
+    assert ints.loss.weight.dtype == torch.int64

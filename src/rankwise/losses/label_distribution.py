@@ -274,7 +274,7 @@ class CDWCELoss(FunctionModule):
         super().__init__()
         self.alpha = check_positive(alpha, "alpha", allow_zero=True)
         self.margin = check_positive(margin, "margin", allow_zero=True)
-        self.weight = weight
+        self._tensor_option("weight", weight)
         self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
 
 
@@ -838,8 +838,8 @@ class SORDLoss(FunctionModule):
         self.ftype = check_choice(ftype, "ftype", _FTYPES)
         if prox and train_targets is None:
             raise ValueError("`train_targets` (the training set's classes) is needed when `prox=True`")
-        self.train_targets = train_targets
-        self.weight = weight
+        self._tensor_option("train_targets", train_targets)
+        self._tensor_option("weight", weight)
         self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
 
 
@@ -967,7 +967,7 @@ class QWKLoss(FunctionModule):
         super().__init__()
         self.penalization = check_choice(penalization, "penalization", ("linear", "quadratic"))
         self.epsilon = check_positive(epsilon, "epsilon", allow_zero=True)
-        self.weight = weight
+        self._tensor_option("weight", weight)
         self.use_logarithm = check_bool(use_logarithm, "use_logarithm")
 
 
@@ -1032,7 +1032,7 @@ class SLACELoss(FunctionModule):
     ) -> None:
         super().__init__()
         self.alpha = check_positive(alpha, "alpha", allow_zero=True)
-        self.weight = weight
+        self._tensor_option("weight", weight)
         self.reduction = check_choice(reduction, "reduction", _REDUCTIONS)
 
 
@@ -1174,7 +1174,9 @@ register_loss(
     ordinal=_ARGMAX,
     description="cross-entropy with unimodal soft labels (option `distribution`: " + ", ".join(DISTRIBUTIONS) + ")",
 )(unimodal_ce_loss)
-register_loss("sord", module=SORDLoss, inputs=_INPUTS, ordinal=_ARGMAX)(sord_loss)
+register_loss(
+    "sord", module=SORDLoss, inputs=_INPUTS, ordinal=OrdinalHead("classes", argmax_class, train_classes="train_targets")
+)(sord_loss)
 register_loss("emd", module=EMDLoss, inputs=_INPUTS, ordinal=_ARGMAX)(emd_loss)
 register_loss("qwk", module=QWKLoss, inputs=_INPUTS, ordinal=_ARGMAX)(qwk_loss)
 register_loss("slace", module=SLACELoss, inputs=_INPUTS, ordinal=_ARGMAX)(slace_loss)

@@ -69,6 +69,7 @@ from rankwise.recipes.dir_net import (
     ordinal_head_module,
     ordinal_loss_tensors,
     regression_loaders,
+    train_classes,
 )
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config, ordinal_head_of
 from rankwise.recipes.optim import configure
@@ -175,7 +176,8 @@ class BrainAgeModule(L.LightningModule):
                     counts=None if train_labels is None else class_counts(lc, train_labels),
                 )
             )
-            self.task_loss = build_task_loss(cfg.loss, num_classes=lc.num_classes)
+            tc = None if train_labels is None else train_classes(lc, train_labels)
+            self.task_loss = build_task_loss(cfg.loss, num_classes=lc.num_classes, train_classes=tc)
             check_ordinal_options(self.task_loss, self.ordinal, lc.num_classes)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
         _freeze_unused_heads(self.net)

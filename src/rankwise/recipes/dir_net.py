@@ -118,10 +118,14 @@ def ordinal_prior_bias(counts: torch.Tensor, ordinal: Any, *, layer: str = "line
     return torch.logit((above / at_least).clamp(1e-6, 1 - 1e-6))
 
 
+def train_classes(lc: LabelClasses, train_labels: Any) -> torch.Tensor:
+    """The classes of ``lc`` of the training labels (int64 ``(N,)``)."""
+    return lc.classes(torch.as_tensor(np.asarray(train_labels, dtype=np.float64)).reshape(-1))
+
+
 def class_counts(lc: LabelClasses, train_labels: Any) -> torch.Tensor:
     """How many training labels fall in each class of ``lc`` (float64 ``(K,)``)."""
-    classes = lc.classes(torch.as_tensor(np.asarray(train_labels, dtype=np.float64)).reshape(-1))
-    return torch.bincount(classes, minlength=lc.num_classes).to(torch.float64)
+    return torch.bincount(train_classes(lc, train_labels), minlength=lc.num_classes).to(torch.float64)
 
 
 def ordinal_head_module(
@@ -293,7 +297,8 @@ class DIRNet(nn.Module):
         #: the task loss from the registry (``loss.name``, or ``regression_<kind>`` for ``loss.kind``)
         labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
         k = None if self.label_classes is None else self.label_classes.num_classes
-        self.task_loss = build_task_loss(cfg.loss, train_labels=labels, num_classes=k)
+        tc = None if self.label_classes is None else train_classes(self.label_classes, train_labels)
+        self.task_loss = build_task_loss(cfg.loss, train_labels=labels, num_classes=k, train_classes=tc)
         if self.ordinal is not None and self.label_classes is not None:
             check_ordinal_options(self.task_loss, self.ordinal, self.label_classes.num_classes)
         self.regularizers = build_regularizers(cfg.loss.regularizers, train_labels=labels)

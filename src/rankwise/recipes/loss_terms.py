@@ -94,11 +94,23 @@ def _built(entry: Any) -> Any:
 
 
 def _kwargs(entry: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    kw = dict(options)
     params = inspect.signature(_built(entry)).parameters
+    kw = {k: _tensor_if_declared(params.get(k), v) for k, v in options.items()}
     if "distributed" in params and "distributed" not in kw:
         kw["distributed"] = "auto"  # batch-level losses see the global batch under DDP
     return kw
+
+
+def _tensor_if_declared(param: inspect.Parameter | None, value: Any) -> Any:
+    """A config list (YAML ``[1, 2, 3]``) for an option annotated as a tensor: the tensor (int64 when
+    every entry is an integer, else the default float dtype)."""
+    if param is None or not isinstance(value, list) or "Tensor" not in str(param.annotation):
+        return value
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    try:
+        return torch.tensor(value, dtype=torch.int64 if whole else torch.get_default_dtype())
+    except (TypeError, ValueError, RuntimeError):
+        return value  # not numbers: the loss names the option and what it needs
 
 
 class _FunctionLoss(nn.Module):
@@ -130,12 +142,15 @@ def _module(
     key: str,
     train_labels: torch.Tensor | None = None,
     num_classes: int | None = None,
+    train_classes: torch.Tensor | None = None,
 ) -> nn.Module:
     kw = _kwargs(entry, options)
     if train_labels is not None and _takes_train_labels(entry):
         kw["train_labels"] = train_labels  # e.g. a GMM or histogram fitted to the training labels
     if entry.ordinal is not None and entry.ordinal.num_classes:
         kw["num_classes"] = 2 if num_classes is None else int(num_classes)  # the data's classes (2: a check)
+    if entry.ordinal is not None and entry.ordinal.train_classes and train_classes is not None:
+        kw.setdefault(entry.ordinal.train_classes, train_classes)
     try:
         return _construct(entry, kw)
     except (TypeError, ValueError) as e:
@@ -155,6 +170,8 @@ def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
     kw = _kwargs(entry, options)
     if entry.ordinal is not None and entry.ordinal.num_classes:
         kw["num_classes"] = 2  # the run supplies the data's number of classes
+    if entry.ordinal is not None and entry.ordinal.train_classes:
+        kw.setdefault(entry.ordinal.train_classes, torch.arange(2))  # the run supplies the training classes
     try:
         _construct(entry, kw)
     except MissingTrainLabelsError as e:
@@ -267,14 +284,17 @@ def build_task_loss(
     *,
     train_labels: torch.Tensor | None = None,
     num_classes: int | None = None,
+    train_classes: torch.Tensor | None = None,
 ) -> LossTerm:
     """The task loss as a :class:`LossTerm` of the registry: ``loss.name``, or ``regression_<loss.kind>``.
 
     A loss module whose constructor takes ``train_labels`` receives the FULL training labels
     (float64 tensor), e.g. to fit a label GMM or histogram once when it is built; an ordinal loss
-    whose :class:`~rankwise._registry.OrdinalHead` says so receives ``num_classes`` (the data's).
+    whose :class:`~rankwise._registry.OrdinalHead` says so receives ``num_classes`` (the data's) and
+    ``train_classes`` (the training rows' classes, int64). A list option of a tensor parameter
+    (``weight: [1, 2, 3]``) becomes a tensor.
     """
     name = task_loss_name(loss)
     entry = _entry(name, f"{key}.name" if loss.name is not None else f"{key}.kind")
-    module = _module(entry, loss.options, f"{key}.options", train_labels, num_classes)
+    module = _module(entry, loss.options, f"{key}.options", train_labels, num_classes, train_classes)
     return LossTerm(name, module, entry.inputs)

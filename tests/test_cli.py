@@ -136,6 +136,19 @@ def test_train_evaluate_compare(tmp_path):
     assert "| method |" in report and "abalone_vanilla" in report and "run" in report
     assert (out / "plots" / "shots.png").is_file()
     assert (out / "runs" / "abalone_vanilla" / "seed0" / "metrics.json").is_file()
+    assert "Every config trained with `--set model.options.hidden=" in report  # the overrides it ran with
+    assert json.loads((out / "results.json").read_text())["overrides"] == TINY
+
+    # a finished run of the comparison is reused only for the same config: other settings are refused
+    before = (out / "runs" / "abalone_vanilla" / "seed0" / "metrics.json").read_bytes()
+    again = ["compare", "abalone_vanilla", "--seeds", "0", "--out", str(out)]
+    r = invoke([*again, *_sets(["trainer.max_epochs=3"])])
+    assert r.exit_code == 2
+    assert "`trainer.max_epochs` 2 there, 3 now" in r.output and "--overwrite" in r.output
+    assert (out / "runs" / "abalone_vanilla" / "seed0" / "metrics.json").read_bytes() == before
+    r = invoke([*again, *_sets(["trainer.num_threads=2"])])  # hardware only: reused as it is
+    assert r.exit_code == 0, r.output
+    assert (out / "runs" / "abalone_vanilla" / "seed0" / "metrics.json").read_bytes() == before
 
 
 def test_bad_config_exits_with_a_named_key(tmp_path):

@@ -318,6 +318,40 @@ def _read_metrics(path: Path) -> dict[str, Any]:
     return metrics
 
 
+#: options that change where and how fast a run trains, not what it computes
+_HARDWARE = ("trainer.num_threads", "trainer.devices", "trainer.accelerator", "trainer.strategy", "data.num_workers")
+_PRESENTATION = ("report.plots", "report.tsne", "report.plot_samples", "run.out_dir", "description", "expected_time")
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(_flat(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _check_reused(run_dir: Path, cfg: Config) -> None:
+    """A finished run of a comparison is reused only when it was trained with this config (up to the
+    hardware and the plots): else one ConfigError naming the run and the first keys that differ."""
+    from rankwise.recipes.config import config_to_dict
+
+    saved = _flat(config_to_dict(load_run_config(run_dir)))
+    wanted = _flat(config_to_dict(cfg))
+    skip = (*_HARDWARE, *_PRESENTATION)
+    differ = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k) and not k.startswith(skip))
+    if differ:
+        shown = "; ".join(f"`{k}` {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in differ[:3])
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise ConfigError(
+            f"{run_dir} is a finished run of this comparison trained with another config: {shown}{more}; "
+            "use another --out, or --overwrite to train it again"
+        )
+
+
 def _is_run_dir(p: str) -> bool:
     return Path(p).is_dir() and (Path(p) / "config.yaml").is_file()
 
@@ -374,6 +408,7 @@ def compare(
             run_dir = out / "runs" / method / f"seed{seed}"
             meta = rundir.read_meta(run_dir)
             if (run_dir / "metrics.json").is_file() and meta and meta.get("status") == "completed" and not overwrite:
+                _check_reused(run_dir, cfg)
                 res = RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg)
             else:
                 key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
@@ -393,8 +428,16 @@ def compare(
             if on_run is not None:
                 on_run(method, seed, res)
     recipe = next(iter(recipes.values()))
+    if overrides:
+        ran = "Every config trained with " + " ".join(f"`--set {o}`" for o in overrides) + "."
+        extra = f"{ran}\n\n{extra}" if extra else ran
     report = recipe.write_report(out, results, run_dirs, title=title, extra=extra)
     rundir.write_json(
-        out / "results.json", {"results": results, "run_dirs": {k: [str(p) for p in v] for k, v in run_dirs.items()}}
+        out / "results.json",
+        {
+            "results": results,
+            "run_dirs": {k: [str(p) for p in v] for k, v in run_dirs.items()},
+            "overrides": list(overrides),
+        },
     )
     return CompareResult(out, report, results, run_dirs, recipe)

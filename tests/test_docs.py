@@ -96,11 +96,27 @@ def test_type_names(docs_gen) -> None:
     assert docs_gen.type_name(list[int]) == "list[int]"
 
 
-def test_benchmarks_page_is_the_readme_section(docs_gen) -> None:
-    page = docs_gen.readme_section("Benchmarks")
-    assert page.startswith("# Benchmarks\n") and "](docs/" not in page
-    with pytest.raises(ValueError, match=r"README\.md has no section '## Nope'"):
-        docs_gen.readme_section("Nope")
+def test_readme_benchmark_figures_are_those_of_the_benchmarks_page() -> None:
+    """The README's short table quotes docs/benchmarks.md: each ratio is in a full-table row of the same
+    case (the same first word and size)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Benchmarks\n(.*?)(?=^## )", readme, flags=re.M | re.S)
+    assert section is not None
+    rows = [ln for ln in section.group(1).splitlines() if ln.startswith("| ") and not ln.startswith("| case")]
+    assert len(rows) >= 4
+    full = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    for row in rows:
+        case, _reference, cpu, gpu = (c.strip() for c in row.strip("|").split("|"))
+        word = case.split()[0].strip(",")
+        size = re.search(r"(?:×|B =) (\d+(?:,\d{3})*)", case)
+        assert size is not None, case
+        same_case = [
+            ln for ln in full if ln.startswith(f"| {word}") and re.search(rf"(?<![\d,]){size.group(1)}(?!,?\d)", ln)
+        ]
+        assert same_case, f"{case}: no row of docs/benchmarks.md"
+        for figure in (cpu, gpu):
+            pattern = rf"(?<![\d.]){re.escape(figure)}(?![\d])"
+            assert any(re.search(pattern, ln) for ln in same_case), f"{case}: {figure} is not in its rows"
 
 
 def _python_blocks(path: Path) -> list[str]:

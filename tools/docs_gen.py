@@ -7,8 +7,6 @@
 * :func:`config_reference` -- every preset and every config field (dotted key, type, default,
   meaning) read from the JSON schema of the configuration models of ``rankwise.recipes``.
 
-* :func:`readme_section` -- a section of the README as a page (Benchmarks), so the two agree.
-
 All return Markdown; they import rankwise (the ``train`` extra for the config reference).
 """
 
@@ -137,20 +135,6 @@ def api_pages() -> dict[str, str]:
         pages[api_page_path(module)] = "\n".join(lines)
     pages["reference/index.md"] = "\n".join(index) + "\n"
     return pages
-
-
-# --------------------------------------------------------------------------------------------------
-# pages taken from the README
-
-
-def readme_section(title: str, page_title: str | None = None) -> str:
-    """The README's ``## title`` section as a page (links into ``docs/`` made relative to the site)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    m = re.search(rf"^## {re.escape(title)}[ \t]*\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
-    if m is None:
-        raise ValueError(f"README.md has no section '## {title}'")
-    body = re.sub(r"\]\(docs/([^)]+)\)", r"](\1)", m.group(1))
-    return f"# {page_title or title}\n\n{body.strip()}\n"
 
 
 # --------------------------------------------------------------------------------------------------

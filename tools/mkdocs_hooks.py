@@ -32,7 +32,6 @@ def on_config(config: Any) -> Any:
 def on_files(files: Files, config: Any) -> Files:
     pages = docs_gen.api_pages()
     pages[CONFIG_PAGE] = docs_gen.config_reference()
-    pages["benchmarks.md"] = docs_gen.readme_section("Benchmarks")
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
     return files

@@ -181,6 +181,10 @@ class Run:
         return _stages.run_stages(self, stages)
 
     def ckpt_dir(self, stage: str = "") -> Path:
+        """``RUN_DIR/<stage or "checkpoints">``; a stage this evaluation redid in :attr:`results_dir` (a
+        ``local`` stage, see :mod:`rankwise.recipes.stages`): that folder."""
+        if stage and self.results_dir is not None and (self.results_dir / stage).is_dir():
+            return self.results_dir / stage
         return self.dir / (stage or "checkpoints")
 
     def checkpoint(self, name: str = "last", stage: str = "") -> Path:

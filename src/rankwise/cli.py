@@ -131,6 +131,7 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
 
     from rankwise.recipes.common import DataNote
     from rankwise.recipes.own_data import DataDefaultsWarning
+    from rankwise.recipes.rundir import ChangedDataWarning
 
     shown = warnings.showwarning
     seen: set[str] = set()
@@ -142,13 +143,14 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
             seen.add(str(message))
         if issubclass(category, DataNote):
             con.print(f"note: {message}", highlight=False, soft_wrap=True)
-        elif issubclass(category, DataDefaultsWarning):
+        elif issubclass(category, (DataDefaultsWarning, ChangedDataWarning)):
             con.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
         else:
             shown(message, category, *args, **kw)
 
     with warnings.catch_warnings():  # restores showwarning and the filters
         warnings.simplefilter("always", DataDefaultsWarning)
+        warnings.simplefilter("always", ChangedDataWarning)
         warnings.showwarning = show
         yield
 
@@ -389,18 +391,31 @@ def evaluate(
     checkpoint: Annotated[
         str | None, typer.Option(help="best or last (default: the one the recipe evaluates after training)")
     ] = None,
+    allow_changed_data: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changed-data",
+            help="evaluate on data that changed since training (results to RUN_DIR/changed_data/, not metrics.json)",
+        ),
+    ] = False,
 ) -> None:
-    """Re-evaluate a run's checkpoint on its test set (rewrites metrics.json and plots)."""
+    """Re-evaluate a run's checkpoint on its test set (rewrites metrics.json and plots).
+
+    Data that changed since training (a data file, config.yaml's data section) are refused.
+    """
 
     def go() -> Any:
         from rankwise.recipes.registry import get_recipe
         from rankwise.recipes.runner import evaluate as run_eval
 
-        metrics = run_eval(run_dir, plots=plots, checkpoint=checkpoint)
+        metrics = run_eval(run_dir, plots=plots, checkpoint=checkpoint, allow_changed_data=allow_changed_data)
         return get_recipe(metrics["recipe"]), metrics
 
-    recipe, metrics = _run_guarded(go)
-    _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")
+    con = _console()
+    with _data_warnings(con):
+        recipe, metrics = _run_guarded(go)
+    where = f"{run_dir / 'changed_data'} (changed data)" if metrics.get("changed_data") else str(run_dir)
+    _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {where}")
 
 
 @app.command(cls=Command)
@@ -427,6 +442,10 @@ def predict(
         str | None, typer.Option(help="best or last (default: the one the recipe evaluates after training)")
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing predictions file")] = False,
+    allow_changed_data: Annotated[
+        bool,
+        typer.Option("--allow-changed-data", help="predict although the run's data changed since training"),
+    ] = False,
 ) -> None:
     """Predict new rows with a trained run: writes the file's columns plus `prediction` as CSV.
 
@@ -453,7 +472,7 @@ def predict(
         path: str | Path = out if out is not None else default_predictions_path(run_dir, data)
         check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
-        columns = run_predict(run_dir, data, checkpoint=checkpoint)
+        columns = run_predict(run_dir, data, checkpoint=checkpoint, allow_changed_data=allow_changed_data)
         written = write_predictions(columns, path, overwrite=overwrite)
         rows = len(next(iter(columns.values()))) if columns else 0
         return written, rows, predictions_mae(columns, target) if target is not None else None

@@ -269,6 +269,9 @@ def test_user_errors_are_one_line(runs, tmp_path, test_rows_file):
     cfg = yaml.safe_load((moved / "config.yaml").read_text())
     cfg["data"]["options"]["path"] = str(tmp_path / "gone.csv")
     (moved / "config.yaml").write_text(yaml.safe_dump(cfg))
+    line = fails([moved, "--data", test_rows_file])  # config.yaml's data section is not the one trained
+    assert "`data.options.path`" in line and str(tmp_path / "gone.csv") in line
+    (moved / "data.json").unlink()  # a run without its data record reads its training file
     line = fails([moved, "--data", test_rows_file])
     assert "cannot read the run's training data" in line and f"{tmp_path / 'gone.csv'}: data file not found" in line
     blocked = tmp_path / "a_file"
@@ -454,6 +457,10 @@ def test_out_never_replaces_the_runs_own_files_or_its_training_file(runs, table,
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg["data"]["options"]["path"] = str(data)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    record = json.loads((run / "data.json").read_text())  # the run as trained on `data`
+    record["data"]["options"]["path"] = str(data)
+    record["files"] = [{**f, "path": str(data)} for f in record["files"]]
+    (run / "data.json").write_text(json.dumps(record))
     before = {p: p.read_bytes() for p in [data, *run.rglob("*")] if p.is_file()}
     for out in (run / "config.yaml", run / "metrics.json", run / "checkpoints" / "best.ckpt", run / "new.csv"):
         line = one_error_line(invoke(["predict", run, "--data", test_rows_file, "--out", out, "--overwrite"]))

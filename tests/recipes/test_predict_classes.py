@@ -406,3 +406,25 @@ def test_nearest_neighbors_by_blocks_ties_and_dtypes():
     assert sim.shape == (0,) and idx.shape == (0,) and idx.dtype == torch.int64
     with pytest.raises(ValueError, match="`gallery` must hold at least one item"):
         nearest_neighbors(q, torch.zeros(0, 5))
+
+
+def test_supcon_evaluate_on_changed_data_redoes_its_probe_outside_the_run(supcon_run, folder):
+    """An image added to the training folders changes the split: evaluate refuses; with
+    --allow-changed-data the probe (a stage every evaluation redoes) is trained and tested in
+    changed_data/, and the run's own probe and metrics stay as they are."""
+    added = folder / "train" / CLASSES[0] / "extra.png"
+    shutil.copy(folder / "train" / CLASSES[0] / "0.png", added)
+    kept = {p: p.read_bytes() for p in (supcon_run / "metrics.json", supcon_run / "probe" / "last.ckpt")}
+    try:
+        line = one_error_line(runner.invoke(app, ["evaluate", str(supcon_run), "--no-plots"]))
+        assert "split rebuilt" in line
+        r = runner.invoke(app, ["evaluate", str(supcon_run), "--no-plots", "--allow-changed-data"])
+        assert r.exit_code == 0, r.output
+        assert "warning:" in r.output
+        assert {p: p.read_bytes() for p in kept} == kept
+        assert (supcon_run / "changed_data" / "probe" / "last.ckpt").is_file()
+        changed = json.loads((supcon_run / "changed_data" / "metrics.json").read_text())
+        assert changed["changed_data"] is True
+    finally:
+        added.unlink()
+        shutil.rmtree(supcon_run / "changed_data", ignore_errors=True)

@@ -20,6 +20,7 @@ Rules shared by every text loader in :mod:`rankwise.data`:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -77,8 +78,26 @@ def is_integer_text(value: str) -> bool:
     return _INTEGER.fullmatch(value.strip()) is not None
 
 
+#: the lists of :func:`recording_reads` in effect (innermost last)
+_RECORDERS: list[list[Path]] = []
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[list[Path]]:
+    """Within the block, every file that :func:`check_file` admits (every loader of this package opens
+    its files through it) is appended to the list this yields, in order (repeats kept)."""
+    files: list[Path] = []
+    _RECORDERS.append(files)
+    try:
+        yield files
+    finally:
+        _RECORDERS.remove(files)
+
+
 def check_file(path: str | Path, what: str = "data file") -> Path:
-    """``path`` as a Path if it is an existing file; else :class:`DataFileNotFoundError` naming it."""
+    """``path`` as a Path if it is an existing file; else :class:`DataFileNotFoundError` naming it.
+
+    Inside :func:`recording_reads` the file is recorded as read."""
     p = Path(path)
     if p.is_dir():
         raise DataFormatError(p, None, f"is a directory, expected a {what}")
@@ -86,6 +105,8 @@ def check_file(path: str | Path, what: str = "data file") -> Path:
         if p.exists():  # a FIFO, a device, a socket: never opened (a FIFO would block)
             raise DataFormatError(p, None, f"is not a regular file (a device, FIFO or socket), expected a {what}")
         raise DataFileNotFoundError(p, None, f"{what} not found")
+    for files in _RECORDERS:
+        files.append(p)
     return p
 
 

@@ -35,6 +35,10 @@ class RecipeBase:
     report_kind: str = "scalar"
     #: the scalar tables and report add a seconds-per-step column (recipes that time their steps)
     per_step: bool = False
+    #: ``predict_file`` needs the run's splits themselves (a gallery of training images, validation
+    #: predictions): ``rankwise predict`` reads the data through the checks of the run's ``data.json``
+    #: instead of predicting from its summary alone
+    predict_reads_data: bool = False
 
     def check(self, cfg: Config) -> None:
         """No cross-field constraint by default."""

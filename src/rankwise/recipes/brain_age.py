@@ -424,7 +424,7 @@ def _write_predictions(
     import csv
 
     meta = run.data.meta
-    path = run.dir / "predictions.csv"
+    path = run.results / "predictions.csv"
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["subject", "site", "split", "age", "pred", "pred_corrected_gap", "pred_corrected_prediction"])
@@ -557,6 +557,7 @@ class BrainAgeRecipe(RecipeBase):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
     name = "brain_age"
+    predict_reads_data = True  # the bias corrections fit the validation predictions
     description = "brain age from T1 MRI: TSAN's two stages (ScaleDense + second stage) with ranking losses, or SFCN"
     options: type = BrainAgeOptions
     uses = frozenset({"loss"})

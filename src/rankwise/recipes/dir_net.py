@@ -520,9 +520,9 @@ def write_evaluation(
     rng = np.random.default_rng(0)
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
-    unchanged = _same_predictions(run.dir / "predictions.npz", test, data)
+    unchanged = _same_predictions(run.results / "predictions.npz", test, data)
     np.savez_compressed(
-        run.dir / "predictions.npz",
+        run.results / "predictions.npz",
         pred=test["pred"],
         label=test["label"],
         train_labels=np.asarray(data.train_labels, dtype=np.float64),

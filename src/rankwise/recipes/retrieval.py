@@ -137,6 +137,7 @@ class RetrievalRecipe(RecipeBase):
     """An embedding trained with a retrieval loss; Recall@k, MAP@R and R-precision on the test split."""
 
     name = "retrieval"
+    predict_reads_data = True  # the nearest training images
     per_step = True
     description = "metric learning: an embedding trained with a retrieval loss, test Recall@k / MAP@R"
     options: type = RetrievalOptions

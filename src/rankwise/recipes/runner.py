@@ -139,24 +139,39 @@ def evaluate(
     checkpoint: str | None = None,
     plots: bool | None = None,
     data: Any = None,
+    allow_changed_data: bool = False,
 ) -> dict[str, Any]:
     """Re-evaluate a finished run from its checkpoint (``best``/``last``; None: the recipe's choice).
 
-    Rewrites ``metrics.json`` (keeping the training time) and the plots; returns the metrics.
+    Rewrites ``metrics.json`` (keeping the training time) and the plots; returns the metrics. Data
+    that changed since training (a data file, config.yaml's data section, the split: the run's
+    ``data.json``) are refused with a ``DataChangedError`` naming the file or key; with
+    ``allow_changed_data`` they are evaluated with a warning and the results go to
+    ``RUN_DIR/changed_data/`` instead.
     """
     check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
     return rundir.evaluate_run(
-        get_recipe(cfg.recipe), cfg, Path(run_dir), checkpoint=checkpoint, plots=plots, data=data
+        get_recipe(cfg.recipe),
+        cfg,
+        Path(run_dir),
+        checkpoint=checkpoint,
+        plots=plots,
+        data=data,
+        allow_changed_data=allow_changed_data,
     )
 
 
-def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = None) -> dict[str, Any]:
+def predict(
+    run_dir: str | Path, data: str | Path, *, checkpoint: str | None = None, allow_changed_data: bool = False
+) -> dict[str, Any]:
     """A trained run's predictions for the rows of a new file ``data`` (name -> list of text or numpy
     array, in order); write them with :func:`write_predictions`.
 
     ``data`` is read with the rules of the run's loader and prepared with the training split's
-    statistics; ``checkpoint``: ``best``, ``last`` or None (the recipe's choice, as :func:`evaluate`).
+    statistics as the run's ``data.json`` holds them (no training file is read where the recipe needs
+    no more; config.yaml's data section must be the trained one unless ``allow_changed_data``);
+    ``checkpoint``: ``best``, ``last`` or None (the recipe's choice, as :func:`evaluate`).
     The run directory is locked meanwhile and nothing in it changes. The recipe predicts through its
     ``predict_file`` hook (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`), which says what
     the file holds and which columns come back:
@@ -181,7 +196,9 @@ def predict(run_dir: str | Path, data: str | Path, *, checkpoint: str | None = N
     recipe = get_recipe(cfg.recipe)
     if not can_predict(recipe):  # before the run's data are loaded
         raise cannot_predict(recipe)
-    return rundir.predict_run(recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint)
+    return rundir.predict_run(
+        recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint, allow_changed_data=allow_changed_data
+    )
 
 
 def default_predictions_path(run_dir: str | Path, data: str | Path) -> Path:

@@ -229,7 +229,7 @@ def _run_local(run: Any, stage: Stage) -> StageResult:
     result = StageResult(stage)
     if not run.is_global_zero:
         return result
-    root = run.dir / stage.name
+    root = run.results / stage.name  # redone by every evaluation: one on changed data writes elsewhere
     timer = _epoch_timer()
     trainer = run.local_trainer(
         max_epochs=stage.epochs, root=root, checkpoint=True, precision=stage.precision, callbacks=[timer]
@@ -237,7 +237,7 @@ def _run_local(run: Any, stage: Stage) -> StageResult:
     with _quiet(stage.quiet):
         trainer.fit(stage.module, datamodule=stage.data)
     result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
-    if stage.curves and not (run.evaluating and (run.dir / "plots" / f"{stage.name}_curves.png").is_file()):
+    if stage.curves and not (run.evaluating and (run.results / "plots" / f"{stage.name}_curves.png").is_file()):
         plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)  # evaluation: if missing
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)

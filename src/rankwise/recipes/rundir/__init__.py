@@ -9,7 +9,10 @@ Run directory layout (the same for every recipe)::
     RUN_DIR/<stage>/             checkpoints of a recipe's other stages (see :mod:`rankwise.recipes.stages`);
                                  every stage folder holds a ``done`` marker once the stage has finished
     RUN_DIR/logs/metrics.csv     CSV log (``logs/<stage>/`` for other stages);  RUN_DIR/tb/  TensorBoard
+    RUN_DIR/data.json            what the run was trained on: data section, file fingerprints, split digest,
+                                 what a prediction needs (see :mod:`rankwise.recipes.rundir._record`)
     RUN_DIR/metrics.json         ``recipe``, ``method``, ``test`` metrics, seed, timing
+    RUN_DIR/changed_data/        ``rankwise evaluate --allow-changed-data``'s metrics, predictions, plots
     RUN_DIR/plots/*.png          training curves + the recipe's plots
     RUN_DIR/.lock                exclusive lock held while a process uses the directory
 
@@ -53,13 +56,17 @@ from rankwise.recipes.rundir._lifecycle import (
     target_limit,
     termination_of,
 )
+from rankwise.recipes.rundir._lifecycle import load_checked_data as load_checked_data
 from rankwise.recipes.rundir._lifecycle import log as log
+from rankwise.recipes.rundir._record import ChangedDataWarning, DataChangedError
 from rankwise.recipes.rundir._trainer import Run
 from rankwise.recipes.rundir._trainer import quiet_lightning as quiet_lightning
 
 __all__ = [
     "AtomicCheckpointIO",
+    "ChangedDataWarning",
     "CheckpointError",
+    "DataChangedError",
     "Run",
     "RunDir",
     "RunDirError",

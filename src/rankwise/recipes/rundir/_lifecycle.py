@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.rundir import _record
 from rankwise.recipes.rundir._directory import RunDir, is_launched_worker
 from rankwise.recipes.rundir._files import RunTerminated, git_hash, write_json
 from rankwise.recipes.rundir._trainer import Run, quiet_lightning
@@ -34,17 +36,60 @@ def load_data(cfg: Config, recipe: Any) -> Any:
     """Load ``cfg.data`` (through ``recipe.load_data`` where the recipe has one: see
     :meth:`~rankwise.recipes.base.RecipeBase.load_data`) and check it suits ``recipe`` (kind,
     non-empty splits)."""
+    return _load_data_files(cfg, recipe)[0]
+
+
+def _load_data_files(cfg: Config, recipe: Any) -> tuple[Any, list[Path]]:
+    """:func:`load_data` and the files its loader read (:func:`rankwise.data._files.recording_reads`)."""
     from rankwise.data import DataFormatError, get_dataset
+    from rankwise.data._files import recording_reads
 
     loader = getattr(recipe, "load_data", None)  # a recipe may read its data its own way
     try:
-        data = loader(cfg) if loader is not None else get_dataset(cfg.data.name, **cfg.data.options)
+        with recording_reads() as read:
+            data = loader(cfg) if loader is not None else get_dataset(cfg.data.name, **cfg.data.options)
     except (DataFormatError, ConfigError):  # they name the file or the key themselves
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"cannot load dataset `data.name` {cfg.data.name!r} with `data.options`: {e}") from None
     check_data(cfg, recipe, data)
-    return data
+    return data, read
+
+
+def load_checked_data(
+    cfg: Config,
+    recipe: Any,
+    run_dir: Path,
+    *,
+    action: str,
+    allow_changed: bool = False,
+    data: Any = None,
+    check_config: bool = True,
+) -> tuple[Any, bool]:
+    """The data of the existing run ``run_dir`` read again (``data``: given by the caller, not read) after
+    the checks of its ``data.json`` (:mod:`rankwise.recipes.rundir._record`: the data section of
+    config.yaml, the files' fingerprints, then the split): one
+    :class:`~rankwise.recipes.rundir._record.DataChangedError` naming the key or file, unless
+    ``allow_changed`` (warnings then). Returns the data and whether they differ from the trained ones."""
+    record = _record.read_record(run_dir)
+    changed = False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", _record.ChangedDataWarning)
+        if record is not None:
+            if check_config:
+                _record.check_options(record, cfg, allow_changed=allow_changed, action=action)
+            if data is None:
+                _record.check_files(record, allow_changed=allow_changed, action=action)
+        if data is None:
+            data = load_data(cfg, recipe)
+        else:
+            check_data(cfg, recipe, data)
+        if record is not None:
+            _record.check_split(record, data, allow_changed=allow_changed, action=action)
+    for w in seen:  # shown again, outside the recording
+        changed = changed or issubclass(w.category, _record.ChangedDataWarning)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return data, changed
 
 
 def record_resolved_options(cfg: Config, data: Any) -> None:
@@ -190,10 +235,15 @@ def run_recipe(
     worker = is_launched_worker()
     if not worker:  # an unusable run directory is refused before the data are read
         RunDir.check(run_dir, resume=resume, overwrite=overwrite)
-    if data is None:
-        data = load_data(cfg, recipe)
+    read: list[Path] = []
+    if resume:  # the data it started on: the checks of its data.json
+        data, _ = load_checked_data(cfg, recipe, Path(run_dir), action="resume", data=data)
     else:
-        check_data(cfg, recipe, data)
+        _record.absolute_data_paths(cfg)
+        if data is None:
+            data, read = _load_data_files(cfg, recipe)
+        else:
+            check_data(cfg, recipe, data)
     record_resolved_options(cfg, data)
     rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
     try:
@@ -203,6 +253,7 @@ def run_recipe(
 
                 if not resume:
                     rd.write_config(cfg)
+                    _record.record_data(rd.path, cfg, data, read)
                     rd.update_meta(
                         rankwise_version=__version__,
                         git_hash=git_hash(),
@@ -300,18 +351,34 @@ def evaluate_run(
     checkpoint: str | None = None,
     plots: bool | None = None,
     data: Any = None,
+    allow_changed_data: bool = False,
 ) -> dict[str, Any]:
     """Re-evaluate a finished run from its checkpoint (``best``, ``last`` or None: the recipe's choice; see
     :func:`rankwise.recipes.runner.check_checkpoint_name`); rewrites metrics.json (keeping the training
-    time) and plots."""
+    time) and plots.
+
+    The run's data are read again through the checks of its ``data.json`` (:func:`load_checked_data`):
+    data that changed since training are refused, or with ``allow_changed_data`` evaluated with a
+    warning, the metrics, predictions and plots then written to ``RUN_DIR/changed_data/`` (metrics.json
+    and the run's own results stay as they are)."""
     quiet_lightning()
-    if data is None:
-        data = load_data(cfg, recipe)
-    else:
-        check_data(cfg, recipe, data)
+    run_dir = Path(run_dir)
+    data, changed = load_checked_data(
+        cfg, recipe, run_dir, action="evaluate", allow_changed=allow_changed_data, data=data
+    )
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
-        run = Run(cfg, Path(run_dir), data, plots=cfg.report.plots if plots is None else plots, evaluating=True)
+        results = run_dir / _record.CHANGED_DATA_DIR if changed else None
+        if results is not None:
+            results.mkdir(exist_ok=True)
+        run = Run(
+            cfg,
+            run_dir,
+            data,
+            plots=cfg.report.plots if plots is None else plots,
+            evaluating=True,
+            results_dir=results,
+        )
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         result = recipe.evaluate(run, checkpoint)
@@ -321,35 +388,67 @@ def evaluate_run(
         metrics = {**_common_metrics(recipe, cfg), **result}
         if isinstance(old, dict) and "train_seconds" in old:
             metrics["train_seconds"] = old["train_seconds"]
-        write_json(run.dir / "metrics.json", metrics)
-        _plot_curves(run, only_missing=True)
+        if results is not None:
+            metrics["changed_data"] = True
+        write_json(run.results / "metrics.json", metrics)
+        if results is None:
+            _plot_curves(run, only_missing=True)
         return metrics
     finally:
         rd.close()
 
 
 def predict_run(
-    recipe: Any, cfg: Config, run_dir: Path, path: Path, *, checkpoint: str | None = None
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    path: Path,
+    *,
+    checkpoint: str | None = None,
+    allow_changed_data: bool = False,
 ) -> dict[str, Any]:
     """The predictions of a trained run for the rows of the file ``path`` (``recipe.predict_file``): its
     columns, name -> values.
 
-    The run's data are loaded as for :func:`evaluate_run` (the training split's statistics are those
-    the model was trained with) and the run directory is locked meanwhile (its ``.lock`` file);
-    nothing else in it is written.
-    A file that does not exist is refused before the data are loaded.
+    The model's inputs are built from the run's ``data.json`` (:class:`~rankwise.recipes.rundir._record.RecordedData`:
+    the training statistics, feature names, label bins, LETOR feature count, ...), no training file
+    read; config.yaml's data section must be the one trained (else one error line naming the key,
+    unless ``allow_changed_data``). A recipe that needs more (the training images of a retrieval
+    gallery, a brain-age run's validation volumes), or a run without ``data.json``, reads its data
+    as :func:`evaluate_run` does, through the same checks. The run directory is locked meanwhile (its
+    ``.lock`` file); nothing else in it is written. A file that does not exist is refused before the
+    data are loaded.
     """
     from rankwise.data import DataFormatError, check_file
 
     check_file(path)
     quiet_lightning()
+    run_dir = Path(run_dir)
+    record = _record.read_record(run_dir)
+    if record is not None:
+        _record.check_options(record, cfg, allow_changed=allow_changed_data, action="predict")
+    if (
+        record is not None
+        and isinstance(record.get("summary"), dict)
+        and not getattr(recipe, "predict_reads_data", False)
+    ):
+        try:
+            return _predict(recipe, cfg, run_dir, _record.RecordedData(record["summary"]), path, checkpoint)
+        except _record.RecordLacks:  # the recipe needs the data themselves
+            pass
     try:
-        data = load_data(cfg, recipe)
+        data, _ = load_checked_data(
+            cfg, recipe, run_dir, action="predict", allow_changed=allow_changed_data, check_config=False
+        )
     except DataFormatError as e:  # e.g. a training file moved since: say whose file it is
         raise type(e)(f"cannot read the run's training data (the predictions use its statistics): {e}") from None
+    return _predict(recipe, cfg, run_dir, data, path, checkpoint)
+
+
+def _predict(recipe: Any, cfg: Config, run_dir: Path, data: Any, path: Path, checkpoint: str | None) -> dict[str, Any]:
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
-        run = Run(cfg, Path(run_dir), data, plots=False, evaluating=True)
+        run = Run(cfg, run_dir, data, plots=False, evaluating=True)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         return dict(recipe.predict_file(run, Path(path), checkpoint))

@@ -110,6 +110,13 @@ class Run:
     global_rank: int = 0
     #: ``rankwise evaluate`` (not training): plots of a redone local stage are drawn only when missing
     evaluating: bool = False
+    #: where an evaluation writes its results (predictions, plots); None: the run directory
+    results_dir: Path | None = None
+
+    @property
+    def results(self) -> Path:
+        """The folder of the evaluation's results: :attr:`results_dir`, else the run directory."""
+        return self.dir if self.results_dir is None else self.results_dir
 
     @property
     def is_global_zero(self) -> bool:
@@ -174,6 +181,10 @@ class Run:
         return _stages.run_stages(self, stages)
 
     def ckpt_dir(self, stage: str = "") -> Path:
+        """``RUN_DIR/<stage or "checkpoints">``; a stage this evaluation redid in :attr:`results_dir` (a
+        ``local`` stage, see :mod:`rankwise.recipes.stages`): that folder."""
+        if stage and self.results_dir is not None and (self.results_dir / stage).is_dir():
+            return self.results_dir / stage
         return self.dir / (stage or "checkpoints")
 
     def checkpoint(self, name: str = "last", stage: str = "") -> Path:
@@ -188,7 +199,7 @@ class Run:
         """``RUN_DIR/plots`` (created) when plots are on, else ``None``."""
         if not self.plots:
             return None
-        p = self.dir / "plots"
+        p = self.results / "plots"
         p.mkdir(exist_ok=True)
         return p
 

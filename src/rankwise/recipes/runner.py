@@ -357,7 +357,9 @@ def _check_reused(run_dir: Path, cfg: Config) -> None:
     from rankwise.recipes.config import config_to_dict
 
     saved = _flat(config_to_dict(load_run_config(run_dir)))
-    wanted = _flat(config_to_dict(cfg))
+    trained = cfg.model_copy(deep=True)
+    rundir.absolute_data_paths(trained)  # as training writes them into config.yaml
+    wanted = _flat(config_to_dict(trained))
     skip = (*_HARDWARE, *_PRESENTATION)
     differ = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k) and not k.startswith(skip))
     if differ:

@@ -58,7 +58,7 @@ from rankwise.recipes.rundir._lifecycle import (
 )
 from rankwise.recipes.rundir._lifecycle import load_checked_data as load_checked_data
 from rankwise.recipes.rundir._lifecycle import log as log
-from rankwise.recipes.rundir._record import ChangedDataWarning, DataChangedError
+from rankwise.recipes.rundir._record import ChangedDataWarning, DataChangedError, absolute_data_paths
 from rankwise.recipes.rundir._trainer import Run
 from rankwise.recipes.rundir._trainer import quiet_lightning as quiet_lightning
 
@@ -71,6 +71,7 @@ __all__ = [
     "RunDir",
     "RunDirError",
     "RunTerminated",
+    "absolute_data_paths",
     "check_resume_checkpoint",
     "check_state_matches",
     "evaluate_run",

@@ -56,8 +56,10 @@ __all__ = [
     "load_nifti_cohort",
     "load_nifti_csv",
     "looks_like_nifti_csv",
+    "obliquity_degrees",
     "parse_sex",
     "preprocess_volume",
+    "to_canonical",
 ]
 
 #: accepted ``sex`` values (case-insensitive) -> 1 (male) / 0 (female)
@@ -438,6 +440,7 @@ def _write_new(cache: Path, name: str, payload: bytes) -> Path:
     """``payload`` in a new temporary file of ``cache`` (named after ``name``); a failed write removes it."""
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=f"{name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # as np.save's files (mkstemp's are private to the user)
         view = memoryview(payload)
         while view:
             view = view[os.write(fd, view) :]
@@ -722,7 +725,9 @@ def load_nifti_csv(
 ) -> RegressionData:
     """Brain-age cohort: NIfTI volumes listed in ``csv`` (columns path, age[, sex, site, subject, split]).
 
-    Options: ``target`` (the label column, default ``age``), ``shape`` ([D, H, W] grid, centred
+    Every volume is first reoriented to RAS+ from its affine (:func:`to_canonical`; an oblique one is
+    reordered, not resampled, and noted in ``meta["notes"]``), then preprocessed as the module
+    describes. Options: ``target`` (the label column, default ``age``), ``shape`` ([D, H, W] grid, centred
     crop/pad or, with ``resize="resample"``, a resample), ``spacing`` (mm, resampled first),
     ``normalize`` ("brain_zscore": z-score over the voxels > 0 as the TSAN authors' loader; "none"),
     ``cache_dir`` (float16 preprocessed volumes,
@@ -737,7 +742,9 @@ def load_nifti_csv(
     Raises :class:`~rankwise.data.DataFormatError` naming the CSV row and the volume for a missing,
     truncated or corrupt file, a volume that is not 3-D, NaN/inf voxels, a shape that differs
     from the cohort's without ``shape``, a negative or non-numeric age, an unknown sex value, a
-    subject in two splits, a row with more fields than the header, complex voxels, a header whose
+    subject in two splits, a row with more fields than the header, a CSV beyond the limits of
+    :mod:`rankwise.data._files` (size, columns, field length), a volume path that is a directory, FIFO
+    or device, complex voxels, a header whose
     affine is not finite or not invertible, a file over :data:`MAX_VOLUME_BYTES` on disk or as
     declared by its header, a resampling beyond :data:`MAX_GRID_VOXELS`, or no training row.
     """

@@ -12,12 +12,30 @@ r"""Brain-age utilities: TSAN's age discretisation, the bias correction of the b
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-__all__ = ["brain_age_metrics", "correct_age_bias", "discretize_age"]
+__all__ = [
+    "FLAT_RELATIVE",
+    "MIN_FIT_SUBJECTS",
+    "BiasCorrectionWarning",
+    "brain_age_metrics",
+    "correct_age_bias",
+    "discretize_age",
+]
+
+#: a bias correction fitted on fewer subjects warns (:class:`BiasCorrectionWarning`) that its line is uncertain
+MIN_FIT_SUBJECTS = 10
+#: values whose range is at most this fraction of their magnitude (at least 1) count as constant
+FLAT_RELATIVE = 1e-4
+
+
+class BiasCorrectionWarning(UserWarning):
+    """A bias correction that was fitted, but on too few subjects to trust its line."""
 
 
 def discretize_age(age: torch.Tensor, step: float = 5) -> torch.Tensor:
@@ -50,22 +68,56 @@ def discretize_age(age: torch.Tensor, step: float = 5) -> torch.Tensor:
 
 
 def _as_1d(x: Any, name: str) -> np.ndarray:
+    """``x`` (a tensor, array or sequence of real numbers) as a flat float64 array; strings, bools and other
+    non-numbers are a ``TypeError`` naming ``name``, NaN/inf a ``ValueError``."""
     if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().double().numpy()
-    try:
-        arr = np.asarray(x, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise TypeError(f"`{name}` must be a tensor or array of numbers, got {type(x).__name__}") from None
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"`{name}` must be a tensor or array of real numbers, got a tensor of {x.dtype}")
+        arr = x.detach().cpu().double().numpy().reshape(-1)
+    elif isinstance(x, np.ndarray) and x.dtype.kind != "O":
+        if x.dtype.kind not in "iuf":
+            raise TypeError(f"`{name}` must be a tensor or array of real numbers, got an array of {x.dtype}")
+        arr = x.astype(np.float64).reshape(-1)
+    else:
+        try:
+            items = np.asarray(x, dtype=object).reshape(-1)
+        except ValueError:  # ragged nesting
+            raise TypeError(
+                f"`{name}` must be a tensor or array of real numbers, got a ragged {type(x).__name__}"
+            ) from None
+        bad = next((v for v in items if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real)), None)
+        if bad is not None:
+            raise TypeError(
+                f"`{name}` must be a tensor or array of real numbers, got {type(x).__name__} holding {bad!r}"
+            )
+        arr = items.astype(np.float64)
     if not np.isfinite(arr).all():
         raise ValueError(f"`{name}` must be finite, got NaN or inf values")
     return arr
 
 
-def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares ``y = slope * x + intercept``."""
+def _check_spread(v: np.ndarray, name: str, consequence: str) -> None:
+    """A ``ValueError`` when ``v`` varies by at most :data:`FLAT_RELATIVE` of its magnitude."""
+    scale = max(1.0, float(np.abs(v).max()))
+    spread = float(np.ptp(v))
+    if spread <= FLAT_RELATIVE * scale:
+        raise ValueError(
+            f"`{name}` varies by {spread:.3g} only (values up to {scale:.4g}; at most {FLAT_RELATIVE:g} of it "
+            f"counts as constant): {consequence}"
+        )
+
+
+def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares ``y = slope * x + intercept`` and the slope's standard error (NaN for 2 points)."""
     xc = x - x.mean()
-    slope = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
-    return slope, float(y.mean() - slope * x.mean())
+    sxx = float((xc * xc).sum())
+    slope = float((xc * (y - y.mean())).sum() / sxx)
+    intercept = float(y.mean() - slope * x.mean())
+    n = x.size
+    if n <= 2:
+        return slope, intercept, math.nan
+    resid = y - (slope * x + intercept)
+    return slope, intercept, math.sqrt(float((resid * resid).sum()) / (n - 2) / sxx)
 
 
 def correct_age_bias(
@@ -89,15 +141,20 @@ def correct_age_bias(
       return :math:`(\hat a - \beta) / \alpha`.
 
     Returns a float64 tensor when ``pred`` is a tensor, else a float64 numpy array, shaped as ``pred``.
-    Raises ``ValueError`` when the fitting set has fewer than 2 subjects, a single age, or (for
-    ``"prediction"``) a slope of 0.
+
+    The fit must be determined, else a ``ValueError`` says why: at least 2 subjects; ``fit_age`` and
+    ``fit_pred`` each varying by more than :data:`FLAT_RELATIVE` of their magnitude (constant
+    predictions carry no age signal: the correction would turn float rounding into ages); for
+    ``"prediction"``, which divides by the fitted slope, a slope larger than twice its standard error.
+    Fitted on fewer than :data:`MIN_FIT_SUBJECTS` subjects, it warns (:class:`BiasCorrectionWarning`)
+    with their number. Strings, bools and other non-numbers are a ``TypeError``.
 
     Shape:
         - pred, age: :math:`(N,)` (any shape with N elements); fit_pred, fit_age: :math:`(M,)`.
 
     Example:
         >>> import numpy as np
-        >>> fit_age = np.array([20.0, 40.0, 60.0, 80.0])
+        >>> fit_age = np.linspace(20.0, 80.0, 10)
         >>> fit_pred = 0.5 * fit_age + 25  # shrunk towards the mean age 50
         >>> correct_age_bias(np.array([35.0, 65.0]), np.array([20.0, 80.0]), fit_pred=fit_pred, fit_age=fit_age,
         ...                  method="prediction")
@@ -111,16 +168,29 @@ def correct_age_bias(
         raise ValueError(f"`pred` and `age` must have the same number of elements, got {p.size} and {a.size}")
     if fp.size != fa.size:
         raise ValueError(f"`fit_pred` and `fit_age` must have the same number of elements, got {fp.size} and {fa.size}")
-    if fa.size < 2 or np.ptp(fa) == 0:
-        raise ValueError(f"`fit_age` must hold at least 2 different ages to fit the correction, got {fa.size} values")
+    if fa.size < 2:
+        raise ValueError(f"`fit_age` must hold at least 2 subjects to fit the correction, got {fa.size}")
+    _check_spread(fa, "fit_age", "the fitted line is not determined")
+    _check_spread(fp, "fit_pred", "the predictions carry no age signal to correct")
     if method == "gap":
-        slope, intercept = _linear_fit(fa, fp - fa)
+        slope, intercept, _ = _linear_fit(fa, fp - fa)
         out = p - (slope * a + intercept)
     else:
-        slope, intercept = _linear_fit(fa, fp)
-        if abs(slope) < 1e-12:
-            raise ValueError("the fitted slope of `fit_pred` on `fit_age` is 0: the predictions carry no age signal")
+        slope, intercept, se = _linear_fit(fa, fp)
+        undetermined = abs(slope) <= 2 * se if math.isfinite(se) else slope == 0  # se: NaN for 2 subjects
+        if undetermined:
+            raise ValueError(
+                f"the fitted slope of `fit_pred` on `fit_age`, {slope:.3g} +- {se:.2g} (standard error), is not "
+                "distinguishable from 0: the predictions carry no age signal to divide by"
+            )
         out = (p - intercept) / slope
+    if fa.size < MIN_FIT_SUBJECTS:
+        warnings.warn(
+            f"the bias correction is fitted on only {fa.size} subjects (fewer than {MIN_FIT_SUBJECTS}): its line is "
+            "uncertain",
+            BiasCorrectionWarning,
+            stacklevel=2,
+        )
     if isinstance(pred, torch.Tensor):
         return torch.as_tensor(out, dtype=torch.float64, device=pred.device).reshape(pred.shape)
     return out.reshape(np.shape(pred))

@@ -101,9 +101,11 @@ def test_the_run_s_own_test_subjects_reproduce_predictions_csv(trained: dict[str
     before = {f: (trained["run"] / f).read_bytes() for f in ("predictions.csv", "metrics.json")}
     user_files = sorted(trained["src"].parent.iterdir()) + sorted(folder.iterdir())
     cache = set((trained["root"] / "cache").iterdir())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DataDefaultsWarning)  # these volumes fit the run's grid: no crop note
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DataDefaultsWarning)
         table = _predict_file(trained["run"], new)
+    said = [str(w.message) for w in caught if issubclass(w.category, DataDefaultsWarning)]
+    assert not [m for m in said if "centred crop" in m]  # these volumes fit the run's grid: no crop note
     assert list(table) == [
         *header,  # the file's columns as read, then what the run computes, the prediction last
         "stage1_prediction",
@@ -122,10 +124,11 @@ def test_the_run_s_own_test_subjects_reproduce_predictions_csv(trained: dict[str
     pred = _col(table, "prediction")
     np.testing.assert_allclose(pred, [float(r["pred"]) for r in test], atol=1e-5)
     for method in ("gap", "prediction"):
-        expected = np.array([float(r[f"pred_corrected_{method}"]) for r in test])
-        assert np.isfinite(expected).all()
+        expected = np.array([float(r[f"pred_corrected_{method}"] or "nan") for r in test])
         np.testing.assert_allclose(_col(table, f"prediction_corrected_{method}"), expected, atol=1e-5)
         np.testing.assert_allclose(_col(table, f"gap_corrected_{method}"), expected - age, atol=1e-3)
+        if not np.isfinite(expected).all():  # this tiny run's validation predictions may be constant
+            assert any(m.startswith(f"no {method!r} bias correction: ") for m in said), said
     np.testing.assert_allclose(_col(table, "gap"), pred - age, atol=1e-3)
     # stage 1's predictions: the run's stage-1 test MAE, from metrics.json
     stage1_mae = np.abs(_col(table, "stage1_prediction") - age).mean()
@@ -236,7 +239,7 @@ def test_bad_new_cohorts_are_one_clear_error(trained: dict[str, Any]) -> None:
     with pytest.raises(DataFormatError, match=r"emptysex\.csv, row 3: empty `sex` \(.*\): the run's network uses sex"):
         _predict_file(trained["run"], emptysex)
     badage = _write(folder / "badage.csv", ["path", "age", "sex"], [[good[0], "old", "M"]])
-    with pytest.raises(DataFormatError, match=r"badage\.csv, row 2: `age` must be a number, got 'old'"):
+    with pytest.raises(DataFormatError, match=r"badage\.csv, row 2: column 'age': cannot parse 'old' as a number"):
         _predict_file(trained["run"], badage)
     dup = _write(folder / "dup.csv", ["path", "note", "sex", "note"], [[good[0], "a", "M", "b"]])
     with pytest.raises(DataFormatError, match=r"dup\.csv, row 1: duplicated column name 'note': columns 2 and 4"):
@@ -245,7 +248,7 @@ def test_bad_new_cohorts_are_one_clear_error(trained: dict[str, Any]) -> None:
     with pytest.raises(DataFormatError, match=r"header\.csv: the CSV has no data rows"):
         _predict_file(trained["run"], header_only)
     (folder / "empty.csv").write_text("")
-    with pytest.raises(DataFormatError, match=r"empty\.csv, row 1: missing column\(s\) \['path'\]"):
+    with pytest.raises(DataFormatError, match=r"empty\.csv: the CSV is empty"):
         _predict_file(trained["run"], folder / "empty.csv")
     # a volume whose preprocessed grid is not the run's (a run without `shape` keeps the native grid)
     with pytest.raises(
@@ -262,7 +265,7 @@ def test_volumes_of_another_voxel_size_are_a_crop_warning(trained: dict[str, Any
     new = _write(fine.parent / "fine.csv", ["path", "sex"], [[r["path"], r["sex"]] for r in rows])
     with pytest.warns(DataDefaultsWarning) as record:
         table = _predict_file(trained["run"], new)
-    notes = [str(w.message) for w in record if w.category is DataDefaultsWarning]
+    notes = [str(w.message) for w in record if w.category is DataDefaultsWarning and "centred crop" in str(w.message)]
     assert len(notes) == 1 and notes[0].startswith(f"{new}: the centred crop to `data.options.shape` [23, 27, 23] ")
     assert "keeps less than 90% of the voxels > 0 of 2 of 2 volumes (row " in notes[0]
     assert "voxel size 4 x 4 x 4 mm); the run's grid holds only part of these heads" in notes[0]

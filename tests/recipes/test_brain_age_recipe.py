@@ -60,17 +60,24 @@ def test_synthetic_cohort_trains_both_stages(tmp_path: Path) -> None:
     ta, tp = (np.array([float(r[k]) for r in by_split["test"]]) for k in ("age", "pred"))
     t = metrics["test"]
     assert t["mae"] == pytest.approx(np.abs(tp - ta).mean(), abs=2e-3)
-    slope, icpt = np.polyfit(va, vp - va, 1)
-    gap = tp - (slope * ta + icpt)
-    assert t["corr_bag_age_gap"] == pytest.approx(np.corrcoef(gap - ta, ta)[0, 1], abs=1e-3)
-    np.testing.assert_allclose([float(r["pred_corrected_gap"]) for r in by_split["test"]], gap, atol=2e-3)
-    a, b = np.polyfit(va, vp, 1)
-    np.testing.assert_allclose(
-        a * np.array([float(r["pred_corrected_prediction"]) for r in by_split["test"]]) + b, tp, atol=2e-3
-    )  # c = (pred - b) / a, checked as a * c + b = pred (well conditioned when the slope a is small)
+    if np.ptp(vp) <= 1e-4 * np.abs(vp).max():  # a tiny run may predict one age: no correction is fitted
+        assert t["corr_bag_age_gap"] is None and t["mae_prediction"] is None
+        assert all(np.isnan(float(r[f"pred_corrected_{m}"])) for r in by_split["test"] for m in ("gap", "prediction"))
+    else:
+        slope, icpt = np.polyfit(va, vp - va, 1)
+        gap = tp - (slope * ta + icpt)
+        assert t["corr_bag_age_gap"] == pytest.approx(np.corrcoef(gap - ta, ta)[0, 1], abs=1e-3)
+        np.testing.assert_allclose([float(r["pred_corrected_gap"]) for r in by_split["test"]], gap, atol=2e-3)
+    if t["mae_prediction"] is not None:  # refused when the slope is within two standard errors of 0
+        a, b = np.polyfit(va, vp, 1)
+        np.testing.assert_allclose(
+            a * np.array([float(r["pred_corrected_prediction"]) for r in by_split["test"]]) + b, tp, atol=2e-3
+        )  # c = (pred - b) / a, checked as a * c + b = pred (well conditioned when the slope a is small)
     assert t["epoch_seconds"] > 0 and np.isfinite(t["stage1_mae"])
     # re-evaluation from the run directory gives the same numbers
-    _invoke("evaluate", str(run))
+    said = [ln for ln in _invoke("evaluate", str(run)).splitlines() if ln.startswith("warning:")]
+    if t["corr_bag_age_gap"] is None:  # the reason is one warning line
+        assert any(ln.startswith("warning: no 'gap' bias correction: `fit_pred` varies by") for ln in said), said
     again = json.loads((run / "metrics.json").read_text())
     assert again["test"]["mae"] == pytest.approx(t["mae"], abs=1e-6)
 

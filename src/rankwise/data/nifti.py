@@ -5,17 +5,22 @@ absolute), ``age`` and optionally ``sex`` (M/F, male/female, 1/0 with 1 = male),
 ``subject``, ``split`` (train/val/test). Every volume is checked, preprocessed once and cached:
 
 1. read with nibabel (3-D; a 4-D volume with one frame is accepted), finite voxels;
-2. ``spacing``: resampled to that voxel size (mm) with TorchIO's ``Resample``;
-3. ``shape``: centred crop/pad (TorchIO's ``CropOrPad``, ``resize="crop_or_pad"``) or a
+2. reoriented to RAS+ from the affine (:func:`to_canonical`, nibabel's closest canonical orientation:
+   flips and permutations of the voxel axes, exact); an oblique affine is reordered, not resampled,
+   and noted (``meta["notes"]``) beyond :data:`OBLIQUE_WARN_DEG`;
+3. ``spacing``: resampled to that voxel size (mm) with TorchIO's ``Resample``;
+4. ``shape``: centred crop/pad (TorchIO's ``CropOrPad``, ``resize="crop_or_pad"``) or a
    resample to the grid (``Resize``, ``resize="resample"``); without ``shape`` every volume must
    have the shape of the first one;
-4. intensities: z-score over the voxels > 0 (the brain, after skull stripping), voxels <= 0 kept
+5. intensities: z-score over the voxels > 0 (the brain, after skull stripping), voxels <= 0 kept
    as they are, as the TSAN authors' loader (``normalize="brain_zscore"``; ``"none"`` keeps them).
 
 The preprocessed volumes are float16 ``.npy`` files (float32 where float16 cannot hold them) in
-``cache_dir`` keyed by the file's bytes and the options, read back as memory maps, so epochs after
-the first never decode gzip again. Any bad row raises :class:`~rankwise.data.DataFormatError`
-naming the CSV, the row and the volume.
+``cache_dir`` keyed by the file's bytes, the options and the preprocessing's version, read back as
+memory maps, so epochs after the first never decode gzip again. Each entry's ``.json`` records its
+SHA-256, size, shape and dtype; an entry that does not match is rebuilt and noted. The CSV is read by
+the rules of :mod:`rankwise.data._files` (ages by its ``parse_number``). Any bad row raises
+:class:`~rankwise.data.DataFormatError` naming the CSV, the row and the volume.
 
 :func:`make_brain_age_synthetic` writes an offline cohort built from the MNI152 templates that
 the ``nilearn`` wheel ships (see its docstring for the age model). nibabel, nilearn and TorchIO
@@ -26,9 +31,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import os
+import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +47,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
-from rankwise.data._files import check_header
+from rankwise.data._files import check_header, csv_records, parse_number, read_text
 
 __all__ = [
     "SEX_VALUES",
@@ -48,14 +56,22 @@ __all__ = [
     "load_nifti_cohort",
     "load_nifti_csv",
     "looks_like_nifti_csv",
+    "obliquity_degrees",
     "parse_sex",
     "preprocess_volume",
+    "to_canonical",
 ]
 
 #: accepted ``sex`` values (case-insensitive) -> 1 (male) / 0 (female)
 SEX_VALUES = {"m": 1, "male": 1, "1": 1, "f": 0, "female": 0, "0": 0}
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
-_CACHE_VERSION = "2"
+#: the cache entries' format and what the preprocessing does (3: volumes reoriented to RAS+ first, entries
+#: recorded with their checksum, shape and dtype)
+_CACHE_VERSION = "3"
+#: the voxel order every volume is brought to before the other steps (nibabel's closest canonical)
+CANONICAL = ("R", "A", "S")
+#: an affine whose voxel axes lie further than this (degrees) from the world axes is reported as oblique
+OBLIQUE_WARN_DEG = 1.0
 #: largest volume file (on disk) and largest decoded volume (header dims x voxel size), bytes
 MAX_VOLUME_BYTES = 2**30
 #: largest preprocessed grid (voxels) that ``shape`` / ``spacing`` may ask for
@@ -130,6 +146,7 @@ def _preprocess(
     """:func:`preprocess_volume` and the fraction of the voxels > 0 that the centred crop to ``shape``
     kept (1.0 without a crop)."""
     _, tio = _mri_modules()
+    data, affine = to_canonical(data, affine)
     img = tio.ScalarImage(tensor=torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))[None], affine=affine)
     if spacing is not None:
         img = tio.Resample(spacing)(img)
@@ -144,6 +161,35 @@ def _preprocess(
             img = tio.Resize(shape3)(img)
     vol = img.data[0].numpy().astype(np.float32)
     return (_brain_zscore(vol) if normalize == "brain_zscore" else vol), kept
+
+
+def to_canonical(data: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``data`` with its voxel axes flipped and permuted to :data:`CANONICAL` (RAS+: the voxel axes run
+    from left to Right, posterior to Anterior, inferior to Superior) and the
+    affine that maps the new voxels to the same world points: nibabel's ``as_closest_canonical``.
+
+    Exact (no interpolation). An oblique affine (voxel axes rotated against the world axes) is brought
+    to the closest canonical order; its obliquity remains (see :func:`obliquity_degrees`).
+
+    Example:
+        >>> vol = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        >>> flipped = np.diag([-1.0, 1.0, 1.0, 1.0]); flipped[0, 3] = 1.0  # x stored right to left
+        >>> out, aff = to_canonical(vol[::-1], flipped)
+        >>> bool((out == vol).all()), aff[0].tolist()
+        (True, [1.0, 0.0, 0.0, 0.0])
+    """
+    nib, _ = _mri_modules()
+    orient = nib.orientations
+    transform = orient.ornt_transform(orient.io_orientation(affine), orient.axcodes2ornt(CANONICAL))
+    out = orient.apply_orientation(data, transform)
+    return np.ascontiguousarray(out), affine @ orient.inv_ornt_aff(transform, data.shape)
+
+
+def obliquity_degrees(affine: np.ndarray) -> float:
+    """The largest angle (degrees) between a voxel axis of ``affine`` and the world axis it is closest to
+    (nibabel's ``affines.obliquity``); 0 for an affine whose axes are flips and permutations of the world's."""
+    nib, _ = _mri_modules()
+    return float(np.degrees(np.abs(nib.affines.obliquity(affine)).max()))
 
 
 class NiftiVolumeDataset(Dataset):
@@ -181,19 +227,41 @@ class NiftiVolumeDataset(Dataset):
         return {"volume": vol, "sex": onehot}, torch.tensor(float(self.ages[index]))
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha1()
+def _file_digest(path: Path, algorithm: str = "sha1") -> str:
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
+def _check_volume_file(path: Path, where: tuple[Path, int]) -> os.stat_result:
+    """The ``stat`` of a volume path that is a regular file; else an error saying what it is."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DataFileNotFoundError(*where, f"volume {path} does not exist") from None
+    except OSError as e:
+        raise DataFormatError(*where, f"volume {path} cannot be read: {e.strerror or e}") from None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    for test, kind in kinds:
+        if test(st.st_mode):
+            raise DataFormatError(*where, f"volume {path} is {kind}, not a NIfTI file")
+    if not stat.S_ISREG(st.st_mode):
+        raise DataFormatError(*where, f"volume {path} is not a regular file")
+    return st
+
+
 def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.ndarray]:
     nib, _ = _mri_modules()
     csv_path, row = where
-    if not path.is_file():
-        raise DataFileNotFoundError(csv_path, row, f"volume {path} does not exist")
+    _check_volume_file(path, where)
     try:
         img = nib.load(str(path))
         dims = tuple(int(d) for d in img.shape)
@@ -235,32 +303,36 @@ def _read_volume(path: Path, where: tuple[Path, int]) -> tuple[np.ndarray, np.nd
 
 def _read_rows(csv_path: Path, target: str | None = "age") -> list[dict[str, Any]]:
     """The CSV's rows (stripped values, ``_row``: the 1-based line); ``path`` and ``target`` (unless
-    None) are required columns."""
-    if not csv_path.is_file():
-        raise DataFileNotFoundError(csv_path, None, "CSV file does not exist")
-    try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            # one value per name: a repeated name would keep only its last column
-            header = check_header(list(reader.fieldnames or []), csv_path, allow_unnamed=True)
-            missing = [c for c in ("path", target) if c is not None and c not in header]
-            if missing:
-                raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}")
-            reader.fieldnames = header
-            rows = []
-            for i, raw in enumerate(reader, start=2):
-                if raw.get(None):  # type: ignore[call-overload]
-                    raise DataFormatError(
-                        csv_path,
-                        i,
-                        f"{len(header) + len(raw[None])} fields, the header has {len(header)}",  # type: ignore[index]
-                    )
-                rows.append({k: (v or "").strip() for k, v in raw.items() if isinstance(k, str)} | {"_row": i})
-    except UnicodeDecodeError as e:
-        raise DataFormatError(csv_path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    None) are required columns.
+
+    Read by the rules of every data file (:mod:`rankwise.data._files`): UTF-8, at most
+    ``MAX_DATA_BYTES`` and ``MAX_COLUMNS`` columns, fields within the ``csv`` module's field limit,
+    closed quotes; a row with fewer fields than the header has empty values for the others."""
+    text = read_text(csv_path, "cohort CSV")
+    records = csv_records(text, csv_path)
+    first = next(records, None)
+    if first is None:
+        raise DataFormatError(csv_path, None, "the CSV is empty")
+    # one value per name: a repeated name would keep only its last column
+    header = check_header(first[1], csv_path, allow_unnamed=True)
+    rows = []
+    for i, fields in records:
+        if len(fields) > len(header):
+            raise DataFormatError(csv_path, i, f"{len(fields)} fields, the header has {len(header)}")
+        values = fields + [""] * (len(header) - len(fields))
+        rows.append({k: v.strip() for k, v in zip(header, values)} | {"_row": i})
+    missing = [c for c in ("path", target) if c is not None and c not in header]
+    if missing:
+        listing = [k for k in header if rows and _is_nifti_name(str(rows[0].get(k, "")))]
+        hint = f" (column {listing[0]!r} lists NIfTI files: name it `path`)" if "path" in missing and listing else ""
+        raise DataFormatError(csv_path, 1, f"missing column(s) {missing}; the header is {header}{hint}")
     if not rows:
         raise DataFormatError(csv_path, None, "the CSV has no data rows")
     return rows
+
+
+def _is_nifti_name(value: str) -> bool:
+    return value.strip().lower().endswith((".nii", ".nii.gz"))
 
 
 def _parse_row(
@@ -293,11 +365,14 @@ def _parse_row(
 
 
 def _parse_age(r: dict[str, Any], csv_path: Path, row: int, target: str, path: Path) -> float:
+    """The label of one row, read by the number rules of every data file
+    (:func:`~rankwise.data._files.parse_number`: plain ASCII decimals) and >= 0."""
     try:
-        age = float(r[target])
-    except ValueError:
-        raise DataFormatError(csv_path, row, f"`{target}` must be a number, got {r[target]!r} ({path})") from None
-    if not math.isfinite(age) or age < 0:
+        age = parse_number(r[target], csv_path, row, target)
+    except DataFormatError as e:
+        reason = str(e).removeprefix(f"{csv_path}, row {row}: ")
+        raise DataFormatError(csv_path, row, f"{reason} ({path})") from None
+    if age < 0:
         raise DataFormatError(csv_path, row, f"`{target}` must be a finite number >= 0, got {r[target]!r} ({path})")
     return age
 
@@ -361,19 +436,82 @@ def _check_grid(dims: tuple[int, ...], affine: np.ndarray, spacing: Any, where: 
 CROP_KEEP_WARN = 0.9
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
-
-
-def _read_facts(path: Path) -> dict[str, Any]:
-    """What the preprocessing noted about a cached volume (``{}`` when the note is missing or unreadable)."""
+def _write_new(cache: Path, name: str, payload: bytes) -> Path:
+    """``payload`` in a new temporary file of ``cache`` (named after ``name``); a failed write removes it."""
+    fd, tmp = tempfile.mkstemp(dir=cache, prefix=f"{name}.", suffix=".tmp")
     try:
-        facts = json.loads(path.read_text())
+        os.fchmod(fd, 0o644)  # as np.save's files (mkstemp's are private to the user)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return Path(tmp)
+
+
+def _store_entry(cached: Path, vol: np.ndarray, facts: dict[str, Any]) -> dict[str, Any]:
+    """Write the cache entry ``cached`` (the ``.npy``) and its record (the ``.json`` beside it: ``facts`` and,
+    under ``npy``, the file's SHA-256, size, shape and dtype); both appear only once both are written.
+    Returns the record; an ``OSError`` leaves no file behind."""
+    buf = io.BytesIO()
+    arr = _cache_array(vol)
+    np.save(buf, arr, allow_pickle=False)
+    payload = buf.getvalue()
+    record = facts | {
+        "npy": {
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "bytes": len(payload),
+            "shape": list(arr.shape),
+            "dtype": str(arr.dtype),
+        }
+    }
+    written: list[Path] = []
+    try:
+        written.append(_write_new(cached.parent, cached.name, payload))
+        written.append(_write_new(cached.parent, cached.with_suffix(".json").name, json.dumps(record).encode()))
+        os.replace(written[0], cached)
+        os.replace(written[1], cached.with_suffix(".json"))
+    except BaseException:
+        for tmp in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    return record
+
+
+def _verified(cached: Path) -> tuple[dict[str, Any] | None, str]:
+    """``(record, "")`` for a cache entry whose ``.npy`` matches the checksum, size, shape and dtype its
+    ``.json`` records; else ``(None, what is wrong)``."""
+    try:
+        record = json.loads(cached.with_suffix(".json").read_text())
+    except FileNotFoundError:
+        return None, "has no record of its checksum"
     except (OSError, ValueError):
-        return {}
-    return facts if isinstance(facts, dict) else {}
+        return None, "has an unreadable record"
+    npy = record.get("npy") if isinstance(record, dict) else None
+    keys = {"sha256": str, "bytes": int, "shape": list, "dtype": str}
+    if not isinstance(npy, dict) or not all(isinstance(npy.get(k), t) for k, t in keys.items()):
+        return None, "has no record of its checksum"
+    if not cached.exists():
+        return None, "is missing (its record remains)"
+    try:
+        size = cached.stat().st_size
+        if size != npy["bytes"]:
+            return None, f"is {size:,} bytes where {npy['bytes']:,} were written (truncated or replaced)"
+        if _file_digest(cached, "sha256") != npy["sha256"]:
+            return None, "does not match its checksum (changed since it was written)"
+        arr = np.load(cached, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        return None, f"cannot be read ({' '.join(str(e).split()) or type(e).__name__})"
+    if list(arr.shape) != npy["shape"] or str(arr.dtype) != npy["dtype"] or arr.dtype not in _CACHE_DTYPES:
+        return None, f"holds {arr.dtype} {list(arr.shape)} where {npy['dtype']} {npy['shape']} was written"
+    return record, ""
+
+
+#: the dtypes of the cached volumes (:func:`_cache_array`)
+_CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
 
 #: what the crop note advises for a training cohort
@@ -400,6 +538,30 @@ def _crop_notes(items: list[dict[str, Any]], shape: Sequence[int] | None, advice
     ]
 
 
+def _rebuilt_notes(items: list[dict[str, Any]]) -> list[str]:
+    """One note naming the volumes whose cache entries failed verification and were rebuilt."""
+    bad = [it for it in items if it.get("rebuilt")]
+    if not bad:
+        return []
+    shown = "; ".join(f"row {it['row']}, volume {it['path']}: {it['rebuilt']}" for it in bad[:3])
+    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return [f"{len(bad)} cache entr{'y' if len(bad) == 1 else 'ies'} rebuilt from the volumes ({shown}{more})"]
+
+
+def _oblique_notes(items: list[dict[str, Any]]) -> list[str]:
+    """One note when some volumes' affines are oblique (more than :data:`OBLIQUE_WARN_DEG`)."""
+    tilted = [it for it in items if float(it["facts"].get("oblique_deg", 0.0)) > OBLIQUE_WARN_DEG]
+    if not tilted:
+        return []
+    worst = max(tilted, key=lambda it: float(it["facts"]["oblique_deg"]))
+    return [
+        f"{len(tilted)} of {len(items)} volumes have an oblique affine (row {worst['row']}, {worst['path']}: voxel "
+        f"axes {float(worst['facts']['oblique_deg']):.1f} degrees from the world axes); they are reoriented to "
+        f"{''.join(CANONICAL)} by flipping and permuting their axes only, not resampled: register them to a "
+        "template (e.g. MNI) first for grids aligned with the world axes"
+    ]
+
+
 def _cache_array(vol: np.ndarray) -> np.ndarray:
     """float16 when the largest ``|voxel|`` lies in [2**-4, 65504] (or all are 0): a relative precision of
     about 1e-3 for every voxel that matters; otherwise float32 (raw intensities beyond the float16 range
@@ -411,19 +573,24 @@ def _cache_array(vol: np.ndarray) -> np.ndarray:
 
 
 def looks_like_nifti_csv(path: str | Path) -> bool:
-    """Whether ``path`` is a CSV whose ``path`` column lists NIfTI volumes (the first row's ends in .nii / .nii.gz)."""
+    """Whether ``path`` is a CSV whose first row lists a NIfTI volume (a value ending in .nii / .nii.gz) in
+    its ``path`` column or, when it has no ``path`` column, in any column (which the loader then asks to
+    name ``path``)."""
     try:
+        if not Path(path).is_file():  # a FIFO would block, a directory cannot be read
+            return False
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            if "path" not in [h.strip() for h in (reader.fieldnames or [])]:
-                return False
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
             first = next(reader, None)
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
     if first is None:
         return False
-    value = next((v for k, v in first.items() if isinstance(k, str) and k.strip() == "path"), "") or ""
-    return value.strip().lower().endswith((".nii", ".nii.gz"))
+    values = dict(zip(header, first))
+    if "path" in values:
+        return _is_nifti_name(values["path"])
+    return any(_is_nifti_name(v) for v in values.values())
 
 
 def _default_cache() -> Path:
@@ -482,6 +649,7 @@ class _Preprocessing:
                 "spacing": self.spacing,
                 "resize": self.resize,
                 "normalize": self.normalize,
+                "orientation": "".join(CANONICAL),
             },
             sort_keys=True,
             default=list,
@@ -489,7 +657,7 @@ class _Preprocessing:
         expected = None if grid is None else (tuple(int(g) for g in grid[0]), grid[1])
         for it in items:
             cached, it["facts"] = self._cached(it, csv_path, opts)
-            vshape = tuple(np.load(cached, mmap_mode="r").shape)
+            vshape = tuple(int(n) for n in it["facts"]["npy"]["shape"])
             if expected is None:
                 expected = (vshape, f"the cohort {vshape} (row {it['row']})")
             elif vshape != expected[0]:
@@ -503,19 +671,22 @@ class _Preprocessing:
         return expected[0]
 
     def _cached(self, it: dict[str, Any], csv_path: Path, opts: str) -> tuple[Path, dict[str, Any]]:
-        """The cache file of one item's volume (written when missing) and its preprocessing facts."""
+        """The cache entry of one item's volume and its record (what the preprocessing noted, the entry's
+        checksum, shape and dtype). An entry that does not match its record is rebuilt
+        (``it["rebuilt"]``: why); a missing one is written."""
         where = (csv_path, it["row"])
-        if not it["path"].is_file():
-            raise DataFileNotFoundError(csv_path, it["row"], f"volume {it['path']} does not exist")
-        size = it["path"].stat().st_size
+        size = _check_volume_file(it["path"], where).st_size
         if size > MAX_VOLUME_BYTES:
             raise DataFormatError(
                 csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
             )
         key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
         cached = self.cache / f"{key}.npy"
-        if cached.is_file():  # what the preprocessing noted when it wrote the cache
-            return cached, _read_facts(cached.with_suffix(".json"))
+        if cached.exists() or cached.with_suffix(".json").exists():
+            record, problem = _verified(cached)
+            if record is not None:
+                return cached, record
+            it["rebuilt"] = f"{cached} {problem}"
         data, affine = _read_volume(it["path"], where)
         _check_grid(data.shape, affine, self.spacing, where, it["path"])
         try:
@@ -526,12 +697,15 @@ class _Preprocessing:
         facts: dict[str, Any] = {
             "kept": kept,
             "voxel_mm": [round(float(z), 3) for z in np.sqrt((affine[:3, :3] ** 2).sum(0))],
+            "oblique_deg": round(obliquity_degrees(affine), 2),
         }
-        _write_atomic(cached.with_suffix(".json"), json.dumps(facts).encode())
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp.npy")
-        np.save(tmp, _cache_array(vol))
-        os.replace(tmp, cached)
-        return cached, facts
+        try:
+            return cached, _store_entry(cached, vol, facts)
+        except OSError as e:
+            why = os.strerror(e.errno) if e.errno else " ".join(str(e).split())
+            raise OSError(
+                e.errno, f"{csv_path}, row {it['row']}: cannot write volume {it['path']} to the cache {cached}: {why}"
+            ) from None
 
 
 @register_dataset("nifti", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation")
@@ -551,7 +725,9 @@ def load_nifti_csv(
 ) -> RegressionData:
     """Brain-age cohort: NIfTI volumes listed in ``csv`` (columns path, age[, sex, site, subject, split]).
 
-    Options: ``target`` (the label column, default ``age``), ``shape`` ([D, H, W] grid, centred
+    Every volume is first reoriented to RAS+ from its affine (:func:`to_canonical`; an oblique one is
+    reordered, not resampled, and noted in ``meta["notes"]``), then preprocessed as the module
+    describes. Options: ``target`` (the label column, default ``age``), ``shape`` ([D, H, W] grid, centred
     crop/pad or, with ``resize="resample"``, a resample), ``spacing`` (mm, resampled first),
     ``normalize`` ("brain_zscore": z-score over the voxels > 0 as the TSAN authors' loader; "none"),
     ``cache_dir`` (float16 preprocessed volumes,
@@ -566,7 +742,9 @@ def load_nifti_csv(
     Raises :class:`~rankwise.data.DataFormatError` naming the CSV row and the volume for a missing,
     truncated or corrupt file, a volume that is not 3-D, NaN/inf voxels, a shape that differs
     from the cohort's without ``shape``, a negative or non-numeric age, an unknown sex value, a
-    subject in two splits, a row with more fields than the header, complex voxels, a header whose
+    subject in two splits, a row with more fields than the header, a CSV beyond the limits of
+    :mod:`rankwise.data._files` (size, columns, field length), a volume path that is a directory, FIFO
+    or device, complex voxels, a header whose
     affine is not finite or not invertible, a file over :data:`MAX_VOLUME_BYTES` on disk or as
     declared by its header, a resampling beyond :data:`MAX_GRID_VOXELS`, or no training row.
     """
@@ -605,7 +783,7 @@ def load_nifti_csv(
 
     labels = {s: np.array([it["age"] for it in part(s)], dtype=np.float64) for s in ("train", "val", "test")}
     meta: dict[str, Any] = {
-        "notes": _crop_notes(items, prep.shape),
+        "notes": _crop_notes(items, prep.shape) + _oblique_notes(items) + _rebuilt_notes(items),
         "source": str(csv_path),
         "split": split_rule,
         "seed": seed,
@@ -730,7 +908,12 @@ def load_nifti_cohort(
         [it["subject"] for it in items],
     )
     meta: dict[str, Any] = {
-        "notes": [f"{csv_path}: {note}" for note in _crop_notes(items, prep.shape, _COHORT_CROP_ADVICE)],
+        "notes": [
+            f"{csv_path}: {note}"
+            for note in _crop_notes(items, prep.shape, _COHORT_CROP_ADVICE)
+            + _oblique_notes(items)
+            + _rebuilt_notes(items)
+        ],
         "source": str(csv_path),
         "shape": list(vshape),
         "has_sex": all(it["sex"] >= 0 for it in items),

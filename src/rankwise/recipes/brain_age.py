@@ -41,7 +41,6 @@ predictions) and plots.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -366,22 +365,33 @@ def _bias_corrected(
     ``(pred, age)``; NaN where no line fits (e.g. constant validation predictions) and, for ``"gap"``, which
     subtracts a line in the chronological age, where ``age`` is NaN (unknown). ``"prediction"`` inverts
     the fitted line and does not use ``age``."""
-    from rankwise.brain_age import correct_age_bias
+    import warnings
+
+    from rankwise.brain_age import BiasCorrectionWarning, correct_age_bias
+    from rankwise.recipes.common import DataDefaultsWarning
 
     known = np.isfinite(age)
     out: dict[str, np.ndarray] = {}
+    said: list[str] = []  # each reason once, as a `warning:` line
     for method in CORRECTIONS:
         values = np.full(pred.shape, np.nan)
         rows = known if method == "gap" else np.ones_like(known)
-        with contextlib.suppress(ValueError):  # no line fits: NaN
-            values[rows] = correct_age_bias(
-                pred[rows],
-                np.where(known, age, 0.0)[rows],  # unknown ages reach only "prediction", which ignores them
-                fit_pred=fit_pred,
-                fit_age=fit_age,
-                method=method,  # type: ignore[arg-type]
-            )
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", BiasCorrectionWarning)
+                values[rows] = correct_age_bias(
+                    pred[rows],
+                    np.where(known, age, 0.0)[rows],  # unknown ages reach only "prediction", which ignores them
+                    fit_pred=fit_pred,
+                    fit_age=fit_age,
+                    method=method,  # type: ignore[arg-type]
+                )
+            said += [f"{w.message} (the validation set)" for w in caught]
+        except ValueError as e:  # no line fits: NaN
+            said.append(f"no {method!r} bias correction: {e}")
         out[method] = values
+    for message in dict.fromkeys(said):
+        warnings.warn(message, DataDefaultsWarning, stacklevel=2)
     return out
 
 

@@ -399,7 +399,8 @@ def evaluate(
         metrics = run_eval(run_dir, plots=plots, checkpoint=checkpoint)
         return get_recipe(metrics["recipe"]), metrics
 
-    recipe, metrics = _run_guarded(go)
+    with _data_warnings(_console()):
+        recipe, metrics = _run_guarded(go)
     _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {run_dir}")
 
 

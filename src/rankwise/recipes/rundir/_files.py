@@ -268,13 +268,10 @@ class _WholeWrites:
 def _save_error(path: Path, err: OSError) -> str:
     """One line: the checkpoint that could not be saved, why, and what to do."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        why = "no space left on the device (or over the disk quota)"
+        why, then = "no space left on the device (or over the disk quota)", "free some space, then continue"
     else:
-        why = (err.strerror or str(err) or type(err).__name__).rstrip(".")
-    return (
-        f"cannot save checkpoint {path}: {why}; its temporary file was removed "
-        "(free some space, then continue the run with --resume)"
-    )
+        why, then = (err.strerror or str(err) or type(err).__name__).rstrip("."), "continue"
+    return f"cannot save checkpoint {path}: {why}; its temporary file was removed ({then} the run with --resume)"
 
 
 def _atomic_checkpoint_io() -> Any:

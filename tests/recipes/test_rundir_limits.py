@@ -20,8 +20,7 @@ pytest.importorskip("lightning")
 
 from rankwise.data import DataFormatError
 from rankwise.data._files import MAX_DATA_BYTES
-from rankwise.recipes.common import DataDefaultsWarning
-from rankwise.recipes.rundir import CheckpointError, RunTerminated
+from rankwise.recipes.rundir import CheckpointError, RunTerminated, UnfinishedRunWarning
 from rankwise.recipes.rundir import _files as files_module
 from rankwise.recipes.rundir._directory import unfinished_note
 from rankwise.recipes.rundir._files import AtomicCheckpointIO
@@ -181,7 +180,7 @@ def test_evaluating_an_unfinished_run_says_so_once_and_names_the_checkpoint(tmp_
         warnings.simplefilter("always")
         run.checkpoint("best")
         run.checkpoint("best")
-    lines = [str(w.message) for w in seen if issubclass(w.category, DataDefaultsWarning)]
+    lines = [str(w.message) for w in seen if issubclass(w.category, UnfinishedRunWarning)]
     assert len(lines) == 1 and all(w in lines[0] for w in words), lines
     assert str(d) in lines[0] and "checkpoints/best.ckpt" in lines[0] and "--resume" in lines[0]
 

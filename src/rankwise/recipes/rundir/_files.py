@@ -30,6 +30,11 @@ class CheckpointError(UserError):
     """A checkpoint is missing, unreadable (truncated, corrupt) or refused by the weights-only loader."""
 
 
+class UnfinishedRunWarning(UserWarning):
+    """Evaluating or predicting from a run whose training did not finish (killed or failed); the CLI prints
+    it as ``warning: ...``."""
+
+
 class RunTerminated(BaseException):
     """The process received SIGTERM, SIGHUP or SIGINT during a run; the CLI exits with ``128 + signum``."""
 

@@ -20,6 +20,7 @@ from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_no
 from rankwise.recipes.rundir._files import (
     AtomicCheckpointIO,
     CheckpointError,
+    UnfinishedRunWarning,
     check_resume_checkpoint,
     check_state_matches,
     load_state_dict,
@@ -183,7 +184,7 @@ class Run:
 
         When evaluating or predicting (:attr:`evaluating`) from a run whose training did not finish
         (meta.json's status ``running``: the process was killed; ``failed``), a
-        :class:`~rankwise.recipes.common.DataDefaultsWarning` says so and names the checkpoint used,
+        :class:`~rankwise.recipes.rundir.UnfinishedRunWarning` says so and names the checkpoint used,
         once per checkpoint."""
         p = self.ckpt_dir(stage) / f"{name}.ckpt"
         if not p.is_file():
@@ -192,9 +193,7 @@ class Run:
             self._status_told.add(p)
             note = unfinished_note(self.dir, p)
             if note:
-                from rankwise.recipes.common import DataDefaultsWarning
-
-                warnings.warn(note, DataDefaultsWarning, stacklevel=2)
+                warnings.warn(note, UnfinishedRunWarning, stacklevel=2)
         return p
 
     @property

@@ -115,6 +115,20 @@ def test_a_signal_during_a_write_stops_the_run_not_a_runtime_error(tmp_path, mon
     assert _left(tmp_path) == []
 
 
+def test_a_signal_after_a_failed_write_still_stops_the_run(tmp_path, monkeypatch):
+    class Interrupted(_Failing):
+        def close(self):
+            super().close()
+            raise RunTerminated(signal.SIGINT)
+
+    real = open
+    failing = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files_module, "open", lambda p, mode: Interrupted(real(p, mode), exc=failing), raising=False)
+    with pytest.raises(RunTerminated):
+        AtomicCheckpointIO().save_checkpoint(CKPT, tmp_path / "last.ckpt")
+    assert _left(tmp_path) == []
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGCHLD") or sys.platform == "win32", reason="POSIX signals")
 def test_a_worker_exit_arriving_with_the_stop_signal_is_not_reported(monkeypatch):
     """SIGTERM and a DataLoader worker's SIGCHLD pending together: Python runs the SIGTERM handler first,

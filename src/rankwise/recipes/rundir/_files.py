@@ -304,6 +304,8 @@ def _atomic_checkpoint_io() -> Any:
                 os.replace(tmp, path)
             except BaseException as e:
                 tmp.unlink(missing_ok=True)
+                if not isinstance(e, Exception):  # a signal (RunTerminated, KeyboardInterrupt) stops the run as itself
+                    raise
                 cause = out.error if out is not None and out.error is not None else e
                 if isinstance(cause, OSError):
                     raise CheckpointError(_save_error(path, cause)) from None

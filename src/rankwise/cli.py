@@ -125,13 +125,14 @@ def _console(stderr: bool = False) -> Any:
 
 @contextlib.contextmanager
 def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
-    """Print the warnings about a run's data (``DataDefaultsWarning``) as ``warning: ...`` lines and the notes
+    """Print the warnings about a run's data (``DataDefaultsWarning``) and about an unfinished run
+    (``UnfinishedRunWarning``) as ``warning: ...`` lines and the notes
     (``DataNote``) as ``note: ...``; ``repeat=False``: each distinct message once (the runs of a comparison)."""
     import warnings
 
     from rankwise.recipes.common import DataNote
     from rankwise.recipes.own_data import DataDefaultsWarning
-    from rankwise.recipes.rundir import ChangedDataWarning
+    from rankwise.recipes.rundir import ChangedDataWarning, UnfinishedRunWarning
 
     shown = warnings.showwarning
     seen: set[str] = set()
@@ -143,7 +144,7 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
             seen.add(str(message))
         if issubclass(category, DataNote):
             con.print(f"note: {message}", highlight=False, soft_wrap=True)
-        elif issubclass(category, (DataDefaultsWarning, ChangedDataWarning)):
+        elif issubclass(category, (DataDefaultsWarning, ChangedDataWarning, UnfinishedRunWarning)):
             con.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
         else:
             shown(message, category, *args, **kw)

@@ -187,3 +187,16 @@ def test_large_qids_are_kept_exactly_and_one_beyond_int64_is_one_error_line(trai
     line = " ".join(r.output.split())
     assert "over.txt, row 2" in line and f"qid '{big + 1}'" in line and "64-bit" in line
     assert not (tmp_path / "o.csv").exists()
+
+
+def test_a_new_file_beyond_the_dense_limit_is_refused_before_it_is_expanded(trained, tmp_path, monkeypatch):
+    from rankwise.data import letor, load_letor
+
+    run_dir, own = trained
+    data = load_letor(str(own))
+    held = (data.train.num_documents + data.val.num_documents + data.test.num_documents) * data.num_features
+    monkeypatch.setattr(letor, "MAX_DENSE_ELEMENTS", held)  # the run's own files fit, 4 x train.txt does not
+    new = tmp_path / "many.txt"
+    new.write_text((own / "train.txt").read_text() * 4)
+    with pytest.raises(DataFormatError, match=r"many\.txt: [\d,]+ documents x \d+ features = .* more than the limit"):
+        _predict(run_dir, new)

@@ -209,7 +209,9 @@ def test_run_dir_protection(tmp_path, abalone):
 
 
 def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
-    from rankwise.recipes.rundir import AtomicCheckpointIO
+    import errno
+
+    from rankwise.recipes.rundir import AtomicCheckpointIO, CheckpointError
 
     io = AtomicCheckpointIO()
     path = tmp_path / "c" / "last.ckpt"
@@ -218,13 +220,12 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
 
     real_save = torch.save
 
-    def crash(obj, f, *a, **k):  # write half a file, then die
-        real_save(obj, f, *a, **k)
-        f.truncate(10)
-        raise OSError("disk full")
+    def crash(obj, f, *a, **k):  # write part of a file, then die
+        f.write(b"PK\x03\x04 part of a zip")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"cannot save checkpoint .*last\.ckpt: no space left"):
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "epoch": 2}, path)
     monkeypatch.setattr(torch, "save", real_save)
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left

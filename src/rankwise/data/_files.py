@@ -10,9 +10,16 @@ Rules shared by every text loader in :mod:`rankwise.data`:
   rejected, and so is any value outside the float32 range (``|v| > 3.4e38``), since the values
   become float32 tensors for training;
 * header names are stripped of surrounding spaces and must be non-empty and distinct;
-* limits, checked before the file is read in full: a file (or the decompressed content of a
-  ``.gz`` file or a zip member) of at most :data:`MAX_DATA_BYTES` (1 GiB), a table of at most
-  :data:`MAX_COLUMNS` (100,000) columns; beyond them the file is refused;
+* limits, checked before the file is read in full (its size from ``stat``, so that a sparse file
+  is refused without reading it) and before any dense array is allocated: a file (or the
+  decompressed content of a ``.gz`` file or a zip member) of at most :data:`MAX_DATA_BYTES`
+  (1 GiB) for a table or list read whole into memory, :data:`MAX_LETOR_BYTES` (4 GiB) for a LETOR
+  / svmlight file (streamed by a compiled reader; MSLR-WEB30K's largest file is 2.3 GB); a table of
+  at most :data:`MAX_COLUMNS` (100,000) columns; a LETOR feature index of at most
+  :data:`MAX_FEATURE_INDEX` (100,000) and dense features of at most :data:`MAX_DENSE_ELEMENTS`
+  (2**30 values, 4 GiB of float32) over a dataset's documents x features. Beyond them the file is
+  refused with one error naming it, the value found and the limit; every reader checks its file
+  with :func:`check_file` (``max_bytes``);
 * a quoted field must be closed (an unterminated quote is a malformed record, not a field that
   swallows the rest of the file);
 * an error never repeats more than a short excerpt (:data:`ECHO_CHARS` characters) of a value.
@@ -39,8 +46,14 @@ from rankwise.data._base import DataFileNotFoundError, DataFormatError
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: the largest data file read (bytes; for a ``.gz`` file or a zip member: its decompressed content)
 MAX_DATA_BYTES = 2**30
+#: the largest LETOR / svmlight file read (bytes; a ``.gz`` / ``.bz2`` file: its decompressed content)
+MAX_LETOR_BYTES = 4 * 2**30
 #: the most columns of a CSV/TSV table
 MAX_COLUMNS = 100_000
+#: the largest feature index of a LETOR / svmlight file (each index up to the largest is a dense column)
+MAX_FEATURE_INDEX = 100_000
+#: the most float32 values (documents x features) of a dataset's dense feature arrays (4 GiB)
+MAX_DENSE_ELEMENTS = 2**30
 #: the most characters of a value from a data file that an error message repeats
 ECHO_CHARS = 40
 
@@ -94,10 +107,13 @@ def recording_reads() -> Iterator[list[Path]]:
         _RECORDERS.remove(files)
 
 
-def check_file(path: str | Path, what: str = "data file") -> Path:
+def check_file(path: str | Path, what: str = "data file", *, max_bytes: int | None = None) -> Path:
     """``path`` as a Path if it is an existing file; else :class:`DataFileNotFoundError` naming it.
 
-    Inside :func:`recording_reads` the file is recorded as read."""
+    ``max_bytes``: the largest size accepted (from ``stat``, before anything is read: a sparse file
+    of many GiB is refused at once); a larger file raises :class:`DataFormatError` naming the file,
+    its size and the limit. Inside :func:`recording_reads` the file is recorded as read.
+    """
     p = Path(path)
     if p.is_dir():
         raise DataFormatError(p, None, f"is a directory, expected a {what}")
@@ -105,6 +121,13 @@ def check_file(path: str | Path, what: str = "data file") -> Path:
         if p.exists():  # a FIFO, a device, a socket: never opened (a FIFO would block)
             raise DataFormatError(p, None, f"is not a regular file (a device, FIFO or socket), expected a {what}")
         raise DataFileNotFoundError(p, None, f"{what} not found")
+    if max_bytes is not None:
+        try:
+            size = p.stat().st_size
+        except OSError as err:
+            raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from err
+        if size > max_bytes:
+            raise _too_big(p, size, "the file", max_bytes)
     for files in _RECORDERS:
         files.append(p)
     return p
@@ -120,10 +143,20 @@ def check_dir(path: str | Path, option: str = "root") -> Path:
     return p
 
 
-def _too_big(p: Path, size: int, what: str) -> DataFormatError:
-    return DataFormatError(
-        p, None, f"{what} of {size:,} bytes or more is larger than the limit of {MAX_DATA_BYTES:,} bytes"
-    )
+def _too_big(p: Path, size: int, what: str, limit: int = MAX_DATA_BYTES) -> DataFormatError:
+    return DataFormatError(p, None, f"{what} of {size:,} bytes or more is larger than the limit of {limit:,} bytes")
+
+
+def read_limited_chunks(fh: Any, p: Path, limit: int, what: str = "the decompressed content") -> int:
+    """The number of bytes of the binary stream ``fh``, read in chunks of 1 MiB (nothing kept) up to
+    ``limit``; beyond it a :class:`DataFormatError` naming ``p`` (a compressed file whose content is
+    too large to read, e.g. a gzip bomb)."""
+    total = 0
+    while chunk := fh.read(1 << 20):
+        total += len(chunk)
+        if total > limit:
+            raise _too_big(p, total, what, limit)
+    return total
 
 
 def read_limited(fh: Any, p: Path, what: str = "the file") -> bytes:

@@ -15,6 +15,13 @@ names the file and that line (``row`` = line number): a malformed line, a missin
 ``qid``, a feature index 0, above ``num_features`` or not increasing, a value that is not a finite
 number (NaN, inf, beyond the float32 range) or a negative relevance.
 
+Limits (:mod:`rankwise.data._files`), checked before the documents become dense arrays: a file of at
+most ``MAX_LETOR_BYTES`` (4 GiB; a ``.gz`` / ``.bz2`` file: its decompressed content, counted
+before it is parsed), a feature index of at most ``MAX_FEATURE_INDEX`` (100,000) and at most
+``MAX_DENSE_ELEMENTS`` (2**30) documents x features over the files of a dataset
+(:func:`check_dense_size`); beyond them the file is refused with an error naming it, the value and
+the limit.
+
 :func:`load_letor` (registered dataset ``letor``) reads the train / validation / test files,
 groups the documents of each query (queries in order of first appearance, documents in file
 order; a query split over several blocks of the file is one list), optionally drops the queries
@@ -28,6 +35,7 @@ slate length are sampled by :class:`SlateSampler` (allRank's ``slate_length``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +47,15 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, register_dataset
-from rankwise.data._files import FLOAT32_MAX, check_file, excerpt
+from rankwise.data._files import (
+    FLOAT32_MAX,
+    MAX_DENSE_ELEMENTS,
+    MAX_FEATURE_INDEX,
+    MAX_LETOR_BYTES,
+    check_file,
+    excerpt,
+    read_limited_chunks,
+)
 
 __all__ = [
     "PADDED_Y_VALUE",
@@ -47,6 +63,7 @@ __all__ = [
     "RankingData",
     "SlateSampler",
     "build_ranking_data",
+    "check_dense_size",
     "group_queries",
     "load_letor",
     "load_letor_preset",
@@ -138,6 +155,39 @@ def _locate_error(path: Path, num_features: int | None, limit: str | None = None
             _check_line(raw.removeprefix(_BOM) if line == 1 else raw, path, line, num_features, limit)
 
 
+def check_dense_size(path: str | Path, documents: int, features: int) -> None:
+    """A :class:`DataFormatError` naming ``path`` unless ``documents`` x ``features`` float32 values fit
+    the limit of dense feature values (``MAX_DENSE_ELEMENTS``, 2**30: 4 GiB); checked before the
+    sparse documents are expanded."""
+    values = int(documents) * int(features)
+    if values > MAX_DENSE_ELEMENTS:
+        raise DataFormatError(
+            path,
+            None,
+            f"{documents:,} documents x {features:,} features = {values:,} dense feature values "
+            f"({values * 4 / 2**30:.1f} GiB as float32), more than the limit of {MAX_DENSE_ELEMENTS:,} values",
+        )
+
+
+def _check_num_features(num_features: int | None) -> None:
+    if num_features is not None and (isinstance(num_features, bool) or not isinstance(num_features, int)):
+        raise TypeError(f"`num_features` must be a positive int or None, got {num_features!r}")
+    if num_features is not None and not 1 <= num_features <= MAX_FEATURE_INDEX:
+        raise ValueError(
+            f"`num_features` must be a positive int of at most {MAX_FEATURE_INDEX:,} (the limit of feature "
+            f"indices) or None, got {num_features!r}"
+        )
+
+
+def _check_content_size(p: Path) -> None:
+    """The decompressed content of a ``.gz`` / ``.bz2`` file is at most ``MAX_LETOR_BYTES`` (counted, not kept;
+    a corrupt or truncated file is left to the reader, whose error says so)."""
+    if _opener(p) is open:
+        return
+    with contextlib.suppress(OSError, EOFError), _opener(p)(p, "rb") as fh:
+        read_limited_chunks(fh, p, MAX_LETOR_BYTES)
+
+
 def _load_svmlight(p: Path, num_features: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
     """scikit-learn's reader on ``p``, past a leading UTF-8 byte-order mark if the file has one."""
     from sklearn.datasets import load_svmlight_file
@@ -159,7 +209,8 @@ def read_letor(
     int64 arrays of length ``documents``, in file order. A ``.gz`` or ``.bz2`` file is decompressed. Every
     error is a :class:`~rankwise.data.DataFormatError` naming the file (and the line of a
     malformed line; see the module docstring). ``limit``: what ``num_features`` stands for, in the
-    error of a feature index above it (default: the ``num_features`` option).
+    error of a feature index above it (default: the ``num_features`` option). A file larger than
+    ``MAX_LETOR_BYTES`` or with a feature index above ``MAX_FEATURE_INDEX`` is refused (module doc).
 
     Example:
         >>> import tempfile, pathlib
@@ -169,11 +220,9 @@ def read_letor(
         >>> x.toarray().tolist(), y.tolist(), qid.tolist()
         ([[0.5, 0.0, 1.5], [0.0, -1.0, 0.0]], [2.0, 0.0], [7, 7])
     """
-    if num_features is not None and (isinstance(num_features, bool) or not isinstance(num_features, int)):
-        raise TypeError(f"`num_features` must be a positive int or None, got {num_features!r}")
-    if num_features is not None and num_features < 1:
-        raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
-    p = check_file(path, "LETOR / svmlight file")
+    _check_num_features(num_features)
+    p = check_file(path, "LETOR / svmlight file", max_bytes=MAX_LETOR_BYTES)
+    _check_content_size(p)
     try:
         import sklearn.datasets  # noqa: F401
     except ImportError as e:  # pragma: no cover - the train extra is missing
@@ -197,6 +246,8 @@ def read_letor(
         raise DataFormatError(p, None, "cannot read the file as LETOR / svmlight")  # pragma: no cover
     if n == 0:
         raise DataFormatError(p, None, "no document in the file (expected `<relevance> qid:<id> <index>:<value> ...`)")
+    if x.shape[1] > MAX_FEATURE_INDEX:  # the line holding the first index above the limit
+        _locate_error(p, MAX_FEATURE_INDEX, f"the limit of {MAX_FEATURE_INDEX:,} features (each index is a column)")
     return x, y.astype(np.float32), np.asarray(qid, dtype=np.int64)
 
 
@@ -527,10 +578,10 @@ def _load_letor(
     drop_no_relevant: Literal["none", "train", "all"] = "none",
     from_preset: bool,
 ) -> RankingData:
-    if num_features is not None and (
-        isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1
-    ):
-        raise ValueError(f"`num_features` must be a positive int or None, got {num_features!r}")
+    try:
+        _check_num_features(num_features)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 1):
         raise ValueError(f"`fold` must be a positive int or None, got {fold!r}")
     if not Path(path).is_dir():
@@ -572,6 +623,7 @@ def _load_letor(
                 f"{root} ({largest}): the model keeps {d} inputs, {d - largest} of them always 0 "
                 "(null: the files' largest index)"
             )
+    check_dense_size(folder, sum(p[0].shape[0] for p in parts.values()), d)
     dense = {s: _dense(p, d) for s, p in parts.items()}
     data = build_ranking_data(
         "letor",

@@ -267,7 +267,8 @@ class LTRRecipe(RecipeBase):
         """Scores of the documents of a new LETOR / svmlight file, in file order.
 
         The file is read like the run's own files (:func:`~rankwise.data.read_letor`, at most the
-        run's ``num_features`` feature indices), standardised with the run's training moments
+        run's ``num_features`` feature indices; its documents x features within
+        :func:`~rankwise.data.letor.check_dense_size`), standardised with the run's training moments
         (:func:`~rankwise.data.standardize_like`), grouped by query and scored whole by
         ``checkpoints/<checkpoint>.ckpt`` (default ``best``). Columns: ``qid``, ``document`` (the
         document's position among the file's documents, 1 = the first), ``relevance`` (the file's
@@ -278,11 +279,13 @@ class LTRRecipe(RecipeBase):
         from torch.utils.data import DataLoader
 
         from rankwise.data import group_queries, pad_lists, query_order, read_letor, standardize_like
+        from rankwise.data.letor import check_dense_size
 
         data = run.data
         d = int(data.num_features)
         limit = f"the {d} features the run's model scores (its training files' largest feature index)"
         x, y, qid = read_letor(path, num_features=d, limit=limit)
+        check_dense_size(path, x.shape[0], d)
         order, _, _ = query_order(qid)
         xs = standardize_like(np.asarray(x[order].toarray(), dtype=np.float32), data.meta)
         lists = group_queries(xs, y[order], qid[order])  # contiguous by construction: grouped = sorted order

@@ -47,6 +47,7 @@ from rankwise.recipes.rundir._files import (
     load_weights,
     write_json,
 )
+from rankwise.recipes.rundir._files import UnfinishedRunWarning as UnfinishedRunWarning
 from rankwise.recipes.rundir._lifecycle import check_data as check_data
 from rankwise.recipes.rundir._lifecycle import (
     evaluate_run,

@@ -33,6 +33,31 @@ def read_meta(run_dir: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def unfinished_note(run_dir: Path, checkpoint: Path) -> str | None:
+    """One line saying that the training of ``run_dir`` did not finish (meta.json's status ``running``
+    while no process holds the run: it was killed; or ``failed``, with its error) and that ``checkpoint``
+    is the one used; None for a completed run (or one without a status)."""
+    import time
+
+    meta = read_meta(run_dir) or {}
+    status = meta.get("status")
+    if status == "running":
+        how = "was killed (meta.json still says status 'running')"
+    elif status == "failed":
+        error = " ".join(str(meta.get("error") or "").split())[:200]
+        how = f"failed ({meta.get('failure') or 'error'}: {error})" if error else "failed"
+    else:
+        return None
+    try:
+        saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(checkpoint.stat().st_mtime))
+    except OSError:
+        saved = "?"
+    return (
+        f"the training of {run_dir} {how}: using {checkpoint.relative_to(run_dir)}, saved {saved} "
+        "before it stopped (finish the run with `rankwise train ... --resume`)"
+    )
+
+
 def is_rankwise_run_dir(path: str | Path) -> bool:
     """A directory holding a ``meta.json`` written by rankwise (the only kind ``--overwrite`` deletes)."""
     meta = read_meta(Path(path))

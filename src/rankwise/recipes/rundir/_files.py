@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -27,6 +28,11 @@ class RunDirError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, unreadable (truncated, corrupt) or refused by the weights-only loader."""
+
+
+class UnfinishedRunWarning(UserWarning):
+    """Evaluating or predicting from a run whose training did not finish (killed or failed); the CLI prints
+    it as ``warning: ...``."""
 
 
 class RunTerminated(BaseException):
@@ -235,6 +241,44 @@ def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> int | None:
     return epoch + 1 if isinstance(epoch, int) else None
 
 
+class _WholeWrites:
+    """The file object ``torch.save`` writes a checkpoint to: every buffer written whole (a short write
+    is continued; nothing written is a full disk), and the first exception of a write kept in
+    :attr:`error`. torch's zip writer turns an exception of ``write`` (``ENOSPC``: no space left on
+    the device) into a ``RuntimeError`` "unexpected pos ..." and ignores a short write."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.error: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):
+                n = self._fh.write(view[done:])
+                if not n:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += n
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+            raise
+        return done
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def _save_error(path: Path, err: OSError) -> str:
+    """One line: the checkpoint that could not be saved, why, and what to do."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why, then = "no space left on the device (or over the disk quota)", "free some space, then continue"
+    else:
+        why, then = (err.strerror or str(err) or type(err).__name__).rstrip("."), "continue"
+    return f"cannot save checkpoint {path}: {why}; its temporary file was removed ({then} the run with --resume)"
+
+
 def _atomic_checkpoint_io() -> Any:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
@@ -250,14 +294,23 @@ def _atomic_checkpoint_io() -> Any:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            out: _WholeWrites | None = None
             try:
                 with open(tmp, "wb") as fh:
-                    torch.save(checkpoint, fh)
+                    out = _WholeWrites(fh)
+                    torch.save(checkpoint, cast("IO[bytes]", out))  # only write() and flush() are used
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
-            except BaseException:
+            except BaseException as e:
                 tmp.unlink(missing_ok=True)
+                if not isinstance(e, Exception):  # a signal (RunTerminated, KeyboardInterrupt) stops the run as itself
+                    raise
+                cause = out.error if out is not None and out.error is not None else e
+                if isinstance(cause, OSError):
+                    raise CheckpointError(_save_error(path, cause)) from None
+                if cause is not e:  # e.g. the RunTerminated of a signal, hidden by torch's "unexpected pos"
+                    raise cause from None
                 raise
 
         def load_checkpoint(

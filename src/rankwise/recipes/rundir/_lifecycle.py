@@ -187,7 +187,10 @@ def _signals_raise() -> Iterator[None]:
 
     def handler(signum: int, frame: Any) -> None:
         if hasattr(signal, "SIGCHLD"):  # the DataLoader's workers die of the same signal: no second error
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            # a Python handler that does nothing, not SIG_DFL: a SIGCHLD already received (a worker killed
+            # at the same moment) is handled after this one, and Python reports one whose handler became
+            # SIG_DFL meanwhile as "OSError: Signal 17 ignored due to race condition"
+            signal.signal(signal.SIGCHLD, _ignore_signal)
         raise RunTerminated(signum)
 
     old = {s: signal.signal(s, handler) for s in _STOP_SIGNALS}
@@ -196,6 +199,10 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """The SIGCHLD handler of a run that a signal stops: the workers' exit is expected."""
 
 
 def _now() -> str:
@@ -417,11 +424,13 @@ def predict_run(
     gallery, a brain-age run's validation volumes), or a run without ``data.json``, reads its data
     as :func:`evaluate_run` does, through the same checks. The run directory is locked meanwhile (its
     ``.lock`` file); nothing else in it is written. A file that does not exist is refused before the
-    data are loaded.
+    data are loaded (larger than its reader's limit: ``MAX_LETOR_BYTES`` for a ranking run's LETOR
+    file, else ``MAX_DATA_BYTES``, :mod:`rankwise.data._files`).
     """
     from rankwise.data import DataFormatError, check_file
+    from rankwise.data._files import MAX_DATA_BYTES, MAX_LETOR_BYTES
 
-    check_file(path)
+    check_file(path, max_bytes=MAX_LETOR_BYTES if getattr(recipe, "data_kind", None) == "ranking" else MAX_DATA_BYTES)
     quiet_lightning()
     run_dir = Path(run_dir)
     record = _record.read_record(run_dir)

@@ -8,7 +8,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,11 @@ import torch
 
 from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError
-from rankwise.recipes.rundir._directory import is_launched_worker
+from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_note
 from rankwise.recipes.rundir._files import (
     AtomicCheckpointIO,
     CheckpointError,
+    UnfinishedRunWarning,
     check_resume_checkpoint,
     check_state_matches,
     load_state_dict,
@@ -110,6 +111,8 @@ class Run:
     global_rank: int = 0
     #: ``rankwise evaluate`` (not training): plots of a redone local stage are drawn only when missing
     evaluating: bool = False
+    #: the checkpoints whose run status :meth:`checkpoint` has reported
+    _status_told: set[Path] = field(default_factory=set, repr=False)
     #: where an evaluation writes its results (predictions, plots); None: the run directory
     results_dir: Path | None = None
 
@@ -188,10 +191,20 @@ class Run:
         return self.dir / (stage or "checkpoints")
 
     def checkpoint(self, name: str = "last", stage: str = "") -> Path:
-        """Path of ``<stage dir>/<name>.ckpt`` (``CheckpointError`` if it does not exist)."""
+        """Path of ``<stage dir>/<name>.ckpt`` (``CheckpointError`` if it does not exist).
+
+        When evaluating or predicting (:attr:`evaluating`) from a run whose training did not finish
+        (meta.json's status ``running``: the process was killed; ``failed``), a
+        :class:`~rankwise.recipes.rundir.UnfinishedRunWarning` says so and names the checkpoint used,
+        once per checkpoint."""
         p = self.ckpt_dir(stage) / f"{name}.ckpt"
         if not p.is_file():
             raise CheckpointError(f"{self.dir} has no {p.relative_to(self.dir)}")
+        if self.evaluating and p not in self._status_told:
+            self._status_told.add(p)
+            note = unfinished_note(self.dir, p)
+            if note:
+                warnings.warn(note, UnfinishedRunWarning, stacklevel=2)
         return p
 
     @property

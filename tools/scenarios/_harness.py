@@ -140,7 +140,7 @@ class Context:
     def train(self, *args: str | Path, tiny: bool = True, **kw: Any) -> Result:
         """``rankwise train ARGS --no-progress`` with the TINY settings first (ARGS' own ``--set`` win)."""
         sets = [a for s in TINY for a in ("--set", s)] if tiny else []
-        return self.rankwise("train", *args, *sets, "--no-progress", **kw)
+        return self.rankwise("train", *sets, *args, "--no-progress", **kw)
 
 
 # ----------------------------------------------------------------------------------- judgements

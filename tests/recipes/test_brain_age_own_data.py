@@ -146,7 +146,8 @@ def test_the_defaults_line_shows_the_values_set(cohort: Path, tmp_path: Path) ->
     res = _train(cohort, tmp_path, "data.batch_size=4", "trainer.max_epochs=2", "report.many_shot=5")
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if ln.startswith("defaults from"))
-    assert "batch size 4 (--set)" in line and "2 epochs (--set)" in line and "many-shot > 5 (--set)" in line
+    assert "batch size 4 (--set; the data's 8)" in line and "2 epochs (--set; the data's 200)" in line
+    assert "many-shot > 5 (--set; the data's" in line
     assert re.search(r"about [\d.]+ (s|min|h) per epoch", line) and "GiB available" in line, line
 
 

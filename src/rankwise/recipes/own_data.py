@@ -163,17 +163,19 @@ class DataDefaults(NamedTuple):
     few_shot: float
     batch_size: int
     max_epochs: int
-    #: the config keys among these that ``--set`` gave (their values are the user's)
-    given: tuple[str, ...] = ()
+    #: ``(key, value derived from the data)`` of the settings among these that ``--set`` gave (their
+    #: values above are the user's)
+    given: tuple[tuple[str, float], ...] = ()
     #: the memory and time of the run on this machine (a dataset's ``budget``), or ``""``
     cost: str = ""
 
     def describe(self) -> str:
         """One line: ``bin width 20, many-shot > 18.2 / few-shot < 3.6 training rows per bin, ...``;
-        a value that ``--set`` gave is marked ``(--set)``."""
+        a value that ``--set`` gave is marked ``(--set; the data's 111)``."""
+        derived = dict(self.given)
 
         def mark(key: str) -> str:
-            return " (--set)" if key in self.given else ""
+            return f" (--set; the data's {derived[key]:.3g})" if key in derived else ""
 
         text = (
             f"label bin width {self.bin_width:g}; many-shot > {self.many_shot:.3g}{mark('report.many_shot')} and "
@@ -393,26 +395,34 @@ def own_data_config(
     return cfg, used
 
 
+#: the settings of :class:`DataDefaults` and their config keys
+_DERIVED = {
+    "batch_size": "data.batch_size",
+    "max_epochs": "trainer.max_epochs",
+    "many_shot": "report.many_shot",
+    "few_shot": "report.few_shot",
+}
+
+
 def _given_keys(overrides: Sequence[str]) -> tuple[str, ...]:
     """The defaults' config keys (``data.batch_size``, ...) that ``--set`` strings give."""
     from rankwise.recipes.config import current_key
 
     keys = {current_key(item.partition("=")[0].strip()) for item in overrides}
-    return tuple(
-        k for k in ("data.batch_size", "trainer.max_epochs", "report.many_shot", "report.few_shot") if k in keys
-    )
+    return tuple(k for k in _DERIVED.values() if k in keys)
 
 
 def _used_defaults(d: DataDefaults, cfg: Any, given: tuple[str, ...]) -> DataDefaults:
     """``d`` with the values the run uses (``--set`` wins over the data-derived ones)."""
     many = cfg.report.many_shot if cfg.report.many_shot is not None else d.many_shot
     few = cfg.report.few_shot if cfg.report.few_shot is not None else d.few_shot
+    derived = tuple((key, float(getattr(d, field))) for field, key in _DERIVED.items() if key in given)
     return d._replace(
         batch_size=int(cfg.data.batch_size),
         max_epochs=int(cfg.trainer.max_epochs),
         many_shot=float(many),
         few_shot=float(few),
-        given=given,
+        given=derived,
     )
 
 

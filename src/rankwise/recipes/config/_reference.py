@@ -165,7 +165,7 @@ def component_fields(recipe: str) -> list[FieldDoc]:
     (read from the signature of the loader, the backbone factory or the loss's module twin)."""
     from rankwise.data import DATASETS
     from rankwise.losses import get_loss_entry
-    from rankwise.models._registry import BACKBONES
+    from rankwise.models import BACKBONES
 
     def built(name: str) -> Any:
         entry = get_loss_entry(name)

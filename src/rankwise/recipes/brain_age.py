@@ -33,6 +33,10 @@ the Spearman and age-difference losses see the **global** batch (``N * data.batc
 sorter ranks the bundled lengths 32/64/128, any other length goes to the term's ``fallback`` ranker), the task
 loss is averaged by DDP.
 
+Before training, a training step's memory, measured on the machine for the network and grid
+(:mod:`rankwise.recipes.brain_age_memory`), is checked against the available memory: a step that
+would not fit is one ``error:`` line naming both and the ``data.batch_size`` that fits.
+
 Validation MAE selects each stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearson r, Spearman rho,
 R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias correction
 (:func:`rankwise.correct_age_bias`, ``"gap"`` and ``"prediction"``, fitted on the validation set and

@@ -82,3 +82,23 @@ def test_available_memory_reads_the_address_space_limit() -> None:
     gib, source = out.stdout.split(maxsplit=1)
     assert 0.8 < float(gib) <= 1.0 and "address-space" in source
     assert bm.available_memory().bytes > 0
+
+
+def test_a_measured_step_out_of_memory_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def oom(cfg: object, shape: object, device: str = "cpu") -> bm.StepCost:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2123456 bytes.")
+
+    monkeypatch.setattr(bm, "measure_step", oom)
+    room = bm.Available(2**30, "the address-space limit (ulimit -v)")
+    with pytest.raises(ConfigError) as e:
+        bm.check_memory(_cfg(), (91, 109, 91), available=room)
+    msg = str(e.value)
+    assert "\n" not in msg and "91x109x91 does not fit in the 1.0 GiB available" in msg
+    assert "lower data.options.shape" in msg
+    assert bm.budget(_cfg(), type("D", (), {"meta": {"shape": [91, 109, 91]}})()) is None
+
+    def too_small(cfg: object, shape: object, device: str = "cpu") -> bm.StepCost:
+        raise RuntimeError("Output size is too small")
+
+    monkeypatch.setattr(bm, "measure_step", too_small)  # the network's own error comes from training
+    assert bm.check_memory(_cfg(), (4, 4, 4), available=room) is None

@@ -243,11 +243,22 @@ def _shape_text(shape: Any) -> str:
     return "x".join(str(int(s)) for s in shape)
 
 
+class _NoRoom(Exception):
+    """Even the measured step ran out of memory."""
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate" in str(e)
+
+
 def _measured(cfg: Any, shape: Any, device: str) -> StepCost | None:
-    """:func:`measure_step`, or None where the network cannot run on the grid (training reports it)."""
+    """:func:`measure_step`, or None where the network cannot run on the grid (training reports it);
+    :class:`_NoRoom` where the measured step itself runs out of memory."""
     try:
         return measure_step(cfg, shape, device)
-    except (RuntimeError, ValueError, TypeError):
+    except (RuntimeError, ValueError, TypeError, MemoryError) as e:
+        if _out_of_memory(e):
+            raise _NoRoom(" ".join(str(e).split())[:120]) from None
         return None
 
 
@@ -261,10 +272,17 @@ def check_memory(cfg: Any, shape: Any, *, available: Available | None = None) ->
     from rankwise.recipes.config import ConfigError
 
     device = training_device(cfg)
-    cost = _measured(cfg, shape, device)
+    avail = available if available is not None else available_memory(device)
+    try:
+        cost = _measured(cfg, shape, device)
+    except _NoRoom as e:
+        raise ConfigError(
+            f"a training step of {cfg.model.backbone} on volumes of {_shape_text(shape)} does not fit in the "
+            f"{_gib(avail.bytes)} available ({avail.source}): measuring one step of two volumes at a smaller grid "
+            f"already ran out of memory ({e}); lower data.options.shape or the network's size (model.options)"
+        ) from None
     if cost is None:
         return None
-    avail = available if available is not None else available_memory(device)
     batch = int(cfg.data.batch_size)
     need = cost.bytes(shape, batch)
     if need <= avail.bytes:
@@ -320,5 +338,8 @@ def budget(cfg: Any, data: Any) -> Budget | None:
     None where the network does not run on that grid (training reports it)."""
     shape = tuple(int(s) for s in data.meta["shape"])
     device = training_device(cfg)
-    cost = _measured(cfg, shape, device)
+    try:
+        cost = _measured(cfg, shape, device)
+    except _NoRoom:  # the recipe's check before training says so
+        return None
     return None if cost is None else Budget(cost, shape, available_memory(device))

@@ -203,3 +203,38 @@ def test_result_tables_are_not_cut_in_an_80_column_log(capsys, monkeypatch) -> N
     for cell in rows[0]:
         assert cell in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_config_of_a_recipe_lists_the_options_inside_its_dict_fields(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    r = invoke(["config", "brain_age"])
+    assert r.exit_code == 0, r.output
+    keys = {ln.split("│")[1].strip() for ln in r.output.splitlines() if ln.count("│") > 2}
+    for key in (
+        "data.options.shape",
+        "data.options.spacing",
+        "model.options.nb_filter",
+        "model.options.nb_block",
+        "loss.regularizers.spearman.options.ranker",
+        "loss.regularizers.spearman.options.fallback",
+        "loss.regularizers.pairwise_difference.options.pairs",
+    ):
+        assert key in keys, key
+    row = next(ln for ln in r.output.splitlines() if "model.options.nb_filter " in ln)
+    assert "int" in row and "8" in row and "scale_dense" in row
+
+
+def test_presets_show_prints_yaml_that_reads_back_as_the_preset():
+    import yaml
+
+    from rankwise.recipes.config import load_config, load_raw
+
+    for name in ("brain_age_tsan", "brain_age_tsan_synthetic", "abalone_lds"):
+        r = invoke(["presets", "show", name])
+        assert r.exit_code == 0, r.output
+        assert yaml.safe_load(r.output) == load_raw(name)
+        assert load_config(yaml.safe_load(r.output)).recipe == load_config(name).recipe
+    bad = invoke(["presets", "show", "brain_age_tsn"])
+    lines = bad.output.strip().splitlines()
+    assert bad.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), bad.output
+    assert "brain_age_tsan" in lines[0]

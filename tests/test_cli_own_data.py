@@ -86,8 +86,10 @@ def test_own_csv_route_derives_bins_thresholds_batch_and_epochs(diabetes, tmp_pa
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.output.splitlines() if ln.startswith("defaults from")]
     assert len(lines) == 1, r.output  # printed once
-    # 310 // 32 = 9 steps per epoch (the last partial batch is dropped): 1000 / 9 -> 111 epochs
-    assert "bin width 20;" in lines[0] and "batch size 32;" in lines[0] and "111 epochs" in lines[0]
+    # 310 // 32 = 9 steps per epoch (the last partial batch is dropped): 1000 / 9 -> 111 epochs, which
+    # the line names beside the value --set gave, the one the run uses
+    assert "bin width 20;" in lines[0] and "batch size 32;" in lines[0]
+    assert "; 1 epochs (--set; the data's 111) (310 training rows)" in lines[0]
     assert "many-shot > 18.2" in lines[0] and "few-shot < 3.65" in lines[0]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["trainer"]["max_epochs"] == 1  # --set wins over the derived 111

@@ -610,9 +610,21 @@ def demo(
     con.print(f"report: [bold]{res.report}[/]  (total {elapsed:.1f} s)")
 
 
-@app.command(cls=Command)
-def presets() -> None:
-    """List the bundled presets: recipe, dataset, expected time on 2 CPU cores and what each one trains."""
+presets_app = typer.Typer(
+    cls=Group,
+    help="List the bundled presets: recipe, dataset, expected time on 2 CPU cores and what each one trains.",
+)
+app.add_typer(presets_app, name="presets")
+
+
+@presets_app.callback(invoke_without_command=True)
+def presets(ctx: typer.Context) -> None:
+    """List the bundled presets: recipe, dataset, expected time on 2 CPU cores and what each one trains.
+
+    `rankwise presets show NAME` prints one preset's YAML (its `extends:` merged in).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from rich.table import Table
 
     from rankwise.recipes.config import PRESET_DIR, list_presets, load_raw
@@ -628,6 +640,20 @@ def presets() -> None:
         dataset = str((raw.get("data") or {}).get("name", "abalone"))
         table.add_row(name, str(raw.get("recipe", "dir")), dataset, str(raw.get("expected_time", "")), desc)
     _console().print(table)
+
+
+@presets_app.command("show", cls=Command)
+def presets_show(name: Annotated[str, typer.Argument(help="a preset name (see `rankwise presets`)")]) -> None:
+    """Print a preset's YAML, its `extends:` merged in: a config to copy, edit and train."""
+
+    def text() -> str:
+        import yaml
+
+        from rankwise.recipes.config import load_raw, preset_path
+
+        return yaml.safe_dump(load_raw(preset_path(name)), sort_keys=False, allow_unicode=True, width=100)
+
+    typer.echo(_run_guarded(text), nl=False)
 
 
 @app.command("config", cls=Command)

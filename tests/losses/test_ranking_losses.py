@@ -540,3 +540,22 @@ def test_registered_losses() -> None:
         for d in f.degenerate(torch.float32, torch.device("cpu")):
             out = e.fn(*d.args, **d.kwargs)
             assert torch.isfinite(out).all() and out.requires_grad
+
+
+def test_spearman_sodeep_fallback_ranks_the_lengths_without_a_bundled_sorter() -> None:
+    from rankwise.losses import SpearmanLoss, spearman_loss
+
+    pred = torch.linspace(0, 50, 25).flip(0).requires_grad_(True)
+    target = torch.arange(25.0)
+    with pytest.raises(ValueError, match="n=25"):
+        spearman_loss(pred, target, ranker="sodeep")
+    got = spearman_loss(pred, target, ranker="sodeep", fallback="isotonic")
+    assert torch.allclose(got, spearman_loss(pred, target, ranker="isotonic"))
+    got.backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+    p32, t32 = torch.randn(32), torch.randn(32)  # a bundled length keeps the sorter
+    assert torch.allclose(
+        SpearmanLoss(ranker="sodeep", fallback="isotonic")(p32, t32), spearman_loss(p32, t32, ranker="sodeep")
+    )
+    with pytest.raises(ValueError, match="`fallback` must be None or a ranker of every length"):
+        SpearmanLoss(ranker="sodeep", fallback="sodeep")

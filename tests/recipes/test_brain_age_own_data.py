@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,16 +38,28 @@ def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_a_nifti_csv_selects_the_brain_age_presets(cohort: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed measured step (the route measures one at the configured grid; here, no network runs)."""
+    from rankwise.recipes import brain_age_memory
+
+    cost = brain_age_memory.StepCost("scale_dense", 2400.0, 4 * 10**8, 1.4e-4, (48, 57, 48))
+    monkeypatch.setattr(brain_age_memory, "measure_step", lambda cfg, shape, device="cpu": cost)
+    gib = brain_age_memory.Available(20.0 * 2**30, "MemAvailable")
+    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": gib)
+
+
+def test_a_nifti_csv_selects_the_brain_age_presets(cohort: Path, tmp_path: Path, measured: None) -> None:
     cfg, d = own_data_config(cohort, "age_at_scan", "tsan", options={"cache_dir": str(tmp_path / "c")})
     assert cfg.recipe == "brain_age" and cfg.data.name == "nifti"
     opts = cfg.data.options
     assert opts["csv"] == str(cohort) and opts["target"] == "age_at_scan"
     assert opts["shape"] == [91, 109, 91]  # the preset's grid is kept on the user's data
     assert cfg.model.backbone == "scale_dense" and len(cfg.loss.regularizers) == 2
-    # data-derived: 16 subjects -> 11 training rows (seeded split by subject); batch 32, the authors' and
-    # a length of the bundled SoDeep sorters (the smallest the route gives volumes)
-    assert d.n_train == 11 and cfg.data.batch_size == 32 and cfg.trainer.max_epochs == d.max_epochs
+    # data-derived: 16 subjects -> 11 training rows (seeded split by subject); batch 8 (the smallest the
+    # route gives volumes), of which 80% of 20 GiB holds 4 measured steps at 91x109x91: batch 4
+    assert d.n_train == 11 and cfg.data.batch_size == 4 and cfg.trainer.max_epochs == d.max_epochs
+    assert d.batch_size == 4 and "of 20.0 GiB available" in d.describe() and "per epoch" in d.describe()
     mse, _ = own_data_config(cohort, "age_at_scan", "mse", options={"cache_dir": str(tmp_path / "c")})
     assert mse.loss.regularizers == []
     sfcn, _ = own_data_config(cohort, "age_at_scan", "sfcn", options={"cache_dir": str(tmp_path / "c")})
@@ -91,13 +105,66 @@ def test_a_bad_method_or_target_is_one_error_line(cohort: Path, tmp_path: Path) 
     assert len(lines) == 1 and lines[0].startswith("error: ") and "age" in lines[0] and "missing column" in lines[0]
 
 
-def test_a_batch_no_sodeep_sorter_fits_is_one_error_line(cohort: Path, tmp_path: Path) -> None:
-    args = ["train", "--data", str(cohort), "--target", "age_at_scan", "--method", "tsan"]
-    res = CliRunner().invoke(app, [*args, "--set", "data.batch_size=4", "--set", f"data.options.cache_dir={tmp_path}"])
+def _train(cohort: Path, tmp_path: Path, *sets: str) -> Any:
+    small = [
+        f"data.options.cache_dir={tmp_path / 'cache'}",
+        "data.options.shape=null",
+        "model.options={nb_filter: 2, nb_block: 2, use_sex: true}",
+        "trainer.max_epochs=1",
+        "task.stage2_epochs=1",
+        "trainer.num_threads=1",
+        "task.montage=0",
+        "data.num_workers=0",
+        *sets,
+    ]
+    args = ["train", "--data", str(cohort), "--target", "age_at_scan", "--method", "tsan", "--out", str(tmp_path / "r")]
+    return CliRunner().invoke(app, [*args, *[a for s in small for a in ("--set", s)], "--no-progress"])
+
+
+def test_a_cohort_smaller_than_the_sorters_trains_tsan_with_a_note(cohort: Path, tmp_path: Path) -> None:
+    """11 training subjects: the route's batch (8) and the batch of 32 (their one batch, shorter than the
+    sorter) have no bundled SoDeep sorter: the Spearman term ranks them with its fallback, said once."""
+    for sets in ((), ("data.batch_size=32",)):
+        res = _train(cohort, tmp_path / str(len(sets)), *sets)
+        assert res.exit_code == 0, res.output
+        notes = [ln for ln in res.output.splitlines() if ln.startswith("note:")]
+        assert len(notes) == 1 and "32, 64, 128" in notes[0] and "'isotonic'" in notes[0], res.output
+        length = "11" if sets else "8"
+        assert f"training batches of {length} rank with its fallback" in notes[0]
+        assert (tmp_path / str(len(sets)) / "r" / "metrics.json").is_file()
+
+
+def test_a_sodeep_term_without_a_fallback_is_one_error_line(cohort: Path, tmp_path: Path) -> None:
+    res = _train(cohort, tmp_path, "data.batch_size=4", "loss.regularizers.spearman.options.fallback=null")
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert lines[-1].startswith("error: `loss.regularizers.spearman.options.ranker` 'sodeep'"), res.output
-    assert "data.batch_size=4 x 1 device(s) = 4" in lines[-1]
+    assert "data.batch_size=4 x 1 device(s) = 4" in lines[-1] and "fallback=isotonic" in lines[-1]
+
+
+def test_the_defaults_line_shows_the_values_set(cohort: Path, tmp_path: Path) -> None:
+    res = _train(cohort, tmp_path, "data.batch_size=4", "trainer.max_epochs=2", "report.many_shot=5")
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("defaults from"))
+    assert "batch size 4 (--set; the data's 8)" in line and "2 epochs (--set; the data's 200)" in line
+    assert "many-shot > 5 (--set; the data's" in line
+    assert re.search(r"about [\d.]+ (s|min|h) per epoch", line) and "GiB available" in line, line
+
+
+def test_a_step_over_the_memory_is_one_error_line_before_training(
+    cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankwise.recipes import brain_age_memory
+
+    tiny = brain_age_memory.Available(0.5 * 2**30, "MemAvailable")
+    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": tiny)
+    res = _train(cohort, tmp_path, "data.batch_size=4")
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.output
+    assert "needs about" in errors[0] and "0.5 GiB is available (MemAvailable)" in errors[0]
+    assert "data.batch_size=4" in errors[0] and "lower data.options.shape" in errors[0]
+    assert not list((tmp_path / "r").rglob("*.ckpt"))  # refused before training
 
 
 def test_the_label_column_is_an_option(cohort: Path, tmp_path: Path) -> None:

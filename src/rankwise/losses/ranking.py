@@ -371,9 +371,35 @@ def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _soft_ranks(p: torch.Tensor, ranker: str, ranker_kwargs: dict[str, Any]) -> torch.Tensor:
-    """Descending soft ranks of ``p`` along the last dim divided by n (largest -> about 1/n)."""
+def _ranks_length(ranker: str, n: int, ranker_kwargs: dict[str, Any]) -> bool:
+    """Whether ``ranker`` with ``ranker_kwargs`` ranks sequences of length ``n``: every ranker does,
+    except ``"sodeep"`` without a ``sorter``, which needs a bundled sorter of length ``n``."""
+    if ranker != "sodeep" or ranker_kwargs.get("sorter") is not None or n <= 1:
+        return True
+    from rankwise.sodeep.hub import available_sorters
+
+    return (ranker_kwargs.get("model", "gru"), n) in available_sorters() or ranker_kwargs.get("model") == "exact"
+
+
+def _check_fallback(fallback: Any, ranker: str) -> None:
+    if fallback is None:
+        return
+    valid = [r for r in list_spearman_rankers() if r != "sodeep"]
+    if fallback not in valid:
+        raise ValueError(
+            f"`fallback` must be None or a ranker of every length ({', '.join(repr(v) for v in valid)}); "
+            f"got {fallback!r}"
+        )
+
+
+def _soft_ranks(
+    p: torch.Tensor, ranker: str, ranker_kwargs: dict[str, Any], fallback: str | None = None
+) -> torch.Tensor:
+    """Descending soft ranks of ``p`` along the last dim divided by n (largest -> about 1/n); a length
+    ``ranker`` cannot rank goes to ``fallback`` (with its default options) when it is given."""
     n = p.shape[-1]
+    if fallback is not None and not _ranks_length(ranker, n, ranker_kwargs):
+        ranker, ranker_kwargs = fallback, {}
     if ranker == "blackbox":
         return blackbox_rank(p, ranker_kwargs.get("lambda_val", 2.0), descending=True, normalize=True)
     return soft_rank(p, method=ranker, descending=True, **ranker_kwargs) / n
@@ -387,6 +413,7 @@ def spearman_loss(
     ranker: str = "isotonic",
     l1_weight: float = 0.0,
     distributed: DistributedFlag = False,
+    fallback: str | None = None,
     **ranker_kwargs: Any,
 ) -> torch.Tensor:
     r"""Spearman loss of SoDeep (Engilberge et al., CVPR'19): MSE between soft and true ranks, plus L1.
@@ -408,6 +435,12 @@ def spearman_loss(
       ``soft_rank(pred, method=ranker, descending=True, **ranker_kwargs) / n``;
     * ``"blackbox"`` — ``blackbox_rank(pred, lambda_val, descending=True, normalize=True)``
       (``ranker_kwargs``: ``lambda_val``, default 2.0).
+
+    ``fallback``: the ranker (e.g. ``"isotonic"``), with its default options, of a sequence whose
+    length ``ranker`` cannot rank -- ``"sodeep"`` without a ``sorter`` ranks only the lengths of its
+    bundled sorters (32, 64, 128), so a batch of 25 or a short last batch would raise ``ValueError``;
+    ``None`` (default): it does. The isotonic ranks (Blondel et al., ICML'20) equal the exact ranks
+    for predictions further apart than its ``regularization_strength`` (default 1).
 
     ``l1_weight`` is SoDeep's ``lbd``: set it to 1 for a few epochs to initialise the regressor
     (ranks alone do not fix the scale of the predictions), then to 0.
@@ -439,15 +472,16 @@ def spearman_loss(
         tensor(0.0312, grad_fn=<...>)
     """
     _check_ranker(ranker, ranker_kwargs)
+    _check_fallback(fallback, ranker)
     w = check_positive(l1_weight, "l1_weight", allow_zero=True)
     p, t = _pred_target(pred, target)
     if global_batch_on(distributed):
-        return _spearman_global(p, t, ranker, w, ranker_kwargs)
+        return _spearman_global(p, t, ranker, w, ranker_kwargs, fallback)
     if p.numel() == 0 or p.shape[-1] <= 1:
         mse = _soft_ranks(p, ranker, ranker_kwargs).sum() * 0  # the ranker still checks its options
     else:
         t_rank = rank(t, descending=True, ties="average", normalize=True).to(p.dtype)
-        mse = ((_soft_ranks(p, ranker, ranker_kwargs) - t_rank) ** 2).mean()
+        mse = ((_soft_ranks(p, ranker, ranker_kwargs, fallback) - t_rank) ** 2).mean()
     if w == 0:
         return mse
     l1 = (p - t).abs().mean() if p.numel() else p.sum() * 0
@@ -463,17 +497,17 @@ def _gather_last(p: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def _spearman_global(
-    p: torch.Tensor, t: torch.Tensor, ranker: str, w: float, ranker_kwargs: dict[str, Any]
+    p: torch.Tensor, t: torch.Tensor, ranker: str, w: float, ranker_kwargs: dict[str, Any], fallback: str | None
 ) -> torch.Tensor:
     pg, tg, _ = _gather_last(p, t)
-    return spearman_loss(pg, tg, ranker=ranker, l1_weight=w, **ranker_kwargs)
+    return spearman_loss(pg, tg, ranker=ranker, l1_weight=w, fallback=fallback, **ranker_kwargs)
 
 
 class SpearmanLoss(FunctionModule):
     """Module twin of :func:`spearman_loss` holding ``ranker``, ``l1_weight`` and the ranker's options."""
 
     _function = staticmethod(spearman_loss)
-    _options = ("ranker", "l1_weight", "distributed")
+    _options = ("ranker", "l1_weight", "distributed", "fallback")
     _kwargs = "ranker_kwargs"
     _shown = ("ranker!r", "l1_weight", "**")
 
@@ -483,11 +517,13 @@ class SpearmanLoss(FunctionModule):
         ranker: str = "isotonic",
         l1_weight: float = 0.0,
         distributed: DistributedFlag = False,
+        fallback: str | None = None,
         **ranker_kwargs: Any,
     ) -> None:
         super().__init__()
         _check_ranker(ranker, ranker_kwargs)
-        self.ranker = ranker
+        _check_fallback(fallback, ranker)
+        self.ranker, self.fallback = ranker, fallback
         self.l1_weight = check_positive(l1_weight, "l1_weight", allow_zero=True)
         self.distributed = distributed
         self.ranker_kwargs = dict(ranker_kwargs)

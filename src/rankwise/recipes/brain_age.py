@@ -30,7 +30,12 @@ corrections and ``rankwise predict`` are those of the regression.
 
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
 the Spearman and age-difference losses see the **global** batch (``N * data.batch_size``; a SoDeep
-sorter needs a bundled length 32/64/128 equal to it), the task loss is averaged by DDP.
+sorter ranks the bundled lengths 32/64/128, any other length goes to the term's ``fallback`` ranker), the task
+loss is averaged by DDP.
+
+Before training, a training step's memory, measured on the machine for the network and grid
+(:mod:`rankwise.recipes.brain_age_memory`), is checked against the available memory: a step that
+would not fit is one ``error:`` line naming both and the ``data.batch_size`` that fits.
 
 Validation MAE selects each stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearson r, Spearman rho,
 R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias correction
@@ -509,23 +514,60 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     return extend_columns(cohort.columns, computed)
 
 
-def _check_sodeep_batch(cfg: Config) -> None:
-    """A bundled SoDeep sorter ranks sequences of one length: the (global) training batch must be one of them."""
+def _devices(cfg: Config) -> int:
+    d = cfg.trainer.devices
+    return len(d) if isinstance(d, (list, tuple)) else int(d) if str(d).isdigit() and int(d) > 0 else 1
+
+
+def _sodeep_terms(cfg: Config) -> list[Any]:
+    """The ``spearman`` regularizers that rank with a bundled SoDeep sorter (no ``sorter`` of their own)."""
+    return [
+        reg
+        for reg in cfg.loss.regularizers
+        if reg.name == "spearman" and (reg.options or {}).get("ranker") == "sodeep" and reg.weight != 0
+        if (reg.options or {}).get("sorter") is None and (reg.options or {}).get("model", "gru") != "exact"
+    ]
+
+
+def _check_sodeep_batch(cfg: Config, n_train: int | None = None, *, note: bool = True) -> None:
+    """A bundled SoDeep sorter ranks sequences of one length: every training batch (global under DDP; the one
+    batch of a training split smaller than it) must be one of them, or the term names a ``fallback`` ranker;
+    with a fallback that some batch uses, a ``note:`` line (once) names the lengths and the fallback."""
     from rankwise.sodeep import BUNDLED_SEQ_LENS
 
-    d = cfg.trainer.devices
-    devices = len(d) if isinstance(d, (list, tuple)) else int(d) if str(d).isdigit() and int(d) > 0 else 1
+    devices = _devices(cfg)
     batch = cfg.data.batch_size * devices
-    for reg in cfg.loss.regularizers:
-        opts = reg.options or {}
-        if reg.name == "spearman" and opts.get("ranker") == "sodeep" and opts.get("sorter") is None:
-            if batch not in BUNDLED_SEQ_LENS:
-                raise ConfigError(
-                    f"`loss.regularizers.spearman.options.ranker` 'sodeep' uses a bundled sorter of length "
-                    f"{list(BUNDLED_SEQ_LENS)}, which the training batch must equal (the authors' sorter has the "
-                    f"batch's length); got data.batch_size={cfg.data.batch_size} x {devices} device(s) = {batch}: "
-                    "set `data.batch_size` to one of them or another ranker (isotonic, neuralsort)"
-                )
+    lengths = {batch} if n_train is None or n_train > cfg.data.batch_size else {n_train}
+    others = sorted(n for n in lengths if n not in BUNDLED_SEQ_LENS and n > 1)
+    if not others:
+        return
+    for reg in _sodeep_terms(cfg):
+        fallback = (reg.options or {}).get("fallback")
+        if fallback is None:
+            what = (
+                f"data.batch_size={cfg.data.batch_size} x {devices} device(s) = {batch}"
+                if others == [batch]
+                else f"the {n_train} training subjects (one batch, fewer than data.batch_size={cfg.data.batch_size})"
+            )
+            raise ConfigError(
+                f"`loss.regularizers.spearman.options.ranker` 'sodeep' uses a bundled sorter of length "
+                f"{list(BUNDLED_SEQ_LENS)}, which the training batch must equal (the authors' sorter has the "
+                f"batch's length); got {what}: set `data.batch_size` to one of them, "
+                "`loss.regularizers.spearman.options.fallback=isotonic` (the ranker of the other lengths) or "
+                "another ranker (isotonic, neuralsort)"
+            )
+        if n_train is not None and note:
+            import warnings
+
+            from rankwise.recipes.common import DataNote
+
+            warnings.warn(
+                f"`loss.regularizers.spearman`: the bundled SoDeep sorters rank batches of "
+                f"{', '.join(map(str, BUNDLED_SEQ_LENS))}; the training batches of {', '.join(map(str, others))} "
+                f"rank with its fallback {fallback!r} (its default options)",
+                DataNote,
+                stacklevel=2,
+            )
 
 
 def _decodes_with_gradient(ordinal: Any) -> bool:
@@ -599,6 +641,11 @@ class BrainAgeRecipe(RecipeBase):
         data = run.data
         if getattr(data, "kind", None) != "volume":
             raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
+        _check_sodeep_batch(cfg, len(data.train_labels), note=run.is_global_zero)
+        if "shape" in data.meta:  # before training: one error line instead of the kernel's kill
+            from rankwise.recipes.brain_age_memory import check_memory
+
+            check_memory(cfg, data.meta["shape"])
         first = first_module(run)
         note_label_classes(run, cfg.loss.name, first.label_classes)
         if cfg.task.init_age_bias and isinstance(first.net, ScaleDense) and first.ordinal is None:

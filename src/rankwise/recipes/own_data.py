@@ -67,6 +67,7 @@ class OwnData:
     method_names: tuple[str, ...] | None = None
     keep_options: tuple[str, ...] = ()
     sniff: Callable[[Path], bool] | None = None
+    budget: Callable[[Any, Any], Any] | None = None
 
 
 _OWN: dict[str, OwnData] = {}
@@ -85,6 +86,7 @@ def register_own_data(
     keep_options: Sequence[str] = (),
     sniff: Callable[[Path], bool] | None = None,
     min_batch_size: int = 16,
+    budget: Callable[[Any, Any], Any] | None = None,
 ) -> None:
     """Let ``rankwise train --data FILE --target COL --dataset DATASET`` use the registered loader ``dataset``.
 
@@ -96,7 +98,9 @@ def register_own_data(
     methods offered (default every ``{presets}_{m}`` preset of ``recipe``); ``keep_options``: the
     preset's ``data.options`` kept on the user's data (e.g. the volume grid); ``sniff``: a test of the
     file's content that selects this dataset, tried before the suffixes; ``min_batch_size``: the
-    smallest data-derived batch size.
+    smallest data-derived batch size; ``budget``: ``budget(cfg, data)`` -> an object with ``max_batch``
+    (the largest batch the machine's memory fits, which caps the data-derived one) and
+    ``describe(batch, steps, n_val)`` (the memory and time per epoch, shown with the defaults).
     """
     _OWN[dataset] = OwnData(
         dataset,
@@ -110,6 +114,7 @@ def register_own_data(
         None if method_names is None else tuple(method_names),
         tuple(keep_options),
         sniff,
+        budget,
     )
 
 
@@ -128,17 +133,24 @@ def _nifti_sniff(path: Path) -> bool:
     return looks_like_nifti_csv(path)
 
 
+def _nifti_budget(cfg: Any, data: Any) -> Any:
+    from rankwise.recipes.brain_age_memory import budget
+
+    return budget(cfg, data)
+
+
 register_own_data(
     "nifti",
     file_option="csv",
     target_option="target",
     presets="brain_age",
-    max_batch_size=32,
-    min_batch_size=32,  # the authors' batch, a length of the bundled SoDeep sorters
+    max_batch_size=32,  # the authors' batch, a length of the bundled SoDeep sorters
+    min_batch_size=8,
     recipe="brain_age",
     method_names=("tsan", "mse", "sfcn", "coral", "corn", "cdw_ce", "sord", "mean_variance", "dldl"),
     keep_options=("shape", "spacing", "resize", "normalize"),
     sniff=_nifti_sniff,
+    budget=_nifti_budget,
 )
 
 
@@ -151,14 +163,27 @@ class DataDefaults(NamedTuple):
     few_shot: float
     batch_size: int
     max_epochs: int
+    #: ``(key, value derived from the data)`` of the settings among these that ``--set`` gave (their
+    #: values above are the user's)
+    given: tuple[tuple[str, float], ...] = ()
+    #: the memory and time of the run on this machine (a dataset's ``budget``), or ``""``
+    cost: str = ""
 
     def describe(self) -> str:
-        """One line: ``bin width 20, many-shot > 18.2 / few-shot < 3.6 training rows per bin, ...``."""
-        return (
-            f"label bin width {self.bin_width:g}; many-shot > {self.many_shot:.3g} and few-shot < "
-            f"{self.few_shot:.3g} training rows per bin; batch size {self.batch_size}; "
-            f"{self.max_epochs} epochs ({self.n_train} training rows)"
+        """One line: ``bin width 20, many-shot > 18.2 / few-shot < 3.6 training rows per bin, ...``;
+        a value that ``--set`` gave is marked ``(--set; the data's 111)``."""
+        derived = dict(self.given)
+
+        def mark(key: str) -> str:
+            return f" (--set; the data's {derived[key]:.3g})" if key in derived else ""
+
+        text = (
+            f"label bin width {self.bin_width:g}; many-shot > {self.many_shot:.3g}{mark('report.many_shot')} and "
+            f"few-shot < {self.few_shot:.3g}{mark('report.few_shot')} training rows per bin; batch size "
+            f"{self.batch_size}{mark('data.batch_size')}; {self.max_epochs} epochs{mark('trainer.max_epochs')} "
+            f"({self.n_train} training rows)"
         )
+        return f"{text}; {self.cost}" if self.cost else text
 
 
 def shot_thresholds(data: Any) -> tuple[float, float]:
@@ -356,7 +381,49 @@ def own_data_config(
     run = raw.setdefault("run", {})
     run["name"] = f"{path.stem}_{method}"
     cfg = load_config(raw, [*_defaults_overrides(defaults), *overrides])
-    return cfg, defaults
+    given = _given_keys(overrides)
+    plan = own.budget(cfg, data) if own.budget is not None else None
+    if plan is not None and "data.batch_size" not in given and plan.max_batch < cfg.data.batch_size:
+        fits = int(plan.max_batch)  # the machine's memory caps the data-derived batch
+        defaults = data_defaults(data, max_batch_size=fits, min_batch_size=min(own.min_batch_size, fits))
+        cfg = load_config(raw, [*_defaults_overrides(defaults), *overrides])
+    used = _used_defaults(defaults, cfg, given)
+    if plan is not None:
+        n, batch = used.n_train, used.batch_size
+        steps = max(1, n // batch) if n > batch else 1
+        used = used._replace(cost=plan.describe(batch, steps, len(getattr(data, "val_labels", ()))))
+    return cfg, used
+
+
+#: the settings of :class:`DataDefaults` and their config keys
+_DERIVED = {
+    "batch_size": "data.batch_size",
+    "max_epochs": "trainer.max_epochs",
+    "many_shot": "report.many_shot",
+    "few_shot": "report.few_shot",
+}
+
+
+def _given_keys(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The defaults' config keys (``data.batch_size``, ...) that ``--set`` strings give."""
+    from rankwise.recipes.config import current_key
+
+    keys = {current_key(item.partition("=")[0].strip()) for item in overrides}
+    return tuple(k for k in _DERIVED.values() if k in keys)
+
+
+def _used_defaults(d: DataDefaults, cfg: Any, given: tuple[str, ...]) -> DataDefaults:
+    """``d`` with the values the run uses (``--set`` wins over the data-derived ones)."""
+    many = cfg.report.many_shot if cfg.report.many_shot is not None else d.many_shot
+    few = cfg.report.few_shot if cfg.report.few_shot is not None else d.few_shot
+    derived = tuple((key, float(getattr(d, field))) for field, key in _DERIVED.items() if key in given)
+    return d._replace(
+        batch_size=int(cfg.data.batch_size),
+        max_epochs=int(cfg.trainer.max_epochs),
+        many_shot=float(many),
+        few_shot=float(few),
+        given=derived,
+    )
 
 
 def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:

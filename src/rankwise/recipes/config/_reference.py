@@ -78,14 +78,134 @@ def model_fields_doc(model: type[BaseModel], prefix: str = "") -> list[FieldDoc]
     return list(_schema_fields(schema, schema.get("$defs", {}), model, prefix))
 
 
+def _param_doc(fn: Any, name: str) -> str:
+    """The description of parameter ``name`` in ``fn``'s docstring (``name``: ..., ``name (type): ...``, or
+    ````name````: ...), else in the docstring of a class it names with :class:`...` in its module."""
+    import inspect
+    import re
+    import sys
+
+    docs = [inspect.getdoc(fn) or ""]
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    for ref in re.findall(r":class:`~?([\w.]+)`", docs[0]):
+        target = getattr(module, ref.rsplit(".", 1)[-1], None)
+        if target is not None:
+            docs.append(inspect.getdoc(target) or "")
+    n = re.escape(name)
+    patterns = (
+        rf"^\s*(?:\*\s*)?{n}(?:\s*\([^)]*\))?\s*:\s*(.+)$",  # Google style: name (type): text
+        rf"``{n}``\s*:\s*([^;]+)",  # ``name``: text
+        rf"(?:^\s*|Options:\s*|,\s*)``{n}``\s*\(((?:[^()]|\([^()]*\))+)\)",  # Options: ``name`` (text), ...
+    )
+    for doc in docs:
+        for pat in patterns:
+            m = re.search(pat, doc, flags=re.MULTILINE)
+            if m:
+                return " ".join(m.group(1).split()).rstrip(".;")
+    return ""
+
+
+def _signature_fields(
+    fn: Any, prefix: str, owner: str, skip: tuple[str, ...] = (), documented: Any = None
+) -> list[FieldDoc]:
+    """One row per keyword option of ``fn`` (its signature): ``prefix.NAME``, type, default, description."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return []
+    out = []
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in skip or p.name == "self":
+            continue
+        tp = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", str(p.annotation))
+        tp = "Any" if p.annotation is p.empty else str(tp).replace("typing.", "")
+        default = p.default if p.default is not p.empty else _Required
+        doc = _param_doc(fn, p.name) or (_param_doc(documented, p.name) if documented is not None else "")
+        out.append(FieldDoc(f"{prefix}.{p.name}", tp, default, f"{owner}{': ' + doc if doc else ''}", ""))
+    return out
+
+
+class _RequiredType:
+    def __repr__(self) -> str:
+        return "(required)"
+
+
+_Required = _RequiredType()
+
+
+def _recipe_components(recipe: str) -> dict[str, list[str]]:
+    """The datasets, backbones and losses the recipe's bundled presets name (``data.name``, ...)."""
+    from rankwise.recipes.config._loading import list_presets, load_raw
+
+    found: dict[str, list[str]] = {"data": [], "model": [], "loss": [], "regularizers": []}
+
+    def add(kind: str, name: Any) -> None:
+        if isinstance(name, str) and name and name not in found[kind]:
+            found[kind].append(name)
+
+    for name in list_presets():
+        raw = load_raw(name)
+        if raw.get("recipe", "dir") != recipe:
+            continue
+        add("data", (raw.get("data") or {}).get("name"))
+        add("model", (raw.get("model") or {}).get("backbone"))
+        loss = raw.get("loss") or {}
+        add("loss", loss.get("name"))
+        for reg in loss.get("regularizers") or []:
+            add("regularizers", (reg or {}).get("name") if isinstance(reg, dict) else None)
+    return found
+
+
+def component_fields(recipe: str) -> list[FieldDoc]:
+    """The options inside the dict fields of ``recipe``'s config: ``data.options.KEY`` of each dataset,
+    ``model.options.KEY`` of each backbone, ``loss.options.KEY`` of each task loss and
+    ``loss.regularizers.NAME.options.KEY`` of each regularizer that the recipe's bundled presets use
+    (read from the signature of the loader, the backbone factory or the loss's module twin)."""
+    from rankwise.data import DATASETS
+    from rankwise.losses import get_loss_entry
+    from rankwise.models import BACKBONES
+
+    def built(name: str) -> Any:
+        entry = get_loss_entry(name)
+        return (entry.module if entry.module is not None else entry.fn), tuple(entry.inputs or {}), entry.fn
+
+    found = _recipe_components(recipe)
+    out: list[FieldDoc] = []
+    for name in found["data"]:
+        out += _signature_fields(DATASETS.get(name), "data.options", f"dataset {name}")
+    for name in found["model"]:
+        out += _signature_fields(BACKBONES.get(name), "model.options", f"backbone {name}")
+    for name in found["loss"]:
+        fn, inputs, doc = built(name)
+        out += _signature_fields(fn, "loss.options", f"loss {name}", (*inputs, "train_labels", "num_classes"), doc)
+    for name in found["regularizers"]:
+        fn, inputs, doc = built(name)
+        out += _signature_fields(
+            fn, f"loss.regularizers.{name}.options", f"regularizer {name}", (*inputs, "train_labels"), doc
+        )
+    return out
+
+
 def config_fields(recipe: str | None = None) -> list[FieldDoc]:
     """Every config field (dotted key, type, default, one-line description, range), from the JSON schema.
 
-    With ``recipe``, the ``task.*`` fields of that recipe's options and only the sections it reads.
+    With ``recipe``, the ``task.*`` fields of that recipe's options, only the sections it reads, and after
+    each dict field (``data.options``, ``model.options``, ``loss.options``, a regularizer's ``options``)
+    the options inside it of the datasets, backbones and losses its presets use (:func:`component_fields`).
     """
     out = [d for d in model_fields_doc(Config) if d.key != "task"]
     if recipe is not None:
         r = get_recipe(recipe)
         out = [d for d in out if d.key.split(".")[0] not in OPTIONAL_SECTIONS or d.key.split(".")[0] in r.uses]
-        out += model_fields_doc(r.options, "task")
+        inner = component_fields(recipe)
+        merged: list[FieldDoc] = []
+        for d in out:
+            merged.append(d)
+            if d.key == "loss.regularizers[].options":
+                merged += [f for f in inner if f.key.startswith("loss.regularizers.")]
+            elif d.key in ("data.options", "model.options", "loss.options"):
+                merged += [f for f in inner if f.key.startswith(d.key + ".")]
+        out = merged + model_fields_doc(r.options, "task")
     return out

@@ -348,7 +348,8 @@ def train(
     if resume and set_:
         _console().print(
             "[yellow]warning:[/] --resume continues with the config saved in the run directory; "
-            f"ignoring {', '.join(set_)} (--devices/--accelerator/--strategy/--num-nodes still apply)",
+            f"ignoring {', '.join(set_)} (--devices/--accelerator/--strategy/--num-nodes still apply; --precision "
+            "must be the run's own)",
             highlight=False,
             soft_wrap=True,
         )
@@ -359,9 +360,14 @@ def train(
 
         run_dir, cfg = out, None
         if resume:  # the run continues with its saved config, read once by run_train
+            from rankwise.recipes.runner import check_resumes_same_run, named_run
+
             if run_dir is None:  # the directory the config names
                 named = _new_run_config(config, data, target, method, dataset, [], con, quiet=True)
                 run_dir = Path(named.run.out_dir) / named.run.name
+                check_resumes_same_run(run_dir, named.recipe, named.data.name, str(config or data))
+            elif config is not None:  # the run it names must be the one in the directory
+                check_resumes_same_run(run_dir, *named_run(config), config)
         else:
             cfg = _new_run_config(config, data, target, method, dataset, overrides, con)
         return run_train(
@@ -370,7 +376,8 @@ def train(
             resume=resume,
             overwrite=overwrite,
             progress=progress,
-            trainer_overrides=hardware if resume else None,
+            # --precision too: a resume refuses one that differs from the precision the run trained at
+            trainer_overrides={**hardware, **({"precision": precision} if precision else {})} if resume else None,
             log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 

@@ -5,6 +5,8 @@ fault that must end the process (SIGKILL), the test runs this module in a subpro
 
     python -m tests.recipes._faults kill STEP PRESET OUT [--set key=value ...]
     python -m tests.recipes._faults term STEP PRESET OUT [--set ...]   # SIGTERM, then the CLI exit code
+    python -m tests.recipes._faults kill-stage N PRESET OUT [--set ...]  # at the start of the N-th stage (1 = first)
+    python -m tests.recipes._faults term-stage N PRESET OUT [--set ...]
 """
 
 from __future__ import annotations
@@ -32,6 +34,21 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalAtStage(L.Callback):
+    """Send ``signum`` to this process when the ``n``-th training stage of the run starts (``n = 2``: the
+    boundary after the first stage, whose ``done`` marker is written, before the second trains a step)."""
+
+    def __init__(self, n: int, signum: int = signal.SIGKILL) -> None:
+        self.n, self.signum, self.started = int(n), int(signum), 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.started += 1
+        if self.started == self.n:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), self.signum)
+
+
 class NaNAtStep(L.Callback):
     """Turn the module's weights into NaN at ``global_step >= step`` (a diverged model: the loss becomes NaN)."""
 
@@ -52,11 +69,12 @@ def _main(argv: list[str]) -> None:
 
     kind, step, preset, out, *rest = argv
     sets = [rest[i + 1] for i in range(len(rest)) if rest[i] == "--set"]
-    signum = signal.SIGKILL if kind == "kill" else signal.SIGTERM
+    signum = signal.SIGKILL if kind.startswith("kill") else signal.SIGTERM
+    fault = SignalAtStage if kind.endswith("-stage") else SignalAtStep
     real_train = runner.train
 
     def train_with_fault(cfg: Any, **kw: Any) -> Any:
-        return real_train(cfg, **kw, callbacks=[SignalAtStep(int(step), signum)])
+        return real_train(cfg, **kw, callbacks=[fault(int(step), signum)])
 
     runner.train = train_with_fault  # this helper process only
     main(["train", preset, "--out", out, "--no-progress", *[a for s in sets for a in ("--set", s)]])

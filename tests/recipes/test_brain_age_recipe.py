@@ -121,3 +121,18 @@ def test_two_stages_under_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     metrics = json.loads((run / "metrics.json").read_text())
     assert np.isfinite(metrics["test"]["mae"]) and np.isfinite(metrics["test"]["stage1_mae"])
     assert (run / "stage1" / "best.ckpt").is_file() and (run / "checkpoints" / "best.ckpt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["kill-stage", "term-stage"])
+def test_tsan_killed_between_its_stages_resumes_to_the_uninterrupted_metrics(tmp_path: Path, kind: str) -> None:
+    from tests.recipes.test_stages import _killed_at_stage_then_resumed
+
+    cohort = tmp_path / "cohort"
+    _invoke("data", "make", "brain-age-synthetic", "--n", "24", "--spacing", "6", "--out", str(cohort))
+    sets = [f"data.options.csv={cohort / 'participants.csv'}", f"data.options.cache_dir={tmp_path / 'cache'}", *TINY]
+    sets += ["model.options={nb_filter: 4, nb_block: 2, use_sex: true}", "run.plots=false"]
+    ref = tmp_path / "ref"
+    _invoke("train", "brain_age_tsan_synthetic", "--out", str(ref), *[a for s in sets for a in ("--set", s)])
+    ref_metrics = json.loads((ref / "metrics.json").read_text())
+    _killed_at_stage_then_resumed(tmp_path, kind, "brain_age_tsan_synthetic", sets, "stage1", ref_metrics)

@@ -75,3 +75,20 @@ def test_resume_without_out_continues_the_directory_the_preset_names(tmp_path, c
     r = CliRunner().invoke(app, ["train", "abalone_vanilla", "--resume", "--no-progress"])
     assert r.exit_code == 0, r.output
     assert calls["run_config"][-1].run.name == "mine"  # the saved config, not the preset's
+
+
+def test_resume_refuses_a_config_of_another_run_and_a_precision_the_run_did_not_train_at(tmp_path):
+    from tests.cli_helpers import one_error_line
+
+    run = tmp_path / "rnc"
+    sets = _sets(["task.pretrain_epochs=1"])
+    r = CliRunner().invoke(app, ["train", "abalone_rnc", *sets, "--out", str(run), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["train", "abalone_lds", "--resume", "--out", str(run), "--no-progress"])
+    line = one_error_line(r)
+    assert "holds a run of recipe 'rnc'" in line and "not of recipe 'dir'" in line
+    r = CliRunner().invoke(app, ["train", "abalone_rnc", "--resume", "--out", str(run), "--precision", "64-true"])
+    assert "`trainer.precision` is '64-true' now, but was '32-true'" in one_error_line(r)
+    args = ["train", "abalone_rnc", "--resume", "--out", str(run), "--precision", "32-true", "--no-progress"]
+    r = CliRunner().invoke(app, args)  # the run's own precision: nothing left to train, evaluated again
+    assert r.exit_code == 0, r.output

@@ -181,3 +181,43 @@ def test_a_finished_stage_given_more_epochs_continues_on_resume(tmp_path, abalon
     train(None, out=run, resume=True, progress=False, verbose=False, data=abalone)
     again = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert again["global_step"] == 6
+
+
+def _numbers(obj, prefix=""):
+    """The numbers of a metrics.json section by dotted key (timings left out)."""
+    if isinstance(obj, dict):
+        return {
+            k: v
+            for key, val in obj.items()
+            if "seconds" not in key
+            for k, v in _numbers(val, f"{prefix}{key}.").items()
+        }
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return {prefix.rstrip("."): float(obj)}
+    return {}
+
+
+def _assert_same_metrics(got: dict, ref: dict) -> None:
+    for section in ("test", "val"):
+        a, b = _numbers(got.get(section, {})), _numbers(ref.get(section, {}))
+        assert a and a.keys() == b.keys(), section
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-9), section
+
+
+def _killed_at_stage_then_resumed(tmp_path, kind, preset, sets, first, ref):
+    from tests.recipes.test_recipe_training import _cli, _cli_with_fault
+
+    run = tmp_path / kind
+    killed = _cli_with_fault(kind, 2, preset, run, sets)  # as the second stage starts
+    assert killed.returncode == (-9 if kind == "kill-stage" else 143), killed.stderr[-2000:]
+    assert (run / first / "done").is_file() and not (run / "checkpoints" / "last.ckpt").exists()
+    resumed = _cli(["train", preset, "--out", str(run), "--resume", "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_metrics(json.loads((run / "metrics.json").read_text()), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["kill-stage", "term-stage"])
+def test_rnc_killed_between_its_stages_resumes_to_the_uninterrupted_metrics(tmp_path, abalone, kind):
+    ref = train(load_config("abalone_rnc", RNC), out=tmp_path / "ref", progress=False, verbose=False, data=abalone)
+    _killed_at_stage_then_resumed(tmp_path, kind, "abalone_rnc", RNC, "pretrain", ref.metrics)

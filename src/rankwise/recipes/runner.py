@@ -28,10 +28,12 @@ __all__ = [
     "RunResult",
     "check_checkpoint_name",
     "check_predictions_path",
+    "check_resumes_same_run",
     "compare",
     "default_predictions_path",
     "evaluate",
     "load_run_config",
+    "named_run",
     "predict",
     "predictions_mae",
     "train",
@@ -73,6 +75,39 @@ def load_run_config(
     return load_config(raw, list(overrides))
 
 
+def check_resumes_same_run(run_dir: str | Path, recipe: str, dataset: str, named: str) -> None:
+    """``--resume`` of ``run_dir`` named with a config (``named``: a preset or file) of ``recipe`` on ``dataset``:
+    the run directory must hold a run of that recipe and dataset (else a :class:`ConfigError`: the resume
+    would continue another run than the one named)."""
+    saved = upgrade_saved(load_raw(rundir.saved_config(run_dir, resume=True)))
+    data = saved.get("data")
+    has = (str(saved.get("recipe", _default("recipe"))), str((data if isinstance(data, dict) else {}).get("name", "")))
+    if has[1] == "":
+        has = (has[0], dataset)
+    if has != (recipe, dataset):
+        run = saved.get("run")
+        name = run.get("name") if isinstance(run, dict) else None
+        raise ConfigError(
+            f"cannot --resume {run_dir} as {named}: it holds a run of recipe {has[0]!r} on dataset {has[1]!r}"
+            f"{f' ({name})' if name else ''}, not of recipe {recipe!r} on {dataset!r}; name the config it was "
+            "trained with, or choose another --out"
+        )
+
+
+def _default(key: str) -> Any:
+    return Config.model_fields[key].default
+
+
+def named_run(source: str) -> tuple[str, str]:
+    """The recipe and dataset a config file or preset names (defaults where it names none)."""
+    from rankwise.recipes.config import DataConfig
+
+    raw = load_raw(source)
+    data = raw.get("data")
+    name = (data if isinstance(data, dict) else {}).get("name", DataConfig.model_fields["name"].default)
+    return str(raw.get("recipe", _default("recipe"))), str(name)
+
+
 def check_checkpoint_name(checkpoint: str | None) -> None:
     """``--checkpoint``: None (the recipe's choice), ``"best"`` or ``"last"``, else a ConfigError."""
     if checkpoint not in (None, "best", "last"):
@@ -99,7 +134,10 @@ def train(
     from its last checkpoint with the config saved there, read once (``cfg`` may then be None when
     ``out`` names the directory; ``trainer_overrides`` -- hardware options such as ``devices``,
     ``strategy``, ``num_nodes``, ``accelerator`` -- applied on top, so a DDP run can be resumed on
-    one process and vice versa; a new run takes them from ``cfg``). ``callbacks``: extra Lightning callbacks of
+    one process and vice versa; ``precision`` there must be the run's own; a new run takes them from
+    ``cfg``; a ``cfg`` given with ``resume`` must be of the recipe and dataset of the run in ``out``). A
+    resume refuses config edits it cannot honour (see
+    :meth:`~rankwise.recipes.rundir.Run.check_last`). ``callbacks``: extra Lightning callbacks of
     every training stage. ``log_epoch``: receives one line per epoch when the progress bar is off.
     ``verbose=False`` hides the progress bar. Raises
     :class:`~rankwise.recipes.common.NonFiniteLossError` when the loss becomes NaN/inf (the last
@@ -114,6 +152,8 @@ def train(
     if resume and overwrite:
         raise rundir.RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     if resume:
+        if cfg is not None:
+            check_resumes_same_run(run_dir, cfg.recipe, cfg.data.name, f"recipe {cfg.recipe!r}")
         cfg = load_run_config(run_dir, trainer=trainer_overrides, resume=True)
     elif cfg is None:
         raise TypeError("train() needs a config unless it resumes a run directory")

@@ -19,7 +19,13 @@ owns, for every stage:
   ``local`` stage is cheap and redone every time (no marker);
 * the weights it hands on: after the stage (trained or skipped) its ``best`` or ``last`` checkpoint
   is loaded into ``module`` on every process, so the next stage starts from them;
-* its training-curve plot (``plots/<stage>_curves.png``, when ``curves`` names it).
+* its training-curve plot (``plots/<stage>_curves.png``, when ``curves`` names it);
+* the random state after it: once the stage has trained or been skipped, the global RNGs (``random``,
+  NumPy, torch on the CPU) are set to the state its ``last.ckpt`` recorded at the end of its last epoch
+  (:meth:`~rankwise.recipes.rundir.Run.restore_rng`), so what the recipe builds next (the next stage's
+  initial weights) and trains next is the same whether this process trained the stage or a resumed
+  one skipped it as done (or found it trained to its end without a marker); a ``local`` stage is redone
+  every time and leaves the state as its training does.
 
 The lifecycle's own functions here take the :class:`~rankwise.recipes.rundir.Run` as ``run``.
 """
@@ -179,14 +185,15 @@ def _quiet(patterns: Sequence[str]) -> Iterator[None]:
 
 
 def run_stage(run: Any, stage: Stage) -> StageResult:
-    """Train ``stage`` through ``run`` (skipped when done), then load the weights it hands on."""
+    """Train ``stage`` through ``run`` (skipped when done), load the weights it hands on and restore the random
+    state at the end of its training (see the module doc)."""
     _check_data(stage)
     if stage.local:
         return _run_local(run, stage)
     done = run.ckpt_dir(stage.name) / DONE
     secs = read_done(done)
     if secs is not None and run.resume:  # a finished stage is not retrained, but resumes only from sound checkpoints
-        trained = run.check_last(stage.module, stage.name)
+        trained = run.check_last(stage.module, stage.name, stage.epochs)
         if (trained or stage.epochs) < stage.epochs:
             secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
     result = StageResult(stage, skipped=secs is not None)
@@ -211,6 +218,7 @@ def run_stage(run: Any, stage: Stage) -> StageResult:
         result.epoch_seconds = secs
     if stage.hand_on is not None:
         run.load(stage.module, stage.hand_on, stage.name)
+    run.restore_rng(stage.name)
     return result
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rankwise.recipes import stages as _stages
-from rankwise.recipes.config import Config, ConfigError
+from rankwise.recipes.config import Config, ConfigError, config_to_dict
 from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_note
 from rankwise.recipes.rundir._files import (
     AtomicCheckpointIO,
@@ -23,6 +23,7 @@ from rankwise.recipes.rundir._files import (
     UnfinishedRunWarning,
     check_resume_checkpoint,
     check_state_matches,
+    load_checkpoint,
     load_state_dict,
     load_weights,
 )
@@ -38,7 +39,6 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for pattern in (
         ".*does not have many workers.*",
-        ".*Experiment logs directory.*",
         ".*Checkpoint directory.*exists and is not empty.*",
         ".*number of training batches.*",
         ".*LeafSpec.*",
@@ -58,6 +58,192 @@ def _last_checkpoint_class() -> Any:
         """``last.ckpt`` after every epoch (its own class, so its state key differs from the best one's)."""
 
     return LastCheckpoint
+
+
+def _csv_logger(root: Path, name: str, version: str) -> Any:
+    """Lightning's ``CSVLogger`` at ``root/name/version/metrics.csv``, keeping the rows already there.
+
+    Lightning's own logger deletes an existing ``metrics.csv`` when it starts: a resumed stage would
+    lose the rows of the epochs before its checkpoint (and a resume that fails at once, the whole
+    file). This one writes every logged row at once (``flush_logs_every_n_steps=1``: the rows of
+    every finished epoch are on disk by its checkpoint) and, at its first write, keeps the file's
+    rows of the epochs before the first one it logs: a stage continued from ``last.ckpt`` at epoch
+    ``e`` drops only the rows of ``e`` onwards (those of the interrupted epoch, logged again), a stage
+    redone from epoch 0 replaces its log. Every rewrite of the file is atomic (temporary file +
+    ``os.replace``); nothing is written until a row is logged.
+    """
+    import csv
+
+    from lightning.fabric.loggers.logger import rank_zero_experiment
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    def write_rows(path: str, keys: list[str], rows: Sequence[dict[str, Any]]) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+
+    def epoch_of(row: dict[str, Any]) -> float | None:
+        try:
+            return float(row.get("epoch"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+
+    class AppendingWriter(ExperimentWriter):
+        def __init__(self, log_dir: str) -> None:
+            super().__init__(log_dir)
+            self._merged = False
+
+        def _check_log_dir_exists(self) -> None:  # Lightning's: deletes metrics.csv
+            pass
+
+        def save(self) -> None:
+            if self._merged or not self.metrics:
+                super().save()
+                return
+            rows: list[dict[str, Any]] = []
+            keys: set[str] = set().union(*self.metrics)
+            if os.path.isfile(self.metrics_file_path):
+                with open(self.metrics_file_path, newline="") as f:
+                    reader = csv.DictReader(f)
+                    old = list(reader)
+                    keys |= set(reader.fieldnames or ())
+                starts = [e for e in map(epoch_of, self.metrics) if e is not None]
+                first = min(starts) if starts else None
+                rows = [r for r in old if first is None or (e := epoch_of(r)) is None or e < first]
+            self.metrics_keys = sorted(keys)
+            write_rows(self.metrics_file_path, self.metrics_keys, [*rows, *self.metrics])
+            self.metrics, self._merged = [], True
+
+        def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+            with open(self.metrics_file_path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            write_rows(self.metrics_file_path, fieldnames, rows)
+
+    class AppendingCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> Any:
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = AppendingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return AppendingCSVLogger(root, name=name, version=version, flush_logs_every_n_steps=1)
+
+
+#: the key of a training checkpoint that records the run's config (:func:`_config_record`)
+CONFIG_KEY = "rankwise_config"
+
+#: config keys a resume honours when they differ from the checkpoint's: hardware, logging, the run's
+#: name and folder, evaluation and reports; epoch counts (``*max_epochs``, ``*_epochs``) too, raised
+#: (lowered below what a stage has trained: refused by :meth:`Run.check_last`). ``data.options``: the
+#: run's data record checks them.
+RESUME_HONOURS = (
+    "description",
+    "expected_time",
+    "run.name",
+    "run.out_dir",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.strategy",
+    "trainer.num_nodes",
+    "trainer.num_threads",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "data.num_workers",
+    "data.eval_batch_size",
+    "report.",
+    "data.options.",
+)
+
+
+def _is_epochs_key(key: str) -> bool:
+    last = key.rsplit(".", 1)[-1]
+    return last == "max_epochs" or last.endswith("_epochs")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict by dotted key (lists and other values are leaves)."""
+    if not isinstance(d, dict) or not d:
+        return {prefix.rstrip("."): d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.")
+    return out
+
+
+def _honoured(key: str) -> bool:
+    return _is_epochs_key(key) or any(key == h or (h.endswith(".") and key.startswith(h)) for h in RESUME_HONOURS)
+
+
+def resume_edits(trained: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The config keys of ``now`` (the resumed run's config) whose value differs from ``trained`` (the config a
+    checkpoint was trained with), ``key -> (trained value, value now)``, in order; keys only one of them
+    has (a field of another rankwise version) are left out."""
+    a, b = _flat(trained), _flat(now)
+    return {k: (a[k], b[k]) for k in b if k in a and a[k] != b[k]}
+
+
+#: the key of a training checkpoint that records the global random state when it was written
+RNG_KEY = "rankwise_rng"
+
+
+def rng_state() -> dict[str, Any]:
+    """The global random state (``random``, NumPy's legacy RNG, torch on the CPU) as weights-only data."""
+    import random
+
+    import numpy as np
+
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # noqa: NPY002 - the global RNG
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [
+            str(name),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
+        "python": [int(version), torch.tensor(internal, dtype=torch.int64), gauss_next],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Set the global random state to one of :func:`rng_state`."""
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss_next))
+
+
+def _run_record(cfg: Config) -> Any:
+    import lightning as L
+
+    record = config_to_dict(cfg)
+
+    class RunRecord(L.Callback):
+        """Writes into every checkpoint the run's config (``CONFIG_KEY``: what a resume compares its own
+        with) and the global random state (``RNG_KEY``: what :meth:`Run.restore_rng` sets after the stage)."""
+
+        def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+            checkpoint[CONFIG_KEY] = record
+            checkpoint[RNG_KEY] = rng_state()
+
+    return RunRecord()
+
+
+def _edit_text(key: str, old: Any, new: Any) -> str:
+    return f"`{key}` is {new!r} now, but was {old!r}"
 
 
 def _epoch_printer(emit: Callable[[str], None]) -> Any:
@@ -267,12 +453,13 @@ class Run:
             cbs.append(_epoch_printer(self.log_epoch))
         cbs.extend(self.callbacks)
         cbs.extend(callbacks)
+        cbs.append(_run_record(self.cfg))
         logger: Any = False
         if loggers:
-            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+            from lightning.pytorch.loggers import TensorBoardLogger
 
             logger = [
-                CSVLogger(self.dir, name="logs", version=stage),
+                _csv_logger(self.dir, "logs", stage),
                 TensorBoardLogger(self.dir, name="tb", version=stage),
             ]
         kwargs: dict[str, Any] = {
@@ -301,30 +488,66 @@ class Run:
 
     def fit(self, trainer: Any, module: Any, data: Any, val_dl: Any = None, *, stage: str = "") -> None:
         """``trainer.fit`` on ``data`` (a ``LightningDataModule``, or a training loader and ``val_dl``); with
-        ``resume``, the stage continues from its ``last.ckpt`` when there is one."""
+        ``resume``, the stage continues from its ``last.ckpt`` when there is one (checked by :meth:`check_last`
+        against ``trainer.max_epochs``)."""
         import lightning as L
 
-        ckpt = self._resume_from(module, stage) if self.resume else None
+        ckpt = None
+        if self.resume:
+            self.check_last(module, stage, trainer.max_epochs)
+            last = self._last_checkpoint(stage)
+            ckpt = None if last is None else str(last)
         if isinstance(data, L.LightningDataModule):
             trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
         else:
             trainer.fit(module, data, val_dl, ckpt_path=ckpt, weights_only=True)
         self.global_rank = int(trainer.global_rank)
 
-    def check_last(self, module: Any, stage: str = "") -> int | None:
-        """The stage's ``last.ckpt`` is a checkpoint ``--resume`` could continue, as for a stage that
-        continues (else :class:`CheckpointError` naming it); returns the epochs it has trained (``None``
-        for a stage not started yet)."""
-        last = self._last_checkpoint(stage)
-        return None if last is None else check_resume_checkpoint(last, module)
+    def restore_rng(self, stage: str = "") -> None:
+        """Set the global random state to the one the stage's ``last.ckpt`` recorded (the end of its last
+        epoch): what follows the stage draws the same numbers whether this process trained it or a resumed
+        one skipped it. A checkpoint without the record (written by an older rankwise) changes nothing."""
+        last = self.ckpt_dir(stage) / "last.ckpt"
+        if not last.is_file():
+            return
+        state = load_checkpoint(last).get(RNG_KEY)
+        if isinstance(state, dict):
+            set_rng_state(state)
 
-    def _resume_from(self, module: Any, stage: str) -> str | None:
-        """The ``last.ckpt`` a resumed stage continues from (checked), ``None`` for a stage not started yet."""
+    def check_last(self, module: Any, stage: str = "", epochs: int | None = None) -> int | None:
+        """The stage's ``last.ckpt`` is a checkpoint ``--resume`` can continue (else :class:`CheckpointError`
+        naming it); returns the epochs it has trained (``None`` for a stage not started yet).
+
+        Beside the file itself (:func:`~rankwise.recipes.rundir.check_resume_checkpoint`), the run's config
+        is compared with the one the checkpoint records: a key a resume cannot honour (one outside
+        :data:`RESUME_HONOURS`: the optimizer's learning rate, whose restored state would win, the
+        precision, the loss, the model) that differs is a :class:`ConfigError` naming it, and so is a
+        stage whose ``epochs`` are fewer than the checkpoint has trained.
+        """
         last = self._last_checkpoint(stage)
         if last is None:
             return None
-        check_resume_checkpoint(last, module)
-        return str(last)
+        trained = check_resume_checkpoint(last, module)
+        record = load_checkpoint(last).get(CONFIG_KEY)
+        edits = resume_edits(record, config_to_dict(self.cfg)) if isinstance(record, dict) else {}
+        refused = {k: v for k, v in edits.items() if not _honoured(k)}
+        where = f"cannot --resume {self.dir}"
+        if refused:
+            shown = "; ".join(_edit_text(k, *v) for k, v in list(refused.items())[:3])
+            more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+            raise ConfigError(
+                f"{where}: {shown}{more} when {last.relative_to(self.dir)} was written (config.yaml or the "
+                "command line); a resume continues the same training, whose checkpointed state would win: "
+                "set it back, or train a new run (another --out, or --overwrite)"
+            )
+        if epochs is not None and trained is not None and trained > epochs:
+            lowered = [k for k, (old, new) in edits.items() if _is_epochs_key(k) and new == epochs]
+            what = f"`{lowered[0]}` is {epochs} now" if lowered else f"stage {stage!r} asks for {epochs} epochs"
+            raise ConfigError(
+                f"{where}: {what}, but {last.relative_to(self.dir)} has trained {trained} epochs already; set it to "
+                f"at least {trained}, or train a new run (another --out, or --overwrite)"
+            )
+        return trained
 
     def _last_checkpoint(self, stage: str) -> Path | None:
         """The stage's ``last.ckpt``, ``None`` for a stage not started yet.
@@ -374,11 +597,10 @@ class Run:
             kw["max_epochs"] = max_epochs
         if root is not None:
             from lightning.pytorch.callbacks import ModelCheckpoint
-            from lightning.pytorch.loggers import CSVLogger
 
             kw |= {
                 "default_root_dir": str(root),
-                "logger": CSVLogger(root, name="logs", version=""),
+                "logger": _csv_logger(root, "logs", ""),
                 "log_every_n_steps": 1,
             }
             if checkpoint:

@@ -28,6 +28,17 @@ buffer ``label_class_map`` of the checkpoint; predictions are the decoded classe
 (:func:`~rankwise.recipes.dir_net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
 corrections and ``rankwise predict`` are those of the regression.
 
+The DIR recipes' imbalanced-regression mechanisms, on ScaleDense's one stage (``task.stages: 1``):
+``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.dir_net.lds_buffers` /
+:func:`~rankwise.recipes.dir_net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
+loss of predictions and targets (``balanced_mse``, ``dist_loss``; a loss with parameters gets its own
+optimizer group, :func:`~rankwise.recipes.dir_net.loss_param_groups`); regularizers whose registry entry
+takes ``features`` (``ranksim``, ``ordinal_entropy``) see :meth:`ScaleDense.features`, the penultimate
+``(B, 40)`` (with sex) that the final layers or an ordinal head receive. SFCN and TSAN's second stage
+take none of them (one ``ConfigError`` naming the key). The test metrics add the DIR recipes' shot-group
+MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.dir_net.shot_metrics`) and
+``qwk`` / ``exact_acc`` of the 1-year age classes.
+
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
 the Spearman and age-difference losses see the **global** batch (``N * data.batch_size``; a SoDeep
 sorter needs a bundled length 32/64/128 equal to it), the task loss is averaged by DDP.

@@ -26,7 +26,6 @@ import argparse
 import csv
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import time
@@ -134,7 +133,8 @@ def cell(mean: float, std: float, digits: int) -> str:
 def diff_cell(vs: dict[str, Any]) -> str:
     """``+0.12 ± 0.30 (p 0.551)``: the paired difference to L1 over seeds (mean ± SD) and the t-test's p."""
     p = vs["p_paired_t"]
-    return f"{vs['diff_mean']:+.2f} ± {vs['diff_sd']:.2f} (p {'–' if p is None else f'{p:.3f}'})"
+    shown = "–" if p is None else "< 0.001" if p < 0.001 else f"{p:.3f}"
+    return f"{vs['diff_mean']:+.2f} ± {vs['diff_sd']:.2f} (p {shown})"
 
 
 def markdown_rows(report: dict[str, Any]) -> list[str]:
@@ -183,8 +183,7 @@ def main() -> None:
         "commit": a.commit or _commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "loadavg": loadavg(),
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "loadavg_when_written": loadavg(),
         "passes": passes,
         "seeds": seeds,
         "cohort": {"csv": str(cohort_csv), **mean_predictor_mae(l1_run, cohort_csv)},

@@ -172,7 +172,8 @@ def test_own_cohort_route_trains_an_ordinal_head(cohort: Path, tmp_path: Path) -
         (
             "brain_age_tsan_synthetic",
             ["loss.name=regression_l1"],
-            "error: `loss.name` of recipe 'brain_age' must be an ordinal loss (",
+            "error: `loss.name: regression_l1` trains ScaleDense's one stage: set `task.stages: 1`, got "
+            "`task.stages: 2`",
         ),
     ],
 )

@@ -184,7 +184,18 @@ _EXTENDED = {
     "brain_age_sfcn_synthetic",
     "brain_age_coral_synthetic",
     "brain_age_dldl_synthetic",
+    "brain_age_dldl_ranking_synthetic",
     "brain_age_sfcn_dldl_synthetic",
+    "brain_age_l1_synthetic",
+    "brain_age_lds_synthetic",
+    "brain_age_balanced_mse_synthetic",
+    "brain_age_ranksim_synthetic",
+    "brain_age_ordinal_entropy_synthetic",
+    "brain_age_dist_loss_synthetic",
+    "brain_age_corn_synthetic",
+    "brain_age_cdw_ce_synthetic",
+    "brain_age_sord_synthetic",
+    "brain_age_mean_variance_synthetic",
 }
 
 

@@ -194,13 +194,24 @@ class ScaleDense(_ScaleTrunk):
             raise TypeError(f"`head` must be an nn.Module, got {type(head).__name__}")
         setattr(self, "end_fc_with_gender" if self.use_sex else "end_fc_without_gender", head)
 
-    def forward(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def final_layers(self) -> nn.Module:
+        """The final layers that ``forward`` applies to :meth:`features`: ``end_fc_with_gender`` with
+        ``use_sex``, else ``end_fc_without_gender`` (or the head of :meth:`replace_head`)."""
+        return self.end_fc_with_gender if self.use_sex else self.end_fc_without_gender
+
+    def features(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``(B, head_in_features)`` penultimate features: ``deep_fc`` of the pooled trunk, with
+        ``use_sex`` concatenated with the sex branch ``male_fc`` -- what the final layers receive."""
         _check_volume(x, sex, self.use_sex)
         h = self.deep_fc(self.trunk(x))
         if not self.use_sex:
-            return self.end_fc_without_gender(h)
+            return h
         assert sex is not None
-        return self.end_fc_with_gender(torch.cat([h, self.sex_features(sex, h)], dim=1))
+        return torch.cat([h, self.sex_features(sex, h)], dim=1)
+
+    def forward(self, x: torch.Tensor, sex: torch.Tensor | None = None) -> torch.Tensor:
+        return self.final_layers(self.features(x, sex))
 
 
 class TSANSecondStage(_ScaleTrunk):

@@ -28,6 +28,17 @@ buffer ``label_class_map`` of the checkpoint; predictions are the decoded classe
 (:func:`~rankwise.recipes.dir_net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
 corrections and ``rankwise predict`` are those of the regression.
 
+The DIR recipes' imbalanced-regression mechanisms, on ScaleDense's one stage (``task.stages: 1``):
+``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.dir_net.lds_buffers` /
+:func:`~rankwise.recipes.dir_net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
+loss of predictions and targets (``balanced_mse``, ``dist_loss``; a loss with parameters gets its own
+optimizer group, :func:`~rankwise.recipes.dir_net.loss_param_groups`); regularizers whose registry entry
+takes ``features`` (``ranksim``, ``ordinal_entropy``) see :meth:`ScaleDense.features`, the penultimate
+``(B, 40)`` (with sex) that the final layers or an ordinal head receive. SFCN and TSAN's second stage
+take none of them (one ``ConfigError`` naming the key). The test metrics add the DIR recipes' shot-group
+MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.dir_net.shot_metrics`) and
+``qwk`` / ``exact_acc`` of the 1-year age classes.
+
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
 the Spearman and age-difference losses see the **global** batch (``N * data.batch_size``; a SoDeep
 sorter ranks the bundled lengths 32/64/128, any other length goes to the term's ``fallback`` ranker), the task
@@ -60,7 +71,7 @@ from rankwise._binning import LabelClasses
 from rankwise.models.brain_age import SFCN, ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
-from rankwise.recipes.config import Config, ConfigError, Options
+from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.dir_net import (
     check_ordinal_options,
@@ -69,10 +80,15 @@ from rankwise.recipes.dir_net import (
     decode_ordinal,
     fit_label_classes,
     label_classes_of,
+    lds_buffers,
+    lds_sample_weights,
+    loss_param_groups,
     note_label_classes,
     ordinal_head_module,
     ordinal_loss_tensors,
     regression_loaders,
+    run_shot_thresholds,
+    shot_metrics,
     train_classes,
 )
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config, ordinal_head_of
@@ -85,7 +101,18 @@ __all__ = ["BrainAgeModule", "BrainAgeOptions", "BrainAgeRecipe"]
 
 _NETWORKS = ("scale_dense", "sfcn")
 #: test metrics of the CLI tables (the report lists all of them)
-TABLE_METRICS = ("mae", "pearson", "corr_bag_age", "corr_bag_age_gap", "stage1_mae", "epoch_seconds")
+TABLE_METRICS = (
+    "mae",
+    "mae_many",
+    "mae_medium",
+    "mae_few",
+    "qwk",
+    "pearson",
+    "corr_bag_age",
+    "corr_bag_age_gap",
+    "stage1_mae",
+    "epoch_seconds",
+)
 Table = tuple[list[str], list[list[str]]]
 
 
@@ -110,6 +137,11 @@ class BrainAgeOptions(Options):
         True,
         description="TSAN: start the stage-1 output bias at the mean training age and stage 2 at the discretized "
         "stage-1 age (its last layer zeroed), else PyTorch's default initialisation",
+    )
+    lds: LDSConfig = Field(
+        default_factory=LDSConfig,
+        description="ScaleDense, one stage: label-distribution reweighting / smoothing of the task loss (the "
+        "DIR recipes' `task.lds`), over 1-year age bins of the training ages",
     )
     age_scale: float | None = Field(
         1.0,
@@ -151,6 +183,7 @@ class BrainAgeModule(L.LightningModule):
         first: nn.Module | None = None,
         age_scale: float = 1.0,
         train_labels: Any = None,
+        bin_width: float = 1.0,
     ) -> None:
         super().__init__()
         self.cfg, self.task, self.stage = cfg, cfg.task, stage
@@ -163,11 +196,23 @@ class BrainAgeModule(L.LightningModule):
         if first is not None:
             first.requires_grad_(False)
             first.eval()
-        self.terms = build_regularizers(cfg.loss.regularizers)
+        labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
+        self.terms = build_regularizers(cfg.loss.regularizers, train_labels=labels)
         #: the ordinal head of the task loss (``None``: regression / SFCN's KL) and the age classes it predicts
         self.ordinal = ordinal_head_of(cfg.loss) if stage == "first" else None
         self.label_classes: LabelClasses | None = None
+        #: the registry's task loss (:func:`build_task_loss`) of ScaleDense's one stage (an ordinal head's, or
+        #: ``loss.name`` / ``regression_<loss.kind>`` on the ages); ``None``: SFCN's KL, TSAN's second stage
         self.task_loss: nn.Module | None = None
+        self.bin_width = float(bin_width)
+        #: LDS weights of the task loss (``task.lds``; only ScaleDense's one stage, :meth:`BrainAgeRecipe.check`)
+        self.use_weights = stage == "first" and cfg.task.lds.reweight != "none"
+        if self.use_weights:
+            bins, table = lds_buffers(cfg.task.lds, train_labels, self.bin_width)
+            self.register_buffer("lds_bins", bins)
+            self.register_buffer("lds_table", table)
+        if self.ordinal is None and stage == "first" and self.kind == "tsan":
+            self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
         if self.ordinal is not None:
             lc = age_classes(cfg, self.net, train_labels)
             self.label_classes = lc
@@ -196,15 +241,21 @@ class BrainAgeModule(L.LightningModule):
         """``{"age": (B,), ...}``: the prediction of this stage and what its loss needs."""
         from rankwise import discretize_age
 
-        if self.ordinal is not None:
-            logits = self.net.logits(vol) if self.kind == "sfcn" else self.net(vol, sex)  # type: ignore[operator]
-            cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-            return {"age": decode_ordinal(self.ordinal, logits, cmap), "logits": logits}
         if self.kind == "sfcn":
+            if self.ordinal is not None:
+                logits = self.net.logits(vol)  # type: ignore[operator]
+                cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
+                return {"age": decode_ordinal(self.ordinal, logits, cmap), "logits": logits}
             logp = self.net(vol)
             return {"age": self.net.predict_age(logp), "log_probs": logp}  # type: ignore[operator]
-        if self.stage == "first":
-            return {"age": self.age_scale * self.net(vol, sex).reshape(-1)}
+        if self.stage == "first":  # ScaleDense: its penultimate features, then its final layers (or the head)
+            assert isinstance(self.net, ScaleDense)
+            feats = self.net.features(vol, sex)
+            raw = self.net.final_layers(feats)
+            if self.ordinal is not None:
+                cmap = self.label_class_map  # type: ignore[assignment]
+                return {"age": decode_ordinal(self.ordinal, raw, cmap), "logits": raw, "features": feats}
+            return {"age": self.age_scale * raw.reshape(-1), "features": feats}
         assert self.first is not None
         with torch.no_grad():
             dis = discretize_age(self.age_scale * self.first(vol, sex).reshape(-1, 1).float(), self.task.step)
@@ -214,14 +265,35 @@ class BrainAgeModule(L.LightningModule):
     def forward(self, vol: torch.Tensor, sex: torch.Tensor) -> torch.Tensor:
         return self.predict_age(vol, sex)["age"]
 
-    def _task_loss(self, out: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-        from rankwise.imbalanced import regression_loss
+    def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
+        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.dir_net.lds_sample_weights`), or ``None``."""
+        if not self.use_weights:
+            return None
+        bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
+        table: torch.Tensor = self.lds_table  # type: ignore[assignment]
+        return lds_sample_weights(y, bins, table, self.bin_width)
 
-        if self.task_loss is not None and self.label_classes is not None:  # an ordinal head
+    def loss_tensors(self, out: dict[str, torch.Tensor], y: torch.Tensor) -> dict[str, Any]:
+        """The batch tensors by role (``features``, ``predictions``, ``targets``, ``weights`` and an ordinal
+        head's ``logits`` / ``classes`` / ``levels``) that the task loss and the regularizers take."""
+        tensors: dict[str, Any] = {
+            "features": out.get("features"),
+            "predictions": out["age"],
+            "targets": y,
+            "weights": self.sample_weights(y),
+        }
+        if self.ordinal is not None and self.label_classes is not None:
             k = self.label_classes.num_classes
             cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
             classes = label_classes_of(y, cmap, k)
-            return self.task_loss(ordinal_loss_tensors(self.task_loss, out["logits"], classes, k))
+            tensors.update(ordinal_loss_tensors(self.task_loss, out["logits"], classes, k))
+        return tensors
+
+    def _task_loss(self, out: dict[str, torch.Tensor], y: torch.Tensor, tensors: dict[str, Any]) -> torch.Tensor:
+        from rankwise.imbalanced import regression_loss
+
+        if self.task_loss is not None:  # ScaleDense's one stage, or an ordinal head
+            return self.task_loss(tensors)
         if self.kind == "sfcn":
             from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
 
@@ -241,11 +313,12 @@ class BrainAgeModule(L.LightningModule):
         x, y = batch
         y = y.reshape(-1).float()
         out = self.predict_age(x["volume"], x["sex"])
-        task = self._task_loss(out, y)
+        tensors = self.loss_tensors(out, y)
+        task = self._task_loss(out, y, tensors)
         loss = task
         n = y.numel()
         for term in self.terms:
-            value = term({"predictions": out["age"], "targets": y, "features": None, "weights": None})
+            value = term(tensors)
             self.log(f"train/{term.name}", value.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
             loss = loss + term.weight * value
         check_finite(loss, self, f"brain-age ({self.stage} stage)")
@@ -270,6 +343,12 @@ class BrainAgeModule(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         x, y = batch
         return {"pred": self(x["volume"], x["sex"]).float(), "label": y.reshape(-1).float()}
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Trainable parameters; a task loss with parameters (Balanced MSE's noise) gets its own group
+        (lr ``loss.lr``), as in the DIR recipes."""
+        loss = self.task_loss if self.task_loss is not None else nn.Module()
+        return loss_param_groups(self, loss, self.cfg.loss.lr)
 
     def configure_optimizers(self) -> Any:
         lr = self.task.stage2_lr if self.stage == "second" else None
@@ -328,7 +407,13 @@ def age_classes(cfg: Config, net: nn.Module, train_labels: Any) -> LabelClasses:
 def first_module(run: Run) -> BrainAgeModule:
     """The run's first-stage module (ScaleDense or SFCN; with an ordinal loss, its head over the age classes)."""
     labels = run.data.train_labels
-    return BrainAgeModule(run.cfg, stage="first", age_scale=resolve_age_scale(run.cfg, labels), train_labels=labels)
+    return BrainAgeModule(
+        run.cfg,
+        stage="first",
+        age_scale=resolve_age_scale(run.cfg, labels),
+        train_labels=labels,
+        bin_width=run.data.bin_width,
+    )
 
 
 def resolve_age_scale(cfg: Config, train_labels: Any) -> float:
@@ -411,6 +496,7 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
     corrected = _bias_corrected(test_pred, test_age, val_pred, val_age)
     test = brain_age_metrics(test_pred, test_age)
     flat = {k: v for k, v in test.items() if not isinstance(v, dict)}
+    flat |= _shot_and_class_metrics(run, test_pred, test_age)
     for method, values in corrected.items():
         if not np.isfinite(values).all():  # no correction fits (e.g. constant validation predictions)
             flat[f"corr_bag_age_{method}"] = flat[f"mae_{method}"] = None
@@ -418,14 +504,31 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
         m = brain_age_metrics(test_pred, test_age, corrected=values)["corrected"]
         flat[f"corr_bag_age_{method}"] = m["corr_bag_age"]
         flat[f"mae_{method}"] = m["mae"]
+    many, few = run_shot_thresholds(run.cfg, run.data)
     out = {
         "test": flat,
         "val": {k: v for k, v in brain_age_metrics(val_pred, val_age).items() if not isinstance(v, dict)},
         "mae_by_decade": test.get("mae_by_decade", {}),
+        "shot_thresholds": {"many": many, "few": few},
     }
     if write:
         _write_predictions(run, val_pred, val_age, test_pred, test_age, corrected)
     return to_builtin(out)
+
+
+def _shot_and_class_metrics(run: Run, pred: np.ndarray, age: np.ndarray) -> dict[str, Any]:
+    """The DIR recipes' shot-group MAE (:func:`~rankwise.recipes.dir_net.shot_metrics`: 1-year age bins,
+    many-shot above ``report.many_shot`` training subjects, few-shot below ``report.few_shot``, else the
+    cohort's own thresholds) and the class metrics of the 1-year age classes (QWK, exact accuracy)."""
+    m = shot_metrics(pred, age, run.data, run.cfg)
+    out: dict[str, Any] = {}
+    for group in ("many", "medium", "few"):
+        out[f"mae_{group}"] = m[group]["mae"]
+        out[f"n_{group}"] = m[group]["count"]
+    ordinal = m.get("ordinal") or {}
+    out["qwk"] = ordinal.get("qwk")
+    out["exact_acc"] = ordinal.get("exact_acc")
+    return out
 
 
 def _write_predictions(
@@ -575,20 +678,32 @@ def _decodes_with_gradient(ordinal: Any) -> bool:
     return bool(ordinal.predict(torch.zeros(1, 3, requires_grad=True)).requires_grad)
 
 
-def _check_ordinal(cfg: Config) -> None:
-    """``loss.name`` is an ordinal loss (one stage; regularizers on the ages need a decoder with a gradient)."""
-    from rankwise.losses import LOSSES, get_loss_entry
+def _one_scale_dense_stage(cfg: Config) -> bool:
+    return cfg.model.backbone == "scale_dense" and cfg.task.stages == 1
+
+
+def _check_task_loss(cfg: Config) -> None:
+    """``loss.name``: an ordinal loss (one stage; regularizers on the ages need a decoder with a gradient)
+    or a regression loss of the registry on ScaleDense's ages (one stage)."""
+    from rankwise.losses import get_loss_entry
 
     name = cfg.loss.name
     if name is None:
         return
     ordinal = ordinal_head_of(cfg.loss)
-    if ordinal is None:
-        names = sorted(e.name for e in LOSSES.entries() if e.ordinal is not None)
-        raise ConfigError(
-            f"`loss.name` of recipe 'brain_age' must be an ordinal loss ({', '.join(names)}), got {name!r}; "
-            "a regression loss is `loss.kind` (mse, l1, huber)"
-        )
+    if ordinal is None:  # a regression loss on predictions and targets (check_loss_config checked its inputs)
+        if cfg.model.backbone == "sfcn":
+            raise ConfigError(
+                f"`loss.name: {name}` is a loss of predicted ages, which SFCN does not regress (it trains the KL "
+                "of its age bins to soft labels, `task.sfcn_sigma`): use `model.backbone: scale_dense` with "
+                "`task.stages: 1`, or an ordinal loss over SFCN's bins"
+            )
+        if cfg.task.stages != 1:
+            raise ConfigError(
+                f"`loss.name: {name}` trains ScaleDense's one stage: set `task.stages: 1`, got "
+                f"`task.stages: {cfg.task.stages}` (TSAN's second stage regresses a residual with `loss.kind`)"
+            )
+        return
     if cfg.task.stages != 1:
         raise ConfigError(
             f"`loss.name: {name}` (an ordinal head) trains one stage: set `task.stages: 1`, got "
@@ -603,6 +718,41 @@ def _check_ordinal(cfg: Config) -> None:
                 "head decodes as a class (no gradient), so it would train nothing: use an ordinal loss "
                 "predicted by the expectation (dldl, mean_variance) or remove the regularizer"
             )
+
+
+def _check_one_stage_options(cfg: Config) -> None:
+    """Feature regularizers (RankSim, Ordinal Entropy) and ``task.lds`` fit ScaleDense's one stage only:
+    SFCN has no such features and a stage 2 would train without them."""
+    from rankwise.losses import get_loss_entry
+    from rankwise.recipes.loss_terms import task_loss_name
+
+    where = (
+        "SFCN's (`model.backbone: sfcn`)"
+        if cfg.model.backbone == "sfcn"
+        else f"TSAN's two stages (`task.stages: {cfg.task.stages}`)"
+    )
+    for reg in cfg.loss.regularizers:
+        if reg.weight != 0 and "features" in (get_loss_entry(reg.name).inputs or {}).values():
+            if not _one_scale_dense_stage(cfg):
+                raise ConfigError(
+                    f"`loss.regularizers.{reg.name}` applies to ScaleDense's penultimate features, which only "
+                    f"its one stage trains (`model.backbone: scale_dense`, `task.stages: 1`), not {where}"
+                )
+    lds = cfg.task.lds
+    check_lds(lds)
+    if lds.reweight == "none":
+        return
+    if not _one_scale_dense_stage(cfg):
+        raise ConfigError(
+            f"`task.lds.reweight: {lds.reweight}` reweights the task loss of ScaleDense's one stage "
+            f"(`model.backbone: scale_dense`, `task.stages: 1`), not {where}"
+        )
+    name = task_loss_name(cfg.loss)
+    if "weights" not in (get_loss_entry(name).inputs or {}).values():
+        raise ConfigError(
+            f"`task.lds.reweight: {lds.reweight}` weights the task loss per sample, but `{name}` takes no "
+            "per-sample weights: set `task.lds.reweight: none` or use a weighted loss (`loss.kind: l1`, mse, huber)"
+        )
 
 
 class BrainAgeRecipe(RecipeBase):
@@ -626,7 +776,8 @@ class BrainAgeRecipe(RecipeBase):
         if cfg.loss.kind not in ("mse", "l1", "huber"):
             raise ConfigError(f"`loss.kind` of recipe 'brain_age' must be mse, l1 or huber, got {cfg.loss.kind!r}")
         check_loss_config(cfg.loss)
-        _check_ordinal(cfg)
+        _check_task_loss(cfg)
+        _check_one_stage_options(cfg)
         _check_sodeep_batch(cfg)
 
     def method(self, cfg: Config) -> str:

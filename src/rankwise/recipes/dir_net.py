@@ -35,7 +35,10 @@ __all__ = [
     "eval_loader",
     "fit_label_classes",
     "label_classes_of",
+    "lds_buffers",
+    "lds_sample_weights",
     "lds_weight_table",
+    "loss_param_groups",
     "make_fds",
     "note_label_classes",
     "ordinal_head_module",
@@ -76,6 +79,46 @@ def lds_weight_table(
     ubins, inv = np.unique(bins, return_inverse=True)
     table = np.bincount(inv, weights=w) / np.bincount(inv)
     return ubins, table
+
+
+def lds_buffers(lds: Any, train_labels: Any, bin_width: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(lds_bins, lds_table)`` buffers of a module reweighting its task loss with ``task.lds``
+    (an :class:`~rankwise.recipes.config.LDSConfig`): :func:`lds_weight_table` on the full training
+    labels as int64 bins and float32 weights; both empty when ``lds.reweight`` is ``"none"``."""
+    if lds.reweight == "none":
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float32)
+    if train_labels is None:
+        raise ValueError("`train_labels` are required when `task.lds.reweight` is not 'none'")
+    b, t = lds_weight_table(
+        train_labels, bin_width, reweight=lds.reweight, lds=lds.lds, kernel=lds.kernel, ks=lds.ks, sigma=lds.sigma
+    )
+    return torch.as_tensor(b, dtype=torch.int64), torch.as_tensor(t, dtype=torch.float32)
+
+
+def lds_sample_weights(y: torch.Tensor, bins: torch.Tensor, table: torch.Tensor, bin_width: float) -> torch.Tensor:
+    """The weight of each label ``y`` in the table of :func:`lds_buffers` (lookup by bin ``floor(y /
+    bin_width)``; 1 for a bin the training labels do not have), in ``y``'s dtype."""
+    b = snap_floor(y.detach(), bin_width).long()  # the binning rule of lds_weights (any dtype)
+    idx = torch.searchsorted(bins, b).clamp_(max=bins.numel() - 1)
+    w = table[idx]
+    return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
+
+
+def loss_param_groups(module: nn.Module, task_loss: nn.Module, lr: float | None) -> list[dict[str, Any]]:
+    """The optimizer parameter groups of ``module``: its trainable parameters, and those of its
+    ``task_loss`` (e.g. Balanced MSE's learnable noise) as a group of their own with learning rate
+    ``lr`` (``loss.lr``; ``None``: the optimizer's)."""
+    loss_params = [p for p in task_loss.parameters() if p.requires_grad]
+    ids = {id(p) for p in loss_params}
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in module.parameters() if p.requires_grad and id(p) not in ids]}
+    ]
+    if loss_params:
+        group: dict[str, Any] = {"params": loss_params}
+        if lr is not None:
+            group["lr"] = lr
+        groups.append(group)
+    return groups
 
 
 def make_fds(feature_dim: int, f: Any, *, bin_width: float, label_range: tuple[float, float]) -> nn.Module:
@@ -267,24 +310,8 @@ class DIRNet(nn.Module):
             self.register_buffer("label_class_map", class_map_buffer(self.label_classes))
             self._class_counts = class_counts(self.label_classes, train_labels)
         self.head = self._make_head()
-        lds = cfg.task.lds
-        self.use_weights = lds.reweight != "none"
-        bins = torch.zeros(0, dtype=torch.int64)
-        table = torch.zeros(0, dtype=torch.float32)
-        if self.use_weights:
-            if train_labels is None:
-                raise ValueError("`train_labels` are required when `task.lds.reweight` is not 'none'")
-            b, t = lds_weight_table(
-                train_labels,
-                self.bin_width,
-                reweight=lds.reweight,
-                lds=lds.lds,
-                kernel=lds.kernel,
-                ks=lds.ks,
-                sigma=lds.sigma,
-            )
-            bins = torch.as_tensor(b, dtype=torch.int64)
-            table = torch.as_tensor(t, dtype=torch.float32)
+        self.use_weights = cfg.task.lds.reweight != "none"
+        bins, table = lds_buffers(cfg.task.lds, train_labels, self.bin_width)
         self.register_buffer("lds_bins", bins)
         self.register_buffer("lds_table", table)
         self.fds: nn.Module | None = None
@@ -309,10 +336,7 @@ class DIRNet(nn.Module):
             return None
         bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
         table: torch.Tensor = self.lds_table  # type: ignore[assignment]
-        b = snap_floor(y.detach(), self.bin_width).long()  # the binning rule of lds_weights (any dtype)
-        idx = torch.searchsorted(bins, b).clamp_(max=bins.numel() - 1)
-        w = table[idx]
-        return torch.where(bins[idx] == b, w, torch.ones_like(w)).to(y.dtype)
+        return lds_sample_weights(y, bins, table, self.bin_width)
 
     def _make_head(self) -> nn.Module:
         """A new head: linear regressor (bias at the mean label), or the ordinal loss's head of logits."""
@@ -363,17 +387,7 @@ class DIRNet(nn.Module):
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Trainable parameters; a task loss with parameters gets its own group (lr ``loss.lr``)."""
-        loss_params = [p for p in self.task_loss.parameters() if p.requires_grad]
-        ids = {id(p) for p in loss_params}
-        groups: list[dict[str, Any]] = [
-            {"params": [p for p in self.parameters() if p.requires_grad and id(p) not in ids]}
-        ]
-        if loss_params:
-            group: dict[str, Any] = {"params": loss_params}
-            if self.cfg.loss.lr is not None:
-                group["lr"] = self.cfg.loss.lr
-            groups.append(group)
-        return groups
+        return loss_param_groups(self, self.task_loss, self.cfg.loss.lr)
 
 
 def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:

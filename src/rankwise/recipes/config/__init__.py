@@ -32,6 +32,7 @@ from rankwise.recipes.config._checks import (
     check_kwargs as check_kwargs,
 )
 from rankwise.recipes.config._checks import (
+    check_lds,
     check_lds_fds,
     config_from_dict,
     config_to_dict,
@@ -115,6 +116,7 @@ __all__ = [
     "TrainerConfig",
     "UserError",
     "apply_overrides",
+    "check_lds",
     "check_lds_fds",
     "config_fields",
     "config_from_dict",

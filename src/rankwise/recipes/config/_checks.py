@@ -197,16 +197,23 @@ def _check_half_precision_eps(cfg: Config) -> None:
         )
 
 
-def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:
-    """Cross-field checks of LDS and FDS options (odd kernel sizes; LDS smooths a reweighting)."""
-    for sec, ks in (("lds", lds.ks), ("fds", fds.ks)):
-        if ks % 2 == 0:
-            raise ConfigError(f"`{key}.{sec}.ks` must be odd, got {ks}")
+def check_lds(lds: LDSConfig, key: str = "task") -> None:
+    """Cross-field checks of the LDS options (an odd kernel size; LDS smooths a reweighting)."""
+    if lds.ks % 2 == 0:
+        raise ConfigError(f"`{key}.lds.ks` must be odd, got {lds.ks}")
     if lds.lds and lds.reweight == "none":
         raise ConfigError(
             f"`{key}.lds.lds` is true but `{key}.lds.reweight` is 'none': LDS smooths the reweighting "
             f"counts, set `{key}.lds.reweight` to 'sqrt_inv' or 'inverse'"
         )
+
+
+def check_lds_fds(lds: LDSConfig, fds: FDSConfig, key: str = "task") -> None:
+    """Cross-field checks of LDS and FDS options (odd kernel sizes; LDS smooths a reweighting)."""
+    for sec, ks in (("lds", lds.ks), ("fds", fds.ks)):
+        if ks % 2 == 0:
+            raise ConfigError(f"`{key}.{sec}.ks` must be odd, got {ks}")
+    check_lds(lds, key)
 
 
 def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[str, ...] = ()) -> None:

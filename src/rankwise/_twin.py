@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 __all__ = ["FunctionModule"]
@@ -48,7 +49,9 @@ class FunctionModule(nn.Module):
 
     def _tensor_option(self, name: str, value: Any) -> None:
         """Keep the tensor option ``name`` (or None) as a non-persistent buffer: it follows the module's
-        ``.to(device)`` and stays out of the state dict."""
+        ``.to(device)`` and stays out of the state dict. Anything but a tensor or None: a TypeError."""
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"`{name}` must be a tensor or None, got {type(value).__name__}")
         self.register_buffer(name, value, persistent=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

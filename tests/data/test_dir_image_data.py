@@ -127,3 +127,13 @@ def test_agedb_split_follows_dir_rule(shared_dir) -> None:
     _, va, te = dir_split(labels, per_label=30, seed=0)
     assert collections.Counter(labels[va].tolist()) == collections.Counter(d.val_labels.tolist())
     assert collections.Counter(labels[te].tolist()) == collections.Counter(d.test_labels.tolist())
+
+
+def test_an_image_list_records_every_image_it_names(tmp_path) -> None:
+    """Inside ``recording_reads`` the loader records each image (a run fingerprints them)."""
+    from rankwise.data._files import recording_reads
+
+    csv_path, root = _make(tmp_path)
+    with recording_reads() as read:
+        dir_images(csv_path, root, image_size=32)
+    assert {p.resolve() for p in (root / "AgeDB").iterdir()} <= {p.resolve() for p in read}

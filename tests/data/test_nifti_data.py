@@ -285,3 +285,14 @@ def test_a_crop_that_cuts_into_the_brain_is_noted(tmp_path: Path, monkeypatch: p
 def _cohort_notes(root: Path) -> list[str]:
     root.mkdir()
     return load_nifti_csv(str(_cohort(root)), shape=[16, 16, 16], cache_dir=str(root / "k")).meta["notes"]
+
+
+def test_a_cohort_records_every_volume_it_reads(tmp_path: Path) -> None:
+    """Inside ``recording_reads`` the loader records the CSV and each volume (a run fingerprints them)."""
+    from rankwise.data._files import recording_reads
+
+    csv = _cohort(tmp_path, n=6)
+    with recording_reads() as read:
+        load_nifti_csv(str(csv), cache_dir=str(tmp_path / "cache"), val_fraction=0.2, test_fraction=0.2)
+    got = {Path(p).resolve() for p in read}
+    assert {(tmp_path / f"s{i}.nii.gz").resolve() for i in range(6)} <= got

@@ -128,9 +128,15 @@ def check_file(path: str | Path, what: str = "data file", *, max_bytes: int | No
             raise DataFormatError(p, None, f"cannot read the file: {err.strerror or err}") from err
         if size > max_bytes:
             raise _too_big(p, size, "the file", max_bytes)
-    for files in _RECORDERS:
-        files.append(p)
+    note_read(p)
     return p
+
+
+def note_read(path: str | Path) -> None:
+    """Inside :func:`recording_reads`, record ``path`` as read: for the files a loader opens without
+    :func:`check_file` (each image or volume a list names)."""
+    for files in _RECORDERS:
+        files.append(Path(path))
 
 
 def check_dir(path: str | Path, option: str = "root") -> Path:

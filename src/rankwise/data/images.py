@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from rankwise._validation import check_positive_int
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
-from rankwise.data._files import check_dir, check_header, csv_records, parse_number, read_text
+from rankwise.data._files import check_dir, check_header, csv_records, note_read, parse_number, read_text
 
 __all__ = [
     "DIRImageDataset",
@@ -206,6 +206,7 @@ def check_image_files(csv_path: Path, paths: Sequence[Path], rows: Sequence[int]
     for p, r in zip(paths, rows):
         if not p.is_file():
             raise DataFileNotFoundError(csv_path, r, f"image file not found: {p}")
+        note_read(p)  # a run records the images it read (their fingerprints, in its data.json)
 
 
 def image_list_records(

@@ -47,7 +47,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
-from rankwise.data._files import check_header, csv_records, parse_number, read_text
+from rankwise.data._files import check_header, csv_records, note_read, parse_number, read_text
 
 __all__ = [
     "SEX_VALUES",
@@ -255,6 +255,7 @@ def _check_volume_file(path: Path, where: tuple[Path, int]) -> os.stat_result:
             raise DataFormatError(*where, f"volume {path} is {kind}, not a NIfTI file")
     if not stat.S_ISREG(st.st_mode):
         raise DataFormatError(*where, f"volume {path} is not a regular file")
+    note_read(path)  # a run records the volumes it read (their fingerprints, in its data.json)
     return st
 
 

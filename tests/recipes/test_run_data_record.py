@@ -270,3 +270,29 @@ def test_split_digest_follows_the_rows(tmp_path):
     first = split_digest(load_csv(path, target="y"))
     assert split_digest(load_csv(path, target="y")) == first
     assert split_digest(load_csv(path, target="y", seed=1)) != first
+
+
+def test_a_moved_cache_is_not_a_change_of_the_data() -> None:
+    """``data.options.cache_dir`` says where derived files live: another one is no change of the data."""
+    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes.rundir import DataChangedError
+    from rankwise.recipes.rundir._record import check_options
+
+    record = {"data": {"name": "nifti", "options": {"csv": "/data/cohort.csv", "cache_dir": "/scratch/a"}}}
+    moved = config_from_dict(
+        {
+            "recipe": "brain_age",
+            "model": {"backbone": "scale_dense"},
+            "data": {"name": "nifti", "options": {"csv": "/data/cohort.csv", "cache_dir": "/b"}},
+        }
+    )
+    check_options(record, moved, action="evaluate")
+    other = config_from_dict(
+        {
+            "recipe": "brain_age",
+            "model": {"backbone": "scale_dense"},
+            "data": {"name": "nifti", "options": {"csv": "/data/other.csv", "cache_dir": "/b"}},
+        }
+    )
+    with pytest.raises(DataChangedError, match=r"`data\.options\.csv` is '/data/other\.csv'"):
+        check_options(record, other, action="evaluate")

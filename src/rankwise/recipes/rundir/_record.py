@@ -43,6 +43,9 @@ RECORD_NAME = "data.json"
 CHANGED_DATA_DIR = "changed_data"
 #: the ``data.options`` that name a file or folder (of every loader: ``csv``, ``letor``, ``nifti`` ...)
 PATH_OPTIONS = ("path", "csv", "root", "cache_dir")
+#: data options that say where derived files are kept, not which data: a run may move them (a NIfTI
+#: cache checks each entry against its recorded checksum, and rebuilds a bad one, wherever it is)
+WHERE_ONLY = ("cache_dir",)
 #: the scalar attributes of a dataset kept in the summary (those it has)
 _SCALARS = (
     "name",
@@ -264,7 +267,7 @@ def check_options(record: dict[str, Any], cfg: Config, *, allow_changed: bool = 
     if now["name"] != trained.get("name"):
         messages.append(f"config.yaml's `data.name` is {now['name']!r}; the run was trained on {trained.get('name')!r}")
     old = trained.get("options") if isinstance(trained.get("options"), dict) else {}
-    for key in sorted(set(old) | set(now["options"])):
+    for key in sorted((set(old) | set(now["options"])) - set(WHERE_ONLY)):
         if key not in now["options"]:
             messages.append(f"config.yaml has no `data.options.{key}`; the run was trained with {old[key]!r}")
         elif key not in old:

@@ -136,3 +136,17 @@ def test_code_blocks_run(path: Path, tmp_path, monkeypatch) -> None:
             exec(compile(block, f"{path.name}[python block {i}]", "exec"), namespace)
         except Exception as e:
             raise AssertionError(f"{path.name}, python block {i} fails:\n{block}") from e
+
+
+def test_imbalanced_own_table_is_its_json() -> None:
+    """docs/imbalanced.md's diabetes table is ``benchmarks/results/own_table_diabetes.json``, cell by cell."""
+    import json
+
+    data = json.loads((REPO / "benchmarks" / "results" / "own_table_diabetes.json").read_text())
+    text = (REPO / "docs" / "imbalanced.md").read_text(encoding="utf-8")
+    assert f"rankwise commit\n`{data['commit']}`" in text or f"rankwise commit `{data['commit']}`" in text
+    for method, r in data["methods"].items():
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| `{method}` "))
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        want = [r["mae"][g] for g in ("all", "many", "medium", "few")] + [r["gm_all"]]
+        assert cells == [f"{v:.2f}" for v in want], (method, cells)

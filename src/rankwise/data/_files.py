@@ -264,3 +264,14 @@ def csv_records(
             )
         if row:
             yield row_no, row
+
+
+def file_digest(path: str | os.PathLike[str], algorithm: str = "sha256") -> str:
+    """The hex digest of a file's bytes (read in 1 MiB chunks, never whole into memory)."""
+    import hashlib
+
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -47,7 +47,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
-from rankwise.data._files import check_header, csv_records, note_read, parse_number, read_text
+from rankwise.data._files import check_header, csv_records, file_digest, note_read, parse_number, read_text
 
 __all__ = [
     "SEX_VALUES",
@@ -225,14 +225,6 @@ class NiftiVolumeDataset(Dataset):
         if s >= 0:
             onehot[s] = 1.0
         return {"volume": vol, "sex": onehot}, torch.tensor(float(self.ages[index]))
-
-
-def _file_digest(path: Path, algorithm: str = "sha1") -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check_volume_file(path: Path, where: tuple[Path, int]) -> os.stat_result:
@@ -501,7 +493,7 @@ def _verified(cached: Path) -> tuple[dict[str, Any] | None, str]:
         size = cached.stat().st_size
         if size != npy["bytes"]:
             return None, f"is {size:,} bytes where {npy['bytes']:,} were written (truncated or replaced)"
-        if _file_digest(cached, "sha256") != npy["sha256"]:
+        if file_digest(cached) != npy["sha256"]:
             return None, "does not match its checksum (changed since it was written)"
         arr = np.load(cached, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
@@ -681,7 +673,7 @@ class _Preprocessing:
             raise DataFormatError(
                 csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
             )
-        key = hashlib.sha1((_file_digest(it["path"]) + opts).encode()).hexdigest()
+        key = hashlib.sha1((file_digest(it["path"], "sha1") + opts).encode()).hexdigest()
         cached = self.cache / f"{key}.npy"
         if cached.exists() or cached.with_suffix(".json").exists():
             record, problem = _verified(cached)

@@ -380,30 +380,18 @@ _HARDWARE = ("trainer.num_threads", "trainer.devices", "trainer.accelerator", "t
 _PRESENTATION = ("report.plots", "report.tsne", "report.plot_samples", "run.out_dir", "description", "expected_time")
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(_flat(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
-
-
 def _check_reused(run_dir: Path, cfg: Config) -> None:
     """A finished run of a comparison is reused only when it was trained with this config (up to the
     hardware and the plots): else one ConfigError naming the run and the first keys that differ."""
-    from rankwise.recipes.config import config_to_dict
+    from rankwise.recipes.config import config_changes, config_to_dict
 
-    saved = _flat(config_to_dict(load_run_config(run_dir)))
     trained = cfg.model_copy(deep=True)
     rundir.absolute_data_paths(trained)  # as training writes them into config.yaml
-    wanted = _flat(config_to_dict(trained))
+    changes = config_changes(config_to_dict(load_run_config(run_dir)), config_to_dict(trained), shared_only=False)
     skip = (*_HARDWARE, *_PRESENTATION)
-    differ = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k) and not k.startswith(skip))
+    differ = sorted(k for k in changes if not k.startswith(skip))
     if differ:
-        shown = "; ".join(f"`{k}` {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in differ[:3])
+        shown = "; ".join(f"`{k}` {changes[k][0]!r} there, {changes[k][1]!r} now" for k in differ[:3])
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
         raise ConfigError(
             f"{run_dir} is a finished run of this comparison trained with another config: {shown}{more}; "

@@ -34,6 +34,7 @@ from rankwise.recipes.config._checks import (
 from rankwise.recipes.config._checks import (
     check_lds,
     check_lds_fds,
+    config_changes,
     config_from_dict,
     config_to_dict,
     validate_section,
@@ -118,6 +119,7 @@ __all__ = [
     "apply_overrides",
     "check_lds",
     "check_lds_fds",
+    "config_changes",
     "config_fields",
     "config_from_dict",
     "config_to_dict",

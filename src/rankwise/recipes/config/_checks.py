@@ -278,6 +278,28 @@ def _sections(recipe: Any) -> str:
     return ", ".join([*UNIVERSAL_SECTIONS, *sorted(recipe.uses), "task"])
 
 
+def _by_dotted_key(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict by dotted key; empty dicts, lists and other values are leaves."""
+    if not isinstance(d, dict) or not d:
+        return {prefix.rstrip("."): d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out |= _by_dotted_key(v, f"{prefix}{k}.")
+    return out
+
+
+def config_changes(
+    before: dict[str, Any], now: dict[str, Any], *, shared_only: bool = True
+) -> dict[str, tuple[Any, Any]]:
+    """The dotted config keys whose value differs between two :func:`config_to_dict` dicts,
+    ``key -> (value before, value now)``, in the order of ``now``. With ``shared_only`` a key only one of
+    them has (a field of another rankwise version) is left out; without it, it is reported with ``None``
+    on the side that lacks it (after the keys of ``now``)."""
+    a, b = _by_dotted_key(before), _by_dotted_key(now)
+    keys = [k for k in b if k in a] if shared_only else [*b, *(k for k in a if k not in b)]
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
+
+
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads."""
     out = cfg.model_dump(mode="python")

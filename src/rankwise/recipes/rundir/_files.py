@@ -215,6 +215,11 @@ def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> int | None:
     device, a directory), not a Lightning checkpoint (no ``state_dict``, ``optimizer_states``,
     ``loops``, ``epoch``), a state dict whose keys or shapes differ from the model's, NaN weights.
     """
+    return load_resume_checkpoint(path, module)[1]
+
+
+def load_resume_checkpoint(path: Path, module: torch.nn.Module) -> tuple[dict[str, Any], int | None]:
+    """:func:`check_resume_checkpoint`, and the checkpoint it loaded (read once)."""
     import stat
 
     try:
@@ -238,7 +243,7 @@ def check_resume_checkpoint(path: Path, module: torch.nn.Module) -> int | None:
         raise CheckpointError(f"cannot --resume: checkpoint {path} has no valid optimizer state")
     check_state_matches(module, _check_state(ckpt["state_dict"], path), path)
     epoch = ckpt["epoch"]
-    return epoch + 1 if isinstance(epoch, int) else None
+    return ckpt, (epoch + 1 if isinstance(epoch, int) else None)
 
 
 class _WholeWrites:

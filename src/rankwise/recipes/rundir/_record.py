@@ -102,12 +102,9 @@ def data_files(cfg: Config, read: Iterable[Path]) -> list[Path]:
 
 def fingerprint(path: Path) -> dict[str, Any]:
     """``{"path", "size", "sha256"}`` of a file (read in chunks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return {"path": str(path), "size": size, "sha256": h.hexdigest()}
+    from rankwise.data._files import file_digest
+
+    return {"path": str(path), "size": path.stat().st_size, "sha256": file_digest(path)}
 
 
 def _feed(h: Any, value: Any) -> None:
@@ -287,12 +284,12 @@ def check_files(record: dict[str, Any], *, allow_changed: bool = False, action: 
         if not path.is_file():
             messages.append(f"{path}: the run's data file is missing")
             continue
-        now = fingerprint(path)
-        if now["size"] != f["size"]:
+        size = path.stat().st_size
+        if size != f["size"]:
             messages.append(
-                f"{path}: the run's data file changed since training ({f['size']:,} bytes then, {now['size']:,} now)"
+                f"{path}: the run's data file changed since training ({f['size']:,} bytes then, {size:,} now)"
             )
-        elif now["sha256"] != f["sha256"]:
+        elif fingerprint(path)["sha256"] != f["sha256"]:
             messages.append(f"{path}: the run's data file changed since training (same size, other content)")
     _refuse(messages, allow_changed, ADVICE[action])
 

@@ -15,15 +15,15 @@ from typing import Any
 import torch
 
 from rankwise.recipes import stages as _stages
-from rankwise.recipes.config import Config, ConfigError, config_to_dict
+from rankwise.recipes.config import Config, ConfigError, config_changes, config_to_dict
 from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_note
 from rankwise.recipes.rundir._files import (
     AtomicCheckpointIO,
     CheckpointError,
     UnfinishedRunWarning,
-    check_resume_checkpoint,
     check_state_matches,
     load_checkpoint,
+    load_resume_checkpoint,
     load_state_dict,
     load_weights,
 )
@@ -166,26 +166,8 @@ def _is_epochs_key(key: str) -> bool:
     return last == "max_epochs" or last.endswith("_epochs")
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config dict by dotted key (lists and other values are leaves)."""
-    if not isinstance(d, dict) or not d:
-        return {prefix.rstrip("."): d} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out |= _flat(v, f"{prefix}{k}.")
-    return out
-
-
 def _honoured(key: str) -> bool:
     return _is_epochs_key(key) or any(key == h or (h.endswith(".") and key.startswith(h)) for h in RESUME_HONOURS)
-
-
-def resume_edits(trained: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """The config keys of ``now`` (the resumed run's config) whose value differs from ``trained`` (the config a
-    checkpoint was trained with), ``key -> (trained value, value now)``, in order; keys only one of them
-    has (a field of another rankwise version) are left out."""
-    a, b = _flat(trained), _flat(now)
-    return {k: (a[k], b[k]) for k in b if k in a and a[k] != b[k]}
 
 
 #: the key of a training checkpoint that records the global random state when it was written
@@ -527,9 +509,9 @@ class Run:
         last = self._last_checkpoint(stage)
         if last is None:
             return None
-        trained = check_resume_checkpoint(last, module)
-        record = load_checkpoint(last).get(CONFIG_KEY)
-        edits = resume_edits(record, config_to_dict(self.cfg)) if isinstance(record, dict) else {}
+        ckpt, trained = load_resume_checkpoint(last, module)
+        record = ckpt.get(CONFIG_KEY)
+        edits = config_changes(record, config_to_dict(self.cfg)) if isinstance(record, dict) else {}
         refused = {k: v for k, v in edits.items() if not _honoured(k)}
         where = f"cannot --resume {self.dir}"
         if refused:

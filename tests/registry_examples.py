@@ -420,6 +420,64 @@ def _class_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Gener
 
 
 _op("soft_topk", _topk_example, _topk_degenerate, _topk_fuzz)
+
+#: the other soft_topk methods: their options in the example and in fuzzing (temperatures drawn from the list)
+_TOPK_METHOD_OPTIONS: dict[str, tuple[dict[str, Any], str, list[Any]]] = {
+    "softsort": ({"power": 1.0}, "tau", [0.05, 0.7, 5.0]),
+    "isotonic": ({}, "regularization_strength", [0.05, 0.7, 5.0]),
+    "isotonic_kl": ({"regularization": "kl"}, "regularization_strength", [0.05, 0.7, 5.0]),
+    "sparse": ({}, "regularization_strength", [0.05, 0.7, 5.0]),
+    "sparse_p43": ({"p": 4.0 / 3.0}, "regularization_strength", [0.05, 0.7, 5.0]),
+    "sparse_dykstra": ({"solver": "dykstra", "num_iter": 400}, "regularization_strength", [0.7, 5.0]),
+    "ot": ({"max_iter": 400}, "epsilon", [0.1, 0.5]),
+    "diffsort": ({}, "steepness", [2.0, 10.0]),
+}
+
+
+def _topk_method_factories(tag: str, values: bool) -> None:
+    method = tag.split("_")[0]
+    extra, temp, temps = _TOPK_METHOD_OPTIONS[tag]
+    options = {"method": method, **extra}
+    entry = "soft_topk_values" if values else "soft_topk"
+    # ot: the authors' backward treats the cost's normalization (its largest entry) as a constant
+    name = variant("op", entry, tag, options, gradient="surrogate" if method == "ot" else None)
+
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example((_t((3, 7), dtype, device),), {"k": 3, **options, temp: temps[-1]})
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        return [Example(e.args, {**e.kwargs, **options}) for e in _topk_degenerate(dtype, device)]
+
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        if n == 0:
+            return None
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw: dict[str, Any] = {"k": fuzz_int(g, 1, n), **options, temp: fuzz_choice(g, temps)}
+        x = _fuzz_dim0(x, lead, kw, g)
+        return Example((x.requires_grad_(),), kw)
+
+    _op(name, example, degenerate, fuzz)
+
+
+for _tag in _TOPK_METHOD_OPTIONS:
+    _topk_method_factories(_tag, values=False)
+_op(
+    variant("op", "soft_topk", "perturbed", {"method": "perturbed"}, stochastic=True, gradient="surrogate"),
+    lambda dtype, device: Example((_t((3, 7), dtype, device),), {"k": 3, "method": "perturbed", "n_samples": 8}),
+    lambda dtype, device: [
+        Example(e.args, {**e.kwargs, "method": "perturbed", "n_samples": 4}) for e in _topk_degenerate(dtype, device)
+    ],
+    lambda n, dtype, device, g: None
+    if n == 0
+    else Example(
+        (fuzz_tensor((2, n), dtype, device, g, grad=True),),
+        {"k": fuzz_int(g, 1, n), "method": "perturbed", "n_samples": 4, "sigma": 0.5},
+    ),
+)
+_op("soft_topk_values", _topk_example, _topk_degenerate, _topk_fuzz)
+for _tag in ("softsort", "isotonic", "diffsort"):
+    _topk_method_factories(_tag, values=True)
 _op("dknn", _dknn_example(False), _dknn_degenerate(False), _dknn_fuzz(False))
 _op(
     variant("op", "dknn", "stochastic", _dknn_kwargs(True), stochastic=True),

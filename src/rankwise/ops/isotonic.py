@@ -528,6 +528,36 @@ def _soft_sort_composite(xc: torch.Tensor, eps: float, descending: bool, regular
     return mu if descending else -mu
 
 
+#: log of the zero weights of the top-k permutahedron in its KL projection: e^-1e4 is 0 in float64, so
+#: the result is the projection onto the permutahedron of (1^k, 0^(n-k)) to float64 rounding
+_KL_ZERO_LOG_WEIGHT = -1.0e4
+
+
+def isotonic_topk_mask(
+    x: torch.Tensor, k: int, *, regularization: Regularization = "l2", regularization_strength: float = 1.0
+) -> torch.Tensor:
+    r"""Relaxed top-``k`` mask of the rows of ``x`` (last dim): the projection of ``x / eps`` onto the
+    permutahedron of :math:`w = (1^k, 0^{n-k})` (Blondel et al., ICML 2020, applied to top-k), Euclidean
+    (``"l2"``: :math:`\mu = z - v(z, w)`) or KL (``"kl"``: :math:`\mu = e^{z - v(z, \log w)}`), with ``v``
+    the decreasing isotonic regression of the sorted ``z = x / eps`` computed by the PAV kernels
+    (float64 inside). That permutahedron is the capped simplex :math:`\{y \in [0,1]^n: \sum y = k\}`."""
+    eps = _check_options(regularization, regularization_strength)
+    n = x.shape[-1]
+    if x.numel() == 0:
+        return x * 0
+    shape, dtype = x.shape, x.dtype
+    y, perm = sorted_values_last(x.reshape(-1, n).double(), descending=True)
+    s = y / eps
+    top = torch.arange(n, device=x.device).unsqueeze(0) < k
+    if regularization == "l2":
+        mu = _PermutahedronProjection.apply(s, top.double(), "l2")
+    else:
+        logw = torch.where(top, 0.0, _KL_ZERO_LOG_WEIGHT).double()
+        mu = _KLRankProjection.apply(s, logw)
+    out = torch.empty_like(mu).scatter(-1, perm, mu)
+    return out.to(dtype).reshape(shape)
+
+
 # --------------------------------------------------------------------------------------------------
 # CPU: sort + one fused kernel pass per row, forward and backward (rankwise._kernels.isotonic)
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ Both build only the first ``k`` rows of a relaxed permutation matrix (see
 
 from __future__ import annotations
 
-from typing import Literal
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -16,6 +19,7 @@ from rankwise._validation import (
     check_choice,
     check_dim,
     check_floating,
+    check_bool,
     check_floating_nd,
     check_generator,
     check_int,
@@ -28,37 +32,241 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
+from rankwise.ops.isotonic import isotonic_topk_mask, soft_sort_isotonic
 from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
+from rankwise.ops.perturbed import perturbed_topk
+from rankwise.ops.sorting_network import diffsort
+from rankwise.ops.sparse_topk import ot_topk_mask, sparse_topk_mask
 
-__all__ = ["DKNN", "DKNNClassScores", "SoftTopK", "dknn", "dknn_class_scores", "soft_topk"]
+__all__ = [
+    "DKNN",
+    "TOPK_METHODS",
+    "DKNNClassScores",
+    "SoftTopK",
+    "SoftTopKValues",
+    "dknn",
+    "dknn_class_scores",
+    "soft_topk",
+    "soft_topk_values",
+]
 
-TopKMethod = Literal["neuralsort", "softsort"]
 DKNNMethod = Literal["deterministic", "stochastic"]
 
 
-def soft_topk(
-    scores: torch.Tensor, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort"
+# --------------------------------------------------------------------------------------------------
+# soft_topk methods: mask(s, k, **options) / values(s, k, **options) on the k LARGEST entries of the
+# rows of ``s`` (selected dim last, computation dtype, any leading dims)
+# --------------------------------------------------------------------------------------------------
+def _neuralsort_mask(s: torch.Tensor, k: int, *, tau: float = 1.0) -> torch.Tensor:
+    return neural_sort_rows(s, check_positive(tau, "tau"), rows=k).sum(dim=-2)
+
+
+def _neuralsort_values(s: torch.Tensor, k: int, *, tau: float = 1.0) -> torch.Tensor:
+    return (neural_sort_rows(s, check_positive(tau, "tau"), rows=k) @ s.unsqueeze(-1)).squeeze(-1)
+
+
+def _softsort_mask(s: torch.Tensor, k: int, *, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
+    return softsort_rows(s, check_positive(tau, "tau"), check_positive(power, "power"), rows=k).sum(dim=-2)
+
+
+def _softsort_values(s: torch.Tensor, k: int, *, tau: float = 1.0, power: float = 1.0) -> torch.Tensor:
+    p = softsort_rows(s, check_positive(tau, "tau"), check_positive(power, "power"), rows=k)
+    return (p @ s.unsqueeze(-1)).squeeze(-1)
+
+
+def _isotonic_mask(
+    s: torch.Tensor, k: int, *, regularization: str = "l2", regularization_strength: float = 1.0
 ) -> torch.Tensor:
-    r"""Differentiable top-``k`` membership: the sum of the first ``k`` rows of a relaxed permutation.
+    return isotonic_topk_mask(s, k, regularization=regularization, regularization_strength=regularization_strength)
 
-    .. math::
-        m_j = \sum_{i=1}^{k} \hat P[i, j],
 
-    with :math:`\hat P` NeuralSort's matrix (:func:`rankwise.neural_sort`, default) or SoftSort's
-    (``method="softsort"``). Only the first ``k`` rows are built: O(k n) time and memory.
+def _isotonic_values(
+    s: torch.Tensor, k: int, *, regularization: str = "l2", regularization_strength: float = 1.0
+) -> torch.Tensor:
+    out = soft_sort_isotonic(
+        s, descending=True, regularization=regularization, regularization_strength=regularization_strength
+    )
+    return out[..., :k]
 
-    Properties: :math:`m_j \ge 0` and :math:`\sum_j m_j = k` exactly; as ``tau → 0`` ``m`` tends to the
-    0/1 indicator of the ``k`` largest scores. Because :math:`\hat P` is not doubly stochastic,
-    an entry can exceed 1 slightly at moderate ``tau`` (by at most the column-sum excess of
-    :math:`\hat P`; typically a few percent to ~15% for close scores); clamp it if you need a
-    probability.
+
+def _sparse_mask(
+    s: torch.Tensor,
+    k: int,
+    *,
+    p: float = 2.0,
+    regularization_strength: float = 1.0,
+    solver: str = "pav",
+    num_iter: int = 500,
+    tol: float = 1e-4,
+) -> torch.Tensor:
+    return sparse_topk_mask(
+        s, k, p=p, regularization_strength=regularization_strength, solver=solver, num_iter=num_iter, tol=tol
+    )
+
+
+def _ot_mask(s: torch.Tensor, k: int, *, epsilon: float = 0.1, max_iter: int = 200) -> torch.Tensor:
+    return ot_topk_mask(s, k, epsilon=epsilon, max_iter=max_iter)
+
+
+def _diffsort_mask(
+    s: torch.Tensor,
+    k: int,
+    *,
+    network: str = "odd_even",
+    steepness: float = 10.0,
+    distribution: str = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    _, p = diffsort(
+        s, network=network, steepness=steepness, distribution=distribution, art_lambda=art_lambda, descending=True
+    )  # type: ignore[call-overload]
+    return p[..., :k].sum(dim=-1)
+
+
+def _diffsort_values(
+    s: torch.Tensor,
+    k: int,
+    *,
+    network: str = "odd_even",
+    steepness: float = 10.0,
+    distribution: str = "cauchy",
+    art_lambda: float = 0.25,
+) -> torch.Tensor:
+    out = diffsort(
+        s,
+        network=network,  # type: ignore[arg-type]
+        steepness=steepness,
+        distribution=distribution,  # type: ignore[arg-type]
+        art_lambda=art_lambda,
+        descending=True,
+        return_matrix=False,
+    )
+    return out[..., :k]
+
+
+def _perturbed_mask(
+    s: torch.Tensor,
+    k: int,
+    *,
+    sigma: float = 0.1,
+    n_samples: int = 100,
+    noise: str = "gumbel",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    return perturbed_topk(s, k, sigma=sigma, n_samples=n_samples, noise=noise, generator=generator)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TopKMethodImpl:
+    """One ``soft_topk`` method: ``mask(s, k, **options)`` (the relaxed membership of the ``k`` largest
+    entries of the rows of ``s``, selected dim last) and, where the method defines them,
+    ``values(s, k, **options)`` (the relaxed ``k`` largest values, largest first, shape ``(*, k)``)."""
+
+    mask: Callable[..., torch.Tensor]
+    values: Callable[..., torch.Tensor] | None = None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        params = list(inspect.signature(self.mask).parameters.values())[2:]
+        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+#: ``soft_topk`` / ``soft_topk_values`` methods by name (one entry per method)
+TOPK_METHODS: dict[str, TopKMethodImpl] = {
+    "neuralsort": TopKMethodImpl(_neuralsort_mask, _neuralsort_values),
+    "softsort": TopKMethodImpl(_softsort_mask, _softsort_values),
+    "isotonic": TopKMethodImpl(_isotonic_mask, _isotonic_values),
+    "sparse": TopKMethodImpl(_sparse_mask),
+    "ot": TopKMethodImpl(_ot_mask),
+    "diffsort": TopKMethodImpl(_diffsort_mask, _diffsort_values),
+    "perturbed": TopKMethodImpl(_perturbed_mask),
+}
+#: the options of every method, read once (a traced call must not inspect signatures)
+_TOPK_OPTIONS: dict[str, tuple[str, ...]] = {}
+
+
+def _topk_method(method: Any, options: dict[str, Any], values: bool) -> TopKMethodImpl:
+    fn = "soft_topk_values" if values else "soft_topk"
+    if not isinstance(method, str) or method not in TOPK_METHODS:
+        raise ValueError(f"`method` must be one of {', '.join(map(repr, TOPK_METHODS))} for {fn}; got {method!r}")
+    impl = TOPK_METHODS[method]
+    if values and impl.values is None:
+        with_values = ", ".join(repr(m) for m, v in TOPK_METHODS.items() if v.values is not None)
+        raise ValueError(
+            f"`method` {method!r} defines no relaxed top-k values (only a membership: use soft_topk); "
+            f"soft_topk_values accepts method {with_values}"
+        )
+    if method not in _TOPK_OPTIONS:
+        _TOPK_OPTIONS[method] = impl.options
+    accepted = _TOPK_OPTIONS[method]
+    unknown = [o for o in options if o not in accepted]
+    if unknown:
+        per_method = "; ".join(f"{m}: {', '.join(v.options) or 'no options'}" for m, v in TOPK_METHODS.items())
+        raise TypeError(
+            f"{fn}(method={method!r}) got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"{method!r} accepts {', '.join(accepted) or 'no options'} (options by method: {per_method})"
+        )
+    return impl
+
+
+def _prepare(scores: torch.Tensor, k: Any, dim: int, descending: Any) -> tuple[torch.Tensor, int, int]:
+    check_floating_nd(scores, "scores")
+    check_bool(descending, "descending")
+    d = check_dim(scores, dim)
+    kk = check_k(k, scores.shape[d], "n =")
+    s = scores.movedim(d, -1)
+    s = s.to(compute_dtype(s.dtype))
+    return (s if descending else -s), kk, d
+
+
+def soft_topk(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    method: str = "neuralsort",
+    dim: int = -1,
+    descending: bool = True,
+    **options: Any,
+) -> torch.Tensor:
+    r"""Differentiable top-``k`` membership: a relaxation of the 0/1 indicator of the ``k`` largest scores.
+
+    ``descending=False`` relaxes the ``k`` smallest instead. Methods (``options`` are their keyword
+    options; an option the method does not take raises ``TypeError`` listing every method's):
+
+    * ``"neuralsort"`` (default; ``tau=1.0``) and ``"softsort"`` (``tau=1.0``, ``power=1.0``): the sum of
+      the first ``k`` rows of NeuralSort's (Grover et al., ICLR 2019) or SoftSort's (Prillo &
+      Eisenschlos, ICML 2020) relaxed permutation :math:`\hat P`,
+      :math:`m_j = \sum_{i \le k} \hat P[i, j]`; O(k n). :math:`\hat P` is not doubly stochastic, so an
+      entry may exceed 1 slightly at moderate ``tau``.
+    * ``"isotonic"`` (``regularization="l2"`` or ``"kl"``, ``regularization_strength=1.0``): Blondel et
+      al., ICML 2020, "Fast Differentiable Sorting and Ranking", applied to top-k: the projection of
+      ``scores / regularization_strength`` onto the permutahedron of :math:`w = (1^k, 0^{n-k})` (the
+      capped simplex), Euclidean or KL; PAV, O(n log n). ``"l2"`` is sparse (exact 0s and 1s).
+    * ``"sparse"`` (``p=2`` or ``4/3``, ``regularization_strength=1.0``, ``solver="pav"`` or
+      ``"dykstra"`` (``p = 2``), ``num_iter=500``, ``tol=1e-4``): Sander et al., ICML 2023, "Fast,
+      Differentiable and Sparse Top-k: a Convex Analysis Perspective": the p-norm regularized mask
+      :math:`\mathrm{clip}(((x - 	au)/\lambda)_+^{q-1}, 0, 1)`, :math:`q = p/(p-1)`, see
+      :mod:`rankwise.ops.sparse_topk`; ``p = 2`` equals ``"isotonic"`` with ``"l2"``.
+    * ``"ot"`` (``epsilon=0.1``, ``max_iter=200``): Xie et al., NeurIPS 2020, "Differentiable Top-k with
+      Optimal Transport": ``n`` times the mass that the entropic transport plan from the scores to
+      the two points {0, 1} sends to the point of weight ``k / n``; implicit backward.
+    * ``"diffsort"`` (``network``, ``steepness``, ``distribution``, ``art_lambda``, as
+      :func:`rankwise.diffsort`): the first ``k`` sorted positions of a differentiable sorting
+      network's doubly stochastic matrix, summed; O(L n²).
+    * ``"perturbed"`` (``sigma``, ``n_samples``, ``noise``, ``generator``): :func:`rankwise.perturbed_topk`.
+
+    Every method returns entries >= 0 summing to ``k`` (exactly, up to rounding; ``perturbed``:
+    exactly for each sample); all but ``neuralsort`` / ``softsort`` stay in [0, 1]; as the temperature
+    (``tau``, ``regularization_strength``, ``epsilon``, ``1 / steepness``, ``sigma``) goes to 0 the
+    membership tends to the 0/1 indicator of the top ``k`` (docs/operators.md has the table of
+    costs, sparsity and limits).
 
     Shape:
         - scores: :math:`(*, n, *)` floating, scored along ``dim``.
         - output: same shape and dtype as ``scores`` (float16/bfloat16 computed in float32).
 
-    Degenerate inputs: all-equal scores give ``k / n`` everywhere; ``n = 1`` gives ``[1.]``; ``k = n``
-    gives the column sums of :math:`\hat P` (total ``n``, close to but not exactly all ones).
+    Degenerate inputs: all-equal scores give ``k / n`` everywhere; ``n = 1`` gives ``[1.]``; ``k`` must be
+    in ``[1, n]``. A slice holding a NaN or inf gives NaN for the whole slice.
 
     Example:
         >>> import torch, rankwise
@@ -67,16 +275,54 @@ def soft_topk(
         tensor([0., 1., 0., 1.])
         >>> float(rankwise.soft_topk(s, 2).sum())
         2.0
+        >>> rankwise.soft_topk(s, 2, method="isotonic", regularization_strength=2.0)
+        tensor([0.2000, 1.0000, 0.0000, 0.8000])
+        >>> rankwise.soft_topk(s, 1, method="sparse", descending=False)
+        tensor([0., 0., 1., 0.])
     """
-    check_floating_nd(scores, "scores")
-    t = check_positive(tau, "tau")
-    check_choice(method, "method", ("neuralsort", "softsort"))
-    d = check_dim(scores, dim)
-    k = check_k(k, scores.shape[d], "n =")
-    s = scores.movedim(d, -1)
-    s = s.to(compute_dtype(s.dtype))
-    p = neural_sort_rows(s, t, rows=k) if method == "neuralsort" else softsort_rows(s, t, 1.0, rows=k)
-    return nan_slices(p.sum(dim=-2), s).movedim(-1, d).to(scores.dtype)
+    impl = _topk_method(method, options, values=False)
+    s, kk, d = _prepare(scores, k, dim, descending)
+    out = impl.mask(s, kk, **options)
+    return nan_slices(out, s).movedim(-1, d).to(scores.dtype)
+
+
+def soft_topk_values(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    method: str = "neuralsort",
+    dim: int = -1,
+    descending: bool = True,
+    **options: Any,
+) -> torch.Tensor:
+    r"""Differentiable top-``k`` values: the ``k`` largest soft-sorted values, largest first.
+
+    Defined by the methods that relax the sorted values: ``"neuralsort"`` and ``"softsort"``
+    (:math:`\hat P_{1..k} x`), ``"isotonic"`` (the first ``k`` entries of the isotonic soft sort,
+    :func:`rankwise.soft_sort_isotonic` with ``descending=True``) and ``"diffsort"`` (the first ``k``
+    outputs of the descending sorting network); the other methods of :func:`soft_topk` define only a
+    membership and raise ``ValueError``. ``descending=False`` gives the ``k`` smallest values, smallest
+    first. Options as in :func:`soft_topk`. As the temperature goes to 0 the result tends to
+    ``torch.topk(scores, k, dim).values``.
+
+    Shape:
+        - scores: :math:`(*, n, *)` floating, scored along ``dim``.
+        - output: ``scores``' shape with ``k`` along ``dim``; dtype of ``scores``.
+
+    Example:
+        >>> import torch, rankwise
+        >>> s = torch.tensor([0.3, 2.0, -1.0, 1.5])
+        >>> rankwise.soft_topk_values(s, 2, tau=0.01)
+        tensor([2.0000, 1.5000])
+        >>> rankwise.soft_topk_values(s, 2, method="isotonic", regularization_strength=0.1)
+        tensor([2.0000, 1.5000])
+    """
+    impl = _topk_method(method, options, values=True)
+    s, kk, d = _prepare(scores, k, dim, descending)
+    assert impl.values is not None
+    out = impl.values(s, kk, **options)
+    out = nan_slices(out, s)
+    return (out if descending else -out).movedim(-1, d).to(scores.dtype)
 
 
 def dknn(
@@ -194,19 +440,41 @@ def dknn_class_scores(membership: torch.Tensor, labels: torch.Tensor, num_classe
 
 
 class SoftTopK(FunctionModule):
-    """Module twin of :func:`soft_topk` holding ``k`` and its options."""
+    """Module twin of :func:`soft_topk` holding ``k``, ``method`` and its options."""
 
     _function = staticmethod(soft_topk)
-    _options = ("tau", "dim", "method")
+    _options = ("method", "dim", "descending")
     _positional = ("k",)
-    _shown = ("k", "tau", "dim", "method!r")
+    _kwargs = "options"
+    _shown = ("k", "method!r", "dim", "descending", "**")
 
-    def __init__(self, k: int, *, tau: float = 1.0, dim: int = -1, method: TopKMethod = "neuralsort") -> None:
+    def __init__(
+        self, k: int, *, method: str = "neuralsort", dim: int = -1, descending: bool = True, **options: Any
+    ) -> None:
         super().__init__()
         self.k = check_int(k, "k", low=1)
-        self.tau = check_positive(tau, "tau")
-        self.dim = dim
-        self.method = check_choice(method, "method", ("neuralsort", "softsort"))
+        _topk_method(method, options, values=False)
+        self.method, self.dim, self.descending = method, dim, check_bool(descending, "descending")
+        self.options = options
+
+
+class SoftTopKValues(FunctionModule):
+    """Module twin of :func:`soft_topk_values` holding ``k``, ``method`` and its options."""
+
+    _function = staticmethod(soft_topk_values)
+    _options = ("method", "dim", "descending")
+    _positional = ("k",)
+    _kwargs = "options"
+    _shown = ("k", "method!r", "dim", "descending", "**")
+
+    def __init__(
+        self, k: int, *, method: str = "neuralsort", dim: int = -1, descending: bool = True, **options: Any
+    ) -> None:
+        super().__init__()
+        self.k = check_int(k, "k", low=1)
+        _topk_method(method, options, values=True)
+        self.method, self.dim, self.descending = method, dim, check_bool(descending, "descending")
+        self.options = options
 
 
 class DKNN(FunctionModule):
@@ -252,5 +520,6 @@ class DKNNClassScores(FunctionModule):
 
 
 register_op("soft_topk", module=SoftTopK)(soft_topk)
+register_op("soft_topk_values", module=SoftTopKValues)(soft_topk_values)
 register_op("dknn", module=DKNN)(dknn)
 register_op("dknn_class_scores", module=DKNNClassScores)(dknn_class_scores)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import rankwise
-from rankwise import DKNN, DKNNClassScores, SoftTopK, dknn, dknn_class_scores, neural_sort, soft_topk, softsort_matrix
+from rankwise import (
+    DKNN,
+    DKNNClassScores,
+    SoftTopK,
+    SoftTopKValues,
+    dknn,
+    dknn_class_scores,
+    neural_sort,
+    soft_topk,
+    soft_topk_values,
+    softsort_matrix,
+)
 from tests.conftest import gradcheck
 from tests.registry_examples import case_entry
 
@@ -112,7 +127,7 @@ def test_soft_topk_errors() -> None:
         soft_topk(torch.tensor([1, 2, 3]), 1)
     with pytest.raises(ValueError, match="`scores` must have at least 1 dimension"):
         soft_topk(torch.tensor(1.0), 1)
-    with pytest.raises(ValueError, match="`method` must be one of 'neuralsort', 'softsort'; got 'sinkhorn'"):
+    with pytest.raises(ValueError, match="`method` must be one of 'neuralsort', 'softsort', .*; got 'sinkhorn'"):
         soft_topk(x, 2, method="sinkhorn")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`k` must be >= 1, got 0"):
         SoftTopK(0)
@@ -252,3 +267,260 @@ def test_class_scores() -> None:
 def test_registered() -> None:
     assert {"soft_topk", "dknn", "dknn_class_scores"} <= set(rankwise.list_ops())
     assert case_entry("op", "dknn.stochastic").stochastic  # dknn(..., method="stochastic")
+
+
+# ----------------------------------------------------------------------------------------------
+# soft_topk over every method
+# ----------------------------------------------------------------------------------------------
+DATA = Path(__file__).parent / "data"
+
+#: (method options, temperature option, a small temperature) of each deterministic configuration
+METHODS: dict[str, tuple[dict[str, Any], str, float]] = {
+    "neuralsort": ({"method": "neuralsort"}, "tau", 1e-3),
+    "softsort": ({"method": "softsort"}, "tau", 1e-3),
+    "isotonic": ({"method": "isotonic"}, "regularization_strength", 1e-3),
+    "isotonic_kl": ({"method": "isotonic", "regularization": "kl"}, "regularization_strength", 1e-3),
+    "sparse": ({"method": "sparse"}, "regularization_strength", 1e-3),
+    "sparse_p43": ({"method": "sparse", "p": 4.0 / 3.0}, "regularization_strength", 1e-3),
+    "sparse_dykstra": ({"method": "sparse", "solver": "dykstra"}, "regularization_strength", 1e-3),
+    "ot": ({"method": "ot", "max_iter": 2000}, "epsilon", 2e-3),
+    "diffsort": ({"method": "diffsort"}, "steepness", 1e4),
+}
+#: the configurations whose entries stay in [0, 1] (NeuralSort / SoftSort rows may exceed 1)
+BOUNDED = [m for m in METHODS if m not in ("neuralsort", "softsort")]
+#: the configurations differentiated exactly (ot: the scale of the cost is held constant)
+EXACT = [m for m in METHODS if m != "ot"]
+
+
+def _opts(name: str, temperature: float | None = None) -> dict[str, Any]:
+    options, temp, _ = METHODS[name]
+    return {**options, temp: temperature} if temperature is not None else dict(options)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_sums_to_k_and_tends_to_hard_topk(name: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 9, generator=g, dtype=torch.float64) * 2
+    temps = {"tau": 0.5, "regularization_strength": 0.5, "epsilon": 0.1, "steepness": 2.0}
+    _, temp, small = METHODS[name]
+    for k in (1, 4, 9):
+        m = soft_topk(x, k, **_opts(name, temps[temp]))
+        assert m.shape == x.shape and m.dtype == x.dtype
+        assert (m >= 0).all()
+        if name in BOUNDED:
+            assert (m <= 1 + 1e-12).all()
+        # the sum is exact: a tolerance of a few ulps of k, whatever n
+        torch.testing.assert_close(m.sum(-1), torch.full((4,), float(k), dtype=torch.float64), rtol=0, atol=1e-9)
+    # the hard top-k as the temperature goes to 0 (distinct scores at least 0.05 apart)
+    xs = torch.tensor([[0.3, 2.0, -1.0, 1.5, 0.8, -0.4], [5.0, -3.0, 0.1, 0.0, 2.2, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(soft_topk(xs, 3, **_opts(name, small)), hard_topk(xs, 3), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_every_method_gradcheck_float64(name: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 6, generator=g, dtype=torch.float64).requires_grad_()
+    temps = {"tau": 0.7, "regularization_strength": 1.5, "epsilon": 0.3, "steepness": 3.0}
+    opts = _opts(name, temps[METHODS[name][1]])
+    assert gradcheck(lambda s: soft_topk(s, 2, **opts), x)
+    assert gradcheck(lambda s: soft_topk(s, 3, dim=0, descending=False, **opts), x.detach().t().clone().requires_grad_())
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_degenerate_dims_and_dtypes(name: str) -> None:
+    opts = _opts(name)
+    # n = 1, k = n
+    torch.testing.assert_close(soft_topk(torch.tensor([[2.0]]), 1, **opts), torch.ones(1, 1))
+    x = torch.randn(3, 5, dtype=torch.float64)
+    full = soft_topk(x, 5, **opts)
+    torch.testing.assert_close(full.sum(-1), torch.full((3,), 5.0, dtype=torch.float64))
+    if name in BOUNDED:
+        torch.testing.assert_close(full, torch.ones_like(x))
+    # all ties: the uniform k / n (every method but the sorting network, whose blend is not symmetric)
+    ties = soft_topk(torch.full((2, 5), 0.3, dtype=torch.float64), 2, **opts)
+    torch.testing.assert_close(ties.sum(-1), torch.full((2,), 2.0, dtype=torch.float64))
+    if name != "diffsort":
+        torch.testing.assert_close(ties, torch.full((2, 5), 0.4, dtype=torch.float64))
+    # leading dims and dim != -1
+    y = torch.randn(2, 7, 3, dtype=torch.float64)
+    torch.testing.assert_close(soft_topk(y, 3, dim=1, **opts), soft_topk(y.movedim(1, -1), 3, **opts).movedim(-1, 1))
+    torch.testing.assert_close(SoftTopK(3, dim=1, **opts)(y), soft_topk(y, 3, dim=1, **opts))
+    # descending=False: the k smallest
+    torch.testing.assert_close(soft_topk(y, 2, descending=False, **opts), soft_topk(-y, 2, **opts))
+    # fp16 / bf16 inputs are computed in float32
+    z = torch.randn(3, 6)
+    for half in (torch.float16, torch.bfloat16):
+        got = soft_topk(z.to(half), 2, **opts)
+        assert got.dtype == half
+        torch.testing.assert_close(got, soft_topk(z.to(half).float(), 2, **opts).to(half))
+    # a non-finite slice is NaN, the others are untouched
+    bad = torch.tensor([[1.0, math.nan, 0.0], [1.0, 2.0, 0.0]], dtype=torch.float64)
+    out = soft_topk(bad, 2, **opts)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def test_method_options_and_errors() -> None:
+    x = torch.randn(2, 5)
+    with pytest.raises(TypeError, match=r"soft_topk\(method='isotonic'\) got unexpected keyword argument\(s\) 'tau'"):
+        soft_topk(x, 2, method="isotonic", tau=0.1)
+    with pytest.raises(ValueError, match="`p` must be 2 or 4/3"):
+        soft_topk(x, 2, method="sparse", p=3.0)
+    with pytest.raises(ValueError, match="`solver='dykstra'` supports p = 2 only"):
+        soft_topk(x, 2, method="sparse", p=4.0 / 3.0, solver="dykstra")
+    with pytest.raises(ValueError, match="`solver` must be one of"):
+        soft_topk(x, 2, method="sparse", solver="cvx")
+    with pytest.raises(ValueError, match="`regularization` must be one of"):
+        soft_topk(x, 2, method="isotonic", regularization="l1")
+    with pytest.raises(ValueError, match="`epsilon` must be finite and > 0"):
+        soft_topk(x, 2, method="ot", epsilon=0.0)
+    with pytest.raises(ValueError, match=r"`k` must be in \[1, 5\]"):
+        soft_topk(x, 0, method="sparse")
+    with pytest.raises(TypeError, match="`descending` must be a bool"):
+        soft_topk(x, 2, descending=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`method` 'ot' defines no relaxed top-k values"):
+        soft_topk_values(x, 2, method="ot")
+    for method in ("sparse", "perturbed"):
+        with pytest.raises(ValueError, match=f"`method` '{method}' defines no relaxed top-k values"):
+            soft_topk_values(x, 2, method=method)
+    with pytest.raises(ValueError, match="`method` 'sparse' defines no relaxed top-k values"):
+        SoftTopKValues(2, method="sparse")
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        SoftTopK(2, method="ot", tau=1.0)
+    assert "method='sparse'" in repr(SoftTopK(2, method="sparse", p=2.0))
+
+
+def _capped_simplex_slsqp(x: np.ndarray, k: int, lam: float, kind: str) -> np.ndarray:
+    """argmax_{y in [0,1]^n, sum y = k} <y, x> - lam * R(y) by scipy's general SLSQP solver:
+    R = ||y||_2^2 / 2, ||y||_{4/3}^{4/3} * 3/4, or sum y log y - y (kl, on z = x / lam)."""
+    optimize = pytest.importorskip("scipy.optimize")
+    n = x.size
+
+    def obj(y: np.ndarray) -> float:
+        if kind == "l2":
+            return float(-(y @ x) + lam * 0.5 * (y @ y))
+        if kind == "p43":
+            return float(-(y @ x) + lam * 0.75 * np.sum(np.abs(y) ** (4.0 / 3.0)))
+        yy = np.clip(y, 1e-300, None)
+        return float(np.sum(yy * np.log(yy) - yy) - y @ (x / lam))
+
+    res = optimize.minimize(
+        obj,
+        np.full(n, k / n),
+        method="SLSQP",
+        bounds=[(0.0, 1.0)] * n,
+        constraints=[{"type": "eq", "fun": lambda y: y.sum() - k}],
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    return np.asarray(res.x)
+
+
+@pytest.mark.parametrize(("name", "kind"), [("isotonic", "l2"), ("sparse", "l2"), ("sparse_dykstra", "l2"),
+                                            ("sparse_p43", "p43"), ("isotonic_kl", "kl")])
+def test_projections_match_a_general_solver(name: str, kind: str) -> None:
+    rng = np.random.default_rng(3)
+    for n, k, lam in ((6, 2, 1.0), (7, 3, 0.5), (5, 1, 2.0), (8, 5, 0.3)):
+        x = rng.normal(size=n)
+        want = _capped_simplex_slsqp(x, k, lam, kind)
+        got = soft_topk(torch.tensor(x), k, **_opts(name, lam)).numpy()
+        np.testing.assert_allclose(got, want, atol=2e-4)
+
+
+def test_sparse_p2_and_isotonic_l2_agree() -> None:
+    """Two implementations of the l2 top-k projection: the PAV kernels and the exact threshold solve."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(16, 40, generator=g, dtype=torch.float64) * 3
+    for k in (1, 7, 39):
+        for lam in (0.05, 1.0, 20.0):
+            a = soft_topk(x, k, method="isotonic", regularization_strength=lam)
+            b = soft_topk(x, k, method="sparse", regularization_strength=lam)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_ot_matches_converged_plain_sinkhorn() -> None:
+    """An independent loop: plain (not log-domain) Sinkhorn scaling to convergence, in numpy."""
+    rng = np.random.default_rng(5)
+    for n, k, eps in ((6, 2, 0.2), (9, 4, 0.1)):
+        x = rng.normal(size=n)
+        c = -x
+        cost = np.stack([c**2, (c - 1.0) ** 2], axis=1)
+        kern = np.exp(-cost / cost.max() / eps)
+        mu, nu = np.full(n, 1.0 / n), np.array([k / n, (n - k) / n])
+        b = np.ones(2)
+        for _ in range(20000):
+            a = mu / (kern @ b)
+            b = nu / (kern.T @ a)
+        want = n * a * kern[:, 0] * b[0]
+        got = soft_topk(torch.tensor(x), k, method="ot", epsilon=eps, max_iter=5000).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+def _reference(method: str) -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads((DATA / f"{method}_topk_reference.json").read_text())["cases"]
+    return cases
+
+
+@pytest.mark.parametrize("case", _reference("sparse"), ids=lambda c: f"n{len(c['x'])}k{c['k']}p{c['p']:.2f}{c['solver']}l{c['regularization_strength']}")
+def test_sparse_matches_the_authors_jax_code(case: dict[str, Any]) -> None:
+    """Reference values of the authors' JAX package (tools/topk_reference.py; float32 there)."""
+    x = torch.tensor(case["x"], dtype=torch.float64, requires_grad=True)
+    opts = {"p": case["p"], "regularization_strength": case["regularization_strength"], "solver": case["solver"]}
+    m = soft_topk(x, case["k"], method="sparse", **opts)
+    torch.testing.assert_close(m, torch.tensor(case["out"], dtype=torch.float64), rtol=0, atol=1e-5)
+    (grad,) = torch.autograd.grad((m * torch.tensor(case["g"], dtype=torch.float64)).sum(), x)
+    tied = len(set(case["x"])) < len(case["x"])
+    if tied and case["solver"] == "pav" and torch.equal(m.detach(), m.detach().round()):
+        # tied scores with a 0/1 mask: the mask is locally constant, so its derivative is 0; the
+        # authors' PAV pools equal adjacent entries and returns that block's average instead
+        assert torch.equal(grad, torch.zeros_like(grad))
+        return
+    torch.testing.assert_close(grad, torch.tensor(case["vjp"], dtype=torch.float64), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", _reference("ot"), ids=lambda c: f"n{len(c['x'])}k{c['k']}eps{c['epsilon']}")
+def test_ot_matches_the_authors_pytorch_code(case: dict[str, Any]) -> None:
+    """Reference values of the authors' ``TopK_custom`` (tools/topk_reference.py), float64."""
+    x = torch.tensor(case["x"], dtype=torch.float64, requires_grad=True)
+    m = soft_topk(x, case["k"], method="ot", epsilon=case["epsilon"], max_iter=case["max_iter"])
+    torch.testing.assert_close(m, torch.tensor(case["out"], dtype=torch.float64), rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad((m * torch.tensor(case["g"], dtype=torch.float64)).sum(), x)
+    torch.testing.assert_close(grad, torch.tensor(case["vjp"], dtype=torch.float64), rtol=0, atol=1e-10)
+
+
+def test_sparse_is_sparse_and_isotonic_kl_is_softmax_for_k1() -> None:
+    x = torch.tensor([3.0, 2.9, 0.0, -1.0, 2.5], dtype=torch.float64)
+    m = soft_topk(x, 2, method="sparse", p=4.0 / 3.0, regularization_strength=1.0)
+    assert (m == 0).sum() == 2 and (m > 0).sum() == 3
+    torch.testing.assert_close(
+        soft_topk(x, 1, method="isotonic", regularization="kl", regularization_strength=0.5), torch.softmax(x / 0.5, 0)
+    )
+
+
+def test_perturbed_method_is_perturbed_topk() -> None:
+    x = torch.randn(3, 6)
+    got = soft_topk(x, 2, method="perturbed", sigma=0.3, n_samples=50, generator=torch.Generator().manual_seed(0))
+    want = rankwise.perturbed_topk(x, 2, sigma=0.3, n_samples=50, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(got, want)
+    low = soft_topk(x, 2, method="perturbed", descending=False, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(low, rankwise.perturbed_topk(-x, 2, generator=torch.Generator().manual_seed(0)))
+
+
+def test_diffsort_method_is_the_networks_first_rows() -> None:
+    x = torch.randn(2, 6, dtype=torch.float64)
+    _, p = rankwise.diffsort(x, steepness=5.0, descending=True)
+    torch.testing.assert_close(soft_topk(x, 3, method="diffsort", steepness=5.0), p[..., :3].sum(-1))
+
+
+@pytest.mark.parametrize("name", ["neuralsort", "softsort", "isotonic", "diffsort"])
+def test_soft_topk_values(name: str) -> None:
+    opts = _opts(name)
+    x = torch.randn(2, 8, 3, dtype=torch.float64)
+    v = soft_topk_values(x, 3, dim=1, **opts)
+    assert v.shape == (2, 3, 3)
+    torch.testing.assert_close(SoftTopKValues(3, dim=1, **opts)(x), v)
+    _, temp, small = METHODS[name]
+    hard = soft_topk_values(x, 3, dim=1, **{**opts, temp: small})
+    torch.testing.assert_close(hard, torch.topk(x, 3, dim=1).values, rtol=0, atol=1e-3)
+    low = soft_topk_values(x, 2, dim=1, descending=False, **{**opts, temp: small})
+    torch.testing.assert_close(low, torch.topk(x, 2, dim=1, largest=False).values, rtol=0, atol=1e-3)
+    assert gradcheck(lambda s: soft_topk_values(s, 2, **opts), torch.randn(2, 5, dtype=torch.float64).requires_grad_())
+    assert soft_topk_values(torch.randn(2, 5).half(), 2, **opts).dtype == torch.float16

@@ -130,6 +130,12 @@ def _solve_tau(x: torch.Tensor, k: int, lam: float, q: float) -> torch.Tensor:
             y = torch.where(df < 0, y - f / torch.where(df < 0, df, torch.ones_like(df)), y)
         tau = mid + y
     tau = torch.where(m > 0, tau, mid)  # no pooled entry: the mask is 0/1, tau anywhere in the interval
+    # the sum equals k (exactly: no entry strictly inside a window) on a range of breakpoints: the mask
+    # is 0/1 and locally constant there; tau in the middle of that range (its derivative is then 0)
+    eq = vals == k
+    flat_lo = torch.where(eq, bp, math.inf).amin(-1, keepdim=True)
+    flat_hi = torch.where(eq, bp, -math.inf).amax(-1, keepdim=True)
+    tau = torch.where(eq.any(-1, keepdim=True), 0.5 * (flat_lo + flat_hi), tau)
     return tau.to(x.dtype)
 
 

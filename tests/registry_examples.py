@@ -468,11 +468,13 @@ _op(
     lambda dtype, device: [
         Example(e.args, {**e.kwargs, "method": "perturbed", "n_samples": 4}) for e in _topk_degenerate(dtype, device)
     ],
-    lambda n, dtype, device, g: None
-    if n == 0
-    else Example(
-        (fuzz_tensor((2, n), dtype, device, g, grad=True),),
-        {"k": fuzz_int(g, 1, n), "method": "perturbed", "n_samples": 4, "sigma": 0.5},
+    lambda n, dtype, device, g: (
+        None
+        if n == 0
+        else Example(
+            (fuzz_tensor((2, n), dtype, device, g, grad=True),),
+            {"k": fuzz_int(g, 1, n), "method": "perturbed", "n_samples": 4, "sigma": 0.5},
+        )
     ),
 )
 _op("soft_topk_values", _topk_example, _topk_degenerate, _topk_fuzz)

@@ -127,7 +127,7 @@ def test_soft_topk_errors() -> None:
         soft_topk(torch.tensor([1, 2, 3]), 1)
     with pytest.raises(ValueError, match="`scores` must have at least 1 dimension"):
         soft_topk(torch.tensor(1.0), 1)
-    with pytest.raises(ValueError, match="`method` must be one of 'neuralsort', 'softsort', .*; got 'sinkhorn'"):
+    with pytest.raises(ValueError, match=r"`method` must be one of 'neuralsort', 'softsort', .*; got 'sinkhorn'"):
         soft_topk(x, 2, method="sinkhorn")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`k` must be >= 1, got 0"):
         SoftTopK(0)
@@ -323,7 +323,9 @@ def test_every_method_gradcheck_float64(name: str) -> None:
     temps = {"tau": 0.7, "regularization_strength": 1.5, "epsilon": 0.3, "steepness": 3.0}
     opts = _opts(name, temps[METHODS[name][1]])
     assert gradcheck(lambda s: soft_topk(s, 2, **opts), x)
-    assert gradcheck(lambda s: soft_topk(s, 3, dim=0, descending=False, **opts), x.detach().t().clone().requires_grad_())
+    assert gradcheck(
+        lambda s: soft_topk(s, 3, dim=0, descending=False, **opts), x.detach().t().clone().requires_grad_()
+    )
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -414,8 +416,10 @@ def _capped_simplex_slsqp(x: np.ndarray, k: int, lam: float, kind: str) -> np.nd
     return np.asarray(res.x)
 
 
-@pytest.mark.parametrize(("name", "kind"), [("isotonic", "l2"), ("sparse", "l2"), ("sparse_dykstra", "l2"),
-                                            ("sparse_p43", "p43"), ("isotonic_kl", "kl")])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("isotonic", "l2"), ("sparse", "l2"), ("sparse_dykstra", "l2"), ("sparse_p43", "p43"), ("isotonic_kl", "kl")],
+)
 def test_projections_match_a_general_solver(name: str, kind: str) -> None:
     rng = np.random.default_rng(3)
     for n, k, lam in ((6, 2, 1.0), (7, 3, 0.5), (5, 1, 2.0), (8, 5, 0.3)):
@@ -459,7 +463,11 @@ def _reference(method: str) -> list[dict[str, Any]]:
     return cases
 
 
-@pytest.mark.parametrize("case", _reference("sparse"), ids=lambda c: f"n{len(c['x'])}k{c['k']}p{c['p']:.2f}{c['solver']}l{c['regularization_strength']}")
+@pytest.mark.parametrize(
+    "case",
+    _reference("sparse"),
+    ids=lambda c: f"n{len(c['x'])}k{c['k']}p{c['p']:.2f}{c['solver']}l{c['regularization_strength']}",
+)
 def test_sparse_matches_the_authors_jax_code(case: dict[str, Any]) -> None:
     """Reference values of the authors' JAX package (tools/topk_reference.py; float32 there)."""
     x = torch.tensor(case["x"], dtype=torch.float64, requires_grad=True)

@@ -73,7 +73,7 @@ def _phi_prime(u: torch.Tensor, lam: float, q: float) -> torch.Tensor:
 
 def _solve_tau(x: torch.Tensor, k: int, lam: float, q: float) -> torch.Tensor:
     """``tau`` (rows, 1) with ``sum(mask(x, tau)) = k`` for the rows of ``x`` (rows, n), float64 inside."""
-    rows, n = x.shape
+    n = x.shape[-1]
     xd = x.detach().double()
     s, _ = torch.sort(xd, dim=-1, descending=True)
     if k >= n:  # every entry selected: any tau below min - lam

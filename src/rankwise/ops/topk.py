@@ -16,10 +16,10 @@ import torch
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
     autocast_off,
+    check_bool,
     check_choice,
     check_dim,
     check_floating,
-    check_bool,
     check_floating_nd,
     check_generator,
     check_int,
@@ -32,10 +32,10 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.isotonic import isotonic_topk_mask, soft_sort_isotonic
+from rankwise.ops.isotonic import Regularization, isotonic_topk_mask, soft_sort_isotonic
 from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 from rankwise.ops.perturbed import perturbed_topk
-from rankwise.ops.sorting_network import diffsort
+from rankwise.ops.sorting_network import Distribution, Network, diffsort
 from rankwise.ops.sparse_topk import ot_topk_mask, sparse_topk_mask
 
 __all__ = [
@@ -75,13 +75,13 @@ def _softsort_values(s: torch.Tensor, k: int, *, tau: float = 1.0, power: float 
 
 
 def _isotonic_mask(
-    s: torch.Tensor, k: int, *, regularization: str = "l2", regularization_strength: float = 1.0
+    s: torch.Tensor, k: int, *, regularization: Regularization = "l2", regularization_strength: float = 1.0
 ) -> torch.Tensor:
     return isotonic_topk_mask(s, k, regularization=regularization, regularization_strength=regularization_strength)
 
 
 def _isotonic_values(
-    s: torch.Tensor, k: int, *, regularization: str = "l2", regularization_strength: float = 1.0
+    s: torch.Tensor, k: int, *, regularization: Regularization = "l2", regularization_strength: float = 1.0
 ) -> torch.Tensor:
     out = soft_sort_isotonic(
         s, descending=True, regularization=regularization, regularization_strength=regularization_strength
@@ -112,14 +112,14 @@ def _diffsort_mask(
     s: torch.Tensor,
     k: int,
     *,
-    network: str = "odd_even",
+    network: Network = "odd_even",
     steepness: float = 10.0,
-    distribution: str = "cauchy",
+    distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
 ) -> torch.Tensor:
     _, p = diffsort(
         s, network=network, steepness=steepness, distribution=distribution, art_lambda=art_lambda, descending=True
-    )  # type: ignore[call-overload]
+    )
     return p[..., :k].sum(dim=-1)
 
 
@@ -127,16 +127,16 @@ def _diffsort_values(
     s: torch.Tensor,
     k: int,
     *,
-    network: str = "odd_even",
+    network: Network = "odd_even",
     steepness: float = 10.0,
-    distribution: str = "cauchy",
+    distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
 ) -> torch.Tensor:
     out = diffsort(
         s,
-        network=network,  # type: ignore[arg-type]
+        network=network,
         steepness=steepness,
-        distribution=distribution,  # type: ignore[arg-type]
+        distribution=distribution,
         art_lambda=art_lambda,
         descending=True,
         return_matrix=False,

@@ -72,38 +72,38 @@ def _phi_prime(u: torch.Tensor, lam: float, q: float) -> torch.Tensor:
 
 
 def _solve_tau(x: torch.Tensor, k: int, lam: float, q: float) -> torch.Tensor:
-    """``tau`` (rows, 1) with ``sum(mask(x, tau)) = k`` for the rows of ``x`` (rows, n), float64 inside."""
+    """``tau`` (rows, 1) with ``sum(mask(x, tau)) = k`` for the rows of ``x`` (rows, n), float64 inside.
+
+    ``G(t) = sum_i clip(((s_i - t) / lam)_+^(q-1), 0, 1)`` decreases in ``t``; binary searches over the
+    ``2n`` sorted breakpoints ``{s_i, s_i - lam}`` (``G`` evaluated entry by entry: every term is in
+    [0, 1], no cancellation) find the interval holding the root, on which the pooled entries are fixed
+    and the equation is solved directly. O(n log n) per row."""
     n = x.shape[-1]
-    xd = x.detach().double()
-    s, _ = torch.sort(xd, dim=-1, descending=True)
+    s = x.detach().double()
     if k >= n:  # every entry selected: any tau below min - lam
-        return (s[:, -1:] - 2.0 * lam).to(x.dtype)
-    asc = s.flip(-1)
+        return (s.amin(-1, keepdim=True) - 2.0 * lam).to(x.dtype)
     bp, _ = torch.sort(torch.cat([s, s - lam], dim=-1), dim=-1)  # (rows, 2n) ascending
-    c = s[:, :1]  # shift for the prefix sums
-    u = s - c
-    zero = torch.zeros_like(u[:, :1])
-    pre = [torch.cat([zero, (u**r).cumsum(-1)], dim=-1) for r in range(4)]  # (rows, n + 1), r = 0..3
 
     def g(t: torch.Tensor) -> torch.Tensor:
-        """sum of the mask at thresholds ``t`` (rows, m), from the prefix sums."""
-        h = n - torch.searchsorted(asc.contiguous(), (t + lam).contiguous(), side="left")  # s_i >= t + lam
-        e = n - torch.searchsorted(asc.contiguous(), t.contiguous(), side="right")  # s_i > t
-        e = torch.maximum(e, h)
+        u = ((s - t) / lam).clamp(0.0, 1.0)
+        return (u if q == 2.0 else u**3).sum(-1, keepdim=True)
 
-        def seg(r: int) -> torch.Tensor:
-            return pre[r].gather(-1, e) - pre[r].gather(-1, h)
+    steps = max(1, math.ceil(math.log2(2 * n)) + 1)
 
-        a = (t - c) / lam  # (s_i - t) / lam = u_i / lam - a
-        if q == 2.0:
-            tot = seg(1) / lam - a * seg(0)
-        else:  # q = 4: sum (u/lam - a)^3
-            l1, l2, l3 = seg(1) / lam, seg(2) / lam**2, seg(3) / lam**3
-            tot = l3 - 3 * a * l2 + 3 * a * a * l1 - a**3 * seg(0)
-        return h.to(t.dtype) + tot
+    def last_index(pred: str) -> torch.Tensor:
+        """The last breakpoint index with ``G >= k`` (``pred="ge"``) or ``G > k`` (``"gt"``, -1 if none)."""
+        lo = torch.full_like(bp[:, :1], -1 if pred == "gt" else 0, dtype=torch.long)
+        hi = torch.full_like(lo, 2 * n - 1)  # G(max breakpoint) = 0 < k
+        for _ in range(steps):
+            mid = torch.div(lo + hi + 1, 2, rounding_mode="floor").clamp(max=2 * n - 1)
+            val = g(bp.gather(-1, mid.clamp(min=0)))
+            ok = (val >= k) if pred == "ge" else (val > k)
+            move = ok & (mid < hi)
+            lo = torch.where(move, mid, lo)
+            hi = torch.where(move | (mid >= hi), hi, mid)
+        return lo
 
-    vals = g(bp)  # decreasing along the breakpoints
-    j = ((vals >= k).sum(-1, keepdim=True) - 1).clamp(0, 2 * n - 2)
+    j = last_index("ge").clamp(0, 2 * n - 2)
     lo, hi = bp.gather(-1, j), bp.gather(-1, j + 1)
     mid = 0.5 * (lo + hi)
     # the active sets on (lo, hi): ones where s_i >= mid + lam, pooled where mid < s_i < mid + lam
@@ -130,12 +130,12 @@ def _solve_tau(x: torch.Tensor, k: int, lam: float, q: float) -> torch.Tensor:
             y = torch.where(df < 0, y - f / torch.where(df < 0, df, torch.ones_like(df)), y)
         tau = mid + y
     tau = torch.where(m > 0, tau, mid)  # no pooled entry: the mask is 0/1, tau anywhere in the interval
-    # the sum equals k (exactly: no entry strictly inside a window) on a range of breakpoints: the mask
-    # is 0/1 and locally constant there; tau in the middle of that range (its derivative is then 0)
-    eq = vals == k
-    flat_lo = torch.where(eq, bp, math.inf).amin(-1, keepdim=True)
-    flat_hi = torch.where(eq, bp, -math.inf).amax(-1, keepdim=True)
-    tau = torch.where(eq.any(-1, keepdim=True), 0.5 * (flat_lo + flat_hi), tau)
+    # G equals k (exactly: every term 0 or 1) on a range of breakpoints: the mask is 0/1 and locally
+    # constant there; tau in the middle of that range (its derivative is then 0)
+    first = last_index("gt") + 1  # the first breakpoint with G <= k
+    flat_lo = bp.gather(-1, first.clamp(max=2 * n - 1))
+    flat = (first <= j) & (g(flat_lo) == k)
+    tau = torch.where(flat, 0.5 * (flat_lo + lo), tau)
     return tau.to(x.dtype)
 
 
@@ -246,18 +246,23 @@ def _ot_plan(c: torch.Tensor, k: int, eps: float, max_iter: int) -> tuple[torch.
     """Log-domain Sinkhorn plan (rows, n, 2) of the normalized cost of ``c`` (rows, n), no autograd;
     and the normalization (the largest cost of each row, (rows, 1, 1))."""
     n = c.shape[-1]
-    cost = torch.stack([c * c, (c - 1.0) ** 2], dim=-1)
-    norm = cost.amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
-    cost = cost / norm
+    c0, c1 = c * c, (c - 1.0) ** 2
+    norm = torch.maximum(c0.amax(-1, keepdim=True), c1.amax(-1, keepdim=True))
+    norm = norm.clamp_min(torch.finfo(c.dtype).tiny)
+    a0, a1 = c0 / (norm * eps), c1 / (norm * eps)  # the cost over epsilon
     log_mu = -math.log(n)
-    log_nu = torch.tensor([math.log(k / n), math.log((n - k) / n) if k < n else -math.inf], dtype=c.dtype)
-    log_nu = log_nu.to(c.device)
-    g = torch.zeros_like(cost[..., :1, :])
-    f = torch.zeros_like(cost[..., :, :1])
+    log_nu0 = math.log(k / n)
+    log_nu1 = math.log((n - k) / n) if k < n else -math.inf
+    # potentials over epsilon: f (rows, n), g0 / g1 (rows, 1)
+    g0 = torch.zeros_like(c[:, :1])
+    g1 = torch.zeros_like(g0)
+    f = torch.zeros_like(c)
     for _ in range(max_iter):
-        f = -eps * torch.logsumexp((g - cost) / eps, dim=-1, keepdim=True) + eps * log_mu
-        g = -eps * torch.logsumexp((f - cost) / eps, dim=-2, keepdim=True) + eps * log_nu
-    return torch.exp((f + g - cost) / eps), norm
+        f = log_mu - torch.logaddexp(g0 - a0, g1 - a1)
+        g0 = log_nu0 - torch.logsumexp(f - a0, dim=-1, keepdim=True)
+        g1 = log_nu1 - torch.logsumexp(f - a1, dim=-1, keepdim=True)
+    plan = torch.stack([torch.exp(f + g0 - a0), torch.exp(f + g1 - a1)], dim=-1)
+    return plan, norm.unsqueeze(-1)
 
 
 class _OTTopK(torch.autograd.Function):

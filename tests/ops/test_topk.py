@@ -532,3 +532,32 @@ def test_soft_topk_values(name: str) -> None:
     torch.testing.assert_close(low, torch.topk(x, 2, dim=1, largest=False).values, rtol=0, atol=1e-3)
     assert gradcheck(lambda s: soft_topk_values(s, 2, **opts), torch.randn(2, 5, dtype=torch.float64).requires_grad_())
     assert soft_topk_values(torch.randn(2, 5).half(), 2, **opts).dtype == torch.float16
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_the_sum_is_k_for_long_rows(name: str) -> None:
+    """The sum stays k to 1e-12 k for long rows: a fixed tolerance, far above the rounding of a float64
+    (pairwise) sum of n terms, eps log2(n) k, and far below any error of the method."""
+    n = 64 if name == "diffsort" else 2000
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    temps = {"tau": 0.5, "regularization_strength": 0.5, "epsilon": 0.1, "steepness": 2.0}
+    for k in (1, n // 3):
+        m = soft_topk(x, k, **_opts(name, temps[METHODS[name][1]]))
+        assert (m.sum(-1) - k).abs().max() <= 1e-12 * k
+
+
+def test_ot_backward_is_the_derivative_at_a_fixed_cost_scale() -> None:
+    """Finite differences of the scores other than the one that sets the cost's scale (its largest
+    entry; the authors' backward, like ours, holds that scale constant) match the implicit backward."""
+    x = torch.tensor([0.3, -0.9, 1.4, 0.1, -0.2, 0.7], dtype=torch.float64)
+    opts = {"method": "ot", "epsilon": 0.2, "max_iter": 3000}
+    jac = torch.autograd.functional.jacobian(lambda s: soft_topk(s, 2, **opts), x)
+    scale_entry = int(torch.argmax(torch.maximum(x**2, (x + 1) ** 2)))
+    h = 1e-6
+    for j in range(x.numel()):
+        if j == scale_entry:
+            continue
+        e = torch.zeros_like(x)
+        e[j] = h
+        fd = (soft_topk(x + e, 2, **opts) - soft_topk(x - e, 2, **opts)) / (2 * h)
+        torch.testing.assert_close(jac[:, j], fd, rtol=0, atol=1e-7)

@@ -474,6 +474,9 @@ def test_sparse_matches_the_authors_jax_code(case: dict[str, Any]) -> None:
     opts = {"p": case["p"], "regularization_strength": case["regularization_strength"], "solver": case["solver"]}
     m = soft_topk(x, case["k"], method="sparse", **opts)
     torch.testing.assert_close(m, torch.tensor(case["out"], dtype=torch.float64), rtol=0, atol=1e-5)
+    if case["p"] == 2.0:  # the l2 isotonic top-k (the PAV kernels) is the same projection
+        iso = soft_topk(x, case["k"], method="isotonic", regularization_strength=case["regularization_strength"])
+        torch.testing.assert_close(iso, torch.tensor(case["out"], dtype=torch.float64), rtol=0, atol=1e-5)
     (grad,) = torch.autograd.grad((m * torch.tensor(case["g"], dtype=torch.float64)).sum(), x)
     tied = len(set(case["x"])) < len(case["x"])
     if tied and case["solver"] == "pav" and torch.equal(m.detach(), m.detach().round()):

@@ -727,6 +727,35 @@ for _fn in ("soft_sort", "soft_rank"):
     _lapsum_op(variant("op", _fn, "lapsum", {"method": "lapsum"}), _fn[5:], {"method": "lapsum", "alpha": 0.5})
 
 
+# --- Gumbel-Sinkhorn (rankwise.ops.gumbel_sinkhorn) ------------------------------------------------
+def _gumbel_sinkhorn_example(dtype: torch.dtype, device: torch.device) -> Example:
+    return Example((_randn((3, 4, 4), dtype, device),), {"temperature": 0.7, "n_iters": 10, "n_samples": 2})
+
+
+def _gumbel_sinkhorn_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    shapes = [(0, 0), (2, 0, 0), (0, 3, 3), (1, 1), (2, 1, 1)]
+    out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(),), {"n_iters": 5}) for s in shapes]
+    out.append(Example((_filled((2, 4, 4), 0.7, dtype, device),), {"noise_factor": 0.0}))  # all ties
+    return out
+
+
+def _gumbel_sinkhorn_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+    if n > 64:
+        return None  # n x n matrices: O(n_iters n^2) per sample
+    lead = fuzz_lead(g, max_dims=1)
+    x = fuzz_tensor((*lead, n, n), dtype, device, g)
+    kw: dict[str, Any] = {
+        "temperature": fuzz_choice(g, [0.1, 1.0, 3.0]),
+        "n_iters": fuzz_int(g, 0, 20),
+        "noise_factor": fuzz_choice(g, [0.0, 0.5, 1.0]),
+        "n_samples": fuzz_int(g, 1, 3),
+    }
+    return Example((x,), kw)
+
+
+_op("gumbel_sinkhorn", _gumbel_sinkhorn_example, _gumbel_sinkhorn_degenerate, _gumbel_sinkhorn_fuzz)
+
+
 # --- SoDeep learned sorter (rankwise.sodeep.hub) --------------------------------------------------
 def _sodeep_example(dtype: torch.dtype, device: torch.device) -> Example:
     g = torch.Generator().manual_seed(0)

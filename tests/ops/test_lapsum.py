@@ -352,3 +352,12 @@ def test_errors() -> None:
         lapsum_sort(x, descending=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="k"):
         LapSumTopK(0)
+
+
+def test_second_derivatives_raise() -> None:
+    x = _x(2, 6).requires_grad_()
+    for out in (lapsum_rank(x, 0.4), lapsum_sort(x, 0.4), lapsum_topk(x, 2, 0.4)):
+        (g,) = torch.autograd.grad(out[:, 2].sum(), x, retain_graph=True)  # a sparse incoming gradient
+        assert torch.isfinite(g).all()
+        with pytest.raises(RuntimeError, match="create_graph=True"):
+            torch.autograd.grad(out[:, 2].sum(), x, create_graph=True)

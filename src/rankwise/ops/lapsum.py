@@ -18,7 +18,8 @@ After one sort of the slice, :math:`G` at the sorted points follows from prefix 
 :math:`B_m = \sum_{j \ge m} e^{(x_m - x_j)/\alpha}` (:math:`G(x_m) = m - \tfrac12 + (B_m - A_m)/2`,
 1-based), and between two consecutive sorted points :math:`G(b) = w` is a quadratic in
 :math:`e^{b/\alpha}`: the inverse is closed-form. Everything is O(n log n) time (the sort) and O(n)
-memory per slice; gradients are those of the closed forms (by autograd, O(n) too), equal to the
+memory per slice; gradients are those of the closed forms (by autograd, O(n) too; first derivatives
+only: a backward pass with ``create_graph=True`` raises), equal to the
 implicit-function gradients of the paper (e.g. :math:`\partial s_i / \partial x_j =
 f(s_i - x_j) / \sum_l f(s_i - x_l)`, :math:`f` the Laplace density).
 
@@ -34,6 +35,7 @@ are computed in float64 for every input dtype (float32 inputs: the rest in float
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 from typing import Any
 
@@ -66,14 +68,51 @@ def _laplace_cdf(t: torch.Tensor) -> torch.Tensor:
     return torch.where(neg, 0.5 * e, 1 - 0.5 * e)
 
 
+class _LogCumSumExp(torch.autograd.Function):
+    """``torch.logcumsumexp`` along the last dim with a first-order backward that is finite for zero
+    incoming gradients (PyTorch's own is, but its second derivative is NaN there, e.g. for the sparse
+    gradients that ``gather`` sends back): a backward pass that builds a graph raises instead."""
+
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor) -> torch.Tensor:
+        out = torch.logcumsumexp(z, dim=-1)
+        ctx.save_for_backward(z, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():  # backward(create_graph=True): the result would miss second-order terms
+            raise RuntimeError(
+                "LapSum operators have first derivatives only: a backward pass with create_graph=True "
+                "(second derivatives) is not supported"
+            )
+        # dL_m/dz_j = exp(z_j - L_m) for j <= m: grad_j = sum_{m >= j} g_m exp(z_j - L_m), the positive
+        # and the negative parts of g each as a reversed running log-sum-exp
+        z, out = ctx.saved_tensors
+        ninf = torch.full((), -math.inf, dtype=z.dtype, device=z.device)
+        result = torch.zeros_like(z)
+        for sign in (1.0, -1.0):
+            part = grad * sign
+            mask = part > 0
+            log_part = torch.where(mask, torch.log(torch.where(mask, part, torch.ones_like(part))), ninf)
+            acc = torch.logcumsumexp((log_part - out).flip(-1), dim=-1).flip(-1)
+            result = result + sign * torch.exp(acc + z)
+        return result
+
+
+def _logcumsumexp(z: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = _LogCumSumExp.apply(z)
+    return out
+
+
 def _prefix_suffix(xs: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``A_m = sum_{j<=m} exp((x_j - x_m)/alpha)`` and ``B_m = sum_{j>=m} exp((x_m - x_j)/alpha)`` of an
     ascending slice ``xs`` (last dim, n >= 1)."""
     n = xs.shape[-1]
     x64 = xs.to(torch.float64)  # the running log-sum-exps lose eps * |z|: float64 inside
     z = (x64 - x64[..., n // 2 : n // 2 + 1].detach()) / alpha
-    log_a = torch.logcumsumexp(z, dim=-1) - z
-    log_b = torch.logcumsumexp((-z).flip(-1), dim=-1).flip(-1) + z
+    log_a = _logcumsumexp(z) - z
+    log_b = _logcumsumexp((-z).flip(-1)).flip(-1) + z
     return torch.exp(log_a).to(xs.dtype), torch.exp(log_b).to(xs.dtype)
 
 

@@ -306,7 +306,6 @@ def test_new_methods_train_tiny(tmp_path, tiny_digits, preset):
 
 def test_lapsum_relaxation_trains_one_epoch(tmp_path, tiny_digits):
     sets = [
-        "task.method=lapsum",
         "task.options.alpha=0.5",
         "task.n=3",
         "task.steps=2",
@@ -315,13 +314,13 @@ def test_lapsum_relaxation_trains_one_epoch(tmp_path, tiny_digits):
         "task.test_lists=20",
         "task.val_lists=10",
     ]
-    cfg = load_config("large_mnist_isotonic", sets)
-    assert cfg.task.method == "lapsum"
+    cfg = load_config("large_mnist_lapsum", sets)
+    assert cfg.task.method == "lapsum" and cfg.task.options == {"alpha": 0.5}
     res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     assert res.metrics["test"]
     assert all(math.isfinite(v) for v in res.metrics["test"].values())
     with pytest.raises(ConfigError, match="alpha"):
-        load_config("large_mnist_isotonic", ["task.method=lapsum", "task.options.alpha=-1"])
+        load_config("large_mnist_lapsum", ["task.options.alpha=-1"])
 
 
 @pytest.mark.parametrize(

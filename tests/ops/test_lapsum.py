@@ -352,6 +352,8 @@ def test_errors() -> None:
         lapsum_sort(x, descending=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="k"):
         LapSumTopK(0)
+    with pytest.raises(TypeError, match="k"):
+        LapSumTopK("2")  # type: ignore[arg-type]
 
 
 def test_second_derivatives_raise() -> None:

@@ -345,8 +345,10 @@ class LapSumTopK(FunctionModule):
 
     def __init__(self, k: float, alpha: float = 1.0, *, dim: int = -1, descending: bool = True) -> None:
         super().__init__()
-        if isinstance(k, bool) or not isinstance(k, Real) or not float(k) > 0:
-            raise ValueError(f"`k` must be a real number > 0, got {k!r}")
+        if isinstance(k, bool) or not isinstance(k, Real):
+            raise TypeError(f"`k` must be an int or a float, got {type(k).__name__}")
+        if not float(k) > 0:
+            raise ValueError(f"`k` must be > 0, got {k!r}")
         self.k = k
         self.alpha = check_positive(alpha, "alpha")
         self.dim, self.descending = dim, check_bool(descending, "descending")

@@ -746,6 +746,76 @@ _isotonic_op(variant("op", "soft_rank_isotonic", "kl", {"regularization": "kl"})
 _isotonic_op(variant("op", "soft_sort_isotonic", "kl", {"regularization": "kl"}), "kl", True)
 
 
+# --- LapSum (rankwise.ops.lapsum) ----------------------------------------------------------------
+def _lapsum_op(name: str, kind: str, kwargs: dict[str, Any]) -> None:
+    """``kind``: ``"rank"`` / ``"sort"`` (the input alone) or ``"topk"`` (``k`` too)."""
+    topk = kind == "topk"
+
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        return Example((_randn((3, 7), dtype, device),), {"k": 3, **kwargs} if topk else dict(kwargs))
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        xs = [torch.zeros(s, dtype=dtype, device=device).requires_grad_() for s in _DEGENERATE_SHAPES]
+        xs.append(_filled((2, 5), 0.7, dtype, device))  # all ties
+        if not topk:
+            out = [Example((x,), dict(kwargs)) for x in xs]
+            return [*out, Example((_filled((2, 5), 0.7, dtype, device),), {**kwargs, "descending": True})]
+        out = [Example((x,), {"k": 1, **kwargs}) for x in xs if x.shape[-1] > 0]
+        out.append(Example((_filled((2, 5), 0.7, dtype, device),), {"k": 5, **kwargs}))  # k = n
+        return [*out, Example((_filled((2, 5), 0.7, dtype, device),), {"k": 2.5, **kwargs, "descending": False})]
+
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        if topk and n == 0:
+            return None  # k must be in (0, n]
+        lead = fuzz_lead(g)
+        x = fuzz_tensor((*lead, n), dtype, device, g, grad=False)
+        kw = dict(kwargs)
+        kw["alpha"] = fuzz_choice(g, [0.05, 0.7, 5.0])
+        kw["descending"] = fuzz_choice(g, [False, True])
+        if topk:
+            kw["k"] = fuzz_choice(g, [fuzz_int(g, 1, n), n * 0.4 + 0.1])
+        x = _fuzz_dim0(x, lead, kw, g)
+        return Example((x.requires_grad_(),), kw)
+
+    _op(name, example, degenerate, fuzz)
+
+
+_lapsum_op("lapsum_rank", "rank", {"alpha": 0.5})
+_lapsum_op("lapsum_sort", "sort", {"alpha": 0.5, "descending": True})
+_lapsum_op("lapsum_topk", "topk", {"alpha": 0.5})
+for _fn in ("soft_sort", "soft_rank"):
+    _lapsum_op(variant("op", _fn, "lapsum", {"method": "lapsum"}), _fn[5:], {"method": "lapsum", "alpha": 0.5})
+
+
+# --- Gumbel-Sinkhorn (rankwise.ops.gumbel_sinkhorn) ------------------------------------------------
+def _gumbel_sinkhorn_example(dtype: torch.dtype, device: torch.device) -> Example:
+    return Example((_randn((3, 4, 4), dtype, device),), {"temperature": 0.7, "n_iters": 10, "n_samples": 2})
+
+
+def _gumbel_sinkhorn_degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+    shapes = [(0, 0), (2, 0, 0), (0, 3, 3), (1, 1), (2, 1, 1)]
+    out = [Example((torch.zeros(s, dtype=dtype, device=device).requires_grad_(),), {"n_iters": 5}) for s in shapes]
+    out.append(Example((_filled((2, 4, 4), 0.7, dtype, device),), {"noise_factor": 0.0}))  # all ties
+    return out
+
+
+def _gumbel_sinkhorn_fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+    if n > 64:
+        return None  # n x n matrices: O(n_iters n^2) per sample
+    lead = fuzz_lead(g, max_dims=1)
+    x = fuzz_tensor((*lead, n, n), dtype, device, g)
+    kw: dict[str, Any] = {
+        "temperature": fuzz_choice(g, [0.1, 1.0, 3.0]),
+        "n_iters": fuzz_int(g, 0, 20),
+        "noise_factor": fuzz_choice(g, [0.0, 0.5, 1.0]),
+        "n_samples": fuzz_int(g, 1, 3),
+    }
+    return Example((x,), kw)
+
+
+_op("gumbel_sinkhorn", _gumbel_sinkhorn_example, _gumbel_sinkhorn_degenerate, _gumbel_sinkhorn_fuzz)
+
+
 # --- SoDeep learned sorter (rankwise.sodeep.hub) --------------------------------------------------
 def _sodeep_example(dtype: torch.dtype, device: torch.device) -> Example:
     g = torch.Generator().manual_seed(0)

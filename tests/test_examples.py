@@ -20,6 +20,7 @@ _TORCHSORT_CALLS = inspect.signature(rankwise.soft_rank).parameters["method"].de
 CASES = [
     pytest.param("spearman_pytorch.py", "test Spearman", (), id="spearman_pytorch"),
     pytest.param("metric_learning.py", "triplet, batch-hard: test 1-NN accuracy", ("sklearn",), id="metric_learning"),
+    pytest.param("gumbel_sinkhorn_jigsaw.py", "test tiles placed right", ("sklearn",), id="gumbel_sinkhorn_jigsaw"),
     pytest.param(
         "from_torchsort.py",
         "Spearman before",

@@ -251,13 +251,16 @@ def test_true_ranks_ascending():
     assert true_ranks(torch.tensor([[3.0, 9.0, 1.0, 5.0]])).tolist() == [[2.0, 4.0, 1.0, 3.0]]
 
 
-@pytest.mark.parametrize("method", ["isotonic", "perturbed"])
+#: the options of a rank relaxation that make it (nearly) exact, and that pool the test's scores
+_SHARP = {"isotonic": {"regularization_strength": 1e-3}, "lapsum": {"alpha": 1e-3}}
+_SMOOTH = {"isotonic": {"regularization_strength": 5.0}, "lapsum": {"alpha": 5.0}}
+
+
+@pytest.mark.parametrize("method", ["isotonic", "perturbed", "lapsum"])
 def test_rank_loss_relaxations_are_zero_at_the_true_order_and_push_towards_it(method):
     r = RELAXATIONS[method]
     assert r.kind == "rank_loss"
-    t = SortOptions(
-        method=method, n_samples=50, options={"regularization_strength": 1e-3} if method == "isotonic" else {}
-    )
+    t = SortOptions(method=method, n_samples=50, options=_SHARP.get(method, {}))
     values = torch.tensor([[3.0, 9.0, 1.0, 5.0]])
     ranks = true_ranks(values)
     right = values.clone() / 2  # the true order, well separated
@@ -266,9 +269,7 @@ def test_rank_loss_relaxations_are_zero_at_the_true_order_and_push_towards_it(me
     wrong = (-values / 2).requires_grad_(True)  # reversed order
     torch.manual_seed(0)
     # (isotonic: a strength that pools these scores; far apart, the projection sits on a vertex: zero gradient)
-    soft = SortOptions(
-        method=method, n_samples=50, options={"regularization_strength": 5.0} if method == "isotonic" else {}
-    )
+    soft = SortOptions(method=method, n_samples=50, options=_SMOOTH.get(method, {}))
     loss = r.fn(wrong, ranks, soft)
     assert float(loss.detach()) > 1.0
     loss.backward()
@@ -301,6 +302,25 @@ def test_new_methods_train_tiny(tmp_path, tiny_digits, preset):
     res = train(load_config(preset, sets), out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
     assert res.metrics["test"]
     assert all(math.isfinite(v) for v in res.metrics["test"].values())
+
+
+def test_lapsum_relaxation_trains_one_epoch(tmp_path, tiny_digits):
+    sets = [
+        "task.options.alpha=0.5",
+        "task.n=3",
+        "task.steps=2",
+        "task.steps_per_epoch=2",
+        "task.lists_per_batch=4",
+        "task.test_lists=20",
+        "task.val_lists=10",
+    ]
+    cfg = load_config("large_mnist_lapsum", sets)
+    assert cfg.task.method == "lapsum" and cfg.task.options == {"alpha": 0.5}
+    res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
+    assert res.metrics["test"]
+    assert all(math.isfinite(v) for v in res.metrics["test"].values())
+    with pytest.raises(ConfigError, match="alpha"):
+        load_config("large_mnist_lapsum", ["task.options.alpha=-1"])
 
 
 @pytest.mark.parametrize(

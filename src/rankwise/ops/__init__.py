@@ -18,6 +18,10 @@ from rankwise.ops.sorting_network import *  # noqa: F403  isort: skip
 from rankwise.ops.sorting_network import __all__ as _sortnet_all  # isort: skip
 from rankwise.ops.perturbed import *  # noqa: F403  isort: skip
 from rankwise.ops.perturbed import __all__ as _perturbed_all  # isort: skip
+from rankwise.ops.lapsum import *  # noqa: F403  isort: skip
+from rankwise.ops.lapsum import __all__ as _lapsum_all  # isort: skip
+from rankwise.ops.gumbel_sinkhorn import *  # noqa: F403  isort: skip
+from rankwise.ops.gumbel_sinkhorn import __all__ as _gs_all  # isort: skip
 
 __all__ = [
     "OPS",
@@ -41,4 +45,6 @@ __all__ = [
     *_sinkhorn_all,
     *_sortnet_all,
     *_perturbed_all,
+    *_lapsum_all,
+    *_gs_all,
 ]

@@ -173,6 +173,9 @@ def soft_sort(
       along ``dim``), ``tol``, ``max_iter``; see :func:`rankwise.soft_sort_sinkhorn`.
     * ``"diffsort"`` — differentiable sorting networks (Petersen et al., ICML'21/ICLR'22), see
       :func:`rankwise.diffsort`; options ``network``, ``steepness``, ``distribution``, ``art_lambda``.
+    * ``"lapsum"`` — Struski et al. (ICML'25): sums of Laplace CDFs with a closed-form inverse,
+      O(n log n); option ``alpha`` (the Laplace scale, default 1.0); see :func:`rankwise.lapsum_sort`
+      and :func:`rankwise.lapsum_rank`.
 
     ``method`` defaults to ``"isotonic"``, so ``soft_sort(x, regularization_strength=0.1)`` is
     ``torchsort.soft_sort(x, regularization_strength=0.1)``. An option the method does not accept

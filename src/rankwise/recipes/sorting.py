@@ -17,7 +17,8 @@ on the scores as log-scores, averaged over ``task.n_samples`` samples), ``softso
 input ``i`` in position ``j``), ``sinkhorn`` (``n`` times the transpose of
 :func:`rankwise.sinkhorn_transport` to ``n`` descending targets). Rank relaxations have no
 :math:`\\hat P` and train a loss on ranks against the true ranks (1..n, ascending): ``isotonic``
-(mean squared error of :func:`rankwise.soft_rank` ``method="isotonic"``) and ``perturbed``
+(mean squared error of :func:`rankwise.soft_rank` ``method="isotonic"``), ``lapsum`` (the same loss on
+:func:`rankwise.lapsum_rank`, option ``alpha``) and ``perturbed``
 (:func:`rankwise.perturbed_fy_loss`, Berthet et al.'s Fenchel-Young loss). More with
 :func:`register_relaxation`. ``vanilla`` is the paper's "vanilla RS": an MLP over the concatenated
 image embeddings outputs ``n x n`` logits, row ``i`` = which item is the ``i``-th largest, trained
@@ -130,7 +131,7 @@ class SortOptions(StepBudget, unit="batches", after="bn_recalibration"):
     method: str = Field(
         "neuralsort",
         description="a relaxation of RELAXATIONS (neuralsort, stochastic, softsort, diffsort_odd_even, "
-        "diffsort_bitonic, sinkhorn, isotonic, perturbed, ...) or vanilla (sort only)",
+        "diffsort_bitonic, sinkhorn, isotonic, lapsum, perturbed, ...) or vanilla (sort only)",
     )
     tau: float = Field(1.0, description="temperature of the relaxation", gt=0)
     n_samples: int = Field(5, description="relaxed samples per list (stochastic relaxations)", ge=1)

@@ -431,6 +431,7 @@ _TOPK_METHOD_OPTIONS: dict[str, tuple[dict[str, Any], str, list[Any]]] = {
     "sparse_dykstra": ({"solver": "dykstra", "num_iter": 400}, "regularization_strength", [0.7, 5.0]),
     "ot": ({"max_iter": 400}, "epsilon", [0.1, 0.5]),
     "diffsort": ({}, "steepness", [2.0, 10.0]),
+    "lapsum": ({}, "alpha", [0.05, 0.7, 5.0]),
 }
 
 
@@ -478,7 +479,7 @@ _op(
     ),
 )
 _op("soft_topk_values", _topk_example, _topk_degenerate, _topk_fuzz)
-for _tag in ("softsort", "isotonic", "diffsort"):
+for _tag in ("softsort", "isotonic", "diffsort", "lapsum"):
     _topk_method_factories(_tag, values=True)
 _op("dknn", _dknn_example(False), _dknn_degenerate(False), _dknn_fuzz(False))
 _op(

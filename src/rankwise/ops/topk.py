@@ -32,6 +32,7 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
+from rankwise.ops.lapsum import lapsum_sort, lapsum_topk
 from rankwise.ops.isotonic import Regularization, isotonic_topk_mask, soft_sort_isotonic
 from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 from rankwise.ops.perturbed import perturbed_topk
@@ -156,6 +157,14 @@ def _perturbed_mask(
     return perturbed_topk(s, k, sigma=sigma, n_samples=n_samples, noise=noise, generator=generator)  # type: ignore[arg-type]
 
 
+def _lapsum_mask(s: torch.Tensor, k: int, *, alpha: float = 1.0) -> torch.Tensor:
+    return lapsum_topk(s, k, alpha, dim=-1, descending=True)
+
+
+def _lapsum_values(s: torch.Tensor, k: int, *, alpha: float = 1.0) -> torch.Tensor:
+    return lapsum_sort(s, alpha, dim=-1, descending=True)[..., :k]
+
+
 @dataclass(frozen=True)
 class TopKMethodImpl:
     """One ``soft_topk`` method: ``mask(s, k, **options)`` (the relaxed membership of the ``k`` largest
@@ -179,6 +188,7 @@ TOPK_METHODS: dict[str, TopKMethodImpl] = {
     "sparse": TopKMethodImpl(_sparse_mask),
     "ot": TopKMethodImpl(_ot_mask),
     "diffsort": TopKMethodImpl(_diffsort_mask, _diffsort_values),
+    "lapsum": TopKMethodImpl(_lapsum_mask, _lapsum_values),
     "perturbed": TopKMethodImpl(_perturbed_mask),
 }
 #: the options of every method, read once (a traced call must not inspect signatures)

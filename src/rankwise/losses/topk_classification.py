@@ -181,7 +181,9 @@ def topk_cross_entropy_loss(
 
     ``m`` (many classes): only the ``m`` largest logits are relaxed: the target's logit first, then
     the ``m - 1`` largest others in descending order (a hard, non-differentiable pre-selection); the
-    softmax / cross-entropy terms also use those ``m`` logits. ``len(p_k) <= m <= C``.
+    softmax / cross-entropy terms also use those ``m`` logits. ``len(p_k) <= m <= C`` (difftopk
+    asks for ``len(p_k) < m < C``; ``m = C`` still reorders the logits, so for the networks it is not
+    ``m=None``).
 
     Values and gradients equal ``difftopk.TopKCrossEntropyLoss`` (``diffsort_method=method``,
     ``inverse_temperature``, ``p_k``, ``n=C``, ``m``, ``distribution``, ``art_lambda``, ``top1_mode``)

@@ -29,7 +29,7 @@ from rankwise._validation import (
 )
 from rankwise.losses._registry import register_loss
 from rankwise.ops.permutation import neural_sort_rows, softsort_rows
-from rankwise.ops.sorting_network import DISTRIBUTIONS, Distribution, _topk_route
+from rankwise.ops.sorting_network import DISTRIBUTIONS, Distribution, network_topk_route
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy_loss"]
 
@@ -126,7 +126,9 @@ def _membership(
 ) -> torch.Tensor:
     """``(B, k)``: relaxed probability that target ``t[b]`` is among the ``r + 1`` largest of row ``x[b]``."""
     if method in _NETWORKS:
-        rows = _topk_route(x, t, k, network=method, steepness=beta, distribution=distribution, art_lambda=art_lambda)
+        rows = network_topk_route(
+            x, t, k, network=method, steepness=beta, distribution=distribution, art_lambda=art_lambda
+        )
     else:
         tau = 1.0 / beta
         p = neural_sort_rows(x, tau, rows=k) if method == "neuralsort" else softsort_rows(x, tau, 1.0, rows=k)

@@ -734,7 +734,7 @@ register_op("diffsort", module=DiffSort, relaxation=(_relaxation("odd_even"), _r
 # ----------------------------------------------------------------------------------------------
 # top-k rows of one input (the top-k classification loss)
 # ----------------------------------------------------------------------------------------------
-def _topk_route(
+def network_topk_route(
     x: torch.Tensor,
     index: torch.Tensor,
     k: int,

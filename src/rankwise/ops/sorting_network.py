@@ -759,9 +759,9 @@ def network_topk_route(
     else:
         _, alphas = _SortingNetwork.apply(x.T.contiguous(), lay, distribution, steepness, art_lambda)
         route = onehot
-        for layer in range(lay.depth):
+        for layer, alpha in enumerate(alphas.unbind(0)):  # (one unbind: its backward is one stack, not L)
             t = lay[layer]
-            beta = 1 - alphas[layer]
-            wa, wb = torch.where(t.is_min, alphas[layer], beta), torch.where(t.is_min, beta, alphas[layer])
+            beta = 1 - alpha
+            wa, wb = torch.where(t.is_min, alpha, beta), torch.where(t.is_min, beta, alpha)
             route = route.index_select(0, t.a) * wa + route.index_select(0, t.b) * wb
     return route.flip(0)[:k].T

@@ -1658,3 +1658,52 @@ _threshold_loss("corn", targets="classes", reduction=False)
 _threshold_loss("condor", targets="levels", reduction=True)
 for _name in _ORDINAL_KWARGS:
     _ordinal_logits_loss(_name)
+
+
+# --------------------------------------------------------------------------------------------------
+# the top-k classification loss
+# --------------------------------------------------------------------------------------------------
+def _topk_ce_factories(method: str) -> tuple[ExampleFactory, DegenerateFactory, FuzzFactory]:
+    def example(dtype: torch.dtype, device: torch.device) -> Example:
+        targets = torch.tensor([0, 3, 5, 2], device=device)
+        kw = {"p_k": [0.5, 0.25, 0.25], "inverse_temperature": 2.0, "method": method}
+        return Example((_randn((4, 6), dtype, device), targets), kw)
+
+    def degenerate(dtype: torch.dtype, device: torch.device) -> list[Example]:
+        kw = {"p_k": [0.5, 0.5], "method": method}
+        lab = torch.tensor([1, 0, 2], device=device)
+        return [
+            Example((_randn((1, 4), dtype, device), lab[:1]), kw),  # one example
+            Example((_randn((0, 4), dtype, device), lab[:0]), kw),  # empty batch
+            Example((_randn((3, 1), dtype, device), lab * 0), {"p_k": [1.0], "method": method}),  # one class
+            Example((_filled((3, 4), 0.5, dtype, device), lab), {**kw, "top1_mode": "sort"}),  # all ties
+        ]
+
+    def fuzz(n: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Example | None:
+        if n == 0:
+            return None
+        k = fuzz_int(g, 1, min(n, 3))
+        w = torch.rand(k, generator=g, dtype=torch.float64) + 0.1
+        p_k = [float(v) for v in (w / w.sum()).tolist()]
+        p_k[-1] = 1.0 - sum(p_k[:-1])
+        kw: dict[str, Any] = {
+            "p_k": p_k,
+            "method": method,
+            "inverse_temperature": fuzz_choice(g, [0.5, 2.0, 8.0]),
+            "top1_mode": fuzz_choice(g, ["sm", "smce", "sort"]),
+            "m": fuzz_choice(g, [None, fuzz_int(g, k, n)]),
+            "reduction": fuzz_choice(g, ["mean", "sum", "none"]),
+        }
+        if method in ("odd_even", "bitonic", "splitter_selection"):
+            kw["distribution"] = fuzz_choice(g, ["cauchy", "logistic", "logistic_phi", "optimal", "gaussian"])
+        lead = fuzz_lead(g, max_dims=1, max_size=3)
+        logits = fuzz_tensor((*lead, n), dtype, device, g, scale=fuzz_choice(g, [1.0, 10.0]))
+        targets = torch.randint(n, lead, generator=g).to(device)
+        return Example((logits, targets), kw)
+
+    return example, degenerate, fuzz
+
+
+_loss("topk_cross_entropy", *_topk_ce_factories("odd_even"))
+for _method in ("bitonic", "splitter_selection", "neuralsort", "softsort"):
+    _loss(variant("loss", "topk_cross_entropy", _method, {"method": _method}), *_topk_ce_factories(_method))

@@ -17,6 +17,8 @@ from rankwise.losses.ranking import *  # noqa: F403
 from rankwise.losses.ranking import __all__ as _ranking_all
 from rankwise.losses.retrieval import *  # noqa: F403
 from rankwise.losses.retrieval import __all__ as _retrieval_all
+from rankwise.losses.topk_classification import *  # noqa: F403
+from rankwise.losses.topk_classification import __all__ as _topk_all
 
 from rankwise.imbalanced.losses import *  # noqa: F403  isort: skip
 from rankwise.imbalanced.losses import __all__ as _imb_all  # isort: skip
@@ -37,4 +39,5 @@ __all__ = [
     *_ordinal_all,
     *_label_distribution_all,
     *_ordinal_regression_all,
+    *_topk_all,
 ]

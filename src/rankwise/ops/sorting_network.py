@@ -136,9 +136,49 @@ class _Layers:
         return self.tables[self.order[layer]]
 
 
-@functools.lru_cache(maxsize=64)
-def _layers(network: str, n: int, device: torch.device) -> _Layers:
-    patterns, order = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+def _splitter_selection_comparators(n: int, k: int) -> tuple[list[list[Comparator]], list[int]]:
+    """Splitter selection network selecting (and ordering) the ``k`` largest of ``n`` wires.
+
+    Built on descending ranks (lane 0 shall receive the largest value) and mirrored at the end so that
+    the largest values end on the last wires, as in the other networks. Each lane carries the smallest
+    rank it can still have. A *splitter cascade* on a group of lanes ``g_0 < ... < g_{s-1}`` has
+    ``ceil(log2 s)`` layers; layer ``i`` compares ``g_j`` with ``g_{j+h}`` (max to ``g_j``),
+    ``h = 2^(ceil(log2 s) - 1 - i)``, for every ``j`` in the first half of each block of ``2h``
+    lanes; afterwards lane ``g_j`` is known to be at least ``2^popcount(j) - 1`` places below the
+    group's best, so its rank grows by that. Rounds of cascades (on every group of lanes sharing a
+    rank below ``k``, highest rank first, each starting at the first layer where all its lanes are
+    free) run until every rank below ``k`` is held by one lane.
+    """
+    rank, free_at = [0] * n, [0] * n
+    layers: list[list[tuple[int, int]]] = []
+    lowest, added = 0, True
+    while added:
+        added = False
+        for r in range(k - 1, lowest - 1, -1):
+            group = [lane for lane in range(n) if rank[lane] == r]
+            size = len(group)
+            if size < 2:
+                continue
+            depth = (size - 1).bit_length()  # ceil(log2 size)
+            start = max(free_at[lane] for lane in group)
+            while len(layers) < start + depth:
+                layers.append([])
+            for i in range(depth):
+                h = 1 << (depth - 1 - i)
+                for block in range(0, size, 2 * h):
+                    layers[start + i].extend((group[j], group[j + h]) for j in range(block, min(block + h, size - h)))
+            for j, lane in enumerate(group):
+                rank[lane] += (1 << bin(j).count("1")) - 1
+                free_at[lane] = start + depth
+            added = True
+        lowest += 1
+    # mirror: lane l -> wire n - 1 - l, so the comparator (hi, lo) with the max on hi becomes (a, b), a < b,
+    # with the min on a (not flipped)
+    patterns = [[(n - 1 - lo, n - 1 - hi, False) for hi, lo in layer] for layer in layers if layer]
+    return patterns, list(range(len(patterns)))
+
+
+def _tables(patterns: list[list[Comparator]], order: list[int], n: int, device: torch.device) -> _Layers:
     tables = []
     for cs in patterns:
         a, b, u, w = list(range(n)), list(range(n)), list(range(n)), list(range(n))
@@ -158,6 +198,19 @@ def _layers(network: str, n: int, device: torch.device) -> _Layers:
         msign = torch.tensor([-1 if m else 1 for m in is_min], dtype=torch.int8, device=device).unsqueeze(-1)
         tables.append(_LayerTables(idx[0], idx[1], col[0], idx[2], idx[3], col[1], sign, msign))
     return _Layers(tuple(tables), tuple(order))
+
+
+@functools.lru_cache(maxsize=64)
+def _layers(network: str, n: int, device: torch.device) -> _Layers:
+    patterns, order = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+    return _tables(patterns, order, n, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _selection_layers(n: int, k: int, device: torch.device) -> _Layers:
+    """The splitter selection network of the ``k`` largest of ``n`` (:func:`_splitter_selection_comparators`)."""
+    patterns, order = _splitter_selection_comparators(n, k)
+    return _tables(patterns, order, n, device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -676,3 +729,39 @@ def _relaxation(network: Network) -> RelaxationInfo:
 
 
 register_op("diffsort", module=DiffSort, relaxation=(_relaxation("odd_even"), _relaxation("bitonic")))(diffsort)
+
+
+# ----------------------------------------------------------------------------------------------
+# top-k rows of one input (the top-k classification loss)
+# ----------------------------------------------------------------------------------------------
+def network_topk_route(
+    x: torch.Tensor,
+    index: torch.Tensor,
+    k: int,
+    *,
+    network: str,
+    steepness: float,
+    distribution: str,
+    art_lambda: float,
+) -> torch.Tensor:
+    """Where a network sends input ``index[b]`` of row ``x[b]``: ``out[b, r] = P[b, index[b], n - 1 - r]``
+    for ``r < k`` (``P`` as returned by :func:`diffsort`, ascending; ``r = 0`` is the largest wire).
+
+    ``x`` (B, n) in the compute dtype, ``index`` (B,) int64; ``network`` is ``"odd_even"``,
+    ``"bitonic"`` or ``"splitter_selection"`` (the selection network of the ``k`` largest). The
+    one-hot of ``index`` is pushed through the layers' blends: O(L n B), ``P`` is never built.
+    """
+    n = x.shape[-1]
+    lay = _selection_layers(n, k, x.device) if network == "splitter_selection" else _layers(network, n, x.device)
+    onehot = torch.nn.functional.one_hot(index, n).to(x.dtype).T  # (wires, B)
+    if lay.depth == 0:  # n <= 1: the identity, connected to the graph
+        route = onehot + x.T * 0
+    else:
+        _, alphas = _SortingNetwork.apply(x.T.contiguous(), lay, distribution, steepness, art_lambda)
+        route = onehot
+        for layer, alpha in enumerate(alphas.unbind(0)):  # (one unbind: its backward is one stack, not L)
+            t = lay[layer]
+            beta = 1 - alpha
+            wa, wb = torch.where(t.is_min, alpha, beta), torch.where(t.is_min, beta, alpha)
+            route = route.index_select(0, t.a) * wa + route.index_select(0, t.b) * wb
+    return route.flip(0)[:k].T

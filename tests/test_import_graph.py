@@ -29,6 +29,7 @@ LIBRARY = (
     "_validation",
     "_twin",
     "_binning",
+    "_stats",
     "_extras",
 )
 

@@ -98,7 +98,7 @@ def test_a_dotted_name_is_refused_by_both_ways_in() -> None:
     from rankwise._registry import Registry
 
     reg: Registry[object] = Registry("thing")
-    with pytest.raises(ValueError, match="without '.'"):
+    with pytest.raises(ValueError, match=r"without '\.'"):
         reg.register("a.b")
-    with pytest.raises(ValueError, match="without '.'"):
+    with pytest.raises(ValueError, match=r"without '\.'"):
         reg.add("a.b", object())

@@ -30,6 +30,7 @@ LIBRARY = (
     "_twin",
     "_binning",
     "_stats",
+    "_fileio",
     "_extras",
 )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rankwise._fileio import atomic_write
 from rankwise._stats import pearson
 from rankwise.sodeep.data import FAMILIES, generate, mixed_batch
 from rankwise.sodeep.models import SORTER_MODELS, Sorter, build_sorter
@@ -285,5 +286,5 @@ def train_sorter(
         "torch": str(torch.__version__),
     }
     weights = save_sorter(sorter, out / f"{model}_{seq_len}.pt", metrics=report, train=train_meta)
-    (out / "report.json").write_text(json.dumps({"train": train_meta, "report": report}, indent=2))
+    atomic_write(out / "report.json", json.dumps({"train": train_meta, "report": report}, indent=2))
     return {"weights": weights, "report": report, "seconds": seconds}

@@ -29,6 +29,8 @@ LIBRARY = (
     "_validation",
     "_twin",
     "_binning",
+    "_stats",
+    "_fileio",
     "_extras",
 )
 

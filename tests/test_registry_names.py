@@ -49,3 +49,56 @@ def test_a_configuration_is_the_name_and_its_options() -> None:
     torch.testing.assert_close(scheme, rankwise.losses.lambda_loss(pred, true, weighing_scheme="ndcgLoss2_scheme"))
     with pytest.raises(ValueError, match=r"unknown loss 'lambda_loss\.ndcgLoss2'"):
         rankwise.get_loss("lambda_loss.ndcgLoss2")
+
+
+#: every registry of rankwise (module, attribute), and whether it holds functions (``register``) or records
+#: (``add``: soft methods, relaxations, prediction readers, recipes)
+_REGISTRIES = {
+    ("rankwise.ops._registry", "OPS"): True,
+    ("rankwise.losses._registry", "LOSSES"): True,
+    ("rankwise.models._registry", "BACKBONES"): True,
+    ("rankwise.data._base", "DATASETS"): True,
+    ("rankwise.recipes.predict_data", "CLASS_PREDICTION_READERS"): True,
+    ("rankwise.ops.soft", "SOFT_METHODS"): False,
+    ("rankwise.recipes.sorting", "RELAXATIONS"): False,
+    ("rankwise.recipes.predict_data", "PREDICTION_READERS"): False,
+    ("rankwise.recipes.registry", "RECIPES"): False,
+}
+
+
+def test_the_list_of_registries_is_complete() -> None:
+    import re
+    from pathlib import Path
+
+    src = Path(rankwise.__file__).parent
+    found = set()
+    for path in src.rglob("*.py"):
+        module = ".".join(path.relative_to(src.parent).with_suffix("").parts).removesuffix(".__init__")
+        for m in re.finditer(r"^(\w+)\s*:\s*Registry\[.*?\]\s*=\s*Registry\(", path.read_text(), re.M):
+            found.add((module, m.group(1)))
+    assert found == set(_REGISTRIES)
+
+
+@pytest.mark.parametrize(("module", "attr"), sorted(_REGISTRIES), ids=[a for _, a in sorted(_REGISTRIES)])
+def test_every_registry_holds_public_names_and_functions_where_it_registers_them(module: str, attr: str) -> None:
+    import importlib
+
+    from rankwise._registry import Registry
+
+    registry = getattr(importlib.import_module(module), attr)
+    assert isinstance(registry, Registry)
+    names = registry.names(load=True)
+    assert names
+    assert all(n.isidentifier() and not n.startswith("_") for n in names), names
+    if _REGISTRIES[(module, attr)]:
+        assert all(callable(registry.get(n)) for n in names)
+
+
+def test_a_dotted_name_is_refused_by_both_ways_in() -> None:
+    from rankwise._registry import Registry
+
+    reg: Registry[object] = Registry("thing")
+    with pytest.raises(ValueError, match=r"without '\.'"):
+        reg.register("a.b")
+    with pytest.raises(ValueError, match=r"without '\.'"):
+        reg.add("a.b", object())

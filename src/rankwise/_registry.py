@@ -10,13 +10,14 @@ operator, how it serves as a relaxed sort. The example inputs that the registry-
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
+
+from rankwise._validation import suggestion
 
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
 #: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``;
@@ -207,9 +208,11 @@ class Registry(Generic[F]):
 
     def add(self, name: str, obj: Any, *, replace: bool = False, description: str = "") -> Any:
         """Store ``obj`` under ``name`` (``replace=False``: a second, different object is an error);
-        returns ``obj``."""
+        returns ``obj``. ``name`` is a public name, as in :meth:`register` (no ``.``)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}")
+        if "." in name:
+            raise ValueError(f"`name` must be a public name without '.', got {name!r}: add the object once")
         if not replace and name in self._entries and self._entries[name].fn is not obj:
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._entries[name] = RegistryEntry(name=name, fn=obj, description=description)
@@ -230,8 +233,8 @@ class Registry(Generic[F]):
             return self._entries[name]
         except KeyError:
             valid = sorted({*self._entries, *self._lazy})
-            close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.5)
-            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            hint = suggestion(name, valid)
+            hint += " " if hint else ""
             raise ValueError(f"unknown {self.kind} {name!r}; {hint}expected one of: {', '.join(valid)}") from None
 
     def get(self, name: str) -> Any:

@@ -47,6 +47,7 @@ __all__ = [
     "nan_slices",
     "rank_dtype",
     "sort_padding_last",
+    "suggestion",
     "to_compute",
 ]
 
@@ -225,12 +226,30 @@ def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
     return value
 
 
+#: how similar (``difflib`` ratio) a valid name must be to an unknown one to be suggested, and how many are
+CLOSE_CUTOFF, CLOSE_COUNT = 0.5, 3
+
+
+def suggestion(value: Any, valid: Iterable[Any]) -> str:
+    """``"did you mean 'a' or 'b'?"``: the valid names closest to ``value`` (``""`` when none is close).
+
+    Every "did you mean" of rankwise comes from here (one cutoff, :data:`CLOSE_CUTOFF`).
+
+    Example:
+        >>> suggestion("lrr", ["lr", "momentum"])
+        "did you mean 'lr'?"
+        >>> suggestion("xyz", ["lr"])
+        ''
+    """
+    close = difflib.get_close_matches(str(value), sorted(str(v) for v in valid), n=CLOSE_COUNT, cutoff=CLOSE_CUTOFF)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def did_you_mean(value: str, valid: Iterable[str], what: str = "keys") -> str:
     """``"did you mean 'x'? valid <what>: a, b, c"`` (the hint only when a close match exists)."""
     names = sorted(valid)
-    close = difflib.get_close_matches(value, names, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    return f"{hint}valid {what}: {', '.join(names)}"
+    hint = suggestion(value, names)
+    return f"{hint + ' ' if hint else ''}valid {what}: {', '.join(names)}"
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

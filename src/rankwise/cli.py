@@ -612,8 +612,10 @@ def demo(
         f"abalone test set (age in years), mean ± std over {seeds} seed(s); many > 100, "
         f"few < 20 training shells per age",
     )
-    with open(res.report, "a") as fh:
-        fh.write(f"\nTotal demo time: {elapsed:.1f} s ({seeds} seed(s), {len(DEMO_METHODS)} methods).\n")
+    from rankwise._fileio import atomic_write
+
+    total = f"\nTotal demo time: {elapsed:.1f} s ({seeds} seed(s), {len(DEMO_METHODS)} methods).\n"
+    atomic_write(res.report, Path(res.report).read_text(encoding="utf-8") + total)
     con.print(f"report: [bold]{res.report}[/]  (total {elapsed:.1f} s)")
 
 

@@ -114,10 +114,10 @@ def test_implicit_gradient_matches_unrolled_log_domain_at_small_epsilon() -> Non
     x = torch.randn(2, 16, generator=g, dtype=torch.float64)
     w = torch.randn(2, 16, 16, generator=g, dtype=torch.float64)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    got = rankwise.sinkhorn_transport(xa, epsilon=5e-3)
+    got, info = rankwise.sinkhorn_transport(xa, epsilon=5e-3, return_info=True)
     want, sweeps = _unrolled_log_plan(xb, 5e-3)
     assert sweeps >= 1000  # the authors' iteration needs ~1,500 sweeps here; the solver ~70 and a few Newton steps
-    assert sk._LAST[0].newton_steps <= 5 and sk._LAST[0].sweeps < 100
+    assert info.newton_steps <= 5 and info.sweeps < 100
     assert (got - want).abs().max() < 1e-10
     (ga,) = torch.autograd.grad((got * w).sum(), xa)
     (gb,) = torch.autograd.grad((want * w).sum(), xb)
@@ -194,9 +194,9 @@ def test_plan_is_the_converged_one_where_the_authors_stopping_rule_is_not() -> N
     """The authors' default rule (relative error 1e-2) stops far from the plan at epsilon = 1e-2."""
     x = torch.randn(4, 32, dtype=torch.float64)
     want = ref_plan(x, 1e-2)
-    got = rankwise.sinkhorn_transport(x, epsilon=1e-2)
+    got, info = rankwise.sinkhorn_transport(x, epsilon=1e-2, return_info=True)
     assert (got - want).abs().max() < 1e-12
-    assert sk._LAST[0].error < 1e-10
+    assert info.error < 1e-10 and info.converged
 
 
 @pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.type)
@@ -688,3 +688,20 @@ def test_path_without_host_reads_gives_the_eager_gradient_of_all_tied_rows(
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     got = grad()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_return_info_is_the_solve_of_this_call() -> None:
+    """``return_info=True`` gives the plan and its own solve's information; the plan is the same."""
+    x = torch.randn(3, 12, dtype=torch.float64)
+    plan = rankwise.sinkhorn_transport(x, epsilon=1e-2)
+    got, info = rankwise.sinkhorn_transport(x, epsilon=1e-2, return_info=True)
+    assert torch.equal(got, plan)
+    assert isinstance(info, sk.SolveInfo) and info.converged and 0 <= info.error < 1e-10
+    assert info.sweeps >= 1
+    _, tied = rankwise.sinkhorn_transport(torch.ones(2, 5, dtype=torch.float64), return_info=True)
+    assert tied.newton_steps == 0 and tied.converged  # all ties: converged at the warm-up
+    empty, none = rankwise.sinkhorn_transport(torch.zeros(0, 4, dtype=torch.float64), return_info=True)
+    assert empty.shape == (0, 4, 4) and none.newton_steps == 0 and none.sweeps == 0
+    with pytest.raises(TypeError, match="`return_info` must be a bool"):
+        rankwise.sinkhorn_transport(x, return_info=1)  # type: ignore[call-overload]
+    assert not hasattr(sk, "_LAST")

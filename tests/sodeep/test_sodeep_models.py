@@ -218,6 +218,14 @@ def test_metrics_of_exact_sorter_are_perfect() -> None:
     assert rep["families_mean"]["spearman"] == pytest.approx(1.0)
 
 
+def test_metrics_count_a_constant_sequence_as_correlated() -> None:
+    """All-tied sequences have constant exact ranks: their correlations are reported as 1."""
+    from rankwise.sodeep.train import sorter_metrics
+
+    m = sorter_metrics(ExactSorter(6, temperature=1e-4), torch.ones(3, 6))
+    assert m["spearman"] == 1.0 and m["pearson"] == 1.0
+
+
 def test_real_score_sequences() -> None:
     pytest.importorskip("sklearn")
     from rankwise.sodeep.train import real_score_sequences

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rankwise._fileio import atomic_open
 from rankwise._validation import check_int
 from rankwise.data._base import register_dataset
 from rankwise.data.letor import RankingData, build_ranking_data
@@ -191,7 +192,7 @@ def load_ltr_synthetic(
 def _write_split(path: Path, x: np.ndarray, y: np.ndarray, qid: np.ndarray) -> None:
     cols = [f"{j + 1}:{{:.9g}}" for j in range(x.shape[1])]
     row = " ".join(cols)
-    with open(path, "x") as fh:
+    with atomic_open(path, "w") as fh:  # make_ltr_synthetic refuses an existing file first
         for xi, yi, qi in zip(x.tolist(), y.tolist(), qid.tolist()):
             fh.write(f"{int(yi)} qid:{qi} " + row.format(*xi) + "\n")
 

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rankwise._fileio import atomic_path, write_all
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
 from rankwise.data._files import check_header, csv_records, file_digest, note_read, parse_number, read_text
 
@@ -429,22 +429,6 @@ def _check_grid(dims: tuple[int, ...], affine: np.ndarray, spacing: Any, where: 
 CROP_KEEP_WARN = 0.9
 
 
-def _write_new(cache: Path, name: str, payload: bytes) -> Path:
-    """``payload`` in a new temporary file of ``cache`` (named after ``name``); a failed write removes it."""
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=f"{name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # as np.save's files (mkstemp's are private to the user)
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    return Path(tmp)
-
-
 def _store_entry(cached: Path, vol: np.ndarray, facts: dict[str, Any]) -> dict[str, Any]:
     """Write the cache entry ``cached`` (the ``.npy``) and its record (the ``.json`` beside it: ``facts`` and,
     under ``npy``, the file's SHA-256, size, shape and dtype); both appear only once both are written.
@@ -461,16 +445,10 @@ def _store_entry(cached: Path, vol: np.ndarray, facts: dict[str, Any]) -> dict[s
             "dtype": str(arr.dtype),
         }
     }
-    written: list[Path] = []
-    try:
-        written.append(_write_new(cached.parent, cached.name, payload))
-        written.append(_write_new(cached.parent, cached.with_suffix(".json").name, json.dumps(record).encode()))
-        os.replace(written[0], cached)
-        os.replace(written[1], cached.with_suffix(".json"))
-    except BaseException:
-        for tmp in written:
-            tmp.unlink(missing_ok=True)
-        raise
+    # both written before either replaces its file; the .npy is put in place first, then its record
+    with atomic_path(cached.with_suffix(".json")) as tmp_json, atomic_path(cached) as tmp_npy:
+        write_all(tmp_npy, payload)
+        write_all(tmp_json, json.dumps(record).encode())
     return record
 
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import csv
 import errno
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from rankwise._fileio import atomic_open, atomic_path
 
 __all__ = ["SYNTHETIC_COLUMNS", "make_brain_age_synthetic", "mni_templates"]
 
@@ -168,9 +169,8 @@ def make_brain_age_synthetic(
     for i in range(n):
         name = f"sub-{i + 1:04d}"
         vol = _subject(maps, center, float(ages[i]), int(males[i]), int(site_of[i]), np.random.default_rng([seed, i]))
-        tmp = out / f".{name}.{os.getpid()}.tmp.nii.gz"
-        nib.save(nib.Nifti1Image(vol, affine), str(tmp))
-        os.replace(tmp, out / f"{name}.nii.gz")
+        with atomic_path(out / f"{name}.nii.gz", suffix=".nii.gz") as tmp:  # nibabel reads the format from it
+            nib.save(nib.Nifti1Image(vol, affine), str(tmp))
         rows.append(
             {
                 "path": f"{name}.nii.gz",
@@ -180,10 +180,8 @@ def make_brain_age_synthetic(
                 "subject": name,
             }
         )
-    tmp_csv = out / f".participants.{os.getpid()}.tmp.csv"
-    with open(tmp_csv, "w", newline="") as f:
+    with atomic_open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(SYNTHETIC_COLUMNS))
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp_csv, csv_path)
     return csv_path

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from rankwise._binning import label_bins_np
+from rankwise._stats import pearson
 from rankwise._validation import check_positive
 
 __all__ = ["regression_metrics", "shot_groups"]
@@ -105,13 +106,9 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float | None:
-    if a.size < 2:
-        return None
-    da, db = a - a.mean(), b - b.mean()
-    den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
-    if den == 0.0:
-        return None
-    return float((da * db).sum() / den)
+    """Pearson's r of finite float64 values; ``None`` where it is undefined (fewer than 2 values, a constant)."""
+    r = float(pearson(torch.from_numpy(a), torch.from_numpy(b)))
+    return None if math.isnan(r) else r
 
 
 def _gmean(abs_err: np.ndarray, eps: float) -> float:

@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from rankwise._stats import pearson
 from rankwise.ops.ranking import rank
 
 KappaWeights = Literal["quadratic", "linear"] | None
@@ -54,16 +55,10 @@ def kappa_from_confusion(confusion: torch.Tensor, weights: KappaWeights = "quadr
     return nan_where(n == 0, out)
 
 
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    da, db = a - a.mean(), b - b.mean()
-    den = ((da * da).sum() * (db * db).sum()).sqrt()
-    return nan_where(den == 0, (da * db).sum() / torch.where(den == 0, torch.ones_like(den), den))
-
-
 def spearman_rho(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     if p.numel() < 2:
         return torch.full((), NAN, dtype=F64, device=p.device)
-    return _pearson(rank(p, ties="average"), rank(t, ties="average"))
+    return pearson(rank(p, ties="average"), rank(t, ties="average"))
 
 
 def _tied_pairs(new_group: torch.Tensor) -> torch.Tensor:

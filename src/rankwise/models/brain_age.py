@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rankwise._fileio import UnreadableWeightsError, load_weights_only
 from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
@@ -273,11 +274,12 @@ def load_tsan_checkpoint(path: str | Path, model: nn.Module | None = None) -> di
         ['block.0.block.0.conv1.0.weight', 'block.0.block.0.conv1.1.bias']
     """
     try:
-        obj: Any = torch.load(str(path), map_location="cpu", weights_only=True)
+        obj: Any = load_weights_only(path)
     except FileNotFoundError:
         raise
-    except Exception as e:
-        raise ValueError(f"{path}: not a readable weights file ({type(e).__name__}: {e})") from None
+    except (UnreadableWeightsError, OSError) as e:
+        cause = e.cause if isinstance(e, UnreadableWeightsError) else e
+        raise ValueError(f"{path}: not a readable weights file ({type(cause).__name__}: {cause})") from None
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rankwise._fileio import UnreadableWeightsError, load_weights_only
 from rankwise._validation import check_positive_int
 from rankwise.models._registry import register_backbone
 
@@ -63,7 +64,10 @@ def resnet_backbone(
         path = Path(weights_path)
         if not path.is_file():
             raise FileNotFoundError(f"`weights_path` not found: {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = load_weights_only(path)
+        except UnreadableWeightsError as e:
+            raise ValueError(f"`weights_path` {path} is not a readable weights file: {e.reason}") from None
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         if not isinstance(state, dict):

@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -152,6 +152,10 @@ class SolveInfo:
     newton_steps: int
     error: float
     converged: bool
+
+
+#: the information of a solve that did not run (no entries, or no rows)
+_NO_SOLVE = SolveInfo(sweeps=0, newton_steps=0, error=0.0, converged=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -416,33 +420,18 @@ def _newton_step(
     return g, _col_error(_log_plan(g, cost, eps))
 
 
-#: diagnostics of the last solve (for tests and benchmarks; not thread-safe)
-_LAST: list[SolveInfo] = []
-
-
 class _ColumnPotential(torch.autograd.Function):
-    """``g*(C)``: the converged column potential, differentiated implicitly (see the module docstring)."""
+    """``g*(C)``: the converged column potential ``g`` (solved by :func:`_solve`, outside the graph) as a
+    function of the cost, differentiated implicitly (see the module docstring)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, cost: torch.Tensor, eps: float, tol: float, max_iter: int, invalid: float, host: bool
-    ) -> torch.Tensor:
-        g, err, info = _solve(cost, eps, tol, max_iter, fixed=not host)
-        if not torch.compiler.is_compiling():
-            _LAST[:] = [info]
-        if cost.device.type != "cpu" and invalid < math.inf:
-            # the refusal of an invalid plan without a host read: a device-side assertion
-            torch._assert_async(
-                (err.nan_to_num(nan=0.0) <= invalid).all(),
-                "rankwise.sinkhorn: the transport plan's column marginals stay off by more than 1%: "
-                "`epsilon` is too small for these inputs in this dtype; raise it or compute in float64",
-            )
+    def forward(ctx: Any, cost: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
         ctx.eps = eps
         ctx.save_for_backward(cost, g)
         return g
 
     @staticmethod
-    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None, None]:
+    def backward(ctx: Any, grad_g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cost, g = ctx.saved_tensors
         eps = ctx.eps
         n = cost.shape[-2]
@@ -454,7 +443,7 @@ class _ColumnPotential(torch.autograd.Function):
             w = _solve_sym(_jittered_schur(p), v)
             pw = (p @ w.unsqueeze(-1)).squeeze(-1)
             grad_cost = p * (w.unsqueeze(-2) - n * pw.unsqueeze(-1))
-        return grad_cost, None, None, None, None, None
+        return grad_cost, None, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -490,8 +479,8 @@ def _plan_last(
     descending: bool,
     tol: float | None,
     max_iter: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x in the compute dtype, P)`` for ``x`` (..., n): ``P`` is (..., n, m)."""
+) -> tuple[torch.Tensor, torch.Tensor, SolveInfo]:
+    """``(x in the compute dtype, P, the solve's SolveInfo)`` for ``x`` (..., n): ``P`` is (..., n, m)."""
     eps, pw, t, it = _check_options(epsilon, p, num_targets, tol, max_iter, descending)
     xc = to_compute(x)
     n = x.shape[-1]
@@ -500,10 +489,10 @@ def _plan_last(
     if n == 0:
         if m > 0:
             raise ValueError(f"`x` has no entries along `dim`, so it cannot be transported onto num_targets={m}")
-        return xc, xc.new_zeros((*lead, 0, 0)) + xc.sum() * 0
+        return xc, xc.new_zeros((*lead, 0, 0)) + xc.sum() * 0, _NO_SOLVE
     flat = xc.reshape(-1, n)
     if flat.shape[0] == 0:
-        return xc, flat.new_zeros((*lead, n, m)) + flat.sum() * 0
+        return xc, flat.new_zeros((*lead, n, m)) + flat.sum() * 0, _NO_SOLVE
     floor = epsilon_floor(flat.dtype)
     if eps < floor:
         raise ValueError(
@@ -518,16 +507,25 @@ def _plan_last(
     if host:
         _warn_std_floor(floored)
     invalid = max(_INVALID_PLAN, accepted) if t is None else math.inf
-    g = _ColumnPotential.apply(cost, eps, tol_, it, invalid, host)
-    if host and _LAST[0].error > invalid:
+    with torch.no_grad():
+        g, err, info = _solve(cost.detach(), eps, tol_, it, fixed=not host)
+    if cost.device.type != "cpu" and invalid < math.inf:
+        # the refusal of an invalid plan without a host read: a device-side assertion
+        torch._assert_async(
+            (err.nan_to_num(nan=0.0) <= invalid).all(),
+            "rankwise.sinkhorn: the transport plan's column marginals stay off by more than 1%: "
+            "`epsilon` is too small for these inputs in this dtype; raise it or compute in float64",
+        )
+    g = _ColumnPotential.apply(cost, g, eps)
+    if host and info.error > invalid:
         # marginals off by more than 1%: an invalid plan (e.g. tied inputs spread over fewer targets at an
         # epsilon near the floor) is refused rather than returned
         raise ValueError(
             f"`epsilon`={eps:g} is too small for these inputs in {str(flat.dtype).replace('torch.', '')}: the "
-            f"transport plan's column marginals stay off by {_LAST[0].error:.2g} (relative) after max_iter={it} "
+            f"transport plan's column marginals stay off by {info.error:.2g} (relative) after max_iter={it} "
             "Newton steps; raise `epsilon` or compute in float64"
         )
-    if host and _LAST[0].error > accepted:
+    if host and info.error > accepted:
         # the message holds only the options, so that Python's warning filter shows it once per call site
         warnings.warn(
             f"rankwise.sinkhorn: the transport plan did not reach tol={accepted:g} at epsilon={eps:g} within "
@@ -536,7 +534,7 @@ def _plan_last(
             stacklevel=4,
         )
     plan = _log_plan(g, cost, eps).exp()
-    return xc, plan.reshape(*lead, n, m)
+    return xc, plan.reshape(*lead, n, m), info
 
 
 def _rank_from_plan(plan: torch.Tensor) -> torch.Tensor:
@@ -572,7 +570,7 @@ def _soft_rank_last(
     max_iter: int = 50,
 ) -> torch.Tensor:
     with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
-        _, plan = _plan_last(
+        _, plan, _ = _plan_last(
             x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
         )
         return _rank_from_plan(plan).to(rank_dtype(x.dtype))  # ranks reach n: float32 for fp16/bf16
@@ -589,10 +587,40 @@ def _soft_sort_last(
     max_iter: int = 50,
 ) -> torch.Tensor:
     with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
-        xc, plan = _plan_last(
+        xc, plan, _ = _plan_last(
             x, epsilon=epsilon, p=p, num_targets=num_targets, descending=descending, tol=tol, max_iter=max_iter
         )
         return _sort_from_plan(xc, plan).to(x.dtype)
+
+
+@overload
+def sinkhorn_transport(
+    x: torch.Tensor,
+    *,
+    epsilon: float = ...,
+    p: float = ...,
+    num_targets: int | None = ...,
+    descending: bool = ...,
+    tol: float | None = ...,
+    max_iter: int = ...,
+    dim: int = ...,
+    return_info: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def sinkhorn_transport(
+    x: torch.Tensor,
+    *,
+    epsilon: float = ...,
+    p: float = ...,
+    num_targets: int | None = ...,
+    descending: bool = ...,
+    tol: float | None = ...,
+    max_iter: int = ...,
+    dim: int = ...,
+    return_info: Literal[True],
+) -> tuple[torch.Tensor, SolveInfo]: ...
 
 
 def sinkhorn_transport(
@@ -605,7 +633,8 @@ def sinkhorn_transport(
     tol: float | None = None,
     max_iter: int = 50,
     dim: int = -1,
-) -> torch.Tensor:
+    return_info: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, SolveInfo]:
     r"""Entropic optimal transport plan from the squashed inputs to sorted targets (Cuturi et al., 2019).
 
     With :math:`\tilde x = \sigma\bigl((x - \bar x)/(\max(\mathrm{std}(x), 10^{-6})\sqrt 3/\pi)\bigr)`
@@ -626,7 +655,9 @@ def sinkhorn_transport(
     means 1e-10 in float64 and 1e-5 in float32, and accepts errors up to :math:`u/(2\varepsilon)`
     (``u`` the machine epsilon; float32 below ``epsilon`` = 6e-3) where round-off stalls the solver
     above it; ``max_iter`` bounds the Newton steps (a ``RuntimeWarning`` reports a plan left above the
-    tolerance).
+    tolerance). ``return_info=True`` returns ``(P, info)``, ``info`` the solve's :class:`SolveInfo`
+    (warm-up sweeps, Newton steps, final relative column-marginal error, converged); on a non-CPU
+    device or under ``torch.compile`` the error is not read on the host (``error=-1.0``).
 
     Degenerate inputs: ``n = 0`` gives an empty plan (``num_targets`` must then be ``None``);
     ``n = 1`` gives :math:`P = b^\top`; all ties give :math:`P = a b^\top` (every input squashes to 1/2).
@@ -649,8 +680,10 @@ def sinkhorn_transport(
     """
     check_floating_nd(x, "x")
     d = check_dim(x, dim)
+    if not isinstance(return_info, bool):
+        raise TypeError(f"`return_info` must be a bool, got {type(return_info).__name__}")
     with autocast_off(x.device):  # the whole solve in the compute dtype (no half LDL^T under autocast)
-        _, plan = _plan_last(
+        _, plan, info = _plan_last(
             x.movedim(d, -1),
             epsilon=epsilon,
             p=p,
@@ -659,7 +692,7 @@ def sinkhorn_transport(
             tol=tol,
             max_iter=max_iter,
         )
-    return plan.to(x.dtype)
+    return (plan.to(x.dtype), info) if return_info else plan.to(x.dtype)
 
 
 def soft_rank_sinkhorn(

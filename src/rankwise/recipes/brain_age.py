@@ -68,6 +68,7 @@ from pydantic import Field
 from torch import nn
 
 from rankwise._binning import LabelClasses
+from rankwise._fileio import atomic_open
 from rankwise.models.brain_age import SFCN, ScaleDense
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
@@ -543,7 +544,7 @@ def _write_predictions(
 
     meta = run.data.meta
     path = run.results / "predictions.csv"
-    with open(path, "w", newline="") as f:
+    with atomic_open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["subject", "site", "split", "age", "pred", "pred_corrected_gap", "pred_corrected_prediction"])
         for split, pred, age in (("val", val_pred, val_age), ("test", test_pred, test_age)):

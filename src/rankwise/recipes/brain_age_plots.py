@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from rankwise._fileio import atomic_open
+
 __all__ = ["plot_bag_vs_age", "plot_mae_by_decade", "plot_montage", "plot_pred_vs_age"]
 
 
@@ -25,7 +27,8 @@ def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=path.suffix.lstrip(".") or None, dpi=120)
     _plt().close(fig)
     return path
 

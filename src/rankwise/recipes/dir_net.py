@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from rankwise._binning import LabelClasses, label_bins_np, snap_floor, snap_floor_np
+from rankwise._fileio import atomic_open
 from rankwise.recipes.common import EpochShuffleSampler, build_backbone, loader_workers, to_builtin
 from rankwise.recipes.config import Config
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ordinal_head_of
@@ -535,16 +536,17 @@ def write_evaluation(
     n = len(test["label"])
     sample = np.sort(rng.choice(n, size=min(n, r.plot_samples), replace=False)) if n else np.zeros(0, dtype=int)
     unchanged = _same_predictions(run.results / "predictions.npz", test, data)
-    np.savez_compressed(
-        run.results / "predictions.npz",
-        pred=test["pred"],
-        label=test["label"],
-        train_labels=np.asarray(data.train_labels, dtype=np.float64),
-        bin_width=data.bin_width,
-        label_axis=getattr(data, "label_axis", "label"),
-        sample=sample,
-        features=test["features"][sample],
-    )
+    with atomic_open(run.results / "predictions.npz", "wb") as fh:
+        np.savez_compressed(
+            fh,
+            pred=test["pred"],
+            label=test["label"],
+            train_labels=np.asarray(data.train_labels, dtype=np.float64),
+            bin_width=data.bin_width,
+            label_axis=getattr(data, "label_axis", "label"),
+            sample=sample,
+            features=test["features"][sample],
+        )
     pdir = run.plots_dir
     if pdir is not None and unchanged and all((pdir / f).is_file() for f in _PLOTS[: 4 if r.tsne else 3]):
         pdir = None  # the plots are functions of these predictions: those on disk are up to date

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwise._fileio import atomic_open, atomic_write
 from rankwise.data import label_bins
 
 __all__ = [
@@ -57,7 +58,8 @@ def save_figure(plt: Any, fig: Any, path: str | Path) -> Path:
     """Lay out ``fig``, write it to ``path`` (100 dpi; legends outside the axes included) and close it."""
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=path.suffix.lstrip(".") or None, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -518,7 +520,7 @@ def write_compare_report(
                 lines.append(" ".join(f"![{p}]({_rel(first / p, out)})" for p in imgs))
         lines.append("")
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return path
 
 
@@ -602,5 +604,5 @@ def write_scalar_report(
     for method, dirs in run_dirs.items():
         lines += [f"### {method}", ""] + [f"- [{_rel(Path(d), out)}]({_rel(Path(d), out)})" for d in dirs] + [""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return path

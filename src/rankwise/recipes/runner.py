@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwise._fileio import atomic_open
 from rankwise.recipes import rundir
 from rankwise.recipes.config import Config, ConfigError, UserError, load_config, load_raw, upgrade_saved
 from rankwise.recipes.registry import Recipe, get_recipe
@@ -309,7 +310,7 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     CSV file ``path`` with a header; returns ``path``.
 
     An existing file is refused (a ``UserError`` naming it) unless ``overwrite``; the file is written
-    to a temporary file beside it and moved into place (``os.replace``), so only ``path`` changes,
+    to a temporary file beside it and moved into place (:func:`rankwise._fileio.atomic_open`), so only ``path`` changes,
     and a failed write leaves it as it was. Missing parent folders are created.
     """
     path = check_predictions_path(path, overwrite=overwrite)
@@ -318,22 +319,14 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     lengths = {len(v) for v in texts.values()}
     if len(lengths) > 1:
         raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        with atomic_open(target, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(texts)
             writer.writerows(zip(*texts.values()))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise UserError(f"cannot write {path}: {e.strerror or e}") from e
-        raise
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from e
     return path
 
 

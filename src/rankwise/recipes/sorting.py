@@ -643,10 +643,9 @@ class SortRecipe(RecipeBase):
                 raise ConfigError(
                     f"`task.method` must be a relaxation ({', '.join(valid)}) for the {self.name} task, got 'vanilla'"
                 )
-            import difflib
+            from rankwise._validation import suggestion
 
-            close = difflib.get_close_matches(t.method, valid, n=2, cutoff=0.4)
-            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            hint = f" ({close})" if (close := suggestion(t.method, valid)) else ""
             raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
         if self.needs_permutation and RELAXATIONS[t.method].kind != "permutation":
             perm = sorted(k for k, r in RELAXATIONS.items() if r.kind == "permutation")

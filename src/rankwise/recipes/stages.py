@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rankwise._fileio import atomic_write
+
 __all__ = [
     "Stage",
     "StageResult",
@@ -135,7 +137,7 @@ def read_done(path: Path) -> list[float] | None:
 
 def write_done(path: Path, epoch_seconds: Iterable[float]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"epoch_seconds": list(epoch_seconds)}))
+    atomic_write(path, json.dumps({"epoch_seconds": list(epoch_seconds)}))
 
 
 def stage_log(run: Any, name: str) -> Path:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from rankwise._fileio import atomic_write
+from rankwise._stats import pearson
 from rankwise.sodeep.data import FAMILIES, generate, mixed_batch
 from rankwise.sodeep.models import SORTER_MODELS, Sorter, build_sorter
 from rankwise.sodeep.weights_io import save_sorter
@@ -32,10 +34,8 @@ EVAL_SEED_OFFSET = 1_000_003
 # metrics
 # ----------------------------------------------------------------------------------------------
 def _pearson(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    a = a - a.mean(-1, keepdim=True)
-    b = b - b.mean(-1, keepdim=True)
-    den = (a.pow(2).sum(-1) * b.pow(2).sum(-1)).sqrt()
-    return torch.where(den > 0, (a * b).sum(-1) / den.clamp_min(1e-300), torch.ones_like(den))
+    """Pearson's r per sequence; 1 where either sequence is constant."""
+    return pearson(a, b).nan_to_num(nan=1.0)
 
 
 def sorter_metrics(sorter: Sorter, x: torch.Tensor) -> dict[str, float]:
@@ -286,5 +286,5 @@ def train_sorter(
         "torch": str(torch.__version__),
     }
     weights = save_sorter(sorter, out / f"{model}_{seq_len}.pt", metrics=report, train=train_meta)
-    (out / "report.json").write_text(json.dumps({"train": train_meta, "report": report}, indent=2))
+    atomic_write(out / "report.json", json.dumps({"train": train_meta, "report": report}, indent=2))
     return {"weights": weights, "report": report, "seconds": seconds}

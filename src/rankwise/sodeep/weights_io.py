@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rankwise._fileio import UnreadableWeightsError, atomic_path, load_weights_only
 from rankwise.sodeep.models import Sorter, build_sorter
 
 __all__ = ["BUNDLED_SEQ_LENS", "bundled_path", "load_sorter", "save_sorter"]
@@ -25,7 +26,8 @@ BUNDLED_SEQ_LENS = (32, 64, 128)
 def save_sorter(
     sorter: Sorter, path: str | Path, *, metrics: dict[str, Any] | None = None, train: dict[str, Any] | None = None
 ) -> Path:
-    """Write ``sorter`` (float32 CPU tensors) with its hyperparameters and optional metadata."""
+    """Write ``sorter`` (float32 CPU tensors) with its hyperparameters and optional metadata (atomically:
+    :func:`rankwise._fileio.atomic_path`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).clone() for k, v in sorter.state_dict().items()}
@@ -37,20 +39,19 @@ def save_sorter(
         "metrics": metrics or {},
         "train": train or {},
     }
-    torch.save(payload, path)
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
     return path
 
 
 def load_sorter(path: str | Path, *, map_location: str | torch.device = "cpu") -> Sorter:
     """Rebuild a sorter from a file written by :func:`save_sorter` (``weights_only=True`` load)."""
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except OSError:
-        raise
-    except Exception as e:  # any byte sequence: truncated zip, text, a pickle the weights-only loader refuses
+        payload = load_weights_only(path, map_location=map_location)
+    except UnreadableWeightsError as e:  # any byte sequence: truncated zip, text, a pickle it refuses
         raise ValueError(
             f"`path` {str(path)!r} is not a sorter file written by rankwise.sodeep.save_sorter "
-            f"(unreadable by the weights-only loader: {type(e).__name__})"
+            f"(unreadable by the weights-only loader: {type(e.cause).__name__})"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"`path` must be a sorter file written by rankwise.sodeep.save_sorter, got {str(path)!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 from typing import Any, TypeVar, get_args, get_origin
@@ -10,6 +9,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from rankwise._validation import did_you_mean, suggestion
 from rankwise.recipes.config._legacy import MOVED, upgrade_legacy
 from rankwise.recipes.config._lookup import default_recipe, get_recipe, lookup_recipe
 from rankwise.recipes.config._parsing import ConfigError, short
@@ -28,12 +28,6 @@ M = TypeVar("M", bound=BaseModel)
 
 # --------------------------------------------------------------------------------------------------
 # validation: pydantic's errors as the one-line messages of the CLI
-
-
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    return f"{hint}valid keys: {', '.join(sorted(valid))}"
 
 
 def walk(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
@@ -77,7 +71,7 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
         valid = list(parent.model_fields) if is_model(parent) else []
         former = [".".join(old) for old, new in MOVED.items() if key == ".".join(new)]
         moved = f" (`{former[0]}` moved there: this recipe does not read it)" if former else ""
-        return f"unknown config key `{key}`{moved}; " + _suggest(str(loc[-1]), valid)
+        return f"unknown config key `{key}`{moved}; " + did_you_mean(str(loc[-1]), valid)
     if kind == "missing":
         return f"`{key}` is required"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -90,8 +84,7 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
         return f"`{key}` must be a finite number, got {short(value)}"
     if kind == "literal_error":
         choices = list(get_args(unwrap(tp))) if tp is not None else []
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.4)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        hint = f" ({close})" if (close := suggestion(value, choices)) else ""
         return f"`{key}` must be one of {choices}, got {short(value)}{hint}"
     expected = {
         "int_type": "an integer",
@@ -230,7 +223,7 @@ def check_kwargs(fn: Any, options: dict[str, Any], key: str, *, supplied: tuple[
         if name in supplied:
             raise ConfigError(f"option `{key}.{name}` is supplied by the recipe (a batch tensor), not by the config")
         if name not in valid and not takes_more:
-            raise ConfigError(f"unknown option `{key}.{name}`; " + _suggest(str(name), valid))
+            raise ConfigError(f"unknown option `{key}.{name}`; " + did_you_mean(str(name), valid))
 
 
 def _check_library(cfg: Config) -> None:

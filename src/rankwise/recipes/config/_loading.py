@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import stat
 import weakref
@@ -13,6 +12,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import TypeAdapter, ValidationError
 
+from rankwise._validation import suggestion
 from rankwise.recipes.config._checks import config_from_dict, walk
 from rankwise.recipes.config._legacy import current_key, upgrade_legacy
 from rankwise.recipes.config._lookup import default_recipe, get_recipe
@@ -37,8 +37,7 @@ def preset_path(name: str) -> Path:
     """The YAML file of the bundled preset ``name`` (only names listed by :func:`list_presets`)."""
     names = sorted(q.stem for q in PRESET_DIR.glob("*.yaml"))
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        hint = f"{close} " if (close := suggestion(name, names)) else ""
         raise ConfigError(f"`{name}` is neither a config file nor a preset; {hint}see `rankwise presets`")
     return PRESET_DIR / f"{name}.yaml"
 

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rankwise._fileio import atomic_write
 from rankwise.recipes.config import Config, config_to_dict, dump_yaml
 from rankwise.recipes.rundir._files import RunDirError, write_json
 
@@ -155,9 +156,7 @@ class RunDir:
             raise RunDirError(f"cannot use run directory {path}: {e.strerror or e}") from e
 
     def write_config(self, cfg: Config) -> None:
-        tmp = self.path / f".config.yaml.tmp{os.getpid()}"
-        tmp.write_text(dump_yaml(config_to_dict(cfg)), encoding="utf-8")
-        os.replace(tmp, self.path / "config.yaml")
+        atomic_write(self.path / "config.yaml", dump_yaml(config_to_dict(cfg)))
 
     def update_meta(self, **fields: Any) -> None:
         meta = read_meta(self.path) or {}

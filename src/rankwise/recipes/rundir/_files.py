@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
 import os
-import pickle
 import signal
 import subprocess
 from collections.abc import Sequence
@@ -17,6 +15,7 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from rankwise._fileio import UnreadableWeightsError, atomic_path, atomic_write, load_weights_only
 from rankwise.recipes.config import UserError
 
 log = logging.getLogger("rankwise")
@@ -48,13 +47,8 @@ class RunTerminated(BaseException):
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON atomically (temporary file + ``os.replace``)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2, default=_json_default))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``obj`` as JSON atomically (:func:`rankwise._fileio.atomic_write`)."""
+    atomic_write(path, json.dumps(obj, indent=2, default=_json_default))
 
 
 def _json_default(o: Any) -> Any:
@@ -87,9 +81,9 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
         "(truncated, or written by another program)"
     )
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        if not _holds_pickled_objects(path):  # random bytes, a truncated or foreign file: no pickle at all
+        return load_weights_only(path, map_location=map_location)
+    except UnreadableWeightsError as e:
+        if not e.refused:  # random bytes, a truncated or foreign file: no pickle at all
             raise CheckpointError(corrupt) from None
         # never repeat torch's advice to load with weights_only=False: that would run code from the file
         raise CheckpointError(
@@ -98,46 +92,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
         ) from None
     except MemoryError:
         raise
-    except Exception:  # any byte sequence: RuntimeError, EOFError, BadZipFile, KeyError, IndexError, ...
+    except OSError:  # a file that cannot be read (a folder, no permission): as any unreadable byte sequence
         raise CheckpointError(corrupt) from None
-
-
-#: most pickle opcodes :func:`_holds_pickled_objects` reads before deciding
-_MAX_OPCODES = 1_000_000
-
-
-def _holds_pickled_objects(path: Path) -> bool:
-    """Whether ``path`` (the ``data.pkl`` of a zip checkpoint, else the file itself: up to four pickles in a
-    row, as in torch's legacy format) holds a complete pickle stream that builds objects (``GLOBAL``,
-    ``REDUCE``, ...); read with :mod:`pickletools`, which decodes the opcodes without running any of
-    them. Random bytes, a truncated pickle and a pickle of plain data only are not."""
-    import pickletools
-    import zipfile
-
-    builders = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"}
-    try:
-        with contextlib.ExitStack() as stack:
-            if zipfile.is_zipfile(path):
-                archive = stack.enter_context(zipfile.ZipFile(path))
-                member = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-                if member is None:
-                    return False
-                stream = stack.enter_context(archive.open(member))
-            else:
-                stream = stack.enter_context(open(path, "rb"))
-            count = 0
-            for _ in range(4):  # torch's legacy format: magic number, protocol, system info, then the objects
-                seen = False
-                for op, _, _ in pickletools.genops(stream):
-                    seen = seen or op.name in builders
-                    count += 1
-                    if count >= _MAX_OPCODES:
-                        return seen
-                if seen:  # a complete pickle stream that builds objects
-                    return True
-            return False
-    except Exception:  # an unknown opcode, a truncated stream, a broken zip: not a pickle
-        return False
 
 
 def _check_state(state: Any, path: str | Path) -> dict[str, torch.Tensor]:
@@ -288,7 +244,7 @@ def _atomic_checkpoint_io() -> Any:
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
     class _AtomicCheckpointIO(TorchCheckpointIO):
-        """Checkpoint I/O that never leaves a truncated file: temp file + fsync + ``os.replace``.
+        """Checkpoint I/O that never leaves a truncated file (:func:`rankwise._fileio.atomic_path`).
 
         Loading always uses ``torch.load(weights_only=True)`` (errors name the file).
         """
@@ -298,17 +254,12 @@ def _atomic_checkpoint_io() -> Any:
                 raise TypeError("`storage_options` is not supported by AtomicCheckpointIO")
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
             out: _WholeWrites | None = None
             try:
-                with open(tmp, "wb") as fh:
+                with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # removed again on any failure
                     out = _WholeWrites(fh)
                     torch.save(checkpoint, cast("IO[bytes]", out))  # only write() and flush() are used
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
             except BaseException as e:
-                tmp.unlink(missing_ok=True)
                 if not isinstance(e, Exception):  # a signal (RunTerminated, KeyboardInterrupt) stops the run as itself
                     raise
                 cause = out.error if out is not None and out.error is not None else e

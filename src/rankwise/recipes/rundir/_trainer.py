@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rankwise._fileio import atomic_open
 from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError, config_changes, config_to_dict
 from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_note
@@ -69,8 +70,8 @@ def _csv_logger(root: Path, name: str, version: str) -> Any:
     every finished epoch are on disk by its checkpoint) and, at its first write, keeps the file's
     rows of the epochs before the first one it logs: a stage continued from ``last.ckpt`` at epoch
     ``e`` drops only the rows of ``e`` onwards (those of the interrupted epoch, logged again), a stage
-    redone from epoch 0 replaces its log. Every rewrite of the file is atomic (temporary file +
-    ``os.replace``); nothing is written until a row is logged.
+    redone from epoch 0 replaces its log. Every rewrite of the file is atomic
+    (:func:`rankwise._fileio.atomic_open`); nothing is written until a row is logged.
     """
     import csv
 
@@ -79,12 +80,10 @@ def _csv_logger(root: Path, name: str, version: str) -> Any:
     from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
     def write_rows(path: str, keys: list[str], rows: Sequence[dict[str, Any]]) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)
 
     def epoch_of(row: dict[str, Any]) -> float | None:
         try:

@@ -175,6 +175,7 @@ class TensorPairDataset(Dataset):
 
 # --------------------------------------------------------------------------------------------- registry
 
+
 def get_dataset(name: str, **options: Any) -> RegressionData | ClassificationData:
     """Load the registered dataset ``name`` with keyword ``options`` (see :func:`dataset_info`).
 

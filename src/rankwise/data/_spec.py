@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from rankwise._registry import Registry, RegistryEntry
 
@@ -99,6 +99,12 @@ class DatasetSpec:
 DATASET_SPECS: Registry[Any] = Registry("dataset")
 
 
+def _registered(name: str) -> DatasetSpec | None:
+    """The spec registered as ``name``, None when there is none."""
+    entry = DATASET_SPECS._entries.get(name)
+    return None if entry is None else cast(DatasetSpec, entry.fn)
+
+
 def dataset_spec(name: str) -> DatasetSpec:
     """The :class:`DatasetSpec` of the registered dataset ``name`` (unknown name: a ValueError listing them)."""
     spec: DatasetSpec = DATASET_SPECS.get(name)
@@ -111,13 +117,13 @@ def register_dataset(name: str, *, description: str = "", modality: Modality | N
 
     def decorator(fn: F) -> F:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        old = DATASET_SPECS._entries.get(name)
+        old = _registered(name)
         if old is None:
             spec = DatasetSpec(name, modality, fn, doc)
-        elif old.fn.loader is not fn:
+        elif old.loader is not fn:
             raise ValueError(f"dataset {name!r} is already registered")
         else:  # the same loader again (a module reloaded): keep what the recipes filled in
-            spec = dataclasses.replace(old.fn, modality=modality or old.fn.modality, description=doc)
+            spec = dataclasses.replace(old, modality=modality or old.modality, description=doc)
         DATASET_SPECS.add(name, spec, replace=True, description=doc)
         return fn
 
@@ -154,9 +160,13 @@ def modality_of(data: Any) -> Modality:
 
 
 def task_of(name: str, data: Any = None) -> Task:
-    """What a recipe learns from the dataset ``name``: its spec's task, else the task of ``data``'s modality."""
-    spec = DATASET_SPECS._entries.get(name)
-    modality = spec.fn.modality if spec is not None else None
+    """What a recipe learns from the dataset ``name`` (``regression``, ``ranking``, ``classification``): its
+    spec's task, else (no modality in the spec, or data loaded under a name not registered) the task of
+    ``data``'s modality (:func:`modality_of`)."""
+    spec = _registered(name)
+    if spec is None and data is None:
+        dataset_spec(name)  # the unknown-name error
+    modality = spec.modality if spec is not None else None
     return _TASKS[modality if modality is not None else modality_of(data)]
 
 
@@ -184,7 +194,7 @@ class SpecView(Registry[Any]):
     def _entries(self) -> Mapping[str, RegistryEntry]:  # type: ignore[override]
         out: dict[str, RegistryEntry] = {}
         for name, entry in DATASET_SPECS._entries.items():
-            value = self._value(entry.fn)
+            value = self._value(cast(DatasetSpec, entry.fn))
             if value is not None:
                 out[name] = RegistryEntry(name=name, fn=value, gradient="none", description=entry.description)
         return out

@@ -502,7 +502,11 @@ def _dense(parts: tuple[Any, np.ndarray, np.ndarray], d: int) -> tuple[np.ndarra
     return np.asarray(x.toarray(), dtype=np.float32), y, qid
 
 
-@register_dataset("letor", modality="query_lists", description="learning-to-rank files in the LETOR / svmlight format (MSLR-WEB, Yahoo LTR)")
+@register_dataset(
+    "letor",
+    modality="query_lists",
+    description="learning-to-rank files in the LETOR / svmlight format (MSLR-WEB, Yahoo LTR)",
+)
 def load_letor(
     path: str,
     *,

@@ -30,6 +30,7 @@ the ``nilearn`` wheel ships (see its docstring for the age model). nibabel, nile
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -38,7 +39,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -707,7 +708,8 @@ class NiftiPreprocessing:
         if isinstance(preprocessing, Mapping):
             return cls.from_dict(preprocessing)
         raise TypeError(
-            f"`preprocessing` must be a NiftiPreprocessing or a mapping of its fields, got {type(preprocessing).__name__}"
+            "`preprocessing` must be a NiftiPreprocessing or a mapping of its fields, got "
+            f"{type(preprocessing).__name__}"
         )
 
     def cache_volumes(
@@ -791,10 +793,12 @@ class NiftiPreprocessing:
 
 
 #: the fields of :class:`NiftiPreprocessing`, which are also keyword options of the NIfTI loaders
-PREPROCESSING_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(NiftiPreprocessing))
+PREPROCESSING_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NiftiPreprocessing))
 
 
-@register_dataset("nifti", modality="volumes", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation")
+@register_dataset(
+    "nifti", modality="volumes", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation"
+)
 def load_nifti_csv(
     csv: str,
     *,

@@ -126,6 +126,9 @@ def test_a_new_dataset_registers_its_spec_and_shows_in_every_view(scratch) -> No
         register_dataset("tiny", modality="table")(lambda: None)
     register_dataset("tiny", modality="table", description="a tiny table")(load_tiny)
     assert dataset_spec("tiny").read_new_rows is read
+    assert predict_data.PREDICTION_READERS.pop("tiny").read is read
+    assert "tiny" not in predict_data.PREDICTION_READERS and dataset_spec("tiny").read_new_rows is None
+    assert predict_data.PREDICTION_READERS.pop("tiny", "absent") == "absent" and "tiny" in DATASETS
     # the loader view writes into the specs
     DATASETS.register("tiny2")(load_tiny)
     scratch.append("tiny2")

@@ -13,7 +13,7 @@ loader by name.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, get_args
 
@@ -174,7 +174,8 @@ class SpecView(Registry[Any]):
     """A read view of :data:`DATASET_SPECS`: ``value(spec)`` of every spec for which it is not None.
 
     It reads as a :class:`~rankwise._registry.Registry` (``get``, ``names``, ``[name]``, ``in``);
-    ``add`` and ``register`` write into the specs through ``write(name, obj, description)``.
+    ``add`` and ``register`` write into the specs through ``write(name, obj, description)``, ``pop``
+    clears the spec's field (or the spec) through ``remove(name)``.
     """
 
     def __init__(
@@ -182,7 +183,7 @@ class SpecView(Registry[Any]):
         kind: str,
         value: Callable[[DatasetSpec], Any],
         write: Callable[[str, Any, str], Any],
-        remove: Callable[[str], Any] | None = None,
+        remove: Callable[[str], Any],
     ) -> None:
         self.kind = kind
         self._lazy: dict[str, str] = {}
@@ -218,13 +219,10 @@ class SpecView(Registry[Any]):
     def pop(self, name: str, default: Any = None) -> Any:
         """Remove ``name`` from the view (and from the spec); its object, or ``default``."""
         entry = self._entries.get(name)
-        if entry is None or self._remove is None:
-            return default if entry is None else entry.fn
+        if entry is None:
+            return default
         self._remove(name)
         return entry.fn
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
 
 
 def _write_loader(name: str, fn: Any, description: str) -> None:

@@ -80,7 +80,12 @@ def _write_reader(name: str, reader: Any, description: str = "") -> None:
 
 #: the datasets whose regression runs predict from a new file (:func:`register_prediction_reader`): a
 #: view of the dataset specs' ``read_new_rows`` / ``target_column`` (:data:`rankwise.data.DATASET_SPECS`)
-PREDICTION_READERS: Registry[Any] = SpecView("prediction reader", _reader, _write_reader)
+PREDICTION_READERS: Registry[Any] = SpecView(
+    "prediction reader",
+    _reader,
+    _write_reader,
+    lambda name: update_dataset(name, read_new_rows=None, target_column=None),
+)
 
 
 def register_prediction_reader(*datasets: str, target: str | None = None) -> Callable[[F], F]:
@@ -252,7 +257,9 @@ def _write_class_reader(name: str, read: Any, description: str = "") -> None:
 #: the classification datasets whose ``supcon`` / ``retrieval`` runs predict from a CSV of image files
 #: (:func:`register_class_prediction_reader`): ``read(run, path) -> ClassImages``; a view of the
 #: ``read_new_rows`` of the dataset specs of modality ``classes``
-CLASS_PREDICTION_READERS: Registry[Any] = SpecView("class prediction reader", _class_reader, _write_class_reader)
+CLASS_PREDICTION_READERS: Registry[Any] = SpecView(
+    "class prediction reader", _class_reader, _write_class_reader, lambda name: update_dataset(name, read_new_rows=None)
+)
 
 
 def register_class_prediction_reader(*datasets: str) -> Callable[[F], F]:

@@ -156,3 +156,21 @@ def test_bad_specs_and_fields_name_the_argument() -> None:
         update_dataset("abalone", kind="x")
     with pytest.raises(dataclasses.FrozenInstanceError):
         dataset_spec("abalone").modality = "images"  # type: ignore[misc]
+
+
+def test_the_run_checks_the_recipe_against_the_spec_not_the_object_s_attributes(scratch) -> None:
+    from types import SimpleNamespace
+
+    from rankwise.recipes.config import ConfigError
+    from rankwise.recipes.rundir import check_data
+
+    data = get_dataset("abalone", seed=0)  # a RegressionData, with train_labels
+    register_dataset("as_lists", modality="query_lists")(lambda: data)
+    scratch.append("as_lists")
+    cfg = SimpleNamespace(data=SimpleNamespace(name="as_lists", options={}), trainer=SimpleNamespace(precision="32"))
+    with pytest.raises(ConfigError, match=r"`as_lists` is a ranking .*recipe 'dir' needs a regression dataset"):
+        check_data(cfg, SimpleNamespace(name="dir", data_kind="regression"), data)  # type: ignore[arg-type]
+    cfg.data.name = "abalone"
+    check_data(cfg, SimpleNamespace(name="dir", data_kind="regression"), data)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="needs a classification dataset, got the regression dataset `abalone`"):
+        check_data(cfg, SimpleNamespace(name="supcon", data_kind="classification"), data)  # type: ignore[arg-type]

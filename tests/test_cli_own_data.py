@@ -192,22 +192,24 @@ def test_image_csv_route(tmp_path):
     assert m["all"]["count"] == 12  # 20 % of 60
 
 
-def test_data_kind_hook_registers_another_csv_loader(diabetes, monkeypatch):
+def test_data_kind_hook_registers_another_csv_loader(diabetes):
     """A loader of a CSV with other option names joins the route through register_own_data."""
-    from rankwise.data import DATASETS, load_csv
+    from rankwise.data import DATASET_SPECS, dataset_spec, load_csv, register_dataset
     from rankwise.recipes import own_data
 
     def load_listing(listing, label):
         return load_csv(listing, label)
 
-    monkeypatch.setattr(own_data, "_OWN", dict(own_data._OWN))
-    monkeypatch.setattr(
-        DATASETS, "get", lambda name, _get=DATASETS.get: load_listing if name == "listing" else _get(name)
-    )
-    own_data.register_own_data("listing", file_option="listing", target_option="label", presets="abalone")
-    cfg, d = own_data.own_data_config(diabetes, "target", "vanilla", dataset="listing")
+    register_dataset("listing", modality="table")(load_listing)
+    try:
+        own_data.register_own_data("listing", file_option="listing", target_option="label", presets="abalone")
+        assert dataset_spec("listing").own_data is own_data.own_datasets()["listing"]
+        cfg, d = own_data.own_data_config(diabetes, "target", "vanilla", dataset="listing")
+    finally:
+        DATASET_SPECS.pop("listing")
     assert cfg.data.name == "listing" and cfg.data.options == {"listing": str(diabetes), "label": "target"}
     assert (d.bin_width, d.batch_size) == (20.0, 32)
+    assert "listing" not in own_data.own_datasets()
 
 
 def test_data_show_csv_without_options_shows_the_syntax():

@@ -890,10 +890,13 @@ def data_show(
             raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
 
     data: Any = _run_guarded(load)
-    if hasattr(data, "num_features") and not hasattr(data, "train_labels"):
+    from rankwise.data import task_of
+
+    task = task_of(name, data)
+    if task == "ranking":
         _show_ranking(con, data)
         return
-    if not hasattr(data, "train_labels"):
+    if task == "classification":
         con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
         return
     con.print(

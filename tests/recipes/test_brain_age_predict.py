@@ -339,3 +339,31 @@ def test_the_command_writes_empty_cells_for_unknown_ages_and_prints_the_mae(trai
     line = " ".join(r.output.split())
     assert f"{len(subjects)} row(s) predicted" in line
     assert f"MAE {np.mean(errors):.4g} on the {sum(known)} row(s) with a target value" in line
+
+
+def test_predict_preprocesses_with_the_run_s_recorded_preprocessing(
+    trained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rankwise.data.nifti as nifti
+    from rankwise.data import NiftiPreprocessing
+
+    record = json.loads((trained["run"] / "data.json").read_text())
+    recorded = NiftiPreprocessing.from_dict(record["summary"]["meta"]["preprocessing"])
+    assert recorded == NiftiPreprocessing(shape=GRID, cache_dir=str(trained["root"] / "cache"))
+    seen: list[Any] = []
+    real = nifti.load_nifti_cohort
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("preprocessing"))
+        assert not set(kwargs) & {"shape", "spacing", "resize", "normalize", "cache_dir"}
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nifti, "load_nifti_cohort", spy)
+    folder = trained["root"] / "whole"
+    subjects = [r["subject"] for r in trained["test"]][:2]
+    new = _write(
+        folder / "two.csv", ["path", "sex"], [[_rel(trained, s, folder), trained["rows"][s]["sex"]] for s in subjects]
+    )
+    table = _predict_file(trained["run"], new)
+    assert len(table["prediction"]) == 2
+    assert seen == [recorded]  # the training run's preprocessing, whole

@@ -27,6 +27,15 @@ from rankwise.data._base import (
     suggest_shot_thresholds,
 )
 from rankwise.data._files import check_file, parse_number
+from rankwise.data._spec import (
+    DATASET_SPECS,
+    MODALITIES,
+    DatasetSpec,
+    dataset_spec,
+    modality_of,
+    task_of,
+    update_dataset,
+)
 from rankwise.data.image_classes import class_image_transform, load_cifar_dir, load_image_folder
 from rankwise.data.images import (
     DIRImageDataset,
@@ -52,7 +61,7 @@ from rankwise.data.letor import (
 )
 from rankwise.data.ltr_synthetic import load_ltr_synthetic, ltr_synthetic_arrays, make_ltr_synthetic
 from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
-from rankwise.data.nifti import NiftiVolumeDataset, load_nifti_csv, preprocess_volume
+from rankwise.data.nifti import NiftiPreprocessing, NiftiVolumeDataset, load_nifti_csv, preprocess_volume
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
 from rankwise.data.text import (
@@ -68,12 +77,16 @@ from rankwise.data.text import (
 __all__ = [
     "ABALONE_COLUMNS",
     "DATASETS",
+    "DATASET_SPECS",
+    "MODALITIES",
     "PADDED_Y_VALUE",
     "ClassificationData",
     "DIRImageDataset",
     "DataFileNotFoundError",
     "DataFormatError",
+    "DatasetSpec",
     "LabelHistogram",
+    "NiftiPreprocessing",
     "NiftiVolumeDataset",
     "QueryLists",
     "RankingData",
@@ -88,6 +101,7 @@ __all__ = [
     "class_image_transform",
     "collate_text_pairs",
     "dataset_info",
+    "dataset_spec",
     "dir_image_transforms",
     "dir_images",
     "dir_split",
@@ -115,6 +129,7 @@ __all__ = [
     "make_brain_age_synthetic",
     "make_ltr_synthetic",
     "mnist5k_path",
+    "modality_of",
     "pad_lists",
     "parse_number",
     "preprocess_volume",
@@ -127,5 +142,7 @@ __all__ = [
     "standardize_like",
     "suggest_bin_width",
     "suggest_shot_thresholds",
+    "task_of",
     "tokenize",
+    "update_dataset",
 ]

@@ -11,14 +11,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from rankwise._binning import check_bin_span, label_bins_np
-from rankwise._registry import Registry
+from rankwise.data._spec import DATASETS, register_dataset
 
 __all__ = [
     "DATASETS",
@@ -81,6 +81,10 @@ class DataFileNotFoundError(DataFormatError, FileNotFoundError):
     """A data file or folder that does not exist (also a :class:`FileNotFoundError`)."""
 
 
+#: the modality of each :attr:`RegressionData.kind`
+_MODALITY_OF_KIND = {"tabular": "table", "image": "images", "text_pair": "text_pairs", "volume": "volumes"}
+
+
 @dataclass
 class RegressionData:
     """A regression dataset split into train / val / test.
@@ -120,6 +124,12 @@ class RegressionData:
     label_description: str = ""
 
     @property
+    def modality(self) -> str:
+        """The dataset's modality (:data:`rankwise.data.MODALITIES`): ``table``, ``images``, ``text_pairs``
+        or ``volumes``, from :attr:`kind`."""
+        return _MODALITY_OF_KIND[self.kind]
+
+    @property
     def label_axis(self) -> str:
         """The label's axis title in plots: ``"age (years)"``, ``"similarity score (0-5)"``, ``"y"``."""
         name = self.label_description or self.label_name
@@ -143,6 +153,8 @@ class ClassificationData:
     train_targets: np.ndarray
     test_targets: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the dataset's modality (:data:`rankwise.data.MODALITIES`)
+    modality: ClassVar[str] = "classes"
 
 
 class TensorPairDataset(Dataset):
@@ -162,13 +174,6 @@ class TensorPairDataset(Dataset):
 
 
 # --------------------------------------------------------------------------------------------- registry
-
-DATASETS: Registry[Callable[..., Any]] = Registry("dataset")
-
-
-def register_dataset(name: str, *, description: str = "") -> Callable[[F], F]:
-    """Decorator registering a loader ``fn(**options) -> RegressionData | ClassificationData``."""
-    return DATASETS.register(name, gradient="none", description=description)  # type: ignore[return-value]
 
 
 def get_dataset(name: str, **options: Any) -> RegressionData | ClassificationData:

@@ -105,7 +105,7 @@ def _read_folder(
     return torch.stack(xs), np.asarray(ys, dtype=np.int64), list(ds.classes), paths
 
 
-@register_dataset("image_folder")
+@register_dataset("image_folder", modality="classes")
 def load_image_folder(
     *, root: str | Path, image_size: int = 28, grayscale: bool = False, test_fraction: float = 0.2, seed: int = 0
 ) -> ClassificationData:
@@ -251,7 +251,7 @@ def _class_names(root: Path, k: int) -> list[str]:
     return [str(i) for i in range(k)]
 
 
-@register_dataset("cifar_dir")
+@register_dataset("cifar_dir", modality="classes")
 def load_cifar_dir(*, root: str | Path) -> ClassificationData:
     """A CIFAR-10/100 "python version" directory: ``data_batch_*`` (or ``train``) and ``test_batch`` (or ``test``).
 

@@ -300,7 +300,7 @@ def _resolve(csv: str | Path | None, root: str | Path | None, default_name: str)
     return Path(root) / default_name, Path(root)
 
 
-@register_dataset("agedb_dir")
+@register_dataset("agedb_dir", modality="images")
 def load_agedb_dir(
     csv: str | Path | None = None,
     root: str | Path | None = None,
@@ -321,7 +321,7 @@ def load_agedb_dir(
     return dir_images(c, r, image_size=image_size, labels_only=labels_only, check_files=check_files, name="agedb_dir")
 
 
-@register_dataset("imdb_wiki_dir")
+@register_dataset("imdb_wiki_dir", modality="images")
 def load_imdb_wiki_dir(
     csv: str | Path | None = None,
     root: str | Path | None = None,
@@ -342,7 +342,7 @@ def load_imdb_wiki_dir(
     )
 
 
-@register_dataset("image_csv")
+@register_dataset("image_csv", modality="images")
 def load_image_csv(
     path: str | Path,
     target: str,

@@ -40,7 +40,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -363,6 +363,8 @@ class RankingData:
     test: QueryLists
     num_features: int
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the dataset's modality (:data:`rankwise.data.MODALITIES`)
+    modality: ClassVar[str] = "query_lists"
 
     def sizes(self) -> tuple[int, int, int]:
         """Queries in ``(train, val, test)``."""
@@ -500,7 +502,11 @@ def _dense(parts: tuple[Any, np.ndarray, np.ndarray], d: int) -> tuple[np.ndarra
     return np.asarray(x.toarray(), dtype=np.float32), y, qid
 
 
-@register_dataset("letor", description="learning-to-rank files in the LETOR / svmlight format (MSLR-WEB, Yahoo LTR)")
+@register_dataset(
+    "letor",
+    modality="query_lists",
+    description="learning-to-rank files in the LETOR / svmlight format (MSLR-WEB, Yahoo LTR)",
+)
 def load_letor(
     path: str,
     *,

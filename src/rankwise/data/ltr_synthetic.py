@@ -146,7 +146,11 @@ def ltr_synthetic_arrays(
     }
 
 
-@register_dataset("ltr_synthetic", description="synthetic learning-to-rank queries from a documented relevance model")
+@register_dataset(
+    "ltr_synthetic",
+    modality="query_lists",
+    description="synthetic learning-to-rank queries from a documented relevance model",
+)
 def load_ltr_synthetic(
     *,
     seed: int = 0,

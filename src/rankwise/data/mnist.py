@@ -112,7 +112,7 @@ def stratified_split(labels: np.ndarray, fraction: float, rng: np.random.Generat
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
-@register_dataset("mnist5k")
+@register_dataset("mnist5k", modality="classes")
 def load_mnist5k(
     *,
     test_fraction: float = 0.2,

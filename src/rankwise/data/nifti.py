@@ -30,13 +30,14 @@ the ``nilearn`` wheel ships (see its docstring for the age model). nibabel, nile
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
 import math
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,8 +51,10 @@ from rankwise.data._base import DataFileNotFoundError, DataFormatError, Regressi
 from rankwise.data._files import check_header, csv_records, file_digest, note_read, parse_number, read_text
 
 __all__ = [
+    "PREPROCESSING_OPTIONS",
     "SEX_VALUES",
     "NiftiCohort",
+    "NiftiPreprocessing",
     "NiftiVolumeDataset",
     "load_nifti_cohort",
     "load_nifti_csv",
@@ -575,29 +578,117 @@ def _check_target(target: Any) -> None:
 
 
 @dataclass(frozen=True)
-class _Preprocessing:
-    """The preprocessing options of a cohort and its cache folder: every volume of a CSV through
-    :func:`_preprocess`, once, into ``cache``."""
+class NiftiPreprocessing:
+    """How every volume of a NIfTI cohort is preprocessed, and where the result is cached.
 
-    shape: tuple[int, ...] | None
-    spacing: float | tuple[float, ...] | None
-    resize: str
-    normalize: str
-    cache: Path
+    After the reorientation to RAS+ (:func:`to_canonical`), :func:`preprocess_volume` applies, in
+    order: a resampling to ``spacing`` (mm, one number or three; ``None``: the volumes' own grid), a
+    centred crop/pad (``resize="crop_or_pad"``) or a resample (``"resample"``) to ``shape`` ([D, H, W];
+    ``None``: keep each volume's shape, which must then agree across the cohort), and the intensity
+    rule ``normalize`` (``"brain_zscore"``: z-score over the voxels > 0; ``"none"``). Each result is
+    cached once in ``cache_dir`` (``None``: ``$RANKWISE_CACHE/volumes`` or
+    ``~/.cache/rankwise/volumes``), keyed by the file's content and these options.
 
-    @classmethod
-    def checked(cls, shape: Any, spacing: Any, resize: Any, normalize: Any, cache_dir: str | None) -> _Preprocessing:
-        if shape is not None and (len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape)):
+    :func:`load_nifti_csv` stores it, as :meth:`to_dict`, in its data's ``meta["preprocessing"]``
+    (and so in a run's ``data.json``); a prediction preprocesses new volumes with the run's one
+    (:func:`load_nifti_cohort` ``preprocessing=``). A bad value raises a ValueError naming the field.
+
+    Example:
+        >>> prep = NiftiPreprocessing(shape=[96, 112, 96], spacing=2)
+        >>> prep.shape, prep.spacing, prep.resize
+        ((96, 112, 96), 2.0, 'crop_or_pad')
+        >>> NiftiPreprocessing.from_dict(prep.to_dict()) == prep
+        True
+        >>> NiftiPreprocessing(normalize="minmax")
+        Traceback (most recent call last):
+        ...
+        ValueError: `normalize` must be 'brain_zscore' or 'none', got 'minmax'
+    """
+
+    shape: tuple[int, ...] | None = None
+    spacing: float | tuple[float, ...] | None = None
+    resize: Literal["crop_or_pad", "resample"] = "crop_or_pad"
+    normalize: Literal["brain_zscore", "none"] = "brain_zscore"
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        shape = self.shape
+        if shape is not None and (
+            isinstance(shape, (str, bytes))
+            or not hasattr(shape, "__len__")
+            or len(shape) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape)
+        ):
             raise ValueError(f"`shape` must be three positive ints [D, H, W], got {shape!r}")
         if shape is not None and math.prod(shape) > MAX_GRID_VOXELS:
             raise ValueError(f"`shape` {list(shape)} has more than {MAX_GRID_VOXELS:,} voxels")
-        if resize not in ("crop_or_pad", "resample"):
-            raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {resize!r}")
-        if normalize not in ("brain_zscore", "none"):
-            raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {normalize!r}")
-        cache = Path(cache_dir) if cache_dir else _default_cache()
-        grid = None if shape is None else tuple(shape)
-        return cls(grid, _check_spacing(spacing), resize, normalize, cache)
+        if self.resize not in ("crop_or_pad", "resample"):
+            raise ValueError(f"`resize` must be 'crop_or_pad' or 'resample', got {self.resize!r}")
+        if self.normalize not in ("brain_zscore", "none"):
+            raise ValueError(f"`normalize` must be 'brain_zscore' or 'none', got {self.normalize!r}")
+        cache_dir = self.cache_dir
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise ValueError(f"`cache_dir` must be a folder path or None, got {cache_dir!r}")
+        object.__setattr__(self, "shape", None if shape is None else tuple(int(v) for v in shape))
+        object.__setattr__(self, "spacing", _check_spacing(self.spacing))
+        object.__setattr__(self, "cache_dir", os.fspath(cache_dir) if cache_dir else None)
+
+    @property
+    def cache(self) -> Path:
+        """The cache folder: ``cache_dir``, else the default (class doc)."""
+        return Path(self.cache_dir) if self.cache_dir else _default_cache()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values (tuples as lists), as a run's ``data.json`` holds them."""
+        spacing = list(self.spacing) if isinstance(self.spacing, tuple) else self.spacing
+        return {
+            "shape": None if self.shape is None else list(self.shape),
+            "spacing": spacing,
+            "resize": self.resize,
+            "normalize": self.normalize,
+            "cache_dir": self.cache_dir,
+        }
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> NiftiPreprocessing:
+        """The preprocessing of :meth:`to_dict`'s ``values`` (a missing field: its default; an unknown
+        one: a ValueError naming it)."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"`values` must be a mapping of NiftiPreprocessing fields, got {type(values).__name__}")
+        unknown = sorted(set(values) - set(PREPROCESSING_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown NiftiPreprocessing field(s) {', '.join(map(repr, unknown))}; expected among "
+                f"{', '.join(PREPROCESSING_OPTIONS)}"
+            )
+        return cls(**values)
+
+    @classmethod
+    def of(
+        cls,
+        preprocessing: NiftiPreprocessing | Mapping[str, Any] | None,
+        **options: Any,
+    ) -> NiftiPreprocessing:
+        """``preprocessing`` (an object or its :meth:`to_dict`), else the one of the loader's separate
+        keyword ``options`` (:data:`PREPROCESSING_OPTIONS`); both: a ValueError unless every option keeps
+        its default."""
+        if preprocessing is None:
+            return cls(**options)
+        defaults = cls()
+        given = sorted(k for k, v in options.items() if v != getattr(defaults, k))
+        if given:
+            raise ValueError(
+                f"pass the preprocessing either whole (`preprocessing`) or as options, not both (got "
+                f"`preprocessing` and {', '.join(f'`{k}`' for k in given)})"
+            )
+        if isinstance(preprocessing, NiftiPreprocessing):
+            return preprocessing
+        if isinstance(preprocessing, Mapping):
+            return cls.from_dict(preprocessing)
+        raise TypeError(
+            "`preprocessing` must be a NiftiPreprocessing or a mapping of its fields, got "
+            f"{type(preprocessing).__name__}"
+        )
 
     def cache_volumes(
         self,
@@ -679,7 +770,13 @@ class _Preprocessing:
             ) from None
 
 
-@register_dataset("nifti", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation")
+#: the fields of :class:`NiftiPreprocessing`, which are also keyword options of the NIfTI loaders
+PREPROCESSING_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NiftiPreprocessing))
+
+
+@register_dataset(
+    "nifti", modality="volumes", description="T1 MRI volumes (NIfTI) listed in a CSV with ages: brain-age estimation"
+)
 def load_nifti_csv(
     csv: str,
     *,
@@ -693,6 +790,7 @@ def load_nifti_csv(
     test_fraction: float = 0.2,
     seed: int = 0,
     augment: bool = False,
+    preprocessing: NiftiPreprocessing | Mapping[str, Any] | None = None,
 ) -> RegressionData:
     """Brain-age cohort: NIfTI volumes listed in ``csv`` (columns path, age[, sex, site, subject, split]).
 
@@ -706,7 +804,9 @@ def load_nifti_csv(
     default ``$RANKWISE_CACHE/volumes`` or ``~/.cache/rankwise/volumes``), ``val_fraction`` /
     ``test_fraction`` / ``seed`` (the seeded split by subject when the CSV has no ``split``
     column: no subject in two splits), ``augment`` (random left-right flips and small affine
-    transforms of the training volumes, TorchIO). Items are ``({"volume": (1, D, H, W),
+    transforms of the training volumes, TorchIO); ``preprocessing``: the five preprocessing options
+    whole, a :class:`NiftiPreprocessing` (or its :meth:`~NiftiPreprocessing.to_dict`), instead of
+    ``shape`` / ``spacing`` / ``resize`` / ``normalize`` / ``cache_dir``. Items are ``({"volume": (1, D, H, W),
     "sex": (2,) one-hot}, age)``; ``meta`` holds the subject ids, sites, CSV rows and source paths
     of each split.
 
@@ -723,7 +823,9 @@ def load_nifti_csv(
     for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"`{name}` must be in [0, 1), got {frac!r}")
-    prep = _Preprocessing.checked(shape, spacing, resize, normalize, cache_dir)
+    prep = NiftiPreprocessing.of(
+        preprocessing, shape=shape, spacing=spacing, resize=resize, normalize=normalize, cache_dir=cache_dir
+    )
     if not isinstance(augment, bool):
         raise TypeError(f"`augment` must be true or false, got {augment!r}")
     root = csv_path.resolve().parent
@@ -761,6 +863,7 @@ def load_nifti_csv(
         "shape": list(grid),
         "has_sex": all(it["sex"] >= 0 for it in items),
         "cache_dir": str(prep.cache),
+        "preprocessing": prep.to_dict(),
     }
     for s in ("train", "val", "test"):
         meta[f"{s}_subjects"] = [it["subject"] for it in part(s)]
@@ -821,6 +924,7 @@ def load_nifti_cohort(
     cache_dir: str | None = None,
     grid: Sequence[int] | None = None,
     require_sex: bool = False,
+    preprocessing: NiftiPreprocessing | Mapping[str, Any] | None = None,
 ) -> NiftiCohort:
     """The volumes of a new cohort's CSV preprocessed exactly as :func:`load_nifti_csv` with the same
     options preprocesses a training cohort (same steps, same cache), to predict their ages.
@@ -829,7 +933,8 @@ def load_nifti_cohort(
     column or empty value: the age is unknown, NaN) and ``split`` selects nothing (it is a column like
     any other). ``grid``: the shape the
     training volumes had after preprocessing; every volume must reach it. ``require_sex``: the network
-    uses sex, so every row needs a ``sex`` value.
+    uses sex, so every row needs a ``sex`` value. ``preprocessing``: the options whole, as
+    :func:`load_nifti_csv` takes them (a trained run's ``meta["preprocessing"]``).
 
     Raises :class:`~rankwise.data.DataFormatError` (or :class:`~rankwise.data.DataFileNotFoundError`)
     naming the CSV, the row and the volume, for everything :func:`load_nifti_csv` refuses in a row or a
@@ -846,7 +951,9 @@ def load_nifti_cohort(
         (2, [20, 24, 20], torch.Size([1, 20, 24, 20]))
     """
     csv_path = Path(csv)
-    prep = _Preprocessing.checked(shape, spacing, resize, normalize, cache_dir)
+    prep = NiftiPreprocessing.of(
+        preprocessing, shape=shape, spacing=spacing, resize=resize, normalize=normalize, cache_dir=cache_dir
+    )
     _check_target(target)
     rows = _read_rows(csv_path, None)
     columns = [k for k in rows[0] if k != "_row"]
@@ -889,6 +996,7 @@ def load_nifti_cohort(
         "shape": list(vshape),
         "has_sex": all(it["sex"] >= 0 for it in items),
         "cache_dir": str(prep.cache),
+        "preprocessing": prep.to_dict(),
     }
     return NiftiCohort(
         dataset=dataset,

@@ -197,7 +197,7 @@ def read_abalone_rows(path: str | Path) -> FeatureRows:
     return FeatureRows(display, header, rows, table)
 
 
-@register_dataset("abalone")
+@register_dataset("abalone", modality="table")
 def load_abalone(
     *, per_label: int = 10, seed: int = 0, standardize_features: bool = True, path: str | Path | None = None
 ) -> RegressionData:
@@ -260,7 +260,7 @@ def load_abalone(
     )
 
 
-@register_dataset("csv")
+@register_dataset("csv", modality="table")
 def load_csv(
     path: str | Path,
     target: str,

@@ -156,7 +156,7 @@ def read_sts_tsv(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
     return s1, s2, np.asarray(scores, dtype=np.float64)
 
 
-@register_dataset("stsb_dir")
+@register_dataset("stsb_dir", modality="text_pairs")
 def load_stsb_dir(
     root: str | Path,
     *,

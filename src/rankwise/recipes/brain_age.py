@@ -571,17 +571,13 @@ def _fmt(v: Any) -> str:
     return "" if isinstance(v, str) else f"{float(v):.6f}"
 
 
-#: the ``data.options`` of a ``nifti`` run that decide how a volume is preprocessed (and the age column)
-_PREPROCESSING = ("target", "shape", "spacing", "resize", "normalize", "cache_dir")
-
-
 def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
     """:meth:`BrainAgeRecipe.predict_file`."""
     from torch.utils.data import DataLoader
 
-    from rankwise.data.nifti import load_nifti_cohort
+    from rankwise.data.nifti import NiftiPreprocessing, load_nifti_cohort
     from rankwise.recipes.common import loader_workers, warn_data_notes
-    from rankwise.recipes.predict_data import extend_columns, require_checkpoint
+    from rankwise.recipes.predict_data import extend_columns, require_checkpoint, target_column
 
     cfg = run.cfg
     if cfg.data.name != "nifti":
@@ -594,8 +590,15 @@ def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, A
     for ckpt, stage in [("best", dir1), (name, "")] if two else [(name, dir1)]:
         require_checkpoint(run, ckpt, stage)  # before the new volumes are preprocessed
     first = first_module(run)
-    options = {k: v for k, v in cfg.data.options.items() if k in _PREPROCESSING}
-    cohort = load_nifti_cohort(path, **options, grid=run.data.meta.get("shape"), require_sex=first.uses_sex)
+    # the training run's preprocessing, whole (its data's meta, as data.json records it)
+    prep = NiftiPreprocessing.from_dict(run.data.meta["preprocessing"])
+    cohort = load_nifti_cohort(
+        path,
+        target=target_column(cfg) or "age",
+        preprocessing=prep,
+        grid=run.data.meta.get("shape"),
+        require_sex=first.uses_sex,
+    )
     warn_data_notes(cohort)
     new_dl = DataLoader(
         cohort.dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **loader_workers(cfg.data.num_workers)
@@ -855,7 +858,8 @@ class BrainAgeRecipe(RecipeBase):
         """Predicted ages of a new cohort's CSV (the training CSV's columns, ``age`` optional) from the run's
         checkpoint (``checkpoint``: ``best``/``last`` of the last stage, None: ``best``, as :meth:`evaluate`).
 
-        The volumes go through the run's preprocessing (its ``data.options``, its cache; a crop that cuts
+        The volumes go through the run's preprocessing (the :class:`~rankwise.data.NiftiPreprocessing` of
+        its data's ``meta["preprocessing"]``: its grid, intensity rule and cache; a crop that cuts
         into the brains is a ``warning:`` line); the bias corrections are fitted on the run's validation
         predictions as in :meth:`evaluate`. Columns, one value per CSV row in its order: the CSV's own
         columns as read (text), then ``stage1_prediction`` (TSAN with two stages), ``gap`` (the

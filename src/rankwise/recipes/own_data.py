@@ -24,13 +24,14 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from rankwise.data.nifti import PREPROCESSING_OPTIONS
 from rankwise.recipes.common import DataDefaultsWarning
 from rankwise.recipes.config import register_raw_hook
 
@@ -70,7 +71,26 @@ class OwnData:
     budget: Callable[[Any, Any], Any] | None = None
 
 
-_OWN: dict[str, OwnData] = {}
+class _OwnDataView(Mapping[str, OwnData]):
+    """The datasets of the ``--data`` route: a read view of the dataset specs' ``own_data``
+    (:data:`rankwise.data.DATASET_SPECS`), by name."""
+
+    def _all(self) -> dict[str, OwnData]:
+        from rankwise.data import DATASET_SPECS
+
+        return {name: spec.own_data for name, spec in DATASET_SPECS.items() if spec.own_data is not None}
+
+    def __getitem__(self, name: str) -> OwnData:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+_OWN: Mapping[str, OwnData] = _OwnDataView()
 
 
 def register_own_data(
@@ -101,8 +121,13 @@ def register_own_data(
     smallest data-derived batch size; ``budget``: ``budget(cfg, data)`` -> an object with ``max_batch``
     (the largest batch the machine's memory fits, which caps the data-derived one) and
     ``describe(batch, steps, n_val)`` (the memory and time per epoch, shown with the defaults).
+
+    The dataset must be registered (:func:`rankwise.data.register_dataset`); this sets its spec's
+    ``own_data``.
     """
-    _OWN[dataset] = OwnData(
+    from rankwise.data import update_dataset
+
+    own = OwnData(
         dataset,
         file_option,
         target_option,
@@ -116,6 +141,7 @@ def register_own_data(
         sniff,
         budget,
     )
+    update_dataset(dataset, own_data=own)
 
 
 def own_datasets() -> dict[str, OwnData]:
@@ -148,7 +174,7 @@ register_own_data(
     min_batch_size=8,
     recipe="brain_age",
     method_names=("tsan", "mse", "sfcn", "coral", "corn", "cdw_ce", "sord", "mean_variance", "dldl"),
-    keep_options=("shape", "spacing", "resize", "normalize"),
+    keep_options=tuple(o for o in PREPROCESSING_OPTIONS if o != "cache_dir"),  # the grid, not where it is cached
     sniff=_nifti_sniff,
     budget=_nifti_budget,
 )

@@ -10,8 +10,10 @@ the run's reloaded data). Image lists (``image_csv``: the column ``data.options.
 through the test split's transform. :func:`prediction_columns` appends the predictions to the
 file's columns.
 
-The classification recipes (``supcon``, ``retrieval``) read new images through a sibling registry,
-:data:`CLASS_PREDICTION_READERS` (:func:`class_prediction_rows`): a CSV whose ``path`` column lists
+Each reader is the ``read_new_rows`` of its dataset's :class:`~rankwise.data.DatasetSpec`;
+:data:`PREDICTION_READERS` is the view of those of the regression datasets. The classification
+recipes (``supcon``, ``retrieval``) read new images through the view of those of the ``classes``
+datasets, :data:`CLASS_PREDICTION_READERS` (:func:`class_prediction_rows`): a CSV whose ``path`` column lists
 image files (relative to the CSV's folder), each read as the run's dataset reads its own images
 (:func:`~rankwise.data.class_image_transform` at the run's image shape).
 """
@@ -28,6 +30,8 @@ import numpy as np
 import torch
 
 from rankwise._registry import Registry
+from rankwise.data import DATASET_SPECS, dataset_spec, update_dataset
+from rankwise.data._spec import SpecView
 from rankwise.recipes.config import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,16 +66,35 @@ class PredictionReader:
     target: str | None = None
 
 
-#: the datasets whose regression runs predict from a new file (:func:`register_prediction_reader`)
-PREDICTION_READERS: Registry[Any] = Registry("prediction reader")
+def _reader(spec: Any) -> PredictionReader | None:
+    if spec.read_new_rows is None or spec.task in ("ranking", "classification"):
+        return None
+    return PredictionReader(spec.read_new_rows, spec.target_column)
+
+
+def _write_reader(name: str, reader: Any, description: str = "") -> None:
+    if not isinstance(reader, PredictionReader):
+        reader = PredictionReader(reader)
+    update_dataset(name, read_new_rows=reader.read, target_column=reader.target)
+
+
+#: the datasets whose regression runs predict from a new file (:func:`register_prediction_reader`): a
+#: view of the dataset specs' ``read_new_rows`` / ``target_column`` (:data:`rankwise.data.DATASET_SPECS`)
+PREDICTION_READERS: Registry[Any] = SpecView(
+    "prediction reader",
+    _reader,
+    _write_reader,
+    lambda name: update_dataset(name, read_new_rows=None, target_column=None),
+)
 
 
 def register_prediction_reader(*datasets: str, target: str | None = None) -> Callable[[F], F]:
-    """Decorator registering ``read(run, path)`` as the :class:`PredictionReader` of ``datasets``."""
+    """Decorator registering ``read(run, path)`` as the reader of new rows of the (regression) ``datasets``
+    (their specs' ``read_new_rows``; ``target``: their ``target_column``)."""
 
     def decorator(read: F) -> F:
         for name in datasets:
-            PREDICTION_READERS.add(name, PredictionReader(read, target))
+            _write_reader(name, PredictionReader(read, target))
         return read
 
     return decorator
@@ -94,13 +117,12 @@ def target_column(cfg: Any) -> str | None:
     target = cfg.data.options.get("target")
     if target is not None:
         return str(target)
-    if cfg.data.name in PREDICTION_READERS:
-        return PREDICTION_READERS[cfg.data.name].target
-    from rankwise.data import DATASETS
-
-    if cfg.data.name not in DATASETS:
+    if cfg.data.name not in DATASET_SPECS:
         return None
-    param = inspect.signature(DATASETS[cfg.data.name]).parameters.get("target")
+    spec = dataset_spec(cfg.data.name)
+    if spec.target_column is not None:
+        return spec.target_column
+    param = inspect.signature(spec.loader).parameters.get("target")
     return param.default if param is not None and isinstance(param.default, str) else None
 
 
@@ -221,17 +243,32 @@ class ClassImages:
     images: torch.Tensor
 
 
+def _class_reader(spec: Any) -> Any:
+    return spec.read_new_rows if spec.task == "classification" else None
+
+
+def _write_class_reader(name: str, read: Any, description: str = "") -> None:
+    fields: dict[str, Any] = {"read_new_rows": read}
+    if dataset_spec(name).modality is None:  # a reader of class images declares the dataset's modality
+        fields["modality"] = "classes"
+    update_dataset(name, **fields)
+
+
 #: the classification datasets whose ``supcon`` / ``retrieval`` runs predict from a CSV of image files
-#: (:func:`register_class_prediction_reader`): ``read(run, path) -> ClassImages``
-CLASS_PREDICTION_READERS: Registry[Any] = Registry("class prediction reader")
+#: (:func:`register_class_prediction_reader`): ``read(run, path) -> ClassImages``; a view of the
+#: ``read_new_rows`` of the dataset specs of modality ``classes``
+CLASS_PREDICTION_READERS: Registry[Any] = SpecView(
+    "class prediction reader", _class_reader, _write_class_reader, lambda name: update_dataset(name, read_new_rows=None)
+)
 
 
 def register_class_prediction_reader(*datasets: str) -> Callable[[F], F]:
-    """Decorator registering ``read(run, path) -> ClassImages`` for the classification ``datasets``."""
+    """Decorator registering ``read(run, path) -> ClassImages`` as the reader of new rows of the
+    classification ``datasets`` (their specs' ``read_new_rows``)."""
 
     def decorator(read: F) -> F:
         for name in datasets:
-            CLASS_PREDICTION_READERS.add(name, read)
+            _write_class_reader(name, read)
         return read
 
     return decorator

@@ -106,9 +106,16 @@ def record_resolved_options(cfg: Config, data: Any) -> None:
 
 
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
-    """The dataset has the recipe's kind and no empty split it uses."""
-    regression = hasattr(data, "train_labels")
-    ranking = hasattr(data, "num_features") and not regression
+    """The dataset has the recipe's kind (its spec's modality, :func:`rankwise.data.task_of`) and no
+    empty split it uses."""
+    from rankwise.data import task_of
+
+    try:
+        task = task_of(cfg.data.name, data)
+    except TypeError as e:
+        raise ConfigError(f"dataset `{cfg.data.name}`: {e}") from None
+    regression = task == "regression"
+    ranking = task == "ranking"
     if (recipe.data_kind == "ranking") != ranking:
         kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
         need = (
@@ -124,7 +131,7 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
             f"dataset `{cfg.data.name}` is a classification dataset; recipe {recipe.name!r} needs a regression "
             "dataset (see `rankwise data list`)"
         )
-    if recipe.data_kind == "classification" and not hasattr(data, "num_classes"):
+    if recipe.data_kind == "classification" and task != "classification":
         raise ConfigError(
             f"recipe {recipe.name!r} needs a classification dataset, got the regression dataset `{cfg.data.name}`"
         )
@@ -158,7 +165,7 @@ def _check_target_range(cfg: Config, data: Any) -> None:
     """Refuse targets whose losses overflow the training dtype (the run would stop at its first step)."""
     limit = target_limit(str(cfg.trainer.precision))
     for split in ("train", "val", "test"):
-        y = np.asarray(getattr(data, f"{split}_labels", None) if hasattr(data, f"{split}_labels") else [])
+        y = np.asarray(getattr(data, f"{split}_labels", []))
         if y.size == 0 or not np.issubdtype(y.dtype, np.number):
             continue
         top = float(np.max(np.abs(y)))

@@ -50,6 +50,7 @@ WHERE_ONLY = ("cache_dir",)
 _SCALARS = (
     "name",
     "kind",
+    "modality",
     "input_dim",
     "bin_width",
     "label_name",

@@ -32,8 +32,8 @@ from rankwise._validation import (
     to_compute,
 )
 from rankwise.ops._registry import register_op
-from rankwise.ops.lapsum import lapsum_sort, lapsum_topk
 from rankwise.ops.isotonic import Regularization, isotonic_topk_mask, soft_sort_isotonic
+from rankwise.ops.lapsum import lapsum_sort, lapsum_topk
 from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 from rankwise.ops.perturbed import perturbed_topk
 from rankwise.ops.sorting_network import Distribution, Network, diffsort

@@ -22,9 +22,32 @@ from rankwise._validation import suggestion
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
 #: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``;
 #: for an ordinal loss (``RegistryEntry.ordinal``) the head's ``logits``, the integer ``classes``
-#: ``0..K-1`` of the targets and their extended binary ``levels`` (``(B, K-1)``, CORAL's encoding)
-INPUT_ROLES = ("features", "predictions", "targets", "weights", "logits", "classes", "levels")
-__all__ = ["INPUT_ROLES", "Example", "FuzzFactory", "OrdinalHead", "Registry", "RegistryEntry", "RelaxationInfo"]
+#: ``0..K-1`` of the targets and their extended binary ``levels`` (``(B, K-1)``, CORAL's encoding);
+#: for a metric-learning loss the ``embeddings`` and their class ``labels``
+INPUT_ROLES = ("features", "predictions", "targets", "weights", "logits", "classes", "levels", "embeddings", "labels")
+#: what batch a registered loss takes (``RegistryEntry.takes``), i.e. which recipes can call it:
+#:
+#: * ``"predictions"``: per-sample predictions ``(B,)`` against regression targets (and optional
+#:   per-sample weights): a task loss or regularizer of the regression recipes;
+#: * ``"features"``: per-sample backbone features ``(B, D)`` (or views ``(B, V, D)``) against regression
+#:   targets: a regularizer of the regression recipes (RankSim, ConR), or Rank-N-Contrast's pretraining;
+#: * ``"logits"``: an ordinal head's logits against integer classes or their binary levels;
+#: * ``"padded_lists"``: scores ``(Q, L)`` of query lists against graded relevance ``(Q, L)``, padded
+#:   slots marked ``-1``: the learning-to-rank recipe;
+#: * ``"embeddings_labels"``: embeddings ``(B, D)`` (or views ``(B, V, D)``) against class labels: the
+#:   retrieval and contrastive recipes;
+#: * ``"embedding_pairs"``: anchor / positive pairs ``(B, 2, D)`` with optional class labels (N-pairs).
+LOSS_INPUTS = ("predictions", "features", "logits", "padded_lists", "embeddings_labels", "embedding_pairs")
+__all__ = [
+    "INPUT_ROLES",
+    "LOSS_INPUTS",
+    "Example",
+    "FuzzFactory",
+    "OrdinalHead",
+    "Registry",
+    "RegistryEntry",
+    "RelaxationInfo",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -136,11 +159,25 @@ class RegistryEntry:
     relaxations: tuple[RelaxationInfo, ...] = ()
     #: ordinal losses: the head they train and how its logits decode to a class (``None``: not ordinal)
     ordinal: OrdinalHead | None = None
+    #: losses: what batch the loss takes, one of ``LOSS_INPUTS`` (``None``: not a loss, or a loss that
+    #: declares neither ``takes`` nor ``inputs``); a recipe accepts a loss by it
+    takes: str | None = None
 
     @property
     def relaxation(self) -> RelaxationInfo | None:
         """The first of :attr:`relaxations` (``None``: the operator is no relaxed sort)."""
         return self.relaxations[0] if self.relaxations else None
+
+
+def _takes_of(inputs: Mapping[str, str] | None) -> str | None:
+    """The :data:`LOSS_INPUTS` entry that the roles of ``inputs`` imply (``None``: no ``inputs``)."""
+    if not inputs:
+        return None
+    roles = set(inputs.values())
+    for role, takes in (("logits", "logits"), ("embeddings", "embeddings_labels"), ("features", "features")):
+        if role in roles:
+            return takes
+    return "predictions"
 
 
 class Registry(Generic[F]):
@@ -170,9 +207,15 @@ class Registry(Generic[F]):
         nonfinite: NonFinite = "propagate",
         relaxation: RelaxationInfo | tuple[RelaxationInfo, ...] | None = None,
         ordinal: OrdinalHead | None = None,
+        takes: str | None = None,
     ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name`` (a public, callable name: no ``.``; a configuration of
-        an entry is the entry's name and options, never an entry of its own)."""
+        an entry is the entry's name and options, never an entry of its own).
+
+        ``takes`` (losses): the batch the loss takes, one of :data:`LOSS_INPUTS`; left out, it follows
+        from the roles of ``inputs`` (``logits`` -> ``"logits"``, ``embeddings`` -> ``"embeddings_labels"``,
+        ``features`` -> ``"features"``, ``predictions`` -> ``"predictions"``). A loss of padded query
+        lists or of embedding pairs declares it."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}")
         if "." in name:
@@ -185,6 +228,9 @@ class Registry(Generic[F]):
             bad = {k: v for k, v in inputs.items() if v not in INPUT_ROLES}
             if bad:
                 raise ValueError(f"`inputs` roles must be among {INPUT_ROLES}, got {bad}")
+        if takes is not None and takes not in LOSS_INPUTS:
+            raise ValueError(f"`takes` of {self.kind} {name!r} must be one of {LOSS_INPUTS}, got {takes!r}")
+        takes = takes if takes is not None else _takes_of(inputs)
 
         def decorator(fn: F) -> F:
             if name in self._entries and self._entries[name].fn is not fn:
@@ -201,6 +247,7 @@ class Registry(Generic[F]):
                 nonfinite=nonfinite,
                 relaxations=relaxations,
                 ordinal=ordinal,
+                takes=takes,
             )
             return fn
 

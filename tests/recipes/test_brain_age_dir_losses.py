@@ -92,7 +92,7 @@ def test_lds_weights_are_the_dir_table_and_weight_the_l1_loss() -> None:
     lookup = dict(zip(bins.tolist(), table.tolist()))
     expected = torch.tensor([lookup.get(int(np.floor(float(a))), 1.0) for a in y])
     torch.testing.assert_close(w, expected.float())
-    loss = m._task_loss(out, y, tensors)
+    loss = m.objective(tensors).parts[m.objective.task.name]
     torch.testing.assert_close(loss, (w * (out["age"] - y).abs()).mean(), rtol=1e-5, atol=1e-5)  # mean(w * l)
 
 
@@ -126,7 +126,7 @@ def test_dist_loss_gets_the_training_ages(cohort: Path, tmp_path: Path) -> None:
     m = _module("brain_age_dist_loss_synthetic")
     vol, sex, y = _batch()
     out = m.predict_age(vol, sex)
-    loss = m._task_loss(out, y, m.loss_tensors(out, y))
+    loss = m.objective(m.loss_tensors(out, y)).parts["dist_loss"]
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
     assert m.net.pre[0].weight.grad is not None  # type: ignore[index]
@@ -152,13 +152,13 @@ def test_feature_regularizers_see_the_penultimate_features(preset: str) -> None:
 def test_ranksim_trains_beside_an_ordinal_head(cohort: Path, tmp_path: Path) -> None:
     reg = "loss.regularizers=[{name: ranksim, weight: 1.0, options: {interpolation_lambda: 2.0}}]"
     run, _ = _train(cohort, tmp_path, "brain_age_coral_synthetic", reg)
-    values = _log(run, "train/ranksim")
+    values = _log(run, "train/loss/ranksim")
     assert values and all(np.isfinite(values))
 
 
 def test_ordinal_entropy_run_logs_its_term(cohort: Path, tmp_path: Path) -> None:
     run, _ = _train(cohort, tmp_path, "brain_age_ordinal_entropy_synthetic")
-    values = _log(run, "train/ordinal_entropy")
+    values = _log(run, "train/loss/ordinal_entropy")
     assert values and all(np.isfinite(values))
 
 

@@ -135,7 +135,7 @@ def test_sfcn_dldl_trains_over_sfcns_bins_with_the_age_difference_term(cohort: P
     p = _preds(run)["pred"]
     assert p.min() >= 21 - 1e-4 and p.max() <= 89 + 1e-4  # the expectation over the bin centres
     log = list(csv.DictReader(open(run / "logs" / "metrics.csv")))
-    values = [float(r["train/pairwise_difference"]) for r in log if r.get("train/pairwise_difference")]
+    values = [float(r["train/loss/pairwise_difference"]) for r in log if r.get("train/loss/pairwise_difference")]
     assert values and all(np.isfinite(values))
     state = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     assert state["net.classifier.conv_6.1.weight"].shape == (35, 4)  # K class logits on the pooled features

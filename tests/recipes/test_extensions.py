@@ -69,7 +69,7 @@ def test_a_registered_loss_is_a_regularizer(tmp_path, abalone, registered):
     )
     res = train(cfg, out=tmp_path / "run", progress=False, verbose=False, data=abalone)
     csv = (res.run_dir / "logs" / "metrics.csv").read_text()
-    assert "train/feature_norm" in csv and res.metrics["test"]["all"]["count"] > 0
+    assert "train/loss/feature_norm" in csv and res.metrics["test"]["all"]["count"] > 0
     with pytest.raises(ConfigError, match=r"unknown option `loss\.regularizers\.feature_norm\.options\.q`"):
         load_config("abalone_vanilla", ["loss.regularizers.feature_norm.options.q=1"])
 

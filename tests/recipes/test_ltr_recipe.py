@@ -85,7 +85,7 @@ def test_tiny_run_learns_to_rank_and_evaluate_reproduces_it(tmp_path) -> None:
     chance = np.mean([ltr_metrics(torch.rand(y.shape, generator=g), y, [10])["ndcg@10"].mean() for _ in range(20)])
     assert test["ndcg@10"] > 100 * chance + 10, (test, chance)
     logged = (d / "logs" / "metrics.csv").read_text().splitlines()[0]
-    assert "train/lambda_loss" in logged and "train/listnet" in logged and "val/ndcg@5" in logged
+    assert "train/loss/lambda_loss" in logged and "train/loss/listnet" in logged and "val/ndcg@5" in logged
     again = evaluate(d, checkpoint="best")
     for k, v in test.items():
         assert again["test"][k] == pytest.approx(v, abs=1e-9)

@@ -356,7 +356,7 @@ def test_options_are_checked_against_the_library():
         load_config("abalone_ranksim", ["loss.regularizers.ranksim.options.features=2"])
     with pytest.raises(ConfigError, match=r"`loss\.regularizers\.spearman\.options`: .*ranker"):
         load_config("abalone_spearman", ["loss.regularizers.spearman.options.ranker=bogus"])
-    with pytest.raises(ConfigError, match=r"loss 'supcon' declares no recipe inputs"):
+    with pytest.raises(ConfigError, match=r"loss 'supcon' does not take per-sample predictions and targets"):
         load_config("abalone_vanilla", ["loss.regularizers.supcon.weight=1"])
     with pytest.raises(ConfigError, match=r"unknown option `model\.options\.hiden`; did you mean 'hidden'"):
         load_config("abalone_vanilla", ["model.options.hiden=[8]"])

@@ -91,7 +91,7 @@ def test_image_rnc_two_views(image_split, tmp_path):
         torch.testing.assert_close(final[k], v, msg=f"{k} changed in stage 2")
     # the two views differ (flip + noise), so stage 1's contrastive loss was a real, finite number
     logs = list((res.run_dir / "logs").rglob("metrics.csv"))
-    assert any("pretrain/rnc_loss" in p.read_text() for p in logs)
+    assert any("pretrain/loss/rnc" in p.read_text() for p in logs)
 
 
 def test_text_pair_recipe_on_sts_b(shared_dir, tmp_path):

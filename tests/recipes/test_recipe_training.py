@@ -88,8 +88,8 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
     assert m["recipe"] == "dir" and m["method"] == "dir"
     assert m == res.metrics
     csv_text = (d / "logs" / "metrics.csv").read_text()
-    assert "train/ranksim" in csv_text and "val/mae" in csv_text and "train/conr" in csv_text
-    assert "train/pairwise_difference" in csv_text and "train/spearman" in csv_text
+    assert "train/loss/ranksim" in csv_text and "val/mae" in csv_text and "train/loss/conr" in csv_text
+    assert "train/loss/pairwise_difference" in csv_text and "train/loss/spearman" in csv_text
     # checkpoints are plain state: loadable with weights_only=True
     ckpt = torch.load(d / "checkpoints" / "best.ckpt", weights_only=True)
     assert "state_dict" in ckpt and "lds_table" in "".join(ckpt["state_dict"])

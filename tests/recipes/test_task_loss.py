@@ -66,6 +66,6 @@ def test_contrastive_recipes_call_their_loss_through_a_loss_term(preset):
         expected = supcon_loss(
             f, labels, temperature=t.temperature, base_temperature=t.base_temperature, variant=t.variant
         )
-        got = term({"features": f, "targets": labels})
+        got = term({"embeddings": f, "labels": labels})
     assert isinstance(term, LossTerm)
     torch.testing.assert_close(got, expected)

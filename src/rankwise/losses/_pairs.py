@@ -321,5 +321,9 @@ class NPairsLoss(FunctionModule):
         self.distributed = distributed
 
 
-register_loss("triplet", module=TripletLoss)(triplet_loss)
-register_loss("npairs", module=NPairsLoss)(npairs_loss)
+register_loss(
+    "triplet", module=TripletLoss, inputs={"features": "embeddings", "labels": "labels"}, takes="embeddings_labels"
+)(triplet_loss)
+register_loss(
+    "npairs", module=NPairsLoss, inputs={"features": "embeddings", "labels": "labels"}, takes="embedding_pairs"
+)(npairs_loss)

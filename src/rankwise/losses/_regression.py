@@ -42,5 +42,6 @@ for _kind in REGRESSION_KINDS:
         f"regression_{_kind}",
         module=functools.partial(RegressionLoss, kind=_kind),  # type: ignore[arg-type]  # the twin of this kind
         inputs=_INPUTS,
+        takes="predictions",
         description=f"DIR weighted {_kind} regression loss: regression_loss(..., kind={_kind!r})",
     )(_of_kind(_kind))

@@ -438,9 +438,11 @@ register_loss(
     "rnc",
     module=RnCLoss,
     inputs={"features": "features", "labels": "targets"},
+    takes="features",
 )(rnc_loss)
 register_loss(
     "conr",
     module=ConRLoss,
     inputs={"features": "features", "labels": "targets", "preds": "predictions", "weights": "weights"},
+    takes="features",
 )(conr_loss)

@@ -793,4 +793,6 @@ class SupConLoss(FunctionModule):
         self.distributed = distributed
 
 
-register_loss("supcon", module=SupConLoss)(supcon_loss)
+register_loss(
+    "supcon", module=SupConLoss, inputs={"features": "embeddings", "labels": "labels"}, takes="embeddings_labels"
+)(supcon_loss)

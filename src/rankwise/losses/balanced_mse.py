@@ -477,4 +477,5 @@ register_loss(
     module=BalancedMSELoss,
     description="Balanced MSE (Ren et al., CVPR'22), any method (option `method`, default 'bmc')",
     inputs={"pred": "predictions", "target": "targets"},
+    takes="predictions",
 )(balanced_mse_loss)

@@ -1166,19 +1166,26 @@ _INPUTS = {"logits": "logits", "targets": "classes"}
 _ARGMAX = OrdinalHead("classes", argmax_class)
 _EXPECTED = OrdinalHead("classes", expected_class)
 
-register_loss("cdw_ce", module=CDWCELoss, inputs=_INPUTS, ordinal=_ARGMAX)(cdw_ce_loss)
+register_loss("cdw_ce", module=CDWCELoss, inputs=_INPUTS, takes="logits", ordinal=_ARGMAX)(cdw_ce_loss)
 register_loss(
     "unimodal_ce",
     module=UnimodalCELoss,
     inputs=_INPUTS,
+    takes="logits",
     ordinal=_ARGMAX,
     description="cross-entropy with unimodal soft labels (option `distribution`: " + ", ".join(DISTRIBUTIONS) + ")",
 )(unimodal_ce_loss)
 register_loss(
-    "sord", module=SORDLoss, inputs=_INPUTS, ordinal=OrdinalHead("classes", argmax_class, train_classes="train_targets")
+    "sord",
+    module=SORDLoss,
+    inputs=_INPUTS,
+    takes="logits",
+    ordinal=OrdinalHead("classes", argmax_class, train_classes="train_targets"),
 )(sord_loss)
-register_loss("emd", module=EMDLoss, inputs=_INPUTS, ordinal=_ARGMAX)(emd_loss)
-register_loss("qwk", module=QWKLoss, inputs=_INPUTS, ordinal=_ARGMAX)(qwk_loss)
-register_loss("slace", module=SLACELoss, inputs=_INPUTS, ordinal=_ARGMAX)(slace_loss)
-register_loss("mean_variance", module=MeanVarianceLoss, inputs=_INPUTS, ordinal=_EXPECTED)(mean_variance_loss)
-register_loss("dldl", module=DLDLLoss, inputs=_INPUTS, ordinal=_EXPECTED)(dldl_loss)
+register_loss("emd", module=EMDLoss, inputs=_INPUTS, takes="logits", ordinal=_ARGMAX)(emd_loss)
+register_loss("qwk", module=QWKLoss, inputs=_INPUTS, takes="logits", ordinal=_ARGMAX)(qwk_loss)
+register_loss("slace", module=SLACELoss, inputs=_INPUTS, takes="logits", ordinal=_ARGMAX)(slace_loss)
+register_loss("mean_variance", module=MeanVarianceLoss, inputs=_INPUTS, takes="logits", ordinal=_EXPECTED)(
+    mean_variance_loss
+)
+register_loss("dldl", module=DLDLLoss, inputs=_INPUTS, takes="logits", ordinal=_EXPECTED)(dldl_loss)

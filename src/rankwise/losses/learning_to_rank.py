@@ -1101,6 +1101,7 @@ def _register(name: str, fn: Any, module: type[nn.Module], *, stochastic: bool =
         stochastic=stochastic,
         description=description,
         inputs={"y_pred": "predictions", "y_true": "targets"},
+        takes="padded_lists",
     )(fn)
 
 

@@ -527,6 +527,7 @@ register_loss(
     module=CoralLoss,
     description="CORAL (Cao et al., Pattern Recognit. Lett. 2020): rank-threshold BCE on a shared-weight head",
     inputs={"logits": "logits", "levels": "levels"},
+    takes="logits",
     ordinal=OrdinalHead("thresholds", coral_predict, layer="coral"),
 )(coral_loss)
 register_loss(
@@ -534,6 +535,7 @@ register_loss(
     module=CornLoss,
     description="CORN (Shi et al., 2023): conditional rank-threshold BCE on conditional training subsets",
     inputs={"logits": "logits", "targets": "classes"},
+    takes="logits",
     ordinal=OrdinalHead("thresholds", corn_predict, num_classes=True),
 )(corn_loss)
 register_loss(
@@ -541,5 +543,6 @@ register_loss(
     module=CondorLoss,
     description="CONDOR (Dennis et al., 2021): negative log-likelihood of conditional rank-threshold logits",
     inputs={"logits": "logits", "levels": "levels"},
+    takes="logits",
     ordinal=OrdinalHead("thresholds", condor_predict),
 )(condor_loss)

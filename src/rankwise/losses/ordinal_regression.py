@@ -695,9 +695,11 @@ register_loss(
     "ordinal_entropy",
     module=OrdinalEntropyLoss,
     inputs={"features": "features", "targets": "targets"},
+    takes="features",
 )(ordinal_entropy_loss)
 register_loss(
     "dist_loss",
     module=DistLoss,
     inputs={"predictions": "predictions", "targets": "targets"},
+    takes="predictions",
 )(dist_loss)

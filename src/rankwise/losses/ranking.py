@@ -705,19 +705,23 @@ register_loss(
     gradient="surrogate",
     stochastic=True,
     inputs={"features": "features", "targets": "targets"},
+    takes="features",
 )(ranksim_loss)
 register_loss(
     "spearman",
     module=SpearmanLoss,
     description="Spearman loss (SoDeep), any ranker (option `ranker`, default 'isotonic')",
     inputs={"pred": "predictions", "target": "targets"},
+    takes="predictions",
 )(spearman_loss)
 register_loss(
     "spearman_correlation",
     module=SpearmanCorrelation,
+    takes="predictions",
 )(spearman_correlation)
 register_loss(
     "pairwise_difference",
     module=PairwiseDifferenceLoss,
     inputs={"pred": "predictions", "target": "targets"},
+    takes="predictions",
 )(pairwise_difference_loss)

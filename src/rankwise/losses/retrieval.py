@@ -722,7 +722,22 @@ class FastAPLoss(FunctionModule):
 # --------------------------------------------------------------------------------------------------
 # registry
 # --------------------------------------------------------------------------------------------------
-register_loss("smooth_ap", module=SmoothAPLoss)(smooth_ap_loss)
-register_loss("recall_at_k", module=RecallAtKLoss)(recall_at_k_loss)
-register_loss("blackbox_ap", module=BlackboxAPLoss, gradient="surrogate")(blackbox_ap_loss)
-register_loss("fastap", module=FastAPLoss)(fastap_loss)
+register_loss(
+    "smooth_ap", module=SmoothAPLoss, inputs={"embeddings": "embeddings", "labels": "labels"}, takes="embeddings_labels"
+)(smooth_ap_loss)
+register_loss(
+    "recall_at_k",
+    module=RecallAtKLoss,
+    inputs={"embeddings": "embeddings", "labels": "labels"},
+    takes="embeddings_labels",
+)(recall_at_k_loss)
+register_loss(
+    "blackbox_ap",
+    module=BlackboxAPLoss,
+    gradient="surrogate",
+    inputs={"embeddings": "embeddings", "labels": "labels"},
+    takes="embeddings_labels",
+)(blackbox_ap_loss)
+register_loss(
+    "fastap", module=FastAPLoss, inputs={"embeddings": "embeddings", "labels": "labels"}, takes="embeddings_labels"
+)(fastap_loss)

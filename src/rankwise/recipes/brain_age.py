@@ -92,7 +92,14 @@ from rankwise.recipes.dir_net import (
     shot_metrics,
     train_classes,
 )
-from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config, ordinal_head_of
+from rankwise.recipes.loss_terms import (
+    Objective,
+    Term,
+    build_regularizers,
+    build_task_loss,
+    check_loss_config,
+    ordinal_head_of,
+)
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -231,6 +238,8 @@ class BrainAgeModule(L.LightningModule):
             check_ordinal_options(self.task_loss, self.ordinal, lc.num_classes)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
         _freeze_unused_heads(self.net)
+        #: the stage's task loss plus the weighted regularizers on the final age
+        self.objective = Objective(self._task_term(), self.terms)
 
     def train(self, mode: bool = True) -> BrainAgeModule:
         super().train(mode)
@@ -278,6 +287,7 @@ class BrainAgeModule(L.LightningModule):
         """The batch tensors by role (``features``, ``predictions``, ``targets``, ``weights`` and an ordinal
         head's ``logits`` / ``classes`` / ``levels``) that the task loss and the regularizers take."""
         tensors: dict[str, Any] = {
+            **out,  # what this stage's own task loss reads (SFCN's log_probs, TSAN's residual)
             "features": out.get("features"),
             "predictions": out["age"],
             "targets": y,
@@ -290,22 +300,31 @@ class BrainAgeModule(L.LightningModule):
             tensors.update(ordinal_loss_tensors(self.task_loss, out["logits"], classes, k))
         return tensors
 
-    def _task_loss(self, out: dict[str, torch.Tensor], y: torch.Tensor, tensors: dict[str, Any]) -> torch.Tensor:
+    def _task_term(self) -> Any:
+        """The stage's task loss as a term of its objective: the registry's (:func:`build_task_loss`) for
+        ScaleDense's one stage or an ordinal head; SFCN's KL to its soft labels; TSAN's second stage: the
+        ``loss.kind`` regression loss of the residual (target ``age - discretized``)."""
+        if self.task_loss is not None:  # ScaleDense's one stage, or an ordinal head
+            return self.task_loss
+        if self.kind == "sfcn":
+            return Term("sfcn_kl", self._sfcn_kl)
+        return Term(f"regression_{self.cfg.loss.kind}", self._regression)
+
+    def _sfcn_kl(self, tensors: Mapping[str, Any]) -> torch.Tensor:
+        from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
+
+        centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
+        width: float = self.net.bin_step  # type: ignore[assignment]
+        soft = sfcn_soft_labels(tensors["targets"], centers, sigma=self.task.sfcn_sigma, bin_width=width)
+        return sfcn_kl_loss(tensors["log_probs"], soft)
+
+    def _regression(self, tensors: Mapping[str, Any]) -> torch.Tensor:
         from rankwise.imbalanced import regression_loss
 
-        if self.task_loss is not None:  # ScaleDense's one stage, or an ordinal head
-            return self.task_loss(tensors)
-        if self.kind == "sfcn":
-            from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
-
-            centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
-            width: float = self.net.bin_step  # type: ignore[assignment]
-            return sfcn_kl_loss(
-                out["log_probs"], sfcn_soft_labels(y, centers, sigma=self.task.sfcn_sigma, bin_width=width)
-            )
+        y = tensors["targets"]
         if self.stage == "second":
-            return regression_loss(out["residual"], y - out["discretized"], kind=self.cfg.loss.kind)
-        return regression_loss(out["age"], y, kind=self.cfg.loss.kind)
+            return regression_loss(tensors["residual"], y - tensors["discretized"], kind=self.cfg.loss.kind)
+        return regression_loss(tensors["predictions"], y, kind=self.cfg.loss.kind)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         reseed(self.cfg.run.seed + (31 if self.stage == "second" else 0), self.global_step, self.global_rank)
@@ -314,17 +333,10 @@ class BrainAgeModule(L.LightningModule):
         x, y = batch
         y = y.reshape(-1).float()
         out = self.predict_age(x["volume"], x["sex"])
-        tensors = self.loss_tensors(out, y)
-        task = self._task_loss(out, y, tensors)
-        loss = task
+        value = self.objective(self.loss_tensors(out, y))
         n = y.numel()
-        for term in self.terms:
-            value = term(tensors)
-            self.log(f"train/{term.name}", value.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
-            loss = loss + term.weight * value
-        check_finite(loss, self, f"brain-age ({self.stage} stage)")
-        self.log("train/task_loss", task.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        check_finite(value.total, self, f"brain-age ({self.stage} stage)")
+        self.objective.log(self, value, batch_size=n)
         self.log(
             "train/mae",
             (out["age"].detach() - y).abs().mean(),
@@ -333,7 +345,7 @@ class BrainAgeModule(L.LightningModule):
             batch_size=n,
             sync_dist=True,
         )
-        return loss
+        return value.total
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch

@@ -16,6 +16,7 @@ import torch
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
 from rankwise.recipes.dir_net import DIRNet, ordinal_loss_tensors
+from rankwise.recipes.loss_terms import Objective
 from rankwise.recipes.optim import configure
 
 __all__ = ["DIRRegressor"]
@@ -47,6 +48,8 @@ class DIRRegressor(DIRNet, L.LightningModule):
         self._fds_feats: list[torch.Tensor] = []
         self._fds_labels: list[torch.Tensor] = []
         self._val_err: list[torch.Tensor] = []
+        #: the task loss plus the weighted regularizers (both stay submodules of the network)
+        self.objective = Objective(self.task_loss, self.regularizers)
 
     # ------------------------------------------------------------------ training
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -75,22 +78,16 @@ class DIRRegressor(DIRNet, L.LightningModule):
         if logits is not None and self.label_classes is not None:  # an ordinal head: logits, classes, levels
             k = self.label_classes.num_classes
             tensors.update(ordinal_loss_tensors(self.task_loss, logits, self.label_class(y), k))
-        task = self.task_loss(tensors)
-        total = task
-        logs = {"train/task_loss": task.detach()}
-        for term in self.regularizers:
-            value = term(tensors)
-            total = total + term.weight * value
-            logs[f"train/{term.name}"] = value.detach()
+        value = self.objective(tensors)
+        task = value.parts[self.objective.task.name]
         check_finite(
-            total,
+            value.total,
             self,
             "training",
             f"task loss {task.detach().item():.4g}; try a smaller learning rate or regularizer weight",
         )
-        logs["train/loss"] = total.detach()
-        self.log_dict(logs, on_step=True, on_epoch=True, prog_bar=False, batch_size=y.numel(), sync_dist=True)
-        return total
+        self.objective.log(self, value, batch_size=y.numel())
+        return value.total
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # FDS statistics are refreshed from the whole epoch's features at its last batch, i.e.

@@ -15,6 +15,7 @@ Episodes are random draws seeded by their index (:class:`Episodes` with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
@@ -38,6 +39,7 @@ from rankwise.recipes.common import (
 )
 from rankwise.recipes.config import Config, StepBudget
 from rankwise.recipes.datamodules import LoaderData
+from rankwise.recipes.loss_terms import Objective, Term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -94,6 +96,7 @@ class DKNNModule(L.LightningModule):
         self.task: DKNNOptions = cfg.task
         self.num_classes, self.queries = int(num_classes), int(queries)
         self.net, _ = build_backbone(cfg.model, meta=meta, feature_dim=self.task.embedding_dim)
+        self.objective = Objective(Term("dknn", self._dknn_loss))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.net(x).float(), dim=-1)
@@ -110,10 +113,16 @@ class DKNNModule(L.LightningModule):
         emb = self(x)
         m = dknn(emb[:nq], emb[nq:], k, tau=t.tau, method=t.relaxation, n_samples=t.n_samples)
         scores = dknn_class_scores(m, y[nq:], self.num_classes)
-        loss = -(scores.gather(-1, y[:nq, None]) / k).mean()
-        check_finite(loss, self, "dkNN")
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=nq, sync_dist=True)
-        return loss
+        value = self.objective({"scores": scores, "labels": y[:nq], "k": k})
+        check_finite(value.total, self, "dkNN")
+        self.objective.log(self, value, batch_size=nq)
+        return value.total
+
+    @staticmethod
+    def _dknn_loss(tensors: Mapping[str, Any]) -> torch.Tensor:
+        """Minus the mean relaxed fraction of each query's ``k`` neighbours that share its label."""
+        scores, labels = tensors["scores"], tensors["labels"]
+        return -(scores.gather(-1, labels[:, None]) / tensors["k"]).mean()
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         return self(batch[0] if isinstance(batch, (list, tuple)) else batch)

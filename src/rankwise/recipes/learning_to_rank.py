@@ -12,8 +12,10 @@ Loss: the shared ``loss`` section names a registered learning-to-rank loss takin
 (``loss.name``: ``listnet``, ``listmle``, ``ranknet``, ``lambda_loss``, ``approx_ndcg``,
 ``neural_ndcg``, ``pirank``; ``loss.options`` are its keyword options with allRank's names, e.g.
 ``{weighing_scheme: ndcgLoss2_scheme}``), and ``loss.regularizers`` may add weighted terms of other
-such losses; each is called as ``loss(y_pred=scores (Q, L), y_true=relevance (Q, L))`` with padded
-slots ``y_true = -1``.
+such losses (a loss fits when its registry entry has ``takes="padded_lists"``); each is called as
+``loss(y_pred=scores (Q, L), y_true=relevance (Q, L))`` with padded slots ``y_true = -1``, and their
+weighted sum is the run's :class:`~rankwise.recipes.loss_terms.Objective` (logged as ``train/loss``
+and ``train/loss/<name>``).
 
 Training: ``data.batch_size`` queries per step (allRank's ``batch_size``), for ``trainer.max_epochs``
 epochs over the training queries in a seeded order; a query with more than ``task.slate_length``
@@ -31,7 +33,6 @@ wall time of one training step. ``plots/ndcg_at_k.png`` shows test NDCG@k for k 
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,7 +46,7 @@ from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, loader_workers, reseed
 from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
+from rankwise.recipes.loss_terms import Objective, build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -100,6 +101,7 @@ class LTRModule(L.LightningModule):
         self.head = nn.Linear(int(dim), 1)
         self.loss_term = build_task_loss(cfg.loss)
         self.terms = build_regularizers(cfg.loss.regularizers)
+        self.objective = Objective(self.loss_term, self.terms)
         self._val: list[dict[str, torch.Tensor]] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,16 +113,10 @@ class LTRModule(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         tensors = {"predictions": self(x), "targets": y, "features": None, "weights": None}
-        assert self.loss_term is not None  # checked with the config
-        loss = self.loss_term(tensors)
-        self.log(f"train/{self.loss_term.name}", loss.detach(), on_step=False, on_epoch=True, batch_size=y.shape[0])
-        for term in self.terms:
-            part = term(tensors)
-            self.log(f"train/{term.name}", part.detach(), on_step=False, on_epoch=True, batch_size=y.shape[0])
-            loss = loss + term.weight * part
-        check_finite(loss, self, self.loss_term.name)
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
-        return loss
+        value = self.objective(tensors)
+        check_finite(value.total, self, self.loss_term.name)
+        self.objective.log(self, value, batch_size=y.shape[0])
+        return value.total
 
     def on_validation_epoch_start(self) -> None:
         self._val = []
@@ -142,17 +138,6 @@ class LTRModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
-
-
-def _takes_padded_lists(name: str) -> bool:
-    from rankwise.losses import get_loss_entry
-
-    entry = get_loss_entry(name)
-    fn = entry.module if entry.module is not None else entry.fn
-    try:
-        return "padded_value_indicator" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
 
 
 class LTRRecipe(RecipeBase):
@@ -180,17 +165,8 @@ class LTRRecipe(RecipeBase):
                 "recipe 'ltr' needs `loss.name`: a learning-to-rank loss (listnet, listmle, ranknet, lambda_loss, "
                 "approx_ndcg, neural_ndcg, pirank)"
             )
-        check_loss_config(loss)
-        for key, name in [
-            ("loss.name", loss.name),
-            *[(f"loss.regularizers.{r.name}", r.name) for r in loss.regularizers],
-        ]:
-            if not _takes_padded_lists(name):
-                raise ConfigError(
-                    f"`{key}`: loss {name!r} does not take padded query lists (no `padded_value_indicator` option); "
-                    "use a learning-to-rank loss: listnet, listmle, ranknet, lambda_loss, approx_ndcg, neural_ndcg, "
-                    "pirank"
-                )
+        # a learning-to-rank loss: its registry entry says it takes padded query lists
+        check_loss_config(loss, task_takes=("padded_lists",), regularizer_takes=("padded_lists",))
         valid = [f"ndcg@{k}" for k in t.ats] + ["mrr"]
         if t.val_metric not in valid:
             raise ConfigError(

@@ -13,6 +13,16 @@ twin (batch-level losses get ``distributed="auto"``: under DDP they see the glob
 module with parameters (e.g. a learnable noise scale) is a submodule of the recipe's
 LightningModule: trained, checkpointed, and with ``loss.lr`` its own optimizer parameter group.
 
+What batch a loss takes is its registry entry's ``takes`` (one of
+:data:`rankwise._registry.LOSS_INPUTS`: ``predictions``, ``features``, ``logits``, ``padded_lists``,
+``embeddings_labels``, ``embedding_pairs``); a recipe accepts a loss by it (:func:`check_takes`),
+never by its signature.
+
+Every recipe trains one :class:`Objective`: its task loss plus its weighted regularizers, evaluated
+on the batch tensors by role; it returns the total and each part by name, and
+:meth:`Objective.log` logs them under the same keys in every recipe: ``train/loss`` (the total, per
+step and per epoch) and ``train/loss/<name>`` (each unweighted part, per epoch).
+
 Adding a loss usable as a regularizer = the loss function + its registry entry with ``inputs`` +
 its test (see docs/recipes.md).
 """
@@ -20,8 +30,9 @@ its test (see docs/recipes.md).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,11 +41,17 @@ from rankwise._validation import did_you_mean
 from rankwise.recipes.config import ConfigError, LossConfig, RegularizerConfig, check_kwargs
 
 __all__ = [
+    "REGRESSION_REGULARIZERS",
+    "REGRESSION_TASK_LOSSES",
     "LossTerm",
+    "Objective",
+    "ObjectiveValue",
+    "Term",
     "build_regularizers",
     "build_task_loss",
     "build_term",
     "check_loss_config",
+    "check_takes",
     "ordinal_head_of",
     "task_loss_name",
     "usable_losses",
@@ -61,11 +78,53 @@ def ordinal_head_of(loss: LossConfig) -> Any:
     return LOSSES.entry(name).ordinal if name in LOSSES else None
 
 
-def usable_losses() -> list[str]:
-    """Registered losses a recipe can call (their registry entry declares ``inputs``)."""
+#: what the regression recipes (dir, rrt, rnc's second stage, brain_age) accept as the task loss
+REGRESSION_TASK_LOSSES = ("predictions", "logits")
+#: ... and as a regularizer
+REGRESSION_REGULARIZERS = ("predictions", "features")
+
+#: the batch of each ``takes`` value, in words (error messages)
+_TAKES_WORDS = {
+    "predictions": "per-sample predictions and targets",
+    "features": "per-sample features and targets",
+    "logits": "an ordinal head's logits and classes",
+    "padded_lists": "padded query lists",
+    "embeddings_labels": "embeddings and class labels",
+    "embedding_pairs": "embedding pairs",
+}
+
+
+def usable_losses(takes: Iterable[str] | None = None) -> list[str]:
+    """Registered losses a recipe can call (their registry entry declares ``inputs``); with ``takes``,
+    only those whose entry's ``takes`` is among them."""
     from rankwise.losses import LOSSES
 
-    return [e.name for e in LOSSES.entries() if e.inputs]
+    accepted = None if takes is None else set(takes)
+    return [e.name for e in LOSSES.entries() if e.inputs and (accepted is None or e.takes in accepted)]
+
+
+def check_takes(name: str, key: str, accepted: Sequence[str]) -> Any:
+    """The registry entry of loss ``name``, checked to take one of the batches ``accepted`` (values of
+    :data:`~rankwise._registry.LOSS_INPUTS`); a :class:`ConfigError` naming ``key`` and the loss otherwise.
+
+    An entry whose ``takes`` is not a known batch (a registry entry built by hand) is an error naming
+    the loss, as is a loss of another batch; the message lists the losses that fit.
+    """
+    from rankwise._registry import LOSS_INPUTS
+
+    entry = _entry(name, key)
+    if entry.takes not in LOSS_INPUTS:
+        raise ConfigError(
+            f"`{key}`: loss {name!r} declares takes={entry.takes!r} in its registry entry, which is no known "
+            f"batch; expected one of {', '.join(LOSS_INPUTS)}"
+        )
+    if entry.takes not in accepted:
+        words = " or ".join(_TAKES_WORDS[a] for a in accepted)
+        raise ConfigError(
+            f"`{key}`: loss {name!r} does not take {words} (its registry entry: takes={entry.takes!r}); "
+            f"losses that do: {', '.join(usable_losses(accepted))}"
+        )
+    return entry
 
 
 def _entry(name: str, key: str) -> Any:
@@ -181,13 +240,24 @@ def _check_build(entry: Any, options: Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"`{key}`: {e}") from None
 
 
-def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
-    """Check names and options of the task loss and the regularizers against the registry and signatures."""
+def check_loss_config(
+    loss: LossConfig,
+    key: str = "loss",
+    *,
+    task_takes: Sequence[str] = REGRESSION_TASK_LOSSES,
+    regularizer_takes: Sequence[str] = REGRESSION_REGULARIZERS,
+) -> None:
+    """Check names and options of the task loss and the regularizers against the registry and signatures.
+
+    ``task_takes`` / ``regularizer_takes``: the batches (registry ``takes``) the recipe can give its
+    task loss and its regularizers (default: the regression recipes'; learning to rank gives both
+    ``("padded_lists",)``).
+    """
     name = task_loss_name(loss)
     shorthand = loss.name is None
     if shorthand and loss.lr is not None:
         raise ConfigError(f"`{key}.lr` applies to a task loss from the registry (`{key}.name`), not to `{key}.kind`")
-    entry = _entry(name, f"{key}.kind" if shorthand else f"{key}.name")
+    entry = check_takes(name, f"{key}.kind" if shorthand else f"{key}.name", task_takes)
     roles = set(entry.inputs.values())
     if entry.ordinal is not None:
         if "logits" not in roles or not roles & {"classes", "levels"}:
@@ -204,19 +274,22 @@ def check_loss_config(loss: LossConfig, key: str = "loss") -> None:
         supplied = (*supplied, "num_classes")
     _check_kwargs(_built(entry), loss.options, f"{key}.options", supplied)
     _check_build(entry, loss.options, f"{key}.options")
+    names = [name]
     for reg in loss.regularizers:
         k = f"{key}.regularizers.{reg.name}"
         entry = _entry(reg.name, f"{k}.name")
-        if entry.ordinal is not None or not set(entry.inputs.values()) <= {
-            "features",
-            "predictions",
-            "targets",
-            "weights",
-        }:
+        if entry.ordinal is not None:
             raise ConfigError(
                 f"`{k}.name`: {reg.name!r} is an ordinal loss of a head's logits; it can be the task loss "
                 f"(`{key}.name: {reg.name}`), not a regularizer"
             )
+        entry = check_takes(reg.name, f"{k}.name", regularizer_takes)
+        if reg.weight != 0 and reg.name in names:
+            raise ConfigError(
+                f"`{k}`: the loss {reg.name!r} is already a term of the objective; each term is logged as "
+                f"`train/loss/<name>`, so a loss can be one term only"
+            )
+        names.append(reg.name)
         _check_kwargs(_built(entry), reg.options, f"{k}.options", (*entry.inputs, "train_labels"))
         _check_build(entry, reg.options, f"{k}.options")
 
@@ -237,6 +310,91 @@ class LossTerm(nn.Module):
 
     def forward(self, tensors: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
         return self.loss(**{param: tensors[role] for param, role in self.inputs.items()})
+
+
+@dataclass(frozen=True)
+class Term:
+    """A term of an :class:`Objective` that is no registered loss: ``fn(tensors) -> scalar`` under ``name``.
+
+    For a recipe's own task loss (the sorting recipes' permutation cross-entropy, SFCN's KL, the
+    differentiable-kNN loss); a registered loss is a :class:`LossTerm` (:func:`build_term`).
+    """
+
+    name: str
+    fn: Callable[[Mapping[str, Any]], torch.Tensor]
+    weight: float = 1.0
+
+    def __call__(self, tensors: Mapping[str, Any]) -> torch.Tensor:
+        return self.fn(tensors)
+
+
+class ObjectiveValue(NamedTuple):
+    """What an :class:`Objective` returns: the ``total`` to minimise and each term's unweighted value by name."""
+
+    total: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+
+class Objective:
+    r"""A recipe's training objective: the task loss plus its weighted regularizers.
+
+    .. math::
+        L = \ell_{\text{task}} + \sum_i w_i\, r_i
+
+    ``objective(tensors)`` evaluates every term on the batch tensors by role (``features``,
+    ``predictions``, ``targets``, ``weights``, ``logits``, ``embeddings``, ``labels``, ...; each
+    :class:`LossTerm` reads the roles its registry entry declares) and returns an
+    :class:`ObjectiveValue`: the total, summed in the order task, then regularizers in config order,
+    and ``parts``, each term's unweighted value under its name (the task loss first). The task loss
+    is unweighted (its ``weight`` is not read). A regularizer of weight 0 is skipped: it is not
+    evaluated and has no part (as :func:`build_regularizers` builds none), so a zero weight costs
+    nothing. Term names must differ (they are the log keys). The objective holds references to the
+    terms, which stay submodules of the recipe's module (its state dict does not change).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.recipes.loss_terms import Objective, Term
+        >>> mse = Term("mse", lambda t: ((t["predictions"] - t["targets"]) ** 2).mean())
+        >>> size = Term("size", lambda t: t["predictions"].abs().mean(), weight=0.5)
+        >>> value = Objective(mse, [size])({"predictions": torch.tensor([1.0, 3.0]), "targets": torch.zeros(2)})
+        >>> value.total, value.parts
+        (tensor(6.), {'mse': tensor(5.), 'size': tensor(2.)})
+    """
+
+    def __init__(self, task: Any, regularizers: Iterable[Any] = ()) -> None:
+        # each term: a LossTerm or a Term (``name``, ``weight``, ``term(tensors) -> scalar``)
+        self.task = task
+        self.regularizers = [r for r in regularizers if float(r.weight) != 0.0]
+        names = [task.name, *(r.name for r in self.regularizers)]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"the terms of an objective need distinct names (their log keys); {', '.join(map(repr, repeated))} "
+                f"appears more than once in {names}"
+            )
+
+    @property
+    def names(self) -> list[str]:
+        """The terms' names: the task loss, then the regularizers of non-zero weight."""
+        return [self.task.name, *(r.name for r in self.regularizers)]
+
+    def __call__(self, tensors: Mapping[str, Any]) -> ObjectiveValue:
+        task = self.task(tensors)
+        total = task
+        parts = {self.task.name: task}
+        for term in self.regularizers:
+            value = term(tensors)
+            total = total + term.weight * value
+            parts[term.name] = value
+        return ObjectiveValue(total, parts)
+
+    def log(self, module: Any, value: ObjectiveValue, *, batch_size: int, prefix: str = "train") -> None:
+        """Log ``value`` from a LightningModule's training step: ``<prefix>/loss`` (the total, per step and
+        per epoch) and ``<prefix>/loss/<name>`` (each part, per epoch), averaged over the ranks' batches."""
+        kw: dict[str, Any] = {"batch_size": batch_size, "sync_dist": True}
+        module.log(f"{prefix}/loss", value.total.detach(), on_step=True, on_epoch=True, **kw)
+        parts = {f"{prefix}/loss/{name}": v.detach() for name, v in value.parts.items()}
+        module.log_dict(parts, on_step=False, on_epoch=True, **kw)
 
 
 def build_term(

@@ -1,9 +1,11 @@
 """Deep metric learning for retrieval, ``recipe: retrieval``: one embedding network, any retrieval loss.
 
 A backbone (``model.backbone``, e.g. ``small_cnn``) and a linear layer to ``task.embedding_dim``
-are trained with one registered loss taking ``(embeddings, labels)`` (``task.loss``: ``smooth_ap``,
-``blackbox_ap``, ``recall_at_k``, ``fastap``, ``supcon``, ``triplet``, ...; ``task.loss_options``
-are its keyword options) on class-balanced batches: ``task.classes_per_batch`` classes x
+are trained with one registered loss taking ``(embeddings, labels)`` (``task.loss``: a loss whose
+registry entry has ``takes="embeddings_labels"``: ``smooth_ap``, ``blackbox_ap``, ``recall_at_k``,
+``fastap``, ``supcon``, ``triplet``, ...; ``task.loss_options`` are its keyword options; the
+run's :class:`~rankwise.recipes.loss_terms.Objective` logs ``train/loss`` and ``train/loss/<name>``)
+on class-balanced batches: ``task.classes_per_batch`` classes x
 ``task.samples_per_class`` images, drawn afresh for every step from a seed of the step index
 (:class:`BalancedBatches`), ``task.steps`` steps in epochs of at most ``task.steps_per_epoch``. The
 loss gets the global batch under DDP (``distributed="auto"``).
@@ -43,8 +45,9 @@ from rankwise.recipes.common import (
     reseed,
     tensors,
 )
-from rankwise.recipes.config import Config, ConfigError, StepBudget
+from rankwise.recipes.config import Config, ConfigError, StepBudget, check_kwargs
 from rankwise.recipes.datamodules import LoaderData
+from rankwise.recipes.loss_terms import Objective, build_term, check_takes
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -52,8 +55,17 @@ from rankwise.recipes.stages import Stage
 
 __all__ = ["BalancedBatches", "RetrievalModule", "RetrievalOptions", "RetrievalRecipe", "nearest_neighbors"]
 
-#: losses the recipe can train with (each takes ``(embeddings, labels, **options)`` and ``distributed``)
-RETRIEVAL_LOSSES = ("smooth_ap", "blackbox_ap", "recall_at_k", "fastap", "supcon", "triplet")
+
+def _retrieval_losses() -> tuple[str, ...]:
+    """The registered losses the recipe can train with: those whose registry entry takes embeddings and
+    class labels (``takes="embeddings_labels"``)."""
+    from rankwise.recipes.loss_terms import usable_losses
+
+    return tuple(usable_losses(("embeddings_labels",)))
+
+
+#: losses the recipe can train with (registry ``takes="embeddings_labels"``), at import
+RETRIEVAL_LOSSES = _retrieval_losses()
 
 
 class RetrievalOptions(StepBudget, unit="steps", after="samples_per_class"):
@@ -108,6 +120,9 @@ class RetrievalModule(L.LightningModule):
         self.task: RetrievalOptions = cfg.task
         self.net, dim = build_backbone(cfg.model, meta=meta)
         self.head = nn.Linear(int(dim), self.task.embedding_dim)
+        # the registered loss with its options (batch-level: distributed="auto", the global batch under DDP)
+        self.loss_term = build_term(self.task.loss, self.task.loss_options, "task.loss")
+        self.objective = Objective(self.loss_term)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = self.net(x)
@@ -117,14 +132,11 @@ class RetrievalModule(L.LightningModule):
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        from rankwise.losses import get_loss
-
         x, y = batch
-        t = self.task
-        loss = get_loss(t.loss)(self(x), y, distributed="auto", **t.loss_options)
-        check_finite(loss, self, t.loss)
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
-        return loss
+        value = self.objective({"embeddings": self(x), "labels": y})
+        check_finite(value.total, self, self.task.loss)
+        self.objective.log(self, value, batch_size=y.numel())
+        return value.total
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         return F.normalize(self(batch[0] if isinstance(batch, (list, tuple)) else batch), dim=-1)
@@ -147,19 +159,12 @@ class RetrievalRecipe(RecipeBase):
 
     def check(self, cfg: Config) -> None:
         t: RetrievalOptions = cfg.task
-        if t.loss not in RETRIEVAL_LOSSES:
-            raise ConfigError(f"`task.loss` must be one of {', '.join(RETRIEVAL_LOSSES)}; got {t.loss!r}")
+        entry = check_takes(t.loss, "task.loss", ("embeddings_labels",))
         if not t.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in t.ks):
             raise ConfigError(f"`task.ks` must be a non-empty list of positive ints; got {t.ks!r}")
-        import inspect
-
-        from rankwise.losses import get_loss
-
-        params = inspect.signature(get_loss(t.loss)).parameters
-        for k in t.loss_options:
-            if k not in params or k in ("embeddings", "features", "labels", "distributed"):
-                takes = sorted(p for p, v in params.items() if v.kind == v.KEYWORD_ONLY and p != "distributed")
-                raise ConfigError(f"unknown option `task.loss_options.{k}` for loss {t.loss!r}; it takes: {takes}")
+        # the options against what the recipe builds (the loss's module twin), as the other recipes' losses
+        built = entry.module if entry.module is not None else entry.fn
+        check_kwargs(built, dict(t.loss_options), "task.loss_options", supplied=(*(entry.inputs or {}), "distributed"))
 
     def load_data(self, cfg: Config) -> Any:
         """The run's dataset, checked before the run directory is made (:func:`_check_splits`)."""

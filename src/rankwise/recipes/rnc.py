@@ -4,7 +4,8 @@ Stage 1 (``pretrain``, ``task.pretrain_epochs``): :class:`RnCPretrainer` trains 
 :func:`rankwise.losses.rnc_loss` on two augmented views of every example (tabular: Gaussian noise
 ``task.noise`` + feature dropout ``task.feature_dropout``; images: random horizontal flip + the
 same noise), over the global batch under DDP; a :class:`~rankwise.recipes.stages.Stage` named
-``pretrain`` (checkpoints in ``RUN_DIR/pretrain/``, log in ``logs/pretrain``, ``pretrain/done``
+``pretrain`` (checkpoints in ``RUN_DIR/pretrain/``, log in ``logs/pretrain`` with the loss as
+``pretrain/loss`` and ``pretrain/loss/rnc``, ``pretrain/done``
 once finished) handing its last weights on. Stage 2: the DIR regressor of
 :mod:`rankwise.recipes.regressor` on the frozen pretrained backbone, trained and evaluated as
 ``dir`` (``trainer.max_epochs``, the ``loss`` section).
@@ -22,7 +23,7 @@ from rankwise.recipes.common import build_backbone, check_finite, reseed
 from rankwise.recipes.config import Config, ConfigError
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.dir_net import regression_loaders
-from rankwise.recipes.loss_terms import build_term
+from rankwise.recipes.loss_terms import Objective, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.regressor import DIROptions, DIRRecipe, build_regressor, fit_regressor
@@ -55,6 +56,7 @@ class RnCPretrainer(L.LightningModule):
         self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
         #: ``rnc_loss`` from the loss registry, like the regularizers (batch-level: the global batch under DDP)
         self.rnc = build_term("rnc", {"temperature": cfg.task.temperature}, "task.temperature")
+        self.objective = Objective(self.rnc)
 
     def augment(self, x: torch.Tensor) -> torch.Tensor:
         t: RnCOptions = self.task
@@ -77,10 +79,10 @@ class RnCPretrainer(L.LightningModule):
         f = self.backbone(views)
         f = f.flatten(1) if f.dim() > 2 else f
         feats = torch.stack([f[: y.numel()], f[y.numel() :]], dim=1)
-        loss = self.rnc({"features": feats, "targets": y})
-        check_finite(loss, self, "Rank-N-Contrast")
-        self.log("pretrain/rnc_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=y.numel(), sync_dist=True)
-        return loss
+        value = self.objective({"features": feats, "targets": y})
+        check_finite(value.total, self, "Rank-N-Contrast")
+        self.objective.log(self, value, batch_size=y.numel(), prefix="pretrain")
+        return value.total
 
     def configure_optimizers(self) -> Any:
         return configure(self, self.cfg.optimizer, self.cfg.schedule, lr=self.task.lr)

@@ -89,6 +89,7 @@ from rankwise.recipes.common import (
 )
 from rankwise.recipes.config import Config, ConfigError, StepBudget
 from rankwise.recipes.datamodules import LoaderData
+from rankwise.recipes.loss_terms import Objective, Term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -480,6 +481,8 @@ class SortingModule(L.LightningModule):
         else:
             self.model = scorer
         self.scale, self.mid = float(10**self.task.digits - 1), self.task.n // 2
+        #: one term, named by the task: ``median`` or ``sort``
+        self.objective = Objective(Term("median" if self.median else "sort", self._train_loss))
 
     def _median_model(self) -> MedianRegressor:
         return cast(MedianRegressor, self.model)
@@ -501,22 +504,28 @@ class SortingModule(L.LightningModule):
         pred = regress(soft_median).squeeze(-1).squeeze(-1).float()
         return F.mse_loss(pred, target.expand_as(pred))
 
+    def _sort_train_loss(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        t = self.task
+        out = self.model(x)
+        if t.method == "vanilla":
+            return F.cross_entropy(out.float().flatten(0, 1), true_permutation(v).argmax(-1).flatten())
+        if RELAXATIONS[t.method].kind == "rank_loss":
+            return RELAXATIONS[t.method].fn(out.float(), true_ranks(v), t)
+        return sort_loss(relaxed_permutation(out.float(), t), true_permutation(v))
+
+    def _train_loss(self, tensors: Mapping[str, Any]) -> torch.Tensor:
+        """The task loss of a batch of lists (images ``x``, values ``v``): :func:`median_loss` for the
+        median, else the relaxation's loss (:func:`sort_loss` of its permutation, or its rank loss) or
+        the vanilla network's cross-entropy."""
+        x, v = tensors["images"], tensors["values"]
+        return self._median_train_loss(x, v) if self.median else self._sort_train_loss(x, v)
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, v = batch
-        t = self.task
-        if self.median:
-            loss = self._median_train_loss(x, v)
-        else:
-            out = self.model(x)
-            if t.method == "vanilla":
-                loss = F.cross_entropy(out.float().flatten(0, 1), true_permutation(v).argmax(-1).flatten())
-            elif RELAXATIONS[t.method].kind == "rank_loss":
-                loss = RELAXATIONS[t.method].fn(out.float(), true_ranks(v), t)
-            else:
-                loss = sort_loss(relaxed_permutation(out.float(), t), true_permutation(v))
-        check_finite(loss, self, f"{self.cfg.recipe} {t.method}")
-        self.log("train/loss", loss.detach(), on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)
-        return loss
+        value = self.objective({"images": x, "values": v})
+        check_finite(value.total, self, f"{self.cfg.recipe} {self.task.method}")
+        self.objective.log(self, value, batch_size=x.shape[0])
+        return value.total
 
     def _evaluate(self, batch: Any, prefix: str) -> None:
         x, v = batch

@@ -43,6 +43,7 @@ in a CSV.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -68,7 +69,7 @@ from rankwise.recipes.common import (
 )
 from rankwise.recipes.config import Config, Options
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.loss_terms import LossTerm, build_term
+from rankwise.recipes.loss_terms import LossTerm, Objective, Term, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
 from rankwise.recipes.rundir import Run
@@ -180,9 +181,10 @@ class ContrastivePretrainer(L.LightningModule):
             # gradients flowing back to each rank's own views
             t = self.task
             options = {"temperature": t.temperature, "base_temperature": t.base_temperature, "variant": t.variant}
-            self.contrastive = build_term(
-                "supcon", options, "task", inputs={"features": "features", "labels": "targets"}
-            )
+            self.contrastive = build_term("supcon", options, "task")
+        self.objective = Objective(
+            self.contrastive if self.contrastive is not None else Term("cross_entropy", self._ce)
+        )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         reseed(self.cfg.run.seed, self.global_step, self.global_rank)
@@ -191,14 +193,19 @@ class ContrastivePretrainer(L.LightningModule):
         v, y = batch
         t, bsz, views = self.task, v.shape[0], v.shape[1]
         h = self.encoder(v.flatten(0, 1))
-        if self.contrastive is None:
-            loss = F.cross_entropy(self.head(h), y)
+        if self.contrastive is None:  # the CE head's logits of every view, against the labels
+            tensors = {"predictions": self.head(h), "labels": y}
         else:
             z = F.normalize(self.head(h).float(), dim=-1).view(bsz, views, -1)
-            loss = self.contrastive({"features": z, "targets": y if t.method == "supcon" else None})
-        check_finite(loss, self, f"stage-1 {t.method}")
-        self.log(f"train/{t.method}_loss", loss.detach(), on_step=True, on_epoch=True, batch_size=bsz, sync_dist=True)
-        return loss
+            tensors = {"embeddings": z, "labels": y if t.method == "supcon" else None}
+        value = self.objective(tensors)
+        check_finite(value.total, self, f"stage-1 {t.method}")
+        self.objective.log(self, value, batch_size=bsz)
+        return value.total
+
+    @staticmethod
+    def _ce(tensors: Mapping[str, Any]) -> torch.Tensor:
+        return F.cross_entropy(tensors["predictions"], tensors["labels"])
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (list, tuple)) else batch

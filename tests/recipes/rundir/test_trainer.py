@@ -72,7 +72,7 @@ def test_a_resumed_stage_keeps_every_epoch_of_its_log_once(tmp_path, abalone, pr
     steps = _steps(log, "train/loss_step")
     assert steps == sorted(set(steps)) and len(steps) == 12  # every step once, in order
     if preset == "abalone_rnc":  # the pretraining stage, skipped as done, keeps its log
-        assert _epochs(run / "logs" / "pretrain" / "metrics.csv", "pretrain/rnc_loss_epoch") == [0]
+        assert _epochs(run / "logs" / "pretrain" / "metrics.csv", "pretrain/loss_epoch") == [0]
 
 
 def test_extending_a_finished_run_keeps_the_rows_of_its_earlier_epochs(tmp_path, abalone):

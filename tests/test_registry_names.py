@@ -57,7 +57,8 @@ _REGISTRIES = {
     ("rankwise.ops._registry", "OPS"): True,
     ("rankwise.losses._registry", "LOSSES"): True,
     ("rankwise.models._registry", "BACKBONES"): True,
-    ("rankwise.data._base", "DATASETS"): True,
+    ("rankwise.data._spec", "DATASET_SPECS"): False,
+    ("rankwise.data._spec", "DATASETS"): True,
     ("rankwise.recipes.predict_data", "CLASS_PREDICTION_READERS"): True,
     ("rankwise.ops.soft", "SOFT_METHODS"): False,
     ("rankwise.recipes.sorting", "RELAXATIONS"): False,
@@ -74,7 +75,7 @@ def test_the_list_of_registries_is_complete() -> None:
     found = set()
     for path in src.rglob("*.py"):
         module = ".".join(path.relative_to(src.parent).with_suffix("").parts).removesuffix(".__init__")
-        for m in re.finditer(r"^(\w+)\s*:\s*Registry\[.*?\]\s*=\s*Registry\(", path.read_text(), re.M):
+        for m in re.finditer(r"^(\w+)\s*:\s*Registry\[.*?\]\s*=\s*(?:Registry|SpecView)\(", path.read_text(), re.M):
             found.add((module, m.group(1)))
     assert found == set(_REGISTRIES)
 

@@ -47,7 +47,7 @@ def main() -> None:
         write_diabetes(path)
 
     overrides = [
-        "run.tsne=false",
+        "report.tsne=false",
         "trainer.enable_progress_bar=false",
         *(["trainer.max_epochs=1"] if args.tiny else []),
     ]

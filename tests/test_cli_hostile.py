@@ -142,7 +142,7 @@ def _fake_run_dir(path, metrics_text):
     from rankwise.recipes.config import config_to_dict, load_config
 
     path.mkdir(parents=True)
-    cfg = load_config("abalone_vanilla", ["run.plots=false"])
+    cfg = load_config("abalone_vanilla", ["report.plots=false"])
     (path / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
     (path / "meta.json").write_text(json.dumps({"rankwise_version": "0", "status": "completed"}))
     (path / "metrics.json").write_text(metrics_text)

@@ -30,7 +30,7 @@ TINY = [
     "--set",
     "trainer.num_threads=1",
     "--set",
-    "run.plots=false",
+    "report.plots=false",
     "--no-progress",
 ]
 
@@ -123,7 +123,7 @@ def test_preset_switched_to_a_csv_rederives_and_warns(diabetes, tmp_path):
 
 def test_empty_shot_group_of_the_test_split_warns(diabetes, tmp_path):
     args = ["train", "--data", str(diabetes), "--target", "target", "--method", "vanilla", *TINY]
-    r = invoke([*args, "--out", str(tmp_path / "a"), "--set", "run.many_shot=1000"])
+    r = invoke([*args, "--out", str(tmp_path / "a"), "--set", "report.many_shot=1000"])
     assert r.exit_code == 0, r.output
     warning = [ln for ln in r.output.splitlines() if ln.startswith("warning:")]
     assert len(warning) == 1 and "no many-shot example" in warning[0], r.output

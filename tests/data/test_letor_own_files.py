@@ -103,7 +103,7 @@ def test_training_queries_with_nothing_to_rank_are_noted(tmp_path: Path, train: 
 
 
 #: --set overrides of a tiny run of the MSLR preset on a user's folder
-ROUTE = ["data.options.fold=null", "trainer.max_epochs=1", "trainer.num_threads=1", "run.plots=false"]
+ROUTE = ["data.options.fold=null", "trainer.max_epochs=1", "trainer.num_threads=1", "report.plots=false"]
 
 
 def _train(root: Path, out: Path, *extra: str):

@@ -34,7 +34,7 @@ TINY = [
     "trainer.max_epochs=1",
     "trainer.num_threads=1",
     "task.montage=0",
-    "run.plots=false",
+    "report.plots=false",
     "model.options={nb_filter: 4, nb_block: 2, use_sex: true}",
     "data.options.shape=null",
 ]

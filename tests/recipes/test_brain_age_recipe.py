@@ -132,7 +132,7 @@ def test_tsan_killed_between_its_stages_resumes_to_the_uninterrupted_metrics(tmp
     cohort = tmp_path / "cohort"
     _invoke("data", "make", "brain-age-synthetic", "--n", "24", "--spacing", "6", "--out", str(cohort))
     sets = [f"data.options.csv={cohort / 'participants.csv'}", f"data.options.cache_dir={tmp_path / 'cache'}", *TINY]
-    sets += ["model.options={nb_filter: 4, nb_block: 2, use_sex: true}", "run.plots=false"]
+    sets += ["model.options={nb_filter: 4, nb_block: 2, use_sex: true}", "report.plots=false"]
     ref = tmp_path / "ref"
     # the reference in a fresh process too, as the killed and the resumed runs (the test process's
     # state, e.g. an earlier run's thread count, changes float32 sums of the first stage)

@@ -23,7 +23,7 @@ from rankwise.recipes.rundir import load_weights
 from rankwise.recipes.runner import train
 from tests.recipes.test_recipe_training import TINY
 
-QUIET = ["trainer.num_threads=1", "run.plots=false", "trainer.enable_progress_bar=false"]
+QUIET = ["trainer.num_threads=1", "report.plots=false", "trainer.enable_progress_bar=false"]
 SORT = [*QUIET, "task.steps=4", "task.steps_per_epoch=2", "task.test_lists=10", "task.val_lists=4"]
 SORT += ["task.lists_per_batch=2", "task.bn_recalibration=1"]
 SUPCON = [*QUIET, "task.train_subset=32", "data.batch_size=16", "task.probe_epochs=2", "model.options.feature_dim=8"]
@@ -244,7 +244,12 @@ def test_brain_age_stages_train_on_datamodules_and_test_their_best_checkpoints(t
     from tests.recipes.test_brain_age_recipe import TINY as BRAIN
 
     csv_path = make_brain_age_synthetic(tmp_path / "cohort", n=16, spacing=6.0)
-    sets = [f"data.options.csv={csv_path}", f"data.options.cache_dir={tmp_path / 'cache'}", *BRAIN, "run.plots=false"]
+    sets = [
+        f"data.options.csv={csv_path}",
+        f"data.options.cache_dir={tmp_path / 'cache'}",
+        *BRAIN,
+        "report.plots=false",
+    ]
     res = _train("brain_age_tsan_synthetic", sets, tmp_path)
     assert [r.stage.name for r in record["stages"]] == ["stage1", ""]
     assert all(isinstance(r.stage.data, LoaderData) and r.trainer.datamodule is r.stage.data for r in record["stages"])

@@ -21,7 +21,7 @@ TINY = [
     "trainer.max_epochs=2",
     "trainer.limit_train_batches=3",
     "trainer.num_threads=1",
-    "run.tsne=false",
+    "report.tsne=false",
 ]
 
 

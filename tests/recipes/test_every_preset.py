@@ -25,7 +25,7 @@ from tests.conftest import SHARED  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-COMMON = ["trainer.max_epochs=1", "trainer.num_threads=1", "trainer.enable_progress_bar=false", "run.tsne=false"]
+COMMON = ["trainer.max_epochs=1", "trainer.num_threads=1", "trainer.enable_progress_bar=false", "report.tsne=false"]
 BY_FAMILY = {
     "abalone": ["trainer.limit_train_batches=2", "model.options.hidden=[8]", "model.options.feature_dim=4"],
     "dir_images": [

@@ -32,7 +32,7 @@ TINY = [
     "trainer.limit_train_batches=2",
     "trainer.num_threads=1",
     "task.slate_length=10",
-    "run.plots=false",
+    "report.plots=false",
 ]
 
 

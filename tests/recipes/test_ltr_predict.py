@@ -33,7 +33,7 @@ TINY = [
     "trainer.max_epochs=3",
     "trainer.num_threads=1",
     "task.slate_length=10",
-    "run.plots=false",
+    "report.plots=false",
 ]
 
 

@@ -98,7 +98,7 @@ def test_compare_tabulates_the_losses(tmp_path) -> None:
         ["ltr_synthetic_listnet", "ltr_synthetic_approx_ndcg"],
         seeds=[0],
         out=tmp_path / "cmp",
-        overrides=[*TINY, "trainer.max_epochs=1", "run.plots=false"],
+        overrides=[*TINY, "trainer.max_epochs=1", "report.plots=false"],
     )
     assert res.recipe is not None
     (header, rows), *_ = res.recipe.tables(res.results)

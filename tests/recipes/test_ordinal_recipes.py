@@ -29,7 +29,7 @@ TINY = [
     "--set",
     "trainer.num_threads=1",
     "--set",
-    "run.plots=false",
+    "report.plots=false",
     "--no-progress",
 ]
 

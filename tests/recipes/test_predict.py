@@ -327,7 +327,7 @@ _IMAGE_TINY = [
     "trainer.max_epochs=2",
     "trainer.limit_train_batches=2",
     "trainer.num_threads=1",
-    "run.plots=false",
+    "report.plots=false",
 ]
 
 

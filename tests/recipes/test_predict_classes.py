@@ -38,7 +38,7 @@ COMMON = [
     "model.options.feature_dim=8",
     "trainer.num_threads=1",
     "data.num_workers=0",
-    "run.plots=false",
+    "report.plots=false",
 ]
 SUPCON = ["trainer.max_epochs=1", "data.batch_size=16", "task.probe_epochs=20", "task.probe_lr=0.05"]
 RETRIEVAL = [
@@ -359,7 +359,7 @@ def test_a_digits_run_names_its_neighbours_by_training_index_and_classes_by_numb
 
     run_dir = tmp_path / "run"
     sets = ["task.steps=2", "task.steps_per_epoch=2", "model.options.feature_dim=8", "trainer.num_threads=1"]
-    args = ["train", "digits_smooth_ap", "--no-progress", "-o", str(run_dir), "--set", "run.plots=false"]
+    args = ["train", "digits_smooth_ap", "--no-progress", "-o", str(run_dir), "--set", "report.plots=false"]
     r = runner.invoke(app, [*args, *[a for s in sets for a in ("--set", s)]])
     assert r.exit_code == 0, r.output
     data = load_mnist5k(source="sklearn")  # the run's data: the preset's seed and split

@@ -17,7 +17,6 @@ from rankwise.recipes.config import (
     config_to_dict,
     list_presets,
     load_config,
-    upgrade_legacy,
 )
 from rankwise.recipes.registry import get_recipe, list_recipes
 
@@ -204,84 +203,19 @@ def test_sections_a_recipe_does_not_read_are_refused():
     assert "loss" in config_to_dict(load_config("abalone_vanilla"))
 
 
-def test_legacy_layout_is_upgraded():
-    """Configs saved in run directories before the recipe registry still load (and mean the same)."""
-    old_dir = {
-        "run": {"name": "r", "recipe": "dir", "init_checkpoint": None, "reset_head": True},
-        "rnc": {"pretrain_epochs": 20},
-        "loss": {
-            "regularizers": {"ranksim": {"weight": 0.03, "options": {"interpolation_lambda": 2.0}}, "pairwise": {}}
-        },
-        "task": {},
-    }
-    cfg = config_from_dict(upgrade_legacy(old_dir))
-    assert cfg.recipe == "dir"
-    assert [(r.name, r.weight) for r in cfg.loss.regularizers] == [("ranksim", 0.03), ("pairwise_difference", 1.0)]
-    old_supcon = {
-        "run": {"recipe": "supcon"},
-        "loss": {"kind": "l1", "regularizers": {}},
-        "optimizer": {"name": "adam", "lr": 1.0},
-        "schedule": {"kind": "cosine", "warmup_epochs": 1},
-        "task": {"optimizer": "lars", "method": "simclr"},
-    }
-    cfg = config_from_dict(upgrade_legacy(old_supcon))
-    assert (cfg.recipe, cfg.optimizer.name, cfg.schedule.interval, cfg.task.method) == (
-        "supcon",
-        "lars",
-        "step",
-        "simclr",
-    )
-    old_rrt = {"run": {"recipe": "rrt", "init_checkpoint": "runs/x", "reset_head": False}}
-    cfg = config_from_dict(upgrade_legacy(old_rrt))
-    assert (cfg.task.init_checkpoint, cfg.task.reset_head) == ("runs/x", False)
-    old_rnc = {"run": {"recipe": "rnc"}, "rnc": {"pretrain_epochs": 3, "lr": 0.5}}
-    cfg = config_from_dict(upgrade_legacy(old_rnc))
-    assert (cfg.task.pretrain_epochs, cfg.task.lr) == (3, 0.5)
-
-
-def test_moved_keys_are_read_at_their_former_place(tmp_path):
-    """LDS/FDS moved from `loss` to the options of the recipes that read them, plots/t-SNE/shot groups from
-    `run` to `report`: a saved config, a user file and `--set` spelling the former keys mean the same."""
-    old = {
-        "recipe": "rnc",
-        "loss": {"kind": "mse", "lds": {"reweight": "inverse", "ks": 7}, "fds": {"enabled": True, "momentum": 0.5}},
-        "run": {"name": "r", "tsne": False, "plots": False, "plot_samples": 30, "many_shot": 50, "few_shot": 5},
-        "task": {"pretrain_epochs": 2},
-    }
-    up = upgrade_legacy(old)
-    assert up["loss"] == {"kind": "mse"} and up["run"] == {"name": "r"}
-    assert up["report"] == {"tsne": False, "plots": False, "plot_samples": 30, "many_shot": 50, "few_shot": 5}
-    assert up["task"] == {"pretrain_epochs": 2, "lds": {"reweight": "inverse", "ks": 7}, "fds": old["loss"]["fds"]}
-    assert upgrade_legacy(up) == up  # the current layout passes unchanged
-    cfg = config_from_dict(old)  # config_from_dict upgrades too
-    assert (cfg.task.lds.reweight, cfg.task.lds.ks, cfg.task.fds.enabled, cfg.task.fds.momentum) == (
-        "inverse",
-        7,
-        True,
-        0.5,
-    )
-    assert (cfg.report.tsne, cfg.report.plot_samples, cfg.report.many_shot, cfg.report.few_shot) == (False, 30, 50, 5)
-    # a saved default `loss.lds` of a recipe that does not read LDS (brain age, before the move) is dropped
-    default_lds = {"reweight": "none", "lds": False, "kernel": "gaussian", "ks": 5, "sigma": 2.0}
-    assert "task" not in upgrade_legacy({"recipe": "brain_age", "loss": {"lds": default_lds}})
-    # a user file extending a preset of the current layout, and --set, at the former places
+def test_lds_fds_and_report_keys_from_a_file_and_set(tmp_path):
+    """LDS/FDS are options of the recipes that read them (`task`); plots, t-SNE and shot groups are `report`."""
     user = tmp_path / "mine.yaml"
-    user.write_text("extends: abalone_lds\nloss: {lds: {sigma: 3.0}}\nrun: {tsne: false}\n")
-    cfg = load_config(user, ["loss.fds.enabled=true", "run.few_shot=4"])
+    user.write_text("extends: abalone_lds\ntask: {lds: {sigma: 3.0}}\nreport: {tsne: false}\n")
+    cfg = load_config(user, ["task.fds.enabled=true", "report.few_shot=4"])
     assert (cfg.task.lds.reweight, cfg.task.lds.sigma, cfg.task.fds.enabled) == ("sqrt_inv", 3.0, True)
     assert (cfg.report.tsne, cfg.report.few_shot, cfg.report.many_shot) == (False, 4.0, 100.0)
     with pytest.raises(ConfigError, match=r"`task\.fds\.momentum` must be <= 1, got 5\.0"):
-        load_config("abalone_vanilla", ["loss.fds.momentum=5"])
-    from rankwise.recipes.config import current_key
-
-    assert [current_key(k) for k in ("run.tsne", "loss.lds.ks", "run.name", "loss.kind")] == [
-        "report.tsne",
-        "task.lds.ks",
-        "run.name",
-        "loss.kind",
-    ]
-    with pytest.raises(ConfigError, match=r"unknown config key `task\.lds` \(`loss\.lds` moved there: this recipe"):
-        load_config("large_mnist_neuralsort", ["loss.lds.reweight=inverse"])  # sort reads no LDS
+        load_config("abalone_vanilla", ["task.fds.momentum=5"])
+    with pytest.raises(ConfigError, match=r"unknown config key `task\.lds`; "):
+        load_config("large_mnist_neuralsort", ["task.lds.reweight=inverse"])  # sort reads no LDS
+    with pytest.raises(ConfigError, match=r"unknown config key `run\.tsne`; "):
+        load_config("abalone_vanilla", ["run.tsne=false"])  # `report.tsne`
 
 
 PRESETS = sorted(list_presets())

@@ -20,7 +20,7 @@ FAST = [
     "trainer.limit_train_batches=2",
     "trainer.num_threads=1",
     "trainer.enable_progress_bar=false",
-    "run.plots=false",
+    "report.plots=false",
     "data.num_workers=0",
 ]
 
@@ -107,7 +107,7 @@ def test_text_pair_recipe_on_sts_b(shared_dir, tmp_path):
             "data.batch_size=32",
             "data.eval_batch_size=500",
             "model.options={embed_dim: 16, hidden: 16, feature_dim: 16}",
-            "loss.lds={reweight: inverse, lds: true}",
+            "task.lds={reweight: inverse, lds: true}",
         ],
     )
     res = train(cfg, out=tmp_path / "sts_run", progress=False, verbose=False)

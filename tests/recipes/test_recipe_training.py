@@ -33,7 +33,7 @@ TINY = [
     "trainer.num_threads=1",
     "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
-    "run.plots=false",
+    "report.plots=false",
 ]
 
 
@@ -55,8 +55,8 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
         "abalone_ranksim_lds",
         [
             *TINY,
-            "run.plots=true",
-            "run.plot_samples=40",
+            "report.plots=true",
+            "report.plot_samples=40",
             "loss.regularizers.pairwise_difference.weight=0.1",
             "loss.regularizers.spearman.weight=0.5",
             "loss.regularizers.conr.weight=0.5",

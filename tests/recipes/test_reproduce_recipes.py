@@ -46,8 +46,8 @@ def tiny_digits() -> ClassificationData:
 
 
 TINY_SUPCON = [
-    "run.tsne=true",
-    "run.plot_samples=30",
+    "report.tsne=true",
+    "report.plot_samples=30",
     "data.batch_size=32",
     "trainer.max_epochs=1",
     "trainer.limit_train_batches=2",
@@ -377,7 +377,7 @@ def test_abalone_spearman_presets_tiny(tmp_path, preset, ranker):
     tiny = [
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=2",
-        "run.plots=false",
+        "report.plots=false",
         "trainer.enable_progress_bar=false",
     ]
     cfg = load_config(preset, tiny)

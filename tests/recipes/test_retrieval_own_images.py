@@ -31,7 +31,7 @@ def _folder(root: Path, classes: int, per_class: int) -> Path:
 
 
 def _train(root: Path, out: Path, *sets: str):
-    args = [f"data.options.root={root}", "task.steps=2", "task.steps_per_epoch=2", "run.plots=false", *sets]
+    args = [f"data.options.root={root}", "task.steps=2", "task.steps_per_epoch=2", "report.plots=false", *sets]
     sets_ = [a for item in ["data.name=image_folder", *args] for a in ("--set", item)]
     return runner.invoke(app, ["train", "mnist5k_smooth_ap", "--no-progress", "-o", str(out), *sets_])
 

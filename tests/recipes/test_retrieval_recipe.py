@@ -35,7 +35,7 @@ def test_unknown_loss_and_option_are_config_errors() -> None:
 
 
 def test_tiny_run_reports_retrieval_metrics(tmp_path) -> None:
-    sets = ["task.steps=3", "trainer.num_threads=1", "run.tsne=false", "model.options.feature_dim=8"]
+    sets = ["task.steps=3", "trainer.num_threads=1", "report.tsne=false", "model.options.feature_dim=8"]
     cfg = load_config("digits_recall_at_k", sets)
     res = train(cfg, out=tmp_path / "run", progress=False, verbose=False)
     m = json.loads((res.run_dir / "metrics.json").read_text())

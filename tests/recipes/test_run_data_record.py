@@ -219,7 +219,7 @@ LTR = [
     "trainer.max_epochs=1",
     "trainer.num_threads=1",
     "task.slate_length=10",
-    "run.plots=false",
+    "report.plots=false",
 ]
 
 

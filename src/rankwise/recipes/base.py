@@ -43,12 +43,6 @@ class RecipeBase:
     def check(self, cfg: Config) -> None:
         """No cross-field constraint by default."""
 
-    def upgrade_legacy(self, raw: dict[str, Any]) -> None:
-        """Rewrite, in place, this recipe's options in a raw config of the pre-registry layout (none by default)."""
-
-    def upgrade_saved(self, raw: dict[str, Any]) -> None:
-        """Rewrite, in place, a config saved in a run directory by an earlier version (nothing by default)."""
-
     def method(self, cfg: Config) -> str:
         return str(getattr(cfg.task, "method", self.name))
 

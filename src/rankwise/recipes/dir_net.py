@@ -445,7 +445,7 @@ def concat_predictions(outs: list[dict[str, torch.Tensor]]) -> dict[str, np.ndar
 
 
 def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
-    """``(many_shot, few_shot)`` of a run: ``run.many_shot`` / ``run.few_shot``, else the dataset's own."""
+    """``(many_shot, few_shot)`` of a run: ``report.many_shot`` / ``report.few_shot``, else the dataset's own."""
     from rankwise.recipes.own_data import shot_thresholds
 
     many, few = shot_thresholds(data)

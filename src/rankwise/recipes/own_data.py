@@ -432,9 +432,7 @@ _DERIVED = {
 
 def _given_keys(overrides: Sequence[str]) -> tuple[str, ...]:
     """The defaults' config keys (``data.batch_size``, ...) that ``--set`` strings give."""
-    from rankwise.recipes.config import current_key
-
-    keys = {current_key(item.partition("=")[0].strip()) for item in overrides}
+    keys = {item.partition("=")[0].strip() for item in overrides}
     return tuple(k for k in _DERIVED.values() if k in keys)
 
 
@@ -461,13 +459,13 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     data (:func:`data_defaults`) unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
     what was replaced. Returns the (copied) raw config; other configs pass unchanged.
     """
-    from rankwise.recipes.config import ConfigError, apply_overrides, current_key, override_value
+    from rankwise.recipes.config import ConfigError, apply_overrides, override_value
 
     old = (raw.get("data") or {}).get("name", "abalone")
     keys = {}
     for item in overrides or []:
         key, _, value = item.partition("=")
-        keys[current_key(key.strip())] = value  # `run.many_shot` is `report.many_shot`
+        keys[key.strip()] = value
     if "data.name" not in keys:
         return raw
     try:

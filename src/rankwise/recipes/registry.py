@@ -132,14 +132,6 @@ def get_recipe(name: str) -> Recipe:
 
 _config.set_recipe_lookup(get_recipe)  # the config layer resolves `recipe:` through this registry
 
-#: options of built-in recipes that configs saved before the recipe registry held outside ``task``
-for _place, _recipe, _key in (
-    ("run.init_checkpoint", "rrt", "init_checkpoint"),
-    ("run.reset_head", "rrt", "reset_head"),
-    ("rnc", "rnc", ""),
-):
-    _config.register_legacy_place(_place, _recipe, _key)
-
 
 def list_recipes() -> list[str]:
     """Names of every recipe (the built-in ones are imported), sorted."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from rankwise._fileio import atomic_open
 from rankwise.recipes import rundir
-from rankwise.recipes.config import Config, ConfigError, UserError, load_config, load_raw, upgrade_saved
+from rankwise.recipes.config import Config, ConfigError, UserError, load_config, load_raw
 from rankwise.recipes.registry import Recipe, get_recipe
 
 __all__ = [
@@ -69,7 +69,7 @@ def load_run_config(
     """The typed config saved in ``RUN_DIR/config.yaml`` (``overrides``: ``--set`` strings applied on top;
     ``trainer``: ``trainer`` options set last, e.g. the hardware of a resumed run). Not a run directory:
     :class:`~rankwise.recipes.rundir.RunDirError` (``resume``: saying that ``--resume`` needs one)."""
-    raw = upgrade_saved(load_raw(rundir.saved_config(run_dir, resume=resume)))
+    raw = load_raw(rundir.saved_config(run_dir, resume=resume))
     if trainer:
         section = raw.get("trainer")
         raw["trainer"] = {**(section if isinstance(section, dict) else {}), **trainer}
@@ -80,7 +80,7 @@ def check_resumes_same_run(run_dir: str | Path, recipe: str, dataset: str, named
     """``--resume`` of ``run_dir`` named with a config (``named``: a preset or file) of ``recipe`` on ``dataset``:
     the run directory must hold a run of that recipe and dataset (else a :class:`ConfigError`: the resume
     would continue another run than the one named)."""
-    saved = upgrade_saved(load_raw(rundir.saved_config(run_dir, resume=True)))
+    saved = load_raw(rundir.saved_config(run_dir, resume=True))
     data = saved.get("data")
     has = (str(saved.get("recipe", _default("recipe"))), str((data if isinstance(data, dict) else {}).get("name", "")))
     if has[1] == "":

@@ -637,13 +637,6 @@ class SortRecipe(RecipeBase):
     #: the task reads a permutation matrix (its middle row): no rank relaxation, no ``vanilla``
     needs_permutation = False
 
-    def upgrade_saved(self, raw: dict[str, Any]) -> None:
-        """Run directories written when the sort and median tasks shared one options model saved the median
-        objective in every sort config too (sort never read it)."""
-        task = raw.get("task")
-        if isinstance(task, dict) and "median_objective" not in getattr(self.options, "model_fields", {}):
-            task.pop("median_objective", None)
-
     def check(self, cfg: Config) -> None:
         t: SortOptions = cfg.task
         valid = sorted(RELAXATIONS) + ([] if self.needs_permutation else ["vanilla"])

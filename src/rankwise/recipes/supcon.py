@@ -308,13 +308,6 @@ class SupConRecipe(RecipeBase):
     description = "two-stage contrastive learning (SupCon / SimCLR / CE) + linear probe accuracy"
     options: type = SupConOptions
 
-    def upgrade_legacy(self, raw: dict[str, Any]) -> None:
-        """The pre-registry layout named the optimizer in ``task.optimizer`` and stepped its schedule per batch."""
-        task = raw.get("task")
-        if isinstance(task, dict):
-            raw.setdefault("optimizer", {})["name"] = task.pop("optimizer", "sgd")
-            raw.setdefault("schedule", {}).setdefault("interval", "step")
-
     def fit(self, run: Run) -> dict[str, Any]:
         from torch.utils.data import DataLoader
 

@@ -42,7 +42,6 @@ from rankwise.recipes.config._checks import (
 from rankwise.recipes.config._checks import (
     check_run_name as check_run_name,
 )
-from rankwise.recipes.config._legacy import current_key, register_legacy_place, upgrade_legacy, upgrade_saved
 from rankwise.recipes.config._loading import (
     PRESET_DIR as PRESET_DIR,
 )
@@ -123,7 +122,6 @@ __all__ = [
     "config_fields",
     "config_from_dict",
     "config_to_dict",
-    "current_key",
     "dump_yaml",
     "inherited_options",
     "list_presets",
@@ -133,9 +131,6 @@ __all__ = [
     "override_value",
     "parse_yaml",
     "preset_path",
-    "register_legacy_place",
     "set_recipe_lookup",
-    "upgrade_legacy",
-    "upgrade_saved",
     "validate_section",
 ]

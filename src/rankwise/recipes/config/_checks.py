@@ -10,7 +10,6 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from rankwise._validation import did_you_mean, suggestion
-from rankwise.recipes.config._legacy import MOVED, upgrade_legacy
 from rankwise.recipes.config._lookup import default_recipe, get_recipe, lookup_recipe
 from rankwise.recipes.config._parsing import ConfigError, short
 from rankwise.recipes.config._sections import (
@@ -69,9 +68,7 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
     if kind == "extra_forbidden":
         parent = unwrap(walk(model, loc[:-1]))
         valid = list(parent.model_fields) if is_model(parent) else []
-        former = [".".join(old) for old, new in MOVED.items() if key == ".".join(new)]
-        moved = f" (`{former[0]}` moved there: this recipe does not read it)" if former else ""
-        return f"unknown config key `{key}`{moved}; " + did_you_mean(str(loc[-1]), valid)
+        return f"unknown config key `{key}`; " + did_you_mean(str(loc[-1]), valid)
     if kind == "missing":
         return f"`{key}` is required"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -250,7 +247,7 @@ def config_from_dict(raw: dict[str, Any] | None) -> Config:
     then the shared cross-field checks and the recipe's own (``Recipe.check``: names and options
     against the registries and the library signatures).
     """
-    raw = upgrade_legacy(dict(raw or {}))
+    raw = dict(raw or {})
     raw.pop("extends", None)
     recipe = lookup_recipe(raw.get("recipe", default_recipe()))
     task_raw = raw.pop("task", None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import stat
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -14,10 +13,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from rankwise._validation import suggestion
 from rankwise.recipes.config._checks import config_from_dict, walk
-from rankwise.recipes.config._legacy import current_key, upgrade_legacy
 from rankwise.recipes.config._lookup import default_recipe, get_recipe
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
-from rankwise.recipes.config._sections import Config, is_model, unwrap
+from rankwise.recipes.config._sections import Config, Provenance, is_model, unwrap
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 # --------------------------------------------------------------------------------------------------
@@ -92,15 +90,24 @@ def _read_config_text(path: Path) -> str:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})") from None
 
 
-def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | None = None) -> dict[str, Any]:
+def load_raw(source: str | Path) -> dict[str, Any]:
     """Read a YAML file or preset into a raw dict, resolving ``extends:`` (path or preset name).
 
     A file must be a regular UTF-8 file of at most :data:`MAX_CONFIG_BYTES` holding a non-empty
     mapping, within the limits of :func:`parse_yaml`.
     """
-    path = _resolve_source(source, _base)
+    return _load_chain(source, (), None)[0]
+
+
+def _load_chain(source: str | Path, seen: tuple[str, ...], base: Path | None) -> tuple[dict[str, Any], Provenance]:
+    """The raw config of ``source`` with its ``extends:`` chain merged, and the origin of every value.
+
+    Each file of the chain is read and parsed once. The origin maps a dotted key (a leaf of a file)
+    to ``("preset", name)`` for a bundled preset's file, ``("file", path)`` for any other file.
+    """
+    path = _resolve_source(source, base)
     key = str(path.resolve())
-    if key in _seen:
+    if key in seen:
         raise ConfigError(f"`extends` cycle through {path}")
     raw = parse_yaml(_read_config_text(path), f"config file {path}")
     if raw is None or raw == {}:
@@ -109,13 +116,33 @@ def load_raw(source: str | Path, _seen: tuple[str, ...] = (), *, _base: Path | N
         )
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must contain a mapping, got {type(raw).__name__}")
-    raw = upgrade_legacy(raw)
     parent = raw.pop("extends", None)
+    origin: Provenance = {}
+    label = ("preset", path.stem) if path.resolve().parent == PRESET_DIR else ("file", str(path))
+    leaves = _leaves(raw)
     if parent is not None:
         if not isinstance(parent, str) or not parent:
             raise ConfigError(f"`extends` in {path} must be a preset name or a file path, got {short(parent)}")
-        raw = deep_merge(load_raw(parent, (*_seen, key), _base=path.parent), raw)
-    return raw
+        below, origin = _load_chain(parent, (*seen, key), path.parent)
+        raw = deep_merge(below, raw)
+    for leaf in leaves:
+        _set_origin(origin, leaf, label)
+    return raw, origin
+
+
+def _leaves(d: Any, prefix: str = "") -> list[str]:
+    """The dotted keys that a nested mapping sets: its lists and scalars (an empty mapping sets nothing:
+    merged, it keeps the values below it)."""
+    if not isinstance(d, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    return [leaf for k, v in d.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+
+
+def _set_origin(origin: Provenance, key: str, label: tuple[str, str]) -> None:
+    """``key`` (and everything under it) now comes from ``label``."""
+    for k in [k for k in origin if k == key or k.startswith(key + ".")]:
+        del origin[k]
+    origin[key] = label
 
 
 def _select(node: list[Any], part: str, item: str) -> dict[str, Any]:
@@ -141,7 +168,7 @@ def _is_list_field(parts: list[str]) -> bool:
 def _field_type(raw: dict[str, Any], key: str) -> Any:
     """The annotation of the config field at the dotted ``key`` (``task.*``: of ``raw``'s recipe); ``None``
     when the key names no field (an unknown key, a recipe that does not exist)."""
-    parts = current_key(key).split(".")
+    parts = key.split(".")
     tp: Any = Config
     if parts[0] == "task":
         try:
@@ -229,35 +256,26 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a config file / preset name / raw dict, apply ``--set`` overrides, build it (one pass)."""
+    """Load a config file / preset name / raw dict, apply ``--set`` overrides, build it (one pass).
+
+    The files of an ``extends:`` chain are each read once; the origin of every value (the file or
+    preset, or ``--set``) is kept on the config (:func:`inherited_options` reads it).
+    """
     raw: dict[str, Any]
+    origin: Provenance = {}
     if source is None:
         raw = {}
     elif isinstance(source, dict):
-        raw = upgrade_legacy(source)
+        raw = copy.deepcopy(source)
     else:
-        raw = load_raw(source)
+        raw, origin = _load_chain(source, (), None)
     for hook in _RAW_HOOKS:
         raw = hook(raw, overrides)
-    # an override may spell a key at its former place (`--set run.tsne=false`): moved like a file's
-    cfg = config_from_dict(upgrade_legacy(apply_overrides(raw, overrides)))
-    if isinstance(source, (str, Path)):
-        _remember_inherited(cfg, _preset_only_options(source, cfg, overrides))
+    cfg = config_from_dict(apply_overrides(raw, overrides))
+    for item in overrides or []:
+        _set_origin(origin, item.split("=", 1)[0].strip(), ("--set", item))
+    cfg._provenance = origin
     return cfg
-
-
-# --------------------------------------------------------------------------------------------------
-# which values came from a bundled preset only (a preset's dataset facts, e.g. its feature count)
-
-#: ``id(config)`` -> the ``data.options`` keys of that config inherited from a bundled preset
-_INHERITED: dict[int, frozenset[str]] = {}
-
-
-def _remember_inherited(cfg: Config, keys: frozenset[str]) -> None:
-    if not keys:
-        return
-    _INHERITED[id(cfg)] = keys
-    weakref.finalize(cfg, _INHERITED.pop, id(cfg), None)
 
 
 def inherited_options(cfg: Config) -> frozenset[str]:
@@ -266,7 +284,7 @@ def inherited_options(cfg: Config) -> frozenset[str]:
     A key set by the user -- in their own config file (anywhere in its ``extends:`` chain above the
     preset) or by a ``--set`` of the key or of a mapping holding it -- is not inherited; nor is any
     key of a config built from a mapping (a run directory's saved ``config.yaml``, a config made in
-    Python) or copied. Loaders use it to tell a preset's facts about its own dataset (e.g. MSLR-WEB10K's
+    Python). Loaders use it to tell a preset's facts about its own dataset (e.g. MSLR-WEB10K's
     136 features) from the user's choices.
 
     Example:
@@ -274,31 +292,19 @@ def inherited_options(cfg: Config) -> frozenset[str]:
         >>> sorted(inherited_options(cfg))
         ['fold', 'num_features']
     """
-    return _INHERITED.get(id(cfg), frozenset())
+    origin = cfg._provenance
+    return frozenset(k for k in cfg.data.options if _only_from_preset(origin, f"data.options.{k}"))
 
 
-def _preset_only_options(source: str | Path, cfg: Config, overrides: list[str] | None) -> frozenset[str]:
-    user_keys: set[str] = set()
-    path: Path | None = _resolve_source(source)
-    seen: set[str] = set()
-    while path is not None and path.resolve().parent != PRESET_DIR and str(path.resolve()) not in seen:
-        seen.add(str(path.resolve()))
-        raw = upgrade_legacy(parse_yaml(_read_config_text(path), f"config file {path}") or {})
-        data = raw.get("data") if isinstance(raw, dict) else None
-        if isinstance(data, dict) and "options" in data:
-            options = data["options"]
-            user_keys |= set(options) if isinstance(options, dict) else set(cfg.data.options)
-        parent = raw.get("extends") if isinstance(raw, dict) else None
-        path = _resolve_source(parent, path.parent) if isinstance(parent, str) and parent else None
-    if path is None:  # no bundled preset in the chain: every value is the user's
-        return frozenset()
-    for item in overrides or []:
-        key = current_key(item.split("=", 1)[0].strip())
-        for name in cfg.data.options:
-            full = f"data.options.{name}"
-            if full == key or full.startswith(key + "."):
-                user_keys.add(name)
-    return frozenset(k for k in cfg.data.options if k not in user_keys)
+def _only_from_preset(origin: Provenance, key: str) -> bool:
+    """Whether every value at or under the dotted ``key`` came from a bundled preset."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):  # the key itself, else the nearest mapping set whole
+        found = origin.get(".".join(parts[:i]))
+        if found is not None:
+            return found[0] == "preset"
+    under = [v for k, v in origin.items() if k.startswith(key + ".")]
+    return bool(under) and all(v[0] == "preset" for v in under)
 
 
 #: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the

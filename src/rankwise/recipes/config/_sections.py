@@ -7,7 +7,7 @@ import re
 import types
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 #: a plain decimal number written as a string (a quoted "1e-4", a value set in Python); no "1_000", "nan"
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
@@ -282,6 +282,10 @@ class ReportConfig(Section):
     )
 
 
+#: the origin of the values of a config: dotted key -> (kind, where)
+Provenance = dict[str, tuple[str, str]]
+
+
 class Config(Section):
     """A whole run. ``task`` is the options model of ``recipe`` (see ``rankwise.recipes.registry``)."""
 
@@ -299,3 +303,14 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and seed")
     report: ReportConfig = Field(default_factory=ReportConfig, description="plots, t-SNE and shot groups")
     task: Any = Field(None, description="the recipe's own options (its options model)")
+    #: where each value came from: dotted key -> ``("preset", name)``, ``("file", path)`` or
+    #: ``("--set", "key=value")``, set by ``load_config`` (empty for a config built from a mapping)
+    _provenance: Provenance = PrivateAttr(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal configs hold equal values, wherever the values came from."""
+        if not isinstance(other, Config):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]

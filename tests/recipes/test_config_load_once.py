@@ -1,0 +1,81 @@
+"""One config load reads each file of its ``extends:`` chain once; provenance lives on each config object."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+
+from rankwise.recipes.config import (
+    ConfigError,
+    _loading,
+    config_from_dict,
+    config_to_dict,
+    inherited_options,
+    load_config,
+)
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    reads: collections.Counter[str] = collections.Counter()
+    parses: collections.Counter[str] = collections.Counter()
+    read, parse = _loading._read_config_text, _loading.parse_yaml
+
+    def counting_read(path: Path) -> str:
+        reads[Path(path).name] += 1
+        return read(path)
+
+    def counting_parse(text: str, where: str) -> object:
+        parses[where.rsplit("/", 1)[-1] if where.startswith("config file") else where] += 1
+        return parse(text, where)
+
+    monkeypatch.setattr(_loading, "_read_config_text", counting_read)
+    monkeypatch.setattr(_loading, "parse_yaml", counting_parse)
+    return reads, parses
+
+
+def test_each_file_of_an_extends_chain_is_read_and_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text("extends: mslr_web10k_listnet\ndata: {options: {fold: 2}}\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: base.yaml\ntrainer: {max_epochs: 3}\n")
+    reads, parses = _count_reads(monkeypatch)
+    cfg = load_config(str(mine), ["data.options.path=elsewhere", "optimizer.lr=0.5"])
+    assert (cfg.trainer.max_epochs, cfg.data.options["fold"], cfg.optimizer.lr) == (3, 2, 0.5)
+    assert dict(reads) == {"mine.yaml": 1, "base.yaml": 1, "mslr_web10k_listnet.yaml": 1}
+    files = {k: v for k, v in parses.items() if k.endswith(".yaml")}
+    assert files == {"mine.yaml": 1, "base.yaml": 1, "mslr_web10k_listnet.yaml": 1}
+    # the --set values went through the same guarded reader, once each
+    assert parses["--set data.options.path"] == 1 and parses["--set optimizer.lr"] == 1
+    assert inherited_options(cfg) == {"num_features"}
+
+
+def test_a_cycle_is_refused_after_reading_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    reads, _ = _count_reads(monkeypatch)
+    with pytest.raises(ConfigError, match="`extends` cycle"):
+        load_config(str(tmp_path / "a.yaml"))
+    assert dict(reads) == {"a.yaml": 1, "b.yaml": 1}
+
+
+def test_provenance_lives_on_each_config(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: mslr_web10k_listnet\ndata: {options: {num_features: 46}}\n")
+    a = load_config("mslr_web10k_listnet")
+    b = load_config(str(mine), ["data.options.path=x"])
+    c = load_config("mslr_web10k_listnet", ["data.options={path: y, fold: null}"])
+    assert inherited_options(a) == {"num_features", "fold", "path"}
+    assert inherited_options(b) == {"fold"}
+    assert inherited_options(c) == frozenset()
+    del b, c  # another config going away changes nothing of this one's
+    assert inherited_options(a) == {"num_features", "fold", "path"}
+    origin = a._provenance
+    assert origin["data.options.num_features"] == ("preset", "mslr_web10k_listnet")
+    d = load_config(str(mine), ["optimizer.lr=0.5"])
+    assert d._provenance["data.options.num_features"] == ("file", str(mine))
+    assert d._provenance["optimizer.lr"] == ("--set", "optimizer.lr=0.5")
+    # a config built from a mapping (a saved config.yaml) has no preset values, and equals the loaded one
+    e = config_from_dict(config_to_dict(a))
+    assert e == a and inherited_options(e) == frozenset()

@@ -65,3 +65,27 @@ def test_ddp_validation_metrics_equal_single_process(tmp_path: Path, task: str) 
     values = [s[monitor] for s in single]
     best = values.index(min(values) if mode == "min" else max(values))
     assert ranks[0]["best_epoch"] == ranks[1]["best_epoch"] == best
+
+
+@pytest.mark.slow
+def test_ddp_retrieval_metrics_equal_single_process(tmp_path: Path) -> None:
+    """Retrieval: rank 0 embeds the whole test split on one device (query vs gallery, no shard, no
+    repeat); the metrics a 2-process run writes equal those of a 1-process ``rankwise evaluate``."""
+    import sys
+
+    from tests.distributed.test_distributed_train import TINY, _run
+
+    run = tmp_path / "ddp"
+    sets = ["task.steps=4", "task.steps_per_epoch=2", "data.options.test_fraction=0.1", "report.tsne=false"]
+    cli = [sys.executable, "-m", "rankwise.cli"]
+    args = [a for s in sets for a in ("--set", s)]
+    _run(
+        [*cli, "train", "digits_smooth_ap", "--out", str(run), "--devices", "2", "--strategy", "ddp", *TINY, *args],
+        tmp_path,
+    )
+    ddp = json.loads((run / "metrics.json").read_text())["test"]
+    _run([*cli, "evaluate", str(run), "--no-plots"], tmp_path)
+    single = json.loads((run / "metrics.json").read_text())["test"]
+    assert ddp and set(ddp) == set(single)
+    for key, value in single.items():
+        assert ddp[key] == pytest.approx(value, abs=1e-6, rel=0), key

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
+from torchmetrics import MeanAbsoluteError
 
 from rankwise._binning import LabelClasses
 from rankwise.models.brain_age import SFCN, ScaleDense
@@ -91,6 +92,7 @@ from rankwise.recipes.dir_net import (
     shot_metrics,
     train_classes,
 )
+from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config, ordinal_head_of
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -230,6 +232,9 @@ class BrainAgeModule(L.LightningModule):
             check_ordinal_options(self.task_loss, self.ordinal, lc.num_classes)
         self.uses_sex = bool(getattr(self.net, "use_sex", False))
         _freeze_unused_heads(self.net)
+        # sums and counts over every rank, each validation volume once (rankwise.recipes.eval_metrics)
+        self.val_mae = MeanAbsoluteError().set_dtype(torch.float64)
+        self._val_seen = 0
 
     def train(self, mode: bool = True) -> BrainAgeModule:
         super().train(mode)
@@ -334,11 +339,19 @@ class BrainAgeModule(L.LightningModule):
         )
         return loss
 
+    def on_validation_epoch_start(self) -> None:
+        self._val_seen = 0
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         y = y.reshape(-1).float()
-        pred = self(x["volume"], x["sex"])
-        self.log("val/mae", (pred - y).abs().mean(), on_epoch=True, batch_size=y.numel(), sync_dist=True)
+        pred = self(x["volume"], x["sex"]).detach().float().reshape(-1)
+        # a volume the DistributedSampler repeats to even out the shards counts once
+        keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.numel(), y.device)
+        self._val_seen += y.numel()
+        self.val_mae.update(pred[keep], y[keep])
+        # a Metric object: Lightning computes it over the whole split at the epoch's end and resets it
+        self.log("val/mae", self.val_mae, on_step=False, on_epoch=True)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         x, y = batch

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import lightning as L
 import torch
@@ -136,7 +136,8 @@ class LTRModule(L.LightningModule):
         keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.shape[0], y.device)
         self._val_seen += y.shape[0]
         values = ltr_metrics(self(x).detach(), y, self.task.ats)
-        for key, metric in zip(self._val_keys, self.val_means, strict=True):
+        for key, module in zip(self._val_keys, self.val_means, strict=True):
+            metric = cast(MeanValue, module)
             metric.update(values[key][keep])
             # a Metric object: Lightning computes it over the whole split at the epoch's end and resets it
             self.log(f"val/{key}", metric, prog_bar=key == self.task.val_metric, on_step=False, on_epoch=True)

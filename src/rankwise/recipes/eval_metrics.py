@@ -40,8 +40,9 @@ def shard_keep_mask(sampler: Any, start: int, count: int, device: torch.device |
     A ``torch.utils.data.DistributedSampler`` (also Lightning's wrapper of another sampler) with
     ``drop_last=False`` pads the index list of ``n`` samples to ``num_samples * num_replicas`` by
     repeating its first entries, and gives rank ``r`` the entries ``r, r + W, r + 2W, ...``: the
-    ``j``-th sample of the shard is a repeat exactly when ``r + j W >= n``. Any other sampler (one
-    process): every sample is kept.
+    ``j``-th sample of the shard is a repeat exactly when ``r + j W >= n``
+    (:func:`rankwise.metrics.streaming.real_sample_mask`, with the sampler's rank and world size). Any
+    other sampler (one process): every sample is kept.
 
     Example:
         >>> from torch.utils.data import DistributedSampler
@@ -54,9 +55,11 @@ def shard_keep_mask(sampler: Any, start: int, count: int, device: torch.device |
     keep = torch.ones(count, dtype=torch.bool, device=device)
     if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
         return keep
+    from rankwise.metrics.streaming import real_sample_mask
+
+    positions = torch.arange(start, start + count, device=device)
     n = len(sampler.dataset)  # type: ignore[arg-type]
-    pos = sampler.rank + sampler.num_replicas * torch.arange(start, start + count, device=device)
-    return pos < n
+    return real_sample_mask(positions, dataset_size=n, rank=sampler.rank, world_size=sampler.num_replicas)
 
 
 class GeometricMeanAbsoluteError(Metric):

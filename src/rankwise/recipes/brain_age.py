@@ -66,6 +66,7 @@ import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
+from torchmetrics import MeanAbsoluteError
 
 from rankwise._binning import LabelClasses
 from rankwise._fileio import atomic_open
@@ -92,6 +93,7 @@ from rankwise.recipes.dir_net import (
     shot_metrics,
     train_classes,
 )
+from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import (
     Objective,
     Term,
@@ -240,6 +242,9 @@ class BrainAgeModule(L.LightningModule):
         _freeze_unused_heads(self.net)
         #: the stage's task loss plus the weighted regularizers on the final age
         self.objective = Objective(self._task_term(), self.terms)
+        # sums and counts over every rank, each validation volume once (rankwise.recipes.eval_metrics)
+        self.val_mae = MeanAbsoluteError().set_dtype(torch.float64)
+        self._val_seen = 0
 
     def train(self, mode: bool = True) -> BrainAgeModule:
         super().train(mode)
@@ -347,11 +352,19 @@ class BrainAgeModule(L.LightningModule):
         )
         return value.total
 
+    def on_validation_epoch_start(self) -> None:
+        self._val_seen = 0
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         y = y.reshape(-1).float()
-        pred = self(x["volume"], x["sex"])
-        self.log("val/mae", (pred - y).abs().mean(), on_epoch=True, batch_size=y.numel(), sync_dist=True)
+        pred = self(x["volume"], x["sex"]).detach().float().reshape(-1)
+        # a volume the DistributedSampler repeats to even out the shards counts once
+        keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.numel(), y.device)
+        self._val_seen += y.numel()
+        self.val_mae.update(pred[keep], y[keep])
+        # a Metric object: Lightning computes it over the whole split at the epoch's end and resets it
+        self.log("val/mae", self.val_mae, on_step=False, on_epoch=True)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         x, y = batch

@@ -12,10 +12,12 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from torchmetrics import MeanAbsoluteError
 
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
 from rankwise.recipes.dir_net import DIRNet, ordinal_loss_tensors
+from rankwise.recipes.eval_metrics import GeometricMeanAbsoluteError, shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import Objective
 from rankwise.recipes.optim import configure
 
@@ -47,9 +49,12 @@ class DIRRegressor(DIRNet, L.LightningModule):
         self.hparams.update({"input_dim": input_dim, "bin_width": float(bin_width), "freeze_backbone": freeze_backbone})
         self._fds_feats: list[torch.Tensor] = []
         self._fds_labels: list[torch.Tensor] = []
-        self._val_err: list[torch.Tensor] = []
         #: the task loss plus the weighted regularizers (both stay submodules of the network)
         self.objective = Objective(self.task_loss, self.regularizers)
+        # sums and counts over every rank, each validation sample once (rankwise.recipes.eval_metrics)
+        self.val_mae = MeanAbsoluteError().set_dtype(torch.float64)
+        self.val_gm = GeometricMeanAbsoluteError()
+        self._val_seen = 0
 
     # ------------------------------------------------------------------ training
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -103,18 +108,20 @@ class DIRRegressor(DIRNet, L.LightningModule):
 
     # ------------------------------------------------------------------ validation / prediction
     def on_validation_epoch_start(self) -> None:
-        self._val_err = []
+        self._val_seen = 0
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         y = y.reshape(-1).float()
-        pred = self(x)
-        self._val_err.append((pred.float() - y).abs().detach())
-
-    def on_validation_epoch_end(self) -> None:
-        err = torch.cat(self._val_err) if self._val_err else torch.zeros(1, device=self.device)
-        self.log("val/mae", err.mean(), prog_bar=True, sync_dist=True)
-        self.log("val/gm", torch.exp(torch.log(err.clamp_min(1e-12)).mean()), sync_dist=True)
+        pred = self(x).detach().float().reshape(-1)
+        # a sample the DistributedSampler repeats to even out the shards counts once
+        keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.numel(), y.device)
+        self._val_seen += y.numel()
+        self.val_mae.update(pred[keep], y[keep])
+        self.val_gm.update(pred[keep], y[keep])
+        # Metric objects: Lightning computes them over the whole split at the epoch's end and resets them
+        self.log("val/mae", self.val_mae, prog_bar=True, on_step=False, on_epoch=True)
+        self.log("val/gm", self.val_gm, on_step=False, on_epoch=True)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         return self.predict_batch(batch)

@@ -34,7 +34,7 @@ wall time of one training step. ``plots/ndcg_at_k.png`` shows test NDCG@k for k 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import lightning as L
 import torch
@@ -46,6 +46,7 @@ from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, loader_workers, reseed
 from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.datamodules import LoaderData
+from rankwise.recipes.eval_metrics import MeanValue, shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import Objective, build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
@@ -102,7 +103,11 @@ class LTRModule(L.LightningModule):
         self.loss_term = build_task_loss(cfg.loss)
         self.terms = build_regularizers(cfg.loss.regularizers)
         self.objective = Objective(self.loss_term, self.terms)
-        self._val: list[dict[str, torch.Tensor]] = []
+        # per-query sums and a query count over every rank, each validation query once
+        # (rankwise.recipes.eval_metrics); in percent
+        self._val_keys = [*(f"ndcg@{k}" for k in self.task.ats), "mrr"]
+        self.val_means = nn.ModuleList(MeanValue(scale=100.0) for _ in self._val_keys)
+        self._val_seen = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.net(x)).squeeze(-1).float()
@@ -119,18 +124,19 @@ class LTRModule(L.LightningModule):
         return value.total
 
     def on_validation_epoch_start(self) -> None:
-        self._val = []
+        self._val_seen = 0
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
-        self._val.append(ltr_metrics(self(x), y, self.task.ats))
-
-    def on_validation_epoch_end(self) -> None:
-        if not self._val:
-            return
-        for key in self._val[0]:
-            value = torch.cat([m[key] for m in self._val]).mean() * 100.0
-            self.log(f"val/{key}", value, prog_bar=key == self.task.val_metric, sync_dist=True)
+        # a query the DistributedSampler repeats to even out the shards counts once
+        keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.shape[0], y.device)
+        self._val_seen += y.shape[0]
+        values = ltr_metrics(self(x).detach(), y, self.task.ats)
+        for key, module in zip(self._val_keys, self.val_means, strict=True):
+            metric = cast(MeanValue, module)
+            metric.update(values[key][keep])
+            # a Metric object: Lightning computes it over the whole split at the epoch's end and resets it
+            self.log(f"val/{key}", metric, prog_bar=key == self.task.val_metric, on_step=False, on_epoch=True)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
         x, y = batch

@@ -36,8 +36,18 @@ INPUT_ROLES = ("features", "predictions", "targets", "weights", "logits", "class
 #:   slots marked ``-1``: the learning-to-rank recipe;
 #: * ``"embeddings_labels"``: embeddings ``(B, D)`` (or views ``(B, V, D)``) against class labels: the
 #:   retrieval and contrastive recipes;
-#: * ``"embedding_pairs"``: anchor / positive pairs ``(B, 2, D)`` with optional class labels (N-pairs).
-LOSS_INPUTS = ("predictions", "features", "logits", "padded_lists", "embeddings_labels", "embedding_pairs")
+#: * ``"embedding_pairs"``: anchor / positive pairs ``(B, 2, D)`` with optional class labels (N-pairs);
+#: * ``"class_logits"``: a classifier's logits ``(B, C)`` against class indices (the top-k
+#:   classification loss): no ordinal head, no order among the classes.
+LOSS_INPUTS = (
+    "predictions",
+    "features",
+    "logits",
+    "padded_lists",
+    "embeddings_labels",
+    "embedding_pairs",
+    "class_logits",
+)
 __all__ = [
     "INPUT_ROLES",
     "LOSS_INPUTS",

@@ -16,6 +16,7 @@ _ROLES = {
     "padded_lists": {"predictions", "targets"},
     "embeddings_labels": {"embeddings", "labels"},
     "embedding_pairs": {"embeddings", "labels"},
+    "class_logits": {"logits", "classes"},
 }
 
 
@@ -34,6 +35,7 @@ def test_each_batch_has_its_losses() -> None:
     assert {"listnet", "lambda_loss", "neural_ndcg"} <= set(by["padded_lists"])
     assert {"smooth_ap", "fastap", "supcon", "triplet"} <= set(by["embeddings_labels"])
     assert by["embedding_pairs"] == ["npairs"]
+    assert by["class_logits"] == ["topk_cross_entropy"]
     assert {"ranksim", "conr", "rnc", "ordinal_entropy"} <= set(by["features"])
     assert {"balanced_mse", "spearman", "regression_l1"} <= set(by["predictions"])
 

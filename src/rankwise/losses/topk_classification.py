@@ -303,4 +303,4 @@ class TopKCrossEntropyLoss(FunctionModule):
         self.top1_mode, self.reduction = top1_mode, reduction
 
 
-register_loss("topk_cross_entropy", module=TopKCrossEntropyLoss)(topk_cross_entropy_loss)
+register_loss("topk_cross_entropy", module=TopKCrossEntropyLoss, takes="class_logits")(topk_cross_entropy_loss)

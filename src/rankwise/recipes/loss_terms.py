@@ -15,7 +15,7 @@ LightningModule: trained, checkpointed, and with ``loss.lr`` its own optimizer p
 
 What batch a loss takes is its registry entry's ``takes`` (one of
 :data:`rankwise._registry.LOSS_INPUTS`: ``predictions``, ``features``, ``logits``, ``padded_lists``,
-``embeddings_labels``, ``embedding_pairs``); a recipe accepts a loss by it (:func:`check_takes`),
+``embeddings_labels``, ``embedding_pairs``, ``class_logits``); a recipe accepts a loss by it (:func:`check_takes`),
 never by its signature.
 
 Every recipe trains one :class:`Objective`: its task loss plus its weighted regularizers, evaluated

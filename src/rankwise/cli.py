@@ -709,7 +709,7 @@ def preprocess(
     )
     if result.failures:
         err.print(f"{len(result.failures)} scan(s) failed:", highlight=False)
-        for row, _, message in result.failures:
+        for _row, _, message in result.failures:
             err.print(f"  {message}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
 

@@ -165,7 +165,7 @@ def map_to_scan(volume: np.ndarray, template: str, transform: str | Path, scan: 
     ``.tfm`` of :func:`preprocess_t1`): a nibabel image with the scan's affine (nearest neighbour,
     ``order=0``, or linear, ``order=1``)."""
     nib, sitk = _modules()
-    maps, affine = template_grid(template)
+    _, affine = template_grid(template)
     ref = nib.as_closest_canonical(nib.load(str(scan)))
     ref_img = _to_sitk(np.zeros(ref.shape[:3], np.float32), ref.affine)
     tx = sitk.ReadTransform(str(transform))
@@ -181,7 +181,7 @@ def _qc_picture(vol: np.ndarray, mask: np.ndarray, path: Path, title: str) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    centre = [int(round(c)) for c in np.argwhere(mask).mean(0)]
+    centre = [round(float(c)) for c in np.argwhere(mask).mean(0)]
     fig, axes = plt.subplots(1, 3, figsize=(9, 3.2))
     top = float(np.percentile(vol[mask], 99.5)) if mask.any() else 1.0
     views = (vol[centre[0]].T, vol[:, centre[1]].T, vol[:, :, centre[2]].T)
@@ -260,7 +260,8 @@ def preprocess_t1(
         fixed_mask = sitk.Cast(_to_sitk(grown.astype(np.float32), grid_affine), sitk.sitkUInt8)
         tx = _register(fixed, fixed_mask, moving)
         moved = _array(sitk.Resample(moving, fixed, tx, sitk.sitkLinear, 0.0))
-        inside = _array(sitk.Resample(_to_sitk(np.ones(data.shape, np.float32), affine), fixed, tx, sitk.sitkLinear, 0.0))
+        ones = _to_sitk(np.ones(data.shape, np.float32), affine)
+        inside = _array(sitk.Resample(ones, fixed, tx, sitk.sitkLinear, 0.0))
     except RuntimeError as e:  # an ITK exception: the registration diverged or the images are degenerate
         raise fail(f"registration failed ({' '.join(str(e).split())[-200:]})") from None
     in_view = float((inside[mask] > 0.5).mean())

@@ -158,7 +158,12 @@ def _with_head(vol: np.ndarray, affine: np.ndarray, spacing: float) -> tuple[np.
 
 
 def _raw_scan(
-    vol: np.ndarray, affine: np.ndarray, spacing: float, scale: float, rng: np.random.Generator, voxel_mm: tuple[float, float]
+    vol: np.ndarray,
+    affine: np.ndarray,
+    spacing: float,
+    scale: float,
+    rng: np.random.Generator,
+    voxel_mm: tuple[float, float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
     """A "raw" T1 scan of the MNI-space subject ``vol``: ``(int16 scan, its affine, the brain mask on the
     scan's grid, the ground truth)``. The head moves by a random affine ``M`` (MNI mm -> scanner mm:

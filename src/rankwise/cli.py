@@ -665,6 +665,55 @@ def presets_show(name: Annotated[str, typer.Argument(help="a preset name (see `r
     typer.echo(_run_guarded(text), nl=False)
 
 
+@app.command("preprocess", cls=Command)
+def preprocess(
+    csv_file: Annotated[Path, typer.Argument(metavar="RAW.csv", help="cohort CSV: a `path` column of raw T1 scans")],
+    out: Annotated[Path, typer.Option("--out", help="folder of the preprocessed volumes, transforms and QC page")],
+    template: Annotated[str, typer.Option(help="template and grid: mni152_<spacing>mm")] = "mni152_2mm",
+    registration: Annotated[str, typer.Option(help="registration to the template: affine")] = "affine",
+    workers: Annotated[int, typer.Option(help="scans preprocessed at a time (processes)")] = 1,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="a line per scan with the ETA")] = True,
+) -> None:
+    """Raw T1 scans to the brain-age input: N4, registration to MNI152, brain mask, QC page (resumable)."""
+    con = _console()
+    err = _console(stderr=True)
+
+    def on_scan(done: int, total: int, name: str, status: str, seconds: float) -> None:
+        if not progress and not status.startswith("failed"):
+            return
+        left = (total - done) * seconds / max(done, 1)
+        eta = f"ETA {int(left // 60)} min {int(left % 60)} s" if done < total else "last scan"
+        err.print(f"[{done}/{total}] {name}: {status} ({eta})", highlight=False, markup=False, soft_wrap=True)
+
+    def run() -> Any:
+        from rankwise.data import preprocess_cohort
+        from rankwise.recipes.config import UserError
+
+        try:
+            return preprocess_cohort(
+                csv_file, out, template=template, registration=registration, workers=workers, on_scan=on_scan
+            )
+        except (ValueError, TypeError) as e:
+            from rankwise.data import DataFormatError
+
+            if isinstance(e, DataFormatError):
+                raise
+            raise UserError(_option_names(str(e), ("template", "registration", "workers"))) from None
+
+    result = _run_guarded(run)
+    con.print(
+        f"{len(result.records)} scans preprocessed ({result.reused} reused): {result.csv}; "
+        f"quality control: {result.page}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if result.failures:
+        err.print(f"{len(result.failures)} scan(s) failed:", highlight=False)
+        for _row, _, message in result.failures:
+            err.print(f"  {message}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 @app.command("config", cls=Command)
 def config_reference(
     recipe: Annotated[
@@ -761,6 +810,9 @@ def data_make_brain_age_synthetic(
     spacing: Annotated[float, typer.Option(help="voxel size in mm (2: 91x109x91, 4: 46x54x46)")] = 2.0,
     seed: Annotated[int, typer.Option(help="seed of ages, sexes, sites and per-subject variation")] = 0,
     sites: Annotated[int, typer.Option(help="number of synthetic scanner sites")] = 2,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="raw scans (skull, neck, random pose, voxel size and bias) for preprocess")
+    ] = False,
 ) -> None:
     """Synthetic brain-age cohort from nilearn's MNI152 templates (every number from it is synthetic)."""
 
@@ -768,7 +820,7 @@ def data_make_brain_age_synthetic(
         from rankwise.data import make_brain_age_synthetic
 
         try:
-            return make_brain_age_synthetic(out, n=n, spacing=spacing, seed=seed, sites=sites)
+            return make_brain_age_synthetic(out, n=n, spacing=spacing, seed=seed, sites=sites, raw=raw)
         except (ValueError, TypeError) as e:
             from rankwise.recipes.config import UserError
 

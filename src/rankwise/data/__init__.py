@@ -62,6 +62,7 @@ from rankwise.data.letor import (
 from rankwise.data.ltr_synthetic import load_ltr_synthetic, ltr_synthetic_arrays, make_ltr_synthetic
 from rankwise.data.mnist import load_mnist5k, load_mnist5k_arrays, mnist5k_path
 from rankwise.data.nifti import NiftiPreprocessing, NiftiVolumeDataset, load_nifti_csv, preprocess_volume
+from rankwise.data.preprocess import PreprocessResult, map_to_scan, preprocess_cohort, preprocess_t1
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
 from rankwise.data.text import (
@@ -88,6 +89,7 @@ __all__ = [
     "LabelHistogram",
     "NiftiPreprocessing",
     "NiftiVolumeDataset",
+    "PreprocessResult",
     "QueryLists",
     "RankingData",
     "RegressionData",
@@ -128,10 +130,13 @@ __all__ = [
     "ltr_synthetic_arrays",
     "make_brain_age_synthetic",
     "make_ltr_synthetic",
+    "map_to_scan",
     "mnist5k_path",
     "modality_of",
     "pad_lists",
     "parse_number",
+    "preprocess_cohort",
+    "preprocess_t1",
     "preprocess_volume",
     "query_order",
     "random_split_indices",

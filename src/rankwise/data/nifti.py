@@ -327,6 +327,12 @@ def _read_rows(csv_path: Path, target: str | None = "age") -> list[dict[str, Any
     return rows
 
 
+#: the cohort CSV reader, for the other readers of cohort CSVs (:mod:`rankwise.data.preprocess`)
+read_cohort_rows = _read_rows
+#: the checked volume reader (one error line naming the CSV row), for the other readers of volumes
+read_volume = _read_volume
+
+
 def _is_nifti_name(value: str) -> bool:
     return value.strip().lower().endswith((".nii", ".nii.gz"))
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rankwise._fileio import atomic_open, atomic_path
+from rankwise._fileio import atomic_open, atomic_path, atomic_write
 
 __all__ = ["SYNTHETIC_COLUMNS", "make_brain_age_synthetic", "mni_templates"]
 
@@ -85,7 +86,8 @@ def _identity_grid(shape: tuple[int, int, int]) -> torch.Tensor:
 
 def _subject(
     maps: dict[str, torch.Tensor], center: torch.Tensor, age: float, male: int, site: int, rng: np.random.Generator
-) -> np.ndarray:
+) -> tuple[np.ndarray, float]:
+    """A subject's MNI-space int16 volume and its global head scale."""
     import torchio as tio
 
     shape = tuple(maps["gm"].shape)
@@ -113,7 +115,85 @@ def _subject(
         t = tio.Compose([tio.RandomBiasField(coefficients=0.2, order=3), tio.RandomNoise(std=0.02 * (1 + 0.5 * site))])
         img = t(img[None])[0]
     img = torch.where(brain, img.clamp_min(1e-3), torch.zeros_like(img))
-    return (img * 1000).round().clamp(0, 32767).numpy().astype(np.int16)
+    return (img * 1000).round().clamp(0, 32767).numpy().astype(np.int16), scale
+
+
+#: the raw scans' field of view (mm) and its centre in MNI space: the head, the skull and the neck
+_RAW_FOV = np.array([256.0, 256.0, 256.0])
+_RAW_CENTRE = np.array([0.0, -16.0, 10.0])
+
+
+def _rotation(angles: np.ndarray) -> np.ndarray:
+    out = np.eye(3)
+    for axis, angle in enumerate(angles):
+        c, s = np.cos(angle), np.sin(angle)
+        r = np.eye(3)
+        i, j = [(1, 2), (0, 2), (0, 1)][axis]
+        r[i, i], r[j, j], r[i, j], r[j, i] = c, c, -s, s
+        out = out @ r
+    return out
+
+
+def _with_head(vol: np.ndarray, affine: np.ndarray, spacing: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The brain ``vol`` with CSF, skull (bone with a bright marrow layer), scalp and a neck around
+    it, on a grid padded by 40 mm (90 mm below): ``(head, brain mask, affine of the padded grid)``."""
+    from scipy import ndimage
+
+    pad = [round(40 / spacing)] * 2 + [round(90 / spacing)]
+    widths = ((pad[0], pad[0]), (pad[1], pad[1]), (pad[2], round(30 / spacing)))
+    brain = np.pad(vol > 0, widths)
+    out = np.pad(vol.astype(np.float32), widths)
+    padded = affine.copy()
+    padded[:3, 3] -= affine[:3, :3] @ np.array([w[0] for w in widths], dtype=float)
+    d = ndimage.distance_transform_edt(~brain, sampling=spacing)
+    head = np.zeros_like(out)
+    for lo, hi, value in ((0, 3, 150), (3, 9, 100), (5, 7, 800), (9, 14, 700)):  # CSF, bone, marrow, scalp
+        head[(d > lo) & (d <= hi)] = value
+    i, j, k = np.ogrid[: out.shape[0], : out.shape[1], : out.shape[2]]
+    ci, cj = (out.shape[0] - 1) / 2, (out.shape[1] - 1) / 2 + 5 / spacing
+    bottom = int(np.nonzero(brain.any((0, 1)))[0].min())
+    neck = ((i - ci) ** 2 / (44 / spacing) ** 2 + (j - cj) ** 2 / (50 / spacing) ** 2 < 1) & (k < bottom + 24 / spacing)
+    head[neck & (head == 0)] = 500
+    return np.where(brain, out, head), brain, padded
+
+
+def _raw_scan(
+    vol: np.ndarray,
+    affine: np.ndarray,
+    spacing: float,
+    scale: float,
+    rng: np.random.Generator,
+    voxel_mm: tuple[float, float],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """A "raw" T1 scan of the MNI-space subject ``vol``: ``(int16 scan, its affine, the brain mask on the
+    scan's grid, the ground truth)``. The head moves by a random affine ``M`` (MNI mm -> scanner mm:
+    rotations up to 15 degrees, translations up to 20 mm, scales 0.9-1.1), the scan's voxels are
+    ``voxel_mm`` (a random size in that range) in RAS or LPS order, and a smooth bias field multiplies it."""
+    from scipy import ndimage
+
+    head, brain, padded = _with_head(vol, affine, spacing)
+    m = np.eye(4)
+    m[:3, :3] = _rotation(np.deg2rad(rng.uniform(-15, 15, 3))) @ np.diag(rng.uniform(0.9, 1.1, 3))
+    m[:3, 3] = rng.uniform(-20, 20, 3)
+    size = float(rng.uniform(*voxel_mm))
+    orientation = "LPS" if rng.random() < 0.5 else "RAS"
+    n = np.ceil(_RAW_FOV / size).astype(int)
+    start = _RAW_CENTRE - _RAW_FOV / 2
+    scan = np.diag([size, size, size, 1.0])
+    scan[:3, 3] = start
+    if orientation == "LPS":  # the first two voxel axes run right-to-left and anterior-to-posterior
+        scan[0, 0] = scan[1, 1] = -size
+        scan[:2, 3] = start[:2] + _RAW_FOV[:2]
+    pull = np.linalg.inv(padded) @ np.linalg.inv(m) @ scan  # scan voxel -> padded MNI voxel
+    raw = ndimage.affine_transform(head, pull[:3, :3], pull[:3, 3], output_shape=tuple(n), order=1)
+    mask = ndimage.affine_transform(brain.astype(np.float32), pull[:3, :3], pull[:3, 3], output_shape=tuple(n), order=1)
+    axes = [np.linspace(-1, 1, int(s), dtype=np.float32) for s in n]
+    x, y, z = axes[0][:, None, None], axes[1][None, :, None], axes[2][None, None, :]
+    c = rng.normal(0.0, 0.2, 6).astype(np.float32)
+    bias = np.exp(c[0] * x + c[1] * y + c[2] * z + c[3] * x * y + c[4] * z**2 + c[5] * y**2)
+    raw = raw * bias + rng.normal(0.0, 10.0, raw.shape).astype(np.float32)
+    truth = {"mni_to_scanner": m.tolist(), "head_scale": scale, "voxel_mm": size, "orientation": orientation}
+    return np.clip(raw, 0, 32767).round().astype(np.int16), scan, (mask > 0.5).astype(np.uint8), truth
 
 
 def make_brain_age_synthetic(
@@ -124,12 +204,24 @@ def make_brain_age_synthetic(
     spacing: float = 2.0,
     age_range: tuple[float, float] = (20.0, 90.0),
     sites: int = 2,
+    raw: bool = False,
+    raw_voxel_mm: tuple[float, float] = (1.0, 1.5),
 ) -> Path:
     """Write a synthetic cohort of ``n`` NIfTI volumes + ``participants.csv`` into ``out``; returns the CSV path.
 
     See the module docstring for the age model. ``spacing`` (mm) sets the grid (2 mm: 91x109x91,
     4 mm: 46x55x46). Refuses (``FileExistsError``) a folder that already holds a
     ``participants.csv``; nothing else in ``out`` is touched.
+
+    With ``raw=True`` the CSV's ``path`` names "raw" scans, as a scanner gives them, for
+    :func:`rankwise.data.preprocess_t1`: the same subjects (same ``seed``: the same MNI-space volumes as
+    ``raw=False``) with a CSF gap, skull, scalp and neck around the brain, moved by a random affine
+    (rotations up to 15 degrees, translations up to 20 mm, scales 0.9-1.1), resampled to a random voxel
+    size in ``raw_voxel_mm`` in LPS or RAS voxel order, times a smooth bias field, plus noise. The ground
+    truth goes to ``out/truth/``: ``sub-XXXX.json`` (``mni_to_scanner``, the 4x4 affine from MNI mm to
+    scanner mm; ``head_scale``; ``voxel_mm``; ``orientation``), ``sub-XXXX_brainmask.nii.gz`` (the brain on
+    the scan's grid), ``sub-XXXX_mni.nii.gz`` (the aligned volume) and ``aligned.csv`` (the aligned
+    cohort, for a comparison with training on the preprocessed scans).
 
     Example:
         >>> import tempfile
@@ -150,6 +242,11 @@ def make_brain_age_synthetic(
         raise ValueError(f"`sites` must be a positive int, got {sites!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"`seed` must be an int >= 0, got {seed!r}")
+    if not isinstance(raw, bool):
+        raise TypeError(f"`raw` must be a bool, got {raw!r}")
+    vlo, vhi = (float(v) for v in raw_voxel_mm)
+    if not 0.5 <= vlo <= vhi <= 8.0:
+        raise ValueError(f"`raw_voxel_mm` must be (low, high) mm with 0.5 <= low <= high <= 8, got {raw_voxel_mm!r}")
     out = Path(out)
     csv_path = out / "participants.csv"
     if csv_path.exists():
@@ -166,22 +263,49 @@ def make_brain_age_synthetic(
     males = rng.integers(0, 2, n)
     site_of = rng.integers(0, sites, n)
     rows: list[dict[str, Any]] = []
+    aligned: list[dict[str, Any]] = []
+
+    def save(img: Any, path: Path) -> None:
+        with atomic_path(path, suffix=".nii.gz") as tmp:  # nibabel reads the format from it
+            nib.save(img, str(tmp))
+
+    if raw:
+        (out / "truth").mkdir(exist_ok=True)
     for i in range(n):
         name = f"sub-{i + 1:04d}"
-        vol = _subject(maps, center, float(ages[i]), int(males[i]), int(site_of[i]), np.random.default_rng([seed, i]))
-        with atomic_path(out / f"{name}.nii.gz", suffix=".nii.gz") as tmp:  # nibabel reads the format from it
-            nib.save(nib.Nifti1Image(vol, affine), str(tmp))
+        vol, scale = _subject(
+            maps, center, float(ages[i]), int(males[i]), int(site_of[i]), np.random.default_rng([seed, i])
+        )
+        if raw:
+            scan, scan_affine, brain, truth = _raw_scan(
+                vol, affine, float(spacing), scale, np.random.default_rng([seed, i, 1]), (vlo, vhi)
+            )
+            save(nib.Nifti1Image(scan, scan_affine), out / f"{name}_T1w.nii.gz")
+            save(nib.Nifti1Image(brain, scan_affine), out / "truth" / f"{name}_brainmask.nii.gz")
+            save(nib.Nifti1Image(vol, affine), out / "truth" / f"{name}_mni.nii.gz")
+            atomic_write(out / "truth" / f"{name}.json", json.dumps(truth, indent=1))
+            path = f"{name}_T1w.nii.gz"
+        else:
+            save(nib.Nifti1Image(vol, affine), out / f"{name}.nii.gz")
+            path = f"{name}.nii.gz"
         rows.append(
             {
-                "path": f"{name}.nii.gz",
+                "path": path,
                 "age": f"{ages[i]:.1f}",
                 "sex": "M" if males[i] else "F",
                 "site": f"site{int(site_of[i])}",
                 "subject": name,
             }
         )
-    with atomic_open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(SYNTHETIC_COLUMNS))
-        writer.writeheader()
-        writer.writerows(rows)
+        aligned.append(rows[-1] | {"path": f"{name}_mni.nii.gz"})
+
+    def write_csv(path: Path, table: list[dict[str, Any]]) -> None:
+        with atomic_open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(SYNTHETIC_COLUMNS))
+            writer.writeheader()
+            writer.writerows(table)
+
+    if raw:
+        write_csv(out / "truth" / "aligned.csv", aligned)
+    write_csv(csv_path, rows)
     return csv_path

@@ -26,7 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "rich",
         "typer",
     ),
-    "mri": ("nibabel", "nilearn", "torchio"),
+    "mri": ("matplotlib", "nibabel", "nilearn", "SimpleITK", "torchio"),
     "parity": ("diffsort",),
 }
 

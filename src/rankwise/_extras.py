@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "timm",
         "rich",
         "typer",
+        "torchmetrics",
     ),
     "mri": ("matplotlib", "nibabel", "nilearn", "SimpleITK", "torchio"),
     "parity": ("diffsort",),

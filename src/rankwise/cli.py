@@ -702,7 +702,8 @@ def preprocess(
 
     result = _run_guarded(run)
     con.print(
-        f"{len(result.records)} scans preprocessed ({result.reused} reused): {result.csv}; "
+        f"{len(result.records)} scan{'' if len(result.records) == 1 else 's'} preprocessed ({result.reused} reused): "
+        f"{result.csv}; "
         f"quality control: {result.page}",
         highlight=False,
         soft_wrap=True,

@@ -35,9 +35,9 @@ def _listing(folder: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two raw scans and three bad rows: a corrupt file, a 2-D image, a scan without the brain."""
+    """One raw scan and three bad rows: a corrupt file, a 2-D image, a scan without the brain."""
     root = tmp_path_factory.mktemp("raw")
-    csv_path = make_brain_age_synthetic(root, n=2, spacing=4.0, raw=True, raw_voxel_mm=(2.5, 3.0))
+    csv_path = make_brain_age_synthetic(root, n=1, spacing=4.0, raw=True, raw_voxel_mm=(2.5, 3.0))
     (root / "corrupt.nii.gz").write_bytes(b"\x1f\x8b not a gzip stream")
     nib.save(nib.Nifti1Image(np.ones((40, 40), np.float32), np.eye(4)), str(root / "flat.nii.gz"))
     scan = nib.load(str(root / "sub-0001_T1w.nii.gz"))
@@ -65,8 +65,8 @@ def done(cohort: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 
 def test_good_scans_are_preprocessed_and_bad_ones_fail_one_line_each(cohort: Path, done: tuple) -> None:
     out, result, _ = done
-    assert [r["name"] for r in result.records] == ["sub-0001", "sub-0002"]
-    assert [row for row, _, _ in result.failures] == [4, 5, 6]
+    assert [r["name"] for r in result.records] == ["sub-0001"]
+    assert [row for row, _, _ in result.failures] == [3, 4, 5]
     messages = {Path(scan).name: msg for _, scan, msg in result.failures}
     assert "corrupt.nii.gz" in messages["corrupt.nii.gz"] and "cannot be read" in messages["corrupt.nii.gz"]
     assert "3-D" in messages["flat.nii.gz"]
@@ -116,12 +116,12 @@ def test_nothing_is_written_outside_out_and_the_csv_is_the_training_input(cohort
     assert _listing(cohort.parent) == before
     rows = list(csv.DictReader((out / "participants.csv").open()))
     assert list(rows[0]) == ["path", "age", "sex", "site", "subject", "raw_path", "mask", "transform"]
-    assert [r["subject"] for r in rows] == ["sub-0001", "sub-0002"]
+    assert [r["subject"] for r in rows] == ["sub-0001"]
     assert all((out / r["path"]).is_file() and Path(r["raw_path"]).is_file() for r in rows)
     page = (out / "qc" / "index.html").read_text()
-    assert "2 scans preprocessed" in page and "3 failed" in page and "sub-0002.png" in page
-    data = load_nifti_csv(out / "participants.csv", val_fraction=0.5, test_fraction=0.0, cache_dir=str(out / "c"))
-    assert len(data.train) + len(data.val) == 2
+    assert "1 scan preprocessed" in page and "3 failed" in page and "sub-0001.png" in page
+    data = load_nifti_csv(out / "participants.csv", val_fraction=0.0, test_fraction=0.0, cache_dir=str(out / "c"))
+    assert len(data.train) == 1
 
 
 def test_a_second_run_reuses_finished_scans_and_redoes_a_changed_one(
@@ -132,9 +132,9 @@ def test_a_second_run_reuses_finished_scans_and_redoes_a_changed_one(
     shutil.copytree(out0, out)
     folder = tmp_path / "raw"
     shutil.copytree(cohort.parent, folder)
-    lines = (folder / "participants.csv").read_text().splitlines()[:3]  # the two good scans
+    lines = (folder / "participants.csv").read_text().splitlines()[:2]  # the good scan
     (folder / "participants.csv").write_text("\n".join(lines) + "\n")
-    for name in ("sub-0001", "sub-0002"):  # the same bytes at another place: still finished
+    for name in ("sub-0001",):  # the same bytes at another place: still finished
         rec = json.loads((out / "records" / f"{name}.json").read_text())
         assert rec["scan_sha256"]
     import rankwise.data.preprocess as pre
@@ -145,11 +145,11 @@ def test_a_second_run_reuses_finished_scans_and_redoes_a_changed_one(
         pre, "preprocess_t1", lambda scan, *a, **k: calls.append(Path(scan).name) or real(scan, *a, **k)
     )
     result = preprocess_cohort(folder / "participants.csv", out, template=TEMPLATE)
-    assert calls == [] and result.reused == 2 and not result.failures
-    img = nib.load(str(folder / "sub-0002_T1w.nii.gz"))
-    nib.save(nib.Nifti1Image(np.asarray(img.dataobj) // 2, img.affine), str(folder / "sub-0002_T1w.nii.gz"))
+    assert calls == [] and result.reused == 1 and not result.failures
+    img = nib.load(str(folder / "sub-0001_T1w.nii.gz"))
+    nib.save(nib.Nifti1Image(np.asarray(img.dataobj) // 2, img.affine), str(folder / "sub-0001_T1w.nii.gz"))
     result = preprocess_cohort(folder / "participants.csv", out, template=TEMPLATE)
-    assert calls == ["sub-0002_T1w.nii.gz"] and result.reused == 1
+    assert calls == ["sub-0001_T1w.nii.gz"] and result.reused == 0
 
 
 def test_bad_arguments_name_themselves(cohort: Path, tmp_path: Path) -> None:
@@ -190,11 +190,11 @@ def test_cli_lists_failures_and_exits_1(cohort: Path, tmp_path: Path) -> None:
     folder = tmp_path / "c"
     folder.mkdir()
     shutil.copy(cohort.parent / "corrupt.nii.gz", folder)
-    shutil.copy(cohort.parent / "sub-0002_T1w.nii.gz", folder)
-    (folder / "p.csv").write_text("path,age\ncorrupt.nii.gz,50\nsub-0002_T1w.nii.gz,40\n")
+    shutil.copy(cohort.parent / "sub-0001_T1w.nii.gz", folder)
+    (folder / "p.csv").write_text("path,age\ncorrupt.nii.gz,50\nsub-0001_T1w.nii.gz,40\n")
     res = CliRunner().invoke(
         app, ["preprocess", str(folder / "p.csv"), "--out", str(tmp_path / "o"), "--template", TEMPLATE]
     )
     assert res.exit_code == 1, res.output
-    assert "1 scans preprocessed (0 reused)" in res.output and "1 scan(s) failed" in res.output
+    assert "1 scan preprocessed (0 reused)" in res.output and "1 scan(s) failed" in res.output
     assert "[1/2]" in res.output and "ETA" in res.output

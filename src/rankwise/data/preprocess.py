@@ -363,6 +363,10 @@ def _work(args: tuple[str, str, str, str, str, str, int, int]) -> tuple[int, dic
         return row, None, " ".join(str(e).split())
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _robust_flags(values: list[float]) -> list[bool]:
     if len(values) < 5:
         return [False] * len(values)
@@ -397,7 +401,7 @@ def _write_page(out: Path, records: list[dict[str, Any]], failures: list[tuple[i
 <html><head><meta charset="utf-8"><title>rankwise preprocess: quality control</title>
 <style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} tr.flag{{background:#fde2e2}}</style></head>
-<body><h1>Quality control: {len(records)} scans preprocessed, {flagged} flagged, {len(failures)} failed</h1>
+<body><h1>Quality control: {_count(len(records), "scan")} preprocessed, {flagged} flagged, {len(failures)} failed</h1>
 <p>Similarity: normalised cross-correlation with the MNI152 template inside its brain mask (1 = identical).
 Brain volume: the template's brain mapped into the scan (mL). In view: the fraction of the template's brain
 inside the scan's field of view. Flags: a similarity under {FLAG_SIMILARITY}, or a similarity or brain volume

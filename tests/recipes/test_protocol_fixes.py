@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from rankwise.losses import supcon_loss
 from rankwise.recipes.config import load_config
-from rankwise.recipes.loss_terms import LossTerm
+from rankwise.recipes.loss_terms import LossTerm, Objective
 from rankwise.recipes.runner import train
 from tests.recipes.test_recipe_training import TINY
 
@@ -99,6 +99,7 @@ def test_feature_regularizers_see_the_encoder_output_before_fds(monkeypatch):
     module = DIRRegressor(cfg, input_dim=data.input_dim, train_labels=data.train_labels)
     rec = _Recorder()
     module.regularizers = nn.ModuleList([LossTerm("recorder", rec, {"features": "features"}, 1.0)])
+    module.objective = Objective(module.task_loss, module.regularizers)
     x = torch.stack([data.train[i][0] for i in range(256)]).float()
     y = torch.as_tensor([float(data.train[i][1]) for i in range(256)])
     # FDS statistics of two epochs with a shifted second epoch, so the calibration is far from the identity

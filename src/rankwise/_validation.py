@@ -27,6 +27,7 @@ __all__ = [
     "batch_loss",
     "check_bool",
     "check_choice",
+    "check_class_logits",
     "check_dim",
     "check_floating",
     "check_floating_nd",
@@ -127,6 +128,21 @@ def check_same_device(ref_name: str, ref: torch.Tensor, *others: tuple[str, torc
     for name, t in others:
         if isinstance(t, torch.Tensor) and t.device != ref.device:
             raise ValueError(f"`{name}` must be on the device of `{ref_name}` ({ref.device}), got {t.device}")
+
+
+def check_class_logits(logits: Any, targets: Any) -> None:
+    """``logits`` (*, C) floating and ``targets`` (*) integer class indices on the same device; else a
+    TypeError / ValueError naming the argument."""
+    check_floating(logits, "logits")
+    check_real(targets, "targets")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        raise TypeError(f"`targets` must hold integer class indices, got dtype {targets.dtype}")
+    check_same_device("logits", logits, ("targets", targets))
+    if logits.dim() == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"`targets` must have the shape of `logits` without its class dim: `logits` (*, C) and `targets` (*); "
+            f"got `logits` {tuple(logits.shape)} and `targets` {tuple(targets.shape)}"
+        )
 
 
 def check_floating_nd(x: Any, name: str) -> torch.Tensor:

@@ -20,10 +20,8 @@ from rankwise._twin import FunctionModule
 from rankwise._validation import (
     batch_loss,
     check_choice,
-    check_floating,
+    check_class_logits,
     check_positive,
-    check_real,
-    check_same_device,
     compute_dtype,
     did_you_mean,
 )
@@ -229,16 +227,7 @@ def topk_cross_entropy_loss(
     probs, beta, lam = _check_options(
         p_k, method, inverse_temperature, m, distribution, art_lambda, top1_mode, reduction
     )
-    check_floating(logits, "logits")
-    check_real(targets, "targets")
-    if targets.is_floating_point() or targets.dtype == torch.bool:
-        raise TypeError(f"`targets` must hold integer class indices, got dtype {targets.dtype}")
-    check_same_device("logits", logits, ("targets", targets))
-    if logits.dim() == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"`targets` must have the shape of `logits` without its class dim: `logits` (*, C) and `targets` (*); "
-            f"got `logits` {tuple(logits.shape)} and `targets` {tuple(targets.shape)}"
-        )
+    check_class_logits(logits, targets)
     n_classes, k = logits.shape[-1], len(probs)
     if k > n_classes:
         raise ValueError(f"`p_k` must not be longer than the number of classes {n_classes}, got {k} entries")

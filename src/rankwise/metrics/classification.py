@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rankwise._validation import check_floating, check_real, check_same_device
+from rankwise._validation import check_class_logits
 
 __all__ = ["topk_accuracy"]
 
@@ -63,16 +63,7 @@ def topk_accuracy(logits: torch.Tensor, targets: torch.Tensor, *, ks: int | Sequ
         >>> topk_accuracy(logits, targets, ks=3)
         tensor(1.)
     """
-    check_floating(logits, "logits")
-    check_real(targets, "targets")
-    if targets.is_floating_point() or targets.dtype == torch.bool:
-        raise TypeError(f"`targets` must hold integer class indices, got dtype {targets.dtype}")
-    check_same_device("logits", logits, ("targets", targets))
-    if logits.dim() == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"`targets` must have the shape of `logits` without its class dim: `logits` (*, C) and `targets` (*); "
-            f"got `logits` {tuple(logits.shape)} and `targets` {tuple(targets.shape)}"
-        )
+    check_class_logits(logits, targets)
     n_classes = logits.shape[-1]
     values, single = _check_ks(ks, n_classes)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32

@@ -457,34 +457,24 @@ class SoftTopK(FunctionModule):
     _positional = ("k",)
     _kwargs = "options"
     _shown = ("k", "method!r", "dim", "descending", "**")
+    #: whether the twin computes the relaxed values (``soft_topk_values``) rather than the membership
+    _values = False
 
     def __init__(
         self, k: int, *, method: str = "neuralsort", dim: int = -1, descending: bool = True, **options: Any
     ) -> None:
         super().__init__()
         self.k = check_int(k, "k", low=1)
-        _topk_method(method, options, values=False)
+        _topk_method(method, options, values=self._values)
         self.method, self.dim, self.descending = method, dim, check_bool(descending, "descending")
         self.options = options
 
 
-class SoftTopKValues(FunctionModule):
+class SoftTopKValues(SoftTopK):
     """Module twin of :func:`soft_topk_values` holding ``k``, ``method`` and its options."""
 
     _function = staticmethod(soft_topk_values)
-    _options = ("method", "dim", "descending")
-    _positional = ("k",)
-    _kwargs = "options"
-    _shown = ("k", "method!r", "dim", "descending", "**")
-
-    def __init__(
-        self, k: int, *, method: str = "neuralsort", dim: int = -1, descending: bool = True, **options: Any
-    ) -> None:
-        super().__init__()
-        self.k = check_int(k, "k", low=1)
-        _topk_method(method, options, values=True)
-        self.method, self.dim, self.descending = method, dim, check_bool(descending, "descending")
-        self.options = options
+    _values = True
 
 
 class DKNN(FunctionModule):

@@ -189,7 +189,11 @@ def _make_cases() -> list[tuple[str, str, str]]:
     make = typer.main.get_command(app).commands["data"].commands["make"]  # type: ignore[attr-defined]
     out = []
     for name, cmd in sorted(make.commands.items()):
-        options = [p.opts[0] for p in cmd.params if p.opts[0].startswith("--") and p.opts[0] not in ("--out", "--help")]
+        options = [
+            p.opts[0]
+            for p in cmd.params
+            if p.opts[0].startswith("--") and p.opts[0] not in ("--out", "--help") and not getattr(p, "is_flag", False)
+        ]  # a flag (`--raw`) takes no value to refuse
         assert sorted(options) == sorted(_BAD_VALUES[name]), name  # a new option needs its bad values here
         for opt in options:
             out += [(name, opt, v) for v in ["abc", "", *_BAD_VALUES[name][opt]]]

@@ -197,9 +197,10 @@ def parse_yaml(text: str, where: str) -> Any:
     if text in _PARSED:  # the same text parses to the same data (a copy: callers may change it)
         return copy.deepcopy(_PARSED[text])
     out = _parse_yaml(text, where)
-    if len(_PARSED) >= _PARSED_MAX:
-        _PARSED.pop(next(iter(_PARSED)))
-    _PARSED[text] = copy.deepcopy(out)
+    if len(text) <= _PARSED_MAX_CHARS:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[text] = copy.deepcopy(out)
     return out
 
 
@@ -207,6 +208,8 @@ def parse_yaml(text: str, where: str) -> Any:
 #: read every bundled preset's `extends:` chain, whose shared files would be parsed again each time
 _PARSED: dict[str, Any] = {}
 _PARSED_MAX = 512
+#: longest text kept (a bundled preset is a few kB)
+_PARSED_MAX_CHARS = 65_536
 
 
 def _parse_yaml(text: str, where: str) -> Any:

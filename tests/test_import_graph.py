@@ -27,6 +27,7 @@ LIBRARY = (
     "brain_age",
     "_registry",
     "_validation",
+    "_suggest",
     "_twin",
     "_binning",
     "_stats",

@@ -23,6 +23,36 @@ def test_import_and_cli_do_not_import_torch() -> None:
     assert _run(code) == "False False"
 
 
+_COMMAND_THEN_MODULES = """
+import contextlib, io, sys
+from rankwise.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        main({argv!r})
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+assert out.getvalue().strip()
+print(sorted(m for m in ("torch", "lightning", "numpy", "pandas", "matplotlib") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["config"], ["config", "--help"], ["train", "--help"]])
+def test_help_and_config_reference_import_neither_torch_nor_numpy(argv: list[str]) -> None:
+    """`rankwise --help` and `rankwise config` (the shared sections, read from the config's schema) run
+    without torch, Lightning or numpy: the recipe registry and the config layer import none of them."""
+    assert _run(_COMMAND_THEN_MODULES.format(argv=argv)) == "[]"
+
+
+def test_config_layer_and_recipe_registry_do_not_import_torch() -> None:
+    code = (
+        "import sys; from rankwise.recipes import config_fields, list_presets, load_config; "
+        "from rankwise.recipes.registry import RECIPES; from rankwise._registry import Registry; "
+        "print(len(config_fields()) > 0, 'torch' in sys.modules)"
+    )
+    assert _run(code) == "True False"
+
+
 def test_first_attribute_access_loads_and_registers_everything() -> None:
     code = (
         "import sys, rankwise; f = rankwise.rank; "

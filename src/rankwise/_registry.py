@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-import torch
+from rankwise._suggest import suggestion
 
-from rankwise._validation import suggestion
+if TYPE_CHECKING:  # torch is not imported by a registry look-up (the config layer, `rankwise config`)
+    import torch
 
 #: batch tensors a training recipe can pass to a registered loss (see ``RegistryEntry.inputs``):
 #: the backbone ``features``, the model's ``predictions``, the ``targets`` and per-sample ``weights``;
@@ -77,7 +78,7 @@ class Example:
 #: ``fuzz(n, dtype, device, generator)``: random inputs whose ranked / batch length is ``n`` (any
 #: ``n >= 0``; return ``None`` for an ``n`` the entry cannot take, e.g. ``k > n``), with floating
 #: inputs in ``dtype`` and options drawn from ``generator``; integer label tensors stay integer.
-FuzzFactory = Callable[[int, torch.dtype, torch.device, torch.Generator], "Example | None"]
+FuzzFactory = Callable[[int, "torch.dtype", "torch.device", "torch.Generator"], "Example | None"]
 NonFinite = Literal["propagate", "order"]
 
 

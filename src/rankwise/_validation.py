@@ -9,7 +9,6 @@ down in ``docs/conventions.md``; new operators and losses use them instead of th
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import inspect
 import math
@@ -19,6 +18,8 @@ from numbers import Integral, Real
 from typing import Any, ParamSpec, TypeVar
 
 import torch
+
+from rankwise._suggest import CLOSE_COUNT, CLOSE_CUTOFF, did_you_mean, suggestion  # noqa: F401  re-exported
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -240,32 +241,6 @@ def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
         valid = ", ".join(repr(c) for c in options)
         raise ValueError(f"`{name}` must be one of {valid}; got {value!r}")
     return value
-
-
-#: how similar (``difflib`` ratio) a valid name must be to an unknown one to be suggested, and how many are
-CLOSE_CUTOFF, CLOSE_COUNT = 0.5, 3
-
-
-def suggestion(value: Any, valid: Iterable[Any]) -> str:
-    """``"did you mean 'a' or 'b'?"``: the valid names closest to ``value`` (``""`` when none is close).
-
-    Every "did you mean" of rankwise comes from here (one cutoff, :data:`CLOSE_CUTOFF`).
-
-    Example:
-        >>> suggestion("lrr", ["lr", "momentum"])
-        "did you mean 'lr'?"
-        >>> suggestion("xyz", ["lr"])
-        ''
-    """
-    close = difflib.get_close_matches(str(value), sorted(str(v) for v in valid), n=CLOSE_COUNT, cutoff=CLOSE_CUTOFF)
-    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
-def did_you_mean(value: str, valid: Iterable[str], what: str = "keys") -> str:
-    """``"did you mean 'x'? valid <what>: a, b, c"`` (the hint only when a close match exists)."""
-    names = sorted(valid)
-    hint = suggestion(value, names)
-    return f"{hint + ' ' if hint else ''}valid {what}: {', '.join(names)}"
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

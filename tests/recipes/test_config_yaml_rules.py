@@ -104,3 +104,13 @@ def test_the_dumped_config_reads_back_the_same_values():
         assert parse_yaml(text, "config.yaml") == saved
         assert f"name: '{name}'" in text  # quoted for a YAML 1.1 reader too
         assert load_config(parse_yaml(text, "config.yaml")).run.name == name
+
+
+def test_parsing_the_same_text_again_gives_fresh_data():
+    """A text read before gives equal data that the caller may change without changing a later read."""
+    text = "data:\n  name: abalone\n  options: {a: [1, 2]}\n"
+    first = parse_yaml(text, "first")
+    first["data"]["options"]["a"].append(3)
+    first["data"]["name"] = "changed"
+    assert parse_yaml(text, "second") == {"data": {"name": "abalone", "options": {"a": [1, 2]}}}
+    assert parse_yaml(text, "third") is not parse_yaml(text, "fourth")

@@ -33,7 +33,6 @@ import numpy as np
 
 from rankwise.data.nifti import PREPROCESSING_OPTIONS
 from rankwise.recipes.common import DataDefaultsWarning
-from rankwise.recipes.config import register_raw_hook
 
 __all__ = [
     "DataDefaults",
@@ -517,6 +516,3 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
         notes.append("replacing the preset's " + ", ".join(replaced))
     warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
     return out
-
-
-register_raw_hook(retarget)

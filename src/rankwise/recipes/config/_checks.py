@@ -6,10 +6,9 @@ import itertools
 import math
 from typing import Any, TypeVar, get_args, get_origin
 
-import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from rankwise._validation import did_you_mean, suggestion
+from rankwise._suggest import did_you_mean, suggestion
 from rankwise.recipes.config._lookup import default_recipe, get_recipe, lookup_recipe
 from rankwise.recipes.config._parsing import ConfigError, short
 from rankwise.recipes.config._sections import (
@@ -174,11 +173,15 @@ def _check_shared(cfg: Config) -> None:
         raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
 
 
+#: smallest normal float16, ``numpy.finfo(numpy.float16).tiny`` (numpy is not imported by the config layer)
+FLOAT16_TINY = 2.0**-14
+
+
 def _check_half_precision_eps(cfg: Config) -> None:
     """``16-true`` keeps the weights and Adam's moments in float16, where an ``eps`` below the smallest
     normal float16 (6.1e-5) vanishes or is denormal: the first step divides by (nearly) zero."""
     o = cfg.optimizer
-    tiny = float(np.finfo(np.float16).tiny)
+    tiny = FLOAT16_TINY
     if str(cfg.trainer.precision) == "16-true" and o.name in ("adam", "adamw") and o.eps < tiny:
         raise ConfigError(
             f"`trainer.precision` '16-true' keeps {o.name}'s state in float16, where `optimizer.eps` {o.eps:g} is "

@@ -11,7 +11,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import TypeAdapter, ValidationError
 
-from rankwise._validation import suggestion
+from rankwise._suggest import suggestion
 from rankwise.recipes.config._checks import config_from_dict, walk
 from rankwise.recipes.config._lookup import default_recipe, get_recipe
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short

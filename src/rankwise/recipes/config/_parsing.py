@@ -194,6 +194,25 @@ def parse_yaml(text: str, where: str) -> Any:
     more than :data:`MAX_YAML_VALUES` values once aliases are expanded (an alias bomb), a recursive
     alias, a tag of a Python object (``!!python/object``: only plain data is constructed).
     """
+    if text in _PARSED:  # the same text parses to the same data (a copy: callers may change it)
+        return copy.deepcopy(_PARSED[text])
+    out = _parse_yaml(text, where)
+    if len(text) <= _PARSED_MAX_CHARS:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[text] = copy.deepcopy(out)
+    return out
+
+
+#: parsed YAML texts (successes only) -> their data; `rankwise config RECIPE` and `rankwise presets`
+#: read every bundled preset's `extends:` chain, whose shared files would be parsed again each time
+_PARSED: dict[str, Any] = {}
+_PARSED_MAX = 512
+#: longest text kept (a bundled preset is a few kB)
+_PARSED_MAX_CHARS = 65_536
+
+
+def _parse_yaml(text: str, where: str) -> Any:
     import yaml
 
     loader = _loader()

@@ -7,6 +7,9 @@ subject's head scale about the grid centre, then the true pose); seconds per sca
 ``benchmarks/results/preprocess_synthetic.json``.
 
     PYTHONPATH=src python benchmarks/preprocess_synthetic.py --n 50 --workers 1 --work /tmp/pre
+
+``--cohort CSV`` preprocesses a cohort made before (``rankwise data make brain-age-synthetic --raw``)
+instead of making one; ``--subjects`` a part of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--work", type=Path, required=True, help="an empty folder for the cohort and the outputs")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "preprocess_synthetic.json")
+    ap.add_argument("--cohort", type=Path, default=None, help="a raw cohort made before (its participants.csv)")
+    ap.add_argument("--subjects", default="", help="comma-separated subjects of the cohort to preprocess (all)")
     args = ap.parse_args()
 
     import nibabel as nib
@@ -37,10 +42,28 @@ def main() -> None:
     from rankwise.data.preprocess import template_grid
 
     t0 = time.perf_counter()
-    csv_path = make_brain_age_synthetic(args.work / "raw", n=args.n, spacing=2.0, raw=True)
-    generate = time.perf_counter() - t0
+    if args.cohort is None:
+        csv_path = make_brain_age_synthetic(args.work / "raw", n=args.n, spacing=2.0, raw=True)
+    else:
+        csv_path = args.cohort.resolve()
+    generate = time.perf_counter() - t0 if args.cohort is None else None
+    cohort = csv_path
+    if args.subjects:
+        import csv
+
+        keep = set(args.subjects.split(","))
+        with csv_path.open(newline="") as fh:
+            rows_in = list(csv.DictReader(fh))
+        cohort = args.work / "subset.csv"
+        args.work.mkdir(parents=True, exist_ok=True)
+        with cohort.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows_in[0]))
+            w.writeheader()
+            for r in rows_in:
+                if r["subject"] in keep:
+                    w.writerow({**r, "path": str((csv_path.parent / r["path"]).resolve())})
     t0 = time.perf_counter()
-    result = preprocess_cohort(csv_path, args.work / "out", workers=args.workers)
+    result = preprocess_cohort(cohort, args.work / "out", workers=args.workers)
     wall = time.perf_counter() - t0
     maps, affine = template_grid("mni152_2mm")
     lps = np.diag([-1.0, -1.0, 1.0])
@@ -69,6 +92,7 @@ def main() -> None:
                 "landmark_mean_mm": float(err.mean()),
                 "landmark_max_mm": float(err.max()),
                 "seconds": rec["seconds"],
+                "restarted": rec["restarted"],
                 "similarity": rec["similarity"],
                 "voxel_mm": truth["voxel_mm"],
                 "orientation": truth["orientation"],
@@ -79,7 +103,7 @@ def main() -> None:
     sec = [r["seconds"] for r in rows]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     summary = {
-        "n": args.n,
+        "n": len(result.records) + len(result.failures),
         "preprocessed": len(rows),
         "failed": [m for _, _, m in result.failures],
         "workers": args.workers,

@@ -119,38 +119,84 @@ def _n4(img: Any) -> Any:
     return sitk.Cast(img / sitk.Exp(log_bias), sitk.sitkFloat32)
 
 
-def _register(fixed: Any, fixed_mask: Any, moving: Any) -> Any:
-    """The affine transform (template -> scan, physical LPS) by a rigid then an affine stage."""
+#: the starts of the registration retry (see :func:`_register`): rotations (degrees) about the left-right,
+#: front-back and up-down axes and a shift (mm, up) of the scan's centre of mass, from the centred start
+RESTARTS = tuple(
+    (rx, ry, rz, dz)
+    for rx in (-15.0, 0.0, 15.0)
+    for ry in (0.0,)
+    for rz in (-15.0, 0.0, 15.0)
+    for dz in (-20.0, 0.0, 20.0)
+) + ((0.0, -15.0, 0.0, 0.0), (0.0, 15.0, 0.0, 0.0))
+
+
+def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = False) -> Any:
+    """The affine transform (template -> scan, physical LPS) by a rigid then an affine stage.
+
+    The rigid stage starts from the images' centres of mass. With ``restarts``, it starts instead from
+    the best of :data:`RESTARTS` (rotations and shifts of the centred start), each scored by the metric
+    after a short rigid run on the coarsest level: the retry for a scan whose centred start falls into
+    a wrong optimum (a long neck pulls its centre of mass down, a large tilt).
+    """
     _, sitk = _modules()
 
-    def stage(initial: Any, shrink: Sequence[int], sigmas: Sequence[float]) -> Any:
+    def method(shrink: Sequence[int], sigmas: Sequence[float], iterations: int) -> Any:
         reg = sitk.ImageRegistrationMethod()
         reg.SetMetricAsMattesMutualInformation(32)
         reg.SetMetricSamplingStrategy(reg.RANDOM)
         reg.SetMetricSamplingPercentage(0.2, seed=0)
         reg.SetMetricFixedMask(fixed_mask)
         reg.SetInterpolator(sitk.sitkLinear)
-        reg.SetOptimizerAsRegularStepGradientDescent(2.0, 1e-4, 200, relaxationFactor=0.7)
+        reg.SetOptimizerAsRegularStepGradientDescent(2.0, 1e-4, iterations, relaxationFactor=0.7)
         reg.SetOptimizerScalesFromPhysicalShift()
         reg.SetShrinkFactorsPerLevel(list(shrink))
         reg.SetSmoothingSigmasPerLevel(list(sigmas))
         reg.SmoothingSigmasAreSpecifiedInPhysicalUnitsOn()
-        reg.SetInitialTransform(initial, inPlace=False)
-        return reg.Execute(fixed, moving)
+        return reg
 
-    start = sitk.CenteredTransformInitializer(
-        fixed, moving, sitk.Euler3DTransform(), sitk.CenteredTransformInitializerFilter.MOMENTS
+    def stage(initial: Any, shrink: Sequence[int], sigmas: Sequence[float]) -> Any:
+        reg = method(shrink, sigmas, 200)
+        reg.SetInitialTransform(initial, inPlace=False)
+        out = reg.Execute(fixed, moving)
+        return sitk.CompositeTransform(out).GetNthTransform(0) if out.GetName() == "CompositeTransform" else out
+
+    start = sitk.Euler3DTransform(
+        sitk.CenteredTransformInitializer(
+            fixed, moving, sitk.Euler3DTransform(), sitk.CenteredTransformInitializerFilter.MOMENTS
+        )
     )
-    rigid = stage(start, (4, 2, 1), (2.0, 1.0, 0.0))
-    rigid = sitk.CompositeTransform(rigid).GetNthTransform(0) if rigid.GetName() == "CompositeTransform" else rigid
-    rigid = sitk.Euler3DTransform(rigid)
+    if restarts:
+        scored = []
+        for rx, ry, rz, dz in RESTARTS:
+            t = sitk.Euler3DTransform(start)
+            t.SetRotation(math.radians(rx), math.radians(ry), math.radians(rz))
+            # LPS: up is +z; the transform maps template -> scan, so shifting it moves the scan's start
+            t.SetTranslation(tuple(a + b for a, b in zip(start.GetTranslation(), (0.0, 0.0, dz))))
+            reg = method((4,), (2.0,), 40)
+            reg.SetInitialTransform(t, inPlace=True)
+            reg.Execute(fixed, moving)
+            scored.append((reg.GetMetricValue(), len(scored), t))
+        start = min(scored, key=lambda v: (v[0], v[1]))[2]  # Mattes MI: lower is better
+    rigid = sitk.Euler3DTransform(stage(start, (4, 2, 1), (2.0, 1.0, 0.0)))
     affine = sitk.AffineTransform(3)
     affine.SetCenter(rigid.GetCenter())
     affine.SetMatrix(rigid.GetMatrix())
     affine.SetTranslation(rigid.GetTranslation())
-    out = stage(affine, (2, 1), (1.0, 0.0))
-    out = sitk.CompositeTransform(out).GetNthTransform(0) if out.GetName() == "CompositeTransform" else out
-    return sitk.AffineTransform(out)
+    return sitk.AffineTransform(stage(affine, (2, 1), (1.0, 0.0)))
+
+
+def _in_view(mask: np.ndarray, grid_affine: np.ndarray, tx: Any, affine: np.ndarray, shape: Sequence[int]) -> float:
+    """The fraction of the template's brain voxels that the affine ``tx`` (template -> scan, LPS) maps
+    inside the scan's field of view (voxel centres within half a voxel of the grid)."""
+    ijk = np.argwhere(mask).astype(np.float64)
+    lps = _LPS @ (ijk @ grid_affine[:3, :3].T + grid_affine[:3, 3]).T
+    matrix = np.asarray(tx.GetMatrix(), dtype=np.float64).reshape(3, 3)
+    centre = np.asarray(tx.GetCenter(), dtype=np.float64)[:, None]
+    moved = matrix @ (lps - centre) + centre + np.asarray(tx.GetTranslation(), dtype=np.float64)[:, None]
+    to_voxel = np.linalg.inv(affine)
+    vox = to_voxel[:3, :3] @ (_LPS @ moved) + to_voxel[:3, 3:4]
+    inside = np.all((vox >= -0.5) & (vox <= np.asarray(shape[:3], dtype=np.float64)[:, None] - 0.5), axis=0)
+    return float(inside.mean()) if inside.size else 0.0
 
 
 def _similarity(vol: np.ndarray, t1: np.ndarray, mask: np.ndarray) -> float:
@@ -260,11 +306,15 @@ def preprocess_t1(
         fixed_mask = sitk.Cast(_to_sitk(grown.astype(np.float32), grid_affine), sitk.sitkUInt8)
         tx = _register(fixed, fixed_mask, moving)
         moved = _array(sitk.Resample(moving, fixed, tx, sitk.sitkLinear, 0.0))
-        ones = _to_sitk(np.ones(data.shape, np.float32), affine)
-        inside = _array(sitk.Resample(ones, fixed, tx, sitk.sitkLinear, 0.0))
+        restarted = _similarity(moved, maps["t1"], mask) < FLAG_SIMILARITY
+        if restarted:  # a wrong optimum: register again from the best of several starts, keep the better
+            tx2 = _register(fixed, fixed_mask, moving, restarts=True)
+            moved2 = _array(sitk.Resample(moving, fixed, tx2, sitk.sitkLinear, 0.0))
+            if _similarity(moved2, maps["t1"], mask) > _similarity(moved, maps["t1"], mask):
+                tx, moved = tx2, moved2
     except RuntimeError as e:  # an ITK exception: the registration diverged or the images are degenerate
         raise fail(f"registration failed ({' '.join(str(e).split())[-200:]})") from None
-    in_view = float((inside[mask] > 0.5).mean())
+    in_view = _in_view(mask, grid_affine, tx, affine, data.shape)
     if in_view < MIN_IN_VIEW:
         raise fail(f"only {in_view:.0%} of the template's brain lies in the field of view after registration")
     brain = moved * mask
@@ -302,6 +352,7 @@ def preprocess_t1(
         "similarity": similarity,
         "brain_ml": brain_ml / 1000.0,
         "in_view": in_view,
+        "restarted": restarted,
         "seconds": time.perf_counter() - started,
     }
     atomic_write(out / "records" / f"{name}.json", json.dumps(record, indent=1))

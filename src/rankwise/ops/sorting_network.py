@@ -336,8 +336,9 @@ def _matrix_differentiable(alphas: torch.Tensor, lay: _Layers, hard_alphas: torc
     n, batch = alphas.shape[1], alphas.shape[2]
     pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n)
     for layer in range(lay.depth):
-        soft = _forward_blend(pt, alphas[layer], lay[layer])
-        pt = soft if hard_alphas is None else _straight_through(_forward_blend(pt, hard_alphas[layer], lay[layer]), soft)
+        t = lay[layer]
+        soft = _forward_blend(pt, alphas[layer], t)
+        pt = soft if hard_alphas is None else _straight_through(_forward_blend(pt, hard_alphas[layer], t), soft)
     return pt.permute(1, 2, 0)
 
 
@@ -346,8 +347,9 @@ def _ranks_differentiable(
 ) -> torch.Tensor:
     """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives)."""
     for layer in reversed(range(lay.depth)):
-        soft = _transposed_blend(v, alphas[layer], lay[layer])
-        v = soft if hard_alphas is None else _straight_through(_transposed_blend(v, hard_alphas[layer], lay[layer]), soft)
+        t = lay[layer]
+        soft = _transposed_blend(v, alphas[layer], t)
+        v = soft if hard_alphas is None else _straight_through(_transposed_blend(v, hard_alphas[layer], t), soft)
     return v
 
 
@@ -722,17 +724,10 @@ class DiffSort(FunctionModule):
     """Module twin of :func:`diffsort` holding the network and its relaxation."""
 
     _function = staticmethod(diffsort)
-    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix", "error_free")
-    _shown = (
-        "network!r",
-        "steepness",
-        "distribution!r",
-        "art_lambda",
-        "descending",
-        "dim",
-        "return_matrix",
-        "error_free",
-    )
+    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix")
+    _options += ("error_free",)
+    _shown = ("network!r", "steepness", "distribution!r", "art_lambda", "descending", "dim", "return_matrix")
+    _shown += ("error_free",)
 
     def __init__(
         self,

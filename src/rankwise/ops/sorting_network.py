@@ -345,11 +345,12 @@ def _matrix_differentiable(alphas: torch.Tensor, lay: _Layers, hard_alphas: torc
 def _ranks_differentiable(
     alphas: torch.Tensor, v: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None
 ) -> torch.Tensor:
-    """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives)."""
+    """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives); error-free:
+    ``P @ v`` with the error-free ``P`` of :func:`_matrix_differentiable` (O(L n²))."""
+    if hard_alphas is not None:
+        return torch.einsum("biw,wb->ib", _matrix_differentiable(alphas, lay, hard_alphas), v)
     for layer in reversed(range(lay.depth)):
-        t = lay[layer]
-        soft = _transposed_blend(v, alphas[layer], t)
-        v = soft if hard_alphas is None else _straight_through(_transposed_blend(v, hard_alphas[layer], t), soft)
+        v = _transposed_blend(v, alphas[layer], lay[layer])
     return v
 
 
@@ -487,19 +488,28 @@ class _NetworkMatrix(torch.autograd.Function):
 
 
 class _NetworkRanks(torch.autograd.Function):
-    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first
-    (with ``hard_alphas``: the hard blends forward, the relaxed ones backward, as :class:`_NetworkMatrix`)."""
+    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first.
+
+    With ``hard_alphas`` (error-free), ``P @ v`` for the error-free ``P`` of :class:`_NetworkMatrix`:
+    the output is the hard chain; its backward (``P``'s relaxed blends differentiated at the hard
+    partial products ``M_1 ... M_{l-1}``) runs the upstream gradient through the hard layers and
+    takes ``∂/∂α_l`` against the relaxed chain ``M_{l+1} ... M_L v``, saved from a second pass.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None = None
     ) -> torch.Tensor:
         v_in = v
-        fwd = alphas if hard_alphas is None else hard_alphas
         inputs = alphas.new_empty(alphas.shape)
         for layer in reversed(range(lay.depth)):
             inputs[layer] = v
-            v = _transposed_blend(v, fwd[layer], lay[layer])
+            v = _transposed_blend(v, alphas[layer], lay[layer])
+        if hard_alphas is not None:  # the output: the hard chain (the relaxed one is kept for backward)
+            v = v_in
+            for layer in reversed(range(lay.depth)):
+                v = _transposed_blend(v, hard_alphas[layer], lay[layer])
+        fwd = alphas if hard_alphas is None else hard_alphas
         ctx.lay, ctx.error_free = lay, hard_alphas is not None
         ctx.save_for_backward(alphas, fwd, inputs, v_in)
         return v
@@ -519,7 +529,7 @@ class _NetworkRanks(torch.autograd.Function):
             vin, t = inputs[layer], lay[layer]
             diff = vin.index_select(0, t.u) - vin.index_select(0, t.w)
             g_alphas[layer] = torch.where(t.is_a, diff, -diff) * g
-            g = _forward_blend(g, alphas[layer], t)
+            g = _forward_blend(g, fwd[layer], t)
         return g_alphas, None, None, None
 
 

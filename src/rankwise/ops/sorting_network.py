@@ -734,10 +734,26 @@ class DiffSort(FunctionModule):
     """Module twin of :func:`diffsort` holding the network and its relaxation."""
 
     _function = staticmethod(diffsort)
-    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix")
-    _options += ("error_free",)
-    _shown = ("network!r", "steepness", "distribution!r", "art_lambda", "descending", "dim", "return_matrix")
-    _shown += ("error_free",)
+    _options = (
+        "network",
+        "steepness",
+        "distribution",
+        "art_lambda",
+        "descending",
+        "dim",
+        "return_matrix",
+        "error_free",
+    )
+    _shown = (
+        "network!r",
+        "steepness",
+        "distribution!r",
+        "art_lambda",
+        "descending",
+        "dim",
+        "return_matrix",
+        "error_free",
+    )
 
     def __init__(
         self,

@@ -76,7 +76,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
-from rankwise.ops import OPS
+from rankwise.ops import OPS, diffsort
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
@@ -343,8 +343,6 @@ def error_free_loss(
     order, :math:`\hat P_{h,g}^	op X_g` in the predicted one (the exact order forward, the relaxed
     swaps' gradients backward). ``scores`` / ``values`` (B, n), ``items`` (B, n, ...); values distinct.
     """
-    from rankwise.ops.sorting_network import diffsort
-
     b, n = scores.shape
     kw: dict[str, Any] = {
         "network": network,
@@ -369,7 +367,6 @@ def error_free_loss(
 
 def _error_free_relaxation(network: str) -> None:
     """``diffsort_<network>_error_free``: error-free swaps, the authors' loss (:func:`error_free_loss`)."""
-    from rankwise.ops.sorting_network import diffsort
 
     def network_options(t: SortOptions) -> dict[str, Any]:
         o = relaxation_options(t)

@@ -334,14 +334,16 @@ def error_free_loss(
     (``items`` flattened per item: ``(B, n, D)``)
 
     .. math::
-        \ell = \mathrm{BCE}(\hat P_s, P) + \lambda \sum_{g} \mathrm{MSE}igl(\hat P_{h,g}^	op X_g,\;
-        P_g^	op X_gigr),
+        \ell = \mathrm{BCE}(\hat P_s, P) + \lambda \sum_{g} \mathrm{MSE}\bigl(\hat P_{h,g}^\top X_g,\;
+        P_g^\top X_g\bigr),
 
-    the BCE averaged over all entries (only with ``soft_loss``), :math:`\lambda` = ``loss_weight``,
-    ``g`` the groups of :func:`_error_free_chunks` (consecutive inputs in groups of 4, as the
-    authors' ``main_multidigit.py``): :math:`P_g^	op X_g` lists the group's items in their true
-    order, :math:`\hat P_{h,g}^	op X_g` in the predicted one (the exact order forward, the relaxed
-    swaps' gradients backward). ``scores`` / ``values`` (B, n), ``items`` (B, n, ...); values distinct.
+    the BCE averaged over all entries, its logarithms clamped at -100 as ``torch.nn.BCELoss`` (only
+    with ``soft_loss``), :math:`\lambda` = ``loss_weight``, ``g`` the groups of consecutive inputs
+    ``0..3``, ``4..7``, ... (the last group takes a fifth input when one would be left alone; as the
+    authors' ``main_multidigit.py``): :math:`P_g^\top X_g` lists the group's items in their true
+    order, :math:`\hat P_{h,g}^\top X_g` in the predicted one (the exact order forward, the relaxed
+    swaps' gradients backward); the MSE averages over the batch, the group and the item's entries.
+    ``scores`` / ``values`` (B, n), ``items`` (B, n, ...); values distinct.
     """
     b, n = scores.shape
     kw: dict[str, Any] = {
@@ -352,8 +354,10 @@ def error_free_loss(
     }
     p_true = F.one_hot(values.argsort(-1), n).transpose(-1, -2).to(scores.dtype)
     loss = scores.new_zeros(())
-    if soft_loss:
-        loss = F.binary_cross_entropy(diffsort(scores, **kw)[1], p_true)
+    if soft_loss:  # BCELoss written out (F.binary_cross_entropy refuses to run under autocast)
+        p_soft = diffsort(scores, **kw)[1]
+        log_p, log_q = p_soft.log().clamp_min(-100), (1 - p_soft).log().clamp_min(-100)
+        loss = -(p_true * log_p + (1 - p_true) * log_q).mean()
     p_hard = diffsort(scores, error_free=True, **kw)[1]
     flat = items.reshape(b, n, -1).to(scores.dtype)
     sorted_terms = [

@@ -702,8 +702,21 @@ _diffsort_op(
     variant("op", "diffsort", "values", {"return_matrix": False}),
     {"distribution": "reciprocal", "return_matrix": False},
 )
+# error-free swaps (Kim et al., ICLR 2024): exact forward, relaxed backward -- a surrogate gradient
+_diffsort_op(
+    variant("op", "diffsort", "error_free", {"error_free": True}, gradient="surrogate"),
+    {"error_free": True, "steepness": 2.0, "return_matrix": True},
+)
+_diffsort_op(
+    variant("op", "diffsort", "error_free_bitonic", {"network": "bitonic", "error_free": True}, gradient="surrogate"),
+    {"network": "bitonic", "error_free": True, "distribution": "optimal", "descending": True},
+)
 for _fn in ("soft_sort", "soft_rank"):
     _diffsort_op(variant("op", _fn, "diffsort", {"method": "diffsort"}), {"method": "diffsort", "steepness": 2.0})
+    _diffsort_op(
+        variant("op", _fn, "diffsort_error_free", {"method": "diffsort", "error_free": True}, gradient="surrogate"),
+        {"method": "diffsort", "error_free": True, "network": "bitonic"},
+    )
     _bitonic = {"method": "diffsort", "network": "bitonic"}
     _diffsort_op(
         variant("op", _fn, "diffsort_bitonic", _bitonic), {**_bitonic, "distribution": "gaussian", "descending": True}

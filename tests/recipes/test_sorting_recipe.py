@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchvision")
@@ -371,3 +372,104 @@ def test_the_median_objective_belongs_to_the_median_task_only(tmp_path):
     saved = config_to_dict(load_config("large_mnist_median_neuralsort"))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     assert load_run_config(tmp_path).task.median_objective == "point"
+
+
+# ------------------------------------------------------------------------------------------ error-free swaps
+
+
+def _slow_error_free_loss(p_soft, p_hard, values, items, weight, soft):
+    """The authors' ``main_multidigit.py`` loss, transcribed with their boolean masks and loop over groups."""
+    b, n = values.shape
+    p_true = F.one_hot(torch.argsort(values, dim=-1), n).transpose(-2, -1).float()
+    loss = F.binary_cross_entropy(p_soft, p_true) if soft else torch.zeros(())
+    data = items.reshape(b, n, -1)
+    total = torch.zeros(())
+    for ind in range(0, n, 4):
+        gap = 4 + (n == ind + 5)
+        picked = []
+        for p in (p_true, p_hard):
+            rows = p[:, ind : ind + gap, :]
+            k = rows.shape[1]
+            mask = torch.tile((rows.sum(1).unsqueeze(1) - 1).abs() < 1e-2, (1, k, 1))
+            picked.append(torch.bmm(rows[mask].reshape(b, k, k).transpose(-2, -1), data[:, ind : ind + gap]))
+        total = total + F.mse_loss(picked[1], picked[0])
+    return loss + weight * total
+
+
+@pytest.mark.parametrize("network", ["odd_even", "bitonic"])
+@pytest.mark.parametrize("n", [3, 5, 6, 9])
+def test_error_free_loss_is_the_authors(network, n):
+    from rankwise import diffsort
+    from rankwise.recipes.sorting import error_free_loss
+
+    g = torch.Generator().manual_seed(n)
+    scores = torch.randn(4, n, generator=g, requires_grad=True)
+    values = torch.stack([torch.randperm(n, generator=g) for _ in range(4)]).float()
+    items = torch.rand(4, n, 1, 3, 2, generator=g)
+    for weight, soft in ((1.0, True), (2.5, False)):
+        loss = error_free_loss(scores, values, items, network=network, loss_weight=weight, soft_loss=soft)
+        (grad,) = torch.autograd.grad(loss, scores)
+        s = scores.detach().clone().requires_grad_()
+        p_soft = diffsort(s, network=network, steepness=10.0)[1]
+        p_hard = diffsort(s, network=network, steepness=10.0, error_free=True)[1]
+        ref = _slow_error_free_loss(p_soft, p_hard, values, items, weight, soft)
+        (ref_grad,) = torch.autograd.grad(ref, s)
+        torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+        assert float(grad.abs().sum()) > 0
+
+
+def test_error_free_relaxations_are_exact_forward_and_trained_with_the_authors_loss(tiny_digits):
+    for network in ("odd_even", "bitonic"):
+        method = f"diffsort_{network}_error_free"
+        r = RELAXATIONS[method]
+        assert r.kind == "permutation" and r.exact_forward and r.loss is not None
+        scores = torch.tensor([[0.3, 2.0, -1.0, 1.1, 0.0], [5.0, -2.0, 1.0, 3.0, 4.0]], requires_grad=True)
+        t = SortOptions(method=method)
+        p_hat = relaxed_permutation(scores, t)
+        assert torch.equal(p_hat.detach(), true_permutation(scores.detach()))  # row i: the i-th largest, exactly
+        (p_hat * torch.arange(25.0).view(5, 5)).sum().backward()
+        assert scores.grad is not None and scores.grad.abs().sum() > 0
+        # the sorted-items term vanishes at the true order and is positive at a wrong one
+        items = torch.rand(2, 5, 1, 4, 4)
+        right = SortOptions(method=method, options={"soft_loss": False})
+        assert float(r.loss(scores.detach(), scores.detach(), items, right)) == 0.0
+        assert float(r.loss(scores.detach(), -scores.detach(), items, right)) > 0.0
+    # one training step of the recipe's module through the relaxation's loss
+    cfg = load_config("large_mnist_diffsort_bitonic_error_free", ["task.n=5", "task.options.loss_weight=2"])
+    assert cfg.task.method == "diffsort_bitonic_error_free" and cfg.task.options == {"loss_weight": 2}
+    module = SortingModule(cfg, meta=tiny_digits.meta)
+    x = torch.rand(2, 5, 1, 28, 112)
+    v = torch.tensor([[1.0, 5.0, 3.0, 9.0, 7.0], [20.0, 10.0, 40.0, 30.0, 0.0]])
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    loss = module._sort_train_loss(x, v)
+    assert torch.isfinite(loss.detach()) and float(loss.detach()) > 0
+    loss.backward()
+    grads = [p.grad for p in module.model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads if g is not None)
+    before = [p.detach().clone() for p in module.model.parameters()]
+    opt.step()
+    assert any(not torch.equal(a, p) for a, p in zip(before, module.model.parameters()))
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["task.hard=true"], r"`task.hard` .* its forward is already the exact permutation"),
+        (["task.options.distribution=bad"], r"invalid options of relaxation 'diffsort_odd_even_error_free'"),
+        (["task.options.loss_weight=-1"], r"loss_weight"),
+        (["task.options.tau=1"], r"unknown option `task.options.tau`.*loss_weight"),
+    ],
+)
+def test_error_free_config_errors(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("large_mnist_diffsort_odd_even_error_free", overrides)
+
+
+def test_error_free_preset_trains_tiny(tmp_path, tiny_digits):
+    sets = ["task.n=3", "task.steps=2", "task.lists_per_batch=4", "task.test_lists=20", "task.val_lists=10"]
+    cfg = load_config("large_mnist_diffsort_odd_even_error_free", sets)
+    res = train(cfg, out=tmp_path / "run", data=tiny_digits, progress=False, verbose=False)
+    assert res.metrics["test"]
+    assert all(math.isfinite(v) for v in res.metrics["test"].values())

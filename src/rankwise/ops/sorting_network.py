@@ -308,10 +308,16 @@ def _alpha_differentiable(d: torch.Tensor, distribution: str, steepness: float, 
     return torch.erf(v / math.sqrt(2.0)) * 0.5 + 0.5
 
 
+def _straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """The value of ``hard`` (to rounding) with the derivatives of ``soft``."""
+    return soft + (hard - soft).detach()
+
+
 def _network_differentiable(
-    x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
+    x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float, error_free: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:class:`_SortingNetwork`'s forward from differentiable torch ops (for higher derivatives)."""
+    """:class:`_SortingNetwork`'s forward from differentiable torch ops (for higher derivatives); with
+    ``error_free`` every layer is the hard swap forward and the relaxed blend backward."""
     alphas = []
     for layer in range(lay.depth):
         t = lay[layer]
@@ -320,20 +326,29 @@ def _network_differentiable(
         alphas.append(alpha)
         beta = 1 - alpha
         x = xa * torch.where(t.is_min, alpha, beta) + xb * torch.where(t.is_min, beta, alpha)
+        if error_free:
+            x = _straight_through(torch.where(t.is_min, torch.minimum(xa, xb), torch.maximum(xa, xb)), x)
     return x, torch.stack(alphas)
 
 
-def _matrix_differentiable(alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:
+def _matrix_differentiable(alphas: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None) -> torch.Tensor:
     """:class:`_NetworkMatrix`'s forward from differentiable torch ops (for higher derivatives)."""
     n, batch = alphas.shape[1], alphas.shape[2]
     pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n)
     for layer in range(lay.depth):
-        pt = _forward_blend(pt, alphas[layer], lay[layer])
+        t = lay[layer]
+        soft = _forward_blend(pt, alphas[layer], t)
+        pt = soft if hard_alphas is None else _straight_through(_forward_blend(pt, hard_alphas[layer], t), soft)
     return pt.permute(1, 2, 0)
 
 
-def _ranks_differentiable(alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:
-    """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives)."""
+def _ranks_differentiable(
+    alphas: torch.Tensor, v: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None
+) -> torch.Tensor:
+    """:class:`_NetworkRanks`'s forward from differentiable torch ops (for higher derivatives); error-free:
+    ``P @ v`` with the error-free ``P`` of :func:`_matrix_differentiable` (O(L n²))."""
+    if hard_alphas is not None:
+        return torch.einsum("biw,wb->ib", _matrix_differentiable(alphas, lay, hard_alphas), v)
     for layer in reversed(range(lay.depth)):
         v = _transposed_blend(v, alphas[layer], lay[layer])
     return v
@@ -354,83 +369,106 @@ def _grad_of(
 
 
 class _SortingNetwork(torch.autograd.Function):
-    """``x`` (n, B) -> (sorted values (n, B), per-layer per-wire ``α`` (L, n, B)).
+    """``x`` (n, B) -> (sorted values (n, B), per-layer per-wire ``α`` (L, n, B), hard ``α``).
 
     Saves ``d = x_b - x_a`` and ``α`` of every layer (O(L n B)); the backward runs the layers'
     transposes from the last to the first, adding the path through ``α`` (which also receives
-    the gradient of the returned ``α``, used by the matrix and rank passes).
+    the gradient of the returned ``α``, used by the matrix and rank passes). With ``error_free``
+    each layer writes the exact ``min`` / ``max`` (``α`` is then computed on the exactly swapped
+    values) and the third output is the hard ``α`` (1 where ``x_a <= x_b``, not differentiable);
+    the backward is the same pass, through the relaxed blends. Without it the third output is empty.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, lay: _Layers, distribution: str, steepness: float, art_lambda: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx: Any,
+        x: torch.Tensor,
+        lay: _Layers,
+        distribution: str,
+        steepness: float,
+        art_lambda: float,
+        error_free: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x_in = x
         alphas = x.new_empty((lay.depth, *x.shape))
         signed_d = x.new_empty((lay.depth, *x.shape))
+        hard = x.new_empty((lay.depth, *x.shape) if error_free else (0,))
         for layer in range(lay.depth):
             t = lay[layer]
             xa, xb = x.index_select(0, t.a), x.index_select(0, t.b)
             d = torch.sub(xb, xa, out=signed_d[layer])
             alpha = _alpha(d, distribution, steepness, art_lambda, out=alphas[layer])
-            beta = 1 - alpha
-            # separate products and sum (no fused multiply-add): the same rounding as the authors' code
-            x = xa.mul_(torch.where(t.is_min, alpha, beta)).add_(xb.mul_(torch.where(t.is_min, beta, alpha)))
+            if error_free:  # the exact swap: min(x_a, x_b) to the min wire (x_a on a tie), max to the other
+                hard[layer] = d >= 0
+                x = torch.where(t.is_min, torch.minimum(xa, xb), torch.maximum(xa, xb))
+            else:
+                beta = 1 - alpha
+                # separate products and sum (no fused multiply-add): the same rounding as the authors' code
+                x = xa.mul_(torch.where(t.is_min, alpha, beta)).add_(xb.mul_(torch.where(t.is_min, beta, alpha)))
             d.mul_(t.msign)  # keep ∂x_new/∂α = ±(x_a - x_b) = ∓d for backward
-        ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda)
+        ctx.lay, ctx.opts = lay, (distribution, steepness, art_lambda, error_free)
+        ctx.mark_non_differentiable(hard)
         ctx.save_for_backward(alphas, signed_d, x_in)
-        return x, alphas
+        return x, alphas, hard
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(  # type: ignore[override]
+        ctx: Any, g: torch.Tensor, g_alphas: torch.Tensor | None, _g_hard: torch.Tensor | None
+    ) -> tuple[Any, ...]:
         alphas, signed_d, x_in = ctx.saved_tensors
         lay: _Layers = ctx.lay
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
             with torch.enable_grad():
                 out, alphas_d = _network_differentiable(x_in, lay, *ctx.opts)
                 (gx,) = _grad_of([out, alphas_d], [g, g_alphas], [x_in])
-            return gx, None, None, None, None
+            return gx, None, None, None, None, None
         g, g_alphas = g.detach(), None if g_alphas is None else g_alphas.detach()
         for layer in reversed(range(lay.depth)):
             alpha, sd, t = alphas[layer], signed_d[layer], lay[layer]
             g_alpha = sd * g  # x_new = wa x_a + wb x_b, (wa, wb) = (α, 1-α) or (1-α, α)
             if g_alphas is not None:
                 g_alpha.add_(g_alphas[layer])
-            h = g_alpha.mul_(_dalpha(sd, alpha, *ctx.opts))  # gradient w.r.t. d = x_b - x_a, per wire
+            h = g_alpha.mul_(_dalpha(sd, alpha, *ctx.opts[:3]))  # gradient w.r.t. d = x_b - x_a, per wire
             hsum = h.index_select(0, t.u).add_(h.index_select(0, t.w)).mul_(t.hsign)
             g = _transposed_blend(g, alpha, t).add_(hsum)
-        return g, None, None, None, None
+        return g, None, None, None, None, None
 
 
 class _NetworkMatrix(torch.autograd.Function):
     """``P`` (B, n, n) = product of the layers' matrices, from the per-layer ``α`` (L, n, B).
 
     Built as (wires, B, inputs). Keeps it only every ``c ≈ sqrt(L)`` layers and recomputes each
-    segment in backward: O((L/c + c) n² B) memory instead of autograd's O(L n² B).
+    segment in backward: O((L/c + c) n² B) memory instead of autograd's O(L n² B). With
+    ``hard_alphas`` (error-free) the layers are applied with the hard ``α`` (an exact permutation
+    matrix) and the backward differentiates every layer's relaxed blend at those hard inputs.
     """
 
     @staticmethod
-    def forward(ctx: Any, alphas: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, alphas: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None = None
+    ) -> torch.Tensor:
         depth, n, batch = lay.depth, alphas.shape[1], alphas.shape[2]
+        fwd = alphas if hard_alphas is None else hard_alphas
         pt = torch.eye(n, dtype=alphas.dtype, device=alphas.device).unsqueeze(1).expand(n, batch, n).contiguous()
         seg = math.isqrt(max(depth - 1, 0)) + 1
         checkpoints = []
         for layer in range(depth):
             if layer % seg == 0:
                 checkpoints.append(pt)
-            pt = _forward_blend(pt, alphas[layer], lay[layer])
-        ctx.lay, ctx.seg = lay, seg
-        ctx.save_for_backward(alphas, *checkpoints)
+            pt = _forward_blend(pt, fwd[layer], lay[layer])
+        ctx.lay, ctx.seg, ctx.error_free = lay, seg, hard_alphas is not None
+        ctx.save_for_backward(alphas, fwd, *checkpoints)
         return pt.permute(1, 2, 0).contiguous()  # P[b, input, wire]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
-        alphas, *checkpoints = ctx.saved_tensors
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
+        alphas, fwd, *checkpoints = ctx.saved_tensors
         lay: _Layers = ctx.lay
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
             with torch.enable_grad():
-                (ga,) = _grad_of([_matrix_differentiable(alphas, lay)], [grad], [alphas])
-            return ga, None
+                hard = fwd if ctx.error_free else None
+                (ga,) = _grad_of([_matrix_differentiable(alphas, lay, hard)], [grad], [alphas])
+            return ga, None, None
         grad = grad.detach()
         seg, depth = ctx.seg, lay.depth
         g_alphas = torch.empty_like(alphas)
@@ -439,77 +477,104 @@ class _NetworkMatrix(torch.autograd.Function):
             stop = min(start + seg, depth)
             inputs = [checkpoints[start // seg]]
             for layer in range(start, stop - 1):
-                inputs.append(_forward_blend(inputs[-1], alphas[layer], lay[layer]))
+                inputs.append(_forward_blend(inputs[-1], fwd[layer], lay[layer]))
             for layer in reversed(range(start, stop)):
                 pin, t = inputs.pop(), lay[layer]
                 diff = pin.index_select(0, t.a).sub_(pin.index_select(0, t.b))
                 g_alpha = (gt * diff).sum(-1)
                 g_alphas[layer] = torch.where(t.is_min, g_alpha, -g_alpha)
                 gt = _transposed_blend(gt, alphas[layer], t)
-        return g_alphas, None
+        return g_alphas, None, None
 
 
 class _NetworkRanks(torch.autograd.Function):
-    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first."""
+    """``P @ v`` (n, B) from the per-layer ``α`` without ``P``: transposed blends, last layer first.
+
+    With ``hard_alphas`` (error-free), ``P @ v`` for the error-free ``P`` of :class:`_NetworkMatrix`:
+    the output is the hard chain; its backward (``P``'s relaxed blends differentiated at the hard
+    partial products ``M_1 ... M_{l-1}``) runs the upstream gradient through the hard layers and
+    takes ``∂/∂α_l`` against the relaxed chain ``M_{l+1} ... M_L v``, saved from a second pass.
+    """
 
     @staticmethod
-    def forward(ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, alphas: torch.Tensor, v: torch.Tensor, lay: _Layers, hard_alphas: torch.Tensor | None = None
+    ) -> torch.Tensor:
         v_in = v
         inputs = alphas.new_empty(alphas.shape)
         for layer in reversed(range(lay.depth)):
             inputs[layer] = v
             v = _transposed_blend(v, alphas[layer], lay[layer])
-        ctx.lay = lay
-        ctx.save_for_backward(alphas, inputs, v_in)
+        if hard_alphas is not None:  # the output: the hard chain (the relaxed one is kept for backward)
+            v = v_in
+            for layer in reversed(range(lay.depth)):
+                v = _transposed_blend(v, hard_alphas[layer], lay[layer])
+        fwd = alphas if hard_alphas is None else hard_alphas
+        ctx.lay, ctx.error_free = lay, hard_alphas is not None
+        ctx.save_for_backward(alphas, fwd, inputs, v_in)
         return v
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:  # type: ignore[override]
-        alphas, inputs, v_in = ctx.saved_tensors
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:  # type: ignore[override]
+        alphas, fwd, inputs, v_in = ctx.saved_tensors
         lay: _Layers = ctx.lay
         if torch.is_grad_enabled():  # double backward: through the differentiable formulation
             with torch.enable_grad():
-                (ga,) = _grad_of([_ranks_differentiable(alphas, v_in, lay)], [g], [alphas])
-            return ga, None, None
+                hard = fwd if ctx.error_free else None
+                (ga,) = _grad_of([_ranks_differentiable(alphas, v_in, lay, hard)], [g], [alphas])
+            return ga, None, None, None
         g = g.detach()
         g_alphas = torch.empty_like(alphas)
         for layer in range(lay.depth):
             vin, t = inputs[layer], lay[layer]
             diff = vin.index_select(0, t.u) - vin.index_select(0, t.w)
             g_alphas[layer] = torch.where(t.is_a, diff, -diff) * g
-            g = _forward_blend(g, alphas[layer], t)
-        return g_alphas, None, None
+            g = _forward_blend(g, fwd[layer], t)
+        return g_alphas, None, None, None
+
+
+class _Alphas(NamedTuple):
+    """The per-layer ``α`` (L, n, B) of a run and, for an error-free run, the hard ``α`` (else ``None``)."""
+
+    soft: torch.Tensor
+    hard: torch.Tensor | None
 
 
 def _run(
-    x: torch.Tensor, network: str, steepness: float, distribution: str, art_lambda: float, descending: bool
-) -> tuple[torch.Tensor, _Layers, torch.Tensor]:
-    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α (L, n, B))."""
+    x: torch.Tensor,
+    network: str,
+    steepness: float,
+    distribution: str,
+    art_lambda: float,
+    descending: bool,
+    error_free: bool = False,
+) -> tuple[torch.Tensor, _Layers, _Alphas]:
+    """Network on ``x`` (sorted dim last, compute dtype): (sorted, layers, per-layer α)."""
     n = x.shape[-1]
     lay = _layers(network, n, x.device)
     if lay.depth == 0:  # n <= 1
-        return x, lay, x.new_empty((0, n, math.prod(x.shape[:-1])))
+        return x, lay, _Alphas(x.new_empty((0, n, math.prod(x.shape[:-1]))), None)
     z = (-x if descending else x).reshape(-1, n).T.contiguous()
-    out, alphas = _SortingNetwork.apply(z, lay, distribution, steepness, art_lambda)
+    out, alphas, hard = _SortingNetwork.apply(z, lay, distribution, steepness, art_lambda, error_free)
     out = out.T.reshape(x.shape)
-    return (-out if descending else out), lay, alphas
+    return (-out if descending else out), lay, _Alphas(alphas, hard if error_free else None)
 
 
-def _matrix(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _matrix(lay: _Layers, alphas: _Alphas, like: torch.Tensor) -> torch.Tensor:
     n = like.shape[-1]
     if lay.depth == 0:  # n <= 1: the identity, connected to the graph
         return torch.eye(n, dtype=like.dtype, device=like.device) + like.unsqueeze(-1) * 0
-    out: torch.Tensor = _NetworkMatrix.apply(alphas, lay)
+    out: torch.Tensor = _NetworkMatrix.apply(alphas.soft, lay, alphas.hard)
     return out.reshape(*like.shape, n)
 
 
-def _ranks(lay: _Layers, alphas: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _ranks(lay: _Layers, alphas: _Alphas, like: torch.Tensor) -> torch.Tensor:
     n = like.shape[-1]
     pos = torch.arange(1, n + 1, dtype=like.dtype, device=like.device)
     if lay.depth == 0:
         return pos + like * 0
-    v = pos.unsqueeze(-1).expand(n, alphas.shape[-1]).contiguous()
-    out: torch.Tensor = _NetworkRanks.apply(alphas, v, lay)
+    v = pos.unsqueeze(-1).expand(n, alphas.soft.shape[-1]).contiguous()
+    out: torch.Tensor = _NetworkRanks.apply(alphas.soft, v, lay, alphas.hard)
     return out.T.reshape(like.shape)
 
 
@@ -533,6 +598,7 @@ def diffsort(
     descending: bool = ...,
     dim: int = ...,
     return_matrix: Literal[True] = ...,
+    error_free: bool = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -547,6 +613,7 @@ def diffsort(
     descending: bool = ...,
     dim: int = ...,
     return_matrix: Literal[False],
+    error_free: bool = ...,
 ) -> torch.Tensor: ...
 
 
@@ -560,6 +627,7 @@ def diffsort(
     descending: bool = False,
     dim: int = -1,
     return_matrix: bool = True,
+    error_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
     r"""Differentiable sorting network (Petersen et al., ICML'21; monotonic: ICLR'22).
 
@@ -592,6 +660,17 @@ def diffsort(
     permutation. Values and gradients equal those of the authors' ``diffsort`` package (both
     networks, every distribution) to rounding; the ``gaussian`` backward differs from it by
     ~1e-8 relative because that package rounds ``1 / steepness`` to float32 in its backward.
+
+    Error-free swaps (``error_free=True``; Kim, Yoon & Cho, ICLR 2024, "Generalized Neural Sorting
+    Networks with Error-Free Differentiable Swap Functions"): every comparator writes the exact
+    :math:`\min(x_a, x_b)` / :math:`\max(x_a, x_b)` forward, so ``sorted`` equals
+    ``torch.sort(x).values`` exactly and ``P`` is the exact permutation matrix (on a tie the pair
+    is not swapped), while the backward differentiates each layer's relaxed blend (the formulas
+    above, ``α`` computed from the exactly swapped values entering that layer): per layer, values
+    and matrix are :math:`h + (s - \mathrm{sg}(s))` with :math:`h` the hard and :math:`s` the
+    relaxed swap, as in the authors' ``use_ste`` code. The gradient is a surrogate (the forward
+    is piecewise constant in ``P``, piecewise linear in ``sorted``); values and gradients equal the
+    authors' code to rounding.
 
     Gradients of any order: the first-order backward is a hand-written pass over the layers; under
     ``create_graph=True`` (Hessian-vector products, ``torch.autograd.gradgradcheck``) the backward
@@ -629,15 +708,21 @@ def diffsort(
         (True, True)
         >>> rankwise.diffsort(x, network="bitonic", distribution="optimal", return_matrix=False)
         tensor([[1.0125, 2.0000, 2.9875]])
+        >>> s, p = rankwise.diffsort(x, error_free=True)  # exact forward, relaxed backward
+        >>> s, p
+        (tensor([[1., 2., 3.]]), tensor([[[0., 0., 1.],
+                 [1., 0., 0.],
+                 [0., 1., 0.]]]))
     """
     check_floating_nd(x, "x")
     beta, lam = _check_options(network, distribution, steepness, art_lambda)
     check_bool(descending, "descending")
     check_bool(return_matrix, "return_matrix")
+    check_bool(error_free, "error_free")
     d = check_dim(x, dim)
     xc = x.movedim(d, -1)
     xc = xc.to(compute_dtype(xc.dtype))
-    out, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    out, layers, alphas = _run(xc, network, beta, distribution, lam, descending, error_free)
     # NaN/inf policy (docs/conventions.md): a non-finite entry makes its whole slice NaN
     sorted_x = nan_slices(out, xc).to(x.dtype).movedim(-1, d)
     if not return_matrix:
@@ -649,8 +734,26 @@ class DiffSort(FunctionModule):
     """Module twin of :func:`diffsort` holding the network and its relaxation."""
 
     _function = staticmethod(diffsort)
-    _options = ("network", "steepness", "distribution", "art_lambda", "descending", "dim", "return_matrix")
-    _shown = ("network!r", "steepness", "distribution!r", "art_lambda", "descending", "dim", "return_matrix")
+    _options = (
+        "network",
+        "steepness",
+        "distribution",
+        "art_lambda",
+        "descending",
+        "dim",
+        "return_matrix",
+        "error_free",
+    )
+    _shown = (
+        "network!r",
+        "steepness",
+        "distribution!r",
+        "art_lambda",
+        "descending",
+        "dim",
+        "return_matrix",
+        "error_free",
+    )
 
     def __init__(
         self,
@@ -662,12 +765,14 @@ class DiffSort(FunctionModule):
         descending: bool = False,
         dim: int = -1,
         return_matrix: bool = True,
+        error_free: bool = False,
     ) -> None:
         super().__init__()
         self.steepness, self.art_lambda = _check_options(network, distribution, steepness, art_lambda)
         self.network, self.distribution = network, distribution
         self.descending = check_bool(descending, "descending")
         self.return_matrix = check_bool(return_matrix, "return_matrix")
+        self.error_free = check_bool(error_free, "error_free")
         self.dim = dim
 
 
@@ -682,10 +787,12 @@ def _diffsort_soft_sort(
     steepness: float = 10.0,
     distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
+    error_free: bool = False,
 ) -> torch.Tensor:
     beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    check_bool(error_free, "error_free")
     xc = x.to(compute_dtype(x.dtype))
-    out, _, _ = _run(xc, network, beta, distribution, lam, descending)
+    out, _, _ = _run(xc, network, beta, distribution, lam, descending, error_free)
     return out.to(x.dtype)
 
 
@@ -697,12 +804,15 @@ def _diffsort_soft_rank(
     steepness: float = 10.0,
     distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
+    error_free: bool = False,
 ) -> torch.Tensor:
     """Soft rank of input ``i`` = :math:`\\sum_j j P_{ij}` (1-based), computed as ``P @ (1..n)``
-    through the layers' transposes: O(L n), ``P`` is never built."""
+    through the layers' transposes: O(L n), ``P`` is never built (``error_free``: the exact ranks
+    forward, the error-free swaps' gradients backward)."""
     beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    check_bool(error_free, "error_free")
     xc = x.to(compute_dtype(x.dtype))
-    _, layers, alphas = _run(xc, network, beta, distribution, lam, descending)
+    _, layers, alphas = _run(xc, network, beta, distribution, lam, descending, error_free)
     return _ranks(layers, alphas, xc).to(x.dtype)
 
 
@@ -757,7 +867,7 @@ def network_topk_route(
     if lay.depth == 0:  # n <= 1: the identity, connected to the graph
         route = onehot + x.T * 0
     else:
-        _, alphas = _SortingNetwork.apply(x.T.contiguous(), lay, distribution, steepness, art_lambda)
+        _, alphas, _ = _SortingNetwork.apply(x.T.contiguous(), lay, distribution, steepness, art_lambda)
         route = onehot
         for layer, alpha in enumerate(alphas.unbind(0)):  # (one unbind: its backward is one stack, not L)
             t = lay[layer]

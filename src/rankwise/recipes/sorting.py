@@ -14,7 +14,10 @@ permutation :math:`P`: :math:`-\frac1n \\sum_{i,j} P_{ij} \\log \\hat P_{ij}` --
 on the scores as log-scores, averaged over ``task.n_samples`` samples), ``softsort``
 (:func:`rankwise.softsort_matrix`), ``diffsort_odd_even`` / ``diffsort_bitonic``
 (:func:`rankwise.diffsort` with ``descending=True``, transposed: its ``P[i, j]`` is the weight of
-input ``i`` in position ``j``), ``sinkhorn`` (``n`` times the transpose of
+input ``i`` in position ``j``), ``diffsort_odd_even_error_free`` / ``diffsort_bitonic_error_free``
+(the same networks with error-free swaps, Kim, Yoon & Cho, ICLR 2024: ``error_free=True``, an exact
+permutation forward; trained with the authors' loss, :func:`error_free_loss`, instead of the
+cross-entropy), ``sinkhorn`` (``n`` times the transpose of
 :func:`rankwise.sinkhorn_transport` to ``n`` descending targets). Rank relaxations have no
 :math:`\\hat P` and train a loss on ranks against the true ranks (1..n, ascending): ``isotonic``
 (mean squared error of :func:`rankwise.soft_rank` ``method="isotonic"``), ``lapsum`` (the same loss on
@@ -73,7 +76,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
-from rankwise.ops import OPS
+from rankwise.ops import OPS, diffsort
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
@@ -109,6 +112,7 @@ __all__ = [
     "SortRecipe",
     "SortingModule",
     "VanillaRanker",
+    "error_free_loss",
     "median_loss",
     "recalibrate_bn",
     "register_relaxation",
@@ -198,6 +202,11 @@ class Relaxation:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     description: str = ""
     kind: Literal["permutation", "rank_loss"] = "permutation"
+    #: permutation relaxations: the sort recipe's training loss ``loss(scores (B, n), values (B, n),
+    #: images (B, n, ...), t) -> scalar`` in place of :func:`sort_loss` of ``fn``'s P̂ (``None``: that)
+    loss: Callable[..., torch.Tensor] | None = None
+    #: ``fn``'s forward is already the exact permutation (``task.hard`` does not apply)
+    exact_forward: bool = False
 
 
 #: relaxations by name (``task.method``): every operator whose registry entry carries
@@ -213,13 +222,19 @@ def register_relaxation(
     options: Mapping[str, Any] | None = None,
     description: str = "",
     kind: Literal["permutation", "rank_loss"] = "permutation",
+    loss: Callable[..., torch.Tensor] | None = None,
+    exact_forward: bool = False,
 ) -> None:
-    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation` for ``kind``)."""
+    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation` for ``kind``, ``loss``
+    and ``exact_forward``)."""
     if name == "vanilla" or name in RELAXATIONS:
         raise ValueError(f"relaxation {name!r} is already defined")
     if kind not in ("permutation", "rank_loss"):
         raise ValueError(f"`kind` must be 'permutation' or 'rank_loss', got {kind!r}")
-    RELAXATIONS.add(name, Relaxation(fn, dict(options or {}), description, kind), description=description)
+    if loss is not None and kind != "permutation":
+        raise ValueError(f"`loss` applies to permutation relaxations only, got kind {kind!r}")
+    relaxation = Relaxation(fn, dict(options or {}), description, kind, loss, exact_forward)
+    RELAXATIONS.add(name, relaxation, description=description)
 
 
 def _straight_through(p_soft: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -274,6 +289,137 @@ for _entry in OPS.entries():
         RELAXATIONS.add(_info.name, _from_op(_entry, _info), description=_info.description)
 
 
+def _error_free_chunks(n: int, size: int = 4) -> list[tuple[int, int]]:
+    """``(start, length)`` of the input groups of :func:`error_free_loss`: consecutive groups of ``size``
+    inputs, the last one taking one more when a single input would remain (groups of one input, whose
+    term is identically zero, are left out)."""
+    out: list[tuple[int, int]] = []
+    for start in range(0, n, size):
+        length = min(size + (n == start + size + 1), n - start)
+        if length > 1 and (not out or start >= out[-1][0] + out[-1][1]):
+            out.append((start, length))
+    return out
+
+
+def _chunk_sorted(p: torch.Tensor, items: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """The items ``start .. start + length - 1`` in the order ``p`` gives them: ``(B, length, D)``.
+
+    ``p`` (B, n, n) is an exact permutation (in value) with ``p[b, i, j]`` = input ``i`` at position ``j``;
+    its rows of the group select the positions the group occupies (columns summing to one over those
+    rows), in increasing order, and ``p_sel^T @ items`` lists the group's items in that order."""
+    rows = p[:, start : start + length, :]  # (B, length, n)
+    held = (rows.detach().sum(1) - 1).abs() < 1e-2  # (B, n): the positions the group occupies
+    cols = torch.argsort((~held).to(torch.int8), dim=-1, stable=True)[:, :length]  # ascending positions
+    sel = rows.gather(2, cols.unsqueeze(1).expand(-1, length, -1))  # (B, length, length)
+    return sel.transpose(-1, -2) @ items[:, start : start + length]
+
+
+def error_free_loss(
+    scores: torch.Tensor,
+    values: torch.Tensor,
+    items: torch.Tensor,
+    *,
+    network: str = "odd_even",
+    steepness: float = 10.0,
+    distribution: str = "cauchy",
+    art_lambda: float = 0.25,
+    loss_weight: float = 1.0,
+    soft_loss: bool = True,
+) -> torch.Tensor:
+    r"""The sorting loss of Kim, Yoon & Cho (ICLR 2024) for error-free differentiable sorting networks.
+
+    With :math:`P` the true (ascending) permutation of ``values`` (:math:`P_{ij} = 1` if input
+    :math:`i` holds position :math:`j`), :math:`\hat P_s` the relaxed and :math:`\hat P_h` the
+    error-free matrix of :func:`rankwise.diffsort` (ascending) on ``scores``, and :math:`X` the items
+    (``items`` flattened per item: ``(B, n, D)``)
+
+    .. math::
+        \ell = \mathrm{BCE}(\hat P_s, P) + \lambda \sum_{g} \mathrm{MSE}\bigl(\hat P_{h,g}^\top X_g,\;
+        P_g^\top X_g\bigr),
+
+    the BCE averaged over all entries, its logarithms clamped at -100 as ``torch.nn.BCELoss`` (only
+    with ``soft_loss``), :math:`\lambda` = ``loss_weight``, ``g`` the groups of consecutive inputs
+    ``0..3``, ``4..7``, ... (the last group takes a fifth input when one would be left alone; as the
+    authors' ``main_multidigit.py``): :math:`P_g^\top X_g` lists the group's items in their true
+    order, :math:`\hat P_{h,g}^\top X_g` in the predicted one (the exact order forward, the relaxed
+    swaps' gradients backward); the MSE averages over the batch, the group and the item's entries.
+    ``scores`` / ``values`` (B, n), ``items`` (B, n, ...); values distinct.
+    """
+    b, n = scores.shape
+    kw: dict[str, Any] = {
+        "network": network,
+        "steepness": steepness,
+        "distribution": distribution,
+        "art_lambda": art_lambda,
+    }
+    p_true = F.one_hot(values.argsort(-1), n).transpose(-1, -2).to(scores.dtype)
+    loss = scores.new_zeros(())
+    if soft_loss:  # BCELoss written out (F.binary_cross_entropy refuses to run under autocast)
+        p_soft = diffsort(scores, **kw)[1]
+        log_p, log_q = p_soft.log().clamp_min(-100), (1 - p_soft).log().clamp_min(-100)
+        loss = -(p_true * log_p + (1 - p_true) * log_q).mean()
+    p_hard = diffsort(scores, error_free=True, **kw)[1]
+    flat = items.reshape(b, n, -1).to(scores.dtype)
+    sorted_terms = [
+        F.mse_loss(_chunk_sorted(p_hard, flat, start, k), _chunk_sorted(p_true, flat, start, k))
+        for start, k in _error_free_chunks(n)
+    ]
+    if sorted_terms:
+        loss = loss + loss_weight * torch.stack(sorted_terms).sum()
+    return loss
+
+
+def _error_free_relaxation(network: str) -> None:
+    """``diffsort_<network>_error_free``: error-free swaps, the authors' loss (:func:`error_free_loss`)."""
+
+    def network_options(t: SortOptions) -> dict[str, Any]:
+        o = relaxation_options(t)
+        opts = {k: _option(o[k], d) for k, d in _ERROR_FREE_OPTIONS.items()}
+        for k in ("loss_weight", "soft_loss"):
+            opts.pop(k)
+        return opts
+
+    def permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+        kw: dict[str, Any] = {"network": network, "descending": True, "error_free": True, **network_options(t)}
+        return diffsort(scores, **kw)[1].transpose(-1, -2)
+
+    def loss(scores: torch.Tensor, values: torch.Tensor, images: torch.Tensor, t: SortOptions) -> torch.Tensor:
+        o = relaxation_options(t)
+        weight = _option(o["loss_weight"], _ERROR_FREE_OPTIONS["loss_weight"])
+        soft = o["soft_loss"]
+        if not isinstance(soft, bool):
+            raise TypeError(f"`task.options.soft_loss` must be a bool, got {soft!r}")
+        if not weight >= 0:
+            raise ValueError(f"`task.options.loss_weight` must be >= 0, got {weight!r}")
+        kw = network_options(t)
+        return error_free_loss(scores, values, images, network=network, loss_weight=weight, soft_loss=soft, **kw)
+
+    description = (
+        f"{network.replace('_', '-')} sorting network with error-free swaps (rankwise.diffsort error_free=True, "
+        "Kim et al. ICLR 2024), trained with the authors' loss"
+    )
+    register_relaxation(
+        f"diffsort_{network}_error_free",
+        permutation,
+        options=_ERROR_FREE_OPTIONS,
+        description=description,
+        loss=loss,
+        exact_forward=True,
+    )
+
+
+#: options of the error-free relaxations (the authors' defaults: cauchy, steepness 10, weight 1, both terms)
+_ERROR_FREE_OPTIONS: dict[str, Any] = {
+    "steepness": 10.0,
+    "distribution": "cauchy",
+    "art_lambda": 0.25,
+    "loss_weight": 1.0,
+    "soft_loss": True,
+}
+for _network in ("odd_even", "bitonic"):
+    _error_free_relaxation(_network)
+
+
 def _try_relaxation(t: SortOptions) -> None:
     """Run the relaxation once on a tiny batch: its own checks of ``task.options`` values become a ConfigError."""
     r = RELAXATIONS[t.method]
@@ -282,6 +428,8 @@ def _try_relaxation(t: SortOptions) -> None:
         with torch.no_grad():
             if r.kind == "permutation":
                 r.fn(scores, t)
+                if r.loss is not None:
+                    r.loss(scores, scores, scores.unsqueeze(-1), t)
             else:
                 r.fn(scores, true_ranks(scores), t)
     except (ValueError, TypeError, KeyError) as e:
@@ -509,8 +657,11 @@ class SortingModule(L.LightningModule):
         out = self.model(x)
         if t.method == "vanilla":
             return F.cross_entropy(out.float().flatten(0, 1), true_permutation(v).argmax(-1).flatten())
-        if RELAXATIONS[t.method].kind == "rank_loss":
-            return RELAXATIONS[t.method].fn(out.float(), true_ranks(v), t)
+        r = RELAXATIONS[t.method]
+        if r.kind == "rank_loss":
+            return r.fn(out.float(), true_ranks(v), t)
+        if r.loss is not None:
+            return r.loss(out.float(), v, x, t)
         return sort_loss(relaxed_permutation(out.float(), t), true_permutation(v))
 
     def _train_loss(self, tensors: Mapping[str, Any]) -> torch.Tensor:
@@ -657,6 +808,11 @@ class SortRecipe(RecipeBase):
             )
         if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].kind != "permutation"):
             raise ConfigError(f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}")
+        if t.hard and RELAXATIONS[t.method].exact_forward:
+            raise ConfigError(
+                f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}: "
+                "its forward is already the exact permutation"
+            )
         extra = RELAXATIONS[t.method].options if t.method in RELAXATIONS else {}
         for k in t.options:
             if k not in extra:

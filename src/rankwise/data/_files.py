@@ -33,6 +33,7 @@ import gzip
 import io
 import os
 import re
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,12 +267,31 @@ def csv_records(
             yield row_no, row
 
 
+#: digests already computed in this process, by (path, algorithm) -> (size, mtime_ns, inode, digest)
+_DIGESTS: dict[tuple[str, str], tuple[int, int, int, str]] = {}
+
+
 def file_digest(path: str | os.PathLike[str], algorithm: str = "sha256") -> str:
-    """The hex digest of a file's bytes (read in 1 MiB chunks, never whole into memory)."""
+    """The hex digest of a file's bytes (read in 1 MiB chunks, never whole into memory).
+
+    A file is read once per process while its size, modification time and inode stay the same (the
+    cache key of a volume and the run's record of the files it read both need its digest)."""
     import hashlib
 
+    key = (os.path.abspath(path), algorithm)
+    st = os.stat(path)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    known = _DIGESTS.get(key)
+    if known is not None and known[:3] == stamp:
+        return known[3]
     h = hashlib.new(algorithm)
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    after = os.stat(path)
+    # kept only for a file not changed while it was read, and not modified in the last 2 s (a rewrite
+    # within the file system's clock tick would keep its time stamp: git's "racy" case)
+    if (after.st_size, after.st_mtime_ns, after.st_ino) == stamp and time.time_ns() - st.st_mtime_ns > 2_000_000_000:
+        _DIGESTS[key] = (*stamp, digest)
+    return digest

@@ -748,7 +748,7 @@ class NiftiPreprocessing:
             raise DataFormatError(
                 csv_path, it["row"], f"volume {it['path']} is {size:,} bytes, over the limit of {MAX_VOLUME_BYTES:,}"
             )
-        key = hashlib.sha1((file_digest(it["path"], "sha1") + opts).encode()).hexdigest()
+        key = hashlib.sha256((file_digest(it["path"]) + opts).encode()).hexdigest()[:40]
         cached = self.cache / f"{key}.npy"
         if cached.exists() or cached.with_suffix(".json").exists():
             record, problem = _verified(cached)

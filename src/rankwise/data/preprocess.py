@@ -122,9 +122,8 @@ def _n4(img: Any) -> Any:
 #: the starts of the registration retry (see :func:`_register`): rotations (degrees) about the left-right,
 #: front-back and up-down axes and a shift (mm, up) of the scan's centre of mass, from the centred start
 RESTARTS = tuple(
-    (rx, ry, rz, dz)
-    for rx in (-15.0, 0.0, 15.0)
-    for ry in (0.0,)
+    (rx, 0.0, rz, dz)
+    for rx in (-30.0, -15.0, 0.0, 15.0, 30.0)
     for rz in (-15.0, 0.0, 15.0)
     for dz in (-20.0, 0.0, 20.0)
 ) + ((0.0, -15.0, 0.0, 0.0), (0.0, 15.0, 0.0, 0.0))
@@ -166,15 +165,22 @@ def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = Fals
         )
     )
     if restarts:
+        # one coarse level (about 8 mm voxels, smoothed by 2 mm) made once, not once per start
+        small = [
+            sitk.Shrink(sitk.SmoothingRecursiveGaussian(img, 2.0), [max(1, round(8.0 / v)) for v in img.GetSpacing()])
+            for img in (fixed, moving)
+        ]
+        small_mask = sitk.Resample(fixed_mask, small[0], sitk.Transform(), sitk.sitkNearestNeighbor, 0)
         scored = []
         for rx, ry, rz, dz in RESTARTS:
             t = sitk.Euler3DTransform(start)
             t.SetRotation(math.radians(rx), math.radians(ry), math.radians(rz))
             # LPS: up is +z; the transform maps template -> scan, so shifting it moves the scan's start
             t.SetTranslation(tuple(a + b for a, b in zip(start.GetTranslation(), (0.0, 0.0, dz))))
-            reg = method((4,), (2.0,), 40)
+            reg = method((1,), (0.0,), 40)
+            reg.SetMetricFixedMask(small_mask)
             reg.SetInitialTransform(t, inPlace=True)
-            reg.Execute(fixed, moving)
+            reg.Execute(small[0], small[1])
             scored.append((reg.GetMetricValue(), len(scored), t))
         start = min(scored, key=lambda v: (v[0], v[1]))[2]  # Mattes MI: lower is better
     rigid = sitk.Euler3DTransform(stage(start, (4, 2, 1), (2.0, 1.0, 0.0)))

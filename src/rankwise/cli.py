@@ -814,6 +814,10 @@ def data_make_brain_age_synthetic(
     raw: Annotated[
         bool, typer.Option("--raw", help="raw scans (skull, neck, random pose, voxel size and bias) for preprocess")
     ] = False,
+    patients: Annotated[
+        float, typer.Option(help="fraction of subjects in a `patient` group whose brains look older (a `group` column)")
+    ] = 0.0,
+    patient_shift: Annotated[float, typer.Option(help="years the patients' brains look older")] = 5.0,
 ) -> None:
     """Synthetic brain-age cohort from nilearn's MNI152 templates (every number from it is synthetic)."""
 
@@ -821,11 +825,22 @@ def data_make_brain_age_synthetic(
         from rankwise.data import make_brain_age_synthetic
 
         try:
-            return make_brain_age_synthetic(out, n=n, spacing=spacing, seed=seed, sites=sites, raw=raw)
+            return make_brain_age_synthetic(
+                out,
+                n=n,
+                spacing=spacing,
+                seed=seed,
+                sites=sites,
+                raw=raw,
+                patients=patients,
+                patient_shift=patient_shift,
+            )
         except (ValueError, TypeError) as e:
             from rankwise.recipes.config import UserError
 
-            raise UserError(_option_names(str(e), ("n", "spacing", "seed", "sites"))) from None
+            raise UserError(
+                _option_names(str(e), ("n", "spacing", "seed", "sites", "patients", "patient_shift"))
+            ) from None
 
     csv_path = _run_guarded(make)
     _console().print(f"{n} synthetic subjects: {csv_path}", highlight=False)

@@ -305,3 +305,78 @@ def write_study_report(run: Any, metrics: Mapping[str, Any]) -> Path:
     path = run.results / "report.md"
     atomic_write(path, "\n".join(lines))
     return path
+
+
+def preprocess_for_run(
+    run_dir: str | Path,
+    csv_path: str | Path,
+    out: str | Path | None,
+    *,
+    on_scan: Callable[[int, int, str, str, float], None] | None = None,
+) -> Path:
+    """The cohort CSV that ``rankwise predict RUN --data CSV [--preprocess-out OUT]`` predicts from.
+
+    A run trained on scans that ``rankwise preprocess`` wrote records their template in its ``data.json``
+    (``meta["preprocessed"]`` of :func:`rankwise.data.load_nifti_csv`). Given such a run and a raw
+    ``csv_path`` (a ``path`` column of scans, none of the preprocessing's columns), the scans are preprocessed
+    with the run's template and registration into ``out`` (:func:`rankwise.data.preprocess_cohort`: nothing
+    written outside it; finished scans reused) and ``out/participants.csv`` is returned; otherwise
+    ``csv_path`` itself. One :class:`~rankwise.recipes.config.UserError` line for a raw CSV without ``out``,
+    an ``out`` that a preprocessed CSV or a run without a recorded template cannot use, an ``out`` whose
+    ``participants.csv`` is not one ``rankwise preprocess`` wrote, and scans that fail (their count, the
+    first message and the quality-control page).
+    """
+    from rankwise.data.nifti import PREPROCESS_COLUMNS, read_cohort_rows
+    from rankwise.recipes.config import UserError
+    from rankwise.recipes.rundir._record import read_record
+
+    csv_path = Path(csv_path)
+    record = read_record(Path(run_dir)) or {}
+    meta = (record.get("summary") or {}).get("meta") or {}
+    recorded = meta.get("preprocessed")
+    rows = read_cohort_rows(csv_path, None)
+    raw = not all(c in rows[0] for c in PREPROCESS_COLUMNS)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("template"), str):
+        if out is not None:
+            raise UserError(
+                f"--preprocess-out: the run {run_dir} was not trained on scans of `rankwise preprocess` (its "
+                "data.json records no template); predict from volumes on its training grid without --preprocess-out"
+            )
+        return csv_path
+    template, registration = recorded["template"], str(recorded.get("registration", "affine"))
+    if not raw:
+        if out is not None:
+            raise UserError(
+                f"--preprocess-out: {csv_path} is already preprocessed (it has the columns {list(PREPROCESS_COLUMNS)}"
+                " of `rankwise preprocess`); drop --preprocess-out"
+            )
+        return csv_path
+    if out is None:
+        raise UserError(
+            f"{csv_path}: raw scans (no `transform` column of `rankwise preprocess`), but the run {run_dir} was "
+            f"trained on scans preprocessed to {template}: add --preprocess-out DIR (a folder for the preprocessed "
+            "scans; they are then predicted)"
+        )
+    out = Path(out)
+    existing = out / "participants.csv"
+    if existing.exists():
+        try:
+            header = [k for k in read_cohort_rows(existing, None)[0] if k != "_row"]
+        except Exception:  # unreadable or empty: not one that preprocess wrote
+            header = []
+        if not all(c in header for c in PREPROCESS_COLUMNS):
+            raise UserError(
+                f"--preprocess-out: {existing} exists and is not a CSV that `rankwise preprocess` wrote; choose "
+                "another folder (it would be replaced)"
+            )
+    from rankwise.data import preprocess_cohort
+
+    result = preprocess_cohort(csv_path, out, template=template, registration=registration, on_scan=on_scan)
+    if result.failures:
+        _, _, message = result.failures[0]
+        raise UserError(
+            f"{len(result.failures)} of {len(rows)} scan(s) of {csv_path} failed preprocessing (first: {message}); "
+            f"see {result.page}"
+        )
+    assert result.csv is not None
+    return result.csv

@@ -2,12 +2,12 @@
 
 The ``brain_age`` recipe's evaluation adds ``metrics.json["study"]`` and ``RUN_DIR/report.md``:
 
-* ``sites`` -- per-site n, mean and SD of the bias-corrected test gap (:func:`rankwise.gap_by_site` of
+* ``sites`` -- per-site n, mean and SD of the bias-corrected test gap (:func:`rankwise.brain_age.gap_by_site` of
   ``gap_corrected_gap``: the "gap" correction fitted on the validation set), the sites read from the cohort
   CSV's ``report.site_column`` (default ``site``; skipped when the CSV lacks it or leaves it empty);
 * ``groups`` -- with ``report.group_column``, per-group n / mean / SD of that gap and, against
   ``report.reference_group``, Cohen's d, the Welch t-test and Mann-Whitney p-values and the AUC of the gap
-  for telling the group from the reference (:func:`rankwise.gap_by_group`);
+  for telling the group from the reference (:func:`rankwise.brain_age.gap_by_group`);
 * with ``report.harmonize: combat``, the gap is first harmonised across sites by ComBat
   (:func:`rankwise.brain_age.combat_fit`, no empirical Bayes: one feature) fitted on the training split's
   gaps with age, sex (when every row has one) and the group indicators as covariates, and applied to the

@@ -167,3 +167,14 @@ def test_the_synthetic_patients_have_older_looking_brains(tmp_path: Path) -> Non
     ):
         with pytest.raises(ValueError, match=match):
             make_brain_age_synthetic(tmp_path / "bad", n=2, spacing=8.0, **bad)
+
+
+def test_study_options_that_contradict_each_other_are_refused() -> None:
+    from rankwise.recipes.config import load_config
+
+    with pytest.raises(ConfigError, match=r"`report\.reference_group` names a group of `report\.group_column`"):
+        load_config("brain_age_tsan_synthetic", ["report.reference_group=HC"])
+    with pytest.raises(ConfigError, match=r"`report\.harmonize: combat` harmonises across the sites"):
+        load_config("brain_age_tsan_synthetic", ["report.harmonize=combat", "report.site_column=null"])
+    cfg = load_config("brain_age_tsan_synthetic", ["report.group_column=dx", "report.reference_group=HC"])
+    assert (cfg.report.group_column, cfg.report.reference_group, cfg.report.harmonize) == ("dx", "HC", "none")

@@ -51,6 +51,11 @@ def study_columns(run: Any) -> dict[str, dict[str, list[str] | None]]:
     out: dict[str, dict[str, list[str] | None]] = {k: dict.fromkeys(_SPLITS) for k in wanted}
     if all(v is None for v in wanted.values()):
         return out
+    if not Path(str(meta.get("source", ""))).is_file():  # data not read from a cohort CSV
+        named = [f"`report.{k}_column`" for k, v in wanted.items() if v is not None and (k, v) != ("site", "site")]
+        if named:
+            raise ConfigError(f"{', '.join(named)} names a column of the cohort CSV, but these data have no CSV")
+        return out
     source = Path(meta["source"])
     rows = {r["_row"]: r for r in read_cohort_rows(source, None)}
     header = [k for k in next(iter(rows.values())) if k != "_row"]

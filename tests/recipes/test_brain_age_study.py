@@ -139,6 +139,9 @@ def test_study_options_are_checked_before_training(tmp_path: Path) -> None:
     lone = [r | {"site": "lone"} if i == splits.index("train") else r for i, r in enumerate(rows)]
     with pytest.raises(ConfigError, match=r"sites \['lone'\] have fewer than 2"):
         check_study(_fake_run(tmp_path, lone, splits, harmonize="combat"))
+    empty = [r | {"site": ""} if i == splits.index("val") else r for i, r in enumerate(rows)]
+    with pytest.raises(ConfigError, match=r"some val rows have an empty `site`"):
+        check_study(_fake_run(tmp_path, empty, splits, harmonize="combat"))
     no_site = [{k: v for k, v in r.items() if k != "site"} for r in rows]
     with pytest.raises(ConfigError, match=r"`report\.harmonize: combat` needs sites"):
         check_study(_fake_run(tmp_path, no_site, splits, harmonize="combat"))

@@ -106,11 +106,12 @@ def check_study(run: Any) -> None:
                 f"`report.harmonize: combat` applies the site effects fitted on the train split, which has no "
                 f"subject of the {split} sites {unseen}"
             )
-    if any(not s for s in sites["train"] or []):
-        raise ConfigError(
-            f"`report.harmonize: combat`: some training rows have an empty `{rep.site_column}` (every subject "
-            "needs a site)"
-        )
+    for split in _SPLITS:
+        if any(not s for s in sites[split] or []):
+            raise ConfigError(
+                f"`report.harmonize: combat`: some {split} rows have an empty `{rep.site_column}` (every subject "
+                "needs a site)"
+            )
 
 
 def _clean(table: Mapping[Any, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

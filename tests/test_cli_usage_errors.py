@@ -181,6 +181,8 @@ _BAD_VALUES = {
         "--spacing": ["0", "nan", "-2", "9"],
         "--seed": ["-1"],
         "--sites": ["0"],
+        "--patients": ["-0.1", "1", "nan"],
+        "--patient-shift": ["nan", "31", "-40"],
     },
 }
 

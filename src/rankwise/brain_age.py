@@ -8,11 +8,14 @@ r"""Brain-age utilities: TSAN's age discretisation, the bias correction of the b
 * :func:`brain_age_metrics` -- MAE, RMSE, Pearson r, Spearman rho, R^2, the brain-age gap (BAG) mean
   and SD, corr(BAG, age) and the MAE per age decade;
 * :func:`gap_by_site`, :func:`gap_by_group` -- the gap per site, and per group against a reference group
-  (Cohen's d, Welch and Mann-Whitney p-values, AUC).
+  (Cohen's d, Welch and Mann-Whitney p-values, AUC);
+* :func:`combat_fit` -- ComBat's site harmonisation (Johnson et al. 2007; Fortin et al. 2018), fitted on
+  one set of subjects and applied (:meth:`ComBat.apply`) to others of the same sites.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import warnings
@@ -22,10 +25,14 @@ import numpy as np
 import torch
 
 __all__ = [
+    "COMBAT_MAX_ITER",
+    "COMBAT_TOL",
     "FLAT_RELATIVE",
     "MIN_FIT_SUBJECTS",
     "BiasCorrectionWarning",
+    "ComBat",
     "brain_age_metrics",
+    "combat_fit",
     "correct_age_bias",
     "discretize_age",
     "gap_by_group",
@@ -262,11 +269,11 @@ def brain_age_metrics(pred: Any, age: Any, *, corrected: Any = None) -> dict[str
     return out
 
 
-def _labels(x: Any, name: str, n: int) -> np.ndarray:
+def _labels(x: Any, name: str, n: int, per: str = "gap") -> np.ndarray:
     """``x`` (a sequence of hashable labels) as a flat object array of length ``n``."""
     arr = np.asarray(x, dtype=object).reshape(-1)
     if arr.shape[0] != n:
-        raise ValueError(f"`{name}` must have one label per gap ({n}), got {arr.shape[0]}")
+        raise ValueError(f"`{name}` must have one label per {per} ({n}), got {arr.shape[0]}")
     return arr
 
 
@@ -357,3 +364,197 @@ def gap_by_group(gap: Any, groups: Any, *, reference: Any = None) -> dict[Any, d
             row["auc"] = float(mw.statistic) / (nx * ny)
         out[k] = row
     return out
+
+
+#: relative change of the empirical-Bayes estimates at which :func:`combat_fit` stops iterating
+COMBAT_TOL = 1e-4
+#: most iterations of the empirical-Bayes fixed point of :func:`combat_fit`
+COMBAT_MAX_ITER = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class ComBat:
+    """ComBat's site effects fitted by :func:`combat_fit`; :meth:`apply` harmonises new subjects.
+
+    ``sites``: the fitted site labels (sorted by ``str``); ``beta``: ``(C, F)`` covariate coefficients;
+    ``grand_mean``, ``var_pooled``: ``(F,)``; ``gamma``, ``delta``: ``(S, F)`` the (empirical-Bayes)
+    additive and multiplicative site effects :math:`\\gamma^*_{sf}`, :math:`\\delta^*_{sf}`; ``gamma_hat``,
+    ``delta_hat``: their per-site least-squares estimates; ``eb``: whether the estimates were shrunk.
+    """
+
+    sites: tuple[Any, ...]
+    grand_mean: np.ndarray
+    beta: np.ndarray
+    var_pooled: np.ndarray
+    gamma: np.ndarray
+    delta: np.ndarray
+    gamma_hat: np.ndarray
+    delta_hat: np.ndarray
+    eb: bool
+
+    def apply(self, data: Any, sites: Any, *, covariates: Any = None) -> np.ndarray:
+        r"""Harmonise ``data`` of subjects of fitted sites with the fitted effects.
+
+        .. math::
+            y^{\mathrm{ComBat}}_{if} = \frac{z_{if} - \gamma^*_{s(i)f}}{\sqrt{\delta^*_{s(i)f}}}\,\sigma_f
+            + \alpha_f + x_i^\top\beta_f, \qquad z_{if} = \frac{y_{if} - \alpha_f - x_i^\top\beta_f}{\sigma_f}
+
+        with the subject's own covariates :math:`x_i` (their fitted effect is kept). A site that the fit
+        did not see is a ``ValueError`` naming it.
+
+        Shape:
+            - data: ``(N,)`` or ``(N, F)``; sites: ``(N,)``; covariates: ``(N, C)`` (or ``(N,)`` for one);
+              output: shaped as ``data``, float64.
+        """
+        y, squeeze = _features(data, "data")
+        if y.shape[1] != self.grand_mean.shape[0]:
+            raise ValueError(f"`data` must have the {self.grand_mean.shape[0]} fitted feature(s), got {y.shape[1]}")
+        lab = _labels(sites, "sites", y.shape[0], "subject")
+        index = {s: j for j, s in enumerate(self.sites)}
+        unseen = sorted({s for s in lab.tolist() if s not in index}, key=str)
+        if unseen:
+            raise ValueError(
+                f"`sites` {unseen} were not in the fitted data (fitted sites: {list(self.sites)}): ComBat estimates "
+                "a site's effects from its own subjects"
+            )
+        x = _covariates(covariates, y.shape[0], self.beta.shape[0])
+        code = np.array([index[s] for s in lab.tolist()], dtype=np.int64)
+        fitted = self.grand_mean + x @ self.beta
+        sd = np.sqrt(self.var_pooled)
+        z = (y - fitted) / sd
+        out = (z - self.gamma[code]) / np.sqrt(self.delta[code]) * sd + fitted
+        return out[:, 0] if squeeze else out
+
+
+def _features(data: Any, name: str) -> tuple[np.ndarray, bool]:
+    """``data`` as a finite float64 ``(N, F)`` array, and whether it was one feature ``(N,)``."""
+    arr = np.asarray(data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else data)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"`{name}` must hold real numbers, got an array of {arr.dtype}")
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"`{name}` must be (N,) or (N, F), got shape {arr.shape}")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"`{name}` must be finite, got NaN or inf values")
+    return (arr[:, None], True) if arr.ndim == 1 else (arr, False)
+
+
+def _covariates(covariates: Any, n: int, c: int | None = None) -> np.ndarray:
+    if covariates is None:
+        x = np.zeros((n, 0))
+    else:
+        x, _ = _features(covariates, "covariates")
+        if x.shape[0] != n:
+            raise ValueError(f"`covariates` must have one row per subject ({n}), got {x.shape[0]}")
+    if c is not None and x.shape[1] != c:
+        raise ValueError(f"`covariates` must have the {c} fitted column(s), got {x.shape[1]}")
+    return x
+
+
+def combat_fit(data: Any, sites: Any, *, covariates: Any = None, eb: bool = True) -> ComBat:
+    r"""Fit ComBat's additive and multiplicative site effects (Johnson et al., Biostatistics 2007; Fortin et
+    al., NeuroImage 2018) on ``data``; :meth:`ComBat.apply` harmonises these or new subjects of the same sites.
+
+    Each feature :math:`f` of subject :math:`i` at site :math:`s` follows
+
+    .. math::
+        y_{if} = \alpha_f + x_i^\top\beta_f + \gamma_{sf} + \delta_{sf}\,\varepsilon_{if},
+        \qquad \varepsilon_{if} \sim \mathcal N(0, \sigma_f^2)
+
+    Least squares on the design ``[site one-hot, covariates]`` gives :math:`\hat\beta_f` and per-site
+    intercepts, :math:`\alpha_f = \sum_s (n_s / n) \hat\alpha_{sf}`, :math:`\sigma_f^2` the mean squared
+    residual (divided by :math:`n`); the standardized data :math:`z_{if} = (y_{if} - \alpha_f -
+    x_i^\top\hat\beta_f) / \sigma_f` give :math:`\hat\gamma_{sf}` (the site's mean) and
+    :math:`\hat\delta_{sf}` (its variance, ddof 1; 0 is taken as 1). With ``eb``, the parametric empirical Bayes
+    of Johnson et al. shrinks them towards priors pooled over the features of each site -- :math:`\gamma_{sf}
+    \sim \mathcal N(\bar\gamma_s, \tau_s^2)`, :math:`\delta_{sf} \sim \Gamma^{-1}(a_s, b_s)` by the method of
+    moments -- iterating
+
+    .. math::
+        \gamma^*_{sf} = \frac{n_s \tau_s^2 \hat\gamma_{sf} + \delta^*_{sf}\bar\gamma_s}{n_s\tau_s^2 + \delta^*_{sf}},
+        \qquad \delta^*_{sf} = \frac{b_s + \tfrac12\sum_{i \in s}(z_{if} - \gamma^*_{sf})^2}{n_s/2 + a_s - 1}
+
+    until the largest relative change is below :data:`COMBAT_TOL`; without ``eb`` (needed for one feature,
+    whose prior has no spread to estimate) :math:`\gamma^* = \hat\gamma`, :math:`\delta^* = \hat\delta`. The
+    covariates' effects :math:`x_i^\top\beta_f` are kept by the harmonisation; code a categorical covariate
+    as indicator columns without one level (the site indicators already hold the intercept).
+
+    Every site needs at least 2 subjects; ``eb`` at least 2 features. ``ValueError`` names what is missing.
+
+    Shape:
+        - data: ``(N,)`` or ``(N, F)`` (subjects x features); sites: ``(N,)`` labels; covariates: ``(N, C)``
+          (``(N,)`` for one).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> sites = np.repeat(["a", "b"], 50)
+        >>> y = rng.normal(size=(100, 3)) + np.where(sites == "b", 2.0, 0.0)[:, None]
+        >>> fit = combat_fit(y, sites)
+        >>> h = fit.apply(y, sites)
+        >>> bool(abs(h[sites == "b"].mean() - h[sites == "a"].mean()) < 0.1)
+        True
+    """
+    y, _ = _features(data, "data")
+    n, f = y.shape
+    lab = _labels(sites, "sites", n, "subject")
+    names = tuple(sorted(set(lab.tolist()), key=str))
+    index = {s: j for j, s in enumerate(names)}
+    code = np.array([index[s] for s in lab.tolist()], dtype=np.int64)
+    counts = np.bincount(code, minlength=len(names))
+    small = [names[j] for j in np.flatnonzero(counts < 2)]
+    if small:
+        raise ValueError(f"every site needs at least 2 subjects to estimate its variance; {small} have 1")
+    if eb and f < 2:
+        raise ValueError(
+            "`eb=True` pools the site effects over features and needs at least 2 features, got 1: use eb=False"
+        )
+    x = _covariates(covariates, n)
+    onehot = np.zeros((n, len(names)))
+    onehot[np.arange(n), code] = 1.0
+    design = np.hstack([onehot, x])
+    if np.linalg.matrix_rank(design) < design.shape[1]:
+        raise ValueError(
+            "the design [site indicators, covariates] is rank-deficient: a covariate is constant, collinear "
+            "with another, or confounded with the sites"
+        )
+    coef = np.linalg.solve(design.T @ design, design.T @ y)  # (S + C, F)
+    grand = (counts / n) @ coef[: len(names)]
+    beta = coef[len(names) :]
+    var = ((y - design @ coef) ** 2).mean(axis=0)
+    if not (var > 0).all():
+        raise ValueError("a feature is fitted exactly by the sites and covariates (zero residual variance)")
+    z = (y - grand - x @ beta) / np.sqrt(var)
+    gamma_hat = onehot.T @ z / counts[:, None]  # (S, F)
+    delta_hat = np.stack([z[code == j].var(axis=0, ddof=1) for j in range(len(names))])
+    delta_hat = np.where(delta_hat == 0, 1.0, delta_hat)
+    gamma, delta = gamma_hat, delta_hat
+    if eb:
+        gamma, delta = _combat_eb(z, code, counts, gamma_hat, delta_hat)
+    return ComBat(names, grand, beta, var, gamma, delta, gamma_hat, delta_hat, bool(eb))
+
+
+def _combat_eb(
+    z: np.ndarray, code: np.ndarray, counts: np.ndarray, gamma_hat: np.ndarray, delta_hat: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The parametric empirical-Bayes estimates of :func:`combat_fit`, every site at once."""
+    gbar = gamma_hat.mean(axis=1, keepdims=True)
+    t2 = gamma_hat.var(axis=1, ddof=1, keepdims=True)
+    m = delta_hat.mean(axis=1, keepdims=True)
+    s2 = delta_hat.var(axis=1, ddof=1, keepdims=True)
+    if not ((t2 > 0).all() and (s2 > 0).all()):
+        raise ValueError("the site effects do not vary over the features: their priors are not determined")
+    a = (2 * s2 + m**2) / s2
+    b = (m * s2 + m**3) / s2
+    gamma, delta = np.empty_like(gamma_hat), np.empty_like(delta_hat)
+    for j in range(gamma_hat.shape[0]):  # each site until its own estimates settle
+        zj, nj = z[code == j], float(counts[j])
+        g_old, d_old = gamma_hat[j], delta_hat[j]
+        for _ in range(COMBAT_MAX_ITER):
+            g_new = (t2[j] * nj * gamma_hat[j] + d_old * gbar[j]) / (t2[j] * nj + d_old)
+            d_new = (0.5 * ((zj - g_new) ** 2).sum(axis=0) + b[j]) / (nj / 2.0 + a[j] - 1.0)
+            change = max(float((np.abs(g_new - g_old) / g_old).max()), float((np.abs(d_new - d_old) / d_old).max()))
+            g_old, d_old = g_new, d_new
+            if change <= COMBAT_TOL:
+                break
+        gamma[j], delta[j] = g_old, d_old
+    return gamma, delta

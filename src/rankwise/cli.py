@@ -454,6 +454,14 @@ def predict(
         bool,
         typer.Option("--allow-changed-data", help="predict although the run's data changed since training"),
     ] = False,
+    preprocess_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--preprocess-out",
+            help="brain_age run trained on `rankwise preprocess` scans, raw --data: preprocess the scans into "
+            "this folder with the run's template first",
+        ),
+    ] = None,
 ) -> None:
     """Predict new rows with a trained run: writes the file's columns plus `prediction` as CSV.
 
@@ -461,10 +469,16 @@ def predict(
 
     With the target column in the file, the MAE is printed.
 
-    Recipes: dir, rrt, rnc (tables, image lists); brain_age (NIfTI cohorts: bias-corrected ages too).
+    Recipes: dir, rrt, rnc (tables, image lists); brain_age (NIfTI cohorts: bias-corrected ages too; raw scans
+    of a run trained on `rankwise preprocess` output: --preprocess-out DIR preprocesses them first).
 
     ltr (LETOR files: a score and rank per document); supcon, retrieval (image paths: a class).
     """
+
+    err = _console(stderr=True)
+
+    def on_scan(done: int, total: int, name: str, status: str, seconds: float) -> None:
+        err.print(f"preprocess [{done}/{total}] {name}: {status}", highlight=False, markup=False, soft_wrap=True)
 
     def go() -> Any:
         from rankwise.recipes.predict_data import target_column
@@ -480,7 +494,14 @@ def predict(
         path: str | Path = out if out is not None else default_predictions_path(run_dir, data)
         check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
-        columns = run_predict(run_dir, data, checkpoint=checkpoint, allow_changed_data=allow_changed_data)
+        columns = run_predict(
+            run_dir,
+            data,
+            checkpoint=checkpoint,
+            allow_changed_data=allow_changed_data,
+            preprocess_out=preprocess_out,
+            on_scan=on_scan,
+        )
         written = write_predictions(columns, path, overwrite=overwrite)
         rows = len(next(iter(columns.values()))) if columns else 0
         return written, rows, predictions_mae(columns, target) if target is not None else None
@@ -814,6 +835,10 @@ def data_make_brain_age_synthetic(
     raw: Annotated[
         bool, typer.Option("--raw", help="raw scans (skull, neck, random pose, voxel size and bias) for preprocess")
     ] = False,
+    patients: Annotated[
+        float, typer.Option(help="fraction of subjects in a `patient` group whose brains look older (a `group` column)")
+    ] = 0.0,
+    patient_shift: Annotated[float, typer.Option(help="years the patients' brains look older")] = 5.0,
 ) -> None:
     """Synthetic brain-age cohort from nilearn's MNI152 templates (every number from it is synthetic)."""
 
@@ -821,11 +846,22 @@ def data_make_brain_age_synthetic(
         from rankwise.data import make_brain_age_synthetic
 
         try:
-            return make_brain_age_synthetic(out, n=n, spacing=spacing, seed=seed, sites=sites, raw=raw)
+            return make_brain_age_synthetic(
+                out,
+                n=n,
+                spacing=spacing,
+                seed=seed,
+                sites=sites,
+                raw=raw,
+                patients=patients,
+                patient_shift=patient_shift,
+            )
         except (ValueError, TypeError) as e:
             from rankwise.recipes.config import UserError
 
-            raise UserError(_option_names(str(e), ("n", "spacing", "seed", "sites"))) from None
+            raise UserError(
+                _option_names(str(e), ("n", "spacing", "seed", "sites", "patients", "patient_shift"))
+            ) from None
 
     csv_path = _run_guarded(make)
     _console().print(f"{n} synthetic subjects: {csv_path}", highlight=False)

@@ -52,6 +52,7 @@ from rankwise.data._files import check_header, csv_records, file_digest, note_re
 
 __all__ = [
     "PREPROCESSING_OPTIONS",
+    "PREPROCESS_COLUMNS",
     "SEX_VALUES",
     "NiftiCohort",
     "NiftiPreprocessing",
@@ -68,6 +69,8 @@ __all__ = [
 #: accepted ``sex`` values (case-insensitive) -> 1 (male) / 0 (female)
 SEX_VALUES = {"m": 1, "male": 1, "1": 1, "f": 0, "female": 0, "0": 0}
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+#: the columns :func:`rankwise.data.preprocess_cohort` adds to the cohort CSV it writes
+PREPROCESS_COLUMNS = ("raw_path", "mask", "transform")
 #: the cache entries' format and what the preprocessing does (3: volumes reoriented to RAS+ first, entries
 #: recorded with their checksum, shape and dtype)
 _CACHE_VERSION = "3"
@@ -331,6 +334,31 @@ def _read_rows(csv_path: Path, target: str | None = "age") -> list[dict[str, Any
 read_cohort_rows = _read_rows
 #: the checked volume reader (one error line naming the CSV row), for the other readers of volumes
 read_volume = _read_volume
+
+
+def _preprocess_records(rows: list[dict[str, Any]], csv_path: Path) -> dict[str, str] | None:
+    """``{"template", "registration"}`` of a cohort CSV written by :func:`rankwise.data.preprocess_cohort`
+    (its :data:`PREPROCESS_COLUMNS`, each row's record ``records/<name>.json`` next to the CSV); ``None`` for
+    another CSV or one whose records are missing. Rows preprocessed with different templates are a
+    :class:`~rankwise.data.DataFormatError` naming the row."""
+    if not rows or not all(c in rows[0] for c in PREPROCESS_COLUMNS):
+        return None
+    found: dict[str, str] | None = None
+    for r in rows:
+        name = Path(r["transform"]).name.removesuffix(".tfm")
+        try:
+            rec = json.loads((csv_path.parent / "records" / f"{name}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(rec, dict) or not isinstance(rec.get("template"), str):
+            return None
+        this = {"template": rec["template"], "registration": str(rec.get("registration", "affine"))}
+        if found is not None and this != found:
+            raise DataFormatError(
+                csv_path, r["_row"], f"preprocessed with {this}, the rows before it with {found}: one template a cohort"
+            )
+        found = this
+    return found
 
 
 def _is_nifti_name(value: str) -> bool:
@@ -814,7 +842,8 @@ def load_nifti_csv(
     whole, a :class:`NiftiPreprocessing` (or its :meth:`~NiftiPreprocessing.to_dict`), instead of
     ``shape`` / ``spacing`` / ``resize`` / ``normalize`` / ``cache_dir``. Items are ``({"volume": (1, D, H, W),
     "sex": (2,) one-hot}, age)``; ``meta`` holds the subject ids, sites, CSV rows and source paths
-    of each split.
+    of each split and, for a CSV that ``rankwise preprocess`` wrote (its :data:`PREPROCESS_COLUMNS` and
+    records), ``preprocessed``: the ``template`` and ``registration`` of its scans.
 
     Raises :class:`~rankwise.data.DataFormatError` naming the CSV row and the volume for a missing,
     truncated or corrupt file, a volume that is not 3-D, NaN/inf voxels, a shape that differs
@@ -836,7 +865,9 @@ def load_nifti_csv(
         raise TypeError(f"`augment` must be true or false, got {augment!r}")
     root = csv_path.resolve().parent
     _check_target(target)
-    items = [_parse_row(r, csv_path, root, target) for r in _read_rows(csv_path, target)]
+    rows = _read_rows(csv_path, target)
+    items = [_parse_row(r, csv_path, root, target) for r in rows]
+    preprocessed = _preprocess_records(rows, csv_path)
     split_rule = "csv" if all(it["split"] for it in items) else "subject"
     _assign_splits(items, csv_path, val_fraction, test_fraction, seed)
     if not any(it["split"] == "train" for it in items):
@@ -871,6 +902,8 @@ def load_nifti_csv(
         "cache_dir": str(prep.cache),
         "preprocessing": prep.to_dict(),
     }
+    if preprocessed is not None:
+        meta["preprocessed"] = preprocessed
     for s in ("train", "val", "test"):
         meta[f"{s}_subjects"] = [it["subject"] for it in part(s)]
         meta[f"{s}_sites"] = [it["site"] for it in part(s)]

@@ -48,7 +48,7 @@ import numpy as np
 from rankwise._fileio import atomic_open, atomic_path, atomic_write
 from rankwise.data._base import DataFormatError
 from rankwise.data._files import file_digest
-from rankwise.data.nifti import read_cohort_rows, read_volume, to_canonical
+from rankwise.data.nifti import PREPROCESS_COLUMNS, read_cohort_rows, read_volume, to_canonical
 
 __all__ = ["PreprocessResult", "map_to_scan", "preprocess_cohort", "preprocess_t1", "template_grid"]
 
@@ -121,12 +121,16 @@ def _n4(img: Any) -> Any:
 
 #: the starts of the registration retry (see :func:`_register`): rotations (degrees) about the left-right,
 #: front-back and up-down axes and a shift (mm, up) of the scan's centre of mass, from the centred start
-RESTARTS = tuple(
-    (rx, 0.0, rz, dz)
-    for rx in (-30.0, -15.0, 0.0, 15.0, 30.0)
-    for rz in (-15.0, 0.0, 15.0)
-    for dz in (-20.0, 0.0, 20.0)
-) + ((0.0, -15.0, 0.0, 0.0), (0.0, 15.0, 0.0, 0.0))
+RESTARTS = (
+    *(
+        (rx, 0.0, rz, dz)
+        for rx in (-30.0, -15.0, 0.0, 15.0, 30.0)
+        for rz in (-15.0, 0.0, 15.0)
+        for dz in (-20.0, 0.0, 20.0)
+    ),
+    (0.0, -15.0, 0.0, 0.0),
+    (0.0, 15.0, 0.0, 0.0),
+)
 
 
 def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = False) -> Any:
@@ -508,7 +512,7 @@ def preprocess_cohort(
     for r in rows:
         if not r["path"]:
             raise DataFormatError(csv_path, r["_row"], "empty `path`")
-    reserved = [c for c in ("raw_path", "mask", "transform") if c in rows[0]]
+    reserved = [c for c in PREPROCESS_COLUMNS if c in rows[0]]
     if reserved:
         raise DataFormatError(csv_path, 1, f"column(s) {reserved} are written by preprocess; rename them")
     names = _names(rows)
@@ -555,7 +559,7 @@ def preprocess_cohort(
                 finished(*res)
     result.failures.sort()
     columns = [c for c in rows[0] if c != "_row"]
-    extra = ["raw_path", "mask", "transform"]
+    extra = list(PREPROCESS_COLUMNS)
     table = []
     for r, scan in zip(rows, scans):
         rec = by_row.get(r["_row"])

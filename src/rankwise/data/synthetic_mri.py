@@ -19,6 +19,11 @@ Age model (``k = (age - 20) / 70``, so 0 at 20 and 1 at 90 years), on the ICBM 2
   stripped (background 0), stored as int16 NIfTI in MNI orientation.
 
 Ages are uniform over ``age_range`` (default 20-90), sex is male with probability 0.5.
+
+``patients`` (a fraction) of the subjects, drawn at random, form a ``patient`` group whose brains follow
+the age model at ``age + patient_shift`` years (they look older than they are); the CSV then has a
+``group`` column (``control`` / ``patient``), so that a brain-age gap test has a known answer: the
+patients' gap is ``patient_shift`` years larger and separates them from the controls (AUC above 0.5).
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ import torch.nn.functional as F
 
 from rankwise._fileio import atomic_open, atomic_path, atomic_write
 
-__all__ = ["SYNTHETIC_COLUMNS", "make_brain_age_synthetic", "mni_templates"]
+__all__ = ["GROUPS", "GROUP_COLUMN", "SYNTHETIC_COLUMNS", "make_brain_age_synthetic", "mni_templates"]
 
 SYNTHETIC_COLUMNS = ("path", "age", "sex", "site", "subject")
+#: the column added with ``patients > 0``, its values and the reference group
+GROUP_COLUMN, GROUPS = "group", ("control", "patient")
 _TEMPLATES = {
     "t1": "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",
     "gm": "mni_icbm152_gm_tal_nlin_sym_09a_converted.nii.gz",
@@ -206,6 +213,8 @@ def make_brain_age_synthetic(
     sites: int = 2,
     raw: bool = False,
     raw_voxel_mm: tuple[float, float] = (1.0, 1.5),
+    patients: float = 0.0,
+    patient_shift: float = 5.0,
 ) -> Path:
     """Write a synthetic cohort of ``n`` NIfTI volumes + ``participants.csv`` into ``out``; returns the CSV path.
 
@@ -222,6 +231,11 @@ def make_brain_age_synthetic(
     scanner mm; ``head_scale``; ``voxel_mm``; ``orientation``), ``sub-XXXX_brainmask.nii.gz`` (the brain on
     the scan's grid), ``sub-XXXX_mni.nii.gz`` (the aligned volume) and ``aligned.csv`` (the aligned
     cohort, for a comparison with training on the preprocessed scans).
+
+    ``patients`` in [0, 1): the fraction of subjects (rounded, drawn at random from their own stream, so the
+    other draws stay those of ``patients=0``) whose brains are made ``patient_shift`` years older (the age
+    model at ``age + patient_shift``); with ``patients > 0`` the CSV gets a ``group`` column (``control`` /
+    ``patient``).
 
     Example:
         >>> import tempfile
@@ -244,6 +258,10 @@ def make_brain_age_synthetic(
         raise ValueError(f"`seed` must be an int >= 0, got {seed!r}")
     if not isinstance(raw, bool):
         raise TypeError(f"`raw` must be a bool, got {raw!r}")
+    if isinstance(patients, bool) or not isinstance(patients, (int, float)) or not 0.0 <= float(patients) < 1.0:
+        raise ValueError(f"`patients` must be a fraction in [0, 1), got {patients!r}")
+    if isinstance(patient_shift, bool) or not isinstance(patient_shift, (int, float)) or not -30 <= patient_shift <= 30:
+        raise ValueError(f"`patient_shift` must be a number of years in [-30, 30], got {patient_shift!r}")
     vlo, vhi = (float(v) for v in raw_voxel_mm)
     if not 0.5 <= vlo <= vhi <= 8.0:
         raise ValueError(f"`raw_voxel_mm` must be (low, high) mm with 0.5 <= low <= high <= 8, got {raw_voxel_mm!r}")
@@ -262,6 +280,9 @@ def make_brain_age_synthetic(
     ages = rng.uniform(lo, hi, n).round(1)
     males = rng.integers(0, 2, n)
     site_of = rng.integers(0, sites, n)
+    patient = np.zeros(n, dtype=bool)
+    patient[np.random.default_rng([seed, 2]).permutation(n)[: round(float(patients) * n)]] = True
+    columns = list(SYNTHETIC_COLUMNS) + ([GROUP_COLUMN] if patients > 0 else [])
     rows: list[dict[str, Any]] = []
     aligned: list[dict[str, Any]] = []
 
@@ -273,9 +294,8 @@ def make_brain_age_synthetic(
         (out / "truth").mkdir(exist_ok=True)
     for i in range(n):
         name = f"sub-{i + 1:04d}"
-        vol, scale = _subject(
-            maps, center, float(ages[i]), int(males[i]), int(site_of[i]), np.random.default_rng([seed, i])
-        )
+        brain_age = float(ages[i]) + (float(patient_shift) if patient[i] else 0.0)
+        vol, scale = _subject(maps, center, brain_age, int(males[i]), int(site_of[i]), np.random.default_rng([seed, i]))
         if raw:
             scan, scan_affine, brain, truth = _raw_scan(
                 vol, affine, float(spacing), scale, np.random.default_rng([seed, i, 1]), (vlo, vhi)
@@ -296,12 +316,13 @@ def make_brain_age_synthetic(
                 "site": f"site{int(site_of[i])}",
                 "subject": name,
             }
+            | ({GROUP_COLUMN: GROUPS[int(patient[i])]} if patients > 0 else {})
         )
         aligned.append(rows[-1] | {"path": f"{name}_mni.nii.gz"})
 
     def write_csv(path: Path, table: list[dict[str, Any]]) -> None:
         with atomic_open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(SYNTHETIC_COLUMNS))
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(table)
 

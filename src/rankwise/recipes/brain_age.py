@@ -52,7 +52,11 @@ Validation MAE selects each stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearso
 R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias correction
 (:func:`rankwise.correct_age_bias`, ``"gap"`` and ``"prediction"``, fitted on the validation set and
 applied to the test set), MAE per decade; ``predictions.csv`` (subject, site, split, age,
-predictions) and plots.
+predictions) and plots. A brain-age study's tables (:mod:`rankwise.recipes.brain_age_study`): the
+bias-corrected test gap per site (``report.site_column``) and per group against a reference group
+(``report.group_column``, ``report.reference_group``: Cohen's d, Welch / Mann-Whitney p, AUC), optionally
+harmonised across sites by ComBat fitted on the training split (``report.harmonize: combat``), in
+``metrics.json["study"]``, ``RUN_DIR/report.md`` and the tables ``rankwise train`` / ``evaluate`` print.
 """
 
 from __future__ import annotations
@@ -538,7 +542,19 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
         "shot_thresholds": {"many": many, "few": few},
     }
     if write:
+        from rankwise.recipes.brain_age_study import study_metrics, train_eval_dataset, write_study_report
+
+        def predict_train() -> tuple[np.ndarray, np.ndarray]:
+            from rankwise.recipes.dir_net import eval_loader
+
+            loader = eval_loader(train_eval_dataset(run.data.train), run.data, run.cfg)
+            return _predict(run, module, loader, name, stage)
+
+        study = study_metrics(run, predict_train, (val_pred, val_age), (test_pred, test_age))
+        if study is not None:
+            out["study"] = study
         _write_predictions(run, val_pred, val_age, test_pred, test_age, corrected)
+        write_study_report(run, to_builtin(out))
     return to_builtin(out)
 
 
@@ -822,6 +838,9 @@ class BrainAgeRecipe(RecipeBase):
         if getattr(data, "kind", None) != "volume":
             raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
         _check_sodeep_batch(cfg, len(data.train_labels), note=run.is_global_zero)
+        from rankwise.recipes.brain_age_study import check_study
+
+        check_study(run)  # the report's site / group columns, before training
         if "shape" in data.meta:  # before training: one error line instead of the kernel's kill
             from rankwise.recipes.brain_age_memory import check_memory
 
@@ -896,11 +915,20 @@ class BrainAgeRecipe(RecipeBase):
         return _predict_cohort(run, Path(path), checkpoint)
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
+        from rankwise.recipes.brain_age_study import group_rows, site_rows
         from rankwise.recipes.reports import scalar_table_rows
 
         header, rows = scalar_table_rows(results)
         keep = [i for i, h in enumerate(header) if h in ("method", "seeds", "train s", *TABLE_METRICS)]
-        return [([header[i] for i in keep], [[r[i] for i in keep] for r in rows])]
+        out = [([header[i] for i in keep], [[r[i] for i in keep] for r in rows])]
+        runs = [r for rs in results.values() for r in rs]
+        study = runs[0].get("study") if len(runs) == 1 else None  # one run: its site and group tables
+        if study:
+            if study.get("site_column"):
+                out.append(site_rows(study))
+            if study.get("group_column"):
+                out.append(group_rows(study))
+        return out
 
     def summary(self, metrics: Mapping[str, Any]) -> str:
         t = metrics["test"]

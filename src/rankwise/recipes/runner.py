@@ -204,7 +204,13 @@ def evaluate(
 
 
 def predict(
-    run_dir: str | Path, data: str | Path, *, checkpoint: str | None = None, allow_changed_data: bool = False
+    run_dir: str | Path,
+    data: str | Path,
+    *,
+    checkpoint: str | None = None,
+    allow_changed_data: bool = False,
+    preprocess_out: str | Path | None = None,
+    on_scan: Callable[[int, int, str, str, float], None] | None = None,
 ) -> dict[str, Any]:
     """A trained run's predictions for the rows of a new file ``data`` (name -> list of text or numpy
     array, in order); write them with :func:`write_predictions`.
@@ -228,6 +234,11 @@ def predict(
       ``prediction`` (the linear probe's class) or ``neighbor``, ``similarity``, ``embedding_0`` ..
       ``embedding_{D-1}`` and ``prediction`` (the nearest training image by cosine and its class).
 
+    A ``brain_age`` run trained on scans of ``rankwise preprocess`` predicts a raw cohort CSV in one call:
+    with ``preprocess_out`` (a folder) its scans are preprocessed there with the run's recorded template
+    first (:func:`~rankwise.recipes.brain_age_study.preprocess_for_run`; ``on_scan`` as
+    :func:`rankwise.data.preprocess_cohort`'s), and the columns are those of the preprocessed CSV.
+
     Another recipe raises a ``ConfigError`` naming those that can.
     """
     from rankwise.recipes.base import can_predict, cannot_predict
@@ -237,6 +248,14 @@ def predict(
     recipe = get_recipe(cfg.recipe)
     if not can_predict(recipe):  # before the run's data are loaded
         raise cannot_predict(recipe)
+    if recipe.name == "brain_age":
+        from rankwise.recipes.brain_age_study import preprocess_for_run
+
+        data = preprocess_for_run(run_dir, data, preprocess_out, on_scan=on_scan)
+    elif preprocess_out is not None:
+        raise ConfigError(
+            f"--preprocess-out preprocesses raw scans for a `brain_age` run; the run's recipe is {recipe.name!r}"
+        )
     return rundir.predict_run(
         recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint, allow_changed_data=allow_changed_data
     )

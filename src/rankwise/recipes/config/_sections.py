@@ -280,6 +280,25 @@ class ReportConfig(Section):
         description="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)",
         ge=0,
     )
+    site_column: str | None = Field(
+        "site",
+        description="brain_age: the cohort CSV's column of scanner sites; the report gives the bias-corrected "
+        "test gap per site (skipped when the CSV has no such column or it is empty; null: never)",
+    )
+    group_column: str | None = Field(
+        None,
+        description="brain_age: the cohort CSV's column of diagnostic groups; the report compares the test gap "
+        "of each group with `report.reference_group` (Cohen's d, Welch and Mann-Whitney p, AUC)",
+    )
+    reference_group: str | None = Field(
+        None, description="brain_age: the group the others are compared with (null: the first in sorted order)"
+    )
+    harmonize: Literal["none", "combat"] = Field(
+        "none",
+        description="brain_age: `combat` harmonises the brain-age gap across `report.site_column` sites with "
+        "ComBat fitted on the training split (covariates: age, sex, group) and applied to val/test before the "
+        "bias correction of the site and group tables",
+    )
 
 
 #: the origin of the values of a config: dotted key -> (kind, where)

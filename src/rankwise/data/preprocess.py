@@ -175,7 +175,7 @@ def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = Fals
             for img in (fixed, moving)
         ]
         small_mask = sitk.Resample(fixed_mask, small[0], sitk.Transform(), sitk.sitkNearestNeighbor, 0)
-        scored = []
+        scored: list[tuple[float, int, Any]] = []
         for rx, ry, rz, dz in RESTARTS:
             t = sitk.Euler3DTransform(start)
             t.SetRotation(math.radians(rx), math.radians(ry), math.radians(rz))

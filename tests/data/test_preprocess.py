@@ -120,6 +120,8 @@ def test_nothing_is_written_outside_out_and_the_csv_is_the_training_input(cohort
     assert all((out / r["path"]).is_file() and Path(r["raw_path"]).is_file() for r in rows)
     page = (out / "qc" / "index.html").read_text()
     assert "1 scan preprocessed" in page and "3 failed" in page and "sub-0001.png" in page
+    items = page.split("<li>")[1:]
+    assert len(items) == 3 and all(item.startswith(f"{cohort}, row ") for item in items)  # each row named once
     data = load_nifti_csv(out / "participants.csv", val_fraction=0.0, test_fraction=0.0, cache_dir=str(out / "c"))
     assert len(data.train) == 1
 

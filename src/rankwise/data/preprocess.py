@@ -420,8 +420,10 @@ def _work(args: tuple[str, str, str, str, str, str, int, int]) -> tuple[int, dic
         where = (Path(csv_path), row)
         rec = preprocess_t1(scan, out, name=name, template=template, registration=registration, where=where)
         return row, rec, ""
-    except (DataFormatError, OSError, ValueError, MemoryError) as e:
+    except DataFormatError as e:  # names the CSV, its row and the scan
         return row, None, " ".join(str(e).split())
+    except (OSError, ValueError, MemoryError) as e:
+        return row, None, f"{csv_path}, row {row}: scan {scan}: " + (" ".join(str(e).split()) or type(e).__name__)
 
 
 def _count(n: int, word: str) -> str:
@@ -457,7 +459,7 @@ def _write_page(out: Path, records: list[dict[str, Any]], failures: list[tuple[i
             f"<td><a href='{html.escape(Path(r['qc']).name)}'><img src='{html.escape(Path(r['qc']).name)}' "
             f"height=120 alt='{name}'></a></td></tr>"
         )
-    failed = "".join(f"<li>row {row}: {html.escape(msg)}</li>" for row, _, msg in failures)
+    failed = "".join(f"<li>{html.escape(msg)}</li>" for _, _, msg in failures)  # each names its CSV row
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>rankwise preprocess: quality control</title>
 <style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}}

@@ -65,6 +65,7 @@ from rankwise.data.nifti import NiftiPreprocessing, NiftiVolumeDataset, load_nif
 from rankwise.data.preprocess import PreprocessResult, map_to_scan, preprocess_cohort, preprocess_t1
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
+from rankwise.data.topk_synthetic import load_topk_synthetic, topk_synthetic_arrays
 from rankwise.data.text import (
     TextPairDataset,
     build_vocab,
@@ -127,6 +128,7 @@ __all__ = [
     "load_mnist5k_arrays",
     "load_nifti_csv",
     "load_stsb_dir",
+    "load_topk_synthetic",
     "ltr_synthetic_arrays",
     "make_brain_age_synthetic",
     "make_ltr_synthetic",
@@ -149,5 +151,6 @@ __all__ = [
     "suggest_shot_thresholds",
     "task_of",
     "tokenize",
+    "topk_synthetic_arrays",
     "update_dataset",
 ]

@@ -268,6 +268,12 @@ class TopKRecipe(RecipeBase):
             if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
                 raise ConfigError(f"`task.loss_options.label_smoothing` must be a number in [0, 1), got {smoothing!r}")
         else:
+            from rankwise._validation import did_you_mean
+            from rankwise.losses import LOSSES
+
+            if t.loss not in LOSSES:
+                choices = [CROSS_ENTROPY, *_topk_losses()]
+                raise ConfigError(f"`task.loss`: unknown loss {t.loss!r}; " + did_you_mean(t.loss, choices, "losses"))
             entry = check_takes(t.loss, "task.loss", ("class_logits",))
             built = entry.module if entry.module is not None else entry.fn
             check_kwargs(built, dict(t.loss_options), "task.loss_options", supplied=(*(entry.inputs or {}), "distributed"))

@@ -98,7 +98,10 @@ def run(seeds: list[int], settings: list[str], work: Path) -> dict[str, Any]:
             }
         out["settings"][name] = {
             "overrides": sets,
-            "command": "rankwise compare " + " ".join(PRESETS) + " --seeds " + ",".join(map(str, seeds))
+            "command": "rankwise compare "
+            + " ".join(PRESETS)
+            + " --seeds "
+            + ",".join(map(str, seeds))
             + "".join(f" --set {s}" for s in sets),
             "wall_seconds": time.perf_counter() - t0,
             "loadavg_after": loadavg(),

@@ -68,7 +68,8 @@ BY_FAMILY = {
 }
 #: the topk presets: a tiny synthetic task; the CIFAR-100 / ImageNet ones a small CNN on generated files
 TOPK_SYNTHETIC = [
-    "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8, train_per_class: 4, val_per_class: 2, test_per_class: 2}",
+    "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8, train_per_class: 4, val_per_class: 2, "
+    "test_per_class: 2}",
     "model.options={hidden: [8], feature_dim: 8}",
 ]
 TOPK_IMAGES = ["model.backbone=small_cnn", "model.options={feature_dim: 8}", "task.val_fraction=0.34"]
@@ -125,7 +126,8 @@ def image_split(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def class_files(tmp_path_factory):
-    """A CIFAR-100-style pickle folder and an ImageNet-style image folder of 20 classes (3 train / 2 test images, 8x8)."""
+    """A CIFAR-100-style pickle folder and an ImageNet-style image folder of 20 classes (3 train / 2 test
+    images, 8x8)."""
     import pickle
 
     root = tmp_path_factory.mktemp("topk_images")

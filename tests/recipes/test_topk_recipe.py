@@ -15,23 +15,26 @@ import torch
 pytest.importorskip("lightning")
 pytest.importorskip("torchvision")
 
-from PIL import Image  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from PIL import Image
+from typer.testing import CliRunner
 
-from rankwise.cli import app  # noqa: E402
-from rankwise.data import get_dataset, topk_synthetic_arrays  # noqa: E402
-from rankwise.metrics import topk_accuracy  # noqa: E402
-from rankwise.recipes import evaluate, predict  # noqa: E402
-from rankwise.recipes.config import ConfigError, list_presets, load_config  # noqa: E402
-from rankwise.recipes.eval_metrics import TopKAccuracy, shard_keep_mask  # noqa: E402
-from rankwise.recipes.runner import load_run_config  # noqa: E402
-from rankwise.recipes.topk import TopKModule, augment_flip_crop  # noqa: E402
-from tests.cli_helpers import one_error_line  # noqa: E402
+from rankwise.cli import app
+from rankwise.data import get_dataset, topk_synthetic_arrays
+from rankwise.metrics import topk_accuracy
+from rankwise.recipes import evaluate, predict
+from rankwise.recipes.config import ConfigError, list_presets, load_config
+from rankwise.recipes.eval_metrics import TopKAccuracy, shard_keep_mask
+from rankwise.recipes.runner import load_run_config
+from rankwise.recipes.topk import TopKModule, augment_flip_crop
+from tests.cli_helpers import one_error_line
 
 runner = CliRunner()
 
 #: a tiny synthetic task (20 classes in 4 clusters, 8 features): a one-epoch run takes a second or two
-TINY_DATA = "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8, train_per_class: 6, val_per_class: 3, test_per_class: 4}"
+TINY_DATA = (
+    "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8, train_per_class: 6, val_per_class: 3, "
+    "test_per_class: 4}"
+)
 TINY = [
     TINY_DATA,
     "trainer.max_epochs=1",
@@ -162,7 +165,9 @@ def test_flip_crop_gives_a_crop_of_the_padded_or_flipped_image() -> None:
             for f in (False, True)
             for dy in range(5)
             for dx in range(5)
-            if torch.equal(torch.nn.functional.pad(a.flip(-1) if f else a, (2, 2, 2, 2))[:, dy : dy + 6, dx : dx + 5], b)
+            if torch.equal(
+                torch.nn.functional.pad(a.flip(-1) if f else a, (2, 2, 2, 2))[:, dy : dy + 6, dx : dx + 5], b
+            )
         ]
         assert found, "not a crop of the padded image"
         flips.add(found[0][0])
@@ -273,7 +278,7 @@ def test_evaluate_reproduces_the_test_metrics(odd_even_run: Path) -> None:
 
 
 def test_predict_gives_the_classes_of_the_best_checkpoint(odd_even_run: Path, tmp_path: Path) -> None:
-    logits, y = _test_logits(odd_even_run)
+    logits, _ = _test_logits(odd_even_run)
     x = get_dataset("topk_synthetic", **load_run_config(odd_even_run).data.options).test.x[:12]
     # the feature columns in another order, an id column first
     path = tmp_path / "new.csv"
@@ -325,7 +330,10 @@ def test_predict_names_the_classes_of_an_image_run(tmp_path: Path, cifar_root: P
     ("sets", "match"),
     [
         (["task.loss=smooth_ap"], r"`task\.loss`: loss 'smooth_ap' does not take a classifier's logits"),
-        (["task.loss=topk_ce"], r"`task\.loss`: unknown loss 'topk_ce'.*valid losses: cross_entropy, topk_cross_entropy$"),
+        (
+            ["task.loss=topk_ce"],
+            r"`task\.loss`: unknown loss 'topk_ce'.*valid losses: cross_entropy, topk_cross_entropy$",
+        ),
         (["task.loss_options={p_k: [0.5, 0.4]}"], r"`task\.loss_options`: .*p_k.* must sum to 1"),
         (["task.loss_options={p_k: [1.0], tau: 1.0}"], r"task\.loss_options\.tau"),
         (["task.loss_options={p_k: [1.0], method: bubble}"], r"`task\.loss_options`: .*method"),
@@ -344,7 +352,9 @@ def test_config_errors_name_the_key(sets: list[str], match: str) -> None:
 
 
 def test_cli_config_error_is_one_line(tmp_path: Path) -> None:
-    r = runner.invoke(app, ["train", "topk_synthetic_odd_even", "-o", str(tmp_path / "r"), "--set", "task.val_metric=top2"])
+    r = runner.invoke(
+        app, ["train", "topk_synthetic_odd_even", "-o", str(tmp_path / "r"), "--set", "task.val_metric=top2"]
+    )
     assert "task.val_metric" in one_error_line(r)
     assert not (tmp_path / "r").exists()
 

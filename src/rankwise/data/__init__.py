@@ -65,7 +65,6 @@ from rankwise.data.nifti import NiftiPreprocessing, NiftiVolumeDataset, load_nif
 from rankwise.data.preprocess import PreprocessResult, map_to_scan, preprocess_cohort, preprocess_t1
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.data.tabular import ABALONE_COLUMNS, abalone_path, load_abalone, load_csv
-from rankwise.data.topk_synthetic import load_topk_synthetic, topk_synthetic_arrays
 from rankwise.data.text import (
     TextPairDataset,
     build_vocab,
@@ -75,6 +74,7 @@ from rankwise.data.text import (
     read_sts_tsv,
     tokenize,
 )
+from rankwise.data.topk_synthetic import load_topk_synthetic, topk_synthetic_arrays
 
 __all__ = [
     "ABALONE_COLUMNS",

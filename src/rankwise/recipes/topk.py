@@ -276,7 +276,9 @@ class TopKRecipe(RecipeBase):
                 raise ConfigError(f"`task.loss`: unknown loss {t.loss!r}; " + did_you_mean(t.loss, choices, "losses"))
             entry = check_takes(t.loss, "task.loss", ("class_logits",))
             built = entry.module if entry.module is not None else entry.fn
-            check_kwargs(built, dict(t.loss_options), "task.loss_options", supplied=(*(entry.inputs or {}), "distributed"))
+            check_kwargs(
+                built, dict(t.loss_options), "task.loss_options", supplied=(*(entry.inputs or {}), "distributed")
+            )
             build_term(t.loss, t.loss_options, "task.loss_options")  # the options' values (p_k sums to 1, ...)
         if not t.ks or len(set(t.ks)) != len(t.ks):
             raise ConfigError(f"`task.ks` must be a non-empty list of distinct positive ints; got {t.ks!r}")
@@ -312,7 +314,9 @@ class TopKRecipe(RecipeBase):
         train, val, test = _splits(run)
         n, bs = len(train), cfg.data.batch_size
         kw: dict[str, Any] = loader_workers(cfg.data.num_workers)
-        train_dl = DataLoader(train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw)
+        train_dl = DataLoader(
+            train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
+        )
 
         def evaluation(ds: Any) -> Any:
             return DataLoader(ds, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
@@ -327,7 +331,14 @@ class TopKRecipe(RecipeBase):
         timer = StepTimer()
         monitor = f"val/{cfg.task.val_metric}" if data.has("val") else None
         stage = Stage(
-            "", module, data, epochs=cfg.trainer.max_epochs, monitor=monitor, mode="max", hand_on=None, callbacks=[timer]
+            "",
+            module,
+            data,
+            epochs=cfg.trainer.max_epochs,
+            monitor=monitor,
+            mode="max",
+            hand_on=None,
+            callbacks=[timer],
         )
         run.run_stage(stage)
         return run.rank_zero(self._test, run, module, data, "best", timer)
@@ -341,7 +352,11 @@ class TopKRecipe(RecipeBase):
         """Test top-k accuracies of ``checkpoints/<checkpoint>.ckpt`` (``Trainer.test`` loads it)."""
         got, ckpt = run.test(module, data, checkpoint)
         test = {f"top{k}": float(got[f"test/top{k}"]) for k in run.cfg.task.ks}
-        out: dict[str, Any] = {"test": test, "checkpoint": str(ckpt.relative_to(run.dir)), "device": device_name(run.cfg)}
+        out: dict[str, Any] = {
+            "test": test,
+            "checkpoint": str(ckpt.relative_to(run.dir)),
+            "device": device_name(run.cfg),
+        }
         if timer is not None and timer.steps:
             out["seconds_per_step"] = timer.seconds / timer.steps
         return out

@@ -235,7 +235,9 @@ def test_preset_list_has_one_synthetic_preset_per_loss() -> None:
         "topk_synthetic_neuralsort": "neuralsort",
         "topk_synthetic_softsort": "softsort",
     }
-    for n in ("cifar100_topk_ce", "cifar100_topk_odd_even", "imagenet_topk_ce", "imagenet_topk_odd_even"):
+    others = ["cifar100_topk_bitonic", "cifar100_topk_ce", "cifar100_topk_neuralsort", "imagenet_topk_bitonic"]
+    assert [n for n in TOPK_PRESETS if not n.startswith("topk_")] == [*others, "imagenet_topk_ce"]
+    for n in [*others, "imagenet_topk_ce"]:
         cfg = load_config(n)  # validated, though the data are the user's
         assert cfg.recipe == "topk" and cfg.data.name in ("cifar_dir", "image_folder")
 

@@ -280,7 +280,7 @@ def check_class_predictable(cfg: Any) -> None:
     """A ConfigError naming the datasets of :data:`CLASS_PREDICTION_READERS` unless the run's dataset is one."""
     if cfg.data.name not in CLASS_PREDICTION_READERS:
         raise ConfigError(
-            f"recipe {cfg.recipe!r} predicts from a CSV of image files for runs on the datasets "
+            f"recipe {cfg.recipe!r} predicts from a CSV of image files or feature columns for runs on the datasets "
             f"{', '.join(CLASS_PREDICTION_READERS.names())}; this run's dataset is {cfg.data.name!r}"
         )
 

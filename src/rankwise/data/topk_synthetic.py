@@ -17,9 +17,9 @@ from ``seed``):
   classes instead of their own (validation and test labels stay clean).
 
 The structure (centres and means) and the examples come from one generator seeded by ``seed``, so
-``seed`` fixes the whole dataset. At the defaults (1.0, 0.35, 1.2, 30 / 10 / 20 per class) a
-Gaussian classifier that knows the means is far from perfect at top-1 but places most examples'
-class in its top 5.
+``seed`` fixes the whole dataset. At the defaults (1.0, 0.35, 1.2, 30 / 10 / 20 per class, seed 0)
+the Bayes classifier (the nearest true class mean) has 67.1 % top-1 and 99.1 % top-5 accuracy on
+the test split: top-1 is hard, top-5 nearly always holds the class.
 """
 
 from __future__ import annotations
@@ -115,7 +115,13 @@ def load_topk_synthetic(
     noise: float = 1.2,
     label_noise: float = 0.0,
 ) -> ClassificationData:
-    """The synthetic top-k task of :mod:`rankwise.data.topk_synthetic` as train / val / test splits.
+    """SYNTHETIC many-class task with confusable classes (:mod:`rankwise.data.topk_synthetic`), train / val / test.
+
+    ``num_classes`` Gaussian classes in ``clusters`` groups of consecutive classes: group centres
+    ~ N(0, ``cluster_scale``² I), class means = centre + N(0, ``class_scale``² I), examples = class
+    mean + N(0, ``noise``² I) in ``dim`` dimensions; ``train_per_class`` / ``val_per_class`` /
+    ``test_per_class`` examples of every class; ``label_noise``: that fraction of the training labels
+    drawn uniformly anew. Everything is drawn from ``seed``.
 
     Items: float32 feature vectors ``(dim,)`` and the int64 class; ``image_shape`` is ``(1, 1, dim)``
     (one row of ``dim`` values). ``meta``: ``feature_names`` (``x0`` .. ``x{dim-1}``, the columns of a

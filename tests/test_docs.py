@@ -150,3 +150,23 @@ def test_imbalanced_own_table_is_its_json() -> None:
         cells = [c.strip() for c in row.strip("|").split("|")][1:]
         want = [r["mae"][g] for g in ("all", "many", "medium", "few")] + [r["gm_all"]]
         assert cells == [f"{v:.2f}" for v in want], (method, cells)
+
+
+def test_topk_tables_are_their_json() -> None:
+    """docs/topk.md's result tables are ``benchmarks/results/topk_synthetic.json``, cell by cell."""
+    import json
+
+    data = json.loads((REPO / "benchmarks" / "results" / "topk_synthetic.json").read_text())
+    text = (REPO / "docs" / "topk.md").read_text(encoding="utf-8")
+    assert f"`{data['commit']}`" in text
+    for name, block in data["settings"].items():
+        start = text.index(f"**{name}** (`{block['command']}`)")
+        lines = text[start:].splitlines()
+        for preset, m in block["methods"].items():
+            row = next(ln for ln in lines if ln.startswith(f"| `{preset}` "))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            t1, t5 = m["top1_summary"], m["top5_summary"]
+            assert cells[2:4] == [f"{t1['mean']:.2f} ± {t1['std']:.2f}", f"{t5['mean']:.2f} ± {t5['std']:.2f}"], (
+                name,
+                preset,
+            )

@@ -472,7 +472,8 @@ def predict(
     Recipes: dir, rrt, rnc (tables, image lists); brain_age (NIfTI cohorts: bias-corrected ages too; raw scans
     of a run trained on `rankwise preprocess` output: --preprocess-out DIR preprocesses them first).
 
-    ltr (LETOR files: a score and rank per document); supcon, retrieval (image paths: a class).
+    ltr (LETOR files: a score and rank per document); supcon, retrieval (image paths: a class); topk (image
+    paths or feature columns: a class and its top k).
     """
 
     err = _console(stderr=True)

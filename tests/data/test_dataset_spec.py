@@ -37,6 +37,7 @@ EXPECTED = {
     "mnist5k": "classes",
     "image_folder": "classes",
     "cifar_dir": "classes",
+    "topk_synthetic": "classes",
 }
 
 
@@ -86,7 +87,7 @@ def test_what_the_recipes_fill_in_is_in_the_spec() -> None:
         assert readers[name].read is dataset_spec(name).read_new_rows
     assert readers["agedb_dir"].target == dataset_spec("agedb_dir").target_column == "age"
     classes = predict_data.CLASS_PREDICTION_READERS
-    assert classes.names() == ["cifar_dir", "image_folder", "mnist5k"]
+    assert classes.names() == ["cifar_dir", "image_folder", "mnist5k", "topk_synthetic"]
     assert all(dataset_spec(n).modality == "classes" and classes[n] is dataset_spec(n).read_new_rows for n in classes)
     assert "letor" not in readers and "letor" not in classes and dataset_spec("letor").read_new_rows is None
 

@@ -1,4 +1,4 @@
-"""Lightning DDP (2 CPU processes, gloo) runs of the DIR and LTR modules, for test_distributed_metrics.py.
+"""Lightning DDP (2 CPU processes, gloo) runs of the DIR, LTR and top-k modules, for test_distributed_metrics.py.
 
 Each rank trains the recipe's module for 2 epochs on a small training set and validates on a
 validation set of an ODD size, so that the DistributedSampler gives the ranks unequal real shards
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-VAL_SIZE = {"dir": 41, "ltr": 13}  # odd: shards of 21 + 20 (dir) and 7 + 6 (ltr) samples
-EVAL_BATCH = {"dir": 8, "ltr": 4}
-MONITOR = {"dir": ("val/mae", "min"), "ltr": ("val/ndcg@5", "max")}
+VAL_SIZE = {"dir": 41, "ltr": 13, "topk": 41}  # odd: shards of 21 + 20 (dir, topk) and 7 + 6 (ltr) samples
+EVAL_BATCH = {"dir": 8, "ltr": 4, "topk": 8}
+MONITOR = {"dir": ("val/mae", "min"), "ltr": ("val/ndcg@5", "max"), "topk": ("val/top5", "max")}
 
 
 def setup(task: str) -> tuple[Any, Any, Any, Any]:
@@ -38,6 +38,20 @@ def setup(task: str) -> tuple[Any, Any, Any, Any]:
         module = DIRRegressor(
             cfg, input_dim=data.input_dim, bin_width=data.bin_width, train_labels=data.train_labels, meta=data.meta
         )
+        train = DataLoader(Subset(data.train, range(64)), batch_size=16, shuffle=False)
+        val = Subset(data.val, range(VAL_SIZE[task]))
+        return module, train, val, DataLoader(val, batch_size=EVAL_BATCH[task], shuffle=False)
+    if task == "topk":
+        from rankwise.data import get_dataset
+        from rankwise.recipes.topk import TopKModule
+
+        cfg = load_config(
+            "topk_synthetic_odd_even",
+            ["trainer.num_threads=1", "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8}"],
+        )
+        data = get_dataset(cfg.data.name, **cfg.data.options)
+        torch.manual_seed(0)
+        module = TopKModule(cfg, num_classes=data.num_classes, meta=data.meta)
         train = DataLoader(Subset(data.train, range(64)), batch_size=16, shuffle=False)
         val = Subset(data.val, range(VAL_SIZE[task]))
         return module, train, val, DataLoader(val, batch_size=EVAL_BATCH[task], shuffle=False)
@@ -62,6 +76,13 @@ def reference(task: str, module: Any, val_dl: Any) -> dict[str, float]:
             err = torch.cat([(module(x).float() - y.reshape(-1).float()).abs() for x, y in val_dl])
             logs = torch.log(err.clamp_min(1e-12)).double()
             return {"val/mae": float(err.double().mean()), "val/gm": float(torch.exp(logs.mean()))}
+        if task == "topk":
+            from rankwise.metrics import topk_accuracy
+
+            logits = torch.cat([module(x) for x, _ in val_dl]).double()
+            y = torch.cat([y for _, y in val_dl])
+            top1, top5 = (topk_accuracy(logits, y, ks=(1, 5)) * 100.0).tolist()
+            return {"val/top1": top1, "val/top5": top5}
         from rankwise.recipes.learning_to_rank import ltr_metrics
 
         parts = [ltr_metrics(module(x), y, module.task.ats) for x, y in val_dl]

@@ -40,7 +40,7 @@ def _spawn(task: str, tmp: Path) -> list[dict[str, Any]]:
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("task", ["dir", "ltr"])
+@pytest.mark.parametrize("task", ["dir", "ltr", "topk"])
 def test_ddp_validation_metrics_equal_single_process(tmp_path: Path, task: str) -> None:
     from tests.distributed._metric_workers import MONITOR, VAL_SIZE, reference, setup
 

@@ -58,6 +58,7 @@ BY_FAMILY = {
         "data.num_workers=0",
         "task.slate_length=10",
     ],
+    "topk": ["trainer.limit_train_batches=2", "data.batch_size=16", "data.eval_batch_size=64"],
     "retrieval": [
         "task.steps=2",
         "task.classes_per_batch=3",
@@ -65,6 +66,13 @@ BY_FAMILY = {
         "model.options.feature_dim=8",
     ],
 }
+#: the topk presets: a tiny synthetic task; the CIFAR-100 / ImageNet ones a small CNN on generated files
+TOPK_SYNTHETIC = [
+    "data.options={seed: 0, num_classes: 20, clusters: 4, dim: 8, train_per_class: 4, val_per_class: 2, "
+    "test_per_class: 2}",
+    "model.options={hidden: [8], feature_dim: 8}",
+]
+TOPK_IMAGES = ["model.backbone=small_cnn", "model.options={feature_dim: 8}", "task.val_fraction=0.34"]
 #: tiny networks of the brain-age presets (their model options differ per backbone)
 BRAIN_AGE_MODELS = {
     "scale_dense": "model.options={nb_filter: 8, nb_block: 2, use_sex: true}",
@@ -79,6 +87,8 @@ RRT_SOURCE = {
 
 
 def _family(name: str) -> str:
+    if name.startswith("topk_") or "_topk_" in name:
+        return "topk"
     if name.startswith(("ltr_", "mslr_web", "yahoo_ltr")):
         return "ltr"
     if name.startswith("brain_age"):
@@ -111,6 +121,28 @@ def image_split(tmp_path_factory):
             i += 1
     for name in ("agedb.csv", "imdb_wiki.csv"):
         (root / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def class_files(tmp_path_factory):
+    """A CIFAR-100-style pickle folder and an ImageNet-style image folder of 20 classes (3 train / 2 test
+    images, 8x8)."""
+    import pickle
+
+    root = tmp_path_factory.mktemp("topk_images")
+    rng = np.random.default_rng(0)
+    (root / "cifar").mkdir()
+    for split, n in (("train", 3), ("test", 2)):
+        labels = np.repeat(np.arange(20), n)
+        data = rng.integers(0, 256, (len(labels), 3 * 8 * 8)).astype(np.uint8)
+        with (root / "cifar" / split).open("wb") as fh:
+            pickle.dump({"data": data, "fine_labels": labels.tolist()}, fh)
+        for c in range(20):
+            d = root / "folder" / split / f"n{c:02d}"
+            d.mkdir(parents=True)
+            for i in range(n):
+                PIL.fromarray(rng.integers(0, 256, (8, 8, 3)).astype(np.uint8)).save(d / f"{i}.png")
     return root
 
 
@@ -157,9 +189,19 @@ def _brain_age_overrides(name: str, cohort) -> list[str]:
     return out
 
 
-def _overrides(name: str, image_split, shared_dir: Path, cohort=None, letor=None) -> list[str]:
+def _topk_overrides(name: str, files) -> list[str]:
+    if name.startswith("cifar100"):
+        return [*TOPK_IMAGES, f"data.options.root={files / 'cifar'}"]
+    if name.startswith("imagenet"):
+        return [*TOPK_IMAGES, f"data.options.root={files / 'folder'}", "data.options.image_size=8"]
+    return TOPK_SYNTHETIC
+
+
+def _overrides(name: str, image_split, shared_dir: Path, cohort=None, letor=None, files=None) -> list[str]:
     fam = _family(name)
     out = [*COMMON, *BY_FAMILY[fam]]
+    if fam == "topk":
+        out += _topk_overrides(name, files)
     if fam == "ltr":
         out += _ltr_overrides(name, letor)
     if fam == "brain_age":
@@ -205,10 +247,10 @@ _EXTENDED = {
     "name",
     [pytest.param(n, marks=pytest.mark.extended) if n in _EXTENDED else n for n in sorted(list_presets())],
 )
-def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort, letor_folders):
+def test_preset_trains_tiny(name, tmp_path, image_split, brain_cohort, letor_folders, class_files):
     # only the STS-B-DIR presets need ../shared (skipped without it); the others run anywhere
     shared_dir = SHARED
-    sets = _overrides(name, image_split, shared_dir, brain_cohort, letor_folders)
+    sets = _overrides(name, image_split, shared_dir, brain_cohort, letor_folders, class_files)
     if name in RRT_SOURCE:
         src = RRT_SOURCE[name]
         train(load_config(src, _overrides(src, image_split, shared_dir)), out=tmp_path / "src", progress=False)

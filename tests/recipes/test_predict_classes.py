@@ -286,7 +286,10 @@ def test_a_dataset_without_a_reader_is_one_line_naming_those_with_one(preset, tm
     RunDir(run_dir, None).write_config(load_config(preset, ["data.name=abalone", "data.options={}"]))
     data = _write_csv(tmp_path / "new.csv", ["path"], [["a.png"]])
     line = one_error_line(_cli(run_dir, data, tmp_path / "p.csv"))
-    assert "predicts from a CSV of image files for runs on the datasets cifar_dir, image_folder, mnist5k;" in line
+    assert (
+        "predicts from a CSV of image files or feature columns for runs on the datasets cifar_dir, image_folder, "
+        "mnist5k, topk_synthetic;" in line
+    )
     assert "this run's dataset is 'abalone'" in line
 
 

@@ -74,6 +74,7 @@ from rankwise.data.text import (
     read_sts_tsv,
     tokenize,
 )
+from rankwise.data.topk_synthetic import load_topk_synthetic, topk_synthetic_arrays
 
 __all__ = [
     "ABALONE_COLUMNS",
@@ -127,6 +128,7 @@ __all__ = [
     "load_mnist5k_arrays",
     "load_nifti_csv",
     "load_stsb_dir",
+    "load_topk_synthetic",
     "ltr_synthetic_arrays",
     "make_brain_age_synthetic",
     "make_ltr_synthetic",
@@ -149,5 +151,6 @@ __all__ = [
     "suggest_shot_thresholds",
     "task_of",
     "tokenize",
+    "topk_synthetic_arrays",
     "update_dataset",
 ]

@@ -292,4 +292,9 @@ class TopKCrossEntropyLoss(FunctionModule):
         self.top1_mode, self.reduction = top1_mode, reduction
 
 
-register_loss("topk_cross_entropy", module=TopKCrossEntropyLoss, takes="class_logits")(topk_cross_entropy_loss)
+register_loss(
+    "topk_cross_entropy",
+    module=TopKCrossEntropyLoss,
+    inputs={"logits": "logits", "targets": "classes"},
+    takes="class_logits",
+)(topk_cross_entropy_loss)

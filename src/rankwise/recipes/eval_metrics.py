@@ -11,6 +11,9 @@ split counts once.
   clamped at ``1e-12``) from the sum of their logs and a count.
 - ``val/ndcg@k``, ``val/mrr`` of the LTR recipe: :class:`MeanValue` of the per-query values of
   :func:`rankwise.recipes.learning_to_rank.ltr_metrics`, from their sum and the query count.
+- ``val/top<k>``, ``test/top<k>`` of the top-k classification recipe: :class:`TopKAccuracy`, the
+  count of examples whose class is among the ``k`` highest logits (:func:`rankwise.metrics.topk_accuracy`)
+  and the example count.
 
 A module logs the ``Metric`` object itself (``self.log(name, metric)``): Lightning computes it at the
 end of the epoch (the states summed over the ranks) and resets it.
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
-__all__ = ["GeometricMeanAbsoluteError", "MeanValue", "shard_keep_mask", "val_sampler"]
+__all__ = ["GeometricMeanAbsoluteError", "MeanValue", "TopKAccuracy", "shard_keep_mask", "val_sampler"]
 
 
 def val_sampler(trainer: Any) -> Any:
@@ -132,3 +135,51 @@ class MeanValue(Metric):
 
     def compute(self) -> torch.Tensor:
         return self.total / self.count.clamp_min(1).double() * self.scale
+
+
+class TopKAccuracy(Metric):
+    r"""Top-``k`` accuracy, in percent, of all examples passed to :meth:`update` (over every rank).
+
+    :math:`100 \cdot \frac1n \#\{i : t_i \text{ is among the } k \text{ highest logits of row } i\}`, ties
+    broken as :func:`rankwise.metrics.topk_accuracy` breaks them (the lower class first; a ``k`` of at
+    least the number of classes counts every example); from the int64 count of hits and the example
+    count, so the value under DDP is that of one process on all examples. ``0`` examples give ``0``.
+
+    Shape:
+        ``update(logits, targets)``: ``(N, C)`` and ``(N,)`` -> ``compute()``: a float64 scalar.
+
+    Example:
+        >>> m = TopKAccuracy(k=2)
+        >>> m.update(torch.tensor([[0.1, 0.5, 0.4], [0.3, 0.3, 0.4]]), torch.tensor([2, 1]))
+        >>> m.update(torch.tensor([[0.9, 0.05, 0.05]]), torch.tensor([0]))
+        >>> round(float(m.compute()), 2)
+        66.67
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+    hits: torch.Tensor
+    count: torch.Tensor
+
+    def __init__(self, *, k: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"`k` must be a positive int, got {k!r}")
+        self.k = int(k)
+        self.add_state("hits", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        from rankwise.metrics import topk_accuracy
+
+        n = targets.numel()
+        if n == 0:
+            return
+        # the fraction of n examples (float64: exact far beyond any split size), back to a count
+        frac = topk_accuracy(logits.detach().double(), targets, ks=min(self.k, int(logits.shape[-1])))
+        self.hits += torch.round(frac * n).long()
+        self.count += n
+
+    def compute(self) -> torch.Tensor:
+        return self.hits.double() / self.count.clamp_min(1).double() * 100.0

@@ -91,6 +91,7 @@ _TAKES_WORDS = {
     "padded_lists": "padded query lists",
     "embeddings_labels": "embeddings and class labels",
     "embedding_pairs": "embedding pairs",
+    "class_logits": "a classifier's logits and classes",
 }
 
 

@@ -12,10 +12,11 @@ file's columns.
 
 Each reader is the ``read_new_rows`` of its dataset's :class:`~rankwise.data.DatasetSpec`;
 :data:`PREDICTION_READERS` is the view of those of the regression datasets. The classification
-recipes (``supcon``, ``retrieval``) read new images through the view of those of the ``classes``
+recipes (``supcon``, ``retrieval``, ``topk``) read new rows through the view of those of the ``classes``
 datasets, :data:`CLASS_PREDICTION_READERS` (:func:`class_prediction_rows`): a CSV whose ``path`` column lists
 image files (relative to the CSV's folder), each read as the run's dataset reads its own images
-(:func:`~rankwise.data.class_image_transform` at the run's image shape).
+(:func:`~rankwise.data.class_image_transform` at the run's image shape); for ``topk_synthetic``, a CSV
+of its feature columns ``x0`` .. ``x{D-1}`` (by name, any order).
 """
 
 from __future__ import annotations
@@ -239,7 +240,8 @@ class ClassImages:
     header: list[str]
     #: every data row's fields as read (text)
     rows: list[list[str]]
-    #: float32 ``(N, C, H, W)``: row ``i``'s image as the run's dataset holds its own images
+    #: float32 ``(N, C, H, W)``: row ``i``'s image as the run's dataset holds its own images (a dataset
+    #: of feature vectors, ``topk_synthetic``: ``(N, D)``, row ``i``'s features)
     images: torch.Tensor
 
 
@@ -254,7 +256,7 @@ def _write_class_reader(name: str, read: Any, description: str = "") -> None:
     update_dataset(name, **fields)
 
 
-#: the classification datasets whose ``supcon`` / ``retrieval`` runs predict from a CSV of image files
+#: the classification datasets whose ``supcon`` / ``retrieval`` / ``topk`` runs predict from a CSV of image files
 #: (:func:`register_class_prediction_reader`): ``read(run, path) -> ClassImages``; a view of the
 #: ``read_new_rows`` of the dataset specs of modality ``classes``
 CLASS_PREDICTION_READERS: Registry[Any] = SpecView(
@@ -278,7 +280,7 @@ def check_class_predictable(cfg: Any) -> None:
     """A ConfigError naming the datasets of :data:`CLASS_PREDICTION_READERS` unless the run's dataset is one."""
     if cfg.data.name not in CLASS_PREDICTION_READERS:
         raise ConfigError(
-            f"recipe {cfg.recipe!r} predicts from a CSV of image files for runs on the datasets "
+            f"recipe {cfg.recipe!r} predicts from a CSV of image files or feature columns for runs on the datasets "
             f"{', '.join(CLASS_PREDICTION_READERS.names())}; this run's dataset is {cfg.data.name!r}"
         )
 
@@ -305,6 +307,17 @@ def _read_class_images(run: Any, path: Path) -> ClassImages:
     ds = rows.dataset
     x = torch.stack([ds[i][0] for i in range(len(ds))]) if len(ds) else torch.zeros((0, c, h, w))
     return ClassImages(rows.header, rows.rows, x)
+
+
+@register_class_prediction_reader("topk_synthetic")
+def _read_class_features(run: Any, path: Path) -> ClassImages:
+    """The feature columns ``meta["feature_names"]`` (``x0`` .. ``x{D-1}``) of a CSV, by name in any order
+    (other columns kept as text), read with the rules of :func:`~rankwise.data.load_csv`; float32 ``(N, D)``
+    as the dataset holds its items (its features are not standardised)."""
+    from rankwise.data.tabular import read_feature_rows
+
+    table = read_feature_rows(path, list(run.data.meta["feature_names"]))
+    return ClassImages(table.header, table.rows, torch.from_numpy(table.features.astype(np.float32)))
 
 
 def class_names(meta: dict[str, Any], labels: Any) -> Any:

@@ -98,6 +98,7 @@ _BUILTIN = {
     "brain_age": "rankwise.recipes.brain_age",
     "retrieval": "rankwise.recipes.retrieval",
     "ltr": "rankwise.recipes.learning_to_rank",
+    "topk": "rankwise.recipes.topk",
 }
 
 #: recipes by name (the built-in ones are imported on first look-up)

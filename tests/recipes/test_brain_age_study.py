@@ -14,10 +14,10 @@ import pytest
 
 from rankwise.brain_age import combat_fit, correct_age_bias, gap_by_group, gap_by_site
 from rankwise.recipes.brain_age_study import check_study, study_metrics, write_study_report
-from rankwise.recipes.config import ConfigError, ReportConfig
+from rankwise.recipes.config import ConfigError, StudyConfig
 
 
-def _fake_run(tmp_path: Path, rows: list[dict[str, str]], splits: list[str], **report: Any) -> Any:
+def _fake_run(tmp_path: Path, rows: list[dict[str, str]], splits: list[str], **study: Any) -> Any:
     """A run whose data are the CSV ``rows`` (no volumes: the study reads only the CSV and the sexes)."""
     path = tmp_path / "cohort.csv"
     with path.open("w", newline="") as f:
@@ -30,7 +30,7 @@ def _fake_run(tmp_path: Path, rows: list[dict[str, str]], splits: list[str], **r
         idx = [i for i, sp in enumerate(splits) if sp == s]
         meta[f"{s}_rows"] = [i + 2 for i in idx]  # CSV lines: the header is line 1
         setattr(data, s, SimpleNamespace(sex=np.array([int(rows[i].get("sex", "0") == "M") for i in idx])))
-    cfg = SimpleNamespace(report=ReportConfig(**report), run=SimpleNamespace(name="fake", seed=0))
+    cfg = SimpleNamespace(study=StudyConfig(**study), run=SimpleNamespace(name="fake", seed=0))
     return SimpleNamespace(cfg=cfg, data=data, results=tmp_path)
 
 
@@ -129,9 +129,9 @@ def test_a_cohort_without_sites_or_groups_has_no_study(tmp_path: Path) -> None:
 
 def test_study_options_are_checked_before_training(tmp_path: Path) -> None:
     rows, splits, *_ = _cohort(np.random.default_rng(2), 60)
-    with pytest.raises(ConfigError, match=r"`report.group_column` is 'dx', which .*cohort.csv lacks"):
+    with pytest.raises(ConfigError, match=r"`study.group_column` is 'dx', which .*cohort.csv lacks"):
         check_study(_fake_run(tmp_path, rows, splits, group_column="dx"))
-    with pytest.raises(ConfigError, match=r"`report.reference_group` 'healthy' has no test subject"):
+    with pytest.raises(ConfigError, match=r"`study.reference_group` 'healthy' has no test subject"):
         check_study(_fake_run(tmp_path, rows, splits, group_column="group", reference_group="healthy"))
     rows2 = [r | {"site": "site9"} if s == "test" else r for r, s in zip(rows, splits)]
     with pytest.raises(ConfigError, match=r"no subject of the test sites \['site9'\]"):
@@ -143,7 +143,7 @@ def test_study_options_are_checked_before_training(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"some val rows have an empty `site`"):
         check_study(_fake_run(tmp_path, empty, splits, harmonize="combat"))
     no_site = [{k: v for k, v in r.items() if k != "site"} for r in rows]
-    with pytest.raises(ConfigError, match=r"`report\.harmonize: combat` needs sites"):
+    with pytest.raises(ConfigError, match=r"`study\.harmonize: combat` needs sites"):
         check_study(_fake_run(tmp_path, no_site, splits, harmonize="combat"))
 
 
@@ -175,9 +175,9 @@ def test_the_synthetic_patients_have_older_looking_brains(tmp_path: Path) -> Non
 def test_study_options_that_contradict_each_other_are_refused() -> None:
     from rankwise.recipes.config import load_config
 
-    with pytest.raises(ConfigError, match=r"`report\.reference_group` names a group of `report\.group_column`"):
-        load_config("brain_age_tsan_synthetic", ["report.reference_group=HC"])
-    with pytest.raises(ConfigError, match=r"`report\.harmonize: combat` harmonises across the sites"):
-        load_config("brain_age_tsan_synthetic", ["report.harmonize=combat", "report.site_column=null"])
-    cfg = load_config("brain_age_tsan_synthetic", ["report.group_column=dx", "report.reference_group=HC"])
-    assert (cfg.report.group_column, cfg.report.reference_group, cfg.report.harmonize) == ("dx", "HC", "none")
+    with pytest.raises(ConfigError, match=r"`study\.reference_group` names a group of `study\.group_column`"):
+        load_config("brain_age_tsan_synthetic", ["study.reference_group=HC"])
+    with pytest.raises(ConfigError, match=r"`study\.harmonize: combat` harmonises across the sites"):
+        load_config("brain_age_tsan_synthetic", ["study.harmonize=combat", "study.site_column=null"])
+    cfg = load_config("brain_age_tsan_synthetic", ["study.group_column=dx", "study.reference_group=HC"])
+    assert (cfg.study.group_column, cfg.study.reference_group, cfg.study.harmonize) == ("dx", "HC", "none")

@@ -52,7 +52,7 @@ def test_a_short_run_reports_the_gap_per_site_and_group(tmp_path: Path) -> None:
     run = tmp_path / "run"
     csv_path = cohort / "participants.csv"
     sets = [f"data.options.csv={csv_path}", f"data.options.cache_dir={tmp_path / 'cache'}", *TINY]
-    sets += ["report.group_column=group", "report.harmonize=combat"]
+    sets += ["study.group_column=group", "study.harmonize=combat"]
     printed = _invoke("train", "brain_age_tsan_synthetic", "--out", str(run), *_sets(*sets))
     metrics = json.loads((run / "metrics.json").read_text())
     study = metrics["study"]

@@ -36,18 +36,12 @@ def abalone():
 
 def test_done_markers(tmp_path):
     assert read_done(tmp_path / "done") is None  # no marker: the stage has not finished
-    (tmp_path / "done").write_text("ok")  # the plain-text marker of older run directories
-    assert read_done(tmp_path / "done") == []
+    for text in ("ok", "[1.0]", '{"epoch_seconds": "x"}', '{"epoch_seconds": [true]}'):
+        (tmp_path / "done").write_text(text)  # not a marker rankwise writes: the stage is trained again
+        assert read_done(tmp_path / "done") is None
     write_done(tmp_path / "stage" / "done", [1.5, 2.0])
     assert json.loads((tmp_path / "stage" / "done").read_text()) == {"epoch_seconds": [1.5, 2.0]}
     assert read_done(tmp_path / "stage" / "done") == [1.5, 2.0]
-
-
-def _old_layout(run: Path) -> None:
-    """Turn a run directory into the layout written before the stage lifecycle: the pretraining stage's
-    marker was the text ``ok``, and the main stage had no marker."""
-    (run / "pretrain" / "done").write_text("ok")
-    (run / "checkpoints" / "done").unlink(missing_ok=True)
 
 
 def test_rnc_writes_a_marker_per_stage_and_hands_the_pretrained_encoder_on(tmp_path, abalone):
@@ -61,14 +55,13 @@ def test_rnc_writes_a_marker_per_stage_and_hands_the_pretrained_encoder_on(tmp_p
     assert backbone and all(torch.equal(pre[k], final[k]) for k in backbone)
 
 
-def test_old_layout_run_resumes_and_evaluates_like_an_uninterrupted_run(tmp_path, abalone):
+def test_a_finished_run_and_a_stopped_one_resume_like_an_uninterrupted_run(tmp_path, abalone):
     cfg = load_config("abalone_rnc", RNC)
     ref = train(cfg, out=tmp_path / "ref", progress=False, verbose=False, data=abalone)
 
-    # a finished run of the old layout: evaluated, and resumed (nothing left to train), to the same metrics
-    done = tmp_path / "done_old"
+    # a finished run: evaluated, and resumed (nothing left to train), to the same metrics
+    done = tmp_path / "done"
     shutil.copytree(ref.run_dir, done, ignore=shutil.ignore_patterns(".lock"))
-    _old_layout(done)
     (done / "metrics.json").unlink()
     got = evaluate(done, plots=False)
     assert got["test"] == ref.metrics["test"] and got["val"] == ref.metrics["val"]
@@ -80,11 +73,11 @@ def test_old_layout_run_resumes_and_evaluates_like_an_uninterrupted_run(tmp_path
     with pytest.raises(Exception, match="became nan"):
         train(cfg, out=stopped, progress=False, verbose=False, data=abalone, callbacks=[NaNAtStep(4)])
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 0
-    _old_layout(stopped)
+    marker = (stopped / "pretrain" / "done").read_text()
     pretrained = (stopped / "pretrain" / "last.ckpt").stat().st_mtime_ns
     res = train(cfg, out=stopped, resume=True, progress=False, verbose=False, data=abalone)
     assert (stopped / "pretrain" / "last.ckpt").stat().st_mtime_ns == pretrained  # the finished stage was skipped
-    assert (stopped / "pretrain" / "done").read_text() == "ok"
+    assert (stopped / "pretrain" / "done").read_text() == marker
     assert res.metrics["test"] == ref.metrics["test"] and res.metrics["val"] == ref.metrics["val"]
     ref_state = load_state_dict(ref.run_dir / "checkpoints" / "last.ckpt")
     state = load_state_dict(stopped / "checkpoints" / "last.ckpt")
@@ -137,7 +130,7 @@ def test_no_recipe_module_imports_another():
             for n in ast.parse(p.read_text()).body
         )
     }
-    assert len(recipe_modules) == 8 and {"rankwise.recipes.rnc", "rankwise.recipes.dir"} <= recipe_modules
+    assert len(recipe_modules) == 9 and {"rankwise.recipes.rnc", "rankwise.recipes.topk"} <= recipe_modules
     graph = import_graph()
     crossing = {m: sorted(graph[m] & (recipe_modules - {m})) for m in recipe_modules}
     assert not any(crossing.values()), crossing

@@ -71,6 +71,20 @@ class RecipeBase:
         """
         raise cannot_predict(self)
 
+    def prediction_input(
+        self, run_dir: Path, path: Path, preprocess_out: str | Path | None, *, on_scan: Any = None
+    ) -> Path:
+        """The file that :meth:`predict_file` reads for ``rankwise predict RUN --data PATH``: ``path``
+        itself. A recipe that prepares its input first (the brain-age recipe preprocesses raw scans into
+        ``preprocess_out``) overrides it; here a ``preprocess_out`` is refused with one error line."""
+        if preprocess_out is not None:
+            from rankwise.recipes.config import ConfigError
+
+            raise ConfigError(
+                f"--preprocess-out preprocesses raw scans for a `brain_age` run; the run's recipe is {self.name!r}"
+            )
+        return path
+
     def summary(self, metrics: Mapping[str, Any]) -> str:
         from rankwise.recipes.reports import scalar_summary
 

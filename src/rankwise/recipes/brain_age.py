@@ -53,9 +53,9 @@ R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias c
 (:func:`rankwise.correct_age_bias`, ``"gap"`` and ``"prediction"``, fitted on the validation set and
 applied to the test set), MAE per decade; ``predictions.csv`` (subject, site, split, age,
 predictions) and plots. A brain-age study's tables (:mod:`rankwise.recipes.brain_age_study`): the
-bias-corrected test gap per site (``report.site_column``) and per group against a reference group
-(``report.group_column``, ``report.reference_group``: Cohen's d, Welch / Mann-Whitney p, AUC), optionally
-harmonised across sites by ComBat fitted on the training split (``report.harmonize: combat``), in
+bias-corrected test gap per site (``study.site_column``) and per group against a reference group
+(``study.group_column``, ``study.reference_group``: Cohen's d, Welch / Mann-Whitney p, AUC), optionally
+harmonised across sites by ComBat fitted on the training split (``study.harmonize: combat``), in
 ``metrics.json["study"]``, ``RUN_DIR/report.md`` and the tables ``rankwise train`` / ``evaluate`` print.
 """
 
@@ -807,9 +807,18 @@ class BrainAgeRecipe(RecipeBase):
     predict_reads_data = True  # the bias corrections fit the validation predictions
     description = "brain age from T1 MRI: TSAN's two stages (ScaleDense + second stage) with ranking losses, or SFCN"
     options: type = BrainAgeOptions
-    uses = frozenset({"loss"})
+    uses = frozenset({"loss", "study"})
     data_kind: Literal["regression", "classification"] = "regression"
     report_kind = "brain_age"
+
+    def prediction_input(
+        self, run_dir: Path, path: Path, preprocess_out: str | Path | None, *, on_scan: Any = None
+    ) -> Path:
+        """A raw cohort CSV preprocessed with the run's template into ``preprocess_out`` first
+        (:func:`~rankwise.recipes.brain_age_study.preprocess_for_run`); a preprocessed one as it is."""
+        from rankwise.recipes.brain_age_study import preprocess_for_run
+
+        return preprocess_for_run(run_dir, path, preprocess_out, on_scan=on_scan)
 
     def check(self, cfg: Config) -> None:
         if cfg.model.backbone not in _NETWORKS:

@@ -4,11 +4,11 @@ The ``brain_age`` recipe's evaluation adds ``metrics.json["study"]`` and ``RUN_D
 
 * ``sites`` -- per-site n, mean and SD of the bias-corrected test gap (:func:`rankwise.brain_age.gap_by_site` of
   ``gap_corrected_gap``: the "gap" correction fitted on the validation set), the sites read from the cohort
-  CSV's ``report.site_column`` (default ``site``; skipped when the CSV lacks it or leaves it empty);
-* ``groups`` -- with ``report.group_column``, per-group n / mean / SD of that gap and, against
-  ``report.reference_group``, Cohen's d, the Welch t-test and Mann-Whitney p-values and the AUC of the gap
+  CSV's ``study.site_column`` (default ``site``; skipped when the CSV lacks it or leaves it empty);
+* ``groups`` -- with ``study.group_column``, per-group n / mean / SD of that gap and, against
+  ``study.reference_group``, Cohen's d, the Welch t-test and Mann-Whitney p-values and the AUC of the gap
   for telling the group from the reference (:func:`rankwise.brain_age.gap_by_group`);
-* with ``report.harmonize: combat``, the gap is first harmonised across sites by ComBat
+* with ``study.harmonize: combat``, the gap is first harmonised across sites by ComBat
   (:func:`rankwise.brain_age.combat_fit`, no empirical Bayes: one feature) fitted on the training split's
   gaps with age, sex (when every row has one) and the group indicators as covariates, and applied to the
   validation and test gaps; the bias correction is then fitted on the harmonised validation gaps. The
@@ -45,14 +45,14 @@ def study_columns(run: Any) -> dict[str, dict[str, list[str] | None]]:
     (``None``: no such column asked for, or the default ``site`` column absent or empty)."""
     from rankwise.data.nifti import read_cohort_rows
 
-    rep = run.cfg.report
+    rep = run.cfg.study
     meta = run.data.meta
     wanted = {"site": rep.site_column, "group": rep.group_column}
     out: dict[str, dict[str, list[str] | None]] = {k: dict.fromkeys(_SPLITS) for k in wanted}
     if all(v is None for v in wanted.values()):
         return out
     if not Path(str(meta.get("source", ""))).is_file():  # data not read from a cohort CSV
-        named = [f"`report.{k}_column`" for k, v in wanted.items() if v is not None and (k, v) != ("site", "site")]
+        named = [f"`study.{k}_column`" for k, v in wanted.items() if v is not None and (k, v) != ("site", "site")]
         if named:
             raise ConfigError(f"{', '.join(named)} names a column of the cohort CSV, but these data have no CSV")
         return out
@@ -65,7 +65,7 @@ def study_columns(run: Any) -> dict[str, dict[str, list[str] | None]]:
         if column not in header:
             if key == "site" and column == "site":  # the default: a cohort without sites has no site table
                 continue
-            raise ConfigError(f"`report.{key}_column` is {column!r}, which {source} lacks; its header is {header}")
+            raise ConfigError(f"`study.{key}_column` is {column!r}, which {source} lacks; its header is {header}")
         values = {s: [rows[i][column] for i in meta.get(f"{s}_rows", [])] for s in _SPLITS}
         if key == "site" and column == "site" and not any(v for vs in values.values() for v in vs):
             continue
@@ -75,41 +75,41 @@ def study_columns(run: Any) -> dict[str, dict[str, list[str] | None]]:
 
 def check_study(run: Any) -> None:
     """The study options against the cohort before training (one ``ConfigError`` naming the key)."""
-    rep = run.cfg.report
+    rep = run.cfg.study
     cols = study_columns(run)
     groups = cols["group"]["test"]
     if rep.reference_group is not None and groups is not None and rep.reference_group not in groups:
         raise ConfigError(
-            f"`report.reference_group` {rep.reference_group!r} has no test subject; the test split's groups of "
-            f"`report.group_column` {rep.group_column!r} are {sorted({g for g in groups if g})}"
+            f"`study.reference_group` {rep.reference_group!r} has no test subject; the test split's groups of "
+            f"`study.group_column` {rep.group_column!r} are {sorted({g for g in groups if g})}"
         )
     if rep.harmonize != "combat":
         return
     sites = cols["site"]
     if sites["train"] is None:
         raise ConfigError(
-            f"`report.harmonize: combat` needs sites, but the cohort CSV has no `{rep.site_column}` column values "
-            "(`report.site_column`)"
+            f"`study.harmonize: combat` needs sites, but the cohort CSV has no `{rep.site_column}` column values "
+            "(`study.site_column`)"
         )
     train = [s for s in sites["train"] or [] if s]
     counts = {s: train.count(s) for s in set(train)}
     few = sorted(s for s, c in counts.items() if c < 2)
     if few:
         raise ConfigError(
-            f"`report.harmonize: combat` estimates each site's effect from its training subjects; sites {few} "
+            f"`study.harmonize: combat` estimates each site's effect from its training subjects; sites {few} "
             "have fewer than 2 in the train split"
         )
     for split in ("val", "test"):
         unseen = sorted({s for s in sites[split] or [] if s and s not in counts})
         if unseen:
             raise ConfigError(
-                f"`report.harmonize: combat` applies the site effects fitted on the train split, which has no "
+                f"`study.harmonize: combat` applies the site effects fitted on the train split, which has no "
                 f"subject of the {split} sites {unseen}"
             )
     for split in _SPLITS:
         if any(not s for s in sites[split] or []):
             raise ConfigError(
-                f"`report.harmonize: combat`: some {split} rows have an empty `{rep.site_column}` (every subject "
+                f"`study.harmonize: combat`: some {split} rows have an empty `{rep.site_column}` (every subject "
                 "needs a site)"
             )
 
@@ -143,7 +143,7 @@ def _group_levels(run: Any, groups: Mapping[str, list[str] | None]) -> list[str]
     if groups["train"] is None or not all(all(g for g in groups[s] or []) for s in _SPLITS):
         return []
     levels = sorted(set(groups["train"]))
-    ref = run.cfg.report.reference_group if run.cfg.report.reference_group in levels else levels[0]
+    ref = run.cfg.study.reference_group if run.cfg.study.reference_group in levels else levels[0]
     return [lv for lv in levels if lv != ref]
 
 
@@ -193,7 +193,7 @@ def study_metrics(
 
     ``val`` / ``test``: ``(predictions, ages)``; ``predict_train``: the training split's, in its order (called
     only for ComBat)."""
-    rep = run.cfg.report
+    rep = run.cfg.study
     cols = study_columns(run)
     sites, groups = cols["site"], cols["group"]
     if sites["test"] is None and groups["test"] is None:
@@ -286,7 +286,7 @@ def write_study_report(run: Any, metrics: Mapping[str, Any]) -> Path:
     lines += [*_markdown(keys, [[_fmt(test[k]) for k in keys]]), ""]
     study = metrics.get("study")
     if not study:
-        lines += ["No site or group column (`report.site_column`, `report.group_column`).", ""]
+        lines += ["No site or group column (`study.site_column`, `study.group_column`).", ""]
     else:
         what = (
             "the bias-corrected gap (`gap` correction fitted on the validation set)"

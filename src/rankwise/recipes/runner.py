@@ -236,26 +236,21 @@ def predict(
 
     A ``brain_age`` run trained on scans of ``rankwise preprocess`` predicts a raw cohort CSV in one call:
     with ``preprocess_out`` (a folder) its scans are preprocessed there with the run's recorded template
-    first (:func:`~rankwise.recipes.brain_age_study.preprocess_for_run`; ``on_scan`` as
-    :func:`rankwise.data.preprocess_cohort`'s), and the columns are those of the preprocessed CSV.
+    first (the recipe's ``prediction_input``; ``on_scan`` as :func:`rankwise.data.preprocess_cohort`'s),
+    and the columns are those of the preprocessed CSV.
 
     Another recipe raises a ``ConfigError`` naming those that can.
     """
-    from rankwise.recipes.base import can_predict, cannot_predict
+    from rankwise.recipes.base import RecipeBase, can_predict, cannot_predict
 
     check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
     recipe = get_recipe(cfg.recipe)
     if not can_predict(recipe):  # before the run's data are loaded
         raise cannot_predict(recipe)
-    if recipe.name == "brain_age":
-        from rankwise.recipes.brain_age_study import preprocess_for_run
-
-        data = preprocess_for_run(run_dir, data, preprocess_out, on_scan=on_scan)
-    elif preprocess_out is not None:
-        raise ConfigError(
-            f"--preprocess-out preprocesses raw scans for a `brain_age` run; the run's recipe is {recipe.name!r}"
-        )
+    # a recipe of the Recipe protocol that is no RecipeBase gets RecipeBase's (the file as it is)
+    prepare = recipe.prediction_input if isinstance(recipe, RecipeBase) else RecipeBase.prediction_input.__get__(recipe)
+    data = prepare(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
     return rundir.predict_run(
         recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint, allow_changed_data=allow_changed_data
     )

@@ -124,15 +124,16 @@ class StageResult:
 
 
 def read_done(path: Path) -> list[float] | None:
-    """The epoch seconds of a ``done`` marker (``[]`` for a marker without them), None when there is none."""
-    if not path.is_file():
-        return None
+    """The epoch seconds of a ``done`` marker (:func:`write_done`); None when there is none, or when the
+    file is not such a marker (the stage is then trained again)."""
     try:
         marker = json.loads(path.read_text())
-    except (OSError, ValueError):  # a marker of plain text ("ok")
-        return []
-    secs = marker.get("epoch_seconds", []) if isinstance(marker, dict) else []
-    return [float(s) for s in secs] if isinstance(secs, list) else []
+    except (OSError, ValueError):
+        return None
+    secs = marker.get("epoch_seconds") if isinstance(marker, dict) else None
+    if not isinstance(secs, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in secs):
+        return None
+    return [float(v) for v in secs]
 
 
 def write_done(path: Path, epoch_seconds: Iterable[float]) -> None:

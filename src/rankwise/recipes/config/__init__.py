@@ -90,6 +90,7 @@ from rankwise.recipes.config._sections import (
     ScheduleConfig,
     Section,
     StepBudget,
+    StudyConfig,
     TrainerConfig,
 )
 
@@ -113,6 +114,7 @@ __all__ = [
     "ScheduleConfig",
     "Section",
     "StepBudget",
+    "StudyConfig",
     "TrainerConfig",
     "UserError",
     "apply_overrides",

@@ -171,15 +171,11 @@ def _check_shared(cfg: Config) -> None:
     rep = cfg.report
     if rep.few_shot is not None and rep.many_shot is not None and rep.few_shot > rep.many_shot:
         raise ConfigError(f"`report.few_shot` ({rep.few_shot:g}) must be <= `report.many_shot` ({rep.many_shot:g})")
-    study = [("group_column", rep.group_column), ("reference_group", rep.reference_group)]
-    study += [("harmonize", rep.harmonize if rep.harmonize != "none" else None)]
-    for key, value in study:
-        if value is not None and cfg.recipe != "brain_age":
-            raise ConfigError(f"`report.{key}` is read by recipe 'brain_age' only, got it with {cfg.recipe!r}")
-    if rep.reference_group is not None and rep.group_column is None:
-        raise ConfigError("`report.reference_group` names a group of `report.group_column`: set that column too")
-    if rep.harmonize == "combat" and rep.site_column is None:
-        raise ConfigError("`report.harmonize: combat` harmonises across the sites of `report.site_column`: set it")
+    study = cfg.study
+    if study.reference_group is not None and study.group_column is None:
+        raise ConfigError("`study.reference_group` names a group of `study.group_column`: set that column too")
+    if study.harmonize == "combat" and study.site_column is None:
+        raise ConfigError("`study.harmonize: combat` harmonises across the sites of `study.site_column`: set it")
 
 
 #: smallest normal float16, ``numpy.finfo(numpy.float16).tiny`` (numpy is not imported by the config layer)

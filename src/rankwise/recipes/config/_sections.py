@@ -16,7 +16,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: the sections every recipe reads; a recipe lists any other section it reads in ``Recipe.uses``
 UNIVERSAL_SECTIONS = ("data", "model", "optimizer", "schedule", "trainer", "run", "report")
 #: sections that only some recipes read
-OPTIONAL_SECTIONS = ("loss",)
+OPTIONAL_SECTIONS = ("loss", "study")
 
 # --------------------------------------------------------------------------------------------------
 # schema: pydantic models (types, ranges via Field, unknown keys refused)
@@ -280,22 +280,27 @@ class ReportConfig(Section):
         description="a label bin with fewer training examples is few-shot (null: the dataset's own threshold)",
         ge=0,
     )
+
+
+class StudyConfig(Section):
+    """What a brain-age study reports beside the metrics: the test gap per site and per group."""
+
     site_column: str | None = Field(
         "site",
-        description="brain_age: the cohort CSV's column of scanner sites; the report gives the bias-corrected "
+        description="the cohort CSV's column of scanner sites; the report gives the bias-corrected "
         "test gap per site (skipped when the CSV has no such column or it is empty; null: never)",
     )
     group_column: str | None = Field(
         None,
-        description="brain_age: the cohort CSV's column of diagnostic groups; the report compares the test gap "
-        "of each group with `report.reference_group` (Cohen's d, Welch and Mann-Whitney p, AUC)",
+        description="the cohort CSV's column of diagnostic groups; the report compares the test gap "
+        "of each group with `study.reference_group` (Cohen's d, Welch and Mann-Whitney p, AUC)",
     )
     reference_group: str | None = Field(
-        None, description="brain_age: the group the others are compared with (null: the first in sorted order)"
+        None, description="the group the others are compared with (null: the first in sorted order)"
     )
     harmonize: Literal["none", "combat"] = Field(
         "none",
-        description="brain_age: `combat` harmonises the brain-age gap across `report.site_column` sites with "
+        description="`combat` harmonises the brain-age gap across `study.site_column` sites with "
         "ComBat fitted on the training split (covariates: age, sex, group) and applied to val/test before the "
         "bias correction of the site and group tables",
     )
@@ -321,6 +326,9 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Lightning Trainer options")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and seed")
     report: ReportConfig = Field(default_factory=ReportConfig, description="plots, t-SNE and shot groups")
+    study: StudyConfig = Field(
+        default_factory=StudyConfig, description="the brain-age gap per site and per group (recipe brain_age)"
+    )
     task: Any = Field(None, description="the recipe's own options (its options model)")
     #: where each value came from: dotted key -> ``("preset", name)``, ``("file", path)`` or
     #: ``("--set", "key=value")``, set by ``load_config`` (empty for a config built from a mapping)

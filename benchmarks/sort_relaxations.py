@@ -60,8 +60,8 @@ def markdown(path: Path) -> str:
     load = "-".join(f"{x[0]:.1f}" for x in (data["load_before"], data["load_after"]))
     lines += [
         "",
-        f"*Numbers recorded in rankwise commit `{data['commit'][:7]}` ({data['date'][:10]}, {data['threads']} thread(s), "
-        f"1-minute load average {load}); torch {data['machine']['torch']}.*",
+        f"*Numbers recorded in rankwise commit `{data['commit'][:7]}` ({data['date'][:10]}, "
+        f"{data['threads']} thread(s), 1-minute load average {load}); torch {data['machine']['torch']}.*",
     ]
     return "\n".join(lines)
 

@@ -309,8 +309,14 @@ def _ratios(res: dict[str, Any], cases: dict[str, Case]) -> dict[str, float]:
 
 
 def _commit() -> str | None:
+    """HEAD of this checkout, with ``+dirty`` when ``src`` or ``benchmarks`` differ from it."""
     r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return r.stdout.strip() or None
+    if not r.stdout.strip():
+        return None
+    diff = subprocess.run(
+        ["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "src", "benchmarks/topk.py"], check=False
+    )
+    return r.stdout.strip() + ("+dirty" if diff.returncode else "")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,7 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         QUICK_SHAPES if args.quick else [tuple(int(float(v)) for v in s.split("x")) for s in args.shapes.split(",")]
     )
     ks = [1, 4] if args.quick else [int(v) for v in args.k.split(",")]
-    load_before = loadavg()
+    load_before, commit = loadavg(), _commit()  # the code that runs: read before the run
     t_start = time.perf_counter()
     x0 = torch.randn(2, 8)  # numba compilation and first-call costs outside the timed shapes
     for case in make_cases((2, 8), 2, pkg, lapsum).values():
@@ -351,7 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  parity {name:<39} {v:.2e}")
     payload = {
         "meta": {
-            "commit": _commit(),
+            "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine(),
             "load_before": load_before,

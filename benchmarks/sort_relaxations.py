@@ -58,10 +58,11 @@ def markdown(path: Path) -> str:
             cells.append("–" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}")
         lines.append(f"| {key.removeprefix('n=')} | " + " | ".join(cells) + " |")
     load = "-".join(f"{x[0]:.1f}" for x in (data["load_before"], data["load_after"]))
+    threads = f"{data['threads']} thread" + ("s" if data["threads"] != 1 else "")
     lines += [
         "",
-        f"*Numbers recorded in rankwise commit `{data['commit'][:7]}` ({data['date'][:10]}, "
-        f"{data['threads']} thread(s), 1-minute load average {load}); torch {data['machine']['torch']}.*",
+        f"*Numbers recorded in rankwise commit `{data['commit'][:7]}` ({data['date'][:10]}, {threads}, "
+        f"1-minute load average {load}); torch {data['machine']['torch']}.*",
     ]
     return "\n".join(lines)
 

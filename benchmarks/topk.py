@@ -425,13 +425,17 @@ def _size(key: str) -> str:
     return f"{int(rows):,} × {int(n):,}, {k.replace('=', ' = ')}"
 
 
+def _threads(t: int) -> str:
+    return f"{t} thread" + ("s" if t != 1 else "")
+
+
 def markdown(paths: list[Path]) -> str:
     """Tables of the JSON files (one per thread count; times of several are shown ``a / b``)."""
     runs = [json.loads(p.read_text()) for p in paths]
     keys = list(runs[0]["runs"])
-    threads = " / ".join(str(r["meta"]["threads"]) for r in runs)
+    threads = " / ".join(str(r["meta"]["threads"]) for r in runs) + " thread" + ("s" if len(runs) > 1 else "")
     lines = [
-        f"Forward + backward, median ms ({threads} thread(s)), of `soft_topk(x, k, method=...)` at its defaults:",
+        f"Forward + backward, median ms ({threads}), of `soft_topk(x, k, method=...)` at its defaults:",
         "",
         "| rows × n, k | " + " | ".join(RANKWISE_COLUMNS) + " |",
         "|---" * (len(RANKWISE_COLUMNS) + 1) + "|",
@@ -453,33 +457,42 @@ def markdown(paths: list[Path]) -> str:
         lines.append(f"| {_size(key)} | " + " | ".join(_mib(res.get(m)) for m in RANKWISE_COLUMNS) + " |")
     lines += [
         "",
-        f"Against the authors' code: ratio = their time / rankwise's ({threads} thread(s); above 1, rankwise "
-        "is faster), times in ms and peak MiB at 1 thread:",
+        "Against the authors' code: ratio = their time / rankwise's (above 1, rankwise is faster) at k = 1 / 10 / "
+        "100 (`–`: k >= n or a side skipped), with the k = 10 times and peak tensor memory at 1 thread:",
         "",
-        "| case | rows × n, k | rankwise ms | theirs ms | ratio | rankwise MiB | theirs MiB |",
-        "|---|---|---|---|---|---|---|",
+        "| case | rows × n | "
+        + " | ".join(f"ratio, {_threads(r['meta']['threads'])}" for r in runs)
+        + " | ms, rankwise / theirs | MiB, rankwise / theirs |",
+        "|---" * (4 + len(runs)) + "|",
     ]
+    shapes = list(dict.fromkeys(key.split(" ")[0] for key in keys))
     for ours, theirs, label in PAIRS:
-        for key in keys:
-            res = [r["runs"][key]["results"] for r in runs if key in r["runs"]]
-            if "median_ms" not in res[0].get(theirs, {}) or "median_ms" not in res[0].get(ours, {}):
+        for shape in shapes:
+            ratios, any_ratio = [], False
+            for r in runs:
+                cells = []
+                for k in KS:
+                    res = r["runs"].get(f"{shape} k={k}", {}).get("results", {})
+                    a, b = res.get(ours, {}).get("median_ms"), res.get(theirs, {}).get("median_ms")
+                    cells.append("–" if a is None or b is None else f"{b / a:,.0f}" if b / a >= 100 else f"{b / a:.2f}")
+                    any_ratio |= a is not None and b is not None
+                ratios.append(" / ".join(cells))
+            if not any_ratio:
                 continue
-            ratio = " / ".join(
-                f"{r[theirs]['median_ms'] / r[ours]['median_ms']:.2f}" if "median_ms" in r.get(theirs, {}) else "–"
-                for r in res
-            )
+            r10 = runs[0]["runs"].get(f"{shape} k=10", {}).get("results", {})
+            rows, n = shape.split("x")
             lines.append(
-                f"| `{ours}` vs {label} | {_size(key)} | {_ms(res[0][ours])} | {_ms(res[0][theirs])} | {ratio} | "
-                f"{_mib(res[0][ours])} | {_mib(res[0][theirs])} |"
+                f"| `{ours}` vs {label} | {int(rows):,} × {int(n):,} | " + " | ".join(ratios) + " | "
+                f"{_ms(r10.get(ours))} / {_ms(r10.get(theirs))} | {_mib(r10.get(ours))} / {_mib(r10.get(theirs))} |"
             )
-    meta = runs[0]["meta"]
-    loads = ", ".join(f"{r['meta']['load_before'][0]:.1f}-{r['meta']['load_after'][0]:.1f}" for r in runs)
-    lines += [
-        "",
-        f"*Numbers recorded in rankwise commit `{(meta['commit'] or 'unknown')[:7]}` ({meta['date'][:10]}); "
-        f"torch {meta['machine']['torch']}, {meta['machine']['cpu_count']}-core {meta['machine']['platform']}, "
-        f"1-minute load average {loads}.*",
-    ]
+    m = runs[0]["meta"]["machine"]
+    prov = "; ".join(
+        f"{_threads(r['meta']['threads'])}: rankwise commit `{(r['meta']['commit'] or 'unknown')[:7]}` "
+        f"({r['meta']['date'][:10]}, 1-minute load average {r['meta']['load_before'][0]:.1f}-"
+        f"{r['meta']['load_after'][0]:.1f}, {r['meta']['wall_s']:.0f} s)"
+        for r in runs
+    )
+    lines += ["", f"*Numbers recorded in {prov}; torch {m['torch']}, {m['cpu_count']}-core {m['platform']}.*"]
     return "\n".join(lines)
 
 

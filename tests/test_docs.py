@@ -155,7 +155,7 @@ def test_imbalanced_own_table_is_its_json() -> None:
 @pytest.mark.parametrize(
     ("script", "jsons", "page"),
     [
-        ("topk.py", ["topk.json", "topk_2threads.json"], "benchmarks.md"),
+        ("topk.py", ["topk.json"], "benchmarks.md"),
         ("sort_relaxations.py", ["sort_relaxations.json"], "results.md"),
     ],
 )

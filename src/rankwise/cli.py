@@ -731,7 +731,8 @@ def preprocess(
         soft_wrap=True,
     )
     if result.failures:
-        err.print(f"{len(result.failures)} scan(s) failed:", highlight=False)
+        n = len(result.failures)
+        err.print(f"{n} scan{'' if n == 1 else 's'} failed:", highlight=False)
         for _row, _, message in result.failures:
             err.print(f"  {message}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)

@@ -198,7 +198,7 @@ def test_cli_lists_failures_and_exits_1(cohort: Path, tmp_path: Path) -> None:
         app, ["preprocess", str(folder / "p.csv"), "--out", str(tmp_path / "o"), "--template", TEMPLATE]
     )
     assert res.exit_code == 1, res.output
-    assert "1 scan preprocessed (0 reused)" in res.output and "1 scan(s) failed" in res.output
+    assert "1 scan preprocessed (0 reused)" in res.output and "1 scan failed:" in res.output
     assert "[1/2]" in res.output and "ETA" in res.output
 
 

@@ -381,7 +381,7 @@ def preprocess_for_run(
     if result.failures:
         _, _, message = result.failures[0]
         raise UserError(
-            f"{len(result.failures)} of {len(rows)} scan(s) of {csv_path} failed preprocessing (first: {message}); "
+            f"{len(result.failures)} of {len(rows)} scans of {csv_path} failed preprocessing (first: {message}); "
             f"see {result.page}"
         )
     assert result.csv is not None

@@ -76,6 +76,12 @@ def main() -> None:
                 mask = bet.compute_mask() > 0.5
                 seconds = time.perf_counter() - t0
         row = {"subject": name, "bet_dice": _dice(mask, truth), "bet_seconds": seconds, "n4_seconds": n4_seconds}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for name, row in zip(names, rows):  # the template route, from the records there now
+        scan = raw / f"{name}_T1w.nii.gz"
+        true = nib.as_closest_canonical(nib.load(str(raw / "truth" / f"{name}_brainmask.nii.gz")))
+        truth = true.get_fdata() > 0.5
         for route, out in routes.items():
             rec_path = out / "records" / f"{name}.json"
             if not rec_path.is_file():
@@ -86,8 +92,6 @@ def main() -> None:
             mapped = map_to_scan(vol, rec["template"], out / rec["transform"], scan, warp=warp).get_fdata() > 0.5
             row[f"template_{route}_dice"] = _dice(mapped, truth)
             row[f"template_{route}_seconds"] = rec["seconds"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
 
     def med(key: str) -> float | None:
         values = [r[key] for r in rows if key in r]

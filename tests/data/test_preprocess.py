@@ -248,8 +248,13 @@ def test_syn_redoes_an_affine_record_and_maps_the_brain_back_at_least_as_well(
     assert isinstance(fwd, sitk.CompositeTransform)
     again = preprocess_cohort(one, out, template=TEMPLATE, registration="syn")
     assert again.reused == 1
+    from rankwise.data.preprocess import _finished
+
+    scan = cohort.parent / "sub-0001_T1w.nii.gz"
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "syn") is not None
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "affine") is None  # another registration's record
     (out / rec["inverse_warp"]).unlink()  # a syn record without its field is not finished
-    assert preprocess_cohort(one, out, template=TEMPLATE, registration="syn").reused == 0
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "syn") is None
 
 
 def test_syn_without_antspy_is_one_line_naming_the_extra(

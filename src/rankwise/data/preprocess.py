@@ -453,8 +453,8 @@ def preprocess_t1(
         import tempfile
 
         try:
-            with tempfile.TemporaryDirectory(prefix=f".{name}_syn_", dir=out / "transforms") as tmp:
-                forward, backward = _syn(fixed, moving, tx, mask, grid_affine, Path(tmp))
+            with tempfile.TemporaryDirectory(prefix=f".{name}_syn_", dir=out / "transforms") as scratch:
+                forward, backward = _syn(fixed, moving, tx, mask, grid_affine, Path(scratch))
                 os.replace(forward, warp)
                 os.replace(backward, inverse_warp)
             field = sitk.ReadImage(str(warp), sitk.sitkVectorFloat64)

@@ -28,11 +28,12 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "torchmetrics",
     ),
     "mri": ("matplotlib", "nibabel", "nilearn", "SimpleITK", "torchio"),
+    "syn": ("antspyx",),
     "parity": ("diffsort",),
 }
 
 #: distribution -> its import name, where they differ
-_IMPORT_NAME = {"scikit-learn": "sklearn", "scikit-lego": "sklego", "pyyaml": "yaml"}
+_IMPORT_NAME = {"scikit-learn": "sklearn", "scikit-lego": "sklego", "pyyaml": "yaml", "antspyx": "ants"}
 
 #: modules that an extra brings as a dependency of one of its distributions (scipy: of scikit-learn)
 _BROUGHT = {"scipy": "train", "pytorch_lightning": "train", "tensorboardX": "train"}

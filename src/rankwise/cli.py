@@ -692,7 +692,9 @@ def preprocess(
     csv_file: Annotated[Path, typer.Argument(metavar="RAW.csv", help="cohort CSV: a `path` column of raw T1 scans")],
     out: Annotated[Path, typer.Option("--out", help="folder of the preprocessed volumes, transforms and QC page")],
     template: Annotated[str, typer.Option(help="template and grid: mni152_<spacing>mm")] = "mni152_2mm",
-    registration: Annotated[str, typer.Option(help="registration to the template: affine")] = "affine",
+    registration: Annotated[
+        str, typer.Option(help="registration to the template: affine or syn (affine then SyN, needs ANTsPy)")
+    ] = "affine",
     workers: Annotated[int, typer.Option(help="scans preprocessed at a time (processes)")] = 1,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="a line per scan with the ETA")] = True,
 ) -> None:

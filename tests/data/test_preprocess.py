@@ -219,3 +219,79 @@ def test_a_registration_stuck_in_a_wrong_optimum_is_redone_from_other_starts(coh
     assert record["restarted"]
     assert record["similarity"] > 0.7
     assert abs(record["similarity"] - upright["similarity"]) < 0.05
+
+
+def _dice_of(out: Path, row: dict[str, str], cohort: Path) -> float:
+    name = row["subject"]
+    scan = cohort.parent / f"{name}_T1w.nii.gz"
+    warp = out / row["warp"] if row.get("warp") else None
+    vol = nib.load(str(out / row["mask"])).get_fdata()
+    mask = map_to_scan(vol, TEMPLATE, out / row["transform"], scan, warp=warp)
+    true = nib.as_closest_canonical(nib.load(str(cohort.parent / "truth" / f"{name}_brainmask.nii.gz")))
+    a, b = mask.get_fdata() > 0.5, true.get_fdata() > 0.5
+    return float(2 * (a & b).sum() / (a.sum() + b.sum()))
+
+
+def test_syn_redoes_an_affine_record_and_maps_the_brain_back_at_least_as_well(
+    cohort: Path, done: tuple, tmp_path: Path
+) -> None:
+    pytest.importorskip("ants")
+    import SimpleITK as sitk
+
+    from rankwise.data.preprocess import read_transform
+
+    out0, _, _ = done
+    out = tmp_path / "out"
+    shutil.copytree(out0, out)
+    one = tmp_path / "one.csv"
+    lines = cohort.read_text().splitlines()[:2]  # the good scan
+    one.write_text(
+        lines[0] + "\n" + lines[1].replace("sub-0001_T1w.nii.gz", str(cohort.parent / "sub-0001_T1w.nii.gz"))
+    )
+    affine_rows = list(csv.DictReader((out0 / "participants.csv").open()))
+    result = preprocess_cohort(one, out, template=TEMPLATE, registration="syn")
+    assert result.reused == 0 and not result.failures  # the affine record is not the syn one
+    rec = result.records[0]
+    assert rec["registration"] == "syn" and (out / rec["warp"]).is_file() and (out / rec["inverse_warp"]).is_file()
+    assert not [p for p in (out / "transforms").iterdir() if p.name.startswith(".")]  # ANTs' folder is gone
+    rows = list(csv.DictReader((out / "participants.csv").open()))
+    assert list(rows[0])[-4:] == ["raw_path", "mask", "transform", "warp"] and rows[0]["warp"] == rec["warp"]
+    syn, affine = _dice_of(out, rows[0], cohort), _dice_of(out0, affine_rows[0], cohort)
+    assert syn >= affine - 1e-9 and syn > 0.9, (syn, affine)
+    # the forward and the inverse maps undo each other inside the brain
+    fwd = read_transform(out / rec["transform"], warp=out / rec["warp"])
+    back = read_transform(out / rec["transform"], warp=out / rec["warp"], inverse=True)
+    maps, affine_grid = template_grid(TEMPLATE)
+    lps = np.diag([-1.0, -1.0, 1.0])
+    for p in np.argwhere(maps["mask"] > 0.5)[::400]:
+        x = tuple(float(v) for v in lps @ (affine_grid[:3, :3] @ p + affine_grid[:3, 3]))
+        assert np.linalg.norm(np.subtract(back.TransformPoint(fwd.TransformPoint(x)), x)) < 1.0
+    assert isinstance(fwd, sitk.CompositeTransform)
+    again = preprocess_cohort(one, out, template=TEMPLATE, registration="syn")
+    assert again.reused == 1
+    from rankwise.data.preprocess import _finished
+
+    scan = cohort.parent / "sub-0001_T1w.nii.gz"
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "syn") is not None
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "affine") is None  # another registration's record
+    (out / rec["inverse_warp"]).unlink()  # a syn record without its field is not finished
+    assert _finished(out, "sub-0001", scan, TEMPLATE, "syn") is None
+
+
+def test_syn_without_antspy_is_one_line_naming_the_extra(
+    cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    monkeypatch.setitem(sys.modules, "ants", None)  # import ants raises ImportError
+    with pytest.raises(ImportError, match=r"rankwise\[syn\]"):
+        preprocess_cohort(cohort, tmp_path / "o", template=TEMPLATE, registration="syn")
+    res = CliRunner().invoke(
+        app, ["preprocess", str(cohort), "--out", str(tmp_path / "o"), "--template", TEMPLATE, "--registration", "syn"]
+    )
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and "rankwise[syn]" in res.output, res.output
+    assert not (tmp_path / "o" / "records").exists()

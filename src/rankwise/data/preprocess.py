@@ -10,6 +10,11 @@ For each scan, in order:
 3. registration to the MNI152 (ICBM 2009a) T1 template: a rigid (Euler) stage from the images'
    centres of mass, then a 12-parameter affine stage, both by Mattes mutual information sampled inside
    the template's brain mask dilated by 6 mm, on a multi-resolution pyramid (``registration="affine"``);
+   with ``registration="syn"``, then a symmetric diffeomorphic (SyN, Avants et al., Medical Image
+   Analysis 2008) stage by ANTs from that affine: Mattes mutual information between the template and
+   the scan restricted to the affinely mapped brain plus 4 mm, on a pyramid of the template grid shrunk
+   4, 2 and 1 times (gradient step 0.2, Gaussian regularisation of the update field and of the total
+   field, variances 3 and 2 voxels²);
 4. brain extraction by the template's brain mask mapped through the registration;
 5. resampling of the corrected scan onto the template grid (``mni152_2mm``: 91 x 109 x 91 voxels of
    2 mm, the grid of :func:`rankwise.data.make_brain_age_synthetic`), masked to the brain, and intensity
@@ -26,7 +31,10 @@ similarity under 0.6).
 
 Spaces: the transform file (ITK text format, ``.tfm``) maps a point of the template (physical LPS mm, ITK's
 convention) to the same anatomical point of the scan; :func:`map_to_scan` applies it to a template-grid
-volume (a prediction's saliency map, the brain mask) to bring it onto the scan's grid.
+volume (a prediction's saliency map, the brain mask) to bring it onto the scan's grid. With ``syn`` the
+full map is ``A(W(x))``: ``W`` the displacement field ``NAME_warp.nii.gz`` (template -> template, on the
+template grid, LPS mm vectors), then the affine ``A`` of the ``.tfm``; ``NAME_inverse_warp.nii.gz`` beside
+it holds ``W``'s inverse, which :func:`map_to_scan` uses (:func:`read_transform` reads either direction).
 """
 
 from __future__ import annotations
@@ -50,10 +58,17 @@ from rankwise.data._base import DataFormatError
 from rankwise.data._files import file_digest
 from rankwise.data.nifti import PREPROCESS_COLUMNS, read_cohort_rows, read_volume, to_canonical
 
-__all__ = ["PreprocessResult", "map_to_scan", "preprocess_cohort", "preprocess_t1", "template_grid"]
+__all__ = [
+    "PreprocessResult",
+    "map_to_scan",
+    "preprocess_cohort",
+    "preprocess_t1",
+    "read_transform",
+    "template_grid",
+]
 
 #: the registrations offered
-REGISTRATIONS = ("affine",)
+REGISTRATIONS = ("affine", "syn")
 #: below this similarity to the template a result is not a brain: the scan fails
 MIN_SIMILARITY = 0.3
 #: below this fraction of the template's brain inside the scan's field of view the scan fails
@@ -195,6 +210,105 @@ def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = Fals
     return sitk.AffineTransform(stage(affine, (2, 1), (1.0, 0.0)))
 
 
+def _ants() -> Any:
+    try:
+        import ants
+    except ImportError as e:
+        raise ImportError(f"registration='syn' needs ANTsPy (antspyx): pip install 'rankwise[syn]' ({e})") from e
+    return ants
+
+
+#: the SyN stage's iterations per level (shrink factors 4, 2, 1 of the 2 mm template grid)
+SYN_ITERATIONS = (40, 20, 10)
+
+
+def _syn(
+    fixed: Any, moving: Any, tx: Any, brain: np.ndarray, grid_affine: np.ndarray, folder: Path
+) -> tuple[Path, Path]:
+    """The SyN stage (ANTs) from the affine ``tx`` (template -> scan): the files (in ``folder``) of the
+    ``(forward, inverse)`` displacement fields on the template grid (NIfTI, LPS mm vectors), the forward ``W``
+    such that ``tx(W(x))`` maps a template point ``x`` to the scan. The scan is restricted to the
+    template's ``brain`` dilated by 4 mm and mapped by ``tx`` (the template has no skull)."""
+    ants = _ants()
+    _, sitk = _modules()
+    from scipy import ndimage
+
+    spacing = float(np.linalg.norm(grid_affine[:3, 0]))
+    grown = ndimage.binary_dilation(brain, iterations=max(1, round(4.0 / spacing)))
+    region = sitk.Resample(
+        _to_sitk(grown.astype(np.float32), grid_affine), moving, tx.GetInverse(), sitk.sitkNearestNeighbor, 0.0
+    )
+    restricted = sitk.Cast(moving * sitk.Cast(region, sitk.sitkFloat32), sitk.sitkFloat32)
+
+    def to_ants(img: Any) -> Any:
+        direction = np.asarray(img.GetDirection(), dtype=np.float64).reshape(3, 3)
+        return ants.from_numpy(
+            _array(img).astype(np.float32), origin=img.GetOrigin(), spacing=img.GetSpacing(), direction=direction
+        )
+
+    start = folder / "affine.tfm"
+    sitk.WriteTransform(tx, str(start))
+    out = ants.registration(
+        to_ants(fixed),
+        to_ants(restricted),
+        type_of_transform="SyNOnly",
+        initial_transform=[str(start)],
+        outprefix=str(folder / "syn"),
+        reg_iterations=SYN_ITERATIONS,
+        flow_sigma=3.0,
+        total_sigma=2.0,
+    )
+    forward = [f for f in out["fwdtransforms"] if f.endswith("Warp.nii.gz")]
+    inverse = [f for f in out["invtransforms"] if f.endswith("InverseWarp.nii.gz")]
+    if len(forward) != 1 or len(inverse) != 1:
+        raise RuntimeError(f"ANTs wrote no displacement field ({out['fwdtransforms']}, {out['invtransforms']})")
+    return Path(forward[0]), Path(inverse[0])
+
+
+def _field(image: Any) -> Any:
+    _, sitk = _modules()
+    return sitk.DisplacementFieldTransform(sitk.Cast(image, sitk.sitkVectorFloat64))
+
+
+def read_transform(transform: str | Path, *, warp: str | Path | None = None, inverse: bool = False) -> Any:
+    """The SimpleITK transform of a scan from its ``.tfm`` (``transform``) and, for
+    ``registration="syn"``, its ``warp`` (``NAME_warp.nii.gz``; the inverse is read from
+    ``NAME_inverse_warp.nii.gz`` beside it): template -> scan (physical LPS mm), or scan -> template
+    with ``inverse`` (the transform :func:`SimpleITK.Resample` takes to bring a template-grid volume
+    onto the scan's grid).
+
+    Example:
+        >>> import tempfile, SimpleITK as sitk
+        >>> path = tempfile.mkdtemp() + "/a.tfm"
+        >>> sitk.WriteTransform(sitk.TranslationTransform(3, (1.0, 2.0, 3.0)), path)
+        >>> read_transform(path, inverse=True).TransformPoint((0.0, 0.0, 0.0))
+        (-1.0, -2.0, -3.0)
+    """
+    _, sitk = _modules()
+    tx = sitk.ReadTransform(str(transform))
+    if warp is None:
+        return tx.GetInverse() if inverse else tx
+    warp = Path(warp)
+    if inverse:
+        back = warp.with_name(re.sub(r"_warp\.nii\.gz$", "_inverse_warp.nii.gz", warp.name))
+        if back == warp:
+            raise ValueError(f"`warp` must be a NAME_warp.nii.gz of preprocess, got {str(warp)!r}")
+        # sitk applies the last transform of the list first: A^-1, then W^-1
+        return sitk.CompositeTransform([_field(sitk.ReadImage(str(back))), tx.GetInverse()])
+    return sitk.CompositeTransform([tx, _field(sitk.ReadImage(str(warp)))])
+
+
+def _jacobian_mean(field: Any, mask: np.ndarray, grid_affine: np.ndarray) -> float:
+    """The mean Jacobian determinant of ``x -> x + u(x)`` over ``mask`` for a displacement-field image
+    ``u`` on the template grid (LPS vectors; derivatives by central differences in physical mm)."""
+    _, sitk = _modules()
+    u = np.asarray(sitk.GetArrayFromImage(field)).transpose(2, 1, 0, 3)  # (x, y, z, 3)
+    grads = np.stack(np.gradient(u, axis=(0, 1, 2)), axis=-1)  # (x, y, z, component, voxel axis)
+    to_voxel = np.linalg.inv(_LPS @ grid_affine[:3, :3])  # d(voxel index) / d(LPS mm)
+    jac = np.eye(3) + grads[mask] @ to_voxel
+    return float(np.linalg.det(jac).mean()) if mask.any() else 1.0
+
+
 def _in_view(mask: np.ndarray, grid_affine: np.ndarray, tx: Any, affine: np.ndarray, shape: Sequence[int]) -> float:
     """The fraction of the template's brain voxels that the affine ``tx`` (template -> scan, LPS) maps
     inside the scan's field of view (voxel centres within half a voxel of the grid)."""
@@ -216,17 +330,26 @@ def _similarity(vol: np.ndarray, t1: np.ndarray, mask: np.ndarray) -> float:
     return float((a * b).sum() / den) if den > 0 else 0.0
 
 
-def map_to_scan(volume: np.ndarray, template: str, transform: str | Path, scan: str | Path, *, order: int = 0) -> Any:
+def map_to_scan(
+    volume: np.ndarray,
+    template: str,
+    transform: str | Path,
+    scan: str | Path,
+    *,
+    warp: str | Path | None = None,
+    order: int = 0,
+) -> Any:
     """A template-grid ``volume`` (e.g. a brain mask) on the grid of ``scan`` through ``transform`` (a
-    ``.tfm`` of :func:`preprocess_t1`): a nibabel image with the scan's affine (nearest neighbour,
-    ``order=0``, or linear, ``order=1``)."""
+    ``.tfm`` of :func:`preprocess_t1`) and, for ``registration="syn"``, its ``warp`` (the record's
+    ``warp``, the ``warp`` column of ``participants.csv``): a nibabel image with the scan's affine
+    (nearest neighbour, ``order=0``, or linear, ``order=1``)."""
     nib, sitk = _modules()
     _, affine = template_grid(template)
     ref = nib.as_closest_canonical(nib.load(str(scan)))
     ref_img = _to_sitk(np.zeros(ref.shape[:3], np.float32), ref.affine)
-    tx = sitk.ReadTransform(str(transform))
+    back = read_transform(transform, warp=warp, inverse=True)
     interp = sitk.sitkNearestNeighbor if order == 0 else sitk.sitkLinear
-    moved = sitk.Resample(_to_sitk(volume, affine), ref_img, tx.GetInverse(), interp, 0.0)
+    moved = sitk.Resample(_to_sitk(volume, affine), ref_img, back, interp, 0.0)
     return nib.Nifti1Image(_array(moved).astype(np.float32), ref.affine)
 
 
@@ -273,7 +396,9 @@ def preprocess_t1(
 
     Writes ``out/volumes/NAME.nii.gz`` (the brain on the template grid, float32, brain median 1000),
     ``out/masks/NAME_mask.nii.gz`` (the brain mask on the template grid), ``out/transforms/NAME.tfm``
-    (template -> scan), ``out/qc/NAME.png`` and ``out/records/NAME.json`` (the record, written last:
+    (template -> scan; with ``registration="syn"`` its affine part, and ``NAME_warp.nii.gz``,
+    ``NAME_inverse_warp.nii.gz`` the displacement fields, recorded as ``warp`` and ``inverse_warp``),
+    ``out/qc/NAME.png`` and ``out/records/NAME.json`` (the record, written last:
     a scan with a record is finished). ``name`` defaults to the scan's file name without ``.nii[.gz]``.
     Raises :class:`~rankwise.data.DataFormatError` (one line naming the scan) for a scan that cannot be
     read or preprocessed; ``where`` (the cohort CSV and its row) goes into that message.
@@ -289,6 +414,8 @@ def preprocess_t1(
     nib, sitk = _modules()
     if registration not in REGISTRATIONS:
         raise ValueError(f"`registration` must be one of {list(REGISTRATIONS)}, got {registration!r}")
+    if registration == "syn":
+        _ants()
     maps, grid_affine = template_grid(template)
     scan = Path(scan)
     out = Path(out)
@@ -327,6 +454,25 @@ def preprocess_t1(
     in_view = _in_view(mask, grid_affine, tx, affine, data.shape)
     if in_view < MIN_IN_VIEW:
         raise fail(f"only {in_view:.0%} of the template's brain lies in the field of view after registration")
+    for sub in FOLDERS:
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    warp = out / "transforms" / f"{name}_warp.nii.gz"
+    inverse_warp = out / "transforms" / f"{name}_inverse_warp.nii.gz"
+    jacobian = 1.0
+    if registration == "syn":
+        import tempfile
+
+        try:
+            with tempfile.TemporaryDirectory(prefix=f".{name}_syn_", dir=out / "transforms") as scratch:
+                forward, backward = _syn(fixed, moving, tx, mask, grid_affine, Path(scratch))
+                os.replace(forward, warp)
+                os.replace(backward, inverse_warp)
+            field = sitk.ReadImage(str(warp), sitk.sitkVectorFloat64)
+            full = sitk.CompositeTransform([tx, _field(field)])
+            moved = _array(sitk.Resample(moving, fixed, full, sitk.sitkLinear, 0.0))
+        except RuntimeError as e:
+            raise fail(f"SyN registration failed ({' '.join(str(e).split())[-200:]})") from None
+        jacobian = _jacobian_mean(field, mask, grid_affine)
     brain = moved * mask
     level = float(np.median(brain[mask])) if mask.any() else 0.0
     if not level > 0:
@@ -337,8 +483,7 @@ def preprocess_t1(
         raise fail(f"no brain found in the field of view (similarity {similarity:.2f} to the template)")
     linear = np.asarray(tx.GetMatrix(), dtype=float).reshape(3, 3)
     brain_ml = float(mask.sum()) * abs(float(np.linalg.det(grid_affine[:3, :3]))) * abs(float(np.linalg.det(linear)))
-    for sub in FOLDERS:
-        (out / sub).mkdir(parents=True, exist_ok=True)
+    brain_ml *= jacobian
     volume = out / "volumes" / f"{name}.nii.gz"
     mask_path = out / "masks" / f"{name}_mask.nii.gz"
     transform = out / "transforms" / f"{name}.tfm"
@@ -358,6 +503,8 @@ def preprocess_t1(
         "volume": str(volume.relative_to(out)),
         "mask": str(mask_path.relative_to(out)),
         "transform": str(transform.relative_to(out)),
+        "warp": str(warp.relative_to(out)) if registration == "syn" else None,
+        "inverse_warp": str(inverse_warp.relative_to(out)) if registration == "syn" else None,
         "qc": f"qc/{name}.png",
         "similarity": similarity,
         "brain_ml": brain_ml / 1000.0,
@@ -391,6 +538,8 @@ def _finished(out: Path, name: str, scan: Path, template: str, registration: str
     if not isinstance(record, dict) or (record.get("template"), record.get("registration")) != (template, registration):
         return None
     if not all((out / str(record.get(k, ""))).is_file() for k in ("volume", "mask", "transform")):
+        return None
+    if registration == "syn" and not all((out / str(record.get(k) or "")).is_file() for k in ("warp", "inverse_warp")):
         return None
     try:
         if record.get("scan_bytes") != scan.stat().st_size or record.get("scan_sha256") != file_digest(scan):
@@ -497,7 +646,8 @@ def preprocess_cohort(
     A scan that fails is reported (``failures``) and left out of the CSV; the others go on. Nothing is
     written outside ``out``. ``participants.csv`` holds the input's columns with ``path`` replaced by the
     preprocessed volume (relative to ``out``) and ``raw_path`` (the scan), ``mask`` (the brain mask on the
-    template grid) and ``transform`` (template -> scan) added: ``rankwise train --data`` reads it.
+    template grid), ``transform`` (template -> scan) and, with ``registration="syn"``, ``warp`` (its
+    displacement field, see :func:`map_to_scan`) added: ``rankwise train --data`` reads it.
     ``on_scan(done, total, name, status, seconds)`` is called after each scan (status ``"done"``,
     ``"reused"`` or ``"failed: <message>"``).
     """
@@ -507,6 +657,8 @@ def preprocess_cohort(
         raise ValueError(f"`workers` must be a positive int, got {workers!r}")
     if registration not in REGISTRATIONS:
         raise ValueError(f"`registration` must be one of {list(REGISTRATIONS)}, got {registration!r}")
+    if registration == "syn":
+        _ants()  # a missing ANTsPy fails before any work
     template_grid(template)  # a bad name fails before any work
     csv_path = Path(csv_path)
     out = Path(out)
@@ -514,7 +666,8 @@ def preprocess_cohort(
     for r in rows:
         if not r["path"]:
             raise DataFormatError(csv_path, r["_row"], "empty `path`")
-    reserved = [c for c in PREPROCESS_COLUMNS if c in rows[0]]
+    extra = [*PREPROCESS_COLUMNS, *(["warp"] if registration == "syn" else [])]
+    reserved = [c for c in extra if c in rows[0]]
     if reserved:
         raise DataFormatError(csv_path, 1, f"column(s) {reserved} are written by preprocess; rename them")
     names = _names(rows)
@@ -561,7 +714,6 @@ def preprocess_cohort(
                 finished(*res)
     result.failures.sort()
     columns = [c for c in rows[0] if c != "_row"]
-    extra = list(PREPROCESS_COLUMNS)
     table = []
     for r, scan in zip(rows, scans):
         rec = by_row.get(r["_row"])
@@ -570,7 +722,8 @@ def preprocess_cohort(
         result.records.append(rec)
         values = {c: r[c] for c in columns}
         values["path"] = rec["volume"]
-        table.append(values | {"raw_path": str(scan), "mask": rec["mask"], "transform": rec["transform"]})
+        added = {"raw_path": str(scan), "mask": rec["mask"], "transform": rec["transform"], "warp": rec.get("warp")}
+        table.append(values | {k: added[k] for k in extra})
     target = out / "participants.csv"
     with atomic_open(target, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*columns, *extra])

@@ -1,0 +1,291 @@
+"""TSAN on raw scans through ``rankwise preprocess`` against the same subjects' aligned volumes.
+
+One synthetic cohort (``rankwise data make brain-age-synthetic --raw --spacing 4``: every subject's
+aligned 4 mm MNI volume is kept in ``truth/``, the raw scan beside it) gives two arms:
+
+* *aligned*: the generator's MNI-space volumes (``truth/aligned.csv``); checked voxel for voxel
+  against the aligned mode of the generator (``--spacing 4`` without ``--raw``, same ``--n`` and seed);
+* *raw*: the raw scans through ``rankwise preprocess --template mni152_4mm``.
+
+Both CSVs carry the same ``split`` column (a seeded permutation of the subjects that preprocessing kept:
+10 % val, 20 % test), so both arms train, select and test on the same subjects. Each arm trains the
+``brain_age_tsan_synthetic`` preset (``rankwise train`` subprocesses, ``trainer.num_threads=1``) for
+each seed in ``--seeds``, the two arms of a seed at the same time so that the machine's load falls on
+both alike. Recorded per run: test MAE, the bias-corrected test MAEs the run reports, validation MAE, wall
+seconds; per arm mean and SD over seeds; the difference of the means and a Welch t-test. "Within the
+seed noise" is ``|difference| <= the larger of the two SDs``. JSON:
+``benchmarks/results/brain_age_raw_vs_aligned.json`` (``--out``).
+
+    PYTHONPATH=src nice -n 5 python benchmarks/brain_age_raw_vs_aligned.py --n 100 --work /tmp/rva
+
+``--epochs E,S`` overrides the two stages' epochs (a quick check of the script: ``--n 12 --epochs 1,1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import loadavg, machine
+
+PRESET = "brain_age_tsan_synthetic"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli() -> list[str]:
+    """The venv's ``rankwise`` console script (this checkout's ``src`` first on ``PYTHONPATH``, see :func:`_env`)."""
+    return [str(Path(sys.executable).parent / "rankwise")]
+
+
+def _env() -> dict[str, str]:
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(cmd: list[str], log: Path, commands: list[str]) -> float:
+    """Run ``cmd`` (output to ``log``), return its wall seconds; stop on a failure other than exit 1 of preprocess."""
+    commands.append(shlex.join(cmd))
+    print("$", shlex.join(cmd), flush=True)
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env()).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0 and not (cmd[1] == "preprocess" and rc == 1):
+        sys.exit(f"error: `{shlex.join(cmd)}` exited {rc}; see {log}")
+    return wall
+
+
+def _start(cmd: list[str], log: Path, commands: list[str]) -> tuple[subprocess.Popen[bytes], float, Any]:
+    """Start ``cmd`` in the background (output to ``log``): ``(process, start time, log file)``."""
+    commands.append(shlex.join(cmd))
+    print("$", shlex.join(cmd), "&", flush=True)
+    fh = log.open("w")
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env()), time.perf_counter(), fh
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _splits(subjects: list[str], seed: int = 0) -> dict[str, str]:
+    order = np.random.default_rng(seed).permutation(len(subjects))
+    n_val, n_test = round(0.1 * len(subjects)), round(0.2 * len(subjects))
+    names = sorted(subjects)
+    return {names[k]: "val" if r < n_val else "test" if r < n_val + n_test else "train" for r, k in enumerate(order)}
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else float("nan")}
+
+
+def _welch(a: list[float], b: list[float]) -> dict[str, float]:
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return {"t": float("nan"), "p": float("nan")}
+    res = stats.ttest_ind(a, b, equal_var=False)
+    return {"t": float(res.statistic), "p": float(res.pvalue)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--workers", type=int, default=2, help="rankwise preprocess --workers")
+    ap.add_argument("--epochs", default="", help="E,S: first- and second-stage epochs (the preset's 8,2)")
+    ap.add_argument("--work", type=Path, required=True, help="a folder for the cohort, the runs and the logs")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "brain_age_raw_vs_aligned.json")
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    commands: list[str] = []
+    load = {"start": loadavg()}
+    t_all = time.perf_counter()
+
+    # the cohort: raw scans + the aligned volumes of the same subjects; and the aligned mode, to check them
+    make = [*_cli(), "data", "make", "brain-age-synthetic", "--n", str(args.n), "--spacing", "4"]
+    raw_dir, aligned_dir = work / "raw", work / "aligned"
+    gen_raw = gen_aligned = 0.0
+    if not (raw_dir / "participants.csv").exists():
+        gen_raw = _run([*make, "--raw", "--out", str(raw_dir)], logs / "make_raw.log", commands)
+    if not (aligned_dir / "participants.csv").exists():
+        gen_aligned = _run([*make, "--out", str(aligned_dir)], logs / "make_aligned.log", commands)
+    import nibabel as nib
+
+    raw_rows = _read(raw_dir / "participants.csv")
+    aligned_rows = _read(aligned_dir / "participants.csv")
+    truth_rows = _read(raw_dir / "truth" / "aligned.csv")
+    keys = ("age", "sex", "site", "subject")
+    same_table = [{k: r[k] for k in keys} for r in raw_rows] == [{k: r[k] for k in keys} for r in aligned_rows]
+    same_table &= [{k: r[k] for k in keys} for r in truth_rows] == [{k: r[k] for k in keys} for r in aligned_rows]
+    same_volumes = all(
+        np.array_equal(
+            np.asarray(nib.load(str(aligned_dir / a["path"])).dataobj),
+            np.asarray(nib.load(str(raw_dir / "truth" / t["path"])).dataobj),
+        )
+        for a, t in zip(aligned_rows, truth_rows, strict=True)
+    )
+    if not (same_table and same_volumes):
+        sys.exit("error: the raw cohort's aligned volumes are not the aligned mode's subjects")
+
+    # preprocess the raw scans (absolute paths: the CSV is read from the work folder)
+    raw_csv = work / "raw_input.csv"
+    _write(raw_csv, [r | {"path": str(raw_dir / r["path"])} for r in raw_rows])
+    pre_dir = work / "preprocessed"
+    pre = [*_cli(), "preprocess", str(raw_csv), "--out", str(pre_dir), "--template", "mni152_4mm"]
+    pre += ["--workers", str(args.workers), "--no-progress"]
+    preprocess_wall = _run(pre, logs / "preprocess.log", commands)
+    pre_rows = _read(pre_dir / "participants.csv")
+    kept = [r["subject"] for r in pre_rows]
+    failed = sorted(set(r["subject"] for r in raw_rows) - set(kept))
+    records = {r["subject"]: json.loads((pre_dir / "records" / f"{r['subject']}.json").read_text()) for r in pre_rows}
+
+    # one split for both arms, over the subjects both have
+    split = _splits(kept)
+    csvs = {
+        "aligned": work / "aligned_split.csv",
+        "raw": work / "raw_split.csv",
+    }
+    _write(
+        csvs["aligned"],
+        [
+            {k: r[k] for k in keys} | {"path": str(aligned_dir / r["path"]), "split": split[r["subject"]]}
+            for r in aligned_rows
+            if r["subject"] in split
+        ],
+    )
+    _write(
+        csvs["raw"],
+        [
+            {k: r[k] for k in keys} | {"path": str((pre_dir / r["path"]).resolve()), "split": split[r["subject"]]}
+            for r in pre_rows
+        ],
+    )
+
+    sets = ["trainer.num_threads=1", f"data.options.cache_dir={work / 'cache'}"]
+    if args.epochs:
+        e, s = args.epochs.split(",")
+        sets += [f"trainer.max_epochs={int(e)}", f"task.stage2_epochs={int(s)}"]
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:  # the two arms of a seed train at the same time: the machine's load falls on both alike
+        started = {}
+        for arm in ("aligned", "raw"):
+            out = work / "runs" / f"{arm}_seed{seed}"
+            cmd = [*_cli(), "train", PRESET, "--set", f"data.options.csv={csvs[arm]}", "--set", f"run.seed={seed}"]
+            for s in sets:
+                cmd += ["--set", s]
+            cmd += ["--out", str(out), "--overwrite", "--no-progress"]
+            started[arm] = (out, cmd, _start(cmd, logs / f"train_{arm}_seed{seed}.log", commands), loadavg())
+        for arm, (out, cmd, (proc, t0, fh), before) in started.items():
+            rc = proc.wait()
+            wall = time.perf_counter() - t0
+            fh.close()
+            if rc != 0:
+                sys.exit(f"error: `{shlex.join(cmd)}` exited {rc}; see {fh.name}")
+            metrics = json.loads((out / "metrics.json").read_text())
+            test = metrics["test"]
+            runs.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "test_mae": test["mae"],
+                    "test_mae_bias_corrected": {m: test.get(f"mae_{m}") for m in ("gap", "prediction")},
+                    "test_pearson": test.get("pearson"),
+                    "val_mae": metrics.get("val", {}).get("mae"),
+                    "n_test": test.get("n"),
+                    "wall_s": wall,
+                    "load_before": before,
+                    "load_after": loadavg(),
+                }
+            )
+            print(f"{arm} seed {seed}: test MAE {test['mae']:.3f} ({wall:.0f} s)", flush=True)
+
+    arms: dict[str, Any] = {}
+    for arm in ("aligned", "raw"):
+        maes = [r["test_mae"] for r in runs if r["arm"] == arm]
+        arms[arm] = {"test_mae": _summary(maes), "wall_s": _summary([r["wall_s"] for r in runs if r["arm"] == arm])}
+        corrected: dict[str, list[float]] = {}
+        for r in runs:
+            if r["arm"] == arm:
+                for k, v in r["test_mae_bias_corrected"].items():
+                    if v is not None:
+                        corrected.setdefault(k, []).append(v)
+        arms[arm]["test_mae_bias_corrected"] = {k: _summary(v) for k, v in corrected.items()}
+    a = [r["test_mae"] for r in runs if r["arm"] == "aligned"]
+    b = [r["test_mae"] for r in runs if r["arm"] == "raw"]
+    diff = arms["raw"]["test_mae"]["mean"] - arms["aligned"]["test_mae"]["mean"]
+    noise = max(arms["raw"]["test_mae"]["sd"], arms["aligned"]["test_mae"]["sd"])
+    sim = [records[s]["similarity"] for s in kept]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True, cwd=ROOT)
+    dirty = bool(status.stdout)
+    load["end"] = loadavg()
+    result = {
+        "what": f"TSAN ({PRESET}) on raw scans through rankwise preprocess vs the same subjects' aligned volumes",
+        "n": args.n,
+        "seeds": seeds,
+        "epochs": args.epochs or "preset (8 + 2)",
+        "split": {k: sum(v == k for v in split.values()) for k in ("train", "val", "test")},
+        "test_subjects": sorted(s for s, v in split.items() if v == "test"),
+        "same_subjects_checked": {"table": same_table, "volumes_identical": same_volumes},
+        "preprocess": {
+            "failed": failed,
+            "wall_s": preprocess_wall,
+            "scan_seconds_median": float(np.median([records[s]["seconds"] for s in kept])),
+            "scan_seconds_sum": float(sum(records[s]["seconds"] for s in kept)),
+            "workers": args.workers,
+            "similarity_min": min(sim),
+            "similarity_median": float(np.median(sim)),
+            "low_similarity_subjects": sorted(s for s in kept if records[s]["similarity"] < 0.6),
+            "restarted": sorted(s for s in kept if records[s].get("restarted")),
+        },
+        "generate_wall_s": {"raw": gen_raw, "aligned": gen_aligned},
+        "runs": runs,
+        "arms": arms,
+        "difference_raw_minus_aligned": diff,
+        "seed_noise_larger_sd": noise,
+        "within_seed_noise": bool(abs(diff) <= noise),
+        "rule": "within the seed noise: |mean raw - mean aligned| <= the larger of the two arms' SDs over seeds",
+        "welch_t_test": _welch(b, a),
+        "total_wall_s": time.perf_counter() - t_all,
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "load_average": load,
+        "nice": os.nice(0),
+        "commands": commands,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    keys_shown = ("arms", "difference_raw_minus_aligned", "within_seed_noise", "welch_t_test")
+    print(json.dumps({k: result[k] for k in keys_shown}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

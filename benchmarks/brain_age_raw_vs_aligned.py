@@ -108,15 +108,58 @@ def _welch(a: list[float], b: list[float]) -> dict[str, float]:
     return {"t": float(res.statistic), "p": float(res.pvalue)}
 
 
+def markdown(res: dict[str, Any]) -> str:
+    """The docs table of a result: per arm the test MAE of each seed, mean ± SD, the bias-corrected MAE."""
+
+    def cell(arm: str, key: str = "test_mae") -> str:
+        per = [r for r in res["runs"] if r["arm"] == arm]
+        return ", ".join(f"{r[key]:.2f}" for r in per)
+
+    lines = [
+        "| | aligned volumes | raw scans + `rankwise preprocess` |",
+        "|---|---|---|",
+        f"| test MAE, years, seeds {', '.join(map(str, res['seeds']))} | {cell('aligned')} | {cell('raw')} |",
+    ]
+    a, r = res["arms"]["aligned"], res["arms"]["raw"]
+    lines.append(
+        f"| mean ± SD | {a['test_mae']['mean']:.2f} ± {a['test_mae']['sd']:.2f} "
+        f"| {r['test_mae']['mean']:.2f} ± {r['test_mae']['sd']:.2f} |"
+    )
+    for m in ("gap", "prediction"):
+        if m in a["test_mae_bias_corrected"] and m in r["test_mae_bias_corrected"]:
+            x, y = a["test_mae_bias_corrected"][m], r["test_mae_bias_corrected"][m]
+            lines.append(
+                f"| bias-corrected MAE (`{m}`), mean ± SD | {x['mean']:.2f} ± {x['sd']:.2f} "
+                f"| {y['mean']:.2f} ± {y['sd']:.2f} |"
+            )
+    lines.append(f"| train wall s per run (mean) | {a['wall_s']['mean']:.0f} | {r['wall_s']['mean']:.0f} |")
+    w = res["welch_t_test"]
+    lines.append("")
+    lines.append(
+        f"Difference of the means (raw - aligned): {res['difference_raw_minus_aligned']:+.2f} years; the larger "
+        f"SD over seeds {res['seed_noise_larger_sd']:.2f}: "
+        f"{'within' if res['within_seed_noise'] else 'outside'} the seed noise (Welch t = {w['t']:.2f}, "
+        f"p = {w['p']:.2f})."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100)
+    ap.add_argument(
+        "--use", type=int, default=0, help="train on the first USE subjects of a cohort of --n made before (all)"
+    )
+    ap.add_argument("--markdown", type=Path, default=None, help="print the docs table of a result JSON and stop")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workers", type=int, default=2, help="rankwise preprocess --workers")
     ap.add_argument("--epochs", default="", help="E,S: first- and second-stage epochs (the preset's 8,2)")
     ap.add_argument("--work", type=Path, required=True, help="a folder for the cohort, the runs and the logs")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "brain_age_raw_vs_aligned.json")
     args = ap.parse_args()
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -136,9 +179,10 @@ def main() -> None:
         gen_aligned = _run([*make, "--out", str(aligned_dir)], logs / "make_aligned.log", commands)
     import nibabel as nib
 
-    raw_rows = _read(raw_dir / "participants.csv")
-    aligned_rows = _read(aligned_dir / "participants.csv")
-    truth_rows = _read(raw_dir / "truth" / "aligned.csv")
+    use = slice(0, args.use or None)  # the same first rows of both modes (a cohort's sexes depend on its n)
+    raw_rows = _read(raw_dir / "participants.csv")[use]
+    aligned_rows = _read(aligned_dir / "participants.csv")[use]
+    truth_rows = _read(raw_dir / "truth" / "aligned.csv")[use]
     keys = ("age", "sex", "site", "subject")
     same_table = [{k: r[k] for k in keys} for r in raw_rows] == [{k: r[k] for k in keys} for r in aligned_rows]
     same_table &= [{k: r[k] for k in keys} for r in truth_rows] == [{k: r[k] for k in keys} for r in aligned_rows]
@@ -215,6 +259,7 @@ def main() -> None:
                     "test_mae": test["mae"],
                     "test_mae_bias_corrected": {m: test.get(f"mae_{m}") for m in ("gap", "prediction")},
                     "test_pearson": test.get("pearson"),
+                    "stage1_test_mae": test.get("stage1_mae"),
                     "val_mae": metrics.get("val", {}).get("mae"),
                     "n_test": test.get("n"),
                     "wall_s": wall,
@@ -248,7 +293,8 @@ def main() -> None:
     load["end"] = loadavg()
     result = {
         "what": f"TSAN ({PRESET}) on raw scans through rankwise preprocess vs the same subjects' aligned volumes",
-        "n": args.n,
+        "n": len(raw_rows),
+        "cohort_n": args.n,
         "seeds": seeds,
         "epochs": args.epochs or "preset (8 + 2)",
         "split": {k: sum(v == k for v in split.values()) for k in ("train", "val", "test")},

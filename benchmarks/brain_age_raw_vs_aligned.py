@@ -172,7 +172,8 @@ def main() -> None:
     # the cohort: raw scans + the aligned volumes of the same subjects; and the aligned mode, to check them
     make = [*_cli(), "data", "make", "brain-age-synthetic", "--n", str(args.n), "--spacing", "4"]
     raw_dir, aligned_dir = work / "raw", work / "aligned"
-    gen_raw = gen_aligned = 0.0
+    gen_raw: float | None = None  # None: made by an earlier call
+    gen_aligned: float | None = None
     if not (raw_dir / "participants.csv").exists():
         gen_raw = _run([*make, "--raw", "--out", str(raw_dir)], logs / "make_raw.log", commands)
     if not (aligned_dir / "participants.csv").exists():

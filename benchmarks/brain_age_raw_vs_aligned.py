@@ -10,10 +10,10 @@ aligned 4 mm MNI volume is kept in ``truth/``, the raw scan beside it) gives two
 Both CSVs carry the same ``split`` column (a seeded permutation of the subjects that preprocessing kept:
 10 % val, 20 % test), so both arms train, select and test on the same subjects. Each arm trains the
 ``brain_age_tsan_synthetic`` preset (``rankwise train`` subprocesses, ``trainer.num_threads=1``) for
-each seed in ``--seeds``, the two arms of a seed at the same time so that the machine's load falls on
-both alike. Recorded per run: test MAE, the bias-corrected test MAEs the run reports, validation MAE, wall
-seconds; per arm mean and SD over seeds; the difference of the means and a Welch t-test. "Within the
-seed noise" is ``|difference| <= the larger of the two SDs``. JSON:
+each seed in ``--seeds``, the two arms of a seed (``--together``: all runs) at the same time so that the
+machine's load falls on both alike. Recorded per run: test MAE, the bias-corrected test MAEs the run
+reports, validation MAE, wall seconds; per arm mean and SD over seeds; the difference of the means and
+a Welch t-test. "Within the seed noise" is ``|difference| <= the larger of the two SDs``. JSON:
 ``benchmarks/results/brain_age_raw_vs_aligned.json`` (``--out``).
 
     PYTHONPATH=src nice -n 5 python benchmarks/brain_age_raw_vs_aligned.py --n 100 --work /tmp/rva
@@ -150,6 +150,7 @@ def main() -> None:
     ap.add_argument(
         "--use", type=int, default=0, help="train on the first USE subjects of a cohort of --n made before (all)"
     )
+    ap.add_argument("--together", action="store_true", help="train every seed's two runs at the same time")
     ap.add_argument("--markdown", type=Path, default=None, help="print the docs table of a result JSON and stop")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workers", type=int, default=2, help="rankwise preprocess --workers")
@@ -231,21 +232,25 @@ def main() -> None:
         ],
     )
 
-    sets = ["trainer.num_threads=1", f"data.options.cache_dir={work / 'cache'}"]
+    sets = ["trainer.num_threads=1"]
     if args.epochs:
         e, s = args.epochs.split(",")
         sets += [f"trainer.max_epochs={int(e)}", f"task.stage2_epochs={int(s)}"]
     runs: list[dict[str, Any]] = []
-    for seed in seeds:  # the two arms of a seed train at the same time: the machine's load falls on both alike
+    # the two arms of a seed (with --together: of every seed) train at the same time: the load falls on all alike
+    for group in [seeds] if args.together else [[s] for s in seeds]:
         started = {}
-        for arm in ("aligned", "raw"):
-            out = work / "runs" / f"{arm}_seed{seed}"
-            cmd = [*_cli(), "train", PRESET, "--set", f"data.options.csv={csvs[arm]}", "--set", f"run.seed={seed}"]
-            for s in sets:
-                cmd += ["--set", s]
-            cmd += ["--out", str(out), "--overwrite", "--no-progress"]
-            started[arm] = (out, cmd, _start(cmd, logs / f"train_{arm}_seed{seed}.log", commands), loadavg())
-        for arm, (out, cmd, (proc, t0, fh), before) in started.items():
+        for seed in group:
+            for arm in ("aligned", "raw"):
+                out = work / "runs" / f"{arm}_seed{seed}"
+                cmd = [*_cli(), "train", PRESET, "--set", f"data.options.csv={csvs[arm]}"]
+                cmd += ["--set", f"run.seed={seed}", "--set", f"data.options.cache_dir={work / 'cache' / out.name}"]
+                for s in sets:
+                    cmd += ["--set", s]
+                cmd += ["--out", str(out), "--overwrite", "--no-progress"]
+                log = logs / f"train_{arm}_seed{seed}.log"
+                started[arm, seed] = (out, cmd, _start(cmd, log, commands), loadavg())
+        for (arm, seed), (out, cmd, (proc, t0, fh), before) in started.items():
             rc = proc.wait()
             wall = time.perf_counter() - t0
             fh.close()
@@ -297,6 +302,7 @@ def main() -> None:
         "n": len(raw_rows),
         "cohort_n": args.n,
         "seeds": seeds,
+        "trained_together": "all seeds at once" if args.together else "the two arms of each seed at once",
         "epochs": args.epochs or "preset (8 + 2)",
         "split": {k: sum(v == k for v in split.values()) for k in ("train", "val", "test")},
         "test_subjects": sorted(s for s, v in split.items() if v == "test"),

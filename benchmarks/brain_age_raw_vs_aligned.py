@@ -113,13 +113,16 @@ def markdown(res: dict[str, Any]) -> str:
 
     def cell(arm: str, key: str = "test_mae") -> str:
         per = [r for r in res["runs"] if r["arm"] == arm]
-        return ", ".join(f"{r[key]:.2f}" for r in per)
+        return ", ".join("-" if r.get(key) is None else f"{r[key]:.2f}" for r in per)
 
     lines = [
         "| | aligned volumes | raw scans + `rankwise preprocess` |",
         "|---|---|---|",
         f"| test MAE, years, seeds {', '.join(map(str, res['seeds']))} | {cell('aligned')} | {cell('raw')} |",
     ]
+    for key, what in (("stage1_test_mae", "first stage alone: test MAE"), ("test_pearson", "test Pearson r")):
+        seeds = ", ".join(map(str, res["seeds"]))
+        lines.append(f"| {what}, seeds {seeds} | {cell('aligned', key)} | {cell('raw', key)} |")
     a, r = res["arms"]["aligned"], res["arms"]["raw"]
     lines.append(
         f"| mean ± SD | {a['test_mae']['mean']:.2f} ± {a['test_mae']['sd']:.2f} "

@@ -141,8 +141,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines.append(
         f"Difference of the means (raw - aligned): {res['difference_raw_minus_aligned']:+.2f} years; the larger "
         f"SD over seeds {res['seed_noise_larger_sd']:.2f}: "
-        f"{'within' if res['within_seed_noise'] else 'outside'} the seed noise (Welch t = {w['t']:.2f}, "
-        f"p = {w['p']:.2f})."
+        f"{res['verdict']} (Welch t = {w['t']:.2f}, p = {w['p']:.2f})."
     )
     return "\n".join(lines)
 
@@ -261,6 +260,7 @@ def main() -> None:
                 sys.exit(f"error: `{shlex.join(cmd)}` exited {rc}; see {fh.name}")
             metrics = json.loads((out / "metrics.json").read_text())
             test = metrics["test"]
+            preds = [float(p["pred"]) for p in _read(out / "predictions.csv") if p["split"] == "test"]
             runs.append(
                 {
                     "arm": arm,
@@ -269,6 +269,7 @@ def main() -> None:
                     "test_mae_bias_corrected": {m: test.get(f"mae_{m}") for m in ("gap", "prediction")},
                     "test_pearson": test.get("pearson"),
                     "stage1_test_mae": test.get("stage1_mae"),
+                    "test_prediction_sd": statistics.pstdev(preds),
                     "val_mae": metrics.get("val", {}).get("mae"),
                     "n_test": test.get("n"),
                     "wall_s": wall,
@@ -294,6 +295,7 @@ def main() -> None:
     diff = arms["raw"]["test_mae"]["mean"] - arms["aligned"]["test_mae"]["mean"]
     noise = max(arms["raw"]["test_mae"]["sd"], arms["aligned"]["test_mae"]["sd"])
     sim = [records[s]["similarity"] for s in kept]
+    flat = all(r["test_prediction_sd"] < 0.1 for r in runs)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
@@ -326,7 +328,16 @@ def main() -> None:
         "arms": arms,
         "difference_raw_minus_aligned": diff,
         "seed_noise_larger_sd": noise,
-        "within_seed_noise": bool(abs(diff) <= noise),
+        # a run whose test predictions are one constant age learned no age signal: nothing to compare then
+        "constant_prediction_runs": [f"{r['arm']} seed {r['seed']}" for r in runs if r["test_prediction_sd"] < 0.1],
+        "within_seed_noise": None if flat else bool(abs(diff) <= noise),
+        "verdict": (
+            "not measured: every run predicts one constant age (no age signal learned)"
+            if flat
+            else "within the seed noise"
+            if abs(diff) <= noise
+            else "outside the seed noise"
+        ),
         "rule": "within the seed noise: |mean raw - mean aligned| <= the larger of the two arms' SDs over seeds",
         "welch_t_test": _welch(b, a),
         "total_wall_s": time.perf_counter() - t_all,
@@ -339,7 +350,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    keys_shown = ("arms", "difference_raw_minus_aligned", "within_seed_noise", "welch_t_test")
+    keys_shown = ("arms", "difference_raw_minus_aligned", "verdict", "welch_t_test")
     print(json.dumps({k: result[k] for k in keys_shown}, indent=1))
 
 

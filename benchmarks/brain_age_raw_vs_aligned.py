@@ -120,9 +120,6 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|---|",
         f"| test MAE, years, seeds {', '.join(map(str, res['seeds']))} | {cell('aligned')} | {cell('raw')} |",
     ]
-    for key, what in (("stage1_test_mae", "first stage alone: test MAE"), ("test_pearson", "test Pearson r")):
-        seeds = ", ".join(map(str, res["seeds"]))
-        lines.append(f"| {what}, seeds {seeds} | {cell('aligned', key)} | {cell('raw', key)} |")
     a, r = res["arms"]["aligned"], res["arms"]["raw"]
     lines.append(
         f"| mean ± SD | {a['test_mae']['mean']:.2f} ± {a['test_mae']['sd']:.2f} "
@@ -135,6 +132,14 @@ def markdown(res: dict[str, Any]) -> str:
                 f"| bias-corrected MAE (`{m}`), mean ± SD | {x['mean']:.2f} ± {x['sd']:.2f} "
                 f"| {y['mean']:.2f} ± {y['sd']:.2f} |"
             )
+    rows = (
+        ("test_prediction_sd", "SD of the test predictions, years"),
+        ("stage1_test_mae", "first stage alone: test MAE"),
+        ("test_pearson", "test Pearson r"),
+    )
+    seeds = ", ".join(map(str, res["seeds"]))
+    for key, what in rows:
+        lines.append(f"| {what}, seeds {seeds} | {cell('aligned', key)} | {cell('raw', key)} |")
     lines.append(f"| train wall s per run (mean) | {a['wall_s']['mean']:.0f} | {r['wall_s']['mean']:.0f} |")
     w = res["welch_t_test"]
     lines.append("")

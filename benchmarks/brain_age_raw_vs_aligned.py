@@ -162,12 +162,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workers", type=int, default=2, help="rankwise preprocess --workers")
     ap.add_argument("--epochs", default="", help="E,S: first- and second-stage epochs (the preset's 8,2)")
-    ap.add_argument("--work", type=Path, required=True, help="a folder for the cohort, the runs and the logs")
+    ap.add_argument("--work", type=Path, default=None, help="a folder for the cohort, the runs and the logs")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "brain_age_raw_vs_aligned.json")
     args = ap.parse_args()
     if args.markdown is not None:
         print(markdown(json.loads(args.markdown.read_text())))
         return
+    if args.work is None:
+        ap.error("the following arguments are required: --work")
     seeds = [int(s) for s in args.seeds.split(",")]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -181,6 +181,11 @@ def test_the_raw_cohort_holds_the_aligned_subjects(tmp_path: Path) -> None:
         assert truth["orientation"] in ("LPS", "RAS") and 4.0 <= truth["voxel_mm"] <= 5.0
     assert (raw.parent / "truth" / "aligned.csv").read_text().splitlines()[1].startswith("sub-0001_mni.nii.gz,")
 
+    def table(path: Path) -> list[list[str]]:  # every column but the volume's path
+        return [line.split(",")[1:] for line in path.read_text().splitlines()]
+
+    assert table(raw) == table(aligned) == table(raw.parent / "truth" / "aligned.csv")
+
 
 def test_cli_lists_failures_and_exits_1(cohort: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner

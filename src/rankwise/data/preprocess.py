@@ -134,7 +134,9 @@ def _n4(img: Any) -> Any:
     return sitk.Cast(img / sitk.Exp(log_bias), sitk.sitkFloat32)
 
 
-#: the starts of the registration retry (see :func:`_register`): rotations (degrees) about the left-right,
+#: how many of the best :data:`RESTARTS` a poor registration is redone from (until one fits)
+RESTART_TRIES = 3
+#: the starts of the registration retry (see :func:`_starts`): rotations (degrees) about the left-right,
 #: front-back and up-down axes and a shift (mm, up) of the scan's centre of mass, from the centred start
 RESTARTS = (
     *(
@@ -148,60 +150,70 @@ RESTARTS = (
 )
 
 
-def _register(fixed: Any, fixed_mask: Any, moving: Any, *, restarts: bool = False) -> Any:
-    """The affine transform (template -> scan, physical LPS) by a rigid then an affine stage.
-
-    The rigid stage starts from the images' centres of mass. With ``restarts``, it starts instead from
-    the best of :data:`RESTARTS` (rotations and shifts of the centred start), each scored by the metric
-    after a short rigid run on the coarsest level: the retry for a scan whose centred start falls into
-    a wrong optimum (a long neck pulls its centre of mass down, a large tilt).
-    """
+def _method(fixed_mask: Any, shrink: Sequence[int], sigmas: Sequence[float], iterations: int) -> Any:
+    """The registration method of both stages: Mattes mutual information inside ``fixed_mask``."""
     _, sitk = _modules()
+    reg = sitk.ImageRegistrationMethod()
+    reg.SetMetricAsMattesMutualInformation(32)
+    reg.SetMetricSamplingStrategy(reg.RANDOM)
+    reg.SetMetricSamplingPercentage(0.2, seed=0)
+    reg.SetMetricFixedMask(fixed_mask)
+    reg.SetInterpolator(sitk.sitkLinear)
+    reg.SetOptimizerAsRegularStepGradientDescent(2.0, 1e-4, iterations, relaxationFactor=0.7)
+    reg.SetOptimizerScalesFromPhysicalShift()
+    reg.SetShrinkFactorsPerLevel(list(shrink))
+    reg.SetSmoothingSigmasPerLevel(list(sigmas))
+    reg.SmoothingSigmasAreSpecifiedInPhysicalUnitsOn()
+    return reg
 
-    def method(shrink: Sequence[int], sigmas: Sequence[float], iterations: int) -> Any:
-        reg = sitk.ImageRegistrationMethod()
-        reg.SetMetricAsMattesMutualInformation(32)
-        reg.SetMetricSamplingStrategy(reg.RANDOM)
-        reg.SetMetricSamplingPercentage(0.2, seed=0)
-        reg.SetMetricFixedMask(fixed_mask)
-        reg.SetInterpolator(sitk.sitkLinear)
-        reg.SetOptimizerAsRegularStepGradientDescent(2.0, 1e-4, iterations, relaxationFactor=0.7)
-        reg.SetOptimizerScalesFromPhysicalShift()
-        reg.SetShrinkFactorsPerLevel(list(shrink))
-        reg.SetSmoothingSigmasPerLevel(list(sigmas))
-        reg.SmoothingSigmasAreSpecifiedInPhysicalUnitsOn()
-        return reg
 
-    def stage(initial: Any, shrink: Sequence[int], sigmas: Sequence[float]) -> Any:
-        reg = method(shrink, sigmas, 200)
-        reg.SetInitialTransform(initial, inPlace=False)
-        out = reg.Execute(fixed, moving)
-        return sitk.CompositeTransform(out).GetNthTransform(0) if out.GetName() == "CompositeTransform" else out
-
-    start = sitk.Euler3DTransform(
+def _centred(fixed: Any, moving: Any) -> Any:
+    """The rigid start that puts the scan's centre of mass on the template's."""
+    _, sitk = _modules()
+    return sitk.Euler3DTransform(
         sitk.CenteredTransformInitializer(
             fixed, moving, sitk.Euler3DTransform(), sitk.CenteredTransformInitializerFilter.MOMENTS
         )
     )
-    if restarts:
-        # one coarse level (about 8 mm voxels, smoothed by 2 mm) made once, not once per start
-        small = [
-            sitk.Shrink(sitk.SmoothingRecursiveGaussian(img, 2.0), [max(1, round(8.0 / v)) for v in img.GetSpacing()])
-            for img in (fixed, moving)
-        ]
-        small_mask = sitk.Resample(fixed_mask, small[0], sitk.Transform(), sitk.sitkNearestNeighbor, 0)
-        scored: list[tuple[float, int, Any]] = []
-        for rx, ry, rz, dz in RESTARTS:
-            t = sitk.Euler3DTransform(start)
-            t.SetRotation(math.radians(rx), math.radians(ry), math.radians(rz))
-            # LPS: up is +z; the transform maps template -> scan, so shifting it moves the scan's start
-            t.SetTranslation(tuple(a + b for a, b in zip(start.GetTranslation(), (0.0, 0.0, dz))))
-            reg = method((1,), (0.0,), 40)
-            reg.SetMetricFixedMask(small_mask)
-            reg.SetInitialTransform(t, inPlace=True)
-            reg.Execute(small[0], small[1])
-            scored.append((reg.GetMetricValue(), len(scored), t))
-        start = min(scored, key=lambda v: (v[0], v[1]))[2]  # Mattes MI: lower is better
+
+
+def _starts(fixed: Any, fixed_mask: Any, moving: Any, count: int) -> list[Any]:
+    """The ``count`` best rigid starts of :data:`RESTARTS` (rotations and shifts of the centred start),
+    each scored by the metric after a short rigid run on one coarse level (about 8 mm voxels, smoothed by
+    2 mm, made once): the retry for a scan whose centred start falls into a wrong optimum (a long neck
+    pulls its centre of mass down, a large tilt)."""
+    _, sitk = _modules()
+    centred = _centred(fixed, moving)
+    small = [
+        sitk.Shrink(sitk.SmoothingRecursiveGaussian(img, 2.0), [max(1, round(8.0 / v)) for v in img.GetSpacing()])
+        for img in (fixed, moving)
+    ]
+    small_mask = sitk.Resample(fixed_mask, small[0], sitk.Transform(), sitk.sitkNearestNeighbor, 0)
+    scored: list[tuple[float, int, Any]] = []
+    for rx, ry, rz, dz in RESTARTS:
+        t = sitk.Euler3DTransform(centred)
+        t.SetRotation(math.radians(rx), math.radians(ry), math.radians(rz))
+        # LPS: up is +z; the transform maps template -> scan, so shifting it moves the scan's start
+        t.SetTranslation(tuple(a + b for a, b in zip(centred.GetTranslation(), (0.0, 0.0, dz))))
+        reg = _method(small_mask, (1,), (0.0,), 40)
+        reg.SetInitialTransform(t, inPlace=True)
+        reg.Execute(small[0], small[1])
+        scored.append((reg.GetMetricValue(), len(scored), t))
+    return [t for _, _, t in sorted(scored, key=lambda v: (v[0], v[1]))[:count]]  # Mattes MI: lower is better
+
+
+def _register(fixed: Any, fixed_mask: Any, moving: Any, *, start: Any = None) -> Any:
+    """The affine transform (template -> scan, physical LPS) by a rigid then an affine stage, the rigid
+    one from ``start`` (an Euler transform; default: the images' centres of mass)."""
+    _, sitk = _modules()
+
+    def stage(initial: Any, shrink: Sequence[int], sigmas: Sequence[float]) -> Any:
+        reg = _method(fixed_mask, shrink, sigmas, 200)
+        reg.SetInitialTransform(initial, inPlace=False)
+        out = reg.Execute(fixed, moving)
+        return sitk.CompositeTransform(out).GetNthTransform(0) if out.GetName() == "CompositeTransform" else out
+
+    start = _centred(fixed, moving) if start is None else start
     rigid = sitk.Euler3DTransform(stage(start, (4, 2, 1), (2.0, 1.0, 0.0)))
     affine = sitk.AffineTransform(3)
     affine.SetCenter(rigid.GetCenter())
@@ -443,12 +455,17 @@ def preprocess_t1(
         fixed_mask = sitk.Cast(_to_sitk(grown.astype(np.float32), grid_affine), sitk.sitkUInt8)
         tx = _register(fixed, fixed_mask, moving)
         moved = _array(sitk.Resample(moving, fixed, tx, sitk.sitkLinear, 0.0))
-        restarted = _similarity(moved, maps["t1"], mask) < FLAG_SIMILARITY
-        if restarted:  # a wrong optimum: register again from the best of several starts, keep the better
-            tx2 = _register(fixed, fixed_mask, moving, restarts=True)
-            moved2 = _array(sitk.Resample(moving, fixed, tx2, sitk.sitkLinear, 0.0))
-            if _similarity(moved2, maps["t1"], mask) > _similarity(moved, maps["t1"], mask):
-                tx, moved = tx2, moved2
+        best = _similarity(moved, maps["t1"], mask)
+        restarted = best < FLAG_SIMILARITY
+        if restarted:  # a wrong optimum: register again from the best other starts, keep the best result
+            for start in _starts(fixed, fixed_mask, moving, RESTART_TRIES):
+                tx2 = _register(fixed, fixed_mask, moving, start=start)
+                moved2 = _array(sitk.Resample(moving, fixed, tx2, sitk.sitkLinear, 0.0))
+                sim2 = _similarity(moved2, maps["t1"], mask)
+                if sim2 > best:
+                    tx, moved, best = tx2, moved2, sim2
+                if best >= FLAG_SIMILARITY:
+                    break
     except RuntimeError as e:  # an ITK exception: the registration diverged or the images are degenerate
         raise fail(f"registration failed ({' '.join(str(e).split())[-200:]})") from None
     in_view = _in_view(mask, grid_affine, tx, affine, data.shape)

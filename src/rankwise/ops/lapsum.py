@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from rankwise._kernels import lapsum as kernels
 from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -153,6 +154,8 @@ def _rank_last(x: torch.Tensor, *, descending: bool = False, alpha: float = 1.0)
     alpha = check_positive(alpha, "alpha")
     if x.shape[-1] == 0:
         return x * 0
+    if _use_kernels(x):
+        return _kernel_call(x, "rank", alpha, descending, 0.0)
     y = -x if descending else x
     ys, idx = torch.sort(y, dim=-1)
     a, b = _prefix_suffix(ys, alpha)
@@ -166,6 +169,8 @@ def _sort_last(x: torch.Tensor, *, descending: bool = False, alpha: float = 1.0)
     n = x.shape[-1]
     if n == 0:
         return x * 0
+    if _use_kernels(x):
+        return _kernel_call(x, "sort", alpha, descending, 0.0)
     y = -x if descending else x
     ys = torch.sort(y, dim=-1).values
     a, b = _prefix_suffix(ys, alpha)
@@ -178,12 +183,54 @@ def _topk_last(x: torch.Tensor, k: float, *, descending: bool, alpha: float) -> 
     n = x.shape[-1]
     if k >= n:  # G(b) = n only as b -> inf: every element is selected
         return x * 0 + 1
+    if _use_kernels(x):
+        return _kernel_call(x, "topk", alpha, descending, k)
     y = -x if descending else x
     ys = torch.sort(y, dim=-1).values
     a, b = _prefix_suffix(ys, alpha)
     w = torch.full((*ys.shape[:-1], 1), float(k), dtype=x.dtype, device=x.device)
     threshold = _inverse(ys, a, b, w, alpha)
     return _laplace_cdf((threshold - y) / alpha)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU: one sort and one fused kernel pass per row, forward and backward (rankwise._kernels.lapsum)
+# --------------------------------------------------------------------------------------------------
+def _use_kernels(x: torch.Tensor) -> bool:
+    """Whether the CPU kernels serve ``x`` (float32/float64 CPU rows on the last dim) now."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and kernels.ready()
+
+
+class _LapSumCPU(torch.autograd.Function):
+    """LapSum's rank / sort / top-k of the rows of ``x`` (CPU) by the kernels: the forward sorts
+    each row once and evaluates the closed forms in one pass; the backward is the analytic
+    vector-Jacobian product (:mod:`rankwise._kernels._numba_lapsum`) from the saved input and sort
+    order. First derivatives only, as the torch path."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kind: str, alpha: float, descending: bool, k: float) -> torch.Tensor:  # type: ignore[override]
+        x2 = x.reshape(-1, x.shape[-1])
+        out, perm = kernels.forward(x2, kernels.KINDS[kind], alpha, descending, k)
+        ctx.save_for_backward(x2, perm)
+        ctx.cfg = (kind, alpha, descending, k)
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        if torch.is_grad_enabled():  # backward(create_graph=True)
+            raise RuntimeError(
+                "LapSum operators have first derivatives only: a backward pass with create_graph=True "
+                "(second derivatives) is not supported"
+            )
+        x2, perm = ctx.saved_tensors
+        kind, alpha, descending, k = ctx.cfg
+        g = kernels.backward(grad.reshape(x2.shape), x2, perm, kernels.KINDS[kind], alpha, descending, k)
+        return g.reshape(grad.shape), None, None, None, None
+
+
+def _kernel_call(x: torch.Tensor, kind: str, alpha: float, descending: bool, k: float) -> torch.Tensor:
+    out: torch.Tensor = _LapSumCPU.apply(x, kind, alpha, descending, k)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -228,6 +228,11 @@ class _LapSumCPU(torch.autograd.Function):
         return g.reshape(grad.shape), None, None, None, None
 
 
+def _nan_slices(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The NaN policy: NaN slices where ``x`` holds a NaN or inf (the kernels write them already)."""
+    return out if _use_kernels(x) else nan_slices(out, x)
+
+
 def _kernel_call(x: torch.Tensor, kind: str, alpha: float, descending: bool, k: float) -> torch.Tensor:
     out: torch.Tensor = _LapSumCPU.apply(x, kind, alpha, descending, k)
     return out
@@ -271,7 +276,7 @@ def lapsum_rank(x: torch.Tensor, alpha: float = 1.0, *, dim: int = -1, descendin
     """
     d, a = _check_common(x, "x", dim, descending, alpha)
     xm = x.movedim(d, -1).to(compute_dtype(x.dtype))
-    out = nan_slices(_rank_last(xm, descending=descending, alpha=a), xm)
+    out = _nan_slices(_rank_last(xm, descending=descending, alpha=a), xm)
     return out.movedim(-1, d)
 
 
@@ -306,7 +311,7 @@ def lapsum_sort(x: torch.Tensor, alpha: float = 1.0, *, dim: int = -1, descendin
     d, a = _check_common(x, "x", dim, descending, alpha)
     xm = x.movedim(d, -1)
     xc = xm.to(compute_dtype(x.dtype))
-    out = nan_slices(_sort_last(xc, descending=descending, alpha=a), xc)
+    out = _nan_slices(_sort_last(xc, descending=descending, alpha=a), xc)
     return out.to(x.dtype).movedim(-1, d)
 
 
@@ -352,7 +357,7 @@ def lapsum_topk(
     kk = _check_k(k, scores.shape[d])
     sm = scores.movedim(d, -1)
     sc = sm.to(compute_dtype(scores.dtype))
-    out = nan_slices(_topk_last(sc, kk, descending=descending, alpha=a), sc)
+    out = _nan_slices(_topk_last(sc, kk, descending=descending, alpha=a), sc)
     return out.to(scores.dtype).movedim(-1, d)
 
 

@@ -28,7 +28,13 @@ first; top-k: the largest scores are selected, the default of :func:`lapsum_topk
 code encodes the direction in the sign of ``alpha`` (negative: descending); here ``alpha > 0`` and the
 direction is ``descending``.
 
-Precision: the prefix sums are running ``logcumsumexp`` of :math:`x/\alpha` (centred on the middle
+Backends: float32/float64 CPU inputs take the numba kernels of :mod:`rankwise._kernels.lapsum`
+(one sort and one float64 pass per row; the backward is the analytic vector-Jacobian product
+above, O(n) after the saved sort order) once they are loaded (``RANKWISE_NUMBA``, see
+:mod:`rankwise._kernels._loader`); other devices and dtypes, and calls before the kernels are
+loaded, take the torch-ops path below (same values and gradients to float rounding).
+
+Precision (torch path): the prefix sums are running ``logcumsumexp`` of :math:`x/\alpha` (centred on the middle
 element of the sorted slice), whose relative error is about ``eps * (max(x) - min(x)) / alpha``; they
 are computed in float64 for every input dtype (float32 inputs: the rest in float32).
 """

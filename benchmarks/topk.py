@@ -564,7 +564,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     known |= {"difftopk_bitonic", "difftopk_NeuralSort", "difftopk_SoftSort"}
     unknown = sorted(set(args.methods or ()) - known)
     if unknown:
-        parser.error(f"--methods: unknown case(s) {', '.join(unknown)}; expected names among {', '.join(sorted(known))}")
+        parser.error(
+            f"--methods: unknown case(s) {', '.join(unknown)}; expected names among {', '.join(sorted(known))}"
+        )
     if args.quick:
         args.repeats, args.min_repeats = min(args.repeats, 2), 1
     return run(args)

@@ -6,6 +6,8 @@ Usage::
     python benchmarks/topk.py --threads 2 --lapsum-path /tmp/lapsum --out benchmarks/results/topk_2threads.json
     python benchmarks/topk.py --markdown benchmarks/results/topk.json benchmarks/results/topk_2threads.json
     python benchmarks/topk.py --quick                      # toy sizes, a smoke run (no file unless --out)
+    python benchmarks/topk.py --threads 1 --lapsum-path /tmp/lapsum --methods lapsum,lapsum_torch,lapsum_authors \
+        --out benchmarks/results/topk_lapsum_kernel.json   # LapSum only: kernel, torch path, authors' C++
 
 For each input shape (rows x n, float32, CPU) and ``k`` in 1, 10, 100 (``k < n``) every case runs
 ``m = f(x)`` (the relaxed top-``k`` membership, shape of ``x``) and ``(m * w).sum().backward()`` with
@@ -20,6 +22,8 @@ fixed random ``w``:
   its ``NeuralSort`` and ``SoftSort`` modules (``tau=1``: the sum of the first ``k`` rows of their
   ``n x n`` matrix). Its sparse bitonic and splitter-selection networks need ``torch-sparse`` (not
   installed here) and are not timed;
+* ``lapsum_torch``: ``soft_topk(x, k, method="lapsum")`` with rankwise's CPU kernels switched off
+  (its torch-ops path), only when ``--methods`` names it;
 * LapSum's authors' code (Struski et al., ICML 2025, github.com/gmum/LapSum) with ``--lapsum-path``
   pointing to a checkout of that repository: its CPU C++ extension is built with
   ``torch.utils.cpp_extension.load`` into a temporary directory and called through the authors'
@@ -200,6 +204,7 @@ def make_cases(shape: tuple[int, int], k: int, pkg: Any, lapsum: Callable[..., t
             parity=True,
             order="O(n^2)",
         )
+    cases["lapsum_torch"] = Case(_lapsum_torch(k), mem_bytes=20 * rows * n * B4, reference_of="lapsum", parity=True)
     if lapsum is not None:
         kk = torch.full((rows, 1), float(k))
         alpha = torch.tensor(1.0)  # a tensor: their backward returns a gradient for alpha
@@ -207,6 +212,31 @@ def make_cases(shape: tuple[int, int], k: int, pkg: Any, lapsum: Callable[..., t
             lambda x: lapsum(x, kk, alpha, 1, True), mem_bytes=20 * rows * n * B4, reference_of="lapsum", parity=True
         )
     return cases
+
+
+def _lapsum_torch(k: int) -> Fn:
+    """``soft_topk(x, k, method="lapsum")`` through its torch-ops path (the CPU kernels switched off)."""
+    import rankwise.ops.lapsum as lapsum_ops
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        real = lapsum_ops._use_kernels
+        lapsum_ops._use_kernels = lambda t: False  # type: ignore[assignment]
+        try:
+            return rankwise.soft_topk(x, k, method="lapsum")
+        finally:
+            lapsum_ops._use_kernels = real  # type: ignore[assignment]
+
+    return fn
+
+
+#: cases timed unless ``--methods`` names them
+OPT_IN = ("lapsum_torch",)
+
+
+def _selected(cases: dict[str, Case], methods: list[str] | None) -> dict[str, Case]:
+    if methods is None:
+        return {name: c for name, c in cases.items() if name not in OPT_IN}
+    return {name: c for name, c in cases.items() if name in methods}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,7 +282,7 @@ def bench(
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[1] + k))
     out: dict[str, Any] = {}
     live: dict[str, Case] = {}
-    for name, case in make_cases(shape, k, pkg, lapsum).items():
+    for name, case in _selected(make_cases(shape, k, pkg, lapsum), args.methods).items():
         reason = _skip_reason(name, case, k, shape[1], args)
         if reason is None:
             live[name] = case
@@ -330,8 +360,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ks = [1, 4] if args.quick else [int(v) for v in args.k.split(",")]
     load_before, commit = loadavg(), _commit()  # the code that runs: read before the run
     t_start = time.perf_counter()
+    import rankwise._kernels as kernel_layer
+
+    for family in list(vars(kernel_layer).values()):  # numba kernels loaded before timing (no torch stand-in)
+        if hasattr(family, "FAMILY"):
+            family.FAMILY.load()
     x0 = torch.randn(2, 8)  # numba compilation and first-call costs outside the timed shapes
-    for case in make_cases((2, 8), 2, pkg, lapsum).values():
+    for case in _selected(make_cases((2, 8), 2, pkg, lapsum), args.methods).values():
         _call(case, x0)
     results: dict[str, Any] = {}
     for shape in shapes:
@@ -510,6 +545,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--mem-budget-gb", type=float, default=4.0, help="skip cases estimated to need more memory")
     parser.add_argument("--max-work", type=float, default=2e10, help="skip cases estimated to need more element ops")
     parser.add_argument("--lapsum-path", type=Path, default=None, help="a checkout of github.com/gmum/LapSum")
+    parser.add_argument(
+        "--methods",
+        type=lambda v: [m.strip() for m in v.split(",") if m.strip()],
+        default=None,
+        help="comma-separated cases to time (e.g. lapsum,lapsum_torch,lapsum_authors; default: all but lapsum_torch)",
+    )
     parser.add_argument("--quick", action="store_true", help="toy shapes (1x16, 4x32), k 1 and 4: a smoke run")
     parser.add_argument("--out", type=Path, default=None, help="JSON to write")
     parser.add_argument("--markdown", type=Path, nargs="+", default=None, help="print the docs tables of these JSON")
@@ -519,6 +560,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     if args.repeats < 1 or args.min_repeats < 1:
         parser.error(f"--repeats and --min-repeats must be >= 1, got {args.repeats} and {args.min_repeats}")
+    known = {*TOPK_METHODS, "diffsort_bitonic", "lapsum_torch", "lapsum_authors", "difftopk_odd_even"}
+    known |= {"difftopk_bitonic", "difftopk_NeuralSort", "difftopk_SoftSort"}
+    unknown = sorted(set(args.methods or ()) - known)
+    if unknown:
+        parser.error(
+            f"--methods: unknown case(s) {', '.join(unknown)}; expected names among {', '.join(sorted(known))}"
+        )
     if args.quick:
         args.repeats, args.min_repeats = min(args.repeats, 2), 1
     return run(args)

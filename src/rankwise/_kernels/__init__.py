@@ -7,7 +7,8 @@ Families (each a module with a small typed interface of CPU tensor functions):
 * :mod:`~rankwise._kernels.supcon` -- the small-batch SupCon pass;
 * :mod:`~rankwise._kernels.rnc` -- Rank-N-Contrast orders and running log-sum-exps;
 * :mod:`~rankwise._kernels.ranksim` -- RankSim's label ranks;
-* :mod:`~rankwise._kernels.ltr` -- ListNet and ListMLE, value and gradient in one pass per list.
+* :mod:`~rankwise._kernels.ltr` -- ListNet and ListMLE, value and gradient in one pass per list;
+* :mod:`~rankwise._kernels.lapsum` -- LapSum soft rank / sort / top-k, forward and analytic backward.
 
 Shared machinery: :mod:`~rankwise._kernels._loader` (one lazy loader, the ``RANKWISE_NUMBA``
 policy parsed once), :mod:`~rankwise._kernels._parallel` (the row-parallel dispatcher: torch's
@@ -21,6 +22,6 @@ Importing this package imports neither numba nor the families' kernels.
 
 from __future__ import annotations
 
-from rankwise._kernels import isotonic, ltr, ranksim, rnc, sort, supcon
+from rankwise._kernels import isotonic, lapsum, ltr, ranksim, rnc, sort, supcon
 
-__all__ = ["isotonic", "ltr", "ranksim", "rnc", "sort", "supcon"]
+__all__ = ["isotonic", "lapsum", "ltr", "ranksim", "rnc", "sort", "supcon"]

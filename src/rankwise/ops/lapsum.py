@@ -28,7 +28,13 @@ first; top-k: the largest scores are selected, the default of :func:`lapsum_topk
 code encodes the direction in the sign of ``alpha`` (negative: descending); here ``alpha > 0`` and the
 direction is ``descending``.
 
-Precision: the prefix sums are running ``logcumsumexp`` of :math:`x/\alpha` (centred on the middle
+Backends: float32/float64 CPU inputs take the numba kernels of :mod:`rankwise._kernels.lapsum`
+(one sort and one float64 pass per row; the backward is the analytic vector-Jacobian product
+above, O(n) after the saved sort order) once they are loaded (``RANKWISE_NUMBA``, see
+:mod:`rankwise._kernels._loader`); other devices and dtypes, and calls before the kernels are
+loaded, take the torch-ops path below (same values and gradients to float rounding).
+
+Precision (torch path): the prefix sums are running ``logcumsumexp`` of :math:`x/\alpha` (centred on the middle
 element of the sorted slice), whose relative error is about ``eps * (max(x) - min(x)) / alpha``; they
 are computed in float64 for every input dtype (float32 inputs: the rest in float32).
 """
@@ -41,6 +47,7 @@ from typing import Any
 
 import torch
 
+from rankwise._kernels import lapsum as kernels
 from rankwise._registry import RelaxationInfo
 from rankwise._twin import FunctionModule
 from rankwise._validation import (
@@ -153,6 +160,8 @@ def _rank_last(x: torch.Tensor, *, descending: bool = False, alpha: float = 1.0)
     alpha = check_positive(alpha, "alpha")
     if x.shape[-1] == 0:
         return x * 0
+    if _use_kernels(x):
+        return _kernel_call(x, "rank", alpha, descending, 0.0)
     y = -x if descending else x
     ys, idx = torch.sort(y, dim=-1)
     a, b = _prefix_suffix(ys, alpha)
@@ -166,6 +175,8 @@ def _sort_last(x: torch.Tensor, *, descending: bool = False, alpha: float = 1.0)
     n = x.shape[-1]
     if n == 0:
         return x * 0
+    if _use_kernels(x):
+        return _kernel_call(x, "sort", alpha, descending, 0.0)
     y = -x if descending else x
     ys = torch.sort(y, dim=-1).values
     a, b = _prefix_suffix(ys, alpha)
@@ -178,12 +189,59 @@ def _topk_last(x: torch.Tensor, k: float, *, descending: bool, alpha: float) -> 
     n = x.shape[-1]
     if k >= n:  # G(b) = n only as b -> inf: every element is selected
         return x * 0 + 1
+    if _use_kernels(x):
+        return _kernel_call(x, "topk", alpha, descending, k)
     y = -x if descending else x
     ys = torch.sort(y, dim=-1).values
     a, b = _prefix_suffix(ys, alpha)
     w = torch.full((*ys.shape[:-1], 1), float(k), dtype=x.dtype, device=x.device)
     threshold = _inverse(ys, a, b, w, alpha)
     return _laplace_cdf((threshold - y) / alpha)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU: one sort and one fused kernel pass per row, forward and backward (rankwise._kernels.lapsum)
+# --------------------------------------------------------------------------------------------------
+def _use_kernels(x: torch.Tensor) -> bool:
+    """Whether the CPU kernels serve ``x`` (float32/float64 CPU rows on the last dim) now."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and kernels.ready()
+
+
+class _LapSumCPU(torch.autograd.Function):
+    """LapSum's rank / sort / top-k of the rows of ``x`` (CPU) by the kernels: the forward sorts
+    each row once and evaluates the closed forms in one pass; the backward is the analytic
+    vector-Jacobian product (:mod:`rankwise._kernels._numba_lapsum`) from the saved input and sort
+    order. First derivatives only, as the torch path."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kind: str, alpha: float, descending: bool, k: float) -> torch.Tensor:  # type: ignore[override]
+        x2 = x.reshape(-1, x.shape[-1])
+        out, perm = kernels.forward(x2, kernels.KINDS[kind], alpha, descending, k)
+        ctx.save_for_backward(x2, perm)
+        ctx.cfg = (kind, alpha, descending, k)
+        return out.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        if torch.is_grad_enabled():  # backward(create_graph=True)
+            raise RuntimeError(
+                "LapSum operators have first derivatives only: a backward pass with create_graph=True "
+                "(second derivatives) is not supported"
+            )
+        x2, perm = ctx.saved_tensors
+        kind, alpha, descending, k = ctx.cfg
+        g = kernels.backward(grad.reshape(x2.shape), x2, perm, kernels.KINDS[kind], alpha, descending, k)
+        return g.reshape(grad.shape), None, None, None, None
+
+
+def _nan_slices(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The NaN policy: NaN slices where ``x`` holds a NaN or inf (the kernels write them already)."""
+    return out if _use_kernels(x) else nan_slices(out, x)
+
+
+def _kernel_call(x: torch.Tensor, kind: str, alpha: float, descending: bool, k: float) -> torch.Tensor:
+    out: torch.Tensor = _LapSumCPU.apply(x, kind, alpha, descending, k)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -224,7 +282,7 @@ def lapsum_rank(x: torch.Tensor, alpha: float = 1.0, *, dim: int = -1, descendin
     """
     d, a = _check_common(x, "x", dim, descending, alpha)
     xm = x.movedim(d, -1).to(compute_dtype(x.dtype))
-    out = nan_slices(_rank_last(xm, descending=descending, alpha=a), xm)
+    out = _nan_slices(_rank_last(xm, descending=descending, alpha=a), xm)
     return out.movedim(-1, d)
 
 
@@ -259,7 +317,7 @@ def lapsum_sort(x: torch.Tensor, alpha: float = 1.0, *, dim: int = -1, descendin
     d, a = _check_common(x, "x", dim, descending, alpha)
     xm = x.movedim(d, -1)
     xc = xm.to(compute_dtype(x.dtype))
-    out = nan_slices(_sort_last(xc, descending=descending, alpha=a), xc)
+    out = _nan_slices(_sort_last(xc, descending=descending, alpha=a), xc)
     return out.to(x.dtype).movedim(-1, d)
 
 
@@ -305,7 +363,7 @@ def lapsum_topk(
     kk = _check_k(k, scores.shape[d])
     sm = scores.movedim(d, -1)
     sc = sm.to(compute_dtype(scores.dtype))
-    out = nan_slices(_topk_last(sc, kk, descending=descending, alpha=a), sc)
+    out = _nan_slices(_topk_last(sc, kk, descending=descending, alpha=a), sc)
     return out.to(scores.dtype).movedim(-1, d)
 
 

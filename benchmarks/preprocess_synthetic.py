@@ -47,6 +47,10 @@ def main() -> None:
     from rankwise.data import make_brain_age_synthetic, map_to_scan, preprocess_cohort
     from rankwise.data.preprocess import read_transform, template_grid
 
+    # the code that runs: the commit when the script starts (and whether the tree differs from it)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout
+    commit += "+dirty" if dirty.strip() else ""
     t0 = time.perf_counter()
     if args.cohort is None:
         csv_path = make_brain_age_synthetic(args.work / "raw", n=args.n, spacing=2.0, raw=True)
@@ -78,7 +82,12 @@ def main() -> None:
     def measure(registration: str) -> dict:
         out = args.work / ("out" if registration == "affine" else f"out_{registration}")
         t0 = time.perf_counter()
-        result = preprocess_cohort(cohort, out, workers=args.workers, registration=registration)
+        status: dict[str, str] = {}
+
+        def note(i: int, n: int, name: str, what: str, seconds: float) -> None:
+            status[name] = what
+
+        result = preprocess_cohort(cohort, out, workers=args.workers, registration=registration, on_scan=note)
         wall = time.perf_counter() - t0
         rows = []
         for rec in result.records:
@@ -103,6 +112,7 @@ def main() -> None:
                     "landmark_max_mm": float(err.max()),
                     "seconds": rec["seconds"],
                     "restarted": rec["restarted"],
+                    "reused": status.get(rec["name"]) == "reused",
                     "similarity": rec["similarity"],
                     "voxel_mm": truth["voxel_mm"],
                     "orientation": truth["orientation"],
@@ -127,7 +137,6 @@ def main() -> None:
         }
 
     measured = [measure(r) for r in registrations]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
         "workers": args.workers,
         "generate_seconds": generate,

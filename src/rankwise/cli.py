@@ -189,7 +189,7 @@ def _error_code(e: BaseException) -> tuple[int, str] | None:
     if isinstance(e, RunTerminated):
         return 128 + e.signum, f"{e}; the run is marked failed in its meta.json (continue it with --resume)"
     if isinstance(e, KeyboardInterrupt):  # Ctrl-C outside a run (a run raises RunTerminated(SIGINT))
-        return 130, "interrupted; the run is marked failed in its meta.json (continue it with --resume)"
+        return 130, str(e) or "interrupted"
     if isinstance(e, SystemExit) and type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM stop
         return 128 + signal.SIGTERM, "terminated by signal SIGTERM; the run is marked failed in its meta.json"
     if isinstance(e, OSError):
@@ -717,12 +717,16 @@ def preprocess(
             return preprocess_cohort(
                 csv_file, out, template=template, registration=registration, workers=workers, on_scan=on_scan
             )
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                f"interrupted; the finished scans are kept in {out}: the same command continues where it stopped"
+            ) from None
         except (ValueError, TypeError) as e:
             from rankwise.data import DataFormatError
 
             if isinstance(e, DataFormatError):
                 raise
-            raise UserError(_option_names(str(e), ("template", "registration", "workers"))) from None
+            raise UserError(_option_names(str(e), ("template", "registration", "workers", "out"))) from None
 
     result = _run_guarded(run)
     con.print(

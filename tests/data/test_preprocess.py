@@ -300,3 +300,93 @@ def test_syn_without_antspy_is_one_line_naming_the_extra(
     )
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "rankwise[syn]" in res.output, res.output
     assert not (tmp_path / "o" / "records").exists()
+
+
+def test_an_out_folder_of_the_users_own_files_is_refused_and_left_as_it_is(cohort: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    mine = tmp_path / "mine"
+    (mine / "qc").mkdir(parents=True)
+    (mine / "participants.csv").write_text("my,own\n1,2\n")
+    (mine / "qc" / "index.html").write_text("<p>my page</p>")
+    before = _listing(mine)
+    with pytest.raises(ValueError, match=r"`out` .*mine holds files that `rankwise preprocess` did not write"):
+        preprocess_cohort(cohort, mine, template=TEMPLATE)
+    res = CliRunner().invoke(app, ["preprocess", str(cohort), "--out", str(mine), "--template", TEMPLATE])
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and "--out" in res.output, res.output
+    assert _listing(mine) == before and (mine / "participants.csv").read_text() == "my,own\n1,2\n"
+
+
+def test_the_same_scan_gives_the_same_result_twice(cohort: Path, done: tuple, tmp_path: Path) -> None:
+    """The registration's random sampling is seeded: a scan preprocessed again gives the same volume."""
+    out, result, _ = done
+    again = preprocess_t1(cohort.parent / "sub-0001_T1w.nii.gz", tmp_path / "again", template=TEMPLATE)
+    first = nib.load(str(out / result.records[0]["volume"])).get_fdata()
+    assert np.array_equal(nib.load(str(tmp_path / "again" / again["volume"])).get_fdata(), first)
+    assert again["similarity"] == result.records[0]["similarity"]
+
+
+def test_a_killed_run_leaves_no_worker_behind(cohort: Path, tmp_path: Path) -> None:
+    """``rankwise preprocess --workers 2`` killed (SIGKILL: no clean-up runs): its workers end with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    two = tmp_path / "two.csv"
+    lines = cohort.read_text().splitlines()
+    scan = str(cohort.parent / "sub-0001_T1w.nii.gz")
+    two.write_text(
+        "\n".join(
+            [
+                lines[0],
+                lines[1].replace("sub-0001_T1w.nii.gz", scan),
+                lines[1].replace("sub-0001_T1w.nii.gz", scan).replace(",sub-0001", ",copy"),
+            ]
+        )
+        + "\n"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        "from rankwise.cli import main; main()",
+        "preprocess",
+        str(two),
+        "--out",
+        str(tmp_path / "o"),
+        "--template",
+        TEMPLATE,
+        "--workers",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: set[int] = set()
+    deadline = time.monotonic() + 120
+    while len(children) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        for task in Path(f"/proc/{proc.pid}/task").glob("*/children"):
+            children |= {int(v) for v in task.read_text().split()}
+    assert proc.poll() is None and children, "the workers did not start"
+    time.sleep(4)  # the workers have imported rankwise and are in the middle of their scans
+    records = tmp_path / "o" / "records"
+    assert proc.poll() is None and not any(records.glob("*.json")), "the scans finished before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60  # a worker left alive would finish its scan and write its record
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = {
+            c
+            for c in alive
+            if Path(f"/proc/{c}").exists() and "zombie" not in Path(f"/proc/{c}/status").read_text().lower()
+        }
+    for c in alive:
+        os.kill(c, signal.SIGKILL)
+    assert not alive, f"workers {sorted(alive)} outlived the killed command"
+    assert not any(records.glob("*.json")), "a worker went on writing into --out after the command was killed"

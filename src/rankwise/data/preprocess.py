@@ -39,6 +39,7 @@ it holds ``W``'s inverse, which :func:`map_to_scan` uses (:func:`read_transform`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import json
@@ -46,7 +47,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,10 @@ MIN_SIMILARITY = 0.3
 MIN_IN_VIEW = 0.9
 #: the cohort page flags a similarity under this value
 FLAG_SIMILARITY = 0.6
+#: the seed of the metric's random sampling (SimpleITK's seed 0 means "the wall clock": not reproducible)
+_SEED = 1
+#: the file that marks a folder as an output of :func:`preprocess_cohort`
+MARKER = "preprocess.json"
 #: the folders of an output directory
 FOLDERS = ("volumes", "masks", "transforms", "qc", "records")
 
@@ -150,13 +155,26 @@ RESTARTS = (
 )
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """ITK's default thread count set to one meanwhile: a registration on several threads sums its metric
+    in a varying order, so that the same scan would not give the same transform twice."""
+    _, sitk = _modules()
+    before = sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()
+    sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(1)
+    try:
+        yield
+    finally:
+        sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(before)
+
+
 def _method(fixed_mask: Any, shrink: Sequence[int], sigmas: Sequence[float], iterations: int) -> Any:
     """The registration method of both stages: Mattes mutual information inside ``fixed_mask``."""
     _, sitk = _modules()
     reg = sitk.ImageRegistrationMethod()
     reg.SetMetricAsMattesMutualInformation(32)
     reg.SetMetricSamplingStrategy(reg.RANDOM)
-    reg.SetMetricSamplingPercentage(0.2, seed=0)
+    reg.SetMetricSamplingPercentage(0.2, seed=_SEED)
     reg.SetMetricFixedMask(fixed_mask)
     reg.SetInterpolator(sitk.sitkLinear)
     reg.SetOptimizerAsRegularStepGradientDescent(2.0, 1e-4, iterations, relaxationFactor=0.7)
@@ -453,13 +471,17 @@ def preprocess_t1(
         spacing = float(np.linalg.norm(grid_affine[:3, 0]))
         grown = ndimage.binary_dilation(mask, iterations=max(1, round(6.0 / spacing)))
         fixed_mask = sitk.Cast(_to_sitk(grown.astype(np.float32), grid_affine), sitk.sitkUInt8)
-        tx = _register(fixed, fixed_mask, moving)
+        with _one_thread():
+            tx = _register(fixed, fixed_mask, moving)
         moved = _array(sitk.Resample(moving, fixed, tx, sitk.sitkLinear, 0.0))
         best = _similarity(moved, maps["t1"], mask)
         restarted = best < FLAG_SIMILARITY
         if restarted:  # a wrong optimum: register again from the best other starts, keep the best result
-            for start in _starts(fixed, fixed_mask, moving, RESTART_TRIES):
-                tx2 = _register(fixed, fixed_mask, moving, start=start)
+            with _one_thread():
+                starts = _starts(fixed, fixed_mask, moving, RESTART_TRIES)
+            for start in starts:
+                with _one_thread():
+                    tx2 = _register(fixed, fixed_mask, moving, start=start)
                 moved2 = _array(sitk.Resample(moving, fixed, tx2, sitk.sitkLinear, 0.0))
                 sim2 = _similarity(moved2, maps["t1"], mask)
                 if sim2 > best:
@@ -578,6 +600,24 @@ def _names(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _worker_start() -> None:
+    """A worker ignores Ctrl-C (the main process stops it) and, on Linux, ends when the main process dies
+    (a killed ``rankwise preprocess`` leaves no worker writing into ``out``)."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() == 1:  # the main process died before prctl took effect
+            os._exit(1)
+
+
 def _work(args: tuple[str, str, str, str, str, str, int, int]) -> tuple[int, dict[str, Any] | None, str]:
     scan, out, name, template, registration, csv_path, row, threads = args
     _, sitk = _modules()
@@ -668,8 +708,6 @@ def preprocess_cohort(
     ``on_scan(done, total, name, status, seconds)`` is called after each scan (status ``"done"``,
     ``"reused"`` or ``"failed: <message>"``).
     """
-    from concurrent.futures import ProcessPoolExecutor
-
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`workers` must be a positive int, got {workers!r}")
     if registration not in REGISTRATIONS:
@@ -689,7 +727,16 @@ def preprocess_cohort(
         raise DataFormatError(csv_path, 1, f"column(s) {reserved} are written by preprocess; rename them")
     names = _names(rows)
     scans = [(csv_path.parent / r["path"]).resolve() for r in rows]
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"`out` {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ValueError(
+            f"`out` {out} holds files that `rankwise preprocess` did not write (it has no {MARKER}): "
+            "name a new or empty folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).is_file():
+        atomic_write(out / MARKER, json.dumps({"written_by": "rankwise preprocess", "csv": str(csv_path.resolve())}))
     result = PreprocessResult()
     by_row: dict[int, dict[str, Any]] = {}
     todo = []
@@ -726,8 +773,9 @@ def preprocess_cohort(
     else:
         import multiprocessing
 
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for res in pool.map(_work, jobs):
+        # a Pool's exit terminates its workers: Ctrl-C (or any error) stops every scan at once
+        with multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_start) as pool:
+            for res in pool.imap_unordered(_work, jobs):
                 finished(*res)
     result.failures.sort()
     columns = [c for c in rows[0] if c != "_row"]

@@ -124,6 +124,14 @@ def test_nothing_is_written_outside_out_and_the_csv_is_the_training_input(cohort
     assert len(items) == 3 and all(item.startswith(f"{cohort}, row ") for item in items)  # each row named once
     data = load_nifti_csv(out / "participants.csv", val_fraction=0.0, test_fraction=0.0, cache_dir=str(out / "c"))
     assert len(data.train) == 1
+    # `train --data` on this CSV takes the template's grid, not the grid of the brain-age presets
+    from rankwise.recipes.own_data import own_datasets
+
+    grid = own_datasets()["nifti"].file_options
+    assert grid is not None and grid(out / "participants.csv") == {
+        "shape": list(template_grid(TEMPLATE)[0]["mask"].shape)
+    }
+    assert grid(cohort) == {}  # a raw cohort: the presets' grid
 
 
 def test_a_second_run_reuses_finished_scans_and_redoes_a_changed_one(

@@ -63,6 +63,7 @@ __all__ = [
     "obliquity_degrees",
     "parse_sex",
     "preprocess_volume",
+    "preprocessed_template",
     "to_canonical",
 ]
 
@@ -359,6 +360,13 @@ def _preprocess_records(rows: list[dict[str, Any]], csv_path: Path) -> dict[str,
             )
         found = this
     return found
+
+
+def preprocessed_template(csv_path: str | Path) -> str | None:
+    """The template of a cohort CSV that :func:`rankwise.data.preprocess_cohort` wrote, else ``None``."""
+    csv_path = Path(csv_path)
+    found = _preprocess_records(read_cohort_rows(csv_path, None), csv_path)
+    return None if found is None else found["template"]
 
 
 def _is_nifti_name(value: str) -> bool:

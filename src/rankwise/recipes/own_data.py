@@ -68,6 +68,7 @@ class OwnData:
     keep_options: tuple[str, ...] = ()
     sniff: Callable[[Path], bool] | None = None
     budget: Callable[[Any, Any], Any] | None = None
+    file_options: Callable[[Path], dict[str, Any]] | None = None
 
 
 class _OwnDataView(Mapping[str, OwnData]):
@@ -106,6 +107,7 @@ def register_own_data(
     sniff: Callable[[Path], bool] | None = None,
     min_batch_size: int = 16,
     budget: Callable[[Any, Any], Any] | None = None,
+    file_options: Callable[[Path], dict[str, Any]] | None = None,
 ) -> None:
     """Let ``rankwise train --data FILE --target COL --dataset DATASET`` use the registered loader ``dataset``.
 
@@ -119,7 +121,9 @@ def register_own_data(
     file's content that selects this dataset, tried before the suffixes; ``min_batch_size``: the
     smallest data-derived batch size; ``budget``: ``budget(cfg, data)`` -> an object with ``max_batch``
     (the largest batch the machine's memory fits, which caps the data-derived one) and
-    ``describe(batch, steps, n_val)`` (the memory and time per epoch, shown with the defaults).
+    ``describe(batch, steps, n_val)`` (the memory and time per epoch, shown with the defaults);
+    ``file_options``: ``file_options(FILE)`` -> loader options that the file itself sets, over the kept
+    ones (a cohort of ``rankwise preprocess`` sets the grid of its template).
 
     The dataset must be registered (:func:`rankwise.data.register_dataset`); this sets its spec's
     ``own_data``.
@@ -139,6 +143,7 @@ def register_own_data(
         tuple(keep_options),
         sniff,
         budget,
+        file_options,
     )
     update_dataset(dataset, own_data=own)
 
@@ -156,6 +161,19 @@ def _nifti_sniff(path: Path) -> bool:
     from rankwise.data.nifti import looks_like_nifti_csv
 
     return looks_like_nifti_csv(path)
+
+
+def _nifti_grid(path: Path) -> dict[str, Any]:
+    """The template grid of a cohort that ``rankwise preprocess`` wrote (``{"shape": [...]}``), else ``{}``."""
+    from rankwise.data.nifti import preprocessed_template
+
+    template = preprocessed_template(path)
+    if template is None:
+        return {}
+    from rankwise.data.preprocess import template_grid
+
+    maps, _ = template_grid(template)
+    return {"shape": [int(v) for v in maps["mask"].shape]}
 
 
 def _nifti_budget(cfg: Any, data: Any) -> Any:
@@ -176,6 +194,7 @@ register_own_data(
     keep_options=tuple(o for o in PREPROCESSING_OPTIONS if o != "cache_dir"),  # the grid, not where it is cached
     sniff=_nifti_sniff,
     budget=_nifti_budget,
+    file_options=_nifti_grid,
 )
 
 
@@ -385,6 +404,8 @@ def own_data_config(
     raw = copy.deepcopy(load_raw(f"{own.presets}_{method}"))
     preset_opts = (raw.get("data") or {}).get("options") or {}
     kept = {k: preset_opts[k] for k in own.keep_options if k in preset_opts}
+    if own.file_options is not None:
+        kept |= own.file_options(path)
     opts = {
         **kept,
         own.file_option: str(path),

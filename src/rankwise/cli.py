@@ -702,16 +702,36 @@ def preprocess(
     con = _console()
     err = _console(stderr=True)
 
+    reused = [0, 0.0]  # scans reused so far, and the seconds they took (the ETA counts the others)
+
     def on_scan(done: int, total: int, name: str, status: str, seconds: float) -> None:
+        if status == "reused":
+            reused[0] += 1
+            reused[1] = seconds
         if not progress and not status.startswith("failed"):
             return
-        left = (total - done) * seconds / max(done, 1)
-        eta = f"ETA {int(left // 60)} min {int(left % 60)} s" if done < total else "last scan"
+        worked = done - reused[0]
+        if done >= total:
+            eta = "last scan"
+        elif worked == 0:
+            eta = "ETA after the first scan preprocessed"
+        else:
+            left = (total - done) * (seconds - reused[1]) / worked
+            eta = f"ETA {int(left // 60)} min {int(left % 60)} s"
         err.print(f"[{done}/{total}] {name}: {status} ({eta})", highlight=False, markup=False, soft_wrap=True)
 
     def run() -> Any:
         from rankwise.data import preprocess_cohort
         from rankwise.recipes.config import UserError
+
+        if progress:
+            err.print(
+                f"preprocessing the scans of {csv_file} into {out}, {workers} at a time "
+                "(a minute or more per scan; a line per scan)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
 
         try:
             return preprocess_cohort(

@@ -29,7 +29,7 @@ import math
 import numba
 import numpy as np
 
-from rankwise._kernels._numba_sort import _stable_order, sort_scratch
+from rankwise._kernels._numba_sort import sort_scratch, stable_order
 
 __all__ = ["lapsum_backward", "lapsum_forward"]
 
@@ -133,7 +133,7 @@ def lapsum_forward(x, kind, alpha, descending, k, out, perm):  # type: ignore[no
             for m in range(n):
                 perm[r, m] = m
             continue
-        _stable_order(x[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
+        stable_order(x[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
         _sums(x[r], perm[r], sign, alpha, ys, e, a, b)
         if kind == RANK:
             for m in range(n):

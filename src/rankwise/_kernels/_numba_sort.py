@@ -14,7 +14,7 @@ from numba import carray
 
 from rankwise._kernels._numba_util import TASK_ARGS, f32p, i64p, next_chunk, task
 
-__all__ = ["SORT_ROWS", "sort_rows", "sort_rows_task"]
+__all__ = ["SORT_ROWS", "sort_rows", "sort_rows_task", "stable_order"]
 
 #: float32 rows up to this length are sorted by insertion (fewer steps than the radix passes' buckets)
 _INSERTION_MAX_N = 64
@@ -45,7 +45,7 @@ def _sort_key(b, flip):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
+def stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
     """``perm_row`` = the stable order of ``z_row`` (ties in index order), exactly
     ``torch.sort(z_row, descending=descending, stable=True).indices``. float32: insertion sort of
     uint32 keys (:func:`_sort_key`) for short rows, else an LSD radix sort of the keys (8-bit
@@ -111,19 +111,19 @@ def _stable_order(z_row, descending, perm_row, keys, tmp_keys, tmp_perm, hist): 
 @numba.njit(cache=True, nogil=True)
 def descending_order(z_row, perm_row, keys, tmp_keys, tmp_perm, hist):  # type: ignore[no-untyped-def]
     """``perm_row`` = the stable descending order of ``z_row``, as ``torch.sort`` (see
-    :func:`_stable_order`; the soft operators' rows are finite, NaN rows are overwritten by the
+    :func:`stable_order`; the soft operators' rows are finite, NaN rows are overwritten by the
     caller)."""
-    _stable_order(z_row, True, perm_row, keys, tmp_keys, tmp_perm, hist)
+    stable_order(z_row, True, perm_row, keys, tmp_keys, tmp_perm, hist)
 
 
 @numba.njit(cache=True, nogil=True)
 def sort_rows(z, descending, perm):  # type: ignore[no-untyped-def]
     """``perm[r]`` = ``torch.sort(z[r], descending=descending, stable=True).indices`` for every
     row of the float32 (rows, n) array ``z`` (NaN, +-inf and +-0.0 ordered as torch orders them):
-    one LSD radix sort per row, linear in n (:func:`_stable_order`)."""
+    one LSD radix sort per row, linear in n (:func:`stable_order`)."""
     keys, tmp_keys, tmp_perm, hist = sort_scratch(z.shape[1])
     for r in range(z.shape[0]):
-        _stable_order(z[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
+        stable_order(z[r], descending, perm[r], keys, tmp_keys, tmp_perm, hist)
 
 
 def sort_rows_task(data):  # type: ignore[no-untyped-def]

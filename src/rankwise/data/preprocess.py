@@ -601,21 +601,20 @@ def _names(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _worker_start() -> None:
-    """A worker ignores Ctrl-C (the main process stops it) and, on Linux, ends when the main process dies
-    (a killed ``rankwise preprocess`` leaves no worker writing into ``out``)."""
+    """A worker ignores Ctrl-C (the main process stops it) and ends when the main process dies (a killed
+    ``rankwise preprocess`` leaves no worker writing into ``out``): a thread watches its parent."""
     import signal
-    import sys
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
+    parent = os.getppid()
 
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() == 1:  # the main process died before prctl took effect
-            os._exit(1)
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rankwise-parent-watch", daemon=True).start()
 
 
 def _work(args: tuple[str, str, str, str, str, str, int, int]) -> tuple[int, dict[str, Any] | None, str]:

@@ -46,6 +46,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -504,8 +505,9 @@ def preprocess_t1(
         try:
             with tempfile.TemporaryDirectory(prefix=f".{name}_syn_", dir=out / "transforms") as scratch:
                 forward, backward = _syn(fixed, moving, tx, mask, grid_affine, Path(scratch))
-                os.replace(forward, warp)
-                os.replace(backward, inverse_warp)
+                for made, final in ((forward, warp), (backward, inverse_warp)):
+                    with atomic_path(final, suffix=".nii.gz") as tmp:  # fsynced and moved into place
+                        shutil.move(str(made), str(tmp))
             field = sitk.ReadImage(str(warp), sitk.sitkVectorFloat64)
             full = sitk.CompositeTransform([tx, _field(field)])
             moved = _array(sitk.Resample(moving, fixed, full, sitk.sitkLinear, 0.0))

@@ -32,6 +32,7 @@ from rankwise.recipes.sorting import (
     SortOptions,
     median_loss,
     relaxed_permutation,
+    sort_loss,
     true_permutation,
     true_ranks,
 )
@@ -345,6 +346,42 @@ def test_permutation_relaxations_from_op_entries_select_the_largest_first(method
     assert p_hat.shape == (2, 5, 5)
     assert torch.equal(p_hat.argmax(-1), scores.argsort(-1, descending=True))
     torch.testing.assert_close(p_hat.sum(-1), torch.ones(2, 5), atol=2e-2, rtol=0)
+
+
+def test_gumbel_sinkhorn_relaxation_samples_select_the_largest_first(tiny_digits, tmp_path):
+    """Noiseless and cold: the descending sort; with noise: ``n_samples`` doubly stochastic samples whose
+    mean still puts the largest score first; the preset trains a step."""
+    from rankwise.ops import gumbel_sinkhorn
+
+    scores = torch.tensor([[0.3, 2.0, -1.0, 1.1, 0.0], [5.0, -2.0, 1.0, 3.0, 4.0]], requires_grad=True)
+    cold = SortOptions(method="gumbel_sinkhorn", tau=0.01, n_samples=1, options={"noise_factor": 0.0, "n_iters": 200})
+    p_hat = relaxed_permutation(scores, cold)
+    assert p_hat.shape == (1, 2, 5, 5)
+    assert torch.equal(p_hat[0].argmax(-1), scores.detach().argsort(-1, descending=True))
+    # the same matrix as the op on X_ij = c_i s_j (an independent construction of the scores' matrix)
+    c = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
+    x = torch.stack([torch.outer(c, row) for row in scores.detach()])
+    torch.testing.assert_close(
+        p_hat.detach()[0], gumbel_sinkhorn(x, temperature=0.01, noise_factor=0.0, n_iters=200)[0]
+    )
+    torch.manual_seed(0)
+    noisy = relaxed_permutation(scores, SortOptions(method="gumbel_sinkhorn", n_samples=7))
+    assert noisy.shape == (7, 2, 5, 5)
+    torch.testing.assert_close(noisy.sum(-2), torch.ones(7, 2, 5), atol=1e-5, rtol=0)
+    assert torch.equal(noisy.mean(0)[:, 0].argmax(-1), scores.detach().argmax(-1))
+    sort_loss(noisy, true_permutation(scores.detach())).backward()
+    assert scores.grad is not None and torch.isfinite(scores.grad).all() and scores.grad.abs().sum() > 0
+    sets = ["task.n=3", "task.steps=2", "task.lists_per_batch=4", "task.test_lists=20", "task.val_lists=10"]
+    res = train(
+        load_config("large_mnist_gumbel_sinkhorn", sets),
+        out=tmp_path / "run",
+        data=tiny_digits,
+        progress=False,
+        verbose=False,
+    )
+    assert all(math.isfinite(v) for v in res.metrics["test"].values())
+    with pytest.raises(ConfigError, match="n_iters"):
+        load_config("large_mnist_gumbel_sinkhorn", ["task.options.n_iters=-1"])
 
 
 def test_the_median_objective_belongs_to_the_median_task_only(tmp_path):

@@ -76,7 +76,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
-from rankwise.ops import OPS, diffsort
+from rankwise.ops import OPS, diffsort, gumbel_sinkhorn
 from rankwise.recipes._progress import StepTimer
 from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
@@ -418,6 +418,32 @@ _ERROR_FREE_OPTIONS: dict[str, Any] = {
 }
 for _network in ("odd_even", "bitonic"):
     _error_free_relaxation(_network)
+
+
+#: options of the Gumbel-Sinkhorn relaxation (the op's defaults: 20 iterations, noise scale 1)
+_GUMBEL_SINKHORN_OPTIONS: dict[str, Any] = {"n_iters": 20, "noise_factor": 1.0}
+
+
+def _gumbel_sinkhorn_permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
+    r"""``(S, B, n, n)`` Gumbel-Sinkhorn samples (Mena et al., ICLR 2018) of the rank-one assignment
+    scores :math:`X_{ij} = c_i s_j`, :math:`c = \mathrm{linspace}(1, -1, n)`, at temperature ``t.tau``
+    with ``t.n_samples`` samples: the matching of :math:`X` puts the largest score in row 0
+    (rearrangement inequality), so the noiseless limit :math:`\tau \to 0` is the descending sort."""
+    o = relaxation_options(t)
+    opts = {k: _option(o[k], d) for k, d in _GUMBEL_SINKHORN_OPTIONS.items()}
+    n = scores.shape[-1]
+    c = torch.linspace(1.0, -1.0, n, device=scores.device, dtype=scores.dtype)
+    log_alpha = c[:, None] * scores.unsqueeze(-2)
+    return gumbel_sinkhorn(log_alpha, temperature=t.tau, n_samples=t.n_samples, **opts)
+
+
+register_relaxation(
+    "gumbel_sinkhorn",
+    _gumbel_sinkhorn_permutation,
+    options=_GUMBEL_SINKHORN_OPTIONS,
+    description="Gumbel-Sinkhorn (Mena et al. ICLR 2018, rankwise.gumbel_sinkhorn) of the rank-one "
+    "assignment scores c_i s_j (c = linspace(1, -1, n)): task.tau, task.n_samples samples",
+)
 
 
 def _try_relaxation(t: SortOptions) -> None:

@@ -656,7 +656,7 @@ def _write_page(out: Path, records: list[dict[str, Any]], failures: list[tuple[i
         flags = [
             *(["low similarity"] if r["similarity"] < FLAG_SIMILARITY else []),
             *(["similarity outlier"] if fs else []),
-            *(["brain volume outlier"] if fv else []),
+            *(["mapped brain outlier"] if fv else []),
         ]
         flagged += bool(flags)
         name = html.escape(r["name"])
@@ -673,10 +673,11 @@ def _write_page(out: Path, records: list[dict[str, Any]], failures: list[tuple[i
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} tr.flag{{background:#fde2e2}}</style></head>
 <body><h1>Quality control: {_count(len(records), "scan")} preprocessed, {flagged} flagged, {len(failures)} failed</h1>
 <p>Similarity: normalised cross-correlation with the MNI152 template inside its brain mask (1 = identical).
-Brain volume: the template's brain mapped into the scan (mL). In view: the fraction of the template's brain
-inside the scan's field of view. Flags: a similarity under {FLAG_SIMILARITY}, or a similarity or brain volume
+Mapped brain: the volume of the template's brain mask mapped into the scan by the registration (mL;
+the registration's scaling times the mask's volume, an estimate, not a segmentation of the scan). In view: the fraction of the template's brain
+inside the scan's field of view. Flags: a similarity under {FLAG_SIMILARITY}, or a similarity or mapped brain
 more than 3.5 robust standard deviations from the cohort's median. The red outline is the template's brain.</p>
-<table><tr><th>scan</th><th>similarity</th><th>brain (mL)</th><th>in view</th><th>flags</th><th>slices</th></tr>
+<table><tr><th>scan</th><th>similarity</th><th>mapped brain (mL)</th><th>in view</th><th>flags</th><th>slices</th></tr>
 {"".join(rows)}
 </table>
 {"<h2>Failed</h2><ul>" + failed + "</ul>" if failures else ""}

@@ -674,9 +674,10 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} tr.flag{{backgro
 <body><h1>Quality control: {_count(len(records), "scan")} preprocessed, {flagged} flagged, {len(failures)} failed</h1>
 <p>Similarity: normalised cross-correlation with the MNI152 template inside its brain mask (1 = identical).
 Mapped brain: the volume of the template's brain mask mapped into the scan by the registration (mL;
-the registration's scaling times the mask's volume, an estimate, not a segmentation of the scan). In view: the fraction of the template's brain
-inside the scan's field of view. Flags: a similarity under {FLAG_SIMILARITY}, or a similarity or mapped brain
-more than 3.5 robust standard deviations from the cohort's median. The red outline is the template's brain.</p>
+the registration's scaling times the mask's volume, an estimate, not a segmentation of the scan).
+In view: the fraction of the template's brain inside the scan's field of view.
+Flags: a similarity under {FLAG_SIMILARITY}, or a similarity or mapped brain more than 3.5 robust standard
+deviations from the cohort's median. The red outline is the template's brain.</p>
 <table><tr><th>scan</th><th>similarity</th><th>mapped brain (mL)</th><th>in view</th><th>flags</th><th>slices</th></tr>
 {"".join(rows)}
 </table>

@@ -157,13 +157,12 @@ def make_cases(shape: tuple[int, int], k: int, pkg: Any, lapsum: Callable[..., t
     cases["ot"].work = 4 * 200 * rows * n  # 200 Sinkhorn iterations against two target points
     for network, name in (("odd_even", "diffsort"), ("bitonic", "diffsort_bitonic")):
         depth = _depth(network, n)
-        seg = math.isqrt(max(depth - 1, 0)) + 1
         if name != "diffsort":
             cases[name] = Case(lambda x: rankwise.soft_topk(x, k, method="diffsort", network="bitonic"))
-        # P is built (n x n per row), segment-checkpointed: (L / c + c + 4) n^2 floats per row, O(L n^2) time
-        cases[name].mem_bytes = (depth / seg + seg + 4) * rows * n * n * B4
-        cases[name].work = 3 * depth * rows * n * n
-        cases[name].order = "O(sqrt(L) n^2), L = " + ("n," if network == "odd_even" else "log2(n)^2 / 2,")
+        # P @ u through the layers (P never built): the layers' alphas and inputs, L n floats each per row
+        cases[name].mem_bytes = (3 * depth + 8) * rows * n * B4
+        cases[name].work = 8 * depth * rows * n
+        cases[name].order = "O(L n), L = " + ("n," if network == "odd_even" else "log2(n)^2 / 2,")
     if pkg is not None:
         for network, ours in (("odd_even", "diffsort"), ("bitonic", "diffsort_bitonic")):
             depth = _depth(network, n)

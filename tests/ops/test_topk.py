@@ -515,10 +515,42 @@ def test_perturbed_method_is_perturbed_topk() -> None:
     torch.testing.assert_close(low, rankwise.perturbed_topk(-x, 2, generator=torch.Generator().manual_seed(0)))
 
 
-def test_diffsort_method_is_the_networks_first_rows() -> None:
-    x = torch.randn(2, 6, dtype=torch.float64)
-    _, p = rankwise.diffsort(x, steepness=5.0, descending=True)
-    torch.testing.assert_close(soft_topk(x, 3, method="diffsort", steepness=5.0), p[..., :3].sum(-1))
+@pytest.mark.parametrize("network", ["odd_even", "bitonic"])
+@pytest.mark.parametrize("error_free", [False, True])
+def test_diffsort_method_is_the_networks_first_columns_summed(network: str, error_free: bool) -> None:
+    """The matrix-free route (P @ u through the layers' transposes) equals the first k columns of
+    rankwise.diffsort's matrix summed, values and gradients, for every n up to a few powers of two
+    (bitonic pads) and k in 1..n; error-free: the exact 0/1 membership forward."""
+    gen = torch.Generator().manual_seed(3)
+    for n in (1, 2, 3, 5, 8, 11):
+        for k in sorted({1, max(1, n // 2), n}):
+            x = torch.randn(3, 2, n, generator=gen, dtype=torch.float64, requires_grad=True)
+            opts = {"network": network, "steepness": 5.0, "error_free": error_free}
+            got = soft_topk(x, k, method="diffsort", **opts)
+            _, p = rankwise.diffsort(x, descending=True, **opts)
+            want = p[..., :k].sum(-1)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-13)
+            w = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+            (g_got,) = torch.autograd.grad((got * w).sum(), x)
+            (g_want,) = torch.autograd.grad((want * w).sum(), x)
+            torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)
+            if error_free:
+                exact = torch.zeros_like(x).scatter(-1, x.topk(k, dim=-1).indices, 1.0)
+                assert torch.equal(got.detach(), exact)
+    y = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    assert gradcheck(lambda s: soft_topk(s, 2, method="diffsort", network=network, steepness=3.0), y)
+
+
+def test_diffsort_method_never_builds_the_matrix() -> None:
+    """A bitonic membership of 4,096 scores (a 4,096 x 4,096 matrix would be 64 MB in float32) allocates
+    O(L n): far less than n^2 floats."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(1, 4096, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        soft_topk(x, 10, method="diffsort", network="bitonic").sum().backward()
+    largest = max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+    assert largest < 4096 * 4096 * 4 / 8, largest
 
 
 @pytest.mark.parametrize("name", ["neuralsort", "softsort", "isotonic", "diffsort"])

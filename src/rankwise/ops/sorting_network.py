@@ -819,6 +819,34 @@ def _diffsort_soft_rank(
 register_soft_method("diffsort", sort=_diffsort_soft_sort, rank=_diffsort_soft_rank)
 
 
+def diffsort_topk_mask(
+    x: torch.Tensor,
+    k: int,
+    *,
+    network: Network = "odd_even",
+    steepness: float = 10.0,
+    distribution: Distribution = "cauchy",
+    art_lambda: float = 0.25,
+    error_free: bool = False,
+) -> torch.Tensor:
+    """Relaxed top-``k`` membership of the rows of ``x`` (selected dim last): input ``i``'s weight in
+    the first ``k`` positions of the descending network, :math:`\\sum_{j < k} P_{ij}`, computed as
+    ``P @ u`` (``u`` the indicator of the first ``k`` positions) through the layers' transposes:
+    O(L n) per row, ``P`` is never built (``error_free``: the exact membership forward, the error-free
+    swaps' gradients backward). ``k`` is checked by the caller (:func:`rankwise.soft_topk`)."""
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    check_bool(error_free, "error_free")
+    xc = x.to(compute_dtype(x.dtype))
+    n = xc.shape[-1]
+    _, lay, alphas = _run(xc, network, beta, distribution, lam, True, error_free)
+    first = (torch.arange(n, device=xc.device) < k).to(xc.dtype)
+    if lay.depth == 0:  # n <= 1: the identity, connected to the graph
+        return (first + xc * 0).to(x.dtype)
+    u = first.unsqueeze(-1).expand(n, alphas.soft.shape[-1]).contiguous()
+    out: torch.Tensor = _NetworkRanks.apply(alphas.soft, u, lay, alphas.hard)
+    return out.T.reshape(xc.shape).to(x.dtype)
+
+
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from rankwise.ops.isotonic import Regularization, isotonic_topk_mask, soft_sort_
 from rankwise.ops.lapsum import lapsum_sort, lapsum_topk
 from rankwise.ops.permutation import gumbel_noise, neural_sort_rows, softsort_rows
 from rankwise.ops.perturbed import perturbed_topk
-from rankwise.ops.sorting_network import Distribution, Network, diffsort
+from rankwise.ops.sorting_network import Distribution, Network, diffsort, diffsort_topk_mask
 from rankwise.ops.sparse_topk import ot_topk_mask, sparse_topk_mask
 
 __all__ = [
@@ -117,11 +117,17 @@ def _diffsort_mask(
     steepness: float = 10.0,
     distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
+    error_free: bool = False,
 ) -> torch.Tensor:
-    _, p = diffsort(
-        s, network=network, steepness=steepness, distribution=distribution, art_lambda=art_lambda, descending=True
+    return diffsort_topk_mask(
+        s,
+        k,
+        network=network,
+        steepness=steepness,
+        distribution=distribution,
+        art_lambda=art_lambda,
+        error_free=error_free,
     )
-    return p[..., :k].sum(dim=-1)
 
 
 def _diffsort_values(
@@ -132,6 +138,7 @@ def _diffsort_values(
     steepness: float = 10.0,
     distribution: Distribution = "cauchy",
     art_lambda: float = 0.25,
+    error_free: bool = False,
 ) -> torch.Tensor:
     out = diffsort(
         s,
@@ -141,6 +148,7 @@ def _diffsort_values(
         art_lambda=art_lambda,
         descending=True,
         return_matrix=False,
+        error_free=error_free,
     )
     return out[..., :k]
 
@@ -260,9 +268,11 @@ def soft_topk(
     * ``"ot"`` (``epsilon=0.1``, ``max_iter=200``): Xie et al., NeurIPS 2020, "Differentiable Top-k with
       Optimal Transport": ``n`` times the mass that the entropic transport plan from the scores to
       the two points {0, 1} sends to the point of weight ``k / n``; implicit backward.
-    * ``"diffsort"`` (``network``, ``steepness``, ``distribution``, ``art_lambda``, as
+    * ``"diffsort"`` (``network``, ``steepness``, ``distribution``, ``art_lambda``, ``error_free``, as
       :func:`rankwise.diffsort`): the first ``k`` sorted positions of a differentiable sorting
-      network's doubly stochastic matrix, summed; O(L n²).
+      network's doubly stochastic matrix, summed, computed through the layers' transposes without
+      building the matrix: O(L n) for ``L`` layers (``error_free=True``: the exact 0/1 membership
+      forward, the error-free swaps' gradients backward).
     * ``"perturbed"`` (``sigma``, ``n_samples``, ``noise``, ``generator``): :func:`rankwise.perturbed_topk`.
 
     Every method returns entries >= 0 summing to ``k`` (exactly, up to rounding; ``perturbed``:

@@ -72,6 +72,37 @@ def test_loaded_family_takes_no_lock(monkeypatch: pytest.MonkeyPatch) -> None:
         assert isotonic.ready(4, 8) and isotonic.FAMILY.get() is not None
 
 
+def test_the_loading_thread_keeps_the_filters_the_main_thread_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter added while a family loads in its thread stays (a catch_warnings() in the thread would
+    restore its snapshot of the process-wide filters and drop it); a failed background load is reported
+    once by the next caller, not swallowed."""
+    import threading
+    import warnings
+
+    entered, release = threading.Event(), threading.Event()
+
+    def warm(module: object) -> None:
+        entered.set()
+        release.wait(10)
+        raise ImportError("no kernels here")
+
+    fam = _loader.Family("test_family", "rankwise._kernels._loader", warm, start_after=1, warn=True)
+    monkeypatch.setattr(_loader, "MODE", "background")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert fam.get() is None  # starts the thread
+        assert entered.wait(10)
+        warnings.filterwarnings("ignore", message="a filter added meanwhile")
+        release.set()
+        assert fam._thread is not None
+        fam._thread.join(10)
+        assert any(f[1] is not None and f[1].pattern == "a filter added meanwhile" for f in warnings.filters)
+        assert fam.get() is None
+        assert fam.get() is None
+    msgs = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "numba is unavailable" in msgs[0] and "no kernels here" in msgs[0]
+
+
 _FORK_SCRIPT = """
 import os, sys, torch, rankwise
 torch.set_num_threads(2)

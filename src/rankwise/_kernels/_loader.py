@@ -76,6 +76,7 @@ class Family:
         self._stop = threading.Event()
         self._unloaded_calls = 0
         self._warming: tuple[int, Any] | None = None
+        self._pending_warning: str | None = None
 
     # -- the call path ------------------------------------------------------------------------------
     def get(self, *, wait: bool = False, call: bool = True) -> Any:
@@ -83,6 +84,8 @@ class Family:
         too; ``call``: an operator call (counted towards the background load), not a step inside one."""
         k = self.kernels
         if k is not _UNSET:
+            if self._pending_warning is not None:  # a failed background load is reported by a caller
+                self._report(self._pending_warning)
             return k
         if MODE == "off":
             return None
@@ -111,8 +114,14 @@ class Family:
         return self.kernels is not _UNSET and self.kernels is not None
 
     # -- loading ------------------------------------------------------------------------------------
-    def load(self) -> Any:
-        """Import and warm up the kernels now (once), or ``None`` when numba cannot be used."""
+    def _report(self, message: str) -> None:
+        self._pending_warning = None
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def load(self, *, quiet: bool = False) -> Any:
+        """Import and warm up the kernels now (once), or ``None`` when numba cannot be used (``quiet``: the
+        loading thread's call, whose failure the next caller reports: the warnings filters are global,
+        so the thread must not change them)."""
         if self.kernels is not _UNSET:
             return self.kernels
         with self._lock:
@@ -128,12 +137,14 @@ class Family:
                 except Exception as exc:  # numba missing or broken: the torch path
                     self.kernels = None
                     if self._warn:
-                        warnings.warn(
+                        message = (
                             f"rankwise: numba is unavailable ({exc!r}); the {self.name} kernels use the "
-                            "slower PyTorch path on CPU",
-                            RuntimeWarning,
-                            stacklevel=3,
+                            "slower PyTorch path on CPU"
                         )
+                        if quiet:
+                            self._pending_warning = message
+                        else:
+                            warnings.warn(message, RuntimeWarning, stacklevel=3)
         return self.kernels
 
     def _start(self) -> None:
@@ -146,13 +157,13 @@ class Family:
                 self._thread.start()
 
     def _load_in_background(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the calling thread warns when it loads the kernels itself
-            try:
-                if not self._stop.is_set():
-                    self.load()
-            except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
-                return
+        # no warnings.catch_warnings() here: it saves and restores the process-wide filters, so a
+        # thread inside it would drop the filters that the main thread adds meanwhile
+        try:
+            if not self._stop.is_set():
+                self.load(quiet=True)
+        except BaseException:  # e.g. interpreter shutdown: callers load the kernels themselves
+            return
 
     def _stop_at_exit(self) -> None:
         """At exit: let the loader finish its current step (never kill it inside LLVM), then stop."""
@@ -165,6 +176,7 @@ class Family:
         self.kernels = _UNSET
         self._thread = None
         self._unloaded_calls = 0
+        self._pending_warning = None
 
 
 _usable: bool | None = None

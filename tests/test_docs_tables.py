@@ -74,7 +74,7 @@ def test_current_block_passes(docs_tables, tmp_path) -> None:
 
 
 def test_only_repository_scripts_are_run(docs_tables, tmp_path) -> None:
-    with pytest.raises(ValueError, match="python benchmarks/SCRIPT.py"):
+    with pytest.raises(ValueError, match=r"python benchmarks/SCRIPT\.py"):
         docs_tables.argv_of("rm -rf /", tmp_path)
     with pytest.raises(ValueError, match="under benchmarks/ or tools/"):
         docs_tables.argv_of("python -c 'print(1)'", tmp_path)

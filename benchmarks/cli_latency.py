@@ -1,6 +1,7 @@
 """Wall time of the small commands (cold process) of this checkout, side by side with a baseline checkout.
 
     python benchmarks/cli_latency.py --baseline-src /work/main/src --repeats 5
+    python benchmarks/cli_latency.py --markdown benchmarks/results/cli_latency.json   # docs table
 
 Each case is one ``subprocess.run`` of the installed ``rankwise`` entry point (beside the running
 interpreter) with ``PYTHONPATH`` set to a checkout's ``src``: Python's start, the imports and the
@@ -30,8 +31,10 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tables import load_range, provenance, read
 from _timing import loadavg, machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,13 +80,58 @@ def _train(run: Path) -> None:
     subprocess.run([str(ENTRY), *args], env=_env(ROOT / "src"), check=True, capture_output=True)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: wall seconds of each command, this checkout beside the baseline."""
+    res = result["results"]
+    base = result.get("baseline", {}).get("commit")
+    lines = [
+        f"| command | this checkout, s | baseline `{base}`, s | same output | 1-minute load (median) |",
+        "|---|---|---|---|---|",
+    ]
+    loads = [result.get("loadavg_before"), result.get("loadavg_after")]
+    for key, r in res.items():
+        if not key.endswith(" [this]"):
+            continue
+        case = key[: -len(" [this]")]
+        b = res.get(f"{case} [baseline]", {})
+        same = result.get("same_output", {}).get(case)
+        verb, _, rest = case.partition(" ")
+        cmd = " ".join(w for w in ("rankwise", verb, "RUN" if verb in ("evaluate", "predict") else "", rest) if w)
+        label = f"`{cmd} --data FILE` ({result.get('predict_rows', '?')} rows)" if verb == "predict" else f"`{cmd}`"
+        baseline = f"{b['wall_s']:.2f}" if "wall_s" in b else "–"
+        lines.append(
+            f"| {label} | {r['wall_s']:.2f} | {baseline} | {'yes' if same else 'no' if same is not None else '–'} | "
+            f"{r.get('loadavg_1m_median', float('nan')):.1f} |"
+        )
+    for key in ("python -c pass", "import torch"):
+        if key in res:
+            cmd = "python -c pass" if key == "python -c pass" else "python -c 'import torch'"
+            lines.append(f"| `{cmd}` | {res[key]['wall_s']:.2f} | – | – | {res[key].get('loadavg_1m_median', 0):.1f} |")
+    lines += [
+        "",
+        provenance(
+            "cli_latency.py",
+            commit=result.get("commit"),
+            date=result.get("date"),
+            machine=result.get("machine"),
+            load=load_range(*loads),
+            threads="not set (each command's default)",
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline-src", type=Path, default=Path("/work/main/src"), help="src/ of the baseline checkout")
     p.add_argument("--run", type=Path, default=None, help="a finished abalone run (default: train one)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cli_latency.json")
+    p.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     a = p.parse_args()
+    if a.markdown is not None:
+        print(markdown(read(a.markdown)))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="cli_latency_"))
     run = a.run
     if run is None:

@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/cold_start.py --runs 5
+    python benchmarks/cold_start.py --markdown benchmarks/results/cold_start.json   # docs table
 
 Every measurement runs in fresh Python processes (median over ``--runs``):
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _tables import load_range, provenance, read
 from _timing import loadavg, machine
 
 IMPORT = """
@@ -66,11 +68,51 @@ def _summary(values: list[float]) -> dict[str, Any]:
     return {"median_s": statistics.median(values), "runs_s": values, "loadavg": loadavg()}
 
 
+#: (key, what) of the docs table
+_TABLE_ROWS = (
+    ("import_torch", "`import torch`"),
+    ("import_rankwise_after_torch", "`import rankwise` after `import torch`"),
+    ("first_soft_rank_background", "first isotonic `soft_rank`, warm numba cache"),
+    ("first_soft_rank_background_empty_cache", "first isotonic `soft_rank`, empty numba cache"),
+    ("first_soft_rank_sync", "first isotonic `soft_rank` waiting for numba, warm cache"),
+    ("first_soft_rank_sync_empty_cache", "first isotonic `soft_rank` waiting for numba, empty cache"),
+    ("rankwise_help", "`rankwise --help`"),
+    ("python_pass", "`python -c pass`"),
+)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: the median seconds of each measurement, with its number of runs."""
+    lines = ["| measurement (fresh processes) | median, s | runs |", "|---|---|---|"]
+    loads = [result.get("loadavg_start"), result.get("loadavg_end")]
+    for key, what in _TABLE_ROWS:
+        if key in result:
+            r = result[key]
+            lines.append(f"| {what} | {r['median_s']:.4f} | {len(r['runs_s'])} |")
+            loads.append(r.get("loadavg"))
+    lines += [
+        "",
+        provenance(
+            "cold_start.py",
+            commit=result.get("commit"),
+            date=result.get("date"),
+            machine=result,
+            load=load_range(*loads),
+            threads=str(result.get("threads", "not recorded")),
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cold_start.json")
+    p.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     args = p.parse_args()
+    if args.markdown is not None:
+        print(markdown(read(args.markdown)))
+        return
     base = dict(os.environ)
     base.pop("RANKWISE_NUMBA", None)
     result: dict[str, Any] = {**machine(), "loadavg_start": loadavg()}

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/fds.py                           # 100k x 512, 1 and 2 threads
     python benchmarks/fds.py --samples 20000 --threads 1
+    python benchmarks/fds.py --markdown benchmarks/results/fds.json   # docs table
 
 Two operations on the whole set of ``--samples`` features of dimension ``--dim`` with integer labels
 ``0..bins-1`` (one bin per label, AgeDB-like skew: label ``k`` drawn with weight ``1 + k``):
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _tables import load_range, provenance, ratio, read
 from _timing import loadavg, machine, row, time_cases
 from rankwise.imbalanced import FDS
 
@@ -124,6 +126,44 @@ def _setup(n: int, d: int, bins: int, seed: int) -> tuple[torch.Tensor, torch.Te
     return feats, labels, ours, ref
 
 
+_CASES = {
+    "update_running_stats": "FDS `update_running_stats`",
+    "calibration": "FDS whole-set calibration",
+}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: ratio reference / rankwise per operation, one column per thread count."""
+    res = result["results"]
+    threads = sorted({r["threads"] for r in res.values()})
+    rows, dim = result["shape"]
+    head = " | ".join(f"{t} thread" + ("s" if t != 1 else "") for t in threads)
+    lines = [
+        "Ratio = the reference's time / rankwise's (above 1, rankwise is faster).",
+        "",
+        f"| case | ratio against | {head} |",
+        "|---|---|" + "---|" * len(threads),
+    ]
+    for op, label in _CASES.items():
+        cells = [ratio(res.get(f"threads={t} {op}", {}).get("ratio")) for t in threads]
+        lines.append(
+            f"| {label}, {rows // 1000}k × {dim} | the DIR reference's per-label loop | " + " | ".join(cells) + " |"
+        )
+    loads = [result.get("loadavg_start"), result.get("loadavg_end"), *(r.get("loadavg") for r in res.values())]
+    lines += [
+        "",
+        provenance(
+            "fds.py",
+            commit=result.get("commit"),
+            date=result.get("date"),
+            machine=result,
+            load=load_range(*loads),
+            threads=" and ".join(map(str, threads)),
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default 1,2)")
@@ -133,7 +173,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fds.json")
+    p.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     args = p.parse_args()
+    if args.markdown is not None:
+        print(markdown(read(args.markdown)))
+        return
     random.seed(args.seed)
     n, d = args.samples, args.dim
     feats, labels, ours, ref = _setup(n, d, args.bins, args.seed)

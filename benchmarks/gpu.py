@@ -5,6 +5,7 @@ Usage (repository root, a CUDA device)::
     python benchmarks/gpu.py --out benchmarks/results/gpu.json           # every shape, eager and compiled
     python benchmarks/gpu.py --quick --out $OUT/gpu.json                   # isotonic vs torchsort + public losses
     python benchmarks/gpu.py --dry-run --out /tmp/gpu_dry.json             # tiny shapes on CPU (no GPU)
+    python benchmarks/gpu.py --markdown benchmarks/results/gpu.json        # the docs table of a result
 
 Sections (each written to the JSON as soon as it is done, so a run cut short keeps what it has):
 
@@ -61,6 +62,8 @@ from tests.registry_examples import case_entry, entry_factories, factories, regi
 
 import ops as ops_bench  # benchmarks/ops.py: torchsort, the diffsort package, reference formulas
 import rankwise
+from _tables import load_range, provenance, ratio, read
+from _tables import ms as _ms
 from losses import ranksim_reference, rnc_reference, supcon_reference  # benchmarks/losses.py
 from rankwise.losses import ranksim_loss, rnc_loss, supcon_loss
 from rankwise.ops import isotonic as iso
@@ -498,8 +501,62 @@ def _section(name: str, result: dict[str, Any], write: Callable[[], None]) -> It
         write()
 
 
+#: (section key of ``losses``, label, reference) of the docs table
+_PUBLIC_LOSSES = (
+    ("public:supcon", "SupCon, B = {b} (2 views, D = 128)", "HobbitLong's `SupConLoss`"),
+    ("public:ranksim", "RankSim, B = {b}, d = 512", "the public per-row loop"),
+    ("public:rnc", "Rank-N-Contrast, B = {b} (2 views)", "the public O(N³) loop"),
+)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: the isotonic soft rank beside torchsort, the losses beside the public code."""
+    lines = [
+        "Median ms of one forward + backward; ratio = the reference's time / rankwise's (above 1, rankwise is faster).",
+        "",
+        "| case | rankwise, ms | reference, ms | reference | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    ops = {k: v for k, v in result.get("ops", {}).items() if isinstance(v, dict)}
+    for reg in ("l2", "kl"):
+        for shape, cases in ops.items():
+            ours, ref = cases.get(f"soft_rank.isotonic_{reg}", {}), cases.get(f"ref:torchsort_{reg}", {})
+            a, b = ours.get("median_ms"), ref.get("median_ms")
+            if a is None or b is None:
+                continue
+            rows, n = (int(v) for v in shape.split("x"))
+            lines.append(
+                f"| isotonic `soft_rank` {reg}, {rows:,} × {n:,} | {_ms(a)} | {_ms(b)} | torchsort | {ratio(b / a)} |"
+            )
+    losses = {k: v for k, v in result.get("losses", {}).items() if isinstance(v, dict)}
+    for key, label, reference in _PUBLIC_LOSSES:
+        for batch, cases in losses.items():
+            case = cases.get(key)
+            if not case or "ratio" not in case:
+                continue
+            a, b = case["rankwise"].get("median_ms"), case["reference"].get("median_ms")
+            lines.append(
+                f"| {label.format(b=f'{int(batch[2:]):,}')} | {_ms(a)} | {_ms(b)} | {reference} | "
+                f"{ratio(case['ratio'])} |"
+            )
+    env = result.get("environment", {})
+    lines += [
+        "",
+        provenance(
+            "gpu.py",
+            commit=env.get("commit"),
+            date=result.get("date"),
+            machine={k: env.get(k) for k in ("gpu", "platform", "torch", "triton", "python")},
+            load=load_range(result.get("loadavg_start"), result.get("loadavg_end")),
+            threads=str(result["threads"]) if "threads" in result else "not recorded",
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     ap.add_argument("--quick", action="store_true", help="a subset of shapes and compiled cases (< ~4 min on an H100)")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU: check the script without a GPU")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
@@ -514,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--sections", default="ops,crossover,losses,compiled")
     a = ap.parse_args(argv)
+    if a.markdown is not None:
+        print(markdown(read(a.markdown)))
+        return 0
 
     if a.dry_run:
         device = torch.device("cpu")

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/isotonic.py                   # every shape, l2 and kl, 1 and 2 threads
     python benchmarks/isotonic.py --threads 2 --shapes 256x256
+    python benchmarks/isotonic.py --markdown benchmarks/results/isotonic_soft_rank.json   # docs table
 
 For every shape (rows x n) and regularization, ``rankwise.soft_rank(x, method="isotonic")`` and
 ``torchsort.soft_rank(x)`` (and the same for ``soft_sort``) are timed forward + backward on the
@@ -30,9 +31,43 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rankwise
+from _tables import load_range, provenance, ratio, read, size
 from _timing import fwd_bwd, loadavg, machine, row, time_cases
 
 SHAPES = "1x100,1x1000,1x10000,1x100000,256x256,64x4096,4096x64"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: ratio torchsort / rankwise per op and shape, l2 / kl, per thread count."""
+    res = result["results"]
+    threads = sorted({r["threads"] for r in res.values()})
+    cases: dict[tuple[str, tuple[int, int]], dict[tuple[int, str], float]] = {}
+    for r in res.values():
+        cases.setdefault((r["op"], tuple(r["shape"])), {})[(r["threads"], r["regularization"])] = r["ratio"]
+    regs = list(dict.fromkeys(r["regularization"] for r in res.values()))
+    head = " | ".join(f"{t} thread" + ("s" if t != 1 else "") for t in threads)
+    lines = [
+        f"Ratio = torchsort's time / rankwise's ({' / '.join(regs)}); above 1, rankwise is faster.",
+        "",
+        f"| case | ratio against | {head} |",
+        "|---|---|" + "---|" * len(threads),
+    ]
+    for (op, (rows, n)), by in cases.items():
+        cells = [" / ".join(ratio(by.get((t, g))) for g in regs) for t in threads]
+        lines.append(f"| isotonic `{op}` {' / '.join(regs)}, {size(rows, n)} | torchsort | " + " | ".join(cells) + " |")
+    loads = [result.get("loadavg_start"), result.get("loadavg_end"), *(r.get("loadavg") for r in res.values())]
+    lines += [
+        "",
+        provenance(
+            "isotonic.py",
+            commit=result.get("commit"),
+            date=result.get("date"),
+            machine=result,
+            load=load_range(*loads),
+            threads=" and ".join(map(str, threads)),
+        ),
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -45,7 +80,11 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a case group after this long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "isotonic.json")
+    p.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     args = p.parse_args()
+    if args.markdown is not None:
+        print(markdown(read(args.markdown)))
+        return
     try:
         import torchsort  # type: ignore[import-not-found]
     except ImportError:

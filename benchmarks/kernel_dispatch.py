@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/kernel_dispatch.py                      # omp and workqueue layers, 1 and 2 threads
     python benchmarks/kernel_dispatch.py --layers workqueue --threads 2 --shapes 256x256
+    python benchmarks/kernel_dispatch.py --markdown benchmarks/results/kernel_dispatch.json   # docs table
 
 Routes, each timed on the same input with the same kernels (the isotonic soft-rank forward,
 ``regularization`` l2 and kl, and the stable row sort):
@@ -144,6 +145,43 @@ def _child(layer: str, threads_list: list[int], shapes: list[tuple[int, int]], r
     return out
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of a result: median ms of each route per layer, threads, kernel and shape."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tables import load_range, ms, provenance, ratio
+
+    lines = [
+        "Median ms; GOMP / prange below 1: the GOMP team is faster.",
+        "",
+        "| layer | threads | kernel | shape | GOMP team | Python threads | numba prange | GOMP / prange |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    loads = [result.get("loadavg_start"), result.get("loadavg_end")]
+    threads: set[int] = set()
+    for layer, lay in result["layers"].items():
+        for r in lay["results"].values():
+            t = r["times"]
+            rows, n = r["shape"]
+            threads.add(r["threads"])
+            loads.append(r.get("loadavg"))
+            lines.append(
+                f"| {layer} | {r['threads']} | {r['kernel']} | {rows}x{n} | {ms(t['gomp']['median_ms'])} | "
+                f"{ms(t['pool']['median_ms'])} | {ms(t['prange']['median_ms'])} | {ratio(r['gomp_over_prange'])} |"
+            )
+    lines += [
+        "",
+        provenance(
+            "kernel_dispatch.py",
+            commit=result.get("commit"),
+            date=result.get("date"),
+            machine=result,
+            load=load_range(*loads),
+            threads=" and ".join(map(str, sorted(threads))),
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", default="omp,workqueue", help="numba threading layers (default omp,workqueue)")
@@ -152,7 +190,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=41, help="timed repeats")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernel_dispatch.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--markdown", type=Path, default=None, help="print the docs table of this result JSON and stop")
     args = p.parse_args()
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return
     threads = [int(v) for v in args.threads.split(",")]
     shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
     if args.child:

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/losses.py                        # everything, 1 and 2 threads
     python benchmarks/losses.py --only supcon --threads 1 --supcon-batches 64,256
+    python benchmarks/losses.py --markdown benchmarks/results/losses.json --only ranksim   # docs table
 
 Every case is timed forward + backward on CPU, float32 (median over repeats; one repeat runs every
 case of a group once, in a fresh random order, so that load from other jobs on a shared machine
@@ -55,6 +56,7 @@ import torch.nn.functional as F
 # default they load in the background and the calls before take the torch ops)
 os.environ.setdefault("RANKWISE_NUMBA", "sync")
 sys.path.insert(0, str(Path(__file__).parent))
+from _tables import load_range, provenance, ratio, read
 from _timing import fwd_bwd, loadavg, machine, peak_rss_growth, row, time_cases
 from rankwise.losses import ranksim_loss, rnc_loss, supcon_loss
 
@@ -273,6 +275,79 @@ def bench_supcon_memory(args: argparse.Namespace) -> dict[str, Any]:
     return {"B": b, "memory": mem, "peak_ratio_chunked_over_reference": ratio, "target": "about 0.07"}
 
 
+#: (section, ratio key, ratio against) of the docs tables
+_TABLE_ROWS = (
+    ("supcon", "ratio", "HobbitLong's `SupConLoss`", "SupCon, B = {b} (2 views, D = 128)"),
+    ("ranksim", "ratio_vs_reference", "the public per-row loop", "RankSim, B = {b}, d = 512"),
+    (
+        "ranksim",
+        "ratio_to_floor",
+        "its floor (one B × B matmul + one row-wise `torch.sort`): rankwise / floor",
+        "RankSim, B = {b}",
+    ),
+    ("rnc", "ratio", "the public O(N³) loop", "Rank-N-Contrast, B = {b} (2 views)"),
+)
+
+
+def markdown(result: dict[str, Any], sections: list[str] | None = None) -> str:
+    """The docs table of a result: one row per loss and batch size, one ratio column per thread count."""
+    secs = {k: v for k, v in result["sections"].items() if sections is None or k in sections}
+    timed = {k: v for k, v in secs.items() if k != "supcon-memory"}
+    threads = sorted({int(t.split("=")[1]) for v in timed.values() for t in v if t.startswith("threads=")})
+    lines: list[str] = []
+    if timed:
+        head = " | ".join(f"{t} thread" + ("s" if t != 1 else "") for t in threads)
+        lines += [
+            "Ratio = the reference's time / rankwise's (above 1, rankwise is faster)"
+            + ("; for the floor, rankwise's time / the floor's." if "ranksim" in timed else "."),
+            "",
+            f"| case | ratio against | {head} |",
+            "|---|---|" + "---|" * len(threads),
+        ]
+        for name, key, against, label in _TABLE_ROWS:
+            if name not in timed:
+                continue
+            sec = timed[name]
+            batches = list(dict.fromkeys(b for t in threads for b in sec.get(f"threads={t}", {}) if b.startswith("B=")))
+            for b in batches:
+                cells = [ratio(sec.get(f"threads={t}", {}).get(b, {}).get(key)) for t in threads]
+                lines.append(f"| {label.format(b=f'{int(b[2:]):,}')} | {against} | " + " | ".join(cells) + " |")
+    if "supcon-memory" in secs:
+        m = secs["supcon-memory"]
+        mem = m["memory"]
+        lines += [
+            f"SupCon peak memory (resident set growth, MiB) at B = {m['B']:,}, 1 thread, each case in a fresh process:",
+            "",
+            "| reference | `supcon_loss` | `supcon_loss(chunk_size=512)` | chunked / reference |",
+            "|---|---|---|---|",
+            f"| {mem['reference']['peak_rss_MiB']:,.0f} | {mem['rankwise']['peak_rss_MiB']:,.0f} | "
+            f"{mem['rankwise_chunk512']['peak_rss_MiB']:,.0f} | {m['peak_ratio_chunked_over_reference']:.3f} |",
+        ]
+    lines.append("")
+    for name, sec in secs.items():
+        loads = [sec.get("loadavg_start"), sec.get("loadavg_end")]
+        loads += [
+            c.get("loadavg")
+            for t, v in sec.items()
+            if t.startswith("threads=")
+            for c in v.values()
+            if isinstance(c, dict)
+        ]
+        ts = sorted(int(t.split("=")[1]) for t in sec if t.startswith("threads="))
+        lines.append(
+            f"{name}: "
+            + provenance(
+                "losses.py",
+                commit=sec.get("commit", result.get("commit")),
+                date=sec.get("date", result.get("date")),
+                machine=sec,
+                load=load_range(*loads),
+                threads=" and ".join(map(str, ts)) if ts else "1",
+            )
+        )
+    return "\n".join(lines).replace("\n\n\n", "\n\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
@@ -286,7 +361,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "losses.json")
     p.add_argument("--memory-child", choices=list(MEMORY_CASES), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--markdown", type=Path, default=None, help="print the docs table of this JSON (its --only sections)"
+    )
     args = p.parse_args()
+    if args.markdown is not None:
+        print(markdown(read(args.markdown), args.only))
+        return
     for name in ("supcon_batches", "ranksim_batches", "rnc_batches"):
         setattr(args, name, [int(v) for v in getattr(args, name).split(",") if v])
     thread_counts = [int(v) for v in args.threads.split(",")]

@@ -436,6 +436,7 @@ PAIRS = (
     ("diffsort_bitonic", "difftopk_bitonic", "difftopk bitonic"),
     ("neuralsort", "difftopk_NeuralSort", "difftopk NeuralSort"),
     ("softsort", "difftopk_SoftSort", "difftopk SoftSort"),
+    ("lapsum", "lapsum_torch", "its torch-ops path"),
 )
 
 
@@ -467,28 +468,28 @@ def markdown(paths: list[Path]) -> str:
     """Tables of the JSON files (one per thread count; times of several are shown ``a / b``)."""
     runs = [json.loads(p.read_text()) for p in paths]
     keys = list(runs[0]["runs"])
+    present = {m for r in runs for v in r["runs"].values() for m in v.get("results", {})}
+    columns = [m for m in (*RANKWISE_COLUMNS, "lapsum_torch") if m in present]
     threads = " / ".join(str(r["meta"]["threads"]) for r in runs) + " thread" + ("s" if len(runs) > 1 else "")
     lines = [
         f"Forward + backward, median ms ({threads}), of `soft_topk(x, k, method=...)` at its defaults:",
         "",
-        "| rows × n, k | " + " | ".join(RANKWISE_COLUMNS) + " |",
-        "|---" * (len(RANKWISE_COLUMNS) + 1) + "|",
+        "| rows × n, k | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
     ]
     for key in keys:
-        cells = [
-            " / ".join(_ms(r["runs"].get(key, {}).get("results", {}).get(m)) for r in runs) for m in RANKWISE_COLUMNS
-        ]
+        cells = [" / ".join(_ms(r["runs"].get(key, {}).get("results", {}).get(m)) for r in runs) for m in columns]
         lines.append(f"| {_size(key)} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Peak tensor memory, MiB (1 thread; profiled torch CPU allocations):",
         "",
-        "| rows × n, k | " + " | ".join(RANKWISE_COLUMNS) + " |",
-        "|---" * (len(RANKWISE_COLUMNS) + 1) + "|",
+        "| rows × n, k | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
     ]
     for key in keys:
         res = runs[0]["runs"][key]["results"]
-        lines.append(f"| {_size(key)} | " + " | ".join(_mib(res.get(m)) for m in RANKWISE_COLUMNS) + " |")
+        lines.append(f"| {_size(key)} | " + " | ".join(_mib(res.get(m)) for m in columns) + " |")
     lines += [
         "",
         "Against the authors' code: ratio = their time / rankwise's (above 1, rankwise is faster) at k = 1 / 10 / "

@@ -594,9 +594,10 @@ def _train_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(std > 0, std, 1.0)
 
 
-def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """A new float32 array ``(x - mean) / std`` (computed in float64 by blocks of rows)."""
-    out = np.empty(x.shape, dtype=np.float32)
+def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, *, copy: bool = True) -> np.ndarray:
+    """``(x - mean) / std`` as float32 (computed in float64 by blocks of rows): a new array, or written over
+    ``x`` (float32) when not ``copy``."""
+    out = np.empty(x.shape, dtype=np.float32) if copy else x
     for i in range(0, x.shape[0], _BLOCK_ROWS):
         out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
     return out
@@ -637,12 +638,15 @@ def build_ranking_data(
     standardize: bool = True,
     drop_no_relevant: Literal["none", "train", "all"] = "none",
     meta: dict[str, Any] | None = None,
+    copy: bool = True,
 ) -> RankingData:
     """:class:`RankingData` from dense ``(x, y, qid)`` arrays of ``train``, ``val`` and ``test``.
 
     Features are standardised with the training documents' mean and (population) standard
     deviation (std 0 -> 1) when ``standardize``; ``drop_no_relevant`` drops the queries without a
-    document of relevance > 0 from no split, the training split, or every split.
+    document of relevance > 0 from no split, the training split, or every split. ``copy`` False:
+    the float32 feature arrays given are standardised in place (no second copy of the features;
+    the caller gives them up).
     """
     if drop_no_relevant not in ("none", "train", "all"):
         raise ValueError(f"`drop_no_relevant` must be 'none', 'train' or 'all', got {drop_no_relevant!r}")
@@ -659,7 +663,7 @@ def build_ranking_data(
     if standardize and lists["train"].num_documents:
         mean, std = _train_moments(lists["train"].x.numpy())
         for part in lists.values():
-            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std))
+            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std, copy=copy))
     info |= {"mean": mean, "std": std, "dropped_queries": dropped, "standardize": bool(standardize)}
     return RankingData(name, lists["train"], lists["val"], lists["test"], d, info)
 
@@ -782,8 +786,13 @@ def _load_letor(
                 f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test}: the file names "
                 "are options `train`, `val`, `test`, in a config `data.options.train` ...)",
             )
-    parts = {s: read_letor(f) for s, f in files.items()}  # each as wide as its largest index
-    largest = max(p[0].shape[1] for p in parts.values())
+    for f in files.values():
+        check_file(f, "LETOR / svmlight file", max_bytes=MAX_LETOR_BYTES)
+        _check_content_size(f)
+    scans = {s: _letor_scan(f, None, None) for s, f in files.items()}  # (documents, largest index) or None
+    parts: dict[str, Any] = {s: read_letor(f) for s, f in files.items() if scans[s] is None}  # CSR
+    shape = {s: scans[s] or (parts[s][0].shape[0], parts[s][0].shape[1]) for s in files}
+    largest = max(v[1] for v in shape.values())
     notes: list[str] = []
     if num_features is None:
         d = largest
@@ -792,7 +801,7 @@ def _load_letor(
         notes += [note] if note else []
     else:
         for s, f in files.items():
-            if parts[s][0].shape[1] > num_features:  # the line holding the first index above it
+            if shape[s][1] > num_features:  # the line holding the first index above it
                 _locate_error(f, num_features)
         d = num_features
         if d > 2 * largest:
@@ -801,13 +810,17 @@ def _load_letor(
                 f"{root} ({largest}): the model keeps {d} inputs, {d - largest} of them always 0 "
                 "(null: the files' largest index)"
             )
-    check_dense_size(folder, sum(p[0].shape[0] for p in parts.values()), d)
-    dense = {s: _dense(p, d) for s, p in parts.items()}
+    check_dense_size(folder, sum(v[0] for v in shape.values()), d)
+    dense = {
+        s: _dense(parts[s], d) if s in parts else _letor_dense(f, scans[s], d, None, None) for s, f in files.items()
+    }
+    parts.clear()
     data = build_ranking_data(
         "letor",
         dense,
         standardize=standardize,
         drop_no_relevant=drop_no_relevant,
+        copy=False,
         meta={
             "source": {s: str(f) for s, f in files.items()},
             "max_feature_index": largest,

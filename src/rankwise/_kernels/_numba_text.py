@@ -123,6 +123,27 @@ def _integer(buf, i, end):  # type: ignore[no-untyped-def]
     return np.int64(v), i, True
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ends_token(b):  # type: ignore[no-untyped-def]
+    """A LETOR token ends at whitespace, a newline or a comment."""
+    return b == 32 or 9 <= b <= 13 or b == 35
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _skip_space(buf, i, n):  # type: ignore[no-untyped-def]
+    while i < n and _is_space(buf[i]):
+        i += 1
+    return i
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _line_end(buf, i, n):  # type: ignore[no-untyped-def]
+    """The index after the newline that ends the line holding ``i`` (``n`` at the end of the block)."""
+    while i < n and buf[i] != 10:
+        i += 1
+    return i + 1
+
+
 @numba.njit(cache=True, nogil=True)
 def letor_block(buf, pos, x, y, q, row, write, slow, nslow):  # type: ignore[no-untyped-def]
     """Parse the LETOR lines of ``buf[pos:]`` (``<relevance> qid:<int> <index>:<value> ... # comment``).
@@ -132,7 +153,8 @@ def letor_block(buf, pos, x, y, q, row, write, slow, nslow):  # type: ignore[no-
     is an error); otherwise only count the documents and find the largest index. Returns
     ``(pos, row, status, nslow, largest index)``; the rules of the line are those of
     :func:`rankwise.data.letor._check_line` (blank and comment-only lines skipped, indices
-    increasing from 1, finite float32 values, non-negative relevance, an int64 qid).
+    increasing from 1, finite float32 values, non-negative relevance, an int64 qid). One pass
+    over the bytes.
     """
     n = buf.shape[0]
     width = x.shape[1]
@@ -141,22 +163,14 @@ def letor_block(buf, pos, x, y, q, row, write, slow, nslow):  # type: ignore[no-
     while pos < n:
         if write and nslow + width + 2 > cap:
             return pos, row, 2, nslow, largest
-        e = pos
-        while e < n and buf[e] != 10:
-            e += 1
-        c = pos
-        while c < e and buf[c] != 35:
-            c += 1
-        i = pos
-        while i < c and _is_space(buf[i]):
-            i += 1
-        if i == c:
-            pos = e + 1
+        i = _skip_space(buf, pos, n)
+        if i >= n or buf[i] == 10 or buf[i] == 35:  # blank or comment-only line
+            pos = _line_end(buf, i, n)
             continue
         if write and row >= x.shape[0]:
             return pos, row, 1, nslow, largest
-        v, j, code = _decimal(buf, i, c)
-        if code == 2 or (j < c and not _is_space(buf[j])):
+        v, j, code = _decimal(buf, i, n)
+        if code == 2 or (j < n and not _ends_token(buf[j])):
             return pos, row, 1, nslow, largest
         if code == 1:
             if write:
@@ -169,39 +183,39 @@ def letor_block(buf, pos, x, y, q, row, write, slow, nslow):  # type: ignore[no-
             return pos, row, 1, nslow, largest
         elif write:
             y[row] = v
-        i = j
-        while i < c and _is_space(buf[i]):
-            i += 1
-        if i + 4 > c or buf[i] != 113 or buf[i + 1] != 105 or buf[i + 2] != 100 or buf[i + 3] != 58:
+        i = _skip_space(buf, j, n)
+        if i + 4 > n or buf[i] != 113 or buf[i + 1] != 105 or buf[i + 2] != 100 or buf[i + 3] != 58:
             return pos, row, 1, nslow, largest
-        qv, j, ok = _integer(buf, i + 4, c)
-        if not ok or (j < c and not _is_space(buf[j])):
+        qv, j, ok = _integer(buf, i + 4, n)
+        if not ok or (j < n and not _ends_token(buf[j])):
             return pos, row, 1, nslow, largest
         if write:
             q[row] = qv
         last = 0
         while True:
-            i = j
-            while i < c and _is_space(buf[i]):
-                i += 1
-            if i == c:
+            i = _skip_space(buf, j, n)
+            if i >= n or buf[i] == 10:
+                pos = i + 1
+                break
+            if buf[i] == 35:
+                pos = _line_end(buf, i, n)
                 break
             idx = 0
             k = i
-            if k < c and buf[k] == 43:
+            if buf[k] == 43:
                 k += 1
             start = k
-            while k < c and 48 <= buf[k] <= 57:
+            while k < n and 48 <= buf[k] <= 57:
                 if idx < 1 << 40:
                     idx = idx * 10 + (buf[k] - 48)
                 k += 1
-            if k == start or k >= c or buf[k] != 58 or idx < 1 or idx <= last or (write and idx > width):
+            if k == start or k >= n or buf[k] != 58 or idx < 1 or idx <= last or (write and idx > width):
                 return pos, row, 1, nslow, largest
             last = idx
             if idx > largest:
                 largest = idx
-            v, j, code = _decimal(buf, k + 1, c)
-            if code == 2 or (j < c and not _is_space(buf[j])):
+            v, j, code = _decimal(buf, k + 1, n)
+            if code == 2 or (j < n and not _ends_token(buf[j])):
                 return pos, row, 1, nslow, largest
             if code == 1:
                 if write:
@@ -215,14 +229,13 @@ def letor_block(buf, pos, x, y, q, row, write, slow, nslow):  # type: ignore[no-
             elif write and v != 0:  # a zero stays +0.0 (a sparse matrix's dense form)
                 x[row, idx - 1] = np.float32(v)
         row += 1
-        pos = e + 1
     return pos, row, 0, nslow, largest
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _is_strip(b):  # type: ignore[no-untyped-def]
-    """ASCII characters that ``str.strip()`` removes: space, \\t .. \\r and \\x1c .. \\x1f."""
-    return b == 32 or 9 <= b <= 13 or 28 <= b <= 31
+def _is_pad(b):  # type: ignore[no-untyped-def]
+    """What ``str.strip()`` removes, other than the newline."""
+    return b == 32 or b == 9 or 11 <= b <= 13 or 28 <= b <= 31
 
 
 @numba.njit(cache=True, nogil=True)
@@ -230,42 +243,36 @@ def csv_block(buf, pos, delim, ncols, want, out, row, slow, nslow):  # type: ign
     """Parse the plain CSV rows of ``buf[pos:]`` (no quotes; ``\\n`` or ``\\r\\n`` line ends; empty lines
     skipped): every row has ``ncols`` fields split by the byte ``delim``; field ``k`` with
     ``want[k] >= 0`` is a number (surrounding whitespace allowed, finite, ``|v| <= 3.4e38``) stored
-    in ``out[row, want[k]]`` (float64). Returns ``(pos, row, status, nslow)``."""
+    in ``out[row, want[k]]`` (float64). Returns ``(pos, row, status, nslow)``. One pass over the bytes;
+    a carriage return is only allowed right before a newline (the caller checks)."""
     n = buf.shape[0]
     nout = out.shape[1]
     cap = slow.shape[0]
     while pos < n:
         if nslow + nout > cap:
             return pos, row, 2, nslow
-        e = pos
-        while e < n and buf[e] != 10:
-            e += 1
-        le = e
-        if le > pos and buf[le - 1] == 13:
-            le -= 1
-        if le == pos:
-            pos = e + 1
+        if buf[pos] == 10 or (buf[pos] == 13 and pos + 1 < n and buf[pos + 1] == 10):  # an empty line
+            pos += 1 if buf[pos] == 10 else 2
             continue
         if row >= out.shape[0]:
             return pos, row, 1, nslow
-        k = 0
         i = pos
-        while True:
-            f = i
-            while f < le and buf[f] != delim:
-                f += 1
+        k = 0
+        while True:  # field k starts at i
             if k >= ncols:
                 return pos, row, 1, nslow
             col = want[k]
             if col >= 0:
                 a = i
-                b = f
-                while a < b and _is_strip(buf[a]):
+                while a < n and _is_pad(buf[a]):
                     a += 1
-                while b > a and _is_strip(buf[b - 1]):
-                    b -= 1
-                v, j, code = _decimal(buf, a, b)
-                if a == b or code == 2 or j != b:
+                v, j, code = _decimal(buf, a, n)
+                if code == 2:
+                    return pos, row, 1, nslow
+                b = j
+                while j < n and _is_pad(buf[j]):
+                    j += 1
+                if j < n and buf[j] != delim and buf[j] != 10:
                     return pos, row, 1, nslow
                 if code == 1:
                     slow[nslow, 0] = row
@@ -277,12 +284,16 @@ def csv_block(buf, pos, delim, ncols, want, out, row, slow, nslow):  # type: ign
                     return pos, row, 1, nslow
                 else:
                     out[row, col] = v
+            else:
+                j = i
+                while j < n and buf[j] != delim and buf[j] != 10:
+                    j += 1
             k += 1
-            if f >= le:
+            if j >= n or buf[j] == 10:
+                pos = j + 1
                 break
-            i = f + 1
+            i = j + 1
         if k != ncols:
             return pos, row, 1, nslow
         row += 1
-        pos = e + 1
     return pos, row, 0, nslow

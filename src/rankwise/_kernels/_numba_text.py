@@ -26,6 +26,8 @@ __all__ = ["csv_block", "letor_block"]
 _POW10 = np.array([float(10**k) for k in range(23)])
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _MANTISSA_MAX = 2**53
+#: digits are accumulated while the integer is below this (at most 18 digits: no int64 overflow)
+_ACCUMULATE_BELOW = 10**17
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -43,34 +45,28 @@ def _decimal(buf, i, end):  # type: ignore[no-untyped-def]
         neg = buf[i] == 45
         i += 1
     m = np.int64(0)
-    sig = 0
     exp = 0
-    digits = 0
     lost = False
+    first = i
     while i < end and 48 <= buf[i] <= 57:
-        d = np.int64(buf[i] - 48)
-        digits += 1
-        if sig < 17:
-            if m > 0 or d > 0:
-                m = m * 10 + d
-                sig += 1
-        else:
+        if m < _ACCUMULATE_BELOW:
+            m = m * 10 + (buf[i] - 48)
+        else:  # beyond 17 significant digits: the value needs Python's float
             exp += 1
             lost = True
         i += 1
+    digits = i - first
     if i < end and buf[i] == 46:
         i += 1
+        first = i
         while i < end and 48 <= buf[i] <= 57:
-            d = np.int64(buf[i] - 48)
-            digits += 1
-            if sig < 17:
-                if m > 0 or d > 0:
-                    m = m * 10 + d
-                    sig += 1
+            if m < _ACCUMULATE_BELOW:
+                m = m * 10 + (buf[i] - 48)
                 exp -= 1
-            elif d > 0:
+            elif buf[i] != 48:
                 lost = True
             i += 1
+        digits += i - first
     if digits == 0:
         return 0.0, i, 2
     if i < end and (buf[i] == 101 or buf[i] == 69):

@@ -589,17 +589,32 @@ def _train_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[0]
     blocks = range(0, n, _BLOCK_ROWS)
     mean = sum(x[i : i + _BLOCK_ROWS].sum(axis=0, dtype=np.float64) for i in blocks) / n
-    var = sum(((x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) ** 2).sum(axis=0) for i in blocks) / n
+    var = sum(_squared_deviations(x[i : i + _BLOCK_ROWS], mean) for i in blocks) / n
     std = np.sqrt(var)
     return mean, np.where(std > 0, std, 1.0)
+
+
+def _squared_deviations(block: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """``((block - mean) ** 2).sum(axis=0)`` in float64 with one temporary of the block's size."""
+    t = block.astype(np.float64)
+    t -= mean
+    np.square(t, out=t)
+    return t.sum(axis=0)
+
+
+#: rows per block of the standardisation itself (elementwise: the block size does not change the values)
+_STANDARDIZE_ROWS = 1 << 12
 
 
 def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, *, copy: bool = True) -> np.ndarray:
     """``(x - mean) / std`` as float32 (computed in float64 by blocks of rows): a new array, or written over
     ``x`` (float32) when not ``copy``."""
     out = np.empty(x.shape, dtype=np.float32) if copy else x
-    for i in range(0, x.shape[0], _BLOCK_ROWS):
-        out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
+    for i in range(0, x.shape[0], _STANDARDIZE_ROWS):
+        t = x[i : i + _STANDARDIZE_ROWS].astype(np.float64)
+        t -= mean
+        t /= std
+        out[i : i + _STANDARDIZE_ROWS] = t
     return out
 
 

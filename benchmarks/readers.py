@@ -205,8 +205,8 @@ def _measure_child(kind: str, path: Path) -> dict[str, Any]:
 
 def bench_csv(cache: Path, scale: float, repeats: int) -> list[dict[str, Any]]:
     import pandas as pd
-    from _timing import time_cases
 
+    from _timing import time_cases
     from rankwise.data import load_csv
 
     out = []
@@ -232,16 +232,19 @@ def bench_csv(cache: Path, scale: float, repeats: int) -> list[dict[str, Any]]:
                 "repeats": t["rankwise"]["repeats"],
             }
         )
-        print(f"csv {n:>9,} rows: pandas {out[-1]['pandas_ms']:9.1f} ms  rankwise {out[-1]['rankwise_ms']:9.1f} ms"
-              f"  ratio {out[-1]['ratio']:.2f}", flush=True)
+        print(
+            f"csv {n:>9,} rows: pandas {out[-1]['pandas_ms']:9.1f} ms  rankwise {out[-1]['rankwise_ms']:9.1f} ms"
+            f"  ratio {out[-1]['ratio']:.2f}",
+            flush=True,
+        )
     return out
 
 
 def bench_letor(cache: Path, scale: float, repeats: int) -> dict[str, Any]:
     import numpy as np
-    from _timing import time_cases
     from sklearn.datasets import load_svmlight_file
 
+    from _timing import time_cases
     from rankwise.data import read_letor_dense
 
     n = max(1000, int(MSLR["documents"] * scale))
@@ -343,7 +346,12 @@ def _nifti_worker(args: tuple[str, list[str], str, float, tuple[int, int, int]])
         import torchio as tio
 
         pipeline = tio.Compose(
-            [tio.ToCanonical(), tio.Resample(spacing), tio.CropOrPad(shape), tio.ZNormalization(masking_method=_positive)]
+            [
+                tio.ToCanonical(),
+                tio.Resample(spacing),
+                tio.CropOrPad(shape),
+                tio.ZNormalization(masking_method=_positive),
+            ]
         )
         for p in paths:
             img = pipeline(tio.ScalarImage(p))
@@ -380,10 +388,19 @@ def bench_nifti(cache: Path, volumes: int, repeats: int) -> dict[str, Any]:
                 "repeats": repeats,
             }
         )
-        print(f"nifti {volumes} volumes, {workers} worker(s): rankwise {rows[-1]['rankwise_volumes_per_s']:.2f}/s "
-              f"torchio {rows[-1]['torchio_volumes_per_s']:.2f}/s ratio {rows[-1]['ratio']:.2f}", flush=True)
-    return {"volumes": volumes, "input_shape": [120, 144, 120], "input_mm": 1.5, "spacing": spacing,
-            "shape": list(shape), "runs": rows}
+        print(
+            f"nifti {volumes} volumes, {workers} worker(s): rankwise {rows[-1]['rankwise_volumes_per_s']:.2f}/s "
+            f"torchio {rows[-1]['torchio_volumes_per_s']:.2f}/s ratio {rows[-1]['ratio']:.2f}",
+            flush=True,
+        )
+    return {
+        "volumes": volumes,
+        "input_shape": [120, 144, 120],
+        "input_mm": 1.5,
+        "spacing": spacing,
+        "shape": list(shape),
+        "runs": rows,
+    }
 
 
 def _image_set(cache: Path, images: int, size: int = 160) -> tuple[Path, Path]:
@@ -449,8 +466,11 @@ def bench_images(cache: Path, images: int, repeats: int, image_size: int = 112) 
                 "repeats": t["rankwise"]["repeats"],
             }
         )
-        print(f"images {images}, {workers} workers: rankwise {rows[-1]['rankwise_images_per_s']:.0f}/s "
-              f"torchvision {rows[-1]['torchvision_images_per_s']:.0f}/s ratio {rows[-1]['ratio']:.2f}", flush=True)
+        print(
+            f"images {images}, {workers} workers: rankwise {rows[-1]['rankwise_images_per_s']:.0f}/s "
+            f"torchvision {rows[-1]['torchvision_images_per_s']:.0f}/s ratio {rows[-1]['ratio']:.2f}",
+            flush=True,
+        )
     return {
         "images": images,
         "image_size": image_size,
@@ -569,13 +589,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
+
     from _timing import loadavg, machine
 
     torch.set_num_threads(a.threads)
     only = set(a.only.split(","))
     result: dict[str, Any] = {
         "benchmark": "readers",
-        "command": "python benchmarks/readers.py" + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:])),
+        "command": "python benchmarks/readers.py"
+        + "".join(f" {x}" for x in (argv if argv is not None else sys.argv[1:])),
         "commit": _git("rev-parse", "--short", "HEAD") or None,
         "dirty": bool(_git("status", "--porcelain", "src")),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -12,7 +12,9 @@ from rankwise.data import letor as letor_mod
 from rankwise.data.letor import read_letor, read_letor_dense
 
 TRICKY = {
-    "comments": b"# a header comment\n2 qid:3 1:0.5 3:1.5 # doc A\n0 qid:3 2:-1#tight\n  # indented comment\n1 qid:1 1:2\n",
+    "comments": (
+        b"# a header comment\n2 qid:3 1:0.5 3:1.5 # doc A\n0 qid:3 2:-1#tight\n  # indented comment\n1 qid:1 1:2\n"
+    ),
     "qid_order": b"1 qid:9 1:1\n0 qid:2 2:1\n2 qid:9 1:3 2:4\n0 qid:-5 1:0.25\n3 qid:2 3:7\n",
     "missing_features": b"1 qid:1\n0 qid:1 5:1e-3\n2 qid:2 2:.5 4:5.\n",
     "trailing_spaces": b"1 qid:1 1:1 2:2   \n0\tqid:1\t1:3\t\t\n",

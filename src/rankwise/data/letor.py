@@ -300,7 +300,9 @@ def _scan_letor(p: Path) -> tuple[int, int] | None:
     rows = largest = 0
     with _opener(p)(p, "rb") as fh:
         for block in _line_blocks(fh):
-            _, rows, status, _, big = kernel(np.frombuffer(block, np.uint8), 0, none32, none64, noneq, rows, False, slow, 0)
+            _, rows, status, _, big = kernel(
+                np.frombuffer(block, np.uint8), 0, none32, none64, noneq, rows, False, slow, 0
+            )
             if status:
                 return None
             largest = max(largest, int(big))

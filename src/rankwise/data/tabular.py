@@ -114,11 +114,16 @@ class _PlainTable:
     @classmethod
     def read(cls, path: Path, delimiter: str) -> _PlainTable | None:
         """The table of ``path`` (checked header), or None when it needs the ``csv`` module's reading."""
-        if len(delimiter) != 1 or not delimiter.isascii() or delimiter in "\r\n\"":
+        if len(delimiter) != 1 or not delimiter.isascii() or delimiter in '\r\n"':
             return None
         raw, display = _read_raw(path)
         data = raw.removeprefix(b"\xef\xbb\xbf")
-        if not data.isascii() or b'"' in data or b"\0" in data or data.count(b"\r") != data.count(b"\r\n"):
+        if (
+            not data.isascii()
+            or b'"' in data
+            or b"\0" in data
+            or (b"\r" in data and data.count(b"\r") != data.count(b"\r\n"))
+        ):
             return None
         end = data.find(b"\n")
         end = len(data) if end < 0 else end

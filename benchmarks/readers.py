@@ -607,17 +607,18 @@ def main(argv: list[str] | None = None) -> None:
         "loadavg_start": loadavg(),
     }
     print(f"inputs in {a.cache} ({_free_bytes(a.cache) / 1e9:.0f} GB free); load {result['loadavg_start']}", flush=True)
-    if "csv" in only:
-        result["csv"] = bench_csv(a.cache, a.scale, a.repeats)
-    if "letor" in only:
-        result["letor"] = bench_letor(a.cache, a.scale, a.letor_repeats)
-    if "nifti" in only:
-        result["nifti"] = bench_nifti(a.cache, a.volumes, a.repeats)
-    if "images" in only:
-        result["images"] = bench_images(a.cache, a.images, a.repeats)
-    result["loadavg_end"] = loadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    sections = {
+        "csv": lambda: bench_csv(a.cache, a.scale, a.repeats),
+        "letor": lambda: bench_letor(a.cache, a.scale, a.letor_repeats),
+        "nifti": lambda: bench_nifti(a.cache, a.volumes, a.repeats),
+        "images": lambda: bench_images(a.cache, a.images, a.repeats),
+    }
+    for name, run in sections.items():
+        if name in only:
+            result[name] = run()
+            result["loadavg_end"] = loadavg()
+            a.out.write_text(json.dumps(result, indent=1) + "\n")  # after every section: a partial run keeps its part
     print(markdown(result))
 
 

@@ -57,6 +57,7 @@ from rankwise.data.letor import (
     pad_lists,
     query_order,
     read_letor,
+    read_letor_dense,
     standardize_like,
 )
 from rankwise.data.ltr_synthetic import load_ltr_synthetic, ltr_synthetic_arrays, make_ltr_synthetic
@@ -143,6 +144,7 @@ __all__ = [
     "query_order",
     "random_split_indices",
     "read_letor",
+    "read_letor_dense",
     "read_sts_tsv",
     "register_dataset",
     "standardize",

@@ -378,14 +378,16 @@ def standardize(
     Returns ``(x_standardized, mean, std)``; ``mean``/``std`` cover all columns (0 and 1 for
     columns left untouched).
     """
-    x = np.asarray(x, dtype=np.float64).copy()
+    x = np.array(x, dtype=np.float64)  # a contiguous copy, standardised in place
     d = x.shape[1]
     cols = np.arange(d) if columns is None else np.asarray(columns)
     mean = np.zeros(d)
     std = np.ones(d)
     if len(train_idx) and cols.size:
-        mean[cols] = x[train_idx][:, cols].mean(axis=0)
-        s = x[train_idx][:, cols].std(axis=0)
+        train = x[train_idx] if columns is None else x[train_idx][:, cols]
+        mean[cols] = train.mean(axis=0)
+        s = train.std(axis=0)
         std[cols] = np.where(s > 0, s, 1.0)
-    x = (x - mean) / std
+    x -= mean
+    x /= std
     return x, mean, std

@@ -70,6 +70,7 @@ __all__ = [
     "pad_lists",
     "query_order",
     "read_letor",
+    "read_letor_dense",
     "standardize_like",
 ]
 
@@ -251,6 +252,179 @@ def read_letor(
     return x, y.astype(np.float32), np.asarray(qid, dtype=np.int64)
 
 
+#: bytes read per block by the compiled parser (a block holds whole lines)
+_BLOCK_BYTES = 1 << 24
+
+
+def _line_blocks(fh: Any) -> Any:
+    """Blocks of whole lines of an open binary file (the last may lack its newline), past a leading BOM."""
+    carry = b""
+    first = True
+    while True:
+        chunk = fh.read(_BLOCK_BYTES)
+        if first:
+            chunk, first = chunk.removeprefix(_BOM), False
+        data = carry + chunk if carry else chunk
+        if not chunk:
+            if data:
+                yield data
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # a line longer than a block: read on
+            carry = data
+            continue
+        yield data[:cut]
+        carry = data[cut:]
+
+
+def _letor_kernel() -> Any:
+    try:
+        from rankwise._kernels._numba_text import letor_block
+    except ImportError:  # pragma: no cover - numba is a dependency; scikit-learn's reader then
+        return None
+    return letor_block
+
+
+def _slow_buffer(width: int) -> np.ndarray:
+    return np.empty((max(1 << 16, 4 * (width + 2)), 4), dtype=np.int64)
+
+
+def _scan_letor(p: Path) -> tuple[int, int] | None:
+    """``(documents, largest feature index)`` of ``p`` from the compiled parser; None when it refuses a line
+    (or is unavailable)."""
+    kernel = _letor_kernel()
+    if kernel is None:  # pragma: no cover
+        return None
+    slow, none32 = _slow_buffer(0), np.zeros((0, 0), np.float32)
+    none64, noneq = np.zeros(0), np.zeros(0, np.int64)
+    rows = largest = 0
+    with _opener(p)(p, "rb") as fh:
+        for block in _line_blocks(fh):
+            _, rows, status, _, big = kernel(
+                np.frombuffer(block, np.uint8), 0, none32, none64, noneq, rows, False, slow, 0
+            )
+            if status:
+                return None
+            largest = max(largest, int(big))
+    return int(rows), largest
+
+
+def _resolve_slow(block: bytes, slow: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
+    """Convert the recorded numbers with ``float`` (row, column (-1: relevance), start, stop); False for a value
+    out of range (a negative or non-finite relevance, a feature beyond float32)."""
+    with np.errstate(over="ignore"):
+        for r, col, a, b in slow.tolist():
+            v = float(block[a:b])
+            if col < 0:
+                if not (0 <= v < float("inf")):
+                    return False
+                y[r] = v
+            else:
+                f = np.float32(v)
+                if not np.isfinite(f):
+                    return False
+                if f != 0:  # a zero stays +0.0
+                    x[r, col] = f
+    return True
+
+
+def _fill_letor(p: Path, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The documents of ``p`` (``rows`` of them, from :func:`_scan_letor`) as dense float32 ``(rows, width)``
+    features, float64 relevance and int64 qid; None when the compiled parser refuses a line."""
+    kernel = _letor_kernel()
+    if kernel is None:  # pragma: no cover
+        return None
+    x = np.zeros((rows, width), np.float32)
+    y = np.zeros(rows, np.float64)
+    q = np.zeros(rows, np.int64)
+    slow = _slow_buffer(width)
+    row = 0
+    with _opener(p)(p, "rb") as fh:
+        for block in _line_blocks(fh):
+            buf, pos = np.frombuffer(block, np.uint8), 0
+            while True:  # more documents than scanned (the file grew) is status 1
+                pos, row, status, nslow, _ = kernel(buf, pos, x, y, q, row, True, slow, 0)
+                if status == 1 or not _resolve_slow(block, slow[:nslow], x, y):
+                    return None
+                if status == 0:
+                    break
+    return (x, y, q) if row == rows else None
+
+
+def _letor_scan(p: Path, num_features: int | None, limit: str | None) -> tuple[int, int] | None:
+    """``(documents, largest index)`` of the LETOR file ``p`` (checked: size, compressed size) with the errors of
+    :func:`read_letor`; None when only scikit-learn's reader can read it (the compiled one refuses a line
+    that the line checker accepts)."""
+    try:
+        scanned = _scan_letor(p)
+    except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2
+        why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise DataFormatError(p, None, f"cannot read the file: {why}") from None
+    if scanned is None:
+        _locate_error(p, num_features, limit)  # the line and what is wrong with it
+        return None
+    rows, largest = scanned
+    if rows == 0:
+        raise DataFormatError(p, None, "no document in the file (expected `<relevance> qid:<id> <index>:<value> ...`)")
+    if largest > MAX_FEATURE_INDEX:
+        _locate_error(p, MAX_FEATURE_INDEX, f"the limit of {MAX_FEATURE_INDEX:,} features (each index is a column)")
+    if num_features is not None and largest > num_features:
+        _locate_error(p, num_features, limit)
+    return rows, largest
+
+
+def _letor_dense(
+    p: Path, scanned: tuple[int, int] | None, width: int, num_features: int | None, limit: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents of ``p`` as dense float32 features ``(documents, width)``, float32 relevance, int64 qid."""
+    filled = None
+    if scanned is not None:
+        try:
+            filled = _fill_letor(p, scanned[0], width)
+        except (OSError, EOFError) as err:  # pragma: no cover - read once already
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise DataFormatError(p, None, f"cannot read the file: {why}") from None
+    if filled is None:
+        x, y, q = _dense(read_letor(p, num_features=num_features, limit=limit), width)
+        return x, y, q
+    x, y, q = filled
+    return x, y.astype(np.float32), q
+
+
+def read_letor_dense(
+    path: str | Path, *, num_features: int | None = None, limit: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read one LETOR / svmlight file as dense arrays: ``(features, relevance, qid)``.
+
+    The values of :func:`read_letor` (same rules, same errors) with ``features`` a float32
+    ``(documents, num_features)`` array (``num_features`` None: the largest index in the file),
+    parsed by a compiled reader straight from the file's bytes into that array: two passes over the
+    file (count, then fill), memory = the array plus a block of the file. Each number is the float64
+    that Python's ``float`` reads, rounded to float32 (scikit-learn's values exactly). A file the
+    compiled reader refuses but the rules accept is read by :func:`read_letor`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "train.txt"
+        >>> _ = p.write_text("2 qid:7 1:0.5 3:1.5 # doc A\\n0 qid:7 2:-1\\n")
+        >>> x, y, qid = read_letor_dense(p, num_features=3)
+        >>> x.tolist(), y.tolist(), qid.tolist()
+        ([[0.5, 0.0, 1.5], [0.0, -1.0, 0.0]], [2.0, 0.0], [7, 7])
+    """
+    _check_num_features(num_features)
+    p = check_file(path, "LETOR / svmlight file", max_bytes=MAX_LETOR_BYTES)
+    _check_content_size(p)
+    scanned = _letor_scan(p, num_features, limit)
+    if scanned is None:
+        x, y, q = read_letor(p, num_features=num_features, limit=limit)
+        width = x.shape[1]
+        check_dense_size(p, x.shape[0], width)
+        return _dense((x, y, q), width)
+    width = scanned[1] if num_features is None else num_features
+    check_dense_size(p, scanned[0], width)
+    return _letor_dense(p, scanned, width, num_features, limit)
+
+
 # --------------------------------------------------------------------------------------------- lists
 
 
@@ -417,16 +591,32 @@ def _train_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[0]
     blocks = range(0, n, _BLOCK_ROWS)
     mean = sum(x[i : i + _BLOCK_ROWS].sum(axis=0, dtype=np.float64) for i in blocks) / n
-    var = sum(((x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) ** 2).sum(axis=0) for i in blocks) / n
+    var = sum(_squared_deviations(x[i : i + _BLOCK_ROWS], mean) for i in blocks) / n
     std = np.sqrt(var)
     return mean, np.where(std > 0, std, 1.0)
 
 
-def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """A new float32 array ``(x - mean) / std`` (computed in float64 by blocks of rows)."""
-    out = np.empty(x.shape, dtype=np.float32)
-    for i in range(0, x.shape[0], _BLOCK_ROWS):
-        out[i : i + _BLOCK_ROWS] = (x[i : i + _BLOCK_ROWS].astype(np.float64) - mean) / std
+def _squared_deviations(block: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """``((block - mean) ** 2).sum(axis=0)`` in float64 with one temporary of the block's size."""
+    t = block.astype(np.float64)
+    t -= mean
+    np.square(t, out=t)
+    return t.sum(axis=0)
+
+
+#: rows per block of the standardisation itself (elementwise: the block size does not change the values)
+_STANDARDIZE_ROWS = 1 << 12
+
+
+def _standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray, *, copy: bool = True) -> np.ndarray:
+    """``(x - mean) / std`` as float32 (computed in float64 by blocks of rows): a new array, or written over
+    ``x`` (float32) when not ``copy``."""
+    out = np.empty(x.shape, dtype=np.float32) if copy else x
+    for i in range(0, x.shape[0], _STANDARDIZE_ROWS):
+        t = x[i : i + _STANDARDIZE_ROWS].astype(np.float64)
+        t -= mean
+        t /= std
+        out[i : i + _STANDARDIZE_ROWS] = t
     return out
 
 
@@ -465,12 +655,15 @@ def build_ranking_data(
     standardize: bool = True,
     drop_no_relevant: Literal["none", "train", "all"] = "none",
     meta: dict[str, Any] | None = None,
+    copy: bool = True,
 ) -> RankingData:
     """:class:`RankingData` from dense ``(x, y, qid)`` arrays of ``train``, ``val`` and ``test``.
 
     Features are standardised with the training documents' mean and (population) standard
     deviation (std 0 -> 1) when ``standardize``; ``drop_no_relevant`` drops the queries without a
-    document of relevance > 0 from no split, the training split, or every split.
+    document of relevance > 0 from no split, the training split, or every split. ``copy`` False:
+    the float32 feature arrays given are standardised in place (no second copy of the features;
+    the caller gives them up).
     """
     if drop_no_relevant not in ("none", "train", "all"):
         raise ValueError(f"`drop_no_relevant` must be 'none', 'train' or 'all', got {drop_no_relevant!r}")
@@ -487,7 +680,7 @@ def build_ranking_data(
     if standardize and lists["train"].num_documents:
         mean, std = _train_moments(lists["train"].x.numpy())
         for part in lists.values():
-            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std))
+            part.x = torch.from_numpy(_standardized(part.x.numpy(), mean, std, copy=copy))
     info |= {"mean": mean, "std": std, "dropped_queries": dropped, "standardize": bool(standardize)}
     return RankingData(name, lists["train"], lists["val"], lists["test"], d, info)
 
@@ -610,8 +803,13 @@ def _load_letor(
                 f"the {s} file is missing (option `path` = {root}; expected {train}, {val}, {test}: the file names "
                 "are options `train`, `val`, `test`, in a config `data.options.train` ...)",
             )
-    parts = {s: read_letor(f) for s, f in files.items()}  # each as wide as its largest index
-    largest = max(p[0].shape[1] for p in parts.values())
+    for f in files.values():
+        check_file(f, "LETOR / svmlight file", max_bytes=MAX_LETOR_BYTES)
+        _check_content_size(f)
+    scans = {s: _letor_scan(f, None, None) for s, f in files.items()}  # (documents, largest index) or None
+    parts: dict[str, Any] = {s: read_letor(f) for s, f in files.items() if scans[s] is None}  # CSR
+    shape = {s: scans[s] or (parts[s][0].shape[0], parts[s][0].shape[1]) for s in files}
+    largest = max(v[1] for v in shape.values())
     notes: list[str] = []
     if num_features is None:
         d = largest
@@ -620,7 +818,7 @@ def _load_letor(
         notes += [note] if note else []
     else:
         for s, f in files.items():
-            if parts[s][0].shape[1] > num_features:  # the line holding the first index above it
+            if shape[s][1] > num_features:  # the line holding the first index above it
                 _locate_error(f, num_features)
         d = num_features
         if d > 2 * largest:
@@ -629,13 +827,17 @@ def _load_letor(
                 f"{root} ({largest}): the model keeps {d} inputs, {d - largest} of them always 0 "
                 "(null: the files' largest index)"
             )
-    check_dense_size(folder, sum(p[0].shape[0] for p in parts.values()), d)
-    dense = {s: _dense(p, d) for s, p in parts.items()}
+    check_dense_size(folder, sum(v[0] for v in shape.values()), d)
+    dense = {
+        s: _dense(parts[s], d) if s in parts else _letor_dense(f, scans[s], d, None, None) for s, f in files.items()
+    }
+    parts.clear()
     data = build_ranking_data(
         "letor",
         dense,
         standardize=standardize,
         drop_no_relevant=drop_no_relevant,
+        copy=False,
         meta={
             "source": {s: str(f) for s, f in files.items()},
             "max_feature_index": largest,

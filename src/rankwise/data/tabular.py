@@ -25,6 +25,8 @@ from rankwise.data._base import (
     suggest_shot_thresholds,
 )
 from rankwise.data._files import (
+    FLOAT32_MAX,
+    MAX_COLUMNS,
     MAX_DATA_BYTES,
     check_file,
     check_header,
@@ -66,6 +68,12 @@ def _read_text(path: Path) -> tuple[str, str]:
 
     UTF-8 only (a byte-order mark is dropped); every error is a DataFormatError naming the file.
     """
+    data, display = _read_raw(path)
+    return decode_text(data, display), str(display)
+
+
+def _read_raw(path: Path) -> tuple[bytes, str | Path]:
+    """The bytes of a CSV file or of the single member of a zip archive, and the name errors give it."""
     check_file(path)
     if zipfile.is_zipfile(path):
         try:
@@ -85,11 +93,71 @@ def _read_text(path: Path) -> tuple[str, str]:
                     data = read_limited(fh, Path(display), "the decompressed member")
         except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as err:
             raise DataFormatError(path, None, f"cannot read the zip archive: {err}") from err
-        return decode_text(data, display), display
+        return data, display
     data = read_bytes(path)
     if data[:4] == b"PK\x03\x04":
         raise DataFormatError(path, None, "is a truncated or corrupt zip archive (no central directory)")
-    return decode_text(data, path), str(path)
+    return data, path
+
+
+@dataclass
+class _PlainTable:
+    """A CSV table that the compiled parser reads: ASCII, no quote, no NUL, ``\\n`` or ``\\r\\n`` line ends."""
+
+    display: str
+    header: list[str]
+    data: bytes
+    #: where the first data row starts
+    body: int
+    delimiter: int
+
+    @classmethod
+    def read(cls, path: Path, delimiter: str) -> _PlainTable | None:
+        """The table of ``path`` (checked header), or None when it needs the ``csv`` module's reading."""
+        if len(delimiter) != 1 or not delimiter.isascii() or delimiter in '\r\n"':
+            return None
+        raw, display = _read_raw(path)
+        data = raw.removeprefix(b"\xef\xbb\xbf")
+        if (
+            not data.isascii()
+            or b'"' in data
+            or b"\0" in data
+            or (b"\r" in data and data.count(b"\r") != data.count(b"\r\n"))
+        ):
+            return None
+        end = data.find(b"\n")
+        end = len(data) if end < 0 else end
+        first = data[:end].decode().removesuffix("\r")
+        fields = first.split(delimiter)
+        if not first.strip() or len(fields) > MAX_COLUMNS:
+            return None
+        return cls(str(display), check_header(fields, display), data, min(end + 1, len(data)), ord(delimiter))
+
+    def numbers(self, columns: Sequence[int]) -> np.ndarray | None:
+        """``(rows, len(columns))`` float64 values of the columns at positions ``columns`` (the numbers of
+        :func:`~rankwise.data._files.parse_number`); None at the first problem (the ``csv`` reading names it)."""
+        try:
+            from rankwise._kernels._numba_text import csv_block
+        except ImportError:  # pragma: no cover - numba is a dependency
+            return None
+        if len(set(columns)) != len(columns):
+            return None
+        want = np.full(len(self.header), -1, dtype=np.int64)
+        want[list(columns)] = np.arange(len(columns))
+        out = np.empty((self.data.count(b"\n", self.body) + 1, len(columns)), dtype=np.float64)
+        slow = np.empty((max(1 << 16, 2 * len(columns) + 2), 4), dtype=np.int64)
+        buf, pos, row = np.frombuffer(self.data, np.uint8), self.body, 0
+        while True:
+            pos, row, status, nslow = csv_block(buf, pos, self.delimiter, len(self.header), want, out, row, slow, 0)
+            if status == 1:
+                return None
+            for r, c, a, b in slow[:nslow].tolist():
+                v = float(self.data[a:b])
+                if not abs(v) <= FLOAT32_MAX:
+                    return None
+                out[r, c] = v
+            if status == 0:
+                return out[:row]
 
 
 def _columns_text(header: list[str]) -> str:
@@ -313,7 +381,11 @@ def load_csv(
         ((280, 40, 80), 5.0, 'y')
     """
     src = Path(path)
-    display, header, records = table_records(src, delimiter=delimiter)
+    plain = _PlainTable.read(src, delimiter)
+    if plain is None:
+        display, header, records = table_records(src, delimiter=delimiter)
+    else:
+        display, header = plain.display, plain.header
     position = {c: i for i, c in enumerate(header)}  # names are distinct (check_header): linear look-ups
     if target not in position:
         raise ValueError(f"`target` must be a column of {display}; got {target!r}, {_columns_text(header)}")
@@ -327,17 +399,23 @@ def load_csv(
         raise ValueError(f"`features` is empty: {display} has no column besides the target {target!r}")
     fidx = [position[c] for c in feats]
     tidx = position[target]
-    xs: list[list[float]] = []
-    ys: list[float] = []
-    for row_no, row in records:
-        if row[tidx].strip() == "":
-            raise DataFormatError(display, row_no, f"missing target value in column {target!r}")
-        ys.append(parse_number(row[tidx], display, row_no, target))
-        xs.append(_parse_fields(row, fidx, feats, display, row_no))
-    if not ys:
+    table = None if plain is None else plain.numbers([tidx, *fidx])  # compiled; None: read row by row
+    if table is not None:
+        y, x = table[:, 0].copy(), table[:, 1:]
+    else:
+        if plain is not None:
+            display, header, records = table_records(src, delimiter=delimiter)
+        xs: list[list[float]] = []
+        ys: list[float] = []
+        for row_no, row in records:
+            if row[tidx].strip() == "":
+                raise DataFormatError(display, row_no, f"missing target value in column {target!r}")
+            ys.append(parse_number(row[tidx], display, row_no, target))
+            xs.append(_parse_fields(row, fidx, feats, display, row_no))
+        x = np.asarray(xs, dtype=np.float64)
+        y = np.asarray(ys, dtype=np.float64)
+    if not len(y):
         raise DataFormatError(display, None, "no data rows")
-    x = np.asarray(xs, dtype=np.float64)
-    y = np.asarray(ys, dtype=np.float64)
     if bin_width is None:
         bin_width = suggest_bin_width(y)
     if split == "random":

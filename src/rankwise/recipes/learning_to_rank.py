@@ -260,16 +260,15 @@ class LTRRecipe(RecipeBase):
         import numpy as np
         from torch.utils.data import DataLoader
 
-        from rankwise.data import group_queries, pad_lists, query_order, read_letor, standardize_like
-        from rankwise.data.letor import check_dense_size
+        from rankwise.data import group_queries, pad_lists, query_order, standardize_like
+        from rankwise.data.letor import read_letor_dense
 
         data = run.data
         d = int(data.num_features)
         limit = f"the {d} features the run's model scores (its training files' largest feature index)"
-        x, y, qid = read_letor(path, num_features=d, limit=limit)
-        check_dense_size(path, x.shape[0], d)
+        x, y, qid = read_letor_dense(path, num_features=d, limit=limit)
         order, _, _ = query_order(qid)
-        xs = standardize_like(np.asarray(x[order].toarray(), dtype=np.float32), data.meta)
+        xs = standardize_like(x[order], data.meta)
         lists = group_queries(xs, y[order], qid[order])  # contiguous by construction: grouped = sorted order
         kw: dict[str, Any] = {**loader_workers(run.cfg.data.num_workers), "collate_fn": pad_lists}
         dl = DataLoader(lists, batch_size=run.cfg.data.eval_batch_size, shuffle=False, **kw)

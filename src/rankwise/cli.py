@@ -580,6 +580,9 @@ def demo(
         bool, typer.Option("--quick", help=f"tiny smoke-test version (also env {ENV_DEMO_QUICK}=1)")
     ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite/--reuse", help="retrain runs already in OUT")] = True,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="runs trained at once (0: one per CPU core, as each run uses one)")
+    ] = 0,
 ) -> None:
     """Abalone ages (real data, DIR split): vanilla L1, +LDS, Balanced MSE over several seeds.
 
@@ -591,6 +594,8 @@ def demo(
     quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
     if seeds < 1:
         _fail(f"--seeds must be >= 1, got {seeds}")
+    if jobs < 0:
+        _fail(f"--jobs must be >= 0 (0: one per CPU core), got {jobs}")
     overrides = ["trainer.enable_progress_bar=false", "report.tsne=false"]
     if quick:
         overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "report.tsne=false"]
@@ -622,6 +627,7 @@ def demo(
             overwrite=overwrite,
             on_run=on_run,
             plot_first_seed_only=True,
+            jobs=jobs or None,
             title="rankwise demo: abalone age (DIR split)",
             extra="Methods: " + ", ".join(f"`{v}` = {k}" for k, v in DEMO_METHODS.items()),
         )

@@ -516,10 +516,24 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _on_cpu(cfg: Config) -> bool:
+    """Whether a run trains on the CPU: ``trainer.accelerator`` cpu, or auto on a machine without a GPU."""
+    acc = str(cfg.trainer.accelerator)
+    if acc == "cpu":
+        return True
+    if acc != "auto":
+        return False
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
+
+
 def parallel_jobs(cfgs: Sequence[Config]) -> int:
     """How many runs of ``cfgs`` train at once by default: the usable CPU cores divided by the most
     threads one of them asks for (``trainer.num_threads``); 1 where a run sets no thread count (it
-    takes every core), trains on an accelerator other than the CPU, loads its data with workers, or
+    takes every core), trains on a GPU (``trainer.accelerator`` not cpu, or auto where one is), loads its
+    data with workers, or
     where processes cannot be forked (not Linux)."""
     import multiprocessing as mp
     import sys
@@ -527,7 +541,7 @@ def parallel_jobs(cfgs: Sequence[Config]) -> int:
     if not cfgs or not sys.platform.startswith("linux") or "fork" not in mp.get_all_start_methods():
         return 1
     threads = [c.trainer.num_threads for c in cfgs]
-    if any(not t for t in threads) or any(str(c.trainer.accelerator) not in ("cpu",) for c in cfgs):
+    if any(not t for t in threads) or not all(_on_cpu(c) for c in cfgs):
         return 1
     if any(c.data.num_workers for c in cfgs):
         return 1

@@ -14,7 +14,8 @@ the 1-minute load average read just before each run are recorded. The demo's pri
 line but those naming seconds) are compared between the two checkouts (``same_table``): the same seeds
 must give the same numbers.
 
-``phases``: one more demo of this checkout in this process, with a timer around each phase (exclusive
+``phases``: one more demo of this checkout in this process, its runs one after the other (``--jobs 1``:
+the forked workers of the default would time their phases out of sight), with a timer around each phase (exclusive
 time: a phase's time excludes that of the phases it calls): the imports, reading the data, the
 Trainer's construction, the training steps, validation, checkpoint writing, the loggers, testing and
 prediction, the plots, the report and the files of each run; ``other`` is the rest.
@@ -158,7 +159,7 @@ def phases() -> dict[str, Any]:
     t_run = time.perf_counter()
     with contextlib.redirect_stdout(buf):
         try:
-            cli.app(["demo", "--out", str(out)], standalone_mode=False)
+            cli.app(["demo", "--out", str(out), "--jobs", "1"], standalone_mode=False)
         except SystemExit as e:  # pragma: no cover - a failed demo
             if e.code:
                 raise

@@ -3,6 +3,7 @@ same results and files as one run after the other, written synchronously."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import os
@@ -96,6 +97,7 @@ def test_a_failed_background_write_is_raised_by_the_next_save_or_the_teardown(tm
     monkeypatch.setattr(files_module, "open", failing, raising=False)
     io = AtomicCheckpointIO(background=True)
     io.save_checkpoint(CKPT, tmp_path / "last.ckpt")  # returns before the write
+    concurrent.futures.wait(io._pending)  # the write has failed by the next save
     with pytest.raises(CheckpointError, match=r"cannot save checkpoint .*last\.ckpt: no space left"):
         io.save_checkpoint(CKPT, tmp_path / "last.ckpt")
     io.save_checkpoint(CKPT, tmp_path / "best.ckpt")

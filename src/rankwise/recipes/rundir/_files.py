@@ -241,6 +241,10 @@ def _save_error(path: Path, err: OSError) -> str:
     return f"cannot save checkpoint {path}: {why}; its temporary file was removed ({then} the run with --resume)"
 
 
+#: most checkpoints a background writer holds unwritten (a save waits for the oldest beyond it)
+MAX_PENDING = 4
+
+
 def _atomic_checkpoint_io(background: bool) -> Any:
     import io
     import sys
@@ -271,14 +275,20 @@ def _atomic_checkpoint_io(background: bool) -> Any:
 
         Loading always uses ``torch.load(weights_only=True)`` (errors name the file). ``background``:
         the checkpoint is serialized at once (the state as it is at the call) and written, synced and
-        moved into place by one writer thread while training goes on; the next save, a removal and the
-        end of the stage (``teardown``) wait for it, and raise its error.
+        moved into place by one writer thread, in the order of the calls, while training goes on (at
+        most :data:`MAX_PENDING` unwritten); a save raises the error of a write that failed before it,
+        and a load, a removal and the end of the stage (``teardown``) wait for every write and raise
+        the first error.
         """
 
         def __init__(self) -> None:
             super().__init__()
             self._pool: ThreadPoolExecutor | None = None
-            self._pending: Future[None] | None = None
+            self._pending: list[Future[None]] = []
+
+        def _raise_failed(self, *, wait: bool) -> None:
+            while self._pending and (wait or self._pending[0].done() or len(self._pending) >= MAX_PENDING):
+                self._pending.pop(0).result()
 
         def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
             if storage_options is not None:
@@ -287,19 +297,23 @@ def _atomic_checkpoint_io(background: bool) -> Any:
             if not background:
                 write(path, lambda f: torch.save(checkpoint, f))
                 return
-            self.wait()
+            self._raise_failed(wait=False)
             buf = io.BytesIO()
             torch.save(checkpoint, buf)
             data = buf.getvalue()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankwise-checkpoint")
-            self._pending = self._pool.submit(write, path, lambda f: f.write(data))
+            self._pending.append(self._pool.submit(write, path, lambda f: f.write(data)))
 
         def wait(self) -> None:
-            """Wait for the checkpoint being written (if any); raise its error."""
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                pending.result()
+            """Wait for the checkpoints being written; raise the first error."""
+            try:
+                self._raise_failed(wait=True)
+            finally:
+                for f in self._pending:  # after a failure: the later writes still end before this returns
+                    with contextlib.suppress(Exception):
+                        f.result()
+                self._pending = []
 
         def remove_checkpoint(self, path: Any) -> None:
             self.wait()

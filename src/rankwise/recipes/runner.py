@@ -533,8 +533,7 @@ def parallel_jobs(cfgs: Sequence[Config]) -> int:
     """How many runs of ``cfgs`` train at once by default: the usable CPU cores divided by the most
     threads one of them asks for (``trainer.num_threads``); 1 where a run sets no thread count (it
     takes every core), trains on a GPU (``trainer.accelerator`` not cpu, or auto where one is), loads its
-    data with workers, or
-    where processes cannot be forked (not Linux)."""
+    data with workers, or where processes cannot be forked (not Linux)."""
     import multiprocessing as mp
     import sys
 

@@ -181,6 +181,7 @@ def test_demo_quick_mode(tmp_path, monkeypatch):
     for label in ["L1 (vanilla)", "+LDS (sqrt_inv)", "Balanced MSE (BMC)"]:
         assert label in r.output
     assert "RankSim" not in r.output  # it does not help abalone at any weight (docs/results.md section 6)
+    assert "[1/3 runs, " in r.output and "ETA" in r.output and "[3/3 runs, " in r.output  # a line per run
     for col in ["MAE", "GM", "many", "medium", "few"]:
         assert col in r.output
     report = (out / "report.md").read_text()
@@ -238,3 +239,12 @@ def test_presets_show_prints_yaml_that_reads_back_as_the_preset():
     lines = bad.output.strip().splitlines()
     assert bad.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), bad.output
     assert "brain_age_tsan" in lines[0]
+
+
+def test_progress_lines_of_a_comparison_estimate_the_time_left() -> None:
+    from rankwise.cli import _eta, _runs_line
+
+    assert _runs_line(1, 4, 10.0) == "[1/4 runs, 10 s, ETA 30 s]"
+    assert _runs_line(3, 4, 150.0) == "[3/4 runs, 150 s, ETA 50 s]"
+    assert _runs_line(4, 4, 80.4) == "[4/4 runs, 80 s, done]"
+    assert _eta(125.0) == "ETA 2 min 5 s" and _eta(-1.0) == "ETA 0 s"

@@ -236,6 +236,18 @@ def _parse_devices(devices: str | None) -> Any:
     return d
 
 
+def _eta(left: float) -> str:
+    """The progress lines' estimate of the time left (``ETA 2 min 5 s``, ``ETA 12 s``)."""
+    left = max(0.0, left)
+    return f"ETA {int(left // 60)} min {int(left % 60)} s" if left >= 60 else f"ETA {left:.0f} s"
+
+
+def _runs_line(done: int, total: int, elapsed: float) -> str:
+    """``[k/N runs, 12 s, ETA 40 s]``: the progress of a comparison after its k-th finished run."""
+    eta = "done" if done >= total else _eta(elapsed / max(done, 1) * (total - done))
+    return f"[{done}/{total} runs, {elapsed:.0f} s, {eta}]"
+
+
 def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -> None:
     """Print the ``(header, rows)`` tables a recipe makes of its results (``Recipe.tables``)."""
     from rich import box
@@ -540,16 +552,25 @@ def compare(
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder (runs/ + report.md)")] = Path("runs/compare"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="retrain runs that already finished")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = False,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="runs trained at once (0: CPU cores / a run's num_threads)")
+    ] = 1,
 ) -> None:
     """Several methods x seeds: mean ± std table of their recipe and a markdown report (OUT/report.md)."""
+    if jobs < 0:
+        _fail(f"--jobs must be >= 0 (0: as many as the CPU cores hold), got {jobs}")
     seed_list = _parse_seeds(seeds)
     t0 = time.perf_counter()
+    finished = [0]
 
     def on_run(method: str, seed: int, res: Any) -> None:
         from rankwise.recipes.registry import get_recipe
 
         line = get_recipe(res.config.recipe).summary(res.metrics)
-        _console().print(f"  {method} seed {seed}: {line}  ({res.run_dir})", highlight=False)
+        finished[0] += 1
+        trained = sum(1 for src in sources if not (Path(src) / "config.yaml").is_file())  # not run directories
+        runs = _runs_line(finished[0], trained * len(seed_list), time.perf_counter() - t0)
+        _console().print(f"  {method} seed {seed}: {line}  ({res.run_dir}) {runs}", highlight=False)
 
     def go() -> Any:
         from rankwise.recipes.runner import compare as run_compare
@@ -562,6 +583,7 @@ def compare(
             progress=progress,
             overwrite=overwrite,
             on_run=on_run,
+            jobs=jobs or None,
         )
 
     with _data_warnings(_console(), repeat=False):
@@ -580,6 +602,9 @@ def demo(
         bool, typer.Option("--quick", help=f"tiny smoke-test version (also env {ENV_DEMO_QUICK}=1)")
     ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite/--reuse", help="retrain runs already in OUT")] = True,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="runs trained at once (0: one per CPU core, as each run uses one)")
+    ] = 0,
 ) -> None:
     """Abalone ages (real data, DIR split): vanilla L1, +LDS, Balanced MSE over several seeds.
 
@@ -591,6 +616,8 @@ def demo(
     quick = quick or os.environ.get(ENV_DEMO_QUICK, "") not in ("", "0")
     if seeds < 1:
         _fail(f"--seeds must be >= 1, got {seeds}")
+    if jobs < 0:
+        _fail(f"--jobs must be >= 0 (0: one per CPU core), got {jobs}")
     overrides = ["trainer.enable_progress_bar=false", "report.tsne=false"]
     if quick:
         overrides += ["trainer.max_epochs=2", "trainer.limit_train_batches=3", "report.tsne=false"]
@@ -601,13 +628,15 @@ def demo(
         + (" (quick mode)" if quick else "")
     )
     t0 = time.perf_counter()
+    finished = [0]
 
     def on_run(method: str, seed: int, res: Any) -> None:
         m = res.metrics["test"]
         label = {v: k for k, v in DEMO_METHODS.items()}[method]
+        finished[0] += 1
         con.print(
             f"  {label:<18} seed {seed}: MAE all {m['all']['mae']:.3f} | few {m['few']['mae']:.3f}  "
-            f"[{time.perf_counter() - t0:.0f} s]",
+            + _runs_line(finished[0], len(DEMO_METHODS) * seeds, time.perf_counter() - t0),
             highlight=False,
         )
 
@@ -622,6 +651,7 @@ def demo(
             overwrite=overwrite,
             on_run=on_run,
             plot_first_seed_only=True,
+            jobs=jobs or None,
             title="rankwise demo: abalone age (DIR split)",
             extra="Methods: " + ", ".join(f"`{v}` = {k}" for k, v in DEMO_METHODS.items()),
         )
@@ -716,8 +746,7 @@ def preprocess(
         elif worked == 0:
             eta = "ETA after the first scan preprocessed"
         else:
-            left = (total - done) * (seconds - reused[1]) / worked
-            eta = f"ETA {int(left // 60)} min {int(left % 60)} s"
+            eta = _eta((total - done) * (seconds - reused[1]) / worked)
         err.print(f"[{done}/{total}] {name}: {status} ({eta})", highlight=False, markup=False, soft_wrap=True)
 
     def run() -> Any:

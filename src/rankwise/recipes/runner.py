@@ -422,12 +422,17 @@ def compare(
     extra: str = "",
     plot_first_seed_only: bool = False,
     on_run: Callable[[str, int, RunResult], None] | None = None,
+    jobs: int | None = 1,
 ) -> CompareResult:
     """Several methods x seeds: train every config/preset for each seed (finished run directories are
     reused as they are), then write ``OUT/report.md`` with the mean ± std table of their recipe.
 
     Every source must use recipes with the same ``report_kind`` (e.g. ``sort`` and ``median`` runs
-    are not compared with ``dir`` runs).
+    are not compared with ``dir`` runs). ``jobs``: how many runs train at once, each in a process
+    forked from this one after the data are read (None: as many as the CPU cores this process may
+    use hold the runs' ``trainer.num_threads``, see :func:`parallel_jobs`); every run is seeded on its
+    own, so the results are those of one run after the other. ``on_run`` is called in the order of
+    the sources and seeds either way.
     """
     out = Path(out)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -448,6 +453,8 @@ def compare(
         raise ConfigError(f"cannot compare recipes with different metrics in one table: {names}")
     out.mkdir(parents=True, exist_ok=True)
     data_cache: dict[str, Any] = {}
+    #: in order: a finished result (reused run directory) or the arguments of a run to train
+    todo: list[tuple[str, int, RunResult | None, dict[str, Any] | None]] = []
     for kind, src in planned:
         if kind == "run":
             metrics_file = Path(src) / "metrics.json"
@@ -463,24 +470,28 @@ def compare(
             meta = rundir.read_meta(run_dir)
             if (run_dir / "metrics.json").is_file() and meta and meta.get("status") == "completed" and not overwrite:
                 _check_reused(run_dir, cfg)
-                res = RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg)
-            else:
-                key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
-                if key not in data_cache:
-                    data_cache[key] = rundir.load_data(cfg, recipes[src])
-                res = train(
-                    cfg,
-                    out=run_dir,
-                    overwrite=True,
-                    progress=progress,
-                    data=data_cache[key],
-                    verbose=False,
-                    plots=False if plot_first_seed_only and i > 0 else None,
-                )
-            results.setdefault(method, []).append(res.metrics)
-            run_dirs.setdefault(method, []).append(res.run_dir)
-            if on_run is not None:
-                on_run(method, seed, res)
+                todo.append((method, seed, RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg), None))
+                continue
+            key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
+            if key not in data_cache:
+                data_cache[key] = rundir.load_data(cfg, recipes[src])
+            kwargs = {
+                "cfg": cfg,
+                "out": run_dir,
+                "overwrite": True,
+                "progress": progress,
+                "data": key,
+                "verbose": False,
+                "plots": False if plot_first_seed_only and i > 0 else None,
+            }
+            todo.append((method, seed, None, kwargs))
+    trained = [kw for *_, kw in todo if kw is not None]
+    n_jobs = parallel_jobs([kw["cfg"] for kw in trained]) if jobs is None else max(1, int(jobs))
+    for method, seed, res in _train_all(todo, data_cache, min(n_jobs, len(trained))):
+        results.setdefault(method, []).append(res.metrics)
+        run_dirs.setdefault(method, []).append(res.run_dir)
+        if on_run is not None:
+            on_run(method, seed, res)
     recipe = next(iter(recipes.values()))
     if overrides:
         ran = "Every config trained with " + " ".join(f"`--set {o}`" for o in overrides) + "."
@@ -495,3 +506,103 @@ def compare(
         },
     )
     return CompareResult(out, report, results, run_dirs, recipe)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the platform tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
+        return max(1, os.cpu_count() or 1)
+
+
+def _on_cpu(cfg: Config) -> bool:
+    """Whether a run trains on the CPU: ``trainer.accelerator`` cpu, or auto on a machine without a GPU."""
+    acc = str(cfg.trainer.accelerator)
+    if acc == "cpu":
+        return True
+    if acc != "auto":
+        return False
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
+
+
+def parallel_jobs(cfgs: Sequence[Config]) -> int:
+    """How many runs of ``cfgs`` train at once by default: the usable CPU cores divided by the most
+    threads one of them asks for (``trainer.num_threads``); 1 where a run sets no thread count (it
+    takes every core), trains on a GPU (``trainer.accelerator`` not cpu, or auto where one is), loads its
+    data with workers, or where processes cannot be forked (not Linux)."""
+    import multiprocessing as mp
+    import sys
+
+    if not cfgs or not sys.platform.startswith("linux") or "fork" not in mp.get_all_start_methods():
+        return 1
+    threads = [c.trainer.num_threads for c in cfgs]
+    if any(not t for t in threads) or not all(_on_cpu(c) for c in cfgs):
+        return 1
+    if any(c.data.num_workers for c in cfgs):
+        return 1
+    return max(1, usable_cores() // max(int(t or 1) for t in threads))
+
+
+def _ready_to_fork() -> bool:
+    """Whether this process may fork training workers: the background loads of the numba kernels are
+    waited for (a fork inside an import would hold its lock forever); another thread running: no."""
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and t.name.startswith("rankwise-numba") and t.is_alive():
+            t.join()
+    return all(t is threading.current_thread() or not t.is_alive() for t in threading.enumerate())
+
+
+#: the data of the runs a forked worker trains (set before the workers are forked; read in them)
+_FORK_DATA: dict[str, Any] = {}
+
+
+def _train_forked(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Config]:
+    """One run of a comparison in a forked worker: its metrics and its config (as training leaves it)."""
+    kwargs = {**kwargs, "data": _FORK_DATA[kwargs["data"]]}
+    res = train(**kwargs)
+    return res.metrics, res.config
+
+
+def _train_all(
+    todo: Sequence[tuple[str, int, RunResult | None, dict[str, Any] | None]], data: dict[str, Any], jobs: int
+) -> Any:
+    """``(method, seed, RunResult)`` of every entry of ``todo`` in its order: reused ones as they are, the
+    others trained here one after the other (``jobs`` <= 1) or by ``jobs`` forked processes at once. The
+    first failure (in order) is raised once the runs already started have ended; no new run starts."""
+    if jobs > 1 and not _ready_to_fork():
+        jobs = 1
+    if jobs <= 1:
+        for method, seed, res, kw in todo:
+            if kw is not None:
+                res = train(**{**kw, "data": data[kw["data"]]})
+            assert res is not None
+            yield method, seed, res
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    _FORK_DATA.clear()
+    _FORK_DATA.update(data)
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as pool:
+            futures = [None if kw is None else pool.submit(_train_forked, kw) for *_, kw in todo]
+            try:
+                for (method, seed, res, kw), fut in zip(todo, futures):
+                    if fut is not None and kw is not None:
+                        metrics, cfg = fut.result()
+                        res = RunResult(Path(kw["out"]), metrics, cfg)
+                    assert res is not None
+                    yield method, seed, res
+            except BaseException:
+                for f in futures:
+                    if f is not None:
+                        f.cancel()
+                raise
+    finally:
+        _FORK_DATA.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -240,43 +241,107 @@ def _save_error(path: Path, err: OSError) -> str:
     return f"cannot save checkpoint {path}: {why}; its temporary file was removed ({then} the run with --resume)"
 
 
-def _atomic_checkpoint_io() -> Any:
+#: most checkpoints a background writer holds unwritten (a save waits for the oldest beyond it)
+MAX_PENDING = 4
+
+
+def _atomic_checkpoint_io(background: bool) -> Any:
+    import io
+    import sys
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    def write(path: Path, save: Any) -> None:
+        """``save(file)`` into ``path`` through :func:`atomic_path`; an OSError: a CheckpointError naming it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out: _WholeWrites | None = None
+        try:
+            with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # removed again on any failure
+                out = _WholeWrites(fh)
+                save(cast("IO[bytes]", out))  # only write() and flush() are used
+        except BaseException as e:
+            if not isinstance(e, Exception):  # a signal (RunTerminated, KeyboardInterrupt) stops the run as itself
+                raise
+            cause = out.error if out is not None and out.error is not None else e
+            if isinstance(cause, OSError):
+                raise CheckpointError(_save_error(path, cause)) from None
+            if cause is not e:  # e.g. the RunTerminated of a signal, hidden by torch's "unexpected pos"
+                raise cause from None
+            raise
 
     class _AtomicCheckpointIO(TorchCheckpointIO):
         """Checkpoint I/O that never leaves a truncated file (:func:`rankwise._fileio.atomic_path`).
 
-        Loading always uses ``torch.load(weights_only=True)`` (errors name the file).
+        Loading always uses ``torch.load(weights_only=True)`` (errors name the file). ``background``:
+        the checkpoint is serialized at once (the state as it is at the call) and written, synced and
+        moved into place by one writer thread, in the order of the calls, while training goes on (at
+        most :data:`MAX_PENDING` unwritten); a save raises the error of a write that failed before it,
+        and a load, a removal and the end of the stage (``teardown``) wait for every write and raise
+        the first error.
         """
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._pool: ThreadPoolExecutor | None = None
+            self._pending: list[Future[None]] = []
+
+        def _raise_failed(self, *, wait: bool) -> None:
+            while self._pending and (wait or self._pending[0].done() or len(self._pending) >= MAX_PENDING):
+                self._pending.pop(0).result()
 
         def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
             if storage_options is not None:
                 raise TypeError("`storage_options` is not supported by AtomicCheckpointIO")
             path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            out: _WholeWrites | None = None
+            if not background:
+                write(path, lambda f: torch.save(checkpoint, f))
+                return
+            self._raise_failed(wait=False)
+            buf = io.BytesIO()
+            torch.save(checkpoint, buf)
+            data = buf.getvalue()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankwise-checkpoint")
+            self._pending.append(self._pool.submit(write, path, lambda f: f.write(data)))
+
+        def wait(self) -> None:
+            """Wait for the checkpoints being written; raise the first error."""
             try:
-                with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # removed again on any failure
-                    out = _WholeWrites(fh)
-                    torch.save(checkpoint, cast("IO[bytes]", out))  # only write() and flush() are used
-            except BaseException as e:
-                if not isinstance(e, Exception):  # a signal (RunTerminated, KeyboardInterrupt) stops the run as itself
-                    raise
-                cause = out.error if out is not None and out.error is not None else e
-                if isinstance(cause, OSError):
-                    raise CheckpointError(_save_error(path, cause)) from None
-                if cause is not e:  # e.g. the RunTerminated of a signal, hidden by torch's "unexpected pos"
-                    raise cause from None
-                raise
+                self._raise_failed(wait=True)
+            finally:
+                for f in self._pending:  # after a failure: the later writes still end before this returns
+                    with contextlib.suppress(Exception):
+                        f.result()
+                self._pending = []
+
+        def remove_checkpoint(self, path: Any) -> None:
+            self.wait()
+            super().remove_checkpoint(path)
+
+        def teardown(self) -> None:
+            try:
+                if sys.exc_info()[1] is None:
+                    self.wait()
+                else:  # the stage failed already: that error is the one to report
+                    with contextlib.suppress(Exception):
+                        self.wait()
+            finally:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=True)
+                    self._pool = None
+            super().teardown()
 
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None
         ) -> dict[str, Any]:
+            self.wait()
             return load_checkpoint(path, map_location=map_location or "cpu")
 
     return _AtomicCheckpointIO()
 
 
-def AtomicCheckpointIO() -> Any:
-    """A Lightning ``CheckpointIO`` plug-in writing checkpoints atomically (see module doc)."""
-    return _atomic_checkpoint_io()
+def AtomicCheckpointIO(*, background: bool = False) -> Any:
+    """A Lightning ``CheckpointIO`` plug-in writing checkpoints atomically (see module doc); ``background``:
+    written by a thread while training goes on (see the class)."""
+    return _atomic_checkpoint_io(background)

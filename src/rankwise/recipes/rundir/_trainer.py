@@ -459,7 +459,7 @@ class Run:
             "enable_progress_bar": progress,
             "enable_model_summary": False,
             "num_sanity_val_steps": 0,
-            "plugins": [AtomicCheckpointIO()],
+            "plugins": [AtomicCheckpointIO(background=True)],
         }
         if t.limit_train_batches is not None:
             kwargs["limit_train_batches"] = t.limit_train_batches

@@ -429,6 +429,9 @@ def compare(
     Every source must use recipes with the same ``report_kind`` (e.g. ``sort`` and ``median`` runs
     are not compared with ``dir`` runs).
     """
+    from rankwise.recipes.config import dataset_switch
+    from rankwise.recipes.own_data import apply_data_defaults
+
     out = Path(out)
     results: dict[str, list[dict[str, Any]]] = {}
     run_dirs: dict[str, list[Path]] = {}
@@ -459,13 +462,19 @@ def compare(
         method = Path(src).stem if Path(src).is_file() else str(src)
         for i, seed in enumerate(seeds):
             cfg = load_config(src, [*overrides, f"run.seed={seed}", f"run.name={method}-seed{seed}"])
+            key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
+            if dataset_switch(cfg) is not None:  # a preset switched to another dataset: fitted to its data
+                rundir.absolute_data_paths(cfg)
+                if apply_data_defaults(cfg) is None and dataset_switch(cfg) is not None:
+                    if key not in data_cache:
+                        data_cache[key] = rundir.load_data(cfg, recipes[src])
+                    apply_data_defaults(cfg, data_cache[key])
             run_dir = out / "runs" / method / f"seed{seed}"
             meta = rundir.read_meta(run_dir)
             if (run_dir / "metrics.json").is_file() and meta and meta.get("status") == "completed" and not overwrite:
                 _check_reused(run_dir, cfg)
                 res = RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg)
             else:
-                key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
                 if key not in data_cache:
                     data_cache[key] = rundir.load_data(cfg, recipes[src])
                 res = train(

@@ -245,8 +245,12 @@ def run_recipe(
     """
     import lightning as L
 
+    from rankwise.recipes.own_data import apply_data_defaults
+
     quiet_lightning()
     worker = is_launched_worker()
+    if not resume:  # a preset switched to another dataset: what needs no data is said first
+        apply_data_defaults(cfg)
     if not worker:  # an unusable run directory is refused before the data are read
         RunDir.check(run_dir, resume=resume, overwrite=overwrite)
     read: list[Path] = []
@@ -258,6 +262,7 @@ def run_recipe(
             data, read = _load_data_files(cfg, recipe)
         else:
             check_data(cfg, recipe, data)
+        apply_data_defaults(cfg, data)  # the bins, shot groups, batch and epochs of the new data
     record_resolved_options(cfg, data)
     rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
     try:

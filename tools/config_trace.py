@@ -1,11 +1,11 @@
 """Follow one ``load_config`` call by call (``sys.setprofile``) and summarise it.
 
 Two configs: a 3-file ``extends:`` chain (two files written to a temporary folder on top of the
-bundled preset ``mslr_web10k_listnet``) plus one ``--set``; and the preset ``abalone_lds`` switched
-to a small CSV by ``--set data.name=csv`` (the own-data route of a preset). Printed as JSON: the calls into
-rankwise (count, and the modules they are in), the config files read and the YAML texts parsed
-(each by name), and whether any dataset was loaded. A warm-up load first, so that lazy imports and
-caches do not count.
+bundled preset ``mslr_web10k_listnet``) plus one ``--set``; and the preset ``abalone_lds``
+switched to a small CSV by ``--set data.name=csv`` (the own-data route of a preset). Printed as
+JSON: the calls into rankwise (count, the modules they are in, the calls from one module into
+another), the config files read and the YAML texts parsed (each by name), and whether any dataset
+was loaded. A warm-up load first, so that lazy imports and caches do not count.
 
     PYTHONPATH=src python tools/config_trace.py
 """
@@ -30,6 +30,7 @@ def trace(source: str, overrides: list[str]) -> dict[str, Any]:
     _parsing._PARSED.clear()  # parse again what a first load parses
     calls: collections.Counter[str] = collections.Counter()
     modules: collections.Counter[str] = collections.Counter()
+    crossings: collections.Counter[str] = collections.Counter()
     reads: list[str] = []
     parses: list[str] = []
     datasets: list[str] = []
@@ -43,6 +44,10 @@ def trace(source: str, overrides: list[str]) -> dict[str, Any]:
         name = frame.f_code.co_name
         calls[f"{mod}.{name}"] += 1
         modules[mod] += 1
+        back = frame.f_back
+        caller = back.f_globals.get("__name__", "") if back is not None else ""
+        if caller != mod:  # a call from another module (of rankwise, or pydantic's into a validator)
+            crossings[f"{caller or '?'} -> {mod}"] += 1
         if name == "_read_config_text":
             reads.append(Path(frame.f_locals["path"]).name)
         elif name == "_parse_yaml":
@@ -62,13 +67,16 @@ def trace(source: str, overrides: list[str]) -> dict[str, Any]:
         "rankwise_calls": sum(calls.values()),
         "distinct_functions": len(calls),
         "modules": dict(sorted(modules.items())),
+        "cross_module_calls": sum(crossings.values()),
+        "crossings": dict(sorted(crossings.items())),
         "file_reads": reads,
         "yaml_parses": parses,
         "datasets_loaded": datasets,
     }
 
 
-def main() -> None:
+def run() -> dict[str, Any]:
+    """Both traces, by name."""
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.yaml"
         base.write_text("extends: mslr_web10k_listnet\ndata: {options: {fold: 2}}\n")
@@ -82,7 +90,11 @@ def main() -> None:
             "extends_chain_and_one_set": trace(str(mine), ["optimizer.lr=0.5"]),
             "preset_switched_to_a_csv": trace("abalone_lds", switched),
         }
-    print(json.dumps(out, indent=1))
+    return out
+
+
+def main() -> None:
+    print(json.dumps(run(), indent=1))
 
 
 if __name__ == "__main__":

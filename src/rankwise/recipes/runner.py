@@ -158,6 +158,8 @@ def train(
         cfg = load_run_config(run_dir, trainer=trainer_overrides, resume=True)
     elif cfg is None:
         raise TypeError("train() needs a config unless it resumes a run directory")
+    from rankwise.recipes.own_data import apply_data_defaults
+
     recipe = get_recipe(cfg.recipe)
     metrics = rundir.run_recipe(
         recipe,
@@ -170,6 +172,7 @@ def train(
         data=data,
         callbacks=callbacks,
         log_epoch=log_epoch,
+        fit_to_data=apply_data_defaults,  # a preset switched to the user's own table
     )
     return RunResult(run_dir, metrics, cfg)
 

@@ -357,6 +357,16 @@ class Config(Section):
     #: set by ``load_config`` when ``--set data.name`` switched the file's dataset (else ``None``)
     _switch: DatasetSwitch | None = PrivateAttr(default=None)
 
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_of_the_recipe(cls, value: Any, info: ValidationInfo) -> Any:
+        """``task`` as the options model of the recipe in the validation context (``{"recipe": Recipe}``,
+        :func:`~rankwise.recipes.config.config_from_dict`): one validation builds the whole config."""
+        recipe = (info.context or {}).get("recipe")
+        if recipe is None:
+            return value
+        return recipe.options.model_validate({} if value is None else value, context=info.context)
+
     def __eq__(self, other: object) -> bool:
         """Equal configs hold equal values, wherever the values came from."""
         if not isinstance(other, Config):

@@ -289,7 +289,8 @@ def _switch_dataset(raw: dict[str, Any], overrides: list[str]) -> DatasetSwitch 
     if "data.name" not in given:
         return None
     text = [item.partition("=")[2] for item in overrides if item.partition("=")[0].strip() == "data.name"][-1]
-    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    found = raw.get("data")
+    data: dict[str, Any] = found if isinstance(found, dict) else {}
     old = data.get("name", "abalone")
     try:
         new = override_value(raw, "data.name", text)

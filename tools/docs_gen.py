@@ -229,14 +229,12 @@ def _table(rows: list[FieldRow]) -> list[str]:
 
 def presets() -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, description, raw YAML of the preset file)`` of every bundled preset."""
-    import yaml
-
     from rankwise.recipes import config
 
     out = []
     for name, description in config.list_presets().items():
-        with open(config.preset_path(name)) as fh:
-            raw = yaml.safe_load(fh) or {}
+        path = config.preset_path(name)
+        raw = config.parse_yaml(path.read_text(encoding="utf-8"), f"preset {name}") or {}
         out.append((name, description, raw))
     return out
 

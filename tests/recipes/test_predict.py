@@ -85,9 +85,9 @@ def runs(tmp_path_factory, table):
     out = {"dir": train(cfg, out=root / "dir", progress=False, verbose=False).run_dir}
     data = ["data.name=csv", f"data.options.path={path}", "data.options.target=y"]
     for name, extra in (("rrt", [f"task.init_checkpoint={out['dir']}"]), ("rnc", ["task.pretrain_epochs=1"])):
+        cfg = load_config(f"abalone_{name}", [*TINY, *data, *extra])
         with pytest.warns(UserWarning):  # the preset's data options are replaced by the table's
-            cfg = load_config(f"abalone_{name}", [*TINY, *data, *extra])
-        out[name] = train(cfg, out=root / name, progress=False, verbose=False).run_dir
+            out[name] = train(cfg, out=root / name, progress=False, verbose=False).run_dir
     return out
 
 

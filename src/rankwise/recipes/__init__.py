@@ -56,17 +56,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rankwise.recipes' has no attribute {name!r}")
 
 
-def _own_data_retarget(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
-    """The own-data route's raw-config hook of load_config (imports the data layer and torch on first use)."""
-    from rankwise.recipes.own_data import retarget
-
-    return retarget(raw, overrides)
-
-
-# the recipe registry installs its lookup in the config layer, and the own-data route adds its
-# raw-config hook to load_config (rankwise.recipes.config imports neither the registry nor a recipe;
-# reading the config layer imports no torch)
+# the recipe registry installs its lookup in the config layer (rankwise.recipes.config imports
+# neither the registry nor a recipe; reading the config layer imports no torch)
 from rankwise.recipes import registry as _registry  # noqa: E402, F401  isort: skip
-from rankwise.recipes.config import register_raw_hook as _register_raw_hook  # noqa: E402  isort: skip
-
-_register_raw_hook(_own_data_retarget)

@@ -14,9 +14,10 @@ which the target column, and the preset family of its kind. ``csv`` (numeric col
 ends in ``.nii``/``.nii.gz``) are registered here; any other loader of a CSV registers itself the
 same way.
 
-The other route, a preset with ``--set data.name=csv ...``, goes through :func:`retarget`: the
-preset's dataset options are dropped and the data-driven values replace the preset's ones that the
-user did not set, with a :class:`DataDefaultsWarning` saying so.
+The other route, a preset with ``--set data.name=csv ...``: the config is built first (the
+preset's dataset options dropped, :func:`rankwise.recipes.config.load_config`), then the run,
+once it has loaded the data, replaces the preset's values that the user did not set by the
+data-driven ones (:func:`apply_data_defaults`), with a :class:`DataDefaultsWarning` saying so.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "DataDefaults",
     "DataDefaultsWarning",
     "OwnData",
+    "apply_data_defaults",
     "data_defaults",
     "empty_shot_groups",
     "methods",
@@ -470,70 +472,92 @@ def _used_defaults(d: DataDefaults, cfg: Any, given: tuple[str, ...]) -> DataDef
     )
 
 
-def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:
-    """A preset switched to another dataset by ``--set data.name=...`` keeps nothing of its old dataset.
+def apply_data_defaults(cfg: Any, data: Any = None) -> DataDefaults | None:
+    """Fit ``cfg`` to the dataset that ``--set data.name=...`` switched it to; the run calls it once it
+    has its data.
 
-    When ``overrides`` change ``data.name``, the preset's ``data.options`` (its own dataset's) are
-    dropped and its ``description`` names the new data. For a dataset registered with
-    :func:`register_own_data`, the bin width, shot thresholds, batch size and epochs come from the
-    data (:func:`data_defaults`) unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
-    what was replaced. Returns the (copied) raw config; other configs pass unchanged.
+    Nothing unless :func:`~rankwise.recipes.config.load_config` recorded such a switch
+    (:func:`~rankwise.recipes.config.dataset_switch`). The description names the new data (unless
+    ``--set`` gave one). For a dataset registered with :func:`register_own_data` whose file and
+    target options are set, the bin width, shot thresholds, batch size and epochs come from ``data``
+    (:func:`data_defaults`) unless ``--set`` gave them; with ``data=None`` such a switch waits (the
+    call returns ``None`` and changes nothing). One :class:`DataDefaultsWarning` lists the switch
+    (the old dataset, its dropped options) and what the data replaced. Returns the derived defaults,
+    or ``None``.
     """
-    from rankwise.recipes.config import ConfigError, apply_overrides, override_value
+    from rankwise.recipes.config import dataset_switch
 
-    old = (raw.get("data") or {}).get("name", "abalone")
-    keys = {}
-    for item in overrides or []:
-        key, _, value = item.partition("=")
-        keys[key.strip()] = value
-    if "data.name" not in keys:
-        return raw
-    try:
-        new = override_value(raw, "data.name", keys["data.name"])
-    except ConfigError:
-        return raw  # the config's own error reporting names it
-    from rankwise.data import list_datasets
-
-    if new == old or new not in list_datasets():
-        return raw  # an unknown name: the config's own error names it
-    out = copy.deepcopy(raw)
-    data_sec = out.setdefault("data", {})
-    dropped = data_sec.pop("options", None)
-    out.pop("expected_time", None)  # the preset's own data's
-    text = _method_text(str(out.get("description", "")))
-    notes = [f"data.name={new} replaces the preset's dataset {old}"]
-    if dropped:
-        notes.append(f"its data.options {dropped} are dropped")
-    if new not in _OWN:
-        out["description"] = f"{new}: {text}"
+    switch = dataset_switch(cfg)
+    if switch is None:
+        return None
+    own = _OWN.get(switch.new)
+    opts = cfg.data.options
+    if own is not None and own.file_option in opts and own.target_option in opts and data is None:
+        return None  # the data decide: called again once they are loaded
+    dataset_switch(cfg, pop=True)
+    if own is not None and (own.file_option not in opts or own.target_option not in opts):
+        return None  # the loader's error names the missing option
+    text = _method_text(str(switch.base.get("description", "")))
+    notes = [f"data.name={switch.new} replaces the preset's dataset {switch.old}"]
+    if switch.options:
+        notes.append(f"its data.options {switch.options} are dropped")
+    if own is None:
+        if "description" not in switch.given:
+            cfg.description = f"{switch.new}: {text}"
         warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
-        return out
-    own = _OWN[new]
-    merged = apply_overrides(out, list(overrides or []))
-    opts = dict((merged.get("data") or {}).get("options") or {})
-    if own.file_option not in opts or own.target_option not in opts:
-        return out  # the loader's error names the missing option
-    data = _load(new, opts)
+        return None
     d = data_defaults(data, max_batch_size=own.max_batch_size, min_batch_size=own.min_batch_size)
-    name = Path(str(opts[own.file_option])).name
-    out["description"] = f"{name}, target {opts[own.target_option]} ({d.n_train} training rows): {text}"
+    if "description" not in switch.given:
+        name = Path(str(opts[own.file_option])).name
+        cfg.description = f"{name}, target {opts[own.target_option]} ({d.n_train} training rows): {text}"
     replaced = []
-    derived: tuple[tuple[str, float], ...] = (
-        ("data.batch_size", d.batch_size),
-        ("trainer.max_epochs", d.max_epochs),
-        ("report.many_shot", d.many_shot),
-        ("report.few_shot", d.few_shot),
-    )
-    for key, new_value in derived:
-        if key in keys:
-            continue
+    for field, key in _DERIVED.items():
+        if any(key == g or key.startswith(g + ".") for g in switch.given):
+            continue  # --set gave it (or the mapping holding it)
         section, field_name = key.split(".")
-        sec = out.setdefault(section, {})
-        if sec.get(field_name) is not None and sec.get(field_name) != new_value:
-            replaced.append(f"{key} {sec[field_name]} -> {new_value:g}")
-        sec[field_name] = new_value
+        new_value = getattr(d, field)
+        before = (switch.base.get(section) or {}).get(field_name)
+        if before is not None and before != new_value:
+            replaced.append(f"{key} {before} -> {new_value:g}")
+        setattr(getattr(cfg, section), field_name, new_value)
     notes.append("from the data: " + d.describe())
     if replaced:
         notes.append("replacing the preset's " + ", ".join(replaced))
     warnings.warn("; ".join(notes), DataDefaultsWarning, stacklevel=2)
+    return d
+
+
+def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:
+    """The raw config ``raw`` switched to another dataset by the ``--set data.name=...`` among ``overrides``.
+
+    The raw form of what :func:`~rankwise.recipes.config.load_config` and the run do (the config
+    built first, then :func:`apply_data_defaults` once the data are loaded): the preset's
+    ``data.options`` and ``expected_time`` are dropped, the description names the new data and, for
+    a dataset registered with :func:`register_own_data`, the bin width, shot thresholds, batch size
+    and epochs come from the data unless ``overrides`` set them; a :class:`DataDefaultsWarning` lists
+    what was replaced. Returns the (copied) raw config, ``overrides`` not applied; other configs pass
+    unchanged.
+    """
+    from rankwise.recipes.config import ConfigError, dataset_switch, load_config
+
+    try:
+        cfg = load_config(raw, list(overrides or []))
+    except ConfigError:
+        return raw  # the config's own error reporting names it
+    switch = dataset_switch(cfg)
+    if switch is None:
+        return raw
+    own = _OWN.get(switch.new)
+    data = None
+    if own is not None and own.file_option in cfg.data.options and own.target_option in cfg.data.options:
+        data = _load(switch.new, dict(cfg.data.options))
+    d = apply_data_defaults(cfg, data)
+    out = copy.deepcopy(raw)
+    out.setdefault("data", {}).pop("options", None)
+    out.pop("expected_time", None)
+    out["description"] = cfg.description
+    for key in _DERIVED.values() if d is not None else ():
+        if key not in switch.given:
+            section, field_name = key.split(".")
+            out.setdefault(section, {})[field_name] = getattr(getattr(cfg, section), field_name)
     return out

@@ -158,6 +158,8 @@ def train(
         cfg = load_run_config(run_dir, trainer=trainer_overrides, resume=True)
     elif cfg is None:
         raise TypeError("train() needs a config unless it resumes a run directory")
+    from rankwise.recipes.own_data import apply_data_defaults
+
     recipe = get_recipe(cfg.recipe)
     metrics = rundir.run_recipe(
         recipe,
@@ -170,6 +172,7 @@ def train(
         data=data,
         callbacks=callbacks,
         log_epoch=log_epoch,
+        fit_to_data=apply_data_defaults,  # a preset switched to the user's own table
     )
     return RunResult(run_dir, metrics, cfg)
 
@@ -434,6 +437,9 @@ def compare(
     own, so the results are those of one run after the other. ``on_run`` is called in the order of
     the sources and seeds either way.
     """
+    from rankwise.recipes.config import dataset_switch
+    from rankwise.recipes.own_data import apply_data_defaults
+
     out = Path(out)
     results: dict[str, list[dict[str, Any]]] = {}
     run_dirs: dict[str, list[Path]] = {}
@@ -466,13 +472,19 @@ def compare(
         method = Path(src).stem if Path(src).is_file() else str(src)
         for i, seed in enumerate(seeds):
             cfg = load_config(src, [*overrides, f"run.seed={seed}", f"run.name={method}-seed{seed}"])
+            key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
+            if dataset_switch(cfg) is not None:  # a preset switched to another dataset: fitted to its data
+                rundir.absolute_data_paths(cfg)
+                if apply_data_defaults(cfg) is None and dataset_switch(cfg) is not None:
+                    if key not in data_cache:
+                        data_cache[key] = rundir.load_data(cfg, recipes[src])
+                    apply_data_defaults(cfg, data_cache[key])
             run_dir = out / "runs" / method / f"seed{seed}"
             meta = rundir.read_meta(run_dir)
             if (run_dir / "metrics.json").is_file() and meta and meta.get("status") == "completed" and not overwrite:
                 _check_reused(run_dir, cfg)
                 todo.append((method, seed, RunResult(run_dir, _read_metrics(run_dir / "metrics.json"), cfg), None))
                 continue
-            key = json.dumps([cfg.data.name, cfg.data.options], sort_keys=True, default=str)
             if key not in data_cache:
                 data_cache[key] = rundir.load_data(cfg, recipes[src])
             kwargs = {

@@ -47,15 +47,13 @@ from rankwise.recipes.config._loading import (
 )
 from rankwise.recipes.config._loading import (
     apply_overrides,
+    dataset_switch,
     inherited_options,
     list_presets,
     load_config,
     load_raw,
     override_value,
     preset_path,
-)
-from rankwise.recipes.config._loading import (
-    register_raw_hook as register_raw_hook,
 )
 from rankwise.recipes.config._lookup import get_recipe as get_recipe
 from rankwise.recipes.config._lookup import set_recipe_lookup
@@ -78,6 +76,7 @@ from rankwise.recipes.config._sections import (
 from rankwise.recipes.config._sections import (
     Config,
     DataConfig,
+    DatasetSwitch,
     FDSConfig,
     LDSConfig,
     LossConfig,
@@ -101,6 +100,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "DatasetSwitch",
     "FDSConfig",
     "FieldDoc",
     "LDSConfig",
@@ -124,6 +124,7 @@ __all__ = [
     "config_fields",
     "config_from_dict",
     "config_to_dict",
+    "dataset_switch",
     "dump_yaml",
     "inherited_options",
     "list_presets",

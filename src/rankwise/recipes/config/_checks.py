@@ -103,11 +103,13 @@ def _message(err: Any, model: type[BaseModel], raw: Any, prefix: str) -> str:
     return f"`{key}`: {err['msg']}, got {short(value)}"  # pragma: no cover - every type above is mapped
 
 
-def validate_section(model: type[M], raw: Any, prefix: str = "") -> M:
+def validate_section(model: type[M], raw: Any, prefix: str = "", *, context: dict[str, Any] | None = None) -> M:
     """Build the model ``model`` of a raw (YAML) mapping; the first problem is a :class:`ConfigError`.
 
     The message names the dotted key (below ``prefix``) and what was expected: the valid keys and
-    the closest ones ("did you mean"), the type, the range or the choices.
+    the closest ones ("did you mean"), the type, the range or the choices. ``context``: pydantic's
+    validation context (a :class:`Config` takes ``{"recipe": Recipe}``: its ``task`` is then built
+    as the recipe's options model, in the same validation).
     """
     if raw is None:
         raw = {}
@@ -115,9 +117,15 @@ def validate_section(model: type[M], raw: Any, prefix: str = "") -> M:
         where = f"`{prefix}`" if prefix else "the config"
         raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {short(raw)}")
     try:
-        return model.model_validate(raw)
+        return model.model_validate(raw, context=context)
     except ValidationError as e:
-        raise ConfigError(_message(e.errors()[0], model, raw, prefix)) from None
+        err = e.errors()[0]
+        recipe = (context or {}).get("recipe")
+        if recipe is not None and tuple(err["loc"])[:1] == ("task",):  # an error of the recipe's own model
+            task_key = f"{prefix}.task" if prefix else "task"
+            err = {**err, "loc": tuple(err["loc"])[1:]}
+            raise ConfigError(_message(err, recipe.options, raw.get("task"), task_key)) from None
+        raise ConfigError(_message(err, model, raw, prefix)) from None
 
 
 def _check_devices(devices: Any) -> None:
@@ -250,19 +258,18 @@ def _check_library(cfg: Config) -> None:
 def config_from_dict(raw: dict[str, Any] | None) -> Config:
     """Build and validate the typed :class:`Config` of a raw (YAML) mapping, in one pass.
 
-    Types, ranges and unknown keys of every section; the ``task`` section is built as the options
-    model of the recipe; sections the recipe does not read must be left at their defaults;
-    then the shared cross-field checks and the recipe's own (``Recipe.check``: names and options
-    against the registries and the library signatures).
+    Types, ranges and unknown keys of every section, the ``task`` section as the options model of
+    the recipe (one pydantic validation, the recipe in its context); sections the recipe does not
+    read must be left at their defaults; then the shared cross-field checks and the recipe's own
+    (``Recipe.check``: names and options against the registries and the library signatures).
     """
     raw = dict(raw or {})
     raw.pop("extends", None)
     recipe = lookup_recipe(raw.get("recipe", default_recipe()))
-    task_raw = raw.pop("task", None)
+    task_raw = raw["task"] = raw.get("task")  # validated when absent too: the recipe's defaults
     if task_raw is not None and not isinstance(task_raw, dict):
         raise ConfigError(f"`task` must be a mapping, got {type(task_raw).__name__} {task_raw!r}")
-    cfg = validate_section(Config, raw)
-    cfg.task = validate_section(recipe.options, task_raw, "task")
+    cfg = validate_section(Config, raw, context={"recipe": recipe})
     for sec in OPTIONAL_SECTIONS:
         if sec not in recipe.uses and getattr(cfg, sec) != getattr(Config(), sec):
             raise ConfigError(f"`{sec}` is not used by recipe {recipe.name!r} (it reads: {_sections(recipe)})")

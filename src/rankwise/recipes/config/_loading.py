@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -15,7 +14,7 @@ from rankwise._suggest import suggestion
 from rankwise.recipes.config._checks import config_from_dict, walk
 from rankwise.recipes.config._lookup import default_recipe, get_recipe
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
-from rankwise.recipes.config._sections import Config, Provenance, is_model, unwrap
+from rankwise.recipes.config._sections import Config, DatasetSwitch, Provenance, is_model, unwrap
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 # --------------------------------------------------------------------------------------------------
@@ -269,13 +268,49 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = copy.deepcopy(source)
     else:
         raw, origin = _load_chain(source, (), None)
-    for hook in _RAW_HOOKS:
-        raw = hook(raw, overrides)
+    switch = _switch_dataset(raw, overrides or [])
+    if switch is not None:  # nothing of the old dataset stays (its options, its expected time)
+        raw = copy.deepcopy(raw)
+        raw.setdefault("data", {}).pop("options", None)
+        raw.pop("expected_time", None)
+        origin = {k: v for k, v in origin.items() if not (k == "expected_time" or k.startswith("data.options"))}
     cfg = config_from_dict(apply_overrides(raw, overrides))
     for item in overrides or []:
         _set_origin(origin, item.split("=", 1)[0].strip(), ("--set", item))
     cfg._provenance = origin
+    cfg._switch = switch
     return cfg
+
+
+def _switch_dataset(raw: dict[str, Any], overrides: list[str]) -> DatasetSwitch | None:
+    """The switch of ``raw``'s dataset to another registered one by ``--set data.name=...``, else ``None``
+    (an unknown name, a value that is no name: the config's own check names it)."""
+    given = tuple(item.partition("=")[0].strip() for item in overrides)
+    if "data.name" not in given:
+        return None
+    text = [item.partition("=")[2] for item in overrides if item.partition("=")[0].strip() == "data.name"][-1]
+    found = raw.get("data")
+    data: dict[str, Any] = found if isinstance(found, dict) else {}
+    old = data.get("name", "abalone")
+    try:
+        new = override_value(raw, "data.name", text)
+    except ConfigError:
+        return None
+    from rankwise.data import list_datasets
+
+    if new == old or not isinstance(new, str) or new not in list_datasets():
+        return None
+    options = data.get("options")
+    return DatasetSwitch(str(old), new, copy.deepcopy(options) if options else None, copy.deepcopy(raw), given)
+
+
+def dataset_switch(cfg: Config, *, pop: bool = False) -> DatasetSwitch | None:
+    """How ``--set data.name=...`` switched ``cfg``'s file to another dataset (``None``: it did not);
+    ``pop=True``: the run has fitted ``cfg`` to the new data, ``cfg`` forgets the switch."""
+    switch = cfg._switch
+    if pop:
+        cfg._switch = None
+    return switch
 
 
 def inherited_options(cfg: Config) -> frozenset[str]:
@@ -305,15 +340,3 @@ def _only_from_preset(origin: Provenance, key: str) -> bool:
             return found[0] == "preset"
     under = [v for k, v in origin.items() if k.startswith(key + ".")]
     return bool(under) and all(v[0] == "preset" for v in under)
-
-
-#: functions ``(raw, overrides) -> raw`` that :func:`load_config` applies before the overrides, in the
-#: order registered (:mod:`rankwise.recipes.own_data` registers the switch of a preset to another
-#: dataset); the config layer knows no recipe or dataset itself
-_RAW_HOOKS: list[Callable[[dict[str, Any], list[str] | None], dict[str, Any]]] = []
-
-
-def register_raw_hook(hook: Callable[[dict[str, Any], list[str] | None], dict[str, Any]]) -> None:
-    """Add ``hook`` to the raw-config transformations of :func:`load_config` (once)."""
-    if hook not in _RAW_HOOKS:
-        _RAW_HOOKS.append(hook)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import types
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
@@ -310,6 +311,26 @@ class StudyConfig(Section):
 Provenance = dict[str, tuple[str, str]]
 
 
+@dataclass(frozen=True)
+class DatasetSwitch:
+    """A preset or file switched to another dataset by ``--set data.name=...`` (:func:`load_config`).
+
+    The config keeps nothing of the old dataset (its ``data.options`` and ``expected_time`` are
+    dropped); what the run derives from the new data (:mod:`rankwise.recipes.own_data`) reads this
+    record once the data are loaded.
+    """
+
+    #: the dataset the file named (``abalone`` when it named none) and the one ``--set`` named
+    old: str
+    new: str
+    #: the file's ``data.options`` (dropped), ``None`` when it had none
+    options: dict[str, Any] | None
+    #: the raw config of the file(s), before ``--set`` (the preset's values the data may replace)
+    base: dict[str, Any]
+    #: the dotted keys that ``--set`` gave, in order
+    given: tuple[str, ...]
+
+
 class Config(Section):
     """A whole run. ``task`` is the options model of ``recipe`` (see ``rankwise.recipes.registry``)."""
 
@@ -333,6 +354,18 @@ class Config(Section):
     #: where each value came from: dotted key -> ``("preset", name)``, ``("file", path)`` or
     #: ``("--set", "key=value")``, set by ``load_config`` (empty for a config built from a mapping)
     _provenance: Provenance = PrivateAttr(default_factory=dict)
+    #: set by ``load_config`` when ``--set data.name`` switched the file's dataset (else ``None``)
+    _switch: DatasetSwitch | None = PrivateAttr(default=None)
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_of_the_recipe(cls, value: Any, info: ValidationInfo) -> Any:
+        """``task`` as the options model of the recipe in the validation context (``{"recipe": Recipe}``,
+        :func:`~rankwise.recipes.config.config_from_dict`): one validation builds the whole config."""
+        recipe = (info.context or {}).get("recipe")
+        if recipe is None:
+            return value
+        return recipe.options.model_validate({} if value is None else value, context=info.context)
 
     def __eq__(self, other: object) -> bool:
         """Equal configs hold equal values, wherever the values came from."""

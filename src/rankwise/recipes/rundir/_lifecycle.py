@@ -238,8 +238,13 @@ def run_recipe(
     data: Any = None,
     callbacks: Sequence[Any] = (),
     log_epoch: Callable[[str], None] | None = None,
+    fit_to_data: Callable[[Config, Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` with ``recipe`` in ``run_dir`` (the lifecycle of the module doc); returns metrics.json.
+
+    ``fit_to_data(cfg, data)``: a new run's settings that its data decide, written into ``cfg``
+    before config.yaml is; called first with ``data=None`` (before the data are read), then with the
+    data (:func:`rankwise.recipes.own_data.apply_data_defaults`).
 
     Rank > 0 of a distributed run returns ``{}`` (rank 0 owns the directory, evaluates and reports).
     """
@@ -247,6 +252,8 @@ def run_recipe(
 
     quiet_lightning()
     worker = is_launched_worker()
+    if not resume and fit_to_data is not None:  # what needs no data is said first
+        fit_to_data(cfg, None)
     if not worker:  # an unusable run directory is refused before the data are read
         RunDir.check(run_dir, resume=resume, overwrite=overwrite)
     read: list[Path] = []
@@ -258,6 +265,8 @@ def run_recipe(
             data, read = _load_data_files(cfg, recipe)
         else:
             check_data(cfg, recipe, data)
+        if fit_to_data is not None:  # e.g. the bins, shot groups, batch and epochs of the data
+            fit_to_data(cfg, data)
     record_resolved_options(cfg, data)
     rd = None if worker else RunDir.open(run_dir, resume=resume, overwrite=overwrite)
     try:

@@ -63,6 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the numba kernels load before the first call returns (as benchmarks/_timing.py sets it): no background
+# thread spends CPU time during the timed steps
+os.environ.setdefault("RANKWISE_NUMBA", "sync")
+
 TOL = 1e-6
 WARMUP = 3
 OUT = Path(__file__).parent / "results" / "training_overhead.json"
@@ -195,10 +199,12 @@ def _probe_class() -> Any:
             self.captured: dict[str, Any] | None = None
             self.final: dict[str, torch.Tensor] = {}
             self._val_t0 = 0.0
-            self._prev = 0.0
+            self._prev = self._prev_cpu = 0.0
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            self.fits.append({"start": time.perf_counter(), "steps": [], "epoch_first": [], "validation": 0.0})
+            self.fits.append(
+                {"start": time.perf_counter(), "steps": [], "cpu": [], "epoch_first": [], "validation": 0.0}
+            )
             if self.captured is None:
                 dm = trainer.datamodule
                 self.captured = {
@@ -216,13 +222,14 @@ def _probe_class() -> Any:
                 }
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-            self._prev = time.perf_counter()
+            self._prev, self._prev_cpu = time.perf_counter(), time.process_time()
             self.fits[-1]["epoch_first"].append(len(self.fits[-1]["steps"]))
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time()
             self.fits[-1]["steps"].append(now - self._prev)
-            self._prev = now
+            self.fits[-1]["cpu"].append(cpu - self._prev_cpu)
+            self._prev, self._prev_cpu = now, cpu
 
         def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
             self._val_t0 = time.perf_counter()
@@ -299,6 +306,7 @@ def run_rankwise(
     peak = _peak_mib(kind)
     fits = probe.fits
     steps = [s for f in fits for s in f["steps"]]
+    cpu = [s for f in fits for s in f["cpu"]]
     firsts: list[int] = []
     offset = 0
     for f in fits:
@@ -326,6 +334,7 @@ def run_rankwise(
         "steps": len(steps),
         "steady_steps": len(st),
         "step_ms": _ms(st),
+        "step_cpu_ms": _ms(steady(cpu, firsts)),
         "total_s": round(total, 3),
         "train_steps_s": round(sum(steps), 3),
         "fixed_s": {k: round(v, 3) for k, v in fixed.items()},
@@ -362,6 +371,7 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
             opt, lambda step: lr_factor(step, s, total_steps=total, epochs=epochs)
         )
     steps: list[float] = []
+    cpu: list[float] = []
     firsts: list[int] = []
     step = 0
     for epoch in range(cap["epochs"]):
@@ -371,7 +381,7 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
         for m in mods.values():
             m.train()
         firsts.append(len(steps))
-        prev = time.perf_counter()
+        prev, prev_cpu = time.perf_counter(), time.process_time()
         for i, batch in enumerate(loader):
             if i >= cap["batches"]:
                 break
@@ -383,9 +393,10 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
             if sched is not None:
                 sched.step()
             step += 1
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.process_time()
             steps.append(now - prev)
-            prev = now
+            cpu.append(now_cpu - prev_cpu)
+            prev, prev_cpu = now, now_cpu
     total_s = time.perf_counter() - t0
     peak = _peak_mib(kind)
     final = {f"{n}.{k}": v for n, m in mods.items() for k, v in m.state_dict().items()}
@@ -397,6 +408,7 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
         "steps": len(steps),
         "steady_steps": len(st),
         "step_ms": _ms(st),
+        "step_cpu_ms": _ms(steady(cpu, firsts)),
         "total_s": round(total_s, 3),
         "rss_peak_mib": round(peak, 1),
         "rss_peak_kind": kind,
@@ -435,6 +447,7 @@ def measure_case(
         "rankwise": rw,
         "hand": hand,
         "ratio": round(rw["step_ms"] / hand["step_ms"], 3),
+        "cpu_ratio": round(rw["step_cpu_ms"] / hand["step_cpu_ms"], 3),
         "max_abs_weight_diff": diff,
     }
 

@@ -66,12 +66,13 @@ def test_markdown_table_from_a_result(bench):
                 "case": "abalone_vanilla",
                 "threads": 1,
                 "ratio": 1.05,
+                "cpu_ratio": 1.5,
                 "max_abs_weight_diff": 0.0,
-                "rankwise": {"steps": 8, "step_ms": 2.1, "fixed_s": fixed, "rss_peak_mib": 900.0},
-                "hand": {"step_ms": 2.0, "rss_peak_mib": 880.0},
+                "rankwise": {"steps": 8, "step_ms": 2.1, "step_cpu_ms": 1.5, "fixed_s": fixed, "rss_peak_mib": 900.0},
+                "hand": {"step_ms": 2.0, "step_cpu_ms": 1.0, "rss_peak_mib": 880.0},
             }
         ],
     }
     text = bench.markdown(result)
     assert "`abc1234`" in text and "load average 1/2/3" in text
-    assert "| abalone_vanilla | 1 | 8 | 2.100 | 2.000 | 1.05 |" in text
+    assert "| abalone_vanilla | 1 | 8 | 2.10 (1.50) | 2.00 (1.00) | 1.05 (1.50) |" in text

@@ -367,6 +367,9 @@ class Objective:
         # each term: a LossTerm or a Term (``name``, ``weight``, ``term(tensors) -> scalar``)
         self.task = task
         self.regularizers = [r for r in regularizers if float(r.weight) != 0.0]
+        #: the epoch whose means :meth:`log` accumulates (Trainer id, epoch, prefix), and their (sum, count)
+        self._epoch: tuple[int, int, str] | None = None
+        self._sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         names = [task.name, *(r.name for r in self.regularizers)]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -410,7 +413,7 @@ class Objective:
             module.log_dict(parts, on_step=False, on_epoch=True, **kw)
             return
         epoch = (id(trainer), int(trainer.current_epoch), prefix)
-        if getattr(self, "_epoch", None) != epoch:
+        if self._epoch != epoch:
             self._epoch, self._sums = epoch, {}
         total = value.total.detach()
         values = {f"{prefix}/loss_epoch": total, **{f"{prefix}/loss/{n}": v.detach() for n, v in value.parts.items()}}

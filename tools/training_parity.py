@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-QUIET = ["trainer.num_threads=1", "run.plots=false", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
+QUIET = ["trainer.num_threads=1", "report.plots=false", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu"]
 TINY = [
     *QUIET,
     "model.options.hidden=[16]",

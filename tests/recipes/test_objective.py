@@ -110,3 +110,49 @@ def test_a_loss_of_another_batch_or_an_unknown_one_errors_naming_it(monkeypatch:
         ConfigError, match=r"`loss\.regularizers\.spearman\.name`: loss 'spearman' declares takes='volumes'"
     ):
         load_config("abalone_spearman")
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_epoch_means_as_lightnings(tmp_path, every) -> None:
+    # the means Objective.log accumulates itself are the ones Lightning's on_epoch logging gives: same CSV
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Net(L.LightningModule):
+        def __init__(self, plain: bool) -> None:
+            super().__init__()
+            self.plain = plain
+            self.lin = torch.nn.Linear(3, 1)
+            self.objective = Objective(Term("mse", lambda t: ((t["p"] - t["y"]) ** 2).mean()), [])
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            value = self.objective({"p": self.lin(x).squeeze(-1), "y": y})
+            if self.plain:  # Lightning's own reduction
+                self.log("train/loss", value.total.detach(), on_step=True, on_epoch=True, batch_size=len(y))
+                self.log("train/loss/mse", value.parts["mse"].detach(), on_step=False, on_epoch=True, batch_size=len(y))
+            else:
+                self.objective.log(self, value, batch_size=len(y))
+            return value.total
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(7, 3, generator=g), torch.randn(7, generator=g))
+    logs = []
+    for plain in (True, False):
+        torch.manual_seed(0)
+        trainer = L.Trainer(
+            max_epochs=2,
+            logger=CSVLogger(tmp_path, name=str(plain), version=""),
+            log_every_n_steps=every,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+        )
+        trainer.fit(Net(plain), torch.utils.data.DataLoader(data, batch_size=3))
+        logs.append((tmp_path / str(plain) / "metrics.csv").read_text())
+    assert logs[0] == logs[1]
+    assert "train/loss_epoch" in logs[0] and "train/loss_step" in logs[0]

@@ -16,10 +16,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -53,9 +55,14 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or inf; the run stops and keeps its last good checkpoint."""
 
 
-def check_finite(loss: torch.Tensor, module: Any, what: str, hint: str = "try a smaller learning rate") -> None:
-    """Raise :class:`NonFiniteLossError` naming the epoch and step when ``loss`` is NaN/inf."""
+def check_finite(
+    loss: torch.Tensor, module: Any, what: str, hint: str | Callable[[], str] = "try a smaller learning rate"
+) -> None:
+    """Raise :class:`NonFiniteLossError` naming the epoch and step when ``loss`` is NaN/inf (``hint``: a
+    callable is called for the text only then, e.g. to read a tensor's value)."""
     if not bool(torch.isfinite(loss.detach())):
+        if callable(hint):
+            hint = hint()
         raise NonFiniteLossError(
             f"the {what} loss became {loss.detach().item()} at epoch {module.current_epoch}, global step "
             f"{module.global_step}; stopping. The last good checkpoint is kept; {hint}."
@@ -72,7 +79,25 @@ def reseed(seed: int, step: int, rank: int = 0) -> None:
     s = (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 104_729) % (2**31 - 1)
     random.seed(s)
     np.random.seed(s)  # noqa: NPY002 - user code (e.g. augmentations) may use the legacy global RNG
-    torch.manual_seed(s)
+    if _accelerator_present():
+        torch.manual_seed(s)
+    else:  # what torch.manual_seed does where no accelerator exists, without its lazy per-device seeders
+        torch.default_generator.manual_seed(s)
+
+
+@functools.cache
+def _accelerator_present() -> bool:
+    """Whether ``torch.manual_seed`` would seed more than the CPU generator: CUDA, MPS, XPU or MTIA is
+    available, or a custom (``privateuse1``) backend is registered. Asked once per process (under
+    Lightning ``torch.cuda.is_available()`` queries NVML at every call: tens of microseconds)."""
+    if torch.cuda.is_available():
+        return True
+    for name in ("mps", "xpu", "mtia"):
+        mod = getattr(torch, name, None)
+        available = getattr(mod, "is_available", None)
+        if callable(available) and available():
+            return True
+    return hasattr(torch, torch._C._get_privateuse1_backend_name())
 
 
 class EpochShuffleSampler(torch.utils.data.Sampler[int]):

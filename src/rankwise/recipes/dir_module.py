@@ -89,7 +89,7 @@ class DIRRegressor(DIRNet, L.LightningModule):
             value.total,
             self,
             "training",
-            f"task loss {task.detach().item():.4g}; try a smaller learning rate or regularizer weight",
+            lambda: f"task loss {task.detach().item():.4g}; try a smaller learning rate or regularizer weight",
         )
         self.objective.log(self, value, batch_size=y.numel())
         return value.total

@@ -30,6 +30,7 @@ its test (see docs/recipes.md).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -366,6 +367,9 @@ class Objective:
         # each term: a LossTerm or a Term (``name``, ``weight``, ``term(tensors) -> scalar``)
         self.task = task
         self.regularizers = [r for r in regularizers if float(r.weight) != 0.0]
+        #: the epoch whose means :meth:`log` accumulates (Trainer id, epoch, prefix), and their (sum, count)
+        self._epoch: tuple[int, int, str] | None = None
+        self._sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         names = [task.name, *(r.name for r in self.regularizers)]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -391,11 +395,64 @@ class Objective:
 
     def log(self, module: Any, value: ObjectiveValue, *, batch_size: int, prefix: str = "train") -> None:
         """Log ``value`` from a LightningModule's training step: ``<prefix>/loss`` (the total, per step and
-        per epoch) and ``<prefix>/loss/<name>`` (each part, per epoch), averaged over the ranks' batches."""
-        kw: dict[str, Any] = {"batch_size": batch_size, "sync_dist": True}
-        module.log(f"{prefix}/loss", value.total.detach(), on_step=True, on_epoch=True, **kw)
-        parts = {f"{prefix}/loss/{name}": v.detach() for name, v in value.parts.items()}
-        module.log_dict(parts, on_step=False, on_epoch=True, **kw)
+        per epoch) and ``<prefix>/loss/<name>`` (each part, per epoch), averaged over the ranks' batches.
+
+        In a single process whose epochs have a known length, the epoch means are accumulated here, as
+        Lightning's mean reduction does (``sum + value * batch_size``, ``count + batch_size``, then
+        ``sum / count`` in the default float dtype), and handed to Lightning once, at the epoch's last
+        batch, as ``<prefix>/loss_epoch`` and ``<prefix>/loss/<name>``; ``<prefix>/loss_step`` only at the
+        steps whose values the loggers write (``trainer.log_every_n_steps``). The logged keys and values
+        are those of logging every step with ``on_step=True, on_epoch=True``; a Lightning call costs about a
+        millisecond of host time, which is what a small model's whole step takes.
+        """
+        trainer = _epoch_trainer(module)
+        if trainer is None:
+            kw: dict[str, Any] = {"batch_size": batch_size, "sync_dist": True}
+            module.log(f"{prefix}/loss", value.total.detach(), on_step=True, on_epoch=True, **kw)
+            parts = {f"{prefix}/loss/{name}": v.detach() for name, v in value.parts.items()}
+            module.log_dict(parts, on_step=False, on_epoch=True, **kw)
+            return
+        epoch = (id(trainer), int(trainer.current_epoch), prefix)
+        if self._epoch != epoch:
+            self._epoch, self._sums = epoch, {}
+        total = value.total.detach()
+        values = {f"{prefix}/loss_epoch": total, **{f"{prefix}/loss/{n}": v.detach() for n, v in value.parts.items()}}
+        for key, v in values.items():
+            self._sums[key] = _mean_update(self._sums.get(key), v, batch_size)
+        connector = trainer._logger_connector
+        if connector.should_update_logs or trainer.fast_dev_run:
+            module.log(f"{prefix}/loss_step", total, on_step=True, on_epoch=False, batch_size=batch_size)
+        if trainer.fit_loop.epoch_loop.batch_idx + 1 >= trainer.num_training_batches:
+            for key, (acc, count) in self._sums.items():
+                module.log(key, acc / count, on_step=False, on_epoch=True, batch_size=1)
+            self._epoch, self._sums = None, {}
+
+
+def _epoch_trainer(module: Any) -> Any:
+    """The Trainer of ``module`` when :meth:`Objective.log` may accumulate the epoch means itself: one
+    process, automatic optimization without gradient accumulation, a finite epoch; else None."""
+    trainer = getattr(module, "_trainer", None)
+    if trainer is None or not getattr(module, "automatic_optimization", False):
+        return None
+    try:
+        finite = math.isfinite(float(trainer.num_training_batches))
+        single = int(trainer.world_size) == 1 and int(trainer.accumulate_grad_batches) == 1
+        hooks = hasattr(trainer, "_logger_connector") and hasattr(trainer.fit_loop.epoch_loop, "batch_idx")
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return trainer if finite and single and hooks and trainer.training else None
+
+
+def _mean_update(state: Any, value: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum, count)`` after one more batch, in the dtype and order of Lightning's mean reduction."""
+    dtype = torch.get_default_dtype()
+    dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    if not torch.is_floating_point(value) or value.dtype not in (torch.float32, torch.float64):
+        value = value.to(dtype)
+    if state is None:
+        state = (torch.tensor(0.0, dtype=dtype, device=value.device), torch.tensor(0, device=value.device))
+    acc, count = state
+    return acc + value * batch_size, count + batch_size
 
 
 def build_term(

@@ -8,7 +8,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,8 +38,10 @@ from rankwise.data._files import (
 
 __all__ = [
     "ABALONE_COLUMNS",
+    "BLOCK_ROWS",
     "FeatureRows",
     "abalone_path",
+    "iter_feature_rows",
     "load_abalone",
     "load_csv",
     "read_abalone_rows",
@@ -425,3 +427,100 @@ def read_feature_rows(path: str | Path, features: Sequence[str], *, delimiter: s
         xs.append(_parse_fields(row, idx, features, display, row_no))
         rows.append(row)
     return FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64).reshape(len(xs), len(idx)))
+
+
+#: rows of a block of :func:`iter_feature_rows` by default
+BLOCK_ROWS = 100_000
+
+
+def iter_feature_rows(
+    path: str | Path, features: Sequence[str], *, delimiter: str = ",", block_rows: int = BLOCK_ROWS
+) -> Iterator[FeatureRows]:
+    """:func:`read_feature_rows` in blocks of at most ``block_rows`` rows, the file read as they are asked
+    for (a plain or ``.gz`` file: memory bounded by a block, whatever the file's size; a zip archive is
+    read whole, as :func:`read_feature_rows` reads it, then cut into blocks).
+
+    The blocks' rows, in order, are those of :func:`read_feature_rows` and the errors are its errors
+    (a value that is not UTF-8 names the row after which it comes); a file of a header only gives one
+    block of zero rows.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "new.csv"
+        >>> _ = path.write_text("id,b,a\\nx,2,1\\ny,4,3.5\\nz,6,5\\n")
+        >>> [(t.rows, t.features.tolist()) for t in iter_feature_rows(path, ["a", "b"], block_rows=2)]
+        [([['x', '2', '1'], ['y', '4', '3.5']], [[1.0, 2.0], [3.5, 4.0]]), ([['z', '6', '5']], [[5.0, 6.0]])]
+    """
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"`block_rows` must be a positive int, got {block_rows!r}")
+    src = check_file(Path(path))
+    with open(src, "rb") as fh:
+        magic = fh.read(4)
+    if zipfile.is_zipfile(src) or magic[:4] == b"PK\x03\x04":
+        whole = read_feature_rows(src, features, delimiter=delimiter)
+        n = len(whole.rows)
+        for start in range(0, max(n, 1), block_rows):
+            stop = min(start + block_rows, n)
+            yield FeatureRows(whole.source, whole.header, whole.rows[start:stop], whole.features[start:stop])
+        return
+    yield from _stream_feature_rows(src, features, delimiter, block_rows)
+
+
+def _utf8_lines(raw: Any, display: str) -> Iterator[str]:
+    """The lines of a binary stream as UTF-8 text (a leading byte-order mark dropped); a line that is not
+    UTF-8: the error of :func:`~rankwise.data._files.decode_text` (the line and the first bad byte)."""
+    for number, line in enumerate(raw, start=1):
+        try:
+            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise DataFormatError(
+                display,
+                None,
+                f"not valid UTF-8 text (byte 0x{line[err.start : err.start + 1].hex()} on line {number}): "
+                + (
+                    "it looks like UTF-16; save it as UTF-8"
+                    if number == 1 and line[:2] in (b"\xff\xfe", b"\xfe\xff")
+                    else "save it as UTF-8 (it may be Latin-1/Windows-1252)"
+                ),
+            ) from None
+
+
+def _stream_feature_rows(src: Path, features: Sequence[str], delimiter: str, block_rows: int) -> Iterator[FeatureRows]:
+    import gzip
+
+    display = str(src)
+    try:
+        raw = gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb")
+        with raw:
+            records = csv_records(_utf8_lines(raw, display), display, delimiter=delimiter)
+            first = next(records, None)
+            if first is None:
+                raise DataFormatError(display, None, "the file is empty")
+            header = check_header(first[1], display)
+            position = {c: i for i, c in enumerate(header)}
+            missing = [c for c in features if c not in position]
+            if missing:
+                shown = ", ".join(repr(c) for c in missing[:5])
+                shown += f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+                raise DataFormatError(
+                    display,
+                    1,
+                    f"missing feature column(s) {shown} that the model was trained on; {_columns_text(header)}",
+                )
+            idx = [position[c] for c in features]
+            rows: list[list[str]] = []
+            xs: list[list[float]] = []
+            sent = False
+            for row_no, row in records:
+                if len(row) != len(header):
+                    raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
+                xs.append(_parse_fields(row, idx, features, display, row_no))
+                rows.append(row)
+                if len(rows) == block_rows:
+                    yield FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64))
+                    rows, xs, sent = [], [], True
+            if rows or not sent:
+                yield FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64).reshape(len(xs), len(idx)))
+    except (OSError, EOFError, zlib.error) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise DataFormatError(display, None, f"cannot read the file: {why}") from err

@@ -85,7 +85,7 @@ def test_a_bad_row_in_a_later_block_is_one_error_line_and_no_file(table_run: tup
 
 
 def _table(tmp_path: Path) -> tuple[Path, list[str]]:
-    text = 'x,b,a\n"1,5",2,1\n\ny,4,3.5\nz,6,-.5\nw,8,1e3\n'
+    text = 'x,b,a\n"1,5",2,1\n\ny, 4 ,3.5\nz,6,-.5\nw,\t8,1e3\n'
     path = tmp_path / "t.csv"
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     return path, ["a", "b"]
@@ -114,7 +114,7 @@ def test_block_reader_edge_cases_and_errors(tmp_path: Path) -> None:
     head.write_text("a,b\n")
     (only,) = iter_feature_rows(head, ["a", "b"])
     assert only.rows == [] and only.features.shape == (0, 2)
-    for text in ("", "a,b\n1,2\n3\n", "b\n1\n", "a,b\n1,2\n3,inf\n"):
+    for text in ("", "a,b\n1,2\n3\n", "b\n1\n", "a,b\n1,2\n3,inf\n", "a,b\n1,2\n3,4e39\n", "a,b\n1,2\n,4\n1_0,x\n"):
         path = tmp_path / "e.csv"
         path.write_text(text)
         with pytest.raises(DataFormatError) as whole:

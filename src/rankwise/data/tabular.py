@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from rankwise.data._base import (
     suggest_shot_thresholds,
 )
 from rankwise.data._files import (
+    FLOAT32_MAX,
     MAX_DATA_BYTES,
     check_file,
     check_header,
@@ -466,23 +468,80 @@ def iter_feature_rows(
     yield from _stream_feature_rows(src, features, delimiter, block_rows)
 
 
-def _utf8_lines(raw: Any, display: str) -> Iterator[str]:
-    """The lines of a binary stream as UTF-8 text (a leading byte-order mark dropped); a line that is not
-    UTF-8: the error of :func:`~rankwise.data._files.decode_text` (the line and the first bad byte)."""
-    for number, line in enumerate(raw, start=1):
+#: the characters of plain decimals (and the spaces around them), one a line: the fast path of :func:`_block_values`
+_DECIMAL_CHARS = re.compile(r"[0-9.eE+\- \n]*")
+
+
+def _block_values(
+    rows: list[list[str]], numbers: list[int], idx: Sequence[int], names: Sequence[str], display: str
+) -> np.ndarray:
+    """``(len(rows), len(idx))`` float64: the values :func:`_parse_fields` gives, row by row (its errors).
+
+    A column whose fields hold only the characters of plain decimals and spaces (one pass over the
+    column) is converted at once by ``float``'s grammar, which on those characters accepts exactly the
+    decimals of :func:`~rankwise.data._files.parse_number` (``inf``, ``nan`` and ``1_000`` have other
+    characters); a field ``float`` refuses, a value beyond the float32 range or any other character sends
+    the block field by field through :func:`_parse_fields`, which raises the error of the first bad field
+    in the block's row order.
+    """
+    out = np.empty((len(rows), len(idx)), dtype=np.float64)
+    for j, i in enumerate(idx):
+        column = [r[i] for r in rows]
+        if column and _DECIMAL_CHARS.fullmatch("\n".join(column)) is not None:
+            try:
+                values = np.array(column, dtype=np.float64)
+            except ValueError:  # e.g. '1.2.3', '-', a field of spaces: the field's own error below
+                break
+            if np.all(np.abs(values) <= FLOAT32_MAX):
+                out[:, j] = values
+                continue
+        break
+    else:
+        return out
+    for k, (row, row_no) in enumerate(zip(rows, numbers)):  # the first bad field, in row order, raises
+        out[k] = _parse_fields(row, idx, names, display, row_no)
+    return out
+
+
+def _utf8_lines(raw: Any, display: str, chunk_bytes: int = 1 << 22) -> Iterator[str]:
+    """The lines (``\\n``-terminated, as a text file opened with ``newline=""`` gives them) of a binary
+    stream as UTF-8 text, a leading byte-order mark dropped, decoded ``chunk_bytes`` at a time; text
+    that is not UTF-8: the error of :func:`~rankwise.data._files.decode_text` (the line and the first bad byte)."""
+    import io
+
+    lines_before = 0
+    rest = b""
+    first = True
+    while True:
+        chunk = raw.read(chunk_bytes)
+        data = rest + chunk
+        if chunk:
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            data, rest = data[:cut], data[cut:]
+        if first:
+            utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+            data = data.removeprefix(b"\xef\xbb\xbf")
+            first = False
         try:
-            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as err:
+            line = lines_before + data.count(b"\n", 0, err.start) + 1
+            hint = (
+                "it looks like UTF-16; save it as UTF-8"
+                if utf16
+                else "save it as UTF-8 (it may be Latin-1/Windows-1252)"
+            )
+            bad = data[err.start : err.start + 1].hex()
             raise DataFormatError(
-                display,
-                None,
-                f"not valid UTF-8 text (byte 0x{line[err.start : err.start + 1].hex()} on line {number}): "
-                + (
-                    "it looks like UTF-16; save it as UTF-8"
-                    if number == 1 and line[:2] in (b"\xff\xfe", b"\xfe\xff")
-                    else "save it as UTF-8 (it may be Latin-1/Windows-1252)"
-                ),
+                display, None, f"not valid UTF-8 text (byte 0x{bad} on line {line}): {hint}"
             ) from None
+        lines_before += data.count(b"\n")
+        yield from io.StringIO(text)
+        if not chunk:
+            return
 
 
 def _stream_feature_rows(src: Path, features: Sequence[str], delimiter: str, block_rows: int) -> Iterator[FeatureRows]:
@@ -509,18 +568,18 @@ def _stream_feature_rows(src: Path, features: Sequence[str], delimiter: str, blo
                 )
             idx = [position[c] for c in features]
             rows: list[list[str]] = []
-            xs: list[list[float]] = []
+            numbers: list[int] = []
             sent = False
             for row_no, row in records:
                 if len(row) != len(header):
                     raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
-                xs.append(_parse_fields(row, idx, features, display, row_no))
                 rows.append(row)
+                numbers.append(row_no)
                 if len(rows) == block_rows:
-                    yield FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64))
-                    rows, xs, sent = [], [], True
+                    yield FeatureRows(display, header, rows, _block_values(rows, numbers, idx, features, display))
+                    rows, numbers, sent = [], [], True
             if rows or not sent:
-                yield FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64).reshape(len(xs), len(idx)))
+                yield FeatureRows(display, header, rows, _block_values(rows, numbers, idx, features, display))
     except (OSError, EOFError, zlib.error) as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else err
         raise DataFormatError(display, None, f"cannot read the file: {why}") from err

@@ -396,16 +396,15 @@ def _gib(v: Any) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """The docs table of a result of this script (provenance line first)."""
-    load = result.get("loadavg_start", [])
-    lines = [
-        f"Measured at commit `{result['commit']}` on {result['date']} ({result['machine']['platform']}, "
-        f"{result['machine']['cpu_count']} CPUs, {result['machine']['memory_gib']} GiB; load average "
-        f"{load[0] if load else '?'} at the start, {result.get('loadavg_end', ['?'])[0]} at the end; 1 torch thread; "
-        f"`python benchmarks/scale.py {result.get('argv', '')}`).",
-        "",
-        "| case | size | wall (s) | peak RSS (GiB) | note |",
-        "|---|---|---|---|---|",
-    ]
+    m = result["machine"]
+    lines = [f"Machine: {m['platform']}, {m['cpu_count']} CPUs, {m['memory_gib']} GiB; 1 torch thread. Cases:"]
+    for case, prov in result.get("provenance", {}).items():
+        load = f"{prov['loadavg_start'][0]} / {prov['loadavg_end'][0]}" if prov["loadavg_start"] else "?"
+        lines.append(
+            f"`{case}` at commit `{prov['commit']}` on {prov['date']} (1-minute load average {load} at its start / "
+            f"end; `python benchmarks/scale.py {prov['argv']}`);"
+        )
+    lines += ["", "| case | size | wall (s) | peak RSS (GiB) | note |", "|---|---|---|---|---|"]
     cases = result.get("cases", {})
     for row in cases.get("estimate", {}).get("configs", []):
         shape = "x".join(str(s) for s in row["shape"])
@@ -491,8 +490,15 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="rankwise_scale_") as tmp:
         for case in only:
+            start = _loadavg()
             result["cases"][case] = benches[case](a, Path(tmp))
-            result["cases"][case + "_loadavg"] = _loadavg()
+            result.setdefault("provenance", {})[case] = {
+                "commit": result["commit"],
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "loadavg_start": start,
+                "loadavg_end": _loadavg(),
+                "argv": result["argv"],
+            }
     result["loadavg_end"] = _loadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

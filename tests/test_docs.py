@@ -178,6 +178,7 @@ def test_topk_tables_are_their_json() -> None:
         ("topk.py", ["topk.json"], "benchmarks.md"),
         ("sort_relaxations.py", ["sort_relaxations.json"], "results.md"),
         ("demo_time.py", ["demo_time.json"], "benchmarks.md"),
+        ("scale.py", ["scale.json"], "benchmarks.md"),
     ],
 )
 def test_benchmark_tables_are_their_json(script: str, jsons: list[str], page: str) -> None:

@@ -499,15 +499,15 @@ def predict(
             check_predictions_path,
             default_predictions_path,
             load_run_config,
+            predict_blocks,
             predictions_mae,
-            write_predictions,
+            write_prediction_blocks,
         )
-        from rankwise.recipes.runner import predict as run_predict
 
         path: str | Path = out if out is not None else default_predictions_path(run_dir, data)
         check_predictions_path(path, overwrite=overwrite, data=data, run_dir=run_dir)  # before the model runs
         target = target_column(load_run_config(run_dir))
-        columns = run_predict(
+        blocks = predict_blocks(
             run_dir,
             data,
             checkpoint=checkpoint,
@@ -515,9 +515,23 @@ def predict(
             preprocess_out=preprocess_out,
             on_scan=on_scan,
         )
-        written = write_predictions(columns, path, overwrite=overwrite)
-        rows = len(next(iter(columns.values()))) if columns else 0
-        return written, rows, predictions_mae(columns, target) if target is not None else None
+        errors = [0.0, 0]  # the absolute errors' sum and count over the blocks
+
+        def scored(blocks: Any) -> Any:
+            for columns in blocks:
+                mae = predictions_mae(columns, target) if target is not None else None
+                if mae is not None:
+                    errors[0] += mae[0] * mae[1]
+                    errors[1] += mae[1]
+                yield columns
+
+        try:
+            written, rows = write_prediction_blocks(scored(blocks), path, overwrite=overwrite)
+        finally:  # the run directory's lock, also where the blocks were not all read
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
+        return written, rows, (errors[0] / errors[1], int(errors[1])) if errors[1] else None
 
     con = _console()
     with _data_warnings(con):

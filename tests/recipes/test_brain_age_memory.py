@@ -72,6 +72,7 @@ def test_check_memory_refuses_in_one_line_naming_the_estimate_the_memory_and_the
     assert "\n" not in msg and f"needs about {need / 2**30:.1f} GiB" in msg
     assert f"{room.bytes / 2**30:.1f} GiB is available (MemAvailable)" in msg
     assert "data.batch_size=16" in msg and "lower data.batch_size (at most 5 fits)" in msg
+    assert msg.endswith("or set trainer.memory_check=false to train anyway")
     assert bm.check_memory(cfg, shape, available=bm.Available(need, "MemAvailable")) == cost
 
 

@@ -164,7 +164,18 @@ def test_a_step_over_the_memory_is_one_error_line_before_training(
     assert len(errors) == 1 and "Traceback" not in res.output, res.output
     assert "needs about" in errors[0] and "0.5 GiB is available (MemAvailable)" in errors[0]
     assert "data.batch_size=4" in errors[0] and "lower data.options.shape" in errors[0]
+    assert "or set trainer.memory_check=false to train anyway" in errors[0]
     assert not list((tmp_path / "r").rglob("*.ckpt"))  # refused before training
+
+
+def test_memory_check_false_trains_anyway(cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwise.recipes import brain_age_memory
+
+    tiny = brain_age_memory.Available(0.5 * 2**30, "MemAvailable")
+    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": tiny)
+    res = _train(cohort, tmp_path, "data.batch_size=4", "trainer.memory_check=false")
+    assert res.exit_code == 0, res.output
+    assert "error:" not in res.output and list((tmp_path / "r").rglob("*.ckpt"))
 
 
 def test_the_label_column_is_an_option(cohort: Path, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,14 +238,22 @@ def check_header(header: list[str], display: str | Path, *, allow_unnamed: bool 
 
 
 def csv_records(
-    text: str, display: str | Path, *, delimiter: str = ",", quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL
+    text: str | Iterable[str],
+    display: str | Path,
+    *,
+    delimiter: str = ",",
+    quoting: Literal[0, 1, 2, 3] = csv.QUOTE_MINIMAL,
 ) -> Iterator[tuple[int, list[str]]]:
     """``(row_number, fields)`` of each non-blank CSV record (the header is row 1).
+
+    ``text``: the whole text, or its lines (a text file opened with ``newline=""``: read as the
+    records are asked for).
 
     A malformed record (e.g. a NUL byte, an unterminated quote at the end of the file) raises
     :class:`DataFormatError` naming ``display`` and the row.
     """
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting, strict=True)
+    lines = io.StringIO(text) if isinstance(text, str) else text
+    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting, strict=True)
     kind = "TSV" if delimiter == "\t" else "CSV"
     row_no = 0
     while True:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -40,8 +41,10 @@ from rankwise.data._files import (
 
 __all__ = [
     "ABALONE_COLUMNS",
+    "BLOCK_ROWS",
     "FeatureRows",
     "abalone_path",
+    "iter_feature_rows",
     "load_abalone",
     "load_csv",
     "read_abalone_rows",
@@ -503,3 +506,157 @@ def read_feature_rows(path: str | Path, features: Sequence[str], *, delimiter: s
         xs.append(_parse_fields(row, idx, features, display, row_no))
         rows.append(row)
     return FeatureRows(display, header, rows, np.asarray(xs, dtype=np.float64).reshape(len(xs), len(idx)))
+
+
+#: rows of a block of :func:`iter_feature_rows` by default
+BLOCK_ROWS = 100_000
+
+
+def iter_feature_rows(
+    path: str | Path, features: Sequence[str], *, delimiter: str = ",", block_rows: int = BLOCK_ROWS
+) -> Iterator[FeatureRows]:
+    """:func:`read_feature_rows` in blocks of at most ``block_rows`` rows, the file read as they are asked
+    for (a plain or ``.gz`` file: memory bounded by a block, whatever the file's size; a zip archive is
+    read whole, as :func:`read_feature_rows` reads it, then cut into blocks).
+
+    The blocks' rows, in order, are those of :func:`read_feature_rows` and the errors are its errors
+    (a value that is not UTF-8 names the row after which it comes); a file of a header only gives one
+    block of zero rows.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "new.csv"
+        >>> _ = path.write_text("id,b,a\\nx,2,1\\ny,4,3.5\\nz,6,5\\n")
+        >>> [(t.rows, t.features.tolist()) for t in iter_feature_rows(path, ["a", "b"], block_rows=2)]
+        [([['x', '2', '1'], ['y', '4', '3.5']], [[1.0, 2.0], [3.5, 4.0]]), ([['z', '6', '5']], [[5.0, 6.0]])]
+    """
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"`block_rows` must be a positive int, got {block_rows!r}")
+    src = check_file(Path(path))
+    with open(src, "rb") as fh:
+        magic = fh.read(4)
+    if zipfile.is_zipfile(src) or magic[:4] == b"PK\x03\x04":
+        whole = read_feature_rows(src, features, delimiter=delimiter)
+        n = len(whole.rows)
+        for start in range(0, max(n, 1), block_rows):
+            stop = min(start + block_rows, n)
+            yield FeatureRows(whole.source, whole.header, whole.rows[start:stop], whole.features[start:stop])
+        return
+    yield from _stream_feature_rows(src, features, delimiter, block_rows)
+
+
+#: the characters of plain decimals (and the spaces around them), one a line: the fast path of :func:`_block_values`
+_DECIMAL_CHARS = re.compile(r"[0-9.eE+\- \n]*")
+
+
+def _block_values(
+    rows: list[list[str]], numbers: list[int], idx: Sequence[int], names: Sequence[str], display: str
+) -> np.ndarray:
+    """``(len(rows), len(idx))`` float64: the values :func:`_parse_fields` gives, row by row (its errors).
+
+    A column whose fields hold only the characters of plain decimals and spaces (one pass over the
+    column) is converted at once by ``float``'s grammar, which on those characters accepts exactly the
+    decimals of :func:`~rankwise.data._files.parse_number` (``inf``, ``nan`` and ``1_000`` have other
+    characters); a field ``float`` refuses, a value beyond the float32 range or any other character sends
+    the block field by field through :func:`_parse_fields`, which raises the error of the first bad field
+    in the block's row order.
+    """
+    out = np.empty((len(rows), len(idx)), dtype=np.float64)
+    for j, i in enumerate(idx):
+        column = [r[i] for r in rows]
+        if column and _DECIMAL_CHARS.fullmatch("\n".join(column)) is not None:
+            try:
+                values = np.array(column, dtype=np.float64)
+            except ValueError:  # e.g. '1.2.3', '-', a field of spaces: the field's own error below
+                break
+            if np.all(np.abs(values) <= FLOAT32_MAX):
+                out[:, j] = values
+                continue
+        break
+    else:
+        return out
+    for k, (row, row_no) in enumerate(zip(rows, numbers)):  # the first bad field, in row order, raises
+        out[k] = _parse_fields(row, idx, names, display, row_no)
+    return out
+
+
+def _utf8_lines(raw: Any, display: str, chunk_bytes: int = 1 << 22) -> Iterator[str]:
+    """The lines (``\\n``-terminated, as a text file opened with ``newline=""`` gives them) of a binary
+    stream as UTF-8 text, a leading byte-order mark dropped, decoded ``chunk_bytes`` at a time; text
+    that is not UTF-8: the error of :func:`~rankwise.data._files.decode_text` (the line and the first bad byte)."""
+    import io
+
+    lines_before = 0
+    rest = b""
+    first = True
+    while True:
+        chunk = raw.read(chunk_bytes)
+        data = rest + chunk
+        if chunk:
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            data, rest = data[:cut], data[cut:]
+        if first:
+            utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+            data = data.removeprefix(b"\xef\xbb\xbf")
+            first = False
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = lines_before + data.count(b"\n", 0, err.start) + 1
+            hint = (
+                "it looks like UTF-16; save it as UTF-8"
+                if utf16
+                else "save it as UTF-8 (it may be Latin-1/Windows-1252)"
+            )
+            bad = data[err.start : err.start + 1].hex()
+            raise DataFormatError(
+                display, None, f"not valid UTF-8 text (byte 0x{bad} on line {line}): {hint}"
+            ) from None
+        lines_before += data.count(b"\n")
+        yield from io.StringIO(text)
+        if not chunk:
+            return
+
+
+def _stream_feature_rows(src: Path, features: Sequence[str], delimiter: str, block_rows: int) -> Iterator[FeatureRows]:
+    import gzip
+
+    display = str(src)
+    try:
+        raw = gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb")
+        with raw:
+            records = csv_records(_utf8_lines(raw, display), display, delimiter=delimiter)
+            first = next(records, None)
+            if first is None:
+                raise DataFormatError(display, None, "the file is empty")
+            header = check_header(first[1], display)
+            position = {c: i for i, c in enumerate(header)}
+            missing = [c for c in features if c not in position]
+            if missing:
+                shown = ", ".join(repr(c) for c in missing[:5])
+                shown += f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+                raise DataFormatError(
+                    display,
+                    1,
+                    f"missing feature column(s) {shown} that the model was trained on; {_columns_text(header)}",
+                )
+            idx = [position[c] for c in features]
+            rows: list[list[str]] = []
+            numbers: list[int] = []
+            sent = False
+            for row_no, row in records:
+                if len(row) != len(header):
+                    raise DataFormatError(display, row_no, f"expected {len(header)} fields, got {len(row)}")
+                rows.append(row)
+                numbers.append(row_no)
+                if len(rows) == block_rows:
+                    yield FeatureRows(display, header, rows, _block_values(rows, numbers, idx, features, display))
+                    rows, numbers, sent = [], [], True
+            if rows or not sent:
+                yield FeatureRows(display, header, rows, _block_values(rows, numbers, idx, features, display))
+    except (OSError, EOFError, zlib.error) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise DataFormatError(display, None, f"cannot read the file: {why}") from err

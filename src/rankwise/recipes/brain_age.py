@@ -851,7 +851,7 @@ class BrainAgeRecipe(RecipeBase):
         from rankwise.recipes.brain_age_study import check_study
 
         check_study(run)  # the report's site / group columns, before training
-        if "shape" in data.meta:  # before training: one error line instead of the kernel's kill
+        if "shape" in data.meta and cfg.trainer.memory_check:  # before training: one error line, not the kernel's kill
             from rankwise.recipes.brain_age_memory import check_memory
 
             check_memory(cfg, data.meta["shape"])

@@ -17,7 +17,8 @@ address-space limit (``RLIMIT_AS``) less what the process has mapped; on a CUDA 
 memory (``torch.cuda.mem_get_info``).
 
 The ``brain_age`` recipe refuses a run whose estimate exceeds the available memory
-(:func:`check_memory`, one ``error:`` line naming both and ``data.batch_size``) before training, and
+(:func:`check_memory`, one ``error:`` line naming both, ``data.batch_size`` and the override
+``trainer.memory_check=false``) before training, and
 the own-data route (``rankwise train --data cohort.csv --method tsan``) chooses a batch size that
 fits (:func:`budget`).
 """
@@ -279,7 +280,8 @@ def check_memory(cfg: Any, shape: Any, *, available: Available | None = None) ->
         raise ConfigError(
             f"a training step of {cfg.model.backbone} on volumes of {_shape_text(shape)} does not fit in the "
             f"{_gib(avail.bytes)} available ({avail.source}): measuring one step of two volumes at a smaller grid "
-            f"already ran out of memory ({e}); lower data.options.shape or the network's size (model.options)"
+            f"already ran out of memory ({e}); lower data.options.shape or the network's size (model.options), "
+            "or set trainer.memory_check=false to train anyway"
         ) from None
     if cost is None:
         return None
@@ -296,7 +298,8 @@ def check_memory(cfg: Any, shape: Any, *, available: Available | None = None) ->
     raise ConfigError(
         f"a training step of {cfg.model.backbone} with data.batch_size={batch} volumes of "
         f"{_shape_text(shape)} needs about {_gib(need)} of memory (measured on this machine at "
-        f"{_shape_text(cost.measured_shape)}), but {_gib(avail.bytes)} is available ({avail.source}): {lower}"
+        f"{_shape_text(cost.measured_shape)}), but {_gib(avail.bytes)} is available ({avail.source}): {lower}, "
+        "or set trainer.memory_check=false to train anyway"
     )
 
 

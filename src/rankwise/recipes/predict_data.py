@@ -22,7 +22,7 @@ of its feature columns ``x0`` .. ``x{D-1}`` (by name, any order).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +49,7 @@ __all__ = [
     "class_prediction_rows",
     "extend_columns",
     "prediction_columns",
+    "prediction_row_blocks",
     "prediction_rows",
     "register_class_prediction_reader",
     "register_prediction_reader",
@@ -138,7 +139,7 @@ def prediction_rows(run: Any, path: Path) -> tuple[list[str], list[list[str]], A
 @register_prediction_reader("csv", "abalone")
 def _read_table(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
     """The training file's feature columns by name, standardized with the training statistics."""
-    from rankwise.data import DataFormatError, TensorPairDataset
+    from rankwise.data import DataFormatError
     from rankwise.data.tabular import load_csv, read_abalone_rows, read_feature_rows
 
     meta = run.data.meta
@@ -156,10 +157,51 @@ def _read_table(run: Any, path: Path) -> tuple[list[str], list[list[str]], Any]:
             ) from None
     else:
         table = read_abalone_rows(path)
-    # the loader's arithmetic (rankwise.data.standardize, then float32) with the training statistics
+    return table.header, table.rows, _standardized(table, meta)
+
+
+def prediction_row_blocks(
+    run: Any, path: Path, block_rows: int
+) -> Iterator[tuple[list[str], list[list[str]], Any]] | None:
+    """The ``(header, rows as text, dataset)`` of :func:`prediction_rows` in blocks of at most ``block_rows``
+    rows, the file read block by block (:func:`~rankwise.data.tabular.iter_feature_rows`), for a run on a
+    ``csv`` table; None for another dataset (:func:`prediction_rows` reads its file whole)."""
+    check_predictable(run.cfg)
+    if run.cfg.data.name != "csv":
+        return None
+    return _table_blocks(run, path, block_rows)
+
+
+def _table_blocks(run: Any, path: Path, block_rows: int) -> Iterator[tuple[list[str], list[list[str]], Any]]:
+    from rankwise.data import DataFormatError
+    from rankwise.data.tabular import iter_feature_rows, load_csv
+
+    meta = run.data.meta
+    delimiter = _option(load_csv, run.cfg.data.options, "delimiter")
+    blocks = iter_feature_rows(path, meta["feature_names"], delimiter=delimiter, block_rows=block_rows)
+    while True:
+        try:
+            table = next(blocks, None)
+        except DataFormatError as e:
+            if e.row != 1 or "single column" not in str(e):
+                raise
+            why = str(e).removeprefix(f"{e.path}, row 1: ")
+            raise DataFormatError(
+                e.path or path, 1, f"{why}; the run reads files delimited by {delimiter!r} (its data.options.delimiter)"
+            ) from None
+        if table is None:
+            return
+        yield table.header, table.rows, _standardized(table, meta)
+
+
+def _standardized(table: Any, meta: dict[str, Any]) -> Any:
+    """The dataset of a table's rows: the loader's arithmetic (rankwise.data.standardize, then float32)
+    with the training statistics, targets NaN."""
+    from rankwise.data import TensorPairDataset
+
     x = (table.features - np.asarray(meta["feature_mean"])) / np.asarray(meta["feature_std"])
     y = torch.full((len(table.rows),), float("nan"))
-    return table.header, table.rows, TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
+    return TensorPairDataset(torch.from_numpy(x.astype(np.float32)), y)
 
 
 @register_prediction_reader("image_csv")

@@ -12,7 +12,7 @@ reading a config and ``rankwise evaluate`` on the CPU rebuild the plain network
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,3 +184,29 @@ class DIRRecipe(RegressionRecipe):
             return prediction_columns(header, rows, np.zeros(0, dtype=np.float32))
         (out,), _ = predict_regressor(run, self._module(run), [eval_loader(dataset, run.data, run.cfg)], name)
         return prediction_columns(header, rows, out["pred"])
+
+    def predict_file_blocks(
+        self, run: Run, path: Path, checkpoint: str | None, block_rows: int
+    ) -> Iterator[dict[str, Any]] | None:
+        """:meth:`predict_file` in blocks of at most ``block_rows`` rows, the file read block by block (a
+        ``csv`` table: :func:`~rankwise.recipes.predict_data.prediction_row_blocks`); the blocks' columns,
+        in order, are those of :meth:`predict_file`. None for a dataset whose file is read whole."""
+        from rankwise.recipes.predict_data import check_predictable, prediction_row_blocks, require_checkpoint
+
+        check_predictable(run.cfg)
+        name = checkpoint or "best"
+        require_checkpoint(run, name)
+        blocks = prediction_row_blocks(run, path, block_rows)
+        return None if blocks is None else self._predicted_blocks(run, blocks, name)
+
+    def _predicted_blocks(self, run: Run, blocks: Iterator[Any], name: str) -> Iterator[dict[str, Any]]:
+        from rankwise.recipes.predict_data import prediction_columns
+
+        module = None
+        for header, rows, dataset in blocks:
+            if len(dataset) == 0:
+                yield prediction_columns(header, rows, np.zeros(0, dtype=np.float32))
+                continue
+            module = self._module(run) if module is None else module
+            (out,), _ = predict_regressor(run, module, [eval_loader(dataset, run.data, run.cfg)], name)
+            yield prediction_columns(header, rows, out["pred"])

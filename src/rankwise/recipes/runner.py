@@ -12,7 +12,7 @@ import contextlib
 import csv
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,10 @@ __all__ = [
     "load_run_config",
     "named_run",
     "predict",
+    "predict_blocks",
     "predictions_mae",
     "train",
+    "write_prediction_blocks",
     "write_predictions",
 ]
 
@@ -259,6 +261,51 @@ def predict(
     )
 
 
+#: rows of a block of :func:`predict_blocks`
+PREDICT_BLOCK_ROWS = 100_000
+
+
+def predict_blocks(
+    run_dir: str | Path,
+    data: str | Path,
+    *,
+    checkpoint: str | None = None,
+    allow_changed_data: bool = False,
+    preprocess_out: str | Path | None = None,
+    on_scan: Callable[[int, int, str, str, float], None] | None = None,
+    block_rows: int = PREDICT_BLOCK_ROWS,
+) -> Iterator[dict[str, Any]]:
+    """:func:`predict` in blocks of rows (columns of at most ``block_rows`` rows each, in the file's order;
+    write them with :func:`write_prediction_blocks`): a regression run on a ``csv`` table reads and
+    predicts the file block by block, in memory bounded by a block whatever the file's size; another run
+    gives :func:`predict`'s columns as one block. The run directory is locked until the blocks are
+    consumed."""
+    from rankwise.recipes.base import RecipeBase, can_predict, cannot_predict
+
+    check_checkpoint_name(checkpoint)
+    cfg = load_run_config(run_dir)
+    recipe = get_recipe(cfg.recipe)
+    if not can_predict(recipe):
+        raise cannot_predict(recipe)
+    prepare = recipe.prediction_input if isinstance(recipe, RecipeBase) else RecipeBase.prediction_input.__get__(recipe)
+    path = prepare(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
+    blocks = rundir.predict_run_blocks(
+        recipe,
+        cfg,
+        Path(run_dir),
+        Path(path),
+        block_rows=block_rows,
+        checkpoint=checkpoint,
+        allow_changed_data=allow_changed_data,
+    )
+    if blocks is not None:
+        return blocks
+    whole = rundir.predict_run(
+        recipe, cfg, Path(run_dir), Path(path), checkpoint=checkpoint, allow_changed_data=allow_changed_data
+    )
+    return iter([whole])
+
+
 def default_predictions_path(run_dir: str | Path, data: str | Path) -> Path:
     """``RUN_DIR/predictions/<stem>.csv`` of a data file (``new.csv``, ``new.csv.gz``, ``new.zip``: ``new``)."""
     name = Path(data).name
@@ -330,21 +377,50 @@ def write_predictions(columns: Mapping[str, Any], path: str | Path, *, overwrite
     to a temporary file beside it and moved into place (:func:`rankwise._fileio.atomic_open`), so only ``path`` changes,
     and a failed write leaves it as it was. Missing parent folders are created.
     """
+    return write_prediction_blocks([columns], path, overwrite=overwrite)[0]
+
+
+def write_prediction_blocks(
+    blocks: Iterable[Mapping[str, Any]], path: str | Path, *, overwrite: bool = False
+) -> tuple[Path, int]:
+    """Write the blocks of columns of :func:`predict_blocks` (each as :func:`write_predictions` takes
+    them, all with the same names) one after the other as one CSV file ``path``, one block in memory at
+    a time; returns ``path`` and the number of rows. The file is that :func:`write_predictions` writes
+    of the blocks' concatenated columns, with its rules (an existing file, the atomic move)."""
+    try:
+        return _write_blocks(blocks, path, overwrite)
+    finally:  # blocks that hold a run directory's lock (predict_blocks) release it, even unread
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _write_blocks(blocks: Iterable[Mapping[str, Any]], path: str | Path, overwrite: bool) -> tuple[Path, int]:
     path = check_predictions_path(path, overwrite=overwrite)
     target = Path(os.path.realpath(path))  # through a symbolic link: the file it names is replaced
-    texts = {str(k): _text(v) for k, v in columns.items()}
-    lengths = {len(v) for v in texts.values()}
-    if len(lengths) > 1:
-        raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
+    rows = 0
+    names: list[str] | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_open(target, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
-            writer.writerow(texts)
-            writer.writerows(zip(*texts.values()))
+            for columns in blocks:
+                texts = {str(k): _text(v) for k, v in columns.items()}
+                lengths = {len(v) for v in texts.values()}
+                if len(lengths) > 1:
+                    raise ValueError(f"`columns` must have one length, got {sorted(lengths)}")
+                if names is None:
+                    names = list(texts)
+                    writer.writerow(texts)
+                elif list(texts) != names:
+                    raise ValueError(f"every block must have the columns {names}, got {list(texts)}")
+                writer.writerows(zip(*texts.values()))
+                rows += next(iter(lengths), 0)
+            if names is None:
+                raise ValueError("`blocks` is empty: no columns to write")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from e
-    return path
+    return path, rows
 
 
 def predictions_mae(columns: Mapping[str, Any], target: str) -> tuple[float, int] | None:
@@ -386,7 +462,14 @@ def _read_metrics(path: Path) -> dict[str, Any]:
 
 
 #: options that change where and how fast a run trains, not what it computes
-_HARDWARE = ("trainer.num_threads", "trainer.devices", "trainer.accelerator", "trainer.strategy", "data.num_workers")
+_HARDWARE = (
+    "trainer.num_threads",
+    "trainer.memory_check",
+    "trainer.devices",
+    "trainer.accelerator",
+    "trainer.strategy",
+    "data.num_workers",
+)
 _PRESENTATION = ("report.plots", "report.tsne", "report.plot_samples", "run.out_dir", "description", "expected_time")
 
 

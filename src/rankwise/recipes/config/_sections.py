@@ -255,6 +255,11 @@ class TrainerConfig(Section):
     limit_val_batches: Any = Field(None, description="validation batches: a count or a fraction in [0, 1]")
     enable_progress_bar: bool = Field(True, description="show the progress bar (with --progress)")
     num_threads: int | None = Field(None, description="torch.set_num_threads for the run (None: torch's default)", ge=1)
+    memory_check: bool = Field(
+        True,
+        description="refuse, before training, a run whose measured training step needs more memory than is "
+        "available (brain_age); false: train anyway",
+    )
 
 
 class RunConfig(Section):

@@ -470,6 +470,93 @@ def predict_run(
     return _predict(recipe, cfg, run_dir, data, path, checkpoint)
 
 
+def predict_run_blocks(
+    recipe: Any,
+    cfg: Config,
+    run_dir: Path,
+    path: Path,
+    *,
+    block_rows: int,
+    checkpoint: str | None = None,
+    allow_changed_data: bool = False,
+) -> Iterator[dict[str, Any]] | None:
+    """:func:`predict_run` in blocks of at most ``block_rows`` rows, the file read block by block, for a
+    recipe whose ``predict_file_blocks`` reads the run's dataset so (a regression run on a ``csv`` table):
+    the blocks' columns, in order, are those of :func:`predict_run`, and no file size limit applies (memory
+    is bounded by a block). None where the recipe reads the file whole (then :func:`predict_run`).
+
+    The run directory is locked until the iterator is exhausted or closed; the first block is read
+    before this returns, so that the run's checks and the file's first errors come from this call.
+    """
+    from rankwise.data import check_file
+
+    blocks_of = getattr(recipe, "predict_file_blocks", None)
+    if blocks_of is None or getattr(recipe, "predict_reads_data", False):
+        return None
+    check_file(path)
+    quiet_lightning()
+    run_dir = Path(run_dir)
+    record = _record.read_record(run_dir)
+    if record is None or not isinstance(record.get("summary"), dict):
+        return None
+    _record.check_options(record, cfg, allow_changed=allow_changed_data, action="predict")
+    rd = RunDir.lock_existing(run_dir)
+    try:
+        run = Run(cfg, run_dir, _record.RecordedData(record["summary"]), plots=False, evaluating=True)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        blocks = blocks_of(run, Path(path), checkpoint, block_rows)
+        first = None if blocks is None else next(blocks, None)
+    except _record.RecordLacks:  # the recipe needs the data themselves: predict_run reads them
+        rd.close()
+        return None
+    except BaseException:
+        rd.close()
+        raise
+    if blocks is None:
+        rd.close()
+        return None
+    return _LockedBlocks(rd, first, blocks)
+
+
+class _LockedBlocks:
+    """The blocks of a prediction, the run directory locked until they are exhausted, fail, or the iterator
+    is closed or collected (an iterator never started releases it too, unlike a generator)."""
+
+    def __init__(self, rd: RunDir, first: Any, blocks: Iterator[dict[str, Any]]) -> None:
+        self._rd: RunDir | None = rd
+        self._first, self._blocks = first, blocks
+
+    def __iter__(self) -> _LockedBlocks:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._rd is None:
+            raise StopIteration
+        try:
+            if self._first is not None:
+                block, self._first = self._first, None
+            else:
+                block = next(self._blocks)
+        except BaseException:
+            self.close()
+            raise
+        return dict(block)
+
+    def close(self) -> None:
+        if self._rd is not None:
+            rd, self._rd = self._rd, None
+            close = getattr(self._blocks, "close", None)
+            try:
+                if close is not None:
+                    close()
+            finally:
+                rd.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def _predict(recipe: Any, cfg: Config, run_dir: Path, data: Any, path: Path, checkpoint: str | None) -> dict[str, Any]:
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:

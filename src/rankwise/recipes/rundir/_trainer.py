@@ -151,6 +151,7 @@ RESUME_HONOURS = (
     "trainer.strategy",
     "trainer.num_nodes",
     "trainer.num_threads",
+    "trainer.memory_check",
     "trainer.enable_progress_bar",
     "trainer.log_every_n_steps",
     "data.num_workers",

@@ -153,10 +153,15 @@ class Timers:
 TIMERS = Timers()
 
 
+#: (owner, name, original) of every attribute the timers replaced (:func:`uninstall_timers` puts them back)
+_REPLACED: list[tuple[Any, str, Any]] = []
+
+
 def _wrap(owner: Any, name: str, bucket: str) -> None:
     fn = getattr(owner, name)
     if getattr(fn, "_timed", False):
         return
+    _REPLACED.append((owner, name, fn))
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         with TIMERS.time(bucket):
@@ -174,17 +179,31 @@ def install_timers() -> None:
     make = _trainer.AtomicCheckpointIO
     if not getattr(make, "_timed", False):  # a new plug-in class per Trainer: its instances' writes are timed
 
-        def timed_io() -> Any:
-            io = make()
-            _wrap(io, "save_checkpoint", "checkpoints")
+        def timed_io(*args: Any, **kwargs: Any) -> Any:
+            io = make(*args, **kwargs)
+            fn = io.save_checkpoint
+
+            def timed(*a: Any, **kw: Any) -> Any:
+                with TIMERS.time("checkpoints"):
+                    return fn(*a, **kw)
+
+            io.save_checkpoint = timed
             return io
 
         timed_io._timed = True  # type: ignore[attr-defined]
+        _REPLACED.append((_trainer, "AtomicCheckpointIO", make))
         _trainer.AtomicCheckpointIO = timed_io  # type: ignore[assignment]
     for mod in (reports, brain_age_plots):
         for name in dir(mod):
             if name.startswith("plot_") and callable(getattr(mod, name)):
                 _wrap(mod, name, "tsne" if name == "plot_tsne" else "plots")
+
+
+def uninstall_timers() -> None:
+    """Put back what :func:`install_timers` replaced (the checkpoint plug-in class and the plot functions)."""
+    while _REPLACED:
+        owner, name, original = _REPLACED.pop()
+        setattr(owner, name, original)
 
 
 def _probe_class() -> Any:

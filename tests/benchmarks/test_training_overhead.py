@@ -19,6 +19,7 @@ def bench():
     sys.modules["training_overhead"] = module
     spec.loader.exec_module(module)
     yield module
+    module.uninstall_timers()  # the timed checkpoint plug-in and plot functions must not reach other tests
     sys.modules.pop("training_overhead", None)
 
 
@@ -76,3 +77,21 @@ def test_markdown_table_from_a_result(bench):
     text = bench.markdown(result)
     assert "`abc1234`" in text and "load average 1/2/3" in text
     assert "| abalone_vanilla | 1 | 8 | 2.10 (1.50) | 2.00 (1.00) | 1.05 (1.50) |" in text
+
+
+def test_the_timers_are_undone(bench):
+    """install_timers replaces the checkpoint plug-in class (whatever arguments it takes) and the plot
+    functions; uninstall_timers puts every one back."""
+    from rankwise.recipes import reports
+    from rankwise.recipes.rundir import _trainer
+
+    bench.uninstall_timers()  # an earlier test of this module may have installed them
+    cls, plot = _trainer.AtomicCheckpointIO, reports.plot_tsne
+    bench.install_timers()
+    try:
+        assert _trainer.AtomicCheckpointIO is not cls and reports.plot_tsne is not plot
+        io = _trainer.AtomicCheckpointIO(background=True)  # the plug-in's own arguments pass through
+        assert callable(io.save_checkpoint) and io.save_checkpoint.__name__ == "timed"
+    finally:
+        bench.uninstall_timers()
+    assert _trainer.AtomicCheckpointIO is cls and reports.plot_tsne is plot

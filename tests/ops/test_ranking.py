@@ -272,7 +272,7 @@ def test_sort_last_waits_for_no_numba_load(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fam, "_unloaded_calls", 0)
     started: list[bool] = []
     monkeypatch.setattr(fam, "_thread", None)
-    monkeypatch.setattr(fam, "load", lambda: started.append(True))
+    monkeypatch.setattr(fam, "load", lambda **kw: started.append(True))
     monkeypatch.setattr(_loader.atexit, "register", lambda fn: None)
     assert not ksort.ready() and fam._thread is None
     assert torch.equal(_sort.sort_last(x, False)[1], want)  # the second call starts the load

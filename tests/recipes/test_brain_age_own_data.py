@@ -204,13 +204,3 @@ def test_a_preset_grid_that_crops_the_users_volumes_is_a_warning(cohort: Path, t
         data = load_data(cfg, get_recipe(cfg.recipe))
     assert data.train[0][0]["volume"].shape == (1, 8, 8, 8)
 
-
-def test_a_missing_correction_is_an_empty_cell_like_the_val_rows() -> None:
-    """predictions.csv leaves a cell empty where there is no value: val rows, and a bias correction that could
-    not be fitted (NaN); values are written with 6 decimals."""
-    import numpy as np
-
-    from rankwise.recipes.brain_age import _fmt
-
-    assert _fmt("") == "" and _fmt(float("nan")) == "" and _fmt(float("inf")) == ""
-    assert _fmt(1.5) == "1.500000" and _fmt(np.float32(-2.25)) == "-2.250000"

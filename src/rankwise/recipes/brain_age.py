@@ -609,8 +609,7 @@ def _write_predictions(
 
 
 def _fmt(v: Any) -> str:
-    """A cell of predictions.csv: empty where there is no value (val rows, or a correction that could not be fitted)."""
-    return "" if isinstance(v, str) or not np.isfinite(float(v)) else f"{float(v):.6f}"
+    return "" if isinstance(v, str) else f"{float(v):.6f}"
 
 
 def _predict_cohort(run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:

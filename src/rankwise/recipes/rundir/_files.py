@@ -299,7 +299,10 @@ def _atomic_checkpoint_io(background: bool) -> Any:
                 return
             self._raise_failed(wait=False)
             buf = io.BytesIO()
-            torch.save(checkpoint, buf)
+            try:
+                torch.save(checkpoint, buf)
+            except OSError as e:  # as in write(): the error names the checkpoint
+                raise CheckpointError(_save_error(path, e)) from None
             data = buf.getvalue()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankwise-checkpoint")

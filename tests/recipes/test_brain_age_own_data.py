@@ -203,4 +203,3 @@ def test_a_preset_grid_that_crops_the_users_volumes_is_a_warning(cohort: Path, t
     with pytest.warns(DataDefaultsWarning, match=r"`data\.options\.shape` \[8, 8, 8\] keeps less than 90%"):
         data = load_data(cfg, get_recipe(cfg.recipe))
     assert data.train[0][0]["volume"].shape == (1, 8, 8, 8)
-

@@ -66,8 +66,8 @@ def markdown(folder: Path) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
-        f"*rankwise commit `{prov['commit']}`, {prov['date']}, {prov['machine']}, torch {prov['torch']}; "
-        f"{prov['threads']} thread per run, load average {prov['load']}.*"
+        f"*Numbers recorded in rankwise commit `{prov['commit']}` ({prov['date']}, {prov['machine']}, "
+        f"{prov['threads']} thread per run, load average {prov['load']}); torch {prov['torch']}.*"
     )
     return "\n".join(lines) + "\n"
 

@@ -52,6 +52,21 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.utils\._pytree")
 
 
+def _one_process(t: Any) -> bool:
+    """Whether the Trainer of ``t`` (the trainer section) trains in this process alone: then a stage's
+    checkpoints may be written in the background. Under DDP the other ranks read rank 0's checkpoints
+    when a stage ends, so there every write is finished before the save returns."""
+    if os.environ.get("WORLD_SIZE", "1") != "1" or t.num_nodes != 1 or t.strategy not in ("auto", "single_device"):
+        return False
+    if t.devices in (1, "1", [0]) or (t.accelerator == "cpu" and t.devices == "auto"):
+        return True
+    return t.devices == "auto" and not _many_accelerators()
+
+
+def _many_accelerators() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1
+
+
 def _last_checkpoint_class() -> Any:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -460,7 +475,7 @@ class Run:
             "enable_progress_bar": progress,
             "enable_model_summary": False,
             "num_sanity_val_steps": 0,
-            "plugins": [AtomicCheckpointIO(background=True)],
+            "plugins": [AtomicCheckpointIO(background=_one_process(t))],
         }
         if t.limit_train_batches is not None:
             kwargs["limit_train_batches"] = t.limit_train_batches

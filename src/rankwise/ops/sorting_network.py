@@ -568,9 +568,11 @@ def _matrix(lay: _Layers, alphas: _Alphas, like: torch.Tensor) -> torch.Tensor:
     return out.reshape(*like.shape, n)
 
 
-def _ranks(lay: _Layers, alphas: _Alphas, like: torch.Tensor) -> torch.Tensor:
+def _ranks(lay: _Layers, alphas: _Alphas, like: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``P @ w`` per row of ``like`` without building ``P``: ``w`` = ``weights`` (n,) of the sorted
+    positions, default the positions 1..n (the soft ranks)."""
     n = like.shape[-1]
-    pos = torch.arange(1, n + 1, dtype=like.dtype, device=like.device)
+    pos = torch.arange(1, n + 1, dtype=like.dtype, device=like.device) if weights is None else weights
     if lay.depth == 0:
         return pos + like * 0
     v = pos.unsqueeze(-1).expand(n, alphas.soft.shape[-1]).contiguous()
@@ -837,14 +839,9 @@ def diffsort_topk_mask(
     beta, lam = _check_options(network, distribution, steepness, art_lambda)
     check_bool(error_free, "error_free")
     xc = x.to(compute_dtype(x.dtype))
-    n = xc.shape[-1]
     _, lay, alphas = _run(xc, network, beta, distribution, lam, True, error_free)
-    first = (torch.arange(n, device=xc.device) < k).to(xc.dtype)
-    if lay.depth == 0:  # n <= 1: the identity, connected to the graph
-        return (first + xc * 0).to(x.dtype)
-    u = first.unsqueeze(-1).expand(n, alphas.soft.shape[-1]).contiguous()
-    out: torch.Tensor = _NetworkRanks.apply(alphas.soft, u, lay, alphas.hard)
-    return out.T.reshape(xc.shape).to(x.dtype)
+    first = (torch.arange(xc.shape[-1], device=xc.device) < k).to(xc.dtype)
+    return _ranks(lay, alphas, xc, first).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

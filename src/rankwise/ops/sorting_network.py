@@ -781,6 +781,24 @@ class DiffSort(FunctionModule):
 # ----------------------------------------------------------------------------------------------
 # soft_sort / soft_rank(method="diffsort")
 # ----------------------------------------------------------------------------------------------
+def _checked_run(
+    x: torch.Tensor,
+    network: Any,
+    steepness: Any,
+    distribution: Any,
+    art_lambda: Any,
+    descending: bool,
+    error_free: Any,
+) -> tuple[torch.Tensor, torch.Tensor, _Layers, _Alphas]:
+    """The options checked, ``x`` (selected dim last) in its compute dtype, and :func:`_run` on it:
+    ``(x_compute, sorted values, layers, alphas)`` (the prologue of the soft-method entries)."""
+    beta, lam = _check_options(network, distribution, steepness, art_lambda)
+    check_bool(error_free, "error_free")
+    xc = x.to(compute_dtype(x.dtype))
+    out, lay, alphas = _run(xc, network, beta, distribution, lam, descending, error_free)
+    return xc, out, lay, alphas
+
+
 def _diffsort_soft_sort(
     x: torch.Tensor,
     *,
@@ -791,10 +809,7 @@ def _diffsort_soft_sort(
     art_lambda: float = 0.25,
     error_free: bool = False,
 ) -> torch.Tensor:
-    beta, lam = _check_options(network, distribution, steepness, art_lambda)
-    check_bool(error_free, "error_free")
-    xc = x.to(compute_dtype(x.dtype))
-    out, _, _ = _run(xc, network, beta, distribution, lam, descending, error_free)
+    _, out, _, _ = _checked_run(x, network, steepness, distribution, art_lambda, descending, error_free)
     return out.to(x.dtype)
 
 
@@ -811,10 +826,7 @@ def _diffsort_soft_rank(
     """Soft rank of input ``i`` = :math:`\\sum_j j P_{ij}` (1-based), computed as ``P @ (1..n)``
     through the layers' transposes: O(L n), ``P`` is never built (``error_free``: the exact ranks
     forward, the error-free swaps' gradients backward)."""
-    beta, lam = _check_options(network, distribution, steepness, art_lambda)
-    check_bool(error_free, "error_free")
-    xc = x.to(compute_dtype(x.dtype))
-    _, layers, alphas = _run(xc, network, beta, distribution, lam, descending, error_free)
+    xc, _, layers, alphas = _checked_run(x, network, steepness, distribution, art_lambda, descending, error_free)
     return _ranks(layers, alphas, xc).to(x.dtype)
 
 
@@ -836,10 +848,7 @@ def diffsort_topk_mask(
     ``P @ u`` (``u`` the indicator of the first ``k`` positions) through the layers' transposes:
     O(L n) per row, ``P`` is never built (``error_free``: the exact membership forward, the error-free
     swaps' gradients backward). ``k`` is checked by the caller (:func:`rankwise.soft_topk`)."""
-    beta, lam = _check_options(network, distribution, steepness, art_lambda)
-    check_bool(error_free, "error_free")
-    xc = x.to(compute_dtype(x.dtype))
-    _, lay, alphas = _run(xc, network, beta, distribution, lam, True, error_free)
+    xc, _, lay, alphas = _checked_run(x, network, steepness, distribution, art_lambda, True, error_free)
     first = (torch.arange(xc.shape[-1], device=xc.device) < k).to(xc.dtype)
     return _ranks(lay, alphas, xc, first).to(x.dtype)
 

@@ -1,4 +1,4 @@
-"""``rankwise._stats.pearson``: the one Pearson correlation of the library, against numpy and scipy."""
+"""``rankwise._stats``: the one Pearson correlation and average-tie ranks of the library, against numpy and scipy."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rankwise._stats import pearson
+from rankwise._stats import average_ranks, pearson, pearson_np
 
 
 def test_matches_numpy_and_scipy() -> None:
@@ -51,3 +51,19 @@ def test_dtypes_and_errors() -> None:
     assert float(pearson(a, b)) == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="same shape"):
         pearson(a, b[:2])
+
+
+def test_average_ranks_match_scipy_with_ties() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for x in (rng.integers(0, 5, 40).astype(float), rng.normal(size=17), np.array([2.0]), np.array([3.0, 3.0, 3.0])):
+        np.testing.assert_array_equal(average_ranks(x), scipy_stats.rankdata(x))
+    assert average_ranks(np.array([])).shape == (0,)
+
+
+def test_pearson_np_is_pearson_or_none() -> None:
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([2.0, 4.0, 7.0])
+    assert pearson_np(a, b) == pytest.approx(float(np.corrcoef(a, b)[0, 1]), rel=1e-12)
+    assert pearson_np(a, np.array([5.0, 5.0, 5.0])) is None
+    assert pearson_np(np.array([1.0]), np.array([2.0])) is None
+    assert pearson_np(np.array([1.0, np.nan]), np.array([2.0, 3.0])) is None

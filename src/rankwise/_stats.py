@@ -1,11 +1,15 @@
-"""Statistics shared by the library's metrics: Pearson's correlation (the metrics, the imbalanced
-regression report and the learned sorters' evaluation use this one)."""
+"""Statistics shared by the library's metrics: Pearson's correlation and average-tie ranks (the
+metrics, the imbalanced regression report, the brain-age metrics and the learned sorters' evaluation
+use these)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
-__all__ = ["pearson"]
+__all__ = ["average_ranks", "pearson", "pearson_np"]
 
 
 def pearson(a: torch.Tensor, b: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
@@ -40,3 +44,23 @@ def pearson(a: torch.Tensor, b: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
     den = ((da * da).sum(dim) * (db * db).sum(dim)).sqrt()
     r = (da * db).sum(dim) / torch.where(den == 0, torch.ones_like(den), den)
     return torch.where(den == 0, torch.full_like(r, float("nan")), r)
+
+
+def pearson_np(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson's r (:func:`pearson`) of two 1-D float arrays as a float; ``None`` where it is undefined
+    (fewer than 2 values, a constant, a NaN)."""
+    r = float(pearson(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)))
+    return None if math.isnan(r) else r
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of a 1-D array, ties sharing their average rank (``scipy.stats.rankdata``'s default)."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    new = np.concatenate([[True], xs[1:] != xs[:-1]])
+    group = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], len(x)) - 1
+    ranks = np.empty(len(x))
+    ranks[order] = (starts[group] + ends[group]) / 2.0 + 1.0
+    return ranks

@@ -24,6 +24,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from rankwise._stats import average_ranks, pearson_np
+
 __all__ = [
     "COMBAT_MAX_ITER",
     "COMBAT_TOL",
@@ -208,15 +210,9 @@ def correct_age_bias(
 
 
 def _corr(x: np.ndarray, y: np.ndarray) -> float:
-    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return np.asarray(rankdata(x), dtype=np.float64)
+    """Pearson's r; NaN where it is undefined (fewer than 2 values, a constant)."""
+    r = pearson_np(x, y)
+    return math.nan if r is None else r
 
 
 def brain_age_metrics(pred: Any, age: Any, *, corrected: Any = None) -> dict[str, Any]:
@@ -245,7 +241,7 @@ def brain_age_metrics(pred: Any, age: Any, *, corrected: Any = None) -> dict[str
         "mae": float(np.abs(err).mean()),
         "rmse": float(np.sqrt((err**2).mean())),
         "pearson": _corr(p, a),
-        "spearman": _corr(_ranks(p), _ranks(a)),
+        "spearman": _corr(average_ranks(p), average_ranks(a)),
         "r2": float(1 - (err**2).sum() / ss_tot) if ss_tot > 0 else float("nan"),
         "bag_mean": float(err.mean()),
         "bag_sd": float(err.std(ddof=1)) if p.size > 1 else float("nan"),

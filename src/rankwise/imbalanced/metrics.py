@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 
 from rankwise._binning import label_bins_np
-from rankwise._stats import pearson
+from rankwise._stats import average_ranks, pearson_np
 from rankwise._validation import check_positive
 
 __all__ = ["regression_metrics", "shot_groups"]
@@ -93,24 +92,6 @@ def shot_groups(
     return {"many": counts > many, "medium": (counts >= few) & (counts <= many), "few": counts < few}
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
-    new = np.concatenate([[True], xs[1:] != xs[:-1]])
-    group = np.cumsum(new) - 1
-    starts = np.flatnonzero(new)
-    ends = np.append(starts[1:], len(x)) - 1
-    ranks = np.empty(len(x))
-    ranks[order] = (starts[group] + ends[group]) / 2.0 + 1.0
-    return ranks
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Pearson's r of finite float64 values; ``None`` where it is undefined (fewer than 2 values, a constant)."""
-    r = float(pearson(torch.from_numpy(a), torch.from_numpy(b)))
-    return None if math.isnan(r) else r
-
-
 def _gmean(abs_err: np.ndarray, eps: float) -> float:
     if eps == 0.0 and (abs_err == 0).any():
         return 0.0
@@ -179,6 +160,6 @@ def regression_metrics(
             continue
         e = abs_err[mask]
         out[name] = {"mae": float(e.mean()), "mse": float((e * e).mean()), "gmean": _gmean(e, gmean_eps), "count": n}
-    out["pearson"] = _pearson(p, y)
-    out["spearman"] = _pearson(_average_ranks(p), _average_ranks(y)) if p.size >= 2 else None
+    out["pearson"] = pearson_np(p, y)
+    out["spearman"] = pearson_np(average_ranks(p), average_ranks(y)) if p.size >= 2 else None
     return out

@@ -3,12 +3,13 @@ the real peak, and the brain-age loader's volumes per second from its cache.
 
 Usage::
 
-    python benchmarks/scale.py                                   # every case (minutes; files in a temp dir)
+    python benchmarks/scale.py                  # every case (about an hour on 2 CPUs; files in a temp dir)
     python benchmarks/scale.py --only estimate,predict --predict-rows 1000000,10000000
     python benchmarks/scale.py --markdown benchmarks/results/scale.json   # the docs table only
 
 Every measured command runs in a fresh process; its peak resident set is the kernel's ``ru_maxrss`` of
-that child (``os.wait4``), so imports, reading, training and writing are all counted. Cases:
+that child (``os.wait4``), so imports, reading, training and writing are all counted; its CPU time
+(user + system) comes from the same call. Cases:
 
 * **estimate**: :mod:`rankwise.recipes.brain_age_memory` estimates a ScaleDense training step (one
   measured forward/backward of two volumes at a small grid, scaled by the grid and the batch) against the
@@ -25,8 +26,15 @@ that child (``os.wait4``), so imports, reading, training and writing are all cou
   layout (``Fold1/{train,vali,test}.txt``, 60 / 20 / 20 %, 136 features, 120 documents a query) of
   ``--letor-scale`` x 1.2e6 documents, one epoch.
 * **loader**: a synthetic brain-age cohort (``make_brain_age_synthetic``, ``--cohort`` volumes at
-  2 mm) preprocessed once into its cache; then the training loader alone (batches of 8, no model) over
-  the cached volumes: volumes per second with 0 and 2 workers.
+  ``--cohort-spacing`` mm, 2 mm: 91 x 109 x 91) preprocessed once into its cache; then the training
+  loader alone (no model) over the cached training volumes, one epoch for each of ``--loader-workers``
+  x ``--loader-batches``: volumes per second; then ``--step-repeats`` training steps (forward, MSE
+  backward, Adam step; the recipe's loss adds terms, so a real step is no faster) of the authors'
+  ScaleDense (8 filters, 5 blocks) on the CPU, 1 thread, at the cohort's grid and each of
+  ``--step-batches``, and for every loader setting the ratio of its time for a batch to that step's
+  (the fastest step a volume times the batch). ``--cohort-distinct K`` generates K volumes and copies
+  them up to ``--cohort`` (each copy differs in its gzip header, so that it is its own cache entry and
+  is preprocessed and read like a new subject); ``--cohort-csv`` uses an existing cohort.
 
 The JSON (``benchmarks/results/scale.json``) holds every figure with the commit, date, machine, load
 averages and thread count; ``--markdown JSON`` prints the docs table from it and runs nothing else.
@@ -111,7 +119,9 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], *, cwd: Path | None = None) -> dict[str, Any]:
-    """Run ``cmd`` in a fresh process: its exit code, wall seconds, peak resident set (GiB) and output tail."""
+    """Run ``cmd`` in a fresh process: its exit code, wall seconds, CPU seconds (user + system, its own and
+    those of the children it waited for), peak resident set (GiB, the kernel's ``ru_maxrss``: the
+    largest ``VmHWM`` of the process and of those children) and output tail."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=cwd)
@@ -120,7 +130,12 @@ def _run(cmd: list[str], *, cwd: Path | None = None) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         out.seek(0)
         text = out.read().decode("utf-8", "replace")
-    res = {"code": proc.returncode, "wall_s": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GiB, 3)}
+    res = {
+        "code": proc.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_gib": round(usage.ru_maxrss * 1024 / GiB, 3),
+    }
     if proc.returncode != 0:
         res["output_tail"] = text[-2000:]
     else:
@@ -348,7 +363,7 @@ import json, sys, time, torch
 from torch.utils.data import DataLoader
 from rankwise.data.nifti import load_nifti_csv
 torch.set_num_threads(1)
-csv, cache = sys.argv[1], sys.argv[2]
+csv, cache, workers, batches = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 t0 = time.perf_counter()
 data = load_nifti_csv(csv, cache_dir=cache)
 first = time.perf_counter() - t0
@@ -356,34 +371,139 @@ t0 = time.perf_counter()
 data = load_nifti_csv(csv, cache_dir=cache)
 again = time.perf_counter() - t0
 out = {"volumes": len(data.train) + len(data.val) + len(data.test), "train": len(data.train),
-       "shape": list(data.meta["shape"]), "preprocess_and_cache_s": round(first, 2), "reload_s": round(again, 2)}
-for workers in (0, 2):
-    dl = DataLoader(data.train, batch_size=8, shuffle=True, num_workers=workers, persistent_workers=False)
-    seen, t0 = 0, time.perf_counter()
-    for _ in range(2):
+       "shape": list(data.meta["shape"]), "preprocess_and_cache_s": round(first, 2), "reload_s": round(again, 2),
+       "rates": []}
+for w in workers:
+    for b in batches:
+        g = torch.Generator().manual_seed(0)
+        dl = DataLoader(data.train, batch_size=b, shuffle=True, generator=g, num_workers=w,
+                        collate_fn=data.meta.get("collate_fn"), drop_last=True)
+        seen, t0, c0, first_batch = 0, time.perf_counter(), time.process_time(), None
         for batch in dl:
-            x = batch[0]["volume"] if isinstance(batch[0], dict) else batch[0]
-            seen += x.shape[0]
-    out[f"volumes_per_s_workers={workers}"] = round(seen / (time.perf_counter() - t0), 1)
+            seen += batch[0]["volume"].shape[0]
+            if first_batch is None:
+                first_batch = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        out["rates"].append({"workers": w, "batch": b, "volumes": seen, "wall_s": round(wall, 2),
+                             "first_batch_s": round(first_batch or 0.0, 2),
+                             "main_cpu_s": round(time.process_time() - c0, 2),
+                             "volumes_per_s": round(seen / wall, 1)})
+        print(json.dumps(out["rates"][-1]), file=sys.stderr, flush=True)
 print(json.dumps(out))
 """
 
+#: one training step (forward, MSE backward, Adam step) of the authors' ScaleDense (TSAN's first stage) on CPU
+_STEP_CHILD = """
+import json, sys, time, torch
+from rankwise import models
+shape, batch, steps = tuple(json.loads(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+torch.manual_seed(0)
+net, _ = models.build_backbone("scale_dense", nb_filter=8, nb_block=5, use_sex=True)
+opt = torch.optim.Adam(net.parameters(), lr=1e-3, weight_decay=5e-4)
+x, sex, y = torch.randn(batch, 1, *shape), torch.zeros(batch, 2), torch.full((batch,), 50.0)
+sex[:, 1] = 1
+wall, cpu = [], []
+for _ in range(steps):
+    t0, c0 = time.perf_counter(), time.process_time()
+    opt.zero_grad()
+    loss = ((net(x, sex).reshape(batch, -1)[:, 0] - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    wall.append(round(time.perf_counter() - t0, 2))
+    cpu.append(round(time.process_time() - c0, 2))
+print(json.dumps({"shape": list(shape), "batch": batch, "step_wall_s": wall, "step_cpu_s": cpu}))
+"""
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(v)) for v in text.split(",") if v]
+
+
+def _replicate_cohort(csv: Path, n: int) -> Path:
+    """A cohort of ``n`` rows from the distinct volumes of ``csv`` (a ``make_brain_age_synthetic`` cohort),
+    written next to it as ``participants_<n>.csv``: copy ``k`` of ``sub-X.nii.gz`` is ``sub-X_rk.nii.gz``
+    whose bytes differ from the original only in the gzip header's MTIME field, so every copy is its own
+    cache entry (the cache is keyed by the file's bytes), decoded and preprocessed like a new subject; a
+    copy keeps its subject id (and so the split of its original) and its age."""
+    import csv as csvlib
+
+    with open(csv, newline="") as fh:
+        rows = list(csvlib.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{csv}: no volume to replicate")
+    out = []
+    for k in range((n + len(rows) - 1) // len(rows)):
+        for row in rows:
+            if len(out) == n:
+                break
+            if k == 0:
+                out.append(row)
+                continue
+            src = csv.parent / row["path"]
+            name = row["path"].removesuffix(".nii.gz") + f"_r{k}.nii.gz"
+            data = bytearray(src.read_bytes())
+            if data[:2] != b"\x1f\x8b" or data[3] & 0x02:  # not gzip, or a header CRC that would break
+                raise ValueError(f"{src}: not a gzip file without a header CRC")
+            data[4:8] = k.to_bytes(4, "little")
+            (csv.parent / name).write_bytes(bytes(data))
+            out.append({**row, "path": name})
+    dest = csv.parent / f"participants_{n}.csv"
+    with open(dest, "w", newline="") as fh:
+        writer = csvlib.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(out)
+    return dest
+
 
 def bench_loader(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    gen = (
-        "import sys; from rankwise.data.synthetic_mri import make_brain_age_synthetic; "
-        "print(make_brain_age_synthetic(sys.argv[1], n=int(sys.argv[2]), spacing=2.0, seed=0))"
+    csv = args.cohort_csv
+    distinct = args.cohort_distinct or args.cohort
+    generate_s = None
+    if csv is None:
+        gen = (
+            "import sys; from rankwise.data.synthetic_mri import make_brain_age_synthetic; "
+            "print(make_brain_age_synthetic(sys.argv[1], n=int(sys.argv[2]), spacing=float(sys.argv[3]), seed=0))"
+        )
+        made = _run([sys.executable, "-c", gen, str(work / "cohort"), str(distinct), str(args.cohort_spacing)])
+        if made["code"] != 0:
+            return {"error": made}
+        csv, generate_s = work / "cohort" / "participants.csv", made["wall_s"]
+    if distinct < args.cohort:
+        csv = _replicate_cohort(Path(csv), args.cohort)
+    res = _child_json(
+        _LOADER_CHILD,
+        str(csv),
+        str(work / "cache"),
+        json.dumps(_ints(args.loader_workers)),
+        json.dumps(_ints(args.loader_batches)),
     )
-    t0 = time.perf_counter()
-    made = _run([sys.executable, "-c", gen, str(work / "cohort"), str(args.cohort)])
-    if made["code"] != 0:
-        return {"error": made}
-    res = _child_json(_LOADER_CHILD, str(work / "cohort" / "participants.csv"), str(work / "cache"))
-    res["generate_s"] = round(time.perf_counter() - t0 - res.get("wall_s", 0.0), 1)
-    res["loadavg"] = _loadavg()
-    print(f"loader    {args.cohort} volumes at 2 mm: {res}", flush=True)
+    res.update(
+        generate_s=generate_s,
+        distinct_volumes=min(distinct, args.cohort),
+        cohort_spacing_mm=args.cohort_spacing,
+        loadavg=_loadavg(),
+    )
+    print(f"loader    {args.cohort} volumes at {args.cohort_spacing} mm: {res}", flush=True)
     shutil.rmtree(work / "cohort", ignore_errors=True)
     shutil.rmtree(work / "cache", ignore_errors=True)
+    steps = []
+    for batch in _ints(args.step_batches) if "shape" in res else []:
+        step = _child_json(_STEP_CHILD, json.dumps(res["shape"]), str(batch), str(args.step_repeats))
+        if "step_wall_s" in step:
+            step["step_s_per_volume"] = round(min(step["step_wall_s"]) / batch, 2)
+        steps.append(step)
+        print(f"step      ScaleDense {res['shape']} batch {batch}: {step}", flush=True)
+    timed = [st["step_s_per_volume"] for st in steps if "step_s_per_volume" in st]
+    if timed:
+        per_volume = min(timed)  # the fastest step a volume: the loader's hardest comparison
+        for rate in res["rates"]:
+            # a step of that batch takes about batch x this (a lower bound: the real loss adds its terms);
+            # the loader delivers the batch in batch / rate: their ratio, < 1 when the loader keeps up
+            rate["loader_over_step"] = round(1.0 / (rate["volumes_per_s"] * per_volume), 5)
+            rate["loader_s_per_batch"] = round(rate["batch"] / rate["volumes_per_s"], 3)
+            rate["step_s_per_batch_linear"] = round(rate["batch"] * per_volume, 1)
+    res["tsan_steps"] = steps
     return res
 
 
@@ -404,13 +524,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"`{case}` at commit `{prov['commit']}` on {prov['date']} (1-minute load average {load} at its start / "
             f"end; `python benchmarks/scale.py {prov['argv']}`);"
         )
-    lines += ["", "| case | size | wall (s) | peak RSS (GiB) | note |", "|---|---|---|---|---|"]
+    lines += ["", "| case | size | wall (s) | CPU (s) | peak RSS (GiB) | note |", "|---|---|---|---|---|---|"]
     cases = result.get("cases", {})
     for row in cases.get("estimate", {}).get("configs", []):
         shape = "x".join(str(s) for s in row["shape"])
         lines.append(
             f"| memory estimate: {row['config']} | {shape}, batch {row['batch']} | {row.get('wall_s', '–')} "
-            f"| {_gib(row.get('peak_gib'))} | estimate {_gib(row.get('estimate_gib'))} GiB, "
+            f"| {row.get('cpu_s', '–')} | {_gib(row.get('peak_gib'))} | estimate {_gib(row.get('estimate_gib'))} GiB, "
             f"estimate / peak {row.get('ratio', '–')} |"
         )
     refusal = cases.get("estimate", {}).get("brain_age_tsan")
@@ -418,35 +538,57 @@ def markdown(result: dict[str, Any]) -> str:
         note = "refused before training" if refusal.get("refused") else "fits"
         lines.append(
             f"| `brain_age_tsan` memory check | 91x109x91, batch 32 | {refusal.get('wall_s', '–')} "
-            f"| {_gib(refusal.get('peak_rss_gib'))} | {note} |"
+            f"| {refusal.get('cpu_s', '–')} | {_gib(refusal.get('peak_rss_gib'))} | {note} |"
         )
     for n, row in cases.get("predict", {}).items():
         lines.append(
             f"| `rankwise predict` (table run) | {int(n):,} rows ({row['file_gib']:.2f} GiB file) | {row['wall_s']} "
-            f"| {_gib(row['peak_rss_gib'])} | exit {row['code']} |"
+            f"| {row.get('cpu_s', '–')} | {_gib(row['peak_rss_gib'])} | exit {row['code']} |"
         )
     for n, row in cases.get("train_table", {}).items():
         lines.append(
             f"| `rankwise train`, one epoch (table) | {int(n):,} rows x 20 columns ({row['file_gib']:.2f} GiB) "
-            f"| {row['wall_s']} | {_gib(row['peak_rss_gib'])} | exit {row['code']} |"
+            f"| {row['wall_s']} | {row.get('cpu_s', '–')} | {_gib(row['peak_rss_gib'])} | exit {row['code']} |"
         )
     letor = cases.get("letor")
     if letor:
         lines.append(
             f"| `rankwise train`, one epoch (LETOR, MSLR-WEB10K layout) | {letor['documents']:,} documents x 136, "
             f"{letor['queries']:,} queries ({letor['files_gib']:.2f} GiB) | {letor['wall_s']} "
-            f"| {_gib(letor['peak_rss_gib'])} | dense float32 features {letor['dense_float32_gib']:.2f} GiB; "
-            f"exit {letor['code']} |"
+            f"| {letor.get('cpu_s', '–')} | {_gib(letor['peak_rss_gib'])} "
+            f"| dense float32 features {letor['dense_float32_gib']:.2f} GiB; exit {letor['code']} |"
         )
     loader = cases.get("loader")
     if loader and "volumes" in loader:
         shape = "x".join(str(s) for s in loader["shape"])
+        distinct = loader.get("distinct_volumes", loader["volumes"])
+        made = f", {distinct} distinct" if distinct < loader["volumes"] else ""
         lines.append(
-            f"| brain-age loader from the cache (no model) | {loader['volumes']} synthetic volumes, {shape} "
-            f"| {loader['preprocess_and_cache_s']} (preprocess) | {_gib(loader.get('peak_rss_gib'))} "
-            f"| {loader['volumes_per_s_workers=0']} / {loader['volumes_per_s_workers=2']} volumes/s "
-            f"(0 / 2 workers) |"
+            f"| brain-age cohort preprocessed into its cache | {loader['volumes']} synthetic volumes{made}, {shape} "
+            f"| {loader['preprocess_and_cache_s']} | – | {_gib(loader.get('peak_rss_gib'))} "
+            f"| read back from the cache in {loader['reload_s']} s |"
         )
+        for rate in loader.get("rates", []):
+            vs = f"{rate['volumes_per_s']} volumes/s"
+            if "loader_over_step" in rate:
+                vs += (
+                    f"; a batch in {rate['loader_s_per_batch']} s against about {rate['step_s_per_batch_linear']} s "
+                    f"for the ScaleDense step (loader / step {rate['loader_over_step']:.4f})"
+                )
+            lines.append(
+                f"| brain-age training loader from the cache (no model) | {rate['volumes']} volumes, batch "
+                f"{rate['batch']}, {rate['workers']} worker(s) | {rate['wall_s']} "
+                f"| {rate['main_cpu_s']} (main process) | – | {vs} |"
+            )
+        for step in loader.get("tsan_steps", []):
+            if "step_wall_s" not in step:
+                continue
+            lines.append(
+                f"| ScaleDense (TSAN, 8 filters, 5 blocks) training step on the CPU, 1 thread | {shape}, batch "
+                f"{step['batch']} | {min(step['step_wall_s'])} | {min(step['step_cpu_s'])} "
+                f"| {_gib(step.get('peak_rss_gib'))} "
+                f"| {step['step_s_per_volume']} s a volume (fastest of {len(step['step_wall_s'])} steps) |"
+            )
     if refusal and refusal.get("message"):
         lines += ["", "The refusal of `brain_age_tsan` on this machine:", "", "```text", refusal["message"], "```"]
     return "\n".join(lines)
@@ -454,11 +596,24 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(CASES), help=f"comma-separated among {', '.join(CASES)}")
+    p.add_argument("--only", "--case", default=",".join(CASES), help=f"comma-separated among {', '.join(CASES)}")
     p.add_argument("--predict-rows", default="1000000,10000000")
     p.add_argument("--table-rows", default="1000000")
     p.add_argument("--letor-scale", type=float, default=1.0, help="share of MSLR-WEB10K's 1.2e6 documents")
-    p.add_argument("--cohort", type=int, default=100, help="synthetic volumes of the loader case")
+    p.add_argument("--cohort", type=int, default=2000, help="synthetic volumes of the loader case")
+    p.add_argument("--cohort-spacing", type=float, default=2.0, help="their grid (mm; 2 mm: 91 x 109 x 91)")
+    p.add_argument(
+        "--cohort-distinct",
+        type=int,
+        help="generate this many distinct volumes and copy them up to --cohort (byte-distinct copies; default all)",
+    )
+    p.add_argument(
+        "--cohort-csv", type=Path, help="an existing cohort's participants.csv (make_brain_age_synthetic's) instead"
+    )
+    p.add_argument("--loader-workers", default="1,2", help="DataLoader workers of the loader case")
+    p.add_argument("--loader-batches", default="8,32", help="its batch sizes")
+    p.add_argument("--step-batches", default="1,4", help="batches of the timed ScaleDense steps (empty: none)")
+    p.add_argument("--step-repeats", type=int, default=2, help="steps timed (the fastest is used)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     p.add_argument("--markdown", type=Path, metavar="JSON", help="only print the docs table of this JSON")
     a = p.parse_args()

@@ -286,7 +286,7 @@ def _line_blocks(fh: Any) -> Any:
             bigger = np.empty(2 * len(buf), np.uint8)
             bigger[:have] = buf
             buf = bigger
-        got = fh.readinto(memoryview(buf)[have:])
+        got = fh.readinto(buf[have:].data)
         if not got:
             if have:
                 yield buf[:have]

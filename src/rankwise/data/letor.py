@@ -252,29 +252,53 @@ def read_letor(
     return x, y.astype(np.float32), np.asarray(qid, dtype=np.int64)
 
 
-#: bytes read per block by the compiled parser (a block holds whole lines)
-_BLOCK_BYTES = 1 << 24
+#: bytes of the buffer the compiled parser reads the file through (a block holds whole lines; the buffer grows
+#: only for a line longer than it)
+_BLOCK_BYTES = 1 << 22
+#: bytes searched at a time, from a block's end, for its last newline
+_TAIL_BYTES = 1 << 16
+
+
+def _last_newline(buf: np.ndarray, start: int, stop: int) -> int:
+    """The index of the last newline in ``buf[start:stop]``, -1 when there is none (searched from the end,
+    ``_TAIL_BYTES`` at a time: a short copy per block, not a copy of the block)."""
+    hi = stop
+    while hi > start:
+        lo = max(start, hi - _TAIL_BYTES)
+        k = buf[lo:hi].tobytes().rfind(b"\n")
+        if k >= 0:
+            return lo + k
+        hi = lo
+    return -1
 
 
 def _line_blocks(fh: Any) -> Any:
-    """Blocks of whole lines of an open binary file (the last may lack its newline), past a leading BOM."""
-    carry = b""
-    first = True
+    """Blocks of whole lines of an open binary file (the last may lack its newline), past a leading BOM: ``uint8``
+    views of one buffer that the file is read into, each valid until the next block is asked for."""
+    buf = np.empty(_BLOCK_BYTES, np.uint8)
+    head = fh.read(len(_BOM))
+    head = b"" if head == _BOM else head
+    have = len(head)
+    buf[:have] = np.frombuffer(head, np.uint8)
+    searched = 0  # buf[:searched] of the carried bytes holds no newline
     while True:
-        chunk = fh.read(_BLOCK_BYTES)
-        if first:
-            chunk, first = chunk.removeprefix(_BOM), False
-        data = carry + chunk if carry else chunk
-        if not chunk:
-            if data:
-                yield data
+        if have == len(buf):  # a line longer than the buffer: read on into a larger one
+            bigger = np.empty(2 * len(buf), np.uint8)
+            bigger[:have] = buf
+            buf = bigger
+        got = fh.readinto(buf[have:].data)
+        if not got:
+            if have:
+                yield buf[:have]
             return
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:  # a line longer than a block: read on
-            carry = data
+        n = have + got
+        cut = _last_newline(buf, searched, n) + 1
+        if cut == 0:
+            have = searched = n
             continue
-        yield data[:cut]
-        carry = data[cut:]
+        yield buf[:cut]
+        have = searched = n - cut
+        buf[:have] = buf[cut:n].copy()
 
 
 def _letor_kernel() -> Any:
@@ -300,21 +324,19 @@ def _scan_letor(p: Path) -> tuple[int, int] | None:
     rows = largest = 0
     with _opener(p)(p, "rb") as fh:
         for block in _line_blocks(fh):
-            _, rows, status, _, big = kernel(
-                np.frombuffer(block, np.uint8), 0, none32, none64, noneq, rows, False, slow, 0
-            )
+            _, rows, status, _, big = kernel(block, 0, none32, none64, noneq, rows, False, slow, 0)
             if status:
                 return None
             largest = max(largest, int(big))
     return int(rows), largest
 
 
-def _resolve_slow(block: bytes, slow: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
+def _resolve_slow(block: np.ndarray, slow: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
     """Convert the recorded numbers with ``float`` (row, column (-1: relevance), start, stop); False for a value
     out of range (a negative or non-finite relevance, a feature beyond float32)."""
     with np.errstate(over="ignore"):
         for r, col, a, b in slow.tolist():
-            v = float(block[a:b])
+            v = float(block[a:b].tobytes())
             if col < 0:
                 if not (0 <= v < float("inf")):
                     return False
@@ -341,9 +363,9 @@ def _fill_letor(p: Path, rows: int, width: int) -> tuple[np.ndarray, np.ndarray,
     row = 0
     with _opener(p)(p, "rb") as fh:
         for block in _line_blocks(fh):
-            buf, pos = np.frombuffer(block, np.uint8), 0
+            pos = 0
             while True:  # more documents than scanned (the file grew) is status 1
-                pos, row, status, nslow, _ = kernel(buf, pos, x, y, q, row, True, slow, 0)
+                pos, row, status, nslow, _ = kernel(block, pos, x, y, q, row, True, slow, 0)
                 if status == 1 or not _resolve_slow(block, slow[:nslow], x, y):
                     return None
                 if status == 0:

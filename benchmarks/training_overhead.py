@@ -6,8 +6,21 @@ Usage::
     python benchmarks/training_overhead.py --cases abalone_vanilla --threads 1
     python benchmarks/training_overhead.py --markdown benchmarks/results/training_overhead.json
 
-For each case of ``CASES`` (the deep-imbalanced-regression presets ``abalone_vanilla`` and
-``abalone_ranksim``, 3 epochs of 12 steps of 256 rows), in one process:
+For each case of ``CASES``, one preset of each recipe family at a CPU size (the case's ``--set``
+overrides, the same for both arms), in one process:
+
+* deep imbalanced regression: ``abalone_vanilla`` and ``abalone_ranksim`` (3 epochs of 12 steps of
+  256 rows);
+* contrastive: ``mnist5k_supcon``, stage 1 for one epoch (8 steps of 32 images, two views each), then
+  its linear probe (2 epochs, part of the fixed cost);
+* learning to rank: ``ltr_synthetic_listnet`` (3 epochs of 16 steps of 32 queries);
+* retrieval: ``digits_smooth_ap`` (40 steps of 64 images, 8 classes x 8);
+* sorting: ``large_mnist_neuralsort`` (40 steps of 8 lists of 5 four-digit numbers);
+* brain age: ``brain_age_tsan_synthetic``, TSAN's stage 1 alone (``task.stages=1``: ScaleDense), 3
+  epochs at batch 4 on a synthetic cohort of 40 volumes at 8 mm made for the benchmark.
+
+Every family reaches the run's weights exactly (max |dw| 0 in the results): the loops run the same
+CPU kernels in the same order, so no family needs a looser tolerance than ``TOL``.
 
 (a) **rankwise**: the library's own training entry point, :func:`rankwise.recipes.runner.train`,
     in-process (what ``rankwise train`` calls after parsing its arguments), with the preset's
@@ -80,8 +93,10 @@ QUIET = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
 
 @dataclass
 class Family:
-    """How the hand loop trains one family: the modules it copies from the run's LightningModule when
-    the fit starts (``modules``: attribute names) and its loss on a batch (``loss(mods, batch)``)."""
+    """How the hand loop trains one family: the attributes it copies from the run's LightningModule when
+    the fit starts (``modules``: names; its ``nn.Module`` ones are trained and compared, others, such as a
+    scale, are read by the loss) and its loss on a batch (``loss(mods, batch)``). The losses are written
+    out with the options of the case's preset (the benchmark's cases do not override them)."""
 
     modules: tuple[str, ...]
     loss: Callable[[dict[str, Any], Any], Any]
@@ -104,9 +119,73 @@ def _dir_loss(regularizer: bool) -> Callable[[dict[str, Any], Any], Any]:
     return loss
 
 
+def _supcon_loss(m: dict[str, Any], batch: Any) -> Any:
+    """mnist5k_supcon: SupCon of the projected, normalized views (temperature 0.1, base 0.07, ``out``)."""
+    import torch.nn.functional as F
+
+    from rankwise.losses import supcon_loss
+
+    views, y = batch
+    bsz, n_views = views.shape[0], views.shape[1]
+    h = m["encoder"](views.flatten(0, 1))
+    z = F.normalize(m["head"](h).float(), dim=-1).view(bsz, n_views, -1)
+    return supcon_loss(z, y, temperature=0.1, base_temperature=0.07, variant="out")
+
+
+def _ltr_loss(m: dict[str, Any], batch: Any) -> Any:
+    """ltr_synthetic_listnet: ListNet of the per-document scores of the padded lists."""
+    from rankwise.losses import listnet_loss
+
+    x, y = batch
+    return listnet_loss(m["head"](m["net"](x)).squeeze(-1).float(), y)
+
+
+def _retrieval_loss(m: dict[str, Any], batch: Any) -> Any:
+    """digits_smooth_ap: Smooth-AP (its default temperature) of the linear embedding of the CNN features."""
+    from rankwise.losses import smooth_ap_loss
+
+    x, y = batch
+    f = m["net"](x)
+    return smooth_ap_loss(m["head"](f.flatten(1) if f.dim() > 2 else f).float(), y)
+
+
+def _sort_loss(m: dict[str, Any], batch: Any) -> Any:
+    """large_mnist_neuralsort: the row-wise cross-entropy of NeuralSort's permutation (tau 1) against the
+    descending one."""
+    import torch
+    import torch.nn.functional as F
+
+    from rankwise import neural_sort
+
+    x, v = batch
+    p_hat = neural_sort(m["model"](x).float(), tau=1.0)
+    p_true = F.one_hot(v.argsort(dim=-1, descending=True), v.shape[-1]).to(torch.float32)
+    return -(p_true * torch.log(p_hat.float().clamp_min(1e-9))).sum(-1).mean()
+
+
+def _brain_age_loss(m: dict[str, Any], batch: Any) -> Any:
+    """brain_age_tsan_synthetic, stage 1: ScaleDense's age, MSE + 10 x Spearman (isotonic soft ranks,
+    strength 0.1) + 10 x the pairwise-difference loss on random pairs."""
+    from rankwise.imbalanced import regression_loss
+    from rankwise.losses import pairwise_difference_loss, spearman_loss
+
+    x, y = batch
+    y = y.reshape(-1).float()
+    net = m["net"]
+    pred = m["age_scale"] * net.final_layers(net.features(x["volume"], x["sex"])).reshape(-1)
+    total = regression_loss(pred, y, kind="mse")
+    total = total + 10.0 * spearman_loss(pred, y, ranker="isotonic", regularization_strength=0.1)
+    return total + 10.0 * pairwise_difference_loss(pred, y, pairs="random")
+
+
 FAMILIES: dict[str, Family] = {
     "dir": Family(("backbone", "head"), _dir_loss(False)),
     "dir_ranksim": Family(("backbone", "head"), _dir_loss(True)),
+    "supcon": Family(("encoder", "head"), _supcon_loss),
+    "ltr": Family(("net", "head"), _ltr_loss),
+    "retrieval": Family(("net", "head"), _retrieval_loss),
+    "sort": Family(("model",), _sort_loss),
+    "brain_age": Family(("net", "age_scale"), _brain_age_loss),
 }
 
 
@@ -119,9 +198,36 @@ class Case:
 
 
 DIR = ["trainer.max_epochs=3", "trainer.limit_train_batches=12", "report.plot_samples=200"]
+#: the synthetic cohort of the brain-age case (made once per benchmark): 40 volumes at 8 mm
+COHORT = {"n": 40, "spacing": 8.0}
 CASES: dict[str, Case] = {
     "abalone_vanilla": Case("abalone_vanilla", "dir", DIR),
     "abalone_ranksim": Case("abalone_ranksim", "dir_ranksim", DIR),
+    # one epoch of 8 steps of 32 images (two views each) from 256 training images; a 2-epoch probe
+    "mnist5k_supcon": Case(
+        "mnist5k_supcon",
+        "supcon",
+        [
+            "trainer.max_epochs=1",
+            "task.train_subset=256",
+            "data.batch_size=32",
+            "task.probe_epochs=2",
+            "report.tsne=false",
+        ],
+    ),
+    "ltr_synthetic_listnet": Case("ltr_synthetic_listnet", "ltr", ["trainer.max_epochs=3"]),
+    "digits_smooth_ap": Case("digits_smooth_ap", "retrieval", ["task.steps=40", "task.steps_per_epoch=20"]),
+    "large_mnist_neuralsort": Case(
+        "large_mnist_neuralsort",
+        "sort",
+        ["task.steps=40", "task.val_lists=50", "task.test_lists=100", "task.lists_per_batch=8"],
+    ),
+    "brain_age_tsan_synthetic": Case(
+        "brain_age_tsan_synthetic",
+        "brain_age",
+        ["task.stages=1", "trainer.max_epochs=3", "data.batch_size=4", "data.options.shape=[23,27,23]"],
+        data="cohort",
+    ),
 }
 
 
@@ -260,11 +366,7 @@ def _probe_class() -> Any:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if len(self.fits) == 1:
-                self.final = {
-                    f"{n}.{k}": v.detach().clone()
-                    for n in self.family.modules
-                    for k, v in getattr(pl_module, n).state_dict().items()
-                }
+                self.final = _weights({n: getattr(pl_module, n) for n in self.family.modules}, clone=True)
 
         def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
             self.fits[-1]["end"] = time.perf_counter()
@@ -273,6 +375,18 @@ def _probe_class() -> Any:
 
 
 # ------------------------------------------------------------------------------------------ measuring
+
+
+def _weights(mods: dict[str, Any], clone: bool = False) -> dict[str, Any]:
+    """The state of the ``nn.Module`` values of ``mods`` under ``<name>.<key>``."""
+    import torch
+
+    return {
+        f"{n}.{k}": v.detach().clone() if clone else v
+        for n, m in mods.items()
+        if isinstance(m, torch.nn.Module)
+        for k, v in m.state_dict().items()
+    }
 
 
 def _reset_peak() -> str:
@@ -380,7 +494,8 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
     mods = cap["modules"]
     loader = cap["loader"]
     torch.set_num_threads(threads)
-    params = [p for m in mods.values() for p in m.parameters() if p.requires_grad]
+    nets = [m for m in mods.values() if isinstance(m, torch.nn.Module)]
+    params = [p for m in nets for p in m.parameters() if p.requires_grad]
     kind = _reset_peak()
     t0 = time.perf_counter()
     opt = build_optimizer(params, cfg.optimizer)
@@ -399,7 +514,7 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
         for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
-        for m in mods.values():
+        for m in nets:
             m.train()
         firsts.append(len(steps))
         prev, prev_cpu = time.perf_counter(), time.process_time()
@@ -420,10 +535,13 @@ def run_hand(case: Case, threads: int, probe: Any, cfg: Any) -> tuple[dict[str, 
             prev, prev_cpu = now, now_cpu
     total_s = time.perf_counter() - t0
     peak = _peak_mib(kind)
-    final = {f"{n}.{k}": v for n, m in mods.items() for k, v in m.state_dict().items()}
+    final = _weights(mods)
     if final.keys() != probe.final.keys():
         raise AssertionError(f"{case.preset}: the hand loop trains {sorted(final)}, rankwise {sorted(probe.final)}")
-    diff = max(float((final[k].double() - probe.final[k].double()).abs().max()) for k in final)
+    diff = max(
+        (float((final[k].double() - probe.final[k].double()).abs().max()) for k in final if final[k].numel()),
+        default=0.0,
+    )
     st = steady(steps, firsts)
     return {
         "steps": len(steps),
@@ -498,7 +616,7 @@ def run(names: list[str], threads: list[int], out: Path) -> dict[str, Any]:
             if CASES[name].data == "cohort" and cohort is None:
                 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 
-                cohort = make_brain_age_synthetic(work / "cohort", n=16, spacing=8.0)
+                cohort = make_brain_age_synthetic(work / "cohort", **COHORT)
             for n in threads:
                 row = measure_case(name, n, work, cohort if CASES[name].data == "cohort" else None)
                 rows.append(row)

@@ -52,6 +52,48 @@ def test_hand_loop_detects_other_work(bench, tmp_path, monkeypatch):
         bench.measure_case("abalone_vanilla", 1, tmp_path, extra=tiny)
 
 
+#: the cases of the other families at toy size: (case, --set overrides after the case's own)
+TOY = {
+    "mnist5k_supcon": ["task.train_subset=64", "data.batch_size=16", "task.probe_epochs=1", "report.plots=false"],
+    "ltr_synthetic_listnet": ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "report.plots=false"],
+    "digits_smooth_ap": ["task.steps=6", "task.steps_per_epoch=3", "report.plots=false"],
+    "large_mnist_neuralsort": ["task.steps=6", "task.val_lists=10", "task.test_lists=20", "report.plots=false"],
+    "brain_age_tsan_synthetic": ["trainer.max_epochs=2", "report.plots=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    from rankwise.data.synthetic_mri import make_brain_age_synthetic
+
+    return make_brain_age_synthetic(tmp_path_factory.mktemp("cohort") / "cohort", n=16, spacing=8.0)
+
+
+def test_every_family_has_a_case(bench):
+    assert set(TOY) | {"abalone_vanilla", "abalone_ranksim"} == set(bench.CASES)
+    assert {c.family for c in bench.CASES.values()} == set(bench.FAMILIES)
+
+
+@pytest.mark.parametrize("name", sorted(TOY))
+def test_hand_loop_reaches_the_runs_weights_in_every_family(bench, tmp_path, cohort, name):
+    data = cohort if bench.CASES[name].data == "cohort" else None
+    row = bench.measure_case(name, 1, tmp_path, data, extra=TOY[name])
+    assert row["rankwise"]["steps"] == row["hand"]["steps"] > 0
+    assert row["max_abs_weight_diff"] <= bench.TOL
+
+
+def test_hand_loop_detects_another_loss_in_another_family(bench, tmp_path, monkeypatch):
+    # an L2 term on the scorer's head: other gradients, so the loop ends away from the run's weights
+    fam = bench.FAMILIES["ltr"]
+
+    def other(m, b):
+        return fam.loss(m, b) + 0.01 * m["head"].weight.pow(2).sum()
+
+    monkeypatch.setitem(bench.FAMILIES, "ltr", bench.Family(fam.modules, other))
+    with pytest.raises(AssertionError, match="from rankwise's weights"):
+        bench.measure_case("ltr_synthetic_listnet", 1, tmp_path, extra=TOY["ltr_synthetic_listnet"])
+
+
 def test_markdown_table_from_a_result(bench):
     keys = ["startup", "first_batch_extra", "validation", "checkpoints", "plots", "tsne", "evaluation_reports"]
     fixed = dict.fromkeys([*keys, "loop_other"], 0.5)

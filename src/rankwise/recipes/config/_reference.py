@@ -198,7 +198,7 @@ def config_fields(recipe: str | None = None) -> list[FieldDoc]:
     each dict field (``data.options``, ``model.options``, ``loss.options``, a regularizer's ``options``)
     the options inside it of the datasets, backbones and losses its presets use (:func:`component_fields`).
     The rows of a built-in recipe are read from :data:`REFERENCE_FILE`, written from these same
-    sources (``python -m rankwise.recipes.config``; a test checks that it is current), so
+    sources (``python -m rankwise.recipes._write_reference``; a test checks that it is current), so
     that ``rankwise config RECIPE`` imports no recipe and no torch.
     """
     if recipe is not None:
@@ -253,7 +253,7 @@ def reference_text(recipes: list[str]) -> str:
         name: [[f.key, f.type, _stored_default(f.default), f.doc, f.range] for f in live_config_fields(name)]
         for name in recipes
     }
-    note = "written by `python -m rankwise.recipes.config` from the recipes, datasets, models and losses"
+    note = "written by `python -m rankwise.recipes._write_reference` from the recipes, datasets, models and losses"
     lines = [f'{{"note": {json.dumps(note)}, "recipes": {{']
     for i, (name, rows) in enumerate(out.items()):
         lines.append(f" {json.dumps(name)}: [")

@@ -1,5 +1,6 @@
-"""``python -m rankwise.recipes.config``: write the stored field reference of the built-in recipes
-(:data:`rankwise.recipes.config._reference.REFERENCE_FILE`, read by ``rankwise config RECIPE``)."""
+"""``python -m rankwise.recipes._write_reference``: write the stored field reference of the built-in recipes
+(``recipes/config/reference.json``, read by ``rankwise config RECIPE``; a test checks that it is current).
+It lives outside the config layer, which never imports the recipe registry."""
 
 from __future__ import annotations
 

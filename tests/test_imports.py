@@ -37,10 +37,13 @@ print(sorted(m for m in ("torch", "lightning", "numpy", "pandas", "matplotlib") 
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["config"], ["config", "--help"], ["train", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["config"], ["config", "dir"], ["config", "ltr"], ["config", "--help"], ["train", "--help"]]
+)
 def test_help_and_config_reference_import_neither_torch_nor_numpy(argv: list[str]) -> None:
-    """`rankwise --help` and `rankwise config` (the shared sections, read from the config's schema) run
-    without torch, Lightning or numpy: the recipe registry and the config layer import none of them."""
+    """`rankwise --help`, `rankwise config` (the shared sections, read from the config's schema) and
+    `rankwise config RECIPE` (a built-in recipe's rows, stored) run without torch, Lightning or numpy:
+    the recipe registry and the config layer import none of them."""
     assert _run(_COMMAND_THEN_MODULES.format(argv=argv)) == "[]"
 
 

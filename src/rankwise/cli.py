@@ -34,6 +34,9 @@ from typing import Annotated, Any
 import typer
 
 from rankwise._cli_help import Command, Group
+from rankwise._progress import eta as _eta
+from rankwise._progress import progress_lines
+from rankwise._progress import runs_line as _runs_line
 
 __all__ = ["app", "main"]
 
@@ -236,18 +239,6 @@ def _parse_devices(devices: str | None) -> Any:
     return d
 
 
-def _eta(left: float) -> str:
-    """The progress lines' estimate of the time left (``ETA 2 min 5 s``, ``ETA 12 s``)."""
-    left = max(0.0, left)
-    return f"ETA {int(left // 60)} min {int(left % 60)} s" if left >= 60 else f"ETA {left:.0f} s"
-
-
-def _runs_line(done: int, total: int, elapsed: float) -> str:
-    """``[k/N runs, 12 s, ETA 40 s]``: the progress of a comparison after its k-th finished run."""
-    eta = "done" if done >= total else _eta(elapsed / max(done, 1) * (total - done))
-    return f"[{done}/{total} runs, {elapsed:.0f} s, {eta}]"
-
-
 def _print_tables(tables: list[tuple[list[str], list[list[str]]]], title: str) -> None:
     """Print the ``(header, rows)`` tables a recipe makes of its results (``Recipe.tables``)."""
     from rich import box
@@ -393,7 +384,7 @@ def train(
             log_epoch=lambda line: con.print(line, highlight=False, soft_wrap=True),
         )
 
-    with _data_warnings(con):
+    with _data_warnings(con), progress_lines(progress):
         res = _run_guarded(go)
     if not res.metrics:  # rank > 0 of a distributed run
         return
@@ -418,6 +409,10 @@ def evaluate(
             help="evaluate on data that changed since training (results to RUN_DIR/changed_data/, not metrics.json)",
         ),
     ] = False,
+    progress: Annotated[
+        bool,
+        typer.Option("--progress/--no-progress", help="progress lines of a long data read (after 2 s), or none"),
+    ] = True,
 ) -> None:
     """Re-evaluate a run's checkpoint on its test set (rewrites metrics.json and plots).
 
@@ -432,7 +427,7 @@ def evaluate(
         return get_recipe(metrics["recipe"]), metrics
 
     con = _console()
-    with _data_warnings(con):
+    with _data_warnings(con), progress_lines(progress):
         recipe, metrics = _run_guarded(go)
     where = f"{run_dir / 'changed_data'} (changed data)" if metrics.get("changed_data") else str(run_dir)
     _print_tables(recipe.tables({run_dir.name: [metrics]}), f"test metrics: {where}")
@@ -474,6 +469,12 @@ def predict(
             "this folder with the run's template first",
         ),
     ] = None,
+    progress: Annotated[
+        bool,
+        typer.Option(
+            "--progress/--no-progress", help="progress lines of a long read and of the blocks predicted (after 2 s)"
+        ),
+    ] = True,
 ) -> None:
     """Predict new rows with a trained run: writes the file's columns plus `prediction` as CSV.
 
@@ -494,6 +495,7 @@ def predict(
         err.print(f"preprocess [{done}/{total}] {name}: {status}", highlight=False, markup=False, soft_wrap=True)
 
     def go() -> Any:
+        from rankwise._progress import Steps
         from rankwise.recipes.predict_data import target_column
         from rankwise.recipes.runner import (
             check_predictions_path,
@@ -516,6 +518,7 @@ def predict(
             on_scan=on_scan,
         )
         errors = [0.0, 0]  # the absolute errors' sum and count over the blocks
+        steps = Steps(f"predicting {data.name}", unit="rows")
 
         def scored(blocks: Any) -> Any:
             for columns in blocks:
@@ -524,6 +527,8 @@ def predict(
                     errors[0] += mae[0] * mae[1]
                     errors[1] += mae[1]
                 yield columns
+                steps.advance(len(next(iter(columns.values()), ())))
+            steps.close()
 
         try:
             written, rows = write_prediction_blocks(scored(blocks), path, overwrite=overwrite)
@@ -534,7 +539,7 @@ def predict(
         return written, rows, (errors[0] / errors[1], int(errors[1])) if errors[1] else None
 
     con = _console()
-    with _data_warnings(con):
+    with _data_warnings(con), progress_lines(progress):
         written, rows, mae = _run_guarded(go)
     score = f"; MAE {mae[0]:.4g} on the {mae[1]} row(s) with a target value" if mae is not None else ""
     con.print(f"{rows} row(s) predicted: {written}{score}", highlight=False, soft_wrap=True)
@@ -600,7 +605,7 @@ def compare(
             jobs=jobs or None,
         )
 
-    with _data_warnings(_console(), repeat=False):
+    with _data_warnings(_console(), repeat=False), progress_lines(progress):
         res = _run_guarded(go)
     _print_tables(
         res.recipe.tables(res.results), f"test metrics, mean ± std over seeds ({time.perf_counter() - t0:.0f} s)"
@@ -1049,7 +1054,8 @@ def data_show(
         except (ValueError, TypeError) as e:
             raise ConfigError(f"cannot load dataset {name!r}: {e}") from None
 
-    data: Any = _run_guarded(load)
+    with progress_lines():
+        data: Any = _run_guarded(load)
     from rankwise.data import task_of
 
     task = task_of(name, data)

@@ -126,3 +126,16 @@ def test_step_budget_options_list_their_steps_in_place_with_their_unit():
 
         class _Bad(StepBudget, after="nope"):
             a: int = 1
+
+
+def test_the_stored_reference_of_the_built_in_recipes_is_current():
+    """`config_fields(RECIPE)` of a built-in recipe reads the stored rows: they are the rows read from the
+    recipes, presets and components now (else: `python -m rankwise.recipes._write_reference` writes them again)."""
+    from rankwise.recipes import list_recipes
+    from rankwise.recipes.config._reference import REFERENCE_FILE, live_config_fields, reference_text
+
+    assert REFERENCE_FILE.read_text(encoding="utf-8") == reference_text(list_recipes()), (
+        "the stored field reference is stale: run `python -m rankwise.recipes._write_reference`"
+    )
+    for recipe in ("dir", "brain_age", "ltr"):
+        assert config_fields(recipe) == live_config_fields(recipe)

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rankwise._progress import Steps
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, register_dataset
 from rankwise.data._files import (
     FLOAT32_MAX,
@@ -272,11 +273,14 @@ def _last_newline(buf: np.ndarray, start: int, stop: int) -> int:
     return -1
 
 
-def _line_blocks(fh: Any) -> Any:
+def _line_blocks(fh: Any, steps: Steps | None = None) -> Any:
     """Blocks of whole lines of an open binary file (the last may lack its newline), past a leading BOM: ``uint8``
-    views of one buffer that the file is read into, each valid until the next block is asked for."""
+    views of one buffer that the file is read into, each valid until the next block is asked for; ``steps``
+    counts the bytes read."""
     buf = np.empty(_BLOCK_BYTES, np.uint8)
     head = fh.read(len(_BOM))
+    if steps is not None:
+        steps.advance(len(head))
     head = b"" if head == _BOM else head
     have = len(head)
     buf[:have] = np.frombuffer(head, np.uint8)
@@ -287,6 +291,8 @@ def _line_blocks(fh: Any) -> Any:
             bigger[:have] = buf
             buf = bigger
         got = fh.readinto(buf[have:].data)
+        if steps is not None and got:
+            steps.advance(got)
         if not got:
             if have:
                 yield buf[:have]
@@ -313,9 +319,9 @@ def _slow_buffer(width: int) -> np.ndarray:
     return np.empty((max(1 << 16, 4 * (width + 2)), 4), dtype=np.int64)
 
 
-def _scan_letor(p: Path) -> tuple[int, int] | None:
+def _scan_letor(p: Path, steps: Steps | None = None) -> tuple[int, int] | None:
     """``(documents, largest feature index)`` of ``p`` from the compiled parser; None when it refuses a line
-    (or is unavailable)."""
+    (or is unavailable). ``steps`` counts the bytes read."""
     kernel = _letor_kernel()
     if kernel is None:  # pragma: no cover
         return None
@@ -323,7 +329,7 @@ def _scan_letor(p: Path) -> tuple[int, int] | None:
     none64, noneq = np.zeros(0), np.zeros(0, np.int64)
     rows = largest = 0
     with _opener(p)(p, "rb") as fh:
-        for block in _line_blocks(fh):
+        for block in _line_blocks(fh, steps):
             _, rows, status, _, big = kernel(block, 0, none32, none64, noneq, rows, False, slow, 0)
             if status:
                 return None
@@ -350,9 +356,12 @@ def _resolve_slow(block: np.ndarray, slow: np.ndarray, x: np.ndarray, y: np.ndar
     return True
 
 
-def _fill_letor(p: Path, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _fill_letor(
+    p: Path, rows: int, width: int, steps: Steps | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The documents of ``p`` (``rows`` of them, from :func:`_scan_letor`) as dense float32 ``(rows, width)``
-    features, float64 relevance and int64 qid; None when the compiled parser refuses a line."""
+    features, float64 relevance and int64 qid; None when the compiled parser refuses a line. ``steps``
+    counts the bytes read."""
     kernel = _letor_kernel()
     if kernel is None:  # pragma: no cover
         return None
@@ -362,7 +371,7 @@ def _fill_letor(p: Path, rows: int, width: int) -> tuple[np.ndarray, np.ndarray,
     slow = _slow_buffer(width)
     row = 0
     with _opener(p)(p, "rb") as fh:
-        for block in _line_blocks(fh):
+        for block in _line_blocks(fh, steps):
             pos = 0
             while True:  # more documents than scanned (the file grew) is status 1
                 pos, row, status, nslow, _ = kernel(block, pos, x, y, q, row, True, slow, 0)
@@ -373,12 +382,14 @@ def _fill_letor(p: Path, rows: int, width: int) -> tuple[np.ndarray, np.ndarray,
     return (x, y, q) if row == rows else None
 
 
-def _letor_scan(p: Path, num_features: int | None, limit: str | None) -> tuple[int, int] | None:
+def _letor_scan(
+    p: Path, num_features: int | None, limit: str | None, steps: Steps | None = None
+) -> tuple[int, int] | None:
     """``(documents, largest index)`` of the LETOR file ``p`` (checked: size, compressed size) with the errors of
     :func:`read_letor`; None when only scikit-learn's reader can read it (the compiled one refuses a line
     that the line checker accepts)."""
     try:
-        scanned = _scan_letor(p)
+        scanned = _scan_letor(p, steps)
     except (OSError, EOFError) as err:  # unreadable, or a corrupt / truncated .gz or .bz2
         why = getattr(err, "strerror", None) or str(err) or type(err).__name__
         raise DataFormatError(p, None, f"cannot read the file: {why}") from None
@@ -396,13 +407,18 @@ def _letor_scan(p: Path, num_features: int | None, limit: str | None) -> tuple[i
 
 
 def _letor_dense(
-    p: Path, scanned: tuple[int, int] | None, width: int, num_features: int | None, limit: str | None
+    p: Path,
+    scanned: tuple[int, int] | None,
+    width: int,
+    num_features: int | None,
+    limit: str | None,
+    steps: Steps | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The documents of ``p`` as dense float32 features ``(documents, width)``, float32 relevance, int64 qid."""
     filled = None
     if scanned is not None:
         try:
-            filled = _fill_letor(p, scanned[0], width)
+            filled = _fill_letor(p, scanned[0], width, steps)
         except (OSError, EOFError) as err:  # pragma: no cover - read once already
             why = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise DataFormatError(p, None, f"cannot read the file: {why}") from None
@@ -423,7 +439,9 @@ def read_letor_dense(
     parsed by a compiled reader straight from the file's bytes into that array: two passes over the
     file (count, then fill), memory = the array plus a block of the file. Each number is the float64
     that Python's ``float`` reads, rounded to float32 (scikit-learn's values exactly). A file the
-    compiled reader refuses but the rules accept is read by :func:`read_letor`.
+    compiled reader refuses but the rules accept is read by :func:`read_letor`. Under the ``rankwise``
+    commands, a read longer than 2 s prints progress lines on stderr (the bytes read of both passes;
+    none with ``--no-progress``).
 
     Example:
         >>> import tempfile, pathlib
@@ -436,15 +454,17 @@ def read_letor_dense(
     _check_num_features(num_features)
     p = check_file(path, "LETOR / svmlight file", max_bytes=MAX_LETOR_BYTES)
     _check_content_size(p)
-    scanned = _letor_scan(p, num_features, limit)
-    if scanned is None:
-        x, y, q = read_letor(p, num_features=num_features, limit=limit)
-        width = x.shape[1]
-        check_dense_size(p, x.shape[0], width)
-        return _dense((x, y, q), width)
-    width = scanned[1] if num_features is None else num_features
-    check_dense_size(p, scanned[0], width)
-    return _letor_dense(p, scanned, width, num_features, limit)
+    plain = _opener(p) is open  # a compressed file: its decompressed size is not known up front
+    with Steps(f"reading {p.name} (2 passes)", 2 * p.stat().st_size if plain else None, "bytes") as steps:
+        scanned = _letor_scan(p, num_features, limit, steps)
+        if scanned is None:
+            x, y, q = read_letor(p, num_features=num_features, limit=limit)
+            width = x.shape[1]
+            check_dense_size(p, x.shape[0], width)
+            return _dense((x, y, q), width)
+        width = scanned[1] if num_features is None else num_features
+        check_dense_size(p, scanned[0], width)
+        return _letor_dense(p, scanned, width, num_features, limit, steps)
 
 
 # --------------------------------------------------------------------------------------------- lists

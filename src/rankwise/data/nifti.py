@@ -18,7 +18,9 @@ absolute), ``age`` and optionally ``sex`` (M/F, male/female, 1/0 with 1 = male),
 The preprocessed volumes are float16 ``.npy`` files (float32 where float16 cannot hold them) in
 ``cache_dir`` keyed by the file's bytes, the options and the preprocessing's version, read back as
 memory maps, so epochs after the first never decode gzip again. Each entry's ``.json`` records its
-SHA-256, size, shape and dtype; an entry that does not match is rebuilt and noted. The CSV is read by
+SHA-256, size, shape and dtype; an entry that does not match is rebuilt and noted. Under the
+``rankwise`` commands, checking and caching a cohort for longer than 2 s prints progress lines on
+stderr (volumes done, ETA; none with ``--no-progress``). The CSV is read by
 the rules of :mod:`rankwise.data._files` (ages by its ``parse_number``). Any bad row raises
 :class:`~rankwise.data.DataFormatError` naming the CSV, the row and the volume.
 
@@ -47,6 +49,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankwise._fileio import atomic_path, write_all
+from rankwise._progress import Steps
 from rankwise.data._base import DataFileNotFoundError, DataFormatError, RegressionData, register_dataset
 from rankwise.data._files import check_header, csv_records, file_digest, note_read, parse_number, read_text
 
@@ -759,8 +762,10 @@ class NiftiPreprocessing:
             default=list,
         )
         expected = None if grid is None else (tuple(int(g) for g in grid[0]), grid[1])
+        steps = Steps(f"checking and caching the volumes of {csv_path.name}", len(items), "volumes")
         for it in items:
             cached, it["facts"] = self._cached(it, csv_path, opts)
+            steps.advance()
             vshape = tuple(int(n) for n in it["facts"]["npy"]["shape"])
             if expected is None:
                 expected = (vshape, f"the cohort {vshape} (row {it['row']})")
@@ -771,6 +776,7 @@ class NiftiPreprocessing:
                     f"volume {it['path']} has shape {vshape} after preprocessing, {expected[1]}; {hint}",
                 )
             it["cache"] = str(cached)
+        steps.close()
         assert expected is not None
         return expected[0]
 

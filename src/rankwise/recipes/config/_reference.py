@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple, get_args, get_origin
 
 from pydantic import BaseModel
@@ -194,7 +197,76 @@ def config_fields(recipe: str | None = None) -> list[FieldDoc]:
     With ``recipe``, the ``task.*`` fields of that recipe's options, only the sections it reads, and after
     each dict field (``data.options``, ``model.options``, ``loss.options``, a regularizer's ``options``)
     the options inside it of the datasets, backbones and losses its presets use (:func:`component_fields`).
+    The rows of a built-in recipe are read from :data:`REFERENCE_FILE`, written from these same
+    sources (``python -m rankwise.recipes._write_reference``; a test checks that it is current), so
+    that ``rankwise config RECIPE`` imports no recipe and no torch.
     """
+    if recipe is not None:
+        stored = _stored_rows(recipe)
+        if stored is not None:
+            return stored
+    return live_config_fields(recipe)
+
+
+#: the reference rows of every built-in recipe (:func:`write_reference` writes it)
+REFERENCE_FILE = Path(__file__).with_name("reference.json")
+#: how a required field's default is stored: pydantic's marker (a section field) or a signature's
+_REQUIRED_MARKS = {"pydantic": "(required: pydantic)", "signature": "(required)"}
+
+
+def _stored_default(value: Any) -> str:
+    from pydantic_core import PydanticUndefined
+
+    if value is PydanticUndefined:
+        return _REQUIRED_MARKS["pydantic"]
+    if value is _Required:
+        return _REQUIRED_MARKS["signature"]
+    text = repr(value)
+    if _read_default(text) != value or type(_read_default(text)) is not type(value):
+        raise ValueError(f"`default` {text} does not read back as a Python literal; the reference cannot store it")
+    return text
+
+
+def _read_default(text: str) -> Any:
+    if text == _REQUIRED_MARKS["pydantic"]:
+        from pydantic_core import PydanticUndefined
+
+        return PydanticUndefined
+    if text == _REQUIRED_MARKS["signature"]:
+        return _Required
+    return ast.literal_eval(text)
+
+
+def _stored_rows(recipe: str) -> list[FieldDoc] | None:
+    """The rows of ``recipe`` in :data:`REFERENCE_FILE` (``None`` where it holds none)."""
+    if not REFERENCE_FILE.is_file():
+        return None
+    rows = json.loads(REFERENCE_FILE.read_text(encoding="utf-8"))["recipes"].get(recipe)
+    if rows is None:
+        return None
+    return [FieldDoc(key, tp, _read_default(default), doc, rng) for key, tp, default, doc, rng in rows]
+
+
+def reference_text(recipes: list[str]) -> str:
+    """The JSON of :data:`REFERENCE_FILE`: :func:`live_config_fields` of each of ``recipes``."""
+    out = {
+        name: [[f.key, f.type, _stored_default(f.default), f.doc, f.range] for f in live_config_fields(name)]
+        for name in recipes
+    }
+    note = "written by `python -m rankwise.recipes._write_reference` from the recipes, datasets, models and losses"
+    lines = [f'{{"note": {json.dumps(note)}, "recipes": {{']
+    for i, (name, rows) in enumerate(out.items()):
+        lines.append(f" {json.dumps(name)}: [")
+        lines += [
+            f"  {json.dumps(r, ensure_ascii=False)}{',' if j < len(rows) - 1 else ''}" for j, r in enumerate(rows)
+        ]
+        lines.append(" ]" + ("," if i < len(out) - 1 else ""))
+    return "\n".join([*lines, "}}"]) + "\n"
+
+
+def live_config_fields(recipe: str | None = None) -> list[FieldDoc]:
+    """:func:`config_fields` read from the recipe, its presets and the signatures of their components
+    (imports the recipe and the datasets, backbones and losses it uses)."""
     out = [d for d in model_fields_doc(Config) if d.key != "task"]
     if recipe is not None:
         r = get_recipe(recipe)

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+from tests.benchmarks._scripts import import_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("scale_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scale_bench"] = module
-    spec.loader.exec_module(module)
+    module = import_script("scale", "scale_bench")
     yield module
     sys.modules.pop("scale_bench", None)
 

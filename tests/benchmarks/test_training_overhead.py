@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_overhead.py"
+from tests.benchmarks._scripts import import_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("training_overhead", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["training_overhead"] = module
-    spec.loader.exec_module(module)
+    module = import_script("training_overhead", "training_overhead")
     yield module
     module.uninstall_timers()  # the timed checkpoint plug-in and plot functions must not reach other tests
     sys.modules.pop("training_overhead", None)

@@ -159,8 +159,10 @@ def make_cases(shape: tuple[int, int], k: int, pkg: Any, lapsum: Callable[..., t
         depth = _depth(network, n)
         if name != "diffsort":
             cases[name] = Case(lambda x: rankwise.soft_topk(x, k, method="diffsort", network="bitonic"))
-        # P @ u through the layers (P never built): the layers' alphas and inputs, L n floats each per row
-        cases[name].mem_bytes = (3 * depth + 8) * rows * n * B4
+        # P @ u through the layers (P never built): the sort's saved values and alphas, the transposed
+        # pass's inputs and the backward's gradients, 12.5 L n floats per row as measured at 1 x 1e4 and
+        # 1 x 1e5 (bitonic)
+        cases[name].mem_bytes = (13 * depth + 8) * rows * n * B4
         cases[name].work = 8 * depth * rows * n
         cases[name].order = "O(L n), L = " + ("n," if network == "odd_even" else "log2(n)^2 / 2,")
     if pkg is not None:

@@ -8,13 +8,12 @@ pytest.importorskip("yaml")
 
 from pydantic import Field
 
+from rankwise.recipes import config_fields, config_from_dict
 from rankwise.recipes.config import (
     Config,
     ConfigError,
     OptimizerConfig,
     Options,
-    config_fields,
-    config_from_dict,
     model_fields_doc,
     validate_section,
 )

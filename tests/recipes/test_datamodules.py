@@ -16,8 +16,8 @@ import lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 
 from rankwise.data import ClassificationData, TensorPairDataset, load_mnist5k_arrays
+from rankwise.recipes import load_config
 from rankwise.recipes import stages as stages_module
-from rankwise.recipes.config import load_config
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.rundir import load_weights
 from rankwise.recipes.runner import train

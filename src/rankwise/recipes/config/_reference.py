@@ -7,7 +7,7 @@ from typing import Any, NamedTuple, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rankwise.recipes.config._lookup import get_recipe
+from rankwise.recipes.config._lookup import RecipeLookup, check_lookup
 from rankwise.recipes.config._sections import OPTIONAL_SECTIONS, Config, is_model, unwrap
 
 # --------------------------------------------------------------------------------------------------
@@ -188,16 +188,18 @@ def component_fields(recipe: str) -> list[FieldDoc]:
     return out
 
 
-def config_fields(recipe: str | None = None) -> list[FieldDoc]:
+def config_fields(recipe: str | None = None, *, recipes: RecipeLookup | None = None) -> list[FieldDoc]:
     """Every config field (dotted key, type, default, one-line description, range), from the JSON schema.
 
     With ``recipe``, the ``task.*`` fields of that recipe's options, only the sections it reads, and after
     each dict field (``data.options``, ``model.options``, ``loss.options``, a regularizer's ``options``)
-    the options inside it of the datasets, backbones and losses its presets use (:func:`component_fields`).
+    the options inside it of the datasets, backbones and losses its presets use (:func:`component_fields`);
+    ``recipes`` is then the recipe look-up ``name -> Recipe`` (:func:`rankwise.recipes.config_fields`
+    passes it).
     """
     out = [d for d in model_fields_doc(Config) if d.key != "task"]
     if recipe is not None:
-        r = get_recipe(recipe)
+        r = check_lookup(recipes)(recipe)
         out = [d for d in out if d.key.split(".")[0] not in OPTIONAL_SECTIONS or d.key.split(".")[0] in r.uses]
         inner = component_fields(recipe)
         merged: list[FieldDoc] = []

@@ -90,6 +90,12 @@ def test_a_recipe_registers_an_options_model():
     class Bad(RecipeBase):
         name, description, options = "bad_options_recipe", "x", dict
 
+        def fit(self, run):
+            return {}
+
+        def evaluate(self, run, checkpoint):
+            return {}
+
     with pytest.raises(TypeError, match=r"`recipe\.options` must be a subclass of rankwise\.recipes\.config\.Options"):
         register_recipe(Bad())
 

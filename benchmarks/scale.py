@@ -170,7 +170,8 @@ print(json.dumps({"estimate": estimate, "peak": hwm, "measured_at": list(cost.me
 _REFUSAL_CHILD = """
 import json, torch
 from rankwise.recipes.brain_age_memory import available_memory, check_memory
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes.config import ConfigError
+from rankwise.recipes import load_config
 torch.set_num_threads(1)
 cfg = load_config("brain_age_tsan", [])
 shape = tuple(cfg.data.options["shape"])

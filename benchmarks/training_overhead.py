@@ -422,7 +422,7 @@ def _ms(values: list[float]) -> float:
 def run_rankwise(
     case: Case, threads: int, work: Path, cohort: Path | None, sets: list[str]
 ) -> tuple[dict[str, Any], Any]:
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.runner import train
 
     install_timers()
@@ -567,7 +567,7 @@ def measure_case(
     """One row: case ``name`` at ``threads`` through rankwise, then through the hand loop (``extra``: more
     ``--set`` overrides after the case's own); raises ``AssertionError`` when their final weights differ
     by more than :data:`TOL` or they trained a different number of steps."""
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
 
     case = CASES[name]
     sets = [*case.sets, *(extra or [])]

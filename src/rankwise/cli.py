@@ -273,7 +273,7 @@ def _new_run_config(
 ) -> Any:
     """The config of a new run: a preset / YAML file with ``overrides``, or the user's own table (``--data``)."""
     if data is None:
-        from rankwise.recipes.config import load_config
+        from rankwise.recipes import load_config
 
         return load_config(config, overrides)
     from rankwise.recipes.own_data import own_data_config
@@ -824,7 +824,8 @@ def config_reference(
     from rich.table import Table
 
     def rows() -> Any:
-        from rankwise.recipes.config import ConfigError, config_fields
+        from rankwise.recipes import config_fields
+        from rankwise.recipes.config import ConfigError
 
         try:
             return config_fields(recipe)

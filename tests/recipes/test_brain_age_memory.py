@@ -9,9 +9,11 @@ import sys
 import pytest
 
 from rankwise.recipes import brain_age_memory as bm
-from rankwise.recipes.config import ConfigError, load_config
 
 #: a small ScaleDense the estimate is checked against: the real peak of a training step of 4 volumes
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
+
 _PEAK = """
 import json, resource, sys, torch
 from rankwise import models

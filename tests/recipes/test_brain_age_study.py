@@ -173,7 +173,7 @@ def test_the_synthetic_patients_have_older_looking_brains(tmp_path: Path) -> Non
 
 
 def test_study_options_that_contradict_each_other_are_refused() -> None:
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
 
     with pytest.raises(ConfigError, match=r"`study\.reference_group` names a group of `study\.group_column`"):
         load_config("brain_age_tsan_synthetic", ["study.reference_group=HC"])

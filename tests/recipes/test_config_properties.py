@@ -15,11 +15,11 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rankwise.recipes import load_config
 from rankwise.recipes.config import (
     MAX_YAML_DEPTH,
     MAX_YAML_VALUES,
     ConfigError,
-    load_config,
     parse_yaml,
 )
 

@@ -16,10 +16,9 @@ import lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 
 from rankwise.data import ClassificationData, TensorPairDataset, load_mnist5k_arrays
-from rankwise.recipes import stages as stages_module
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.rundir import load_weights
+from rankwise.recipes.rundir import Run, load_weights
 from rankwise.recipes.runner import train
 from tests.recipes.test_recipe_training import TINY
 
@@ -73,14 +72,14 @@ def digits() -> ClassificationData:
 def record(monkeypatch):
     """The stages run (with their results) and the ``Trainer.test`` / ``Trainer.predict`` calls made."""
     calls: dict[str, list] = {"stages": [], "test": [], "predict": []}
-    run_stage = stages_module.run_stage
+    run_stage = Run.run_stage
 
     def recording_run_stage(run, stage):
         result = run_stage(run, stage)
         calls["stages"].append(result)
         return result
 
-    monkeypatch.setattr(stages_module, "run_stage", recording_run_stage)
+    monkeypatch.setattr(Run, "run_stage", recording_run_stage)
     for name in ("test", "predict"):
         original = getattr(L.Trainer, name)
 
@@ -113,11 +112,11 @@ def test_every_recipe_stage_trains_on_a_lightning_datamodule(preset, tmp_path, r
 
 
 def test_a_stage_without_a_datamodule_is_refused(tmp_path):
-    from rankwise.recipes.stages import Stage, run_stage
+    from rankwise.recipes.stages import Stage
 
     loader = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)
     with pytest.raises(TypeError, match=r"`data` of stage 'x' must be a lightning.LightningDataModule.*DataLoader"):
-        run_stage(None, Stage("x", None, loader))
+        Run(None, tmp_path, None).run_stage(Stage("x", None, loader))
 
 
 def test_loader_data_builds_a_lazy_split_once_and_leaves_missing_splits_undefined():

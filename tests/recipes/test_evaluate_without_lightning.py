@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("lightning")
 pytest.importorskip("sklego")
 
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.runner import evaluate, train
 from tests.cli_helpers import TINY, cli_in_fresh_interpreter
 

@@ -19,7 +19,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("sklego")
 PIL = pytest.importorskip("PIL.Image")
 
-from rankwise.recipes.config import list_presets, load_config  # noqa: E402
+from rankwise.recipes import load_config  # noqa: E402
+from rankwise.recipes.config import list_presets  # noqa: E402
 from rankwise.recipes.runner import train  # noqa: E402
 from tests.conftest import SHARED  # noqa: E402
 

@@ -239,7 +239,7 @@ def test_sord_proximities_and_list_options_come_from_a_config() -> None:
     """SORD's ``prox=True`` gets the training classes from the run, a YAML list becomes the class-weight
     tensor, and both move with the module without entering its state dict."""
     from rankwise.losses import sord_loss
-    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes import config_from_dict
     from rankwise.recipes.loss_terms import build_task_loss, check_loss_config
 
     cfg = config_from_dict({"loss": {"name": "sord", "options": {"prox": True, "weight": [1, 2.5, 1]}}})

@@ -20,8 +20,7 @@ pytest.importorskip("lightning")
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.recipes import predict, write_predictions
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config, predict, write_predictions
 from rankwise.recipes.own_data import own_data_config
 from rankwise.recipes.runner import evaluate, train
 from tests.cli_helpers import TINY, cli_in_fresh_interpreter, one_error_line

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise.losses import supcon_loss
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.loss_terms import LossTerm, Objective
 from rankwise.recipes.runner import train
 from tests.recipes.test_recipe_training import TINY

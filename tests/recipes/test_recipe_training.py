@@ -15,8 +15,8 @@ pytest.importorskip("sklego")
 
 import torch
 
+from rankwise.recipes import load_config
 from rankwise.recipes.common import NonFiniteLossError
-from rankwise.recipes.config import load_config
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import evaluate, train
 from tests.recipes._faults import NaNAtStep

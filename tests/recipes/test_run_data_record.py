@@ -274,7 +274,7 @@ def test_split_digest_follows_the_rows(tmp_path):
 
 def test_a_moved_cache_is_not_a_change_of_the_data() -> None:
     """``data.options.cache_dir`` says where derived files live: another one is no change of the data."""
-    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes import config_from_dict
     from rankwise.recipes.rundir import DataChangedError
     from rankwise.recipes.rundir._record import check_options
 

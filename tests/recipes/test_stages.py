@@ -15,7 +15,7 @@ pytest.importorskip("sklego")
 
 import torch
 
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import evaluate, train
 from rankwise.recipes.stages import read_done, write_done

@@ -8,7 +8,8 @@ import torch
 pytest.importorskip("yaml")
 
 from rankwise.imbalanced import regression_loss
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.loss_terms import LossTerm, build_task_loss, task_loss_name
 
 

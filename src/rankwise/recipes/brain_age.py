@@ -75,7 +75,6 @@ from torchmetrics import MeanAbsoluteError
 from rankwise._binning import LabelClasses
 from rankwise._fileio import atomic_open
 from rankwise.models.brain_age import SFCN, ScaleDense
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import check_finite, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
@@ -107,7 +106,7 @@ from rankwise.recipes.loss_terms import (
     ordinal_head_of,
 )
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage, plot_stage_curves, stage_log
 
@@ -800,7 +799,7 @@ def _check_one_stage_options(cfg: Config) -> None:
         )
 
 
-class BrainAgeRecipe(RecipeBase):
+class BrainAgeRecipe(Recipe):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
     name = "brain_age"

@@ -15,7 +15,7 @@ ends in ``.nii``/``.nii.gz``) are registered here; any other loader of a CSV reg
 same way.
 
 The other route, a preset with ``--set data.name=csv ...``: the config is built first (the
-preset's dataset options dropped, :func:`rankwise.recipes.config.load_config`), then the run,
+preset's dataset options dropped, :func:`rankwise.recipes.load_config`), then the run,
 once it has loaded the data, replaces the preset's values that the user did not set by the
 data-driven ones (:func:`apply_data_defaults`), with a :class:`DataDefaultsWarning` saying so.
 """
@@ -347,6 +347,7 @@ def _load(dataset: str, options: dict[str, Any]) -> Any:
 def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
     from rankwise.recipes.config import ConfigError, override_value
+    from rankwise.recipes.registry import get_recipe
 
     out = {}
     for item in overrides:
@@ -354,7 +355,7 @@ def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if key.startswith("data.options.") and key.count(".") == 2:
             try:
-                out[key.rsplit(".", 1)[1]] = override_value({}, key, value)
+                out[key.rsplit(".", 1)[1]] = override_value({}, key, value, recipes=get_recipe)
             except ConfigError:
                 continue  # the config's own check names it
     return out
@@ -396,7 +397,8 @@ def own_data_config(
         ('csv', 32, 125, 5.0)
     """
     from rankwise._validation import did_you_mean
-    from rankwise.recipes.config import ConfigError, load_config, load_raw
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import ConfigError, load_raw
 
     path = Path(path)
     own = _dataset_for(path, dataset)
@@ -476,7 +478,7 @@ def apply_data_defaults(cfg: Any, data: Any = None) -> DataDefaults | None:
     """Fit ``cfg`` to the dataset that ``--set data.name=...`` switched it to; the run calls it once it
     has its data.
 
-    Nothing unless :func:`~rankwise.recipes.config.load_config` recorded such a switch
+    Nothing unless :func:`~rankwise.recipes.load_config` recorded such a switch
     (:func:`~rankwise.recipes.config.dataset_switch`). The description names the new data (unless
     ``--set`` gave one). For a dataset registered with :func:`register_own_data` whose file and
     target options are set, the bin width, shot thresholds, batch size and epochs come from ``data``
@@ -530,7 +532,7 @@ def apply_data_defaults(cfg: Any, data: Any = None) -> DataDefaults | None:
 def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:
     """The raw config ``raw`` switched to another dataset by the ``--set data.name=...`` among ``overrides``.
 
-    The raw form of what :func:`~rankwise.recipes.config.load_config` and the run do (the config
+    The raw form of what :func:`~rankwise.recipes.load_config` and the run do (the config
     built first, then :func:`apply_data_defaults` once the data are loaded): the preset's
     ``data.options`` and ``expected_time`` are dropped, the description names the new data and, for
     a dataset registered with :func:`register_own_data`, the bin width, shot thresholds, batch size
@@ -538,7 +540,8 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     what was replaced. Returns the (copied) raw config, ``overrides`` not applied; other configs pass
     unchanged.
     """
-    from rankwise.recipes.config import ConfigError, dataset_switch, load_config
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import ConfigError, dataset_switch
 
     try:
         cfg = load_config(raw, list(overrides or []))

@@ -78,7 +78,6 @@ from torch.nn import functional as F
 from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
 from rankwise.ops import OPS, diffsort, gumbel_sinkhorn
 from rankwise.recipes._progress import StepTimer
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
     build_backbone,
@@ -94,7 +93,7 @@ from rankwise.recipes.config import Config, ConfigError, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import Objective, Term
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -801,7 +800,7 @@ def digit_pools(
     return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
 
 
-class SortRecipe(RecipeBase):
+class SortRecipe(Recipe):
     """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
 
     name = "sort"

@@ -1067,7 +1067,7 @@ def data_show(
         con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
         return
     con.print(
-        f"\n[bold]{data.name}[/]: kind {data.kind}, input_dim {data.input_dim}, label '{data.label_name}', "
+        f"\n[bold]{data.name}[/]: modality {data.modality}, input_dim {data.input_dim}, label '{data.label_name}', "
         f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
     )
     from rankwise.recipes.own_data import shot_thresholds

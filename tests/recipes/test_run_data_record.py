@@ -102,6 +102,8 @@ def test_config_yaml_and_data_json_name_the_training_file_absolute(run):
     assert f["path"] == str(run["train"]) and f["size"] == run["train"].stat().st_size and len(f["sha256"]) == 64
     meta = record["summary"]["meta"]
     assert meta["feature_names"] == ["a", "b"] and "indices" not in meta
+    attributes = record["summary"]["attributes"]
+    assert attributes["modality"] == "table" and attributes["kind"] == "tabular"
 
 
 def test_predict_from_a_directory_with_another_train_csv_gives_the_same_predictions(run, tmp_path):

@@ -843,8 +843,9 @@ class BrainAgeRecipe(Recipe):
     def fit(self, run: Run) -> dict[str, Any]:
         cfg = run.cfg
         data = run.data
-        if getattr(data, "kind", None) != "volume":
-            raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
+        modality = getattr(data, "modality", None)
+        if modality != "volumes":
+            raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {modality!r}")
         _check_sodeep_batch(cfg, len(data.train_labels), note=run.is_global_zero)
         from rankwise.recipes.brain_age_study import check_study
 

@@ -2,13 +2,13 @@
 
 ``rankwise train --data FILE.csv --target COL --method lds`` builds its config with
 :func:`own_data_config`: the method's loss, model and optimizer come from the bundled preset
-``{presets}_{method}`` of the dataset's kind (``abalone_lds`` for a table, ``agedb_dir_lds`` for
+``{presets}_{method}`` of the dataset's modality (``abalone_lds`` for a table, ``agedb_dir_lds`` for
 images), and everything the preset fitted to its own dataset is derived from the user's data instead
 (:func:`data_defaults`): the label bin width, the many/medium/few-shot thresholds, the batch size and
 the number of epochs. ``--set`` overrides still win.
 
 A dataset takes part through :func:`register_own_data`: which loader option receives the file and
-which the target column, and the preset family of its kind. ``csv`` (numeric columns),
+which the target column, and the preset family of its modality. ``csv`` (numeric columns),
 ``image_csv`` (a column of image paths) and ``nifti`` (a column of NIfTI volumes: brain age, the
 ``brain_age_{tsan,mse,sfcn}`` presets, chosen without ``--dataset`` when the CSV's first ``path``
 ends in ``.nii``/``.nii.gz``) are registered here; any other loader of a CSV registers itself the

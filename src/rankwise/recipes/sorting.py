@@ -263,7 +263,7 @@ def _from_op(entry: RegistryEntry, info: RelaxationInfo) -> Relaxation:
         extra = {k: _option(o[k], d) for k, d in info.options.items()}
         return {**info.fixed, **{k: getattr(t, k) for k in info.params}, **extra}
 
-    if info.kind == "permutation":
+    if info.returns == "permutation":
 
         def permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
             p = op(scores, **kwargs(t))
@@ -275,7 +275,7 @@ def _from_op(entry: RegistryEntry, info: RelaxationInfo) -> Relaxation:
         return Relaxation(permutation, dict(info.options), info.description, "permutation")
 
     def rank_loss(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
-        if info.kind == "soft_rank":
+        if info.returns == "soft_rank":
             return (op(scores.float(), **kwargs(t)) - ranks).pow(2).mean()
         out: torch.Tensor = op(scores.float(), ranks, **kwargs(t))
         return out

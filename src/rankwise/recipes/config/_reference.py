@@ -250,7 +250,10 @@ def _stored_rows(recipe: str) -> list[FieldDoc] | None:
 def reference_text(names: list[str], *, recipes: RecipeLookup) -> str:
     """The JSON of :data:`REFERENCE_FILE`: :func:`live_config_fields` of each recipe of ``names``."""
     out = {
-        name: [[f.key, f.type, _stored_default(f.default), f.doc, f.range] for f in live_config_fields(name, recipes=recipes)]
+        name: [
+            [f.key, f.type, _stored_default(f.default), f.doc, f.range]
+            for f in live_config_fields(name, recipes=recipes)
+        ]
         for name in names
     }
     note = "written by `python -m rankwise.recipes._write_reference` from the recipes, datasets, models and losses"

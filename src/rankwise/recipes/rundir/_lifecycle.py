@@ -34,8 +34,8 @@ log = logging.getLogger("rankwise")
 
 def load_data(cfg: Config, recipe: Any) -> Any:
     """Load ``cfg.data`` (through ``recipe.load_data`` where the recipe has one: see
-    :meth:`~rankwise.recipes.Recipe.load_data`) and check it suits ``recipe`` (kind,
-    non-empty splits)."""
+    :meth:`~rankwise.recipes.Recipe.load_data`) and check it suits ``recipe`` (its
+    ``data_kind``, non-empty splits)."""
     return _load_data_files(cfg, recipe)[0]
 
 
@@ -105,8 +105,8 @@ def record_resolved_options(cfg: Config, data: Any) -> None:
 
 
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
-    """The dataset has the recipe's kind (its spec's modality, :func:`rankwise.data.task_of`) and no
-    empty split it uses."""
+    """The dataset's task (from its spec's modality, :func:`rankwise.data.task_of`) is the recipe's
+    ``data_kind`` and no split it uses is empty."""
     from rankwise.data import task_of
 
     try:
@@ -116,14 +116,14 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
     regression = task == "regression"
     ranking = task == "ranking"
     if (recipe.data_kind == "ranking") != ranking:
-        kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
+        what = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
         need = (
             "a ranking dataset (letor, ltr_synthetic)"
             if recipe.data_kind == "ranking"
             else f"a {recipe.data_kind} dataset"
         )
         raise ConfigError(
-            f"dataset `{cfg.data.name}` is {kind}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
+            f"dataset `{cfg.data.name}` is {what}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
         )
     if recipe.data_kind == "regression" and not regression:
         raise ConfigError(

@@ -85,9 +85,9 @@ def test_the_reference_is_the_json_schema():
 
 
 def test_a_recipe_registers_an_options_model():
-    from rankwise.recipes.base import RecipeBase
+    from rankwise.recipes import Recipe
 
-    class Bad(RecipeBase):
+    class Bad(Recipe):
         name, description, options = "bad_options_recipe", "x", dict
 
         def fit(self, run):

@@ -1,8 +1,8 @@
 """The reporting bases of recipes.
 
-* :class:`RecipeBase` -- the :class:`~rankwise.recipes.registry.Recipe` base class itself (the same
-  class): recipes whose ``test`` metrics are plain numbers (accuracy, MSE, ...), a mean ± std table of
-  every metric and a markdown report (``report_kind = "scalar"``);
+* :class:`~rankwise.recipes.Recipe` itself (``rankwise.recipes.registry``): recipes whose ``test``
+  metrics are plain numbers (accuracy, MSE, ...), a mean ± std table of every metric and a markdown
+  report (``report_kind = "scalar"``);
 * :class:`RegressionRecipe` -- recipes evaluated with the deep-imbalanced-regression shot table
   (``test``: ``{all, many, medium, few} x {mae, mse, gmean, count}`` + Pearson/Spearman): MAE and
   GM tables, shot bar chart and per-label MAE plots (``report_kind = "regression"``).
@@ -21,10 +21,7 @@ from typing import Any, Literal
 from rankwise.recipes.config import Config
 from rankwise.recipes.registry import Recipe, Table, can_predict, cannot_predict
 
-__all__ = ["RecipeBase", "RegressionRecipe", "can_predict", "cannot_predict"]
-
-#: the :class:`~rankwise.recipes.registry.Recipe` base class (one class, two names)
-RecipeBase = Recipe
+__all__ = ["RegressionRecipe", "can_predict", "cannot_predict"]
 
 
 class RegressionRecipe(Recipe):

@@ -49,7 +49,7 @@ Per run:
   (the first step less the steady median), ``validation`` (Lightning's validation loops),
   ``checkpoints`` (writing ``.ckpt`` files: ``AtomicCheckpointIO.save_checkpoint``), ``plots`` and
   ``tsne`` (the ``plot_*`` functions of :mod:`rankwise.recipes.reports` and
-  :mod:`rankwise.recipes.brain_age_plots`, t-SNE apart), ``evaluation_reports`` (outside the fits:
+  :mod:`rankwise.recipes.brain_age.plots`, t-SNE apart), ``evaluation_reports`` (outside the fits:
   test evaluation, predictions, metrics.json, meta/data records, less plots), ``loop_other``
   (inside the fits, what is neither a step, validation nor a checkpoint: epoch hooks, loggers, the
   loaders' start); and ``process_start`` once per benchmark: a fresh interpreter importing what
@@ -279,7 +279,8 @@ def _wrap(owner: Any, name: str, bucket: str) -> None:
 
 def install_timers() -> None:
     """Wrap the checkpoint writer and the plot functions with :data:`TIMERS`."""
-    from rankwise.recipes import brain_age_plots, reports
+    from rankwise.recipes import reports
+    from rankwise.recipes.brain_age import plots as brain_age_plots
     from rankwise.recipes.rundir import _trainer
 
     make = _trainer.AtomicCheckpointIO

@@ -240,7 +240,7 @@ def test_brain_age_stages_train_on_datamodules_and_test_their_best_checkpoints(t
     for extra in ("nibabel", "nilearn", "torchio"):
         pytest.importorskip(extra)
     from rankwise.data import make_brain_age_synthetic
-    from tests.recipes.test_brain_age_recipe import TINY as BRAIN
+    from tests.recipes.brain_age.test_recipe import TINY as BRAIN
 
     csv_path = make_brain_age_synthetic(tmp_path / "cohort", n=16, spacing=6.0)
     sets = [

@@ -244,7 +244,7 @@ _EXTENDED = {
 
 @pytest.mark.parametrize(
     # the synthetic-cohort twins of the brain-age presets (about 9 s each; the TSAN one also trains in
-    # tests/recipes/test_brain_age_recipe.py): extended here, over CI's time budget
+    # tests/recipes/brain_age/test_recipe.py): extended here, over CI's time budget
     "name",
     [pytest.param(n, marks=pytest.mark.extended) if n in _EXTENDED else n for n in sorted(list_presets())],
 )

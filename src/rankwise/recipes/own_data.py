@@ -179,7 +179,7 @@ def _nifti_grid(path: Path) -> dict[str, Any]:
 
 
 def _nifti_budget(cfg: Any, data: Any) -> Any:
-    from rankwise.recipes.brain_age_memory import budget
+    from rankwise.recipes.brain_age.memory import budget
 
     return budget(cfg, data)
 

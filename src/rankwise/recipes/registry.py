@@ -185,7 +185,7 @@ _BUILTIN = {
     "sort": "rankwise.recipes.sorting",
     "median": "rankwise.recipes.sorting",
     "dknn": "rankwise.recipes.dknn",
-    "brain_age": "rankwise.recipes.brain_age",
+    "brain_age": "rankwise.recipes.brain_age.recipe",
     "retrieval": "rankwise.recipes.retrieval",
     "ltr": "rankwise.recipes.learning_to_rank",
     "topk": "rankwise.recipes.topk",

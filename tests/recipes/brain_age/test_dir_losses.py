@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from rankwise.cli import app
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.recipes import load_config
-from rankwise.recipes.brain_age import BrainAgeModule
+from rankwise.recipes.brain_age.module import BrainAgeModule
 from rankwise.recipes.dir_net import lds_weight_table
 
 TINY = [

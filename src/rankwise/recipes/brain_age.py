@@ -75,10 +75,21 @@ from torchmetrics import MeanAbsoluteError
 from rankwise._binning import LabelClasses
 from rankwise._fileio import atomic_open
 from rankwise.models.brain_age import SFCN, ScaleDense
-from rankwise.recipes.common import check_finite, reseed, to_builtin
+from rankwise.recipes.common import check_finite, regression_loaders, reseed, to_builtin
 from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import (
+from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
+from rankwise.recipes.loss_terms import (
+    Objective,
+    Term,
+    build_regularizers,
+    build_task_loss,
+    check_loss_config,
+    ordinal_head_of,
+)
+from rankwise.recipes.optim import configure
+from rankwise.recipes.registry import Recipe, register_recipe
+from rankwise.recipes.regression.net import (
     check_ordinal_options,
     class_counts,
     class_map_buffer,
@@ -91,22 +102,10 @@ from rankwise.recipes.dir_net import (
     note_label_classes,
     ordinal_head_module,
     ordinal_loss_tensors,
-    regression_loaders,
     run_shot_thresholds,
     shot_metrics,
     train_classes,
 )
-from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
-from rankwise.recipes.loss_terms import (
-    Objective,
-    Term,
-    build_regularizers,
-    build_task_loss,
-    check_loss_config,
-    ordinal_head_of,
-)
-from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage, plot_stage_curves, stage_log
 
@@ -544,7 +543,7 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
         from rankwise.recipes.brain_age_study import study_metrics, train_eval_dataset, write_study_report
 
         def predict_train() -> tuple[np.ndarray, np.ndarray]:
-            from rankwise.recipes.dir_net import eval_loader
+            from rankwise.recipes.common import eval_loader
 
             loader = eval_loader(train_eval_dataset(run.data.train), run.data, run.cfg)
             return _predict(run, module, loader, name, stage)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("lightning")
 pytest.importorskip("sklego")
@@ -126,12 +127,19 @@ def _predictions(run, module, name: str, *, lightning: bool) -> dict[str, np.nda
     return out
 
 
-@pytest.mark.parametrize("source", ["abalone_lds_fds", "float64"])
-def test_the_plain_loop_predicts_as_trainer_predict_at_each_precision(runs, abalone, source):
-    """On the CPU at 32-true, 64-true, bf16-mixed, 16-mixed (bfloat16 autocast there) and bf16-true, the
-    plain network in the plain loop gives bit for bit the predictions of a fresh Lightning module through
-    Trainer.predict on the same checkpoint (of a float32 run; a float64 run's weights keep their float64
-    bits in the plain loop, which a fresh float32 Lightning module rounds: there 32-true only)."""
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("source", "accelerator"),
+    [("abalone_lds_fds", "cpu"), ("float64", "cpu"), pytest.param("abalone_lds_fds", "gpu", marks=_CUDA)],
+)
+def test_the_plain_loop_predicts_as_trainer_predict_at_each_precision(runs, abalone, source, accelerator):
+    """At 32-true, 64-true, bf16-mixed, 16-mixed (bfloat16 autocast on the CPU) and bf16-true, the plain
+    network in the plain loop gives bit for bit the predictions of a fresh Lightning module through
+    Trainer.predict on the same checkpoint, on the CPU and on a CUDA device (of a float32 run; a float64
+    run's weights keep their float64 bits in the plain loop, which a fresh float32 Lightning module
+    rounds: there 32-true only)."""
     from rankwise.recipes.regression.recipe import build_net, build_regressor
     from rankwise.recipes.rundir import Run
     from rankwise.recipes.runner import load_run_config
@@ -139,7 +147,7 @@ def test_the_plain_loop_predicts_as_trainer_predict_at_each_precision(runs, abal
     precisions = ["32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true"] if source != "float64" else ["32-true"]
     got = {}
     for precision in precisions:
-        cfg = load_run_config(runs[source], [f"trainer.precision={precision}"])
+        cfg = load_run_config(runs[source], [f"trainer.precision={precision}", f"trainer.accelerator={accelerator}"])
         run = Run(cfg, runs[source], abalone, plots=False)
         plain = _predictions(run, build_net(run), "best", lightning=False)
         trained = _predictions(run, build_regressor(run), "best", lightning=True)
@@ -152,7 +160,8 @@ def test_the_plain_loop_predicts_as_trainer_predict_at_each_precision(runs, abal
         assert not np.array_equal(got["bf16-mixed"], got["32-true"])
         assert not np.array_equal(got["bf16-true"], got["32-true"])
         assert not np.array_equal(got["64-true"], got["32-true"])
-        assert np.array_equal(got["16-mixed"], got["bf16-mixed"])  # Lightning's CPU substitution
+        # Lightning's substitution on the CPU; float16 autocast on a GPU
+        assert np.array_equal(got["16-mixed"], got["bf16-mixed"]) == (accelerator == "cpu")
 
 
 def test_rnc_evaluate_repeats_the_training_time_metrics(runs, tmp_path):

@@ -30,7 +30,7 @@ def setup(task: str) -> tuple[Any, Any, Any, Any]:
 
     if task == "dir":
         from rankwise.data import get_dataset
-        from rankwise.recipes.dir import DIRRegressor
+        from rankwise.recipes.regression.module import DIRRegressor
 
         cfg = load_config("abalone_vanilla", ["trainer.num_threads=1"])
         data = get_dataset(cfg.data.name, **cfg.data.options)

@@ -102,7 +102,7 @@ def test_task_loss_with_parameters_and_its_own_lr(tmp_path, abalone, registered)
         load_config("abalone_vanilla", ["loss.name=noisy_mse", "loss.options.init_sigmaa=2"])
     cfg = load_config("abalone_vanilla", [*TINY, "loss.name=noisy_mse", "loss.options.init_sigma=3.0", "loss.lr=0.05"])
 
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
     module = DIRRegressor(cfg, input_dim=abalone.input_dim, train_labels=abalone.train_labels)
     groups = module.param_groups()

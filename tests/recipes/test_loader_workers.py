@@ -37,7 +37,7 @@ def test_the_regression_loaders_use_the_capped_count(two_cpus: None) -> None:
     from torch.utils.data import TensorDataset
 
     from rankwise.recipes import load_config
-    from rankwise.recipes.dir_net import regression_loaders
+    from rankwise.recipes.common import regression_loaders
 
     class Data:
         train = val = test = TensorDataset(torch.zeros(8, 1), torch.zeros(8))

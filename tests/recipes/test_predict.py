@@ -120,7 +120,7 @@ def test_standardization_uses_the_training_rows_statistics(runs, table, test_row
 
     from rankwise.recipes import rundir
     from rankwise.recipes.registry import get_recipe
-    from rankwise.recipes.regressor import build_net
+    from rankwise.recipes.regression.recipe import build_net
     from rankwise.recipes.runner import load_run_config
 
     _, rows = table

@@ -51,7 +51,7 @@ def test_contrastive_recipes_call_their_loss_through_a_loss_term(preset):
     g = torch.Generator().manual_seed(5)
     y = torch.randint(0, 3, (6,), generator=g)
     if preset == "abalone_rnc":
-        from rankwise.recipes.rnc import RnCPretrainer
+        from rankwise.recipes.regression.rnc import RnCPretrainer
 
         term = RnCPretrainer(cfg, input_dim=8).rnc
         f = torch.randn(6, 2, 4, generator=g)

@@ -10,7 +10,8 @@
 * :func:`check_finite` -- raise :class:`NonFiniteLossError` (the run stops, its last good
   checkpoint stays) when a training loss is NaN/inf;
 * :func:`loader_workers` -- DataLoader worker options for ``data.num_workers``, capped at the CPUs
-  this process may use;
+  this process may use; :func:`regression_loaders` / :func:`eval_loader` -- the loaders of a
+  ``RegressionData`` (the regression recipes, brain age);
 * :func:`tensors`, :func:`to_builtin` -- small conversions.
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise.recipes.config import ConfigError, ModelConfig, StepBudget
+from rankwise.recipes.config import Config, ConfigError, ModelConfig, StepBudget
 
 __all__ = [
     "DataDefaultsWarning",
@@ -40,9 +41,11 @@ __all__ = [
     "device_name",
     "encode",
     "epochs_and_batches",
+    "eval_loader",
     "item_seed",
     "loader_workers",
     "plot_embedding",
+    "regression_loaders",
     "reseed",
     "tensors",
     "to_builtin",
@@ -315,3 +318,26 @@ def loader_workers(num_workers: int) -> dict[str, Any]:
             stacklevel=2,
         )
     return {"num_workers": n, "persistent_workers": n > 0}
+
+
+def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
+    """Train (seeded per-epoch shuffle), val and test loaders of a ``RegressionData``."""
+    from torch.utils.data import DataLoader
+
+    collate = data.meta.get("collate_fn")
+    n = len(data.train)
+    bs = cfg.data.batch_size
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": collate}
+    train_dl = DataLoader(
+        data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
+    )
+    return train_dl, eval_loader(data.val, data, cfg), eval_loader(data.test, data, cfg)
+
+
+def eval_loader(dataset: Any, data: Any, cfg: Config) -> Any:
+    """The loader of an evaluation split (or of a new file's rows) of a ``RegressionData``: in order, batches of
+    ``cfg.data.eval_batch_size``, the loader workers and ``collate_fn`` of the training loader."""
+    from torch.utils.data import DataLoader
+
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": data.meta.get("collate_fn")}
+    return DataLoader(dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)

@@ -178,9 +178,9 @@ def cannot_predict(recipe: Recipe) -> Exception:
 
 #: built-in recipe -> module that registers it (imported on first use)
 _BUILTIN = {
-    "dir": "rankwise.recipes.dir",
-    "rrt": "rankwise.recipes.dir",
-    "rnc": "rankwise.recipes.rnc",
+    "dir": "rankwise.recipes.regression.dir",
+    "rrt": "rankwise.recipes.regression.dir",
+    "rnc": "rankwise.recipes.regression.rnc",
     "supcon": "rankwise.recipes.supcon",
     "sort": "rankwise.recipes.sorting",
     "median": "rankwise.recipes.sorting",

@@ -27,7 +27,7 @@ from rankwise.cli import app
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
 from rankwise.recipes import load_config
 from rankwise.recipes.brain_age.module import BrainAgeModule
-from rankwise.recipes.dir_net import lds_weight_table
+from rankwise.recipes.regression.net import lds_weight_table
 
 TINY = [
     "data.batch_size=4",

@@ -18,7 +18,7 @@ from rankwise._binning import LabelClasses
 from rankwise.models.volumetric import SFCN, ScaleDense
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
-from rankwise.recipes.dir_net import (
+from rankwise.recipes.regression.net import (
     check_ordinal_options,
     class_counts,
     class_map_buffer,
@@ -161,7 +161,7 @@ class BrainAgeModule(L.LightningModule):
         return self.predict_age(vol, sex)["age"]
 
     def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
-        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.dir_net.lds_sample_weights`), or ``None``."""
+        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.regression.net.lds_sample_weights`), or ``None``."""
         if not self.use_weights:
             return None
         bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]

@@ -20,23 +20,23 @@ regularizers on the expected age.
 
 Ordinal heads (``loss.name``: an ordinal loss of the registry, one whose entry has an
 :class:`~rankwise._registry.OrdinalHead`: ``coral``, ``corn``, ``cdw_ce``, ``dldl``, ...; one stage): the
-network's final layers are replaced by the loss's head (:func:`~rankwise.recipes.dir_net.ordinal_head_module`)
+network's final layers are replaced by the loss's head (:func:`~rankwise.recipes.regression.net.ordinal_head_module`)
 on the features they received -- ScaleDense's ``end_fc`` on the ``(B, 40)`` (with sex) features, over the
 classes of :meth:`~rankwise._binning.LabelClasses.fit` on the training ages with ``task.class_width``;
 SFCN's final 1^3 convolution on the pooled features, over SFCN's own age bins. The class map is the
 buffer ``label_class_map`` of the checkpoint; predictions are the decoded classes' ages
-(:func:`~rankwise.recipes.dir_net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
+(:func:`~rankwise.recipes.regression.net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
 corrections and ``rankwise predict`` are those of the regression.
 
 The DIR recipes' imbalanced-regression mechanisms, on ScaleDense's one stage (``task.stages: 1``):
-``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.dir_net.lds_buffers` /
-:func:`~rankwise.recipes.dir_net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
+``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.regression.net.lds_buffers` /
+:func:`~rankwise.recipes.regression.net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
 loss of predictions and targets (``balanced_mse``, ``dist_loss``; a loss with parameters gets its own
-optimizer group, :func:`~rankwise.recipes.dir_net.loss_param_groups`); regularizers whose registry entry
+optimizer group, :func:`~rankwise.recipes.regression.net.loss_param_groups`); regularizers whose registry entry
 takes ``features`` (``ranksim``, ``ordinal_entropy``) see :meth:`ScaleDense.features`, the penultimate
 ``(B, 40)`` (with sex) that the final layers or an ordinal head receive. SFCN and TSAN's second stage
 take none of them (one ``ConfigError`` naming the key). The test metrics add the DIR recipes' shot-group
-MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.dir_net.shot_metrics`) and
+MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.regression.net.shot_metrics`) and
 ``qwk`` / ``exact_acc`` of the 1-year age classes.
 
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
@@ -74,10 +74,10 @@ from torch import nn
 from rankwise._fileio import atomic_open
 from rankwise.models.volumetric import ScaleDense
 from rankwise.recipes.brain_age.module import BrainAgeModule
-from rankwise.recipes.common import to_builtin
+from rankwise.recipes.common import regression_loaders, to_builtin
 from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import note_label_classes, regression_loaders, run_shot_thresholds, shot_metrics
+from rankwise.recipes.regression.net import note_label_classes, run_shot_thresholds, shot_metrics
 from rankwise.recipes.loss_terms import check_loss_config, ordinal_head_of
 from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
@@ -286,7 +286,7 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
         from rankwise.recipes.brain_age.study import study_metrics, train_eval_dataset, write_study_report
 
         def predict_train() -> tuple[np.ndarray, np.ndarray]:
-            from rankwise.recipes.dir_net import eval_loader
+            from rankwise.recipes.common import eval_loader
 
             loader = eval_loader(train_eval_dataset(run.data.train), run.data, run.cfg)
             return _predict(run, module, loader, name, stage)
@@ -300,7 +300,7 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
 
 
 def _shot_and_class_metrics(run: Run, pred: np.ndarray, age: np.ndarray) -> dict[str, Any]:
-    """The DIR recipes' shot-group MAE (:func:`~rankwise.recipes.dir_net.shot_metrics`: 1-year age bins,
+    """The DIR recipes' shot-group MAE (:func:`~rankwise.recipes.regression.net.shot_metrics`: 1-year age bins,
     many-shot above ``report.many_shot`` training subjects, few-shot below ``report.few_shot``, else the
     cohort's own thresholds) and the class metrics of the 1-year age classes (QWK, exact accuracy)."""
     m = shot_metrics(pred, age, run.data, run.cfg)

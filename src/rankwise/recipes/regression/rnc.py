@@ -7,7 +7,7 @@ same noise), over the global batch under DDP; a :class:`~rankwise.recipes.stages
 ``pretrain`` (checkpoints in ``RUN_DIR/pretrain/``, log in ``logs/pretrain`` with the loss as
 ``pretrain/loss`` and ``pretrain/loss/rnc``, ``pretrain/done``
 once finished) handing its last weights on. Stage 2: the DIR regressor of
-:mod:`rankwise.recipes.regressor` on the frozen pretrained backbone, trained and evaluated as
+:mod:`rankwise.recipes.regression.recipe` on the frozen pretrained backbone, trained and evaluated as
 ``dir`` (``trainer.max_epochs``, the ``loss`` section).
 """
 
@@ -19,14 +19,13 @@ import lightning as L
 import torch
 from pydantic import Field
 
-from rankwise.recipes.common import build_backbone, check_finite, reseed
+from rankwise.recipes.common import build_backbone, check_finite, regression_loaders, reseed
 from rankwise.recipes.config import Config, ConfigError
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import Objective, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.regressor import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.regression.recipe import DIROptions, DIRRecipe, build_regressor, fit_regressor
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.rundir._record import KIND_OF_MODALITY
 from rankwise.recipes.stages import Stage

@@ -132,7 +132,11 @@ def test_no_recipe_module_imports_another():
         )
     }
     assert len(recipe_modules) == 9
-    assert {"rankwise.recipes.regression.rnc", "rankwise.recipes.topk", "rankwise.recipes.brain_age.recipe"} <= recipe_modules
+    assert {
+        "rankwise.recipes.regression.rnc",
+        "rankwise.recipes.topk",
+        "rankwise.recipes.brain_age.recipe",
+    } <= recipe_modules
     graph = import_graph()
     crossing = {m: sorted(graph[m] & (recipe_modules - {m})) for m in recipe_modules}
     assert not any(crossing.values()), crossing

@@ -18,6 +18,9 @@ from rankwise._binning import LabelClasses
 from rankwise.models.volumetric import SFCN, ScaleDense
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
+from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
+from rankwise.recipes.loss_terms import Objective, Term, build_regularizers, build_task_loss, ordinal_head_of
+from rankwise.recipes.optim import configure
 from rankwise.recipes.regression.net import (
     check_ordinal_options,
     class_counts,
@@ -32,9 +35,6 @@ from rankwise.recipes.regression.net import (
     ordinal_loss_tensors,
     train_classes,
 )
-from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
-from rankwise.recipes.loss_terms import Objective, Term, build_regularizers, build_task_loss, ordinal_head_of
-from rankwise.recipes.optim import configure
 
 __all__ = ["BrainAgeModule"]
 
@@ -161,7 +161,8 @@ class BrainAgeModule(L.LightningModule):
         return self.predict_age(vol, sex)["age"]
 
     def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
-        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.regression.net.lds_sample_weights`), or ``None``."""
+        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.regression.net.lds_sample_weights`), or
+        ``None``."""
         if not self.use_weights:
             return None
         bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]

@@ -77,9 +77,9 @@ from rankwise.recipes.brain_age.module import BrainAgeModule
 from rankwise.recipes.common import regression_loaders, to_builtin
 from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.regression.net import note_label_classes, run_shot_thresholds, shot_metrics
 from rankwise.recipes.loss_terms import check_loss_config, ordinal_head_of
 from rankwise.recipes.registry import Recipe, register_recipe
+from rankwise.recipes.regression.net import note_label_classes, run_shot_thresholds, shot_metrics
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage, plot_stage_curves, stage_log
 

@@ -133,8 +133,7 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
     (``DataNote``) as ``note: ...``; ``repeat=False``: each distinct message once (the runs of a comparison)."""
     import warnings
 
-    from rankwise.recipes.common import DataNote
-    from rankwise.recipes.own_data import DataDefaultsWarning
+    from rankwise.recipes.common import DataDefaultsWarning, DataNote
     from rankwise.recipes.rundir import ChangedDataWarning, UnfinishedRunWarning
 
     shown = warnings.showwarning
@@ -1070,7 +1069,7 @@ def data_show(
         f"\n[bold]{data.name}[/]: modality {data.modality}, input_dim {data.input_dim}, label '{data.label_name}', "
         f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
     )
-    from rankwise.recipes.own_data import shot_thresholds
+    from rankwise.recipes.common import shot_thresholds
 
     def histogram() -> Any:
         from rankwise.recipes.config import ConfigError

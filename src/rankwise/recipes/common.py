@@ -39,6 +39,8 @@ __all__ = [
     "build_backbone",
     "check_finite",
     "device_name",
+    "empty_group_message",
+    "empty_shot_groups",
     "encode",
     "epochs_and_batches",
     "eval_loader",
@@ -47,6 +49,7 @@ __all__ = [
     "plot_embedding",
     "regression_loaders",
     "reseed",
+    "shot_thresholds",
     "tensors",
     "to_builtin",
     "usable_cpus",
@@ -341,3 +344,39 @@ def eval_loader(dataset: Any, data: Any, cfg: Config) -> Any:
 
     kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": data.meta.get("collate_fn")}
     return DataLoader(dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+
+
+def shot_thresholds(data: Any) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` of a dataset: its own ``shot_thresholds``, else derived from its training labels."""
+    from rankwise.data import suggest_shot_thresholds
+
+    own = getattr(data, "shot_thresholds", None)
+    if own is not None:
+        return float(own[0]), float(own[1])
+    return suggest_shot_thresholds(data.train_labels, data.bin_width)
+
+
+def empty_shot_groups(data: Any, many_shot: float, few_shot: float) -> list[str]:
+    """The shot groups (``"many"``, ``"medium"``, ``"few"``) that hold no test example of ``data``."""
+    from rankwise.data import label_bins
+
+    train_bins = label_bins(np.asarray(data.train_labels, dtype=np.float64), data.bin_width)
+    test_bins = label_bins(np.asarray(data.test_labels, dtype=np.float64), data.bin_width)
+    uniq, counts = np.unique(train_bins, return_counts=True)
+    lookup = dict(zip(uniq.tolist(), counts.tolist()))
+    n = np.asarray([lookup.get(b, 0) for b in test_bins.tolist()], dtype=np.float64)
+    groups = {"many": n > many_shot, "medium": (n <= many_shot) & (n >= few_shot), "few": n < few_shot}
+    return [g for g, mask in groups.items() if not mask.any()]
+
+
+def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | None:
+    """The warning for a test split with an empty shot group, or ``None``."""
+    empty = empty_shot_groups(data, many_shot, few_shot)
+    if not empty:
+        return None
+    return (
+        f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
+        f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
+        f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
+        "thresholds with --set report.many_shot=... --set report.few_shot=...)"
+    )

@@ -30,10 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from rankwise.data.nifti import PREPROCESSING_OPTIONS
-from rankwise.recipes.common import DataDefaultsWarning
+from rankwise.recipes.common import DataDefaultsWarning, shot_thresholds
 
 __all__ = [
     "DataDefaults",
@@ -41,12 +39,10 @@ __all__ = [
     "OwnData",
     "apply_data_defaults",
     "data_defaults",
-    "empty_shot_groups",
     "methods",
     "own_data_config",
     "register_own_data",
     "retarget",
-    "shot_thresholds",
 ]
 
 #: optimizer steps a data-derived run aims at (epochs = steps / batches per epoch, within the bounds)
@@ -232,16 +228,6 @@ class DataDefaults(NamedTuple):
         return f"{text}; {self.cost}" if self.cost else text
 
 
-def shot_thresholds(data: Any) -> tuple[float, float]:
-    """``(many_shot, few_shot)`` of a dataset: its own ``shot_thresholds``, else derived from its training labels."""
-    from rankwise.data import suggest_shot_thresholds
-
-    own = getattr(data, "shot_thresholds", None)
-    if own is not None:
-        return float(own[0]), float(own[1])
-    return suggest_shot_thresholds(data.train_labels, data.bin_width)
-
-
 def data_defaults(data: Any, *, max_batch_size: int = 256, min_batch_size: int = 16) -> DataDefaults:
     """Bin width, shot thresholds, batch size and epochs for a regression dataset, from its size and labels.
 
@@ -259,32 +245,6 @@ def data_defaults(data: Any, *, max_batch_size: int = 256, min_batch_size: int =
     steps = max(1, n // batch) if n > batch else 1
     epochs = int(min(max(round(TARGET_STEPS / steps), MIN_EPOCHS), MAX_EPOCHS))
     return DataDefaults(n, float(data.bin_width), many, few, batch, epochs)
-
-
-def empty_shot_groups(data: Any, many_shot: float, few_shot: float) -> list[str]:
-    """The shot groups (``"many"``, ``"medium"``, ``"few"``) that hold no test example of ``data``."""
-    from rankwise.data import label_bins
-
-    train_bins = label_bins(np.asarray(data.train_labels, dtype=np.float64), data.bin_width)
-    test_bins = label_bins(np.asarray(data.test_labels, dtype=np.float64), data.bin_width)
-    uniq, counts = np.unique(train_bins, return_counts=True)
-    lookup = dict(zip(uniq.tolist(), counts.tolist()))
-    n = np.asarray([lookup.get(b, 0) for b in test_bins.tolist()], dtype=np.float64)
-    groups = {"many": n > many_shot, "medium": (n <= many_shot) & (n >= few_shot), "few": n < few_shot}
-    return [g for g, mask in groups.items() if not mask.any()]
-
-
-def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | None:
-    """The warning for a test split with an empty shot group, or ``None``."""
-    empty = empty_shot_groups(data, many_shot, few_shot)
-    if not empty:
-        return None
-    return (
-        f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
-        f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
-        f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
-        "thresholds with --set report.many_shot=... --set report.few_shot=...)"
-    )
 
 
 def methods(presets: str = "abalone", recipe: str = "dir") -> list[str]:

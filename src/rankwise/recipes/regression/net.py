@@ -389,7 +389,7 @@ class DIRNet(nn.Module):
 
 def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
     """``(many_shot, few_shot)`` of a run: ``report.many_shot`` / ``report.few_shot``, else the dataset's own."""
-    from rankwise.recipes.own_data import shot_thresholds
+    from rankwise.recipes.common import shot_thresholds
 
     many, few = shot_thresholds(data)
     r = cfg.report

@@ -118,8 +118,8 @@ def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
     (:func:`evaluate_regressor`: the checkpoint loaded into ``module``, predicted without a Trainer)."""
     import warnings
 
+    from rankwise.recipes.common import DataDefaultsWarning, empty_group_message
     from rankwise.recipes.datamodules import LoaderData
-    from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
 
     note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
     if note is not None:

@@ -124,7 +124,7 @@ def make_callback(every: int, lam: float, records: list[dict[str, Any]]) -> Any:
 
 
 def run(gamma: float, seed: int, every: int, extra: list[str]) -> dict[str, Any]:
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.runner import train
 
     sets = [

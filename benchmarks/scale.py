@@ -11,7 +11,7 @@ Every measured command runs in a fresh process; its peak resident set is the ker
 that child (``os.wait4``), so imports, reading, training and writing are all counted; its CPU time
 (user + system) comes from the same call. Cases:
 
-* **estimate**: :mod:`rankwise.recipes.brain_age_memory` estimates a ScaleDense training step (one
+* **estimate**: :mod:`rankwise.recipes.brain_age.memory` estimates a ScaleDense training step (one
   measured forward/backward of two volumes at a small grid, scaled by the grid and the batch) against the
   real peak of that step (forward, backward, Adam step) of the same network, grid and batch in a child
   whose peak is reset (``/proc/self/clear_refs``) after the estimate: the ratio estimate / peak, for
@@ -150,7 +150,7 @@ def _rankwise(*args: str) -> list[str]:
 _PEAK_CHILD = """
 import json, sys, torch
 from rankwise import models
-from rankwise.recipes.brain_age_memory import _measure
+from rankwise.recipes.brain_age.memory import _measure
 opts, shape, batch = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2])), int(sys.argv[3])
 torch.set_num_threads(1)
 cost = _measure("scale_dense", json.dumps(opts, sort_keys=True), shape, "cpu")
@@ -169,8 +169,9 @@ print(json.dumps({"estimate": estimate, "peak": hwm, "measured_at": list(cost.me
 
 _REFUSAL_CHILD = """
 import json, torch
-from rankwise.recipes.brain_age_memory import available_memory, check_memory
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes.brain_age.memory import available_memory, check_memory
+from rankwise.recipes.config import ConfigError
+from rankwise.recipes import load_config
 torch.set_num_threads(1)
 cfg = load_config("brain_age_tsan", [])
 shape = tuple(cfg.data.options["shape"])

@@ -49,7 +49,7 @@ Per run:
   (the first step less the steady median), ``validation`` (Lightning's validation loops),
   ``checkpoints`` (writing ``.ckpt`` files: ``AtomicCheckpointIO.save_checkpoint``), ``plots`` and
   ``tsne`` (the ``plot_*`` functions of :mod:`rankwise.recipes.reports` and
-  :mod:`rankwise.recipes.brain_age_plots`, t-SNE apart), ``evaluation_reports`` (outside the fits:
+  :mod:`rankwise.recipes.brain_age.plots`, t-SNE apart), ``evaluation_reports`` (outside the fits:
   test evaluation, predictions, metrics.json, meta/data records, less plots), ``loop_other``
   (inside the fits, what is neither a step, validation nor a checkpoint: epoch hooks, loggers, the
   loaders' start); and ``process_start`` once per benchmark: a fresh interpreter importing what
@@ -279,7 +279,8 @@ def _wrap(owner: Any, name: str, bucket: str) -> None:
 
 def install_timers() -> None:
     """Wrap the checkpoint writer and the plot functions with :data:`TIMERS`."""
-    from rankwise.recipes import brain_age_plots, reports
+    from rankwise.recipes import reports
+    from rankwise.recipes.brain_age import plots as brain_age_plots
     from rankwise.recipes.rundir import _trainer
 
     make = _trainer.AtomicCheckpointIO
@@ -422,7 +423,7 @@ def _ms(values: list[float]) -> float:
 def run_rankwise(
     case: Case, threads: int, work: Path, cohort: Path | None, sets: list[str]
 ) -> tuple[dict[str, Any], Any]:
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.runner import train
 
     install_timers()
@@ -567,7 +568,7 @@ def measure_case(
     """One row: case ``name`` at ``threads`` through rankwise, then through the hand loop (``extra``: more
     ``--set`` overrides after the case's own); raises ``AssertionError`` when their final weights differ
     by more than :data:`TOL` or they trained a different number of steps."""
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
 
     case = CASES[name]
     sets = [*case.sets, *(extra or [])]

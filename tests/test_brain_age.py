@@ -96,7 +96,7 @@ def test_a_fit_on_few_subjects_says_how_few() -> None:
 
 def test_the_recipe_says_why_a_correction_is_skipped() -> None:
     pytest.importorskip("lightning")
-    from rankwise.recipes.brain_age import _bias_corrected
+    from rankwise.recipes.brain_age.recipe import _bias_corrected
     from rankwise.recipes.common import DataDefaultsWarning
 
     age = np.array([25.0, 40, 60, 80])

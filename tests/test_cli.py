@@ -66,7 +66,7 @@ def test_console_script_entry_point():
 
 
 def test_config_command_lists_the_fields_of_the_schema(monkeypatch):
-    from rankwise.recipes.config import config_fields
+    from rankwise.recipes import config_fields
 
     monkeypatch.delenv("COLUMNS", raising=False)  # a log that is not a terminal: rows are not wrapped
 
@@ -228,7 +228,8 @@ def test_config_of_a_recipe_lists_the_options_inside_its_dict_fields(monkeypatch
 def test_presets_show_prints_yaml_that_reads_back_as_the_preset():
     import yaml
 
-    from rankwise.recipes.config import load_config, load_raw
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import load_raw
 
     for name in ("brain_age_tsan", "brain_age_tsan_synthetic", "abalone_lds"):
         r = invoke(["presets", "show", name])

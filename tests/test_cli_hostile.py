@@ -139,7 +139,8 @@ def _fake_run_dir(path, metrics_text):
     """A run directory as `rankwise train` leaves it, without training (config + meta + metrics)."""
     import yaml
 
-    from rankwise.recipes.config import config_to_dict, load_config
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import config_to_dict
 
     path.mkdir(parents=True)
     cfg = load_config("abalone_vanilla", ["report.plots=false"])

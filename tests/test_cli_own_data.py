@@ -254,7 +254,7 @@ def test_flags_print_as_flags_and_arguments_as_names():
 
 def test_progress_bar_counts_epochs_like_the_epoch_lines(tmp_path):
     """The per-epoch lines say "epoch 25/25" for the last of 25 epochs; so must the progress bar."""
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.rundir import Run
 
     run = Run(load_config("abalone_vanilla"), tmp_path, None, progress=True)

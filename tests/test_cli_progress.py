@@ -95,7 +95,7 @@ def test_nifti_caching_counts_the_volumes(tmp_path, capsys) -> None:
 def table_run(tmp_path_factory) -> Path:
     pytest.importorskip("lightning")
     pytest.importorskip("sklego")
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.runner import train
 
     root = tmp_path_factory.mktemp("progress_run")

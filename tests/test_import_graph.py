@@ -129,7 +129,7 @@ def test_the_walker_finds_a_cycle():
 def test_graph_sees_lazy_imports():
     g = import_graph()
     assert "rankwise.recipes.runner" in g["rankwise.cli"]  # imported inside a command
-    assert "rankwise.recipes.config" in g["rankwise.recipes.dir"]
+    assert "rankwise.recipes.config" in g["rankwise.recipes.regression.recipe"]
 
 
 def test_graph_sees_type_only_imports():

@@ -22,7 +22,8 @@ from typing import Any
 
 
 def trace(source: str, overrides: list[str]) -> dict[str, Any]:
-    from rankwise.recipes.config import _parsing, load_config
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import _parsing
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -243,7 +243,7 @@ def config_reference() -> str:
     """The Markdown page listing every preset and every config field."""
     import yaml
 
-    from rankwise.recipes import config
+    from rankwise.recipes import config, load_config
 
     lines = [
         "# Presets and configuration reference",
@@ -264,7 +264,7 @@ def config_reference() -> str:
     ]
     all_presets = presets()
     for name, description, _raw in all_presets:
-        recipe = config.load_config(name).recipe
+        recipe = load_config(name).recipe
         lines.append(f"| [`{name}`](#preset-{name}) | `{recipe}` | {_cell(description)} |")
     lines.append("")
     for name, _description, raw in all_presets:

@@ -119,7 +119,7 @@ def _digits() -> Any:
 
 def run(out: Path, only: list[str]) -> None:
     from rankwise.data.synthetic_mri import make_brain_age_synthetic
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.runner import train
 
     out.mkdir(parents=True, exist_ok=True)

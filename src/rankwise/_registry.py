@@ -89,7 +89,7 @@ class RelaxationInfo:
     The sorting recipes (``recipe: sort`` / ``median``) build ``task.method: name`` from it, so a
     new relaxation is one ``register_op(..., relaxation=RelaxationInfo(...))`` next to the operator.
 
-    ``kind``: ``"permutation"`` (the operator returns a relaxed permutation matrix),
+    ``returns``: ``"permutation"`` (the operator returns a relaxed permutation matrix),
     ``"soft_rank"`` (soft ranks 1..n, ascending; the recipe's loss is their mean squared error to the
     true ranks) or ``"rank_loss"`` (the operator is a loss ``fn(scores, ranks, ...)`` of the scores
     against the true ranks). For permutations, ``orientation`` says what ``P[i, j]`` is:
@@ -105,7 +105,7 @@ class RelaxationInfo:
     """
 
     name: str
-    kind: Literal["permutation", "soft_rank", "rank_loss"] = "permutation"
+    returns: Literal["permutation", "soft_rank", "rank_loss"] = "permutation"
     orientation: Literal["rows", "columns"] = "rows"
     mass: Literal["stochastic", "uniform"] = "stochastic"
     output: int | None = None
@@ -198,11 +198,12 @@ class Registry(Generic[F]):
     registries (soft methods, relaxations, recipes) store any object with :meth:`add`. Reading it as
     a mapping (``reg[name]``, ``name in reg``, ``iter``, ``items()``) gives the stored objects.
     ``lazy`` maps names to the modules that register them: a look-up of such a name imports its
-    module first (the built-in recipes load on first use).
+    module first (the built-in recipes load on first use). ``noun`` names what an entry is in the
+    registry's messages (``unknown loss 'x'``).
     """
 
-    def __init__(self, kind: str, *, lazy: Mapping[str, str] | None = None) -> None:
-        self.kind = kind
+    def __init__(self, noun: str, *, lazy: Mapping[str, str] | None = None) -> None:
+        self.noun = noun
         self._entries: dict[str, RegistryEntry] = {}
         self._lazy: dict[str, str] = dict(lazy or {})
 
@@ -240,12 +241,12 @@ class Registry(Generic[F]):
             if bad:
                 raise ValueError(f"`inputs` roles must be among {INPUT_ROLES}, got {bad}")
         if takes is not None and takes not in LOSS_INPUTS:
-            raise ValueError(f"`takes` of {self.kind} {name!r} must be one of {LOSS_INPUTS}, got {takes!r}")
+            raise ValueError(f"`takes` of {self.noun} {name!r} must be one of {LOSS_INPUTS}, got {takes!r}")
         takes = takes if takes is not None else _takes_of(inputs)
 
         def decorator(fn: F) -> F:
             if name in self._entries and self._entries[name].fn is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
+                raise ValueError(f"{self.noun} {name!r} is already registered")
             doc = description or (fn.__doc__ or "").strip().split("\n")[0]
             self._entries[name] = RegistryEntry(
                 name=name,
@@ -272,7 +273,7 @@ class Registry(Generic[F]):
         if "." in name:
             raise ValueError(f"`name` must be a public name without '.', got {name!r}: add the object once")
         if not replace and name in self._entries and self._entries[name].fn is not obj:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+            raise ValueError(f"{self.noun} {name!r} is already registered")
         self._entries[name] = RegistryEntry(name=name, fn=obj, description=description)
         return obj
 
@@ -293,7 +294,7 @@ class Registry(Generic[F]):
             valid = sorted({*self._entries, *self._lazy})
             hint = suggestion(name, valid)
             hint += " " if hint else ""
-            raise ValueError(f"unknown {self.kind} {name!r}; {hint}expected one of: {', '.join(valid)}") from None
+            raise ValueError(f"unknown {self.noun} {name!r}; {hint}expected one of: {', '.join(valid)}") from None
 
     def get(self, name: str) -> Any:
         """The function (or object) registered as ``name``."""

@@ -133,8 +133,7 @@ def _data_warnings(con: Any, *, repeat: bool = True) -> Any:
     (``DataNote``) as ``note: ...``; ``repeat=False``: each distinct message once (the runs of a comparison)."""
     import warnings
 
-    from rankwise.recipes.common import DataNote
-    from rankwise.recipes.own_data import DataDefaultsWarning
+    from rankwise.recipes.common import DataDefaultsWarning, DataNote
     from rankwise.recipes.rundir import ChangedDataWarning, UnfinishedRunWarning
 
     shown = warnings.showwarning
@@ -273,7 +272,7 @@ def _new_run_config(
 ) -> Any:
     """The config of a new run: a preset / YAML file with ``overrides``, or the user's own table (``--data``)."""
     if data is None:
-        from rankwise.recipes.config import load_config
+        from rankwise.recipes import load_config
 
         return load_config(config, overrides)
     from rankwise.recipes.own_data import own_data_config
@@ -824,7 +823,8 @@ def config_reference(
     from rich.table import Table
 
     def rows() -> Any:
-        from rankwise.recipes.config import ConfigError, config_fields
+        from rankwise.recipes import config_fields
+        from rankwise.recipes.config import ConfigError
 
         try:
             return config_fields(recipe)
@@ -1066,10 +1066,10 @@ def data_show(
         con.print(f"classification data: {data.num_classes} classes, train {len(data.train)}, test {len(data.test)}")
         return
     con.print(
-        f"\n[bold]{data.name}[/]: kind {data.kind}, input_dim {data.input_dim}, label '{data.label_name}', "
+        f"\n[bold]{data.name}[/]: modality {data.modality}, input_dim {data.input_dim}, label '{data.label_name}', "
         f"bin width {data.bin_width:g}; train/val/test = {'/'.join(str(s) for s in data.sizes())}"
     )
-    from rankwise.recipes.own_data import shot_thresholds
+    from rankwise.recipes.common import shot_thresholds
 
     def histogram() -> Any:
         from rankwise.recipes.config import ConfigError

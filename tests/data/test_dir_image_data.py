@@ -35,7 +35,7 @@ def _make(tmp_path, n_per_split=(6, 3, 3), size=(40, 30)):
 def test_dir_images_items(tmp_path) -> None:
     csv_path, root = _make(tmp_path)
     d = dir_images(csv_path, root, image_size=32)
-    assert d.sizes() == (6, 3, 3) and d.kind == "image" and d.bin_width == 1.0 and d.input_dim is None
+    assert d.sizes() == (6, 3, 3) and d.modality == "images" and d.bin_width == 1.0 and d.input_dim is None
     assert d.train_labels.dtype == np.float64
     np.testing.assert_array_equal(d.train_labels, np.arange(20, 26))
     x, y = d.train[0]

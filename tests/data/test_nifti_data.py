@@ -46,7 +46,7 @@ def test_loads_splits_by_subject_and_caches(tmp_path: Path, monkeypatch: pytest.
     cache = tmp_path / "cache"
     data = get_dataset("nifti", csv=str(csv), cache_dir=str(cache), val_fraction=0.2, test_fraction=0.2, seed=3)
     assert isinstance(data, RegressionData)
-    assert sum(data.sizes()) == 12 and data.kind == "volume" and data.meta["has_sex"]
+    assert sum(data.sizes()) == 12 and data.modality == "volumes" and data.meta["has_sex"]
     subjects = {s: set(data.meta[f"{s}_subjects"]) for s in ("train", "val", "test")}
     assert not (subjects["train"] & subjects["val"] or subjects["train"] & subjects["test"])
     assert len(subjects["val"]) == len(subjects["test"]) == 1  # 6 subjects, round(0.2 * 6) each

@@ -51,7 +51,7 @@ def test_tokenize_and_vocab() -> None:
 def test_stsb_tiny(tmp_path) -> None:
     root = _write(tmp_path)
     d = get_dataset("stsb_dir", root=root)
-    assert d.sizes() == (3, 1, 2) and d.kind == "text_pair" and d.bin_width == 0.1 and d.label_name == "score"
+    assert d.sizes() == (3, 1, 2) and d.modality == "text_pairs" and d.bin_width == 0.1 and d.label_name == "score"
     np.testing.assert_allclose(d.train_labels, [3.8, 4.5, 0.0])
     assert d.test_labels.dtype == np.float64
     vocab = d.meta["vocab"]

@@ -44,7 +44,7 @@ def test_abalone_sizes_dtypes(abalone: RegressionData) -> None:
     assert d.sizes() == (3813, 182, 182)
     assert sum(d.sizes()) == 4177
     assert (len(d.train), len(d.val), len(d.test)) == d.sizes()
-    assert d.kind == "tabular" and d.input_dim == 10 and d.bin_width == 1.0 and d.label_name == "age"
+    assert d.modality == "table" and d.input_dim == 10 and d.bin_width == 1.0 and d.label_name == "age"
     x, y = d.train[0]
     assert x.shape == (10,) and x.dtype == torch.float32
     assert y.shape == () and y.dtype == torch.float32

@@ -26,11 +26,11 @@ def setup(task: str) -> tuple[Any, Any, Any, Any]:
     """The task's module, training loader, validation split and validation loader (identical in every process)."""
     from torch.utils.data import DataLoader, Subset
 
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
 
     if task == "dir":
         from rankwise.data import get_dataset
-        from rankwise.recipes.dir import DIRRegressor
+        from rankwise.recipes.regression.module import DIRRegressor
 
         cfg = load_config("abalone_vanilla", ["trainer.num_threads=1"])
         data = get_dataset(cfg.data.name, **cfg.data.options)

@@ -65,8 +65,8 @@ def test_ddp_train_then_resume_on_one_process(tmp_path: Path) -> None:
 
     # LDS weights come from the FULL training set (not a rank's shard): same table as a 1-process build
     from rankwise.data import get_dataset
-    from rankwise.recipes.config import config_from_dict
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes import config_from_dict
+    from rankwise.recipes.regression.module import DIRRegressor
 
     c = config_from_dict(cfg)
     d = get_dataset(c.data.name, **c.data.options)

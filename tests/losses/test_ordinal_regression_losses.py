@@ -298,7 +298,8 @@ def test_errors_name_the_argument() -> None:
 # --------------------------------------------------------------------------------------------------
 def test_both_build_as_recipe_losses() -> None:
     pytest.importorskip("yaml")
-    from rankwise.recipes.config import RegularizerConfig, load_config
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import RegularizerConfig
     from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, check_loss_config
 
     entry = get_loss_entry("ordinal_entropy")

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from rankwise.recipes import config_from_dict, load_config
 from rankwise.recipes.config import (
     ConfigError,
     _loading,
-    config_from_dict,
     config_to_dict,
     inherited_options,
-    load_config,
 )
 
 

@@ -15,11 +15,11 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rankwise.recipes import load_config
 from rankwise.recipes.config import (
     MAX_YAML_DEPTH,
     MAX_YAML_VALUES,
     ConfigError,
-    load_config,
     parse_yaml,
 )
 
@@ -127,6 +127,10 @@ def test_plain_documents_load_as_the_safe_loader_reads_them(value):
 def test_any_text_loads_or_is_refused_with_a_config_error(text):
     try:
         expected = yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as e:
+        if "tag:yaml.org,2002:value" in str(e):
+            return  # a lone `=`: YAML 1.1's value key, which the YAML 1.2 core schema reads as the string "="
+        expected = ConfigError
     except (yaml.YAMLError, RecursionError):
         expected = ConfigError
     if expected is ConfigError:

@@ -8,13 +8,12 @@ pytest.importorskip("yaml")
 
 from pydantic import Field
 
+from rankwise.recipes import config_fields, config_from_dict
 from rankwise.recipes.config import (
     Config,
     ConfigError,
     OptimizerConfig,
     Options,
-    config_fields,
-    config_from_dict,
     model_fields_doc,
     validate_section,
 )
@@ -86,10 +85,16 @@ def test_the_reference_is_the_json_schema():
 
 
 def test_a_recipe_registers_an_options_model():
-    from rankwise.recipes.base import RecipeBase
+    from rankwise.recipes import Recipe
 
-    class Bad(RecipeBase):
+    class Bad(Recipe):
         name, description, options = "bad_options_recipe", "x", dict
+
+        def fit(self, run):
+            return {}
+
+        def evaluate(self, run, checkpoint):
+            return {}
 
     with pytest.raises(TypeError, match=r"`recipe\.options` must be a subclass of rankwise\.recipes\.config\.Options"):
         register_recipe(Bad())
@@ -131,11 +136,11 @@ def test_step_budget_options_list_their_steps_in_place_with_their_unit():
 def test_the_stored_reference_of_the_built_in_recipes_is_current():
     """`config_fields(RECIPE)` of a built-in recipe reads the stored rows: they are the rows read from the
     recipes, presets and components now (else: `python -m rankwise.recipes._write_reference` writes them again)."""
-    from rankwise.recipes import list_recipes
+    from rankwise.recipes import get_recipe, list_recipes
     from rankwise.recipes.config._reference import REFERENCE_FILE, live_config_fields, reference_text
 
-    assert REFERENCE_FILE.read_text(encoding="utf-8") == reference_text(list_recipes()), (
+    assert REFERENCE_FILE.read_text(encoding="utf-8") == reference_text(list_recipes(), recipes=get_recipe), (
         "the stored field reference is stale: run `python -m rankwise.recipes._write_reference`"
     )
     for recipe in ("dir", "brain_age", "ltr"):
-        assert config_fields(recipe) == live_config_fields(recipe)
+        assert config_fields(recipe) == live_config_fields(recipe, recipes=get_recipe)

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("yaml")
 
-from rankwise.recipes.config import ConfigError, config_to_dict, dump_yaml, load_config, parse_yaml
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError, config_to_dict, dump_yaml, parse_yaml
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("sklego")
 PIL = pytest.importorskip("PIL.Image")
 
-from rankwise.recipes.config import list_presets, load_config  # noqa: E402
+from rankwise.recipes import load_config  # noqa: E402
+from rankwise.recipes.config import list_presets  # noqa: E402
 from rankwise.recipes.runner import train  # noqa: E402
 from tests.conftest import SHARED  # noqa: E402
 
@@ -243,7 +244,7 @@ _EXTENDED = {
 
 @pytest.mark.parametrize(
     # the synthetic-cohort twins of the brain-age presets (about 9 s each; the TSAN one also trains in
-    # tests/recipes/test_brain_age_recipe.py): extended here, over CI's time budget
+    # tests/recipes/brain_age/test_recipe.py): extended here, over CI's time budget
     "name",
     [pytest.param(n, marks=pytest.mark.extended) if n in _EXTENDED else n for n in sorted(list_presets())],
 )

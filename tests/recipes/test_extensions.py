@@ -22,7 +22,7 @@ from pydantic import Field
 from torch import nn
 
 from rankwise.losses import LOSSES, register_loss
-from rankwise.recipes import ConfigError, load_config
+from rankwise.recipes import ConfigError, Recipe, load_config
 from rankwise.recipes.config import Options
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import compare, evaluate, train
@@ -102,7 +102,7 @@ def test_task_loss_with_parameters_and_its_own_lr(tmp_path, abalone, registered)
         load_config("abalone_vanilla", ["loss.name=noisy_mse", "loss.options.init_sigmaa=2"])
     cfg = load_config("abalone_vanilla", [*TINY, "loss.name=noisy_mse", "loss.options.init_sigma=3.0", "loss.lr=0.05"])
 
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
     module = DIRRegressor(cfg, input_dim=abalone.input_dim, train_labels=abalone.train_labels)
     groups = module.param_groups()
@@ -183,8 +183,8 @@ class LinearModule(L.LightningModule):
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
-class LinearRecipe:
-    """The docs' worked example: a linear regressor, test MAE (implements the Recipe protocol from scratch)."""
+class LinearRecipe(Recipe):
+    """The docs' worked example: a linear regressor, test MAE (overrides every reporting default of Recipe)."""
 
     name = "toy_linear"
     description = "linear regression on tabular features"
@@ -231,6 +231,21 @@ class LinearRecipe:
         from rankwise.recipes.reports import write_scalar_report
 
         return write_scalar_report(out_dir, results, run_dirs, title=title, extra=extra)
+
+
+def test_a_recipe_without_fit_is_refused_naming_it():
+    from rankwise.recipes.registry import register_recipe
+
+    class NoFit(Recipe):
+        name, options = "no_fit", LinearOptions
+
+        def evaluate(self, run: Any, checkpoint: str | None) -> dict[str, Any]:
+            return {}
+
+    with pytest.raises(TypeError, match="fit"):
+        register_recipe(NoFit())
+    with pytest.raises(TypeError, match=r"`recipe` must be an instance of a rankwise\.recipes\.Recipe subclass"):
+        register_recipe(object())  # type: ignore[arg-type]
 
 
 def test_a_registered_recipe_goes_through_the_lifecycle(tmp_path, abalone, registered):

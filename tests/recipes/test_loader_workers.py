@@ -36,8 +36,8 @@ def test_the_regression_loaders_use_the_capped_count(two_cpus: None) -> None:
     import torch
     from torch.utils.data import TensorDataset
 
-    from rankwise.recipes.config import load_config
-    from rankwise.recipes.dir_net import regression_loaders
+    from rankwise.recipes import load_config
+    from rankwise.recipes.common import regression_loaders
 
     class Data:
         train = val = test = TensorDataset(torch.zeros(8, 1), torch.zeros(8))

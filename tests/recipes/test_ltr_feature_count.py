@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data import DataFormatError, load_letor, load_letor_preset
-from rankwise.recipes.config import config_from_dict, config_to_dict, inherited_options, load_config
+from rankwise.recipes import config_from_dict, load_config
+from rankwise.recipes.config import config_to_dict, inherited_options
 from tests.cli_helpers import one_error_line
 
 runner = CliRunner()

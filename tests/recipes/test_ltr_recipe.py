@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("lightning")
 pytest.importorskip("sklearn")
 
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.learning_to_rank import ltr_metrics
 from rankwise.recipes.runner import train
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rankwise.losses import LOSSES
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.loss_terms import Objective, Term, build_regularizers, build_task_loss, check_takes
 
 

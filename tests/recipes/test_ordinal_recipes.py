@@ -155,7 +155,7 @@ def test_ordinal_loss_as_a_regularizer_is_refused(grades: object, tmp_path: obje
 def test_ordinal_head_starts_from_the_training_labels_distribution(name: str) -> None:
     """With the input ignored, the head's probabilities are the (smoothed) class frequencies."""
     from rankwise.losses import get_loss_entry
-    from rankwise.recipes.dir_net import ordinal_prior_bias
+    from rankwise.recipes.regression.net import ordinal_prior_bias
 
     counts = torch.tensor([5.0, 0.0, 12.0, 30.0, 3.0], dtype=torch.float64)
     p = (counts + 1) / (counts.sum() + 5)
@@ -194,7 +194,7 @@ def test_class_metrics_round_predictions_as_the_metrics_do() -> None:
     """A run's ordinal block is ``ordinal_metrics`` of the predictions' class positions: nearest class, halves
     to even, Kendall on the predictions as they are."""
     from rankwise.metrics import ordinal_metrics
-    from rankwise.recipes.dir_net import class_metrics
+    from rankwise.recipes.regression.net import class_metrics
 
     train = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 5.0])
     pred = np.array([1.4995, 2.4992, 3.2, 4.0, 5.0, 2.5, 0.2, 7.0])
@@ -239,7 +239,7 @@ def test_sord_proximities_and_list_options_come_from_a_config() -> None:
     """SORD's ``prox=True`` gets the training classes from the run, a YAML list becomes the class-weight
     tensor, and both move with the module without entering its state dict."""
     from rankwise.losses import sord_loss
-    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes import config_from_dict
     from rankwise.recipes.loss_terms import build_task_loss, check_loss_config
 
     cfg = config_from_dict({"loss": {"name": "sord", "options": {"prox": True, "weight": [1, 2.5, 1]}}})

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.rundir import CheckpointError
 from rankwise.recipes.rundir import _files as files_module
 from rankwise.recipes.rundir._files import AtomicCheckpointIO

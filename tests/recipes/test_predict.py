@@ -20,8 +20,7 @@ pytest.importorskip("lightning")
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.recipes import predict, write_predictions
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config, predict, write_predictions
 from rankwise.recipes.own_data import own_data_config
 from rankwise.recipes.runner import evaluate, train
 from tests.cli_helpers import TINY, cli_in_fresh_interpreter, one_error_line
@@ -121,7 +120,7 @@ def test_standardization_uses_the_training_rows_statistics(runs, table, test_row
 
     from rankwise.recipes import rundir
     from rankwise.recipes.registry import get_recipe
-    from rankwise.recipes.regressor import build_net
+    from rankwise.recipes.regression.recipe import build_net
     from rankwise.recipes.runner import load_run_config
 
     _, rows = table

@@ -277,7 +277,7 @@ def test_a_run_without_its_checkpoint_is_refused_before_the_images(which, gone, 
 
 @pytest.mark.parametrize("preset", ["mnist5k_supcon", "mnist5k_smooth_ap"])
 def test_a_dataset_without_a_reader_is_one_line_naming_those_with_one(preset, tmp_path, monkeypatch):
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
     from rankwise.recipes.rundir import RunDir, _lifecycle
 
     monkeypatch.setattr(_lifecycle, "load_data", lambda cfg, recipe: None)

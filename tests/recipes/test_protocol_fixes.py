@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise.losses import supcon_loss
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
 from rankwise.recipes.loss_terms import LossTerm, Objective
 from rankwise.recipes.runner import train
 from tests.recipes.test_recipe_training import TINY
@@ -87,7 +87,7 @@ class _Recorder(nn.Module):
 def test_feature_regularizers_see_the_encoder_output_before_fds(monkeypatch):
     """RankSim's reference applies the regularizer to the encoding; FDS smooths only what the head sees."""
     from rankwise.data import get_dataset
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
     data = get_dataset("abalone", per_label=10, seed=0)
     cfg = load_config(
@@ -145,7 +145,7 @@ def test_balanced_mse_gai_bni_presets_fit_on_training_labels(method):
     """GAI / BNI presets: the recipe passes the full training labels, the loss fits its GMM / buckets on them."""
     from rankwise.data import get_dataset
     from rankwise.imbalanced import bni_buckets, fit_label_gmm
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
     cfg = load_config(f"abalone_balanced_mse_{method}")
     assert cfg.loss.options["method"] == method and cfg.loss.lr == 0.01

@@ -8,15 +8,13 @@ import pytest
 
 pytest.importorskip("yaml")
 
+from rankwise.recipes import config_fields, config_from_dict, load_config
 from rankwise.recipes.config import (
     Config,
     ConfigError,
     apply_overrides,
-    config_fields,
-    config_from_dict,
     config_to_dict,
     list_presets,
-    load_config,
 )
 from rankwise.recipes.registry import get_recipe, list_recipes
 
@@ -149,6 +147,7 @@ def test_set_overrides_are_yaml_typed():
             "report.tsne=false",
             "data.options.per_label=5",
         ],
+        recipes=get_recipe,
     )
     cfg = config_from_dict(raw)
     assert cfg.trainer.max_epochs == 7
@@ -158,7 +157,7 @@ def test_set_overrides_are_yaml_typed():
     assert cfg.report.tsne is False
     assert cfg.data.options == {"per_label": 5}
     with pytest.raises(ConfigError, match="--set expects key=value"):
-        apply_overrides({}, ["trainer.max_epochs"])
+        apply_overrides({}, ["trainer.max_epochs"], recipes=get_recipe)
     with pytest.raises(ConfigError, match=r"unknown config key `trainer\.max_epoch`"):
         load_config("abalone_vanilla", ["trainer.max_epoch=3"])
 

@@ -12,7 +12,7 @@ pytest.importorskip("lightning")
 pytest.importorskip("torchvision")
 PIL = pytest.importorskip("PIL.Image")
 
-from rankwise.recipes.config import load_config  # noqa: E402
+from rankwise.recipes import load_config  # noqa: E402
 from rankwise.recipes.runner import train  # noqa: E402
 
 FAST = [

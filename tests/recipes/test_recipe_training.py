@@ -15,8 +15,8 @@ pytest.importorskip("sklego")
 
 import torch
 
+from rankwise.recipes import load_config
 from rankwise.recipes.common import NonFiniteLossError
-from rankwise.recipes.config import load_config
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import evaluate, train
 from tests.recipes._faults import NaNAtStep
@@ -99,7 +99,7 @@ def test_dir_stack_with_all_regularizers_and_plots(tmp_path, abalone):
 
 
 def test_lds_weights_follow_the_label_table(abalone):
-    from rankwise.recipes.dir import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
     cfg = load_config("abalone_lds", TINY)
     mod = DIRRegressor(cfg, input_dim=abalone.input_dim, bin_width=1.0, train_labels=abalone.train_labels)

@@ -125,7 +125,7 @@ def test_training_curves_integer_epochs_and_final_metrics_in_the_title(tmp_path,
 
 def _regression_data(**kw: Any) -> RegressionData:
     z = np.zeros(2)
-    return RegressionData("d", [], [], [], z, z, z, "tabular", 1, 1.0, **kw)  # type: ignore[arg-type]
+    return RegressionData("d", [], [], [], z, z, z, "table", 1, 1.0, **kw)  # type: ignore[arg-type]
 
 
 def test_label_axis_from_dataset_metadata() -> None:

@@ -12,8 +12,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("sklearn")
 pytest.importorskip("typer")
 
+from rankwise.recipes import load_config
 from rankwise.recipes.common import EpochIndexSampler, item_seed
-from rankwise.recipes.config import load_config
 from rankwise.recipes.dknn import Episodes
 from rankwise.recipes.rundir import load_state_dict
 from rankwise.recipes.runner import train

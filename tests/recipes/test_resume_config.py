@@ -35,8 +35,7 @@ def calls(monkeypatch):
         seen["run_config"].append(cfg)
         return cfg
 
-    monkeypatch.setattr(config_module, "load_config", load_config)
-    monkeypatch.setattr(runner, "load_config", load_config)
+    monkeypatch.setattr(config_module, "load_config", load_config)  # every entry point ends in it
     monkeypatch.setattr(runner, "load_run_config", load_run_config)
     return seen
 

@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("lightning")
 
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.retrieval import BalancedBatches
 from rankwise.recipes.runner import train
 

@@ -102,6 +102,8 @@ def test_config_yaml_and_data_json_name_the_training_file_absolute(run):
     assert f["path"] == str(run["train"]) and f["size"] == run["train"].stat().st_size and len(f["sha256"]) == 64
     meta = record["summary"]["meta"]
     assert meta["feature_names"] == ["a", "b"] and "indices" not in meta
+    attributes = record["summary"]["attributes"]
+    assert attributes["modality"] == "table" and attributes["kind"] == "tabular"
 
 
 def test_predict_from_a_directory_with_another_train_csv_gives_the_same_predictions(run, tmp_path):
@@ -274,7 +276,7 @@ def test_split_digest_follows_the_rows(tmp_path):
 
 def test_a_moved_cache_is_not_a_change_of_the_data() -> None:
     """``data.options.cache_dir`` says where derived files live: another one is no change of the data."""
-    from rankwise.recipes.config import config_from_dict
+    from rankwise.recipes import config_from_dict
     from rankwise.recipes.rundir import DataChangedError
     from rankwise.recipes.rundir._record import check_options
 

@@ -261,7 +261,7 @@ _SMOOTH = {"isotonic": {"regularization_strength": 5.0}, "lapsum": {"alpha": 5.0
 @pytest.mark.parametrize("method", ["isotonic", "perturbed", "lapsum"])
 def test_rank_loss_relaxations_are_zero_at_the_true_order_and_push_towards_it(method):
     r = RELAXATIONS[method]
-    assert r.kind == "rank_loss"
+    assert r.returns == "rank_loss"
     t = SortOptions(method=method, n_samples=50, options=_SHARP.get(method, {}))
     values = torch.tensor([[3.0, 9.0, 1.0, 5.0]])
     ranks = true_ranks(values)
@@ -460,7 +460,7 @@ def test_error_free_relaxations_are_exact_forward_and_trained_with_the_authors_l
     for network in ("odd_even", "bitonic"):
         method = f"diffsort_{network}_error_free"
         r = RELAXATIONS[method]
-        assert r.kind == "permutation" and r.exact_forward and r.loss is not None
+        assert r.returns == "permutation" and r.exact_forward and r.loss is not None
         scores = torch.tensor([[0.3, 2.0, -1.0, 1.1, 0.0], [5.0, -2.0, 1.0, 3.0, 4.0]], requires_grad=True)
         t = SortOptions(method=method)
         p_hat = relaxed_permutation(scores, t)

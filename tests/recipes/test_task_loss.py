@@ -8,7 +8,8 @@ import torch
 pytest.importorskip("yaml")
 
 from rankwise.imbalanced import regression_loss
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.loss_terms import LossTerm, build_task_loss, task_loss_name
 
 
@@ -50,7 +51,7 @@ def test_contrastive_recipes_call_their_loss_through_a_loss_term(preset):
     g = torch.Generator().manual_seed(5)
     y = torch.randint(0, 3, (6,), generator=g)
     if preset == "abalone_rnc":
-        from rankwise.recipes.rnc import RnCPretrainer
+        from rankwise.recipes.regression.rnc import RnCPretrainer
 
         term = RnCPretrainer(cfg, input_dim=8).rnc
         f = torch.randn(6, 2, 4, generator=g)

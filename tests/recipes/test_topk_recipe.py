@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from rankwise.cli import app
 from rankwise.data import get_dataset, topk_synthetic_arrays
 from rankwise.metrics import topk_accuracy
-from rankwise.recipes import evaluate, predict
-from rankwise.recipes.config import ConfigError, list_presets, load_config
+from rankwise.recipes import evaluate, load_config, predict
+from rankwise.recipes.config import ConfigError, list_presets
 from rankwise.recipes.eval_metrics import TopKAccuracy, shard_keep_mask
 from rankwise.recipes.runner import load_run_config
 from rankwise.recipes.topk import TopKModule, augment_flip_crop

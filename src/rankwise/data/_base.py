@@ -81,18 +81,14 @@ class DataFileNotFoundError(DataFormatError, FileNotFoundError):
     """A data file or folder that does not exist (also a :class:`FileNotFoundError`)."""
 
 
-#: the modality of each :attr:`RegressionData.kind`
-_MODALITY_OF_KIND = {"tabular": "table", "image": "images", "text_pair": "text_pairs", "volume": "volumes"}
-
-
 @dataclass
 class RegressionData:
     """A regression dataset split into train / val / test.
 
     Items of ``train``/``val``/``test`` are ``(x, y)``: ``x`` is a float tensor of shape ``(D,)``
-    (``kind="tabular"``), ``(C, H, W)`` (``"image"``), a pair of ``int64`` token-id tensors
-    (``"text_pair"``, batch them with :func:`rankwise.data.collate_text_pairs`, also in
-    ``meta["collate_fn"]``) or a dict ``{"volume": (1, D, H, W), "sex": (2,)}`` (``"volume"``, MRI
+    (``modality="table"``), ``(C, H, W)`` (``"images"``), a pair of ``int64`` token-id tensors
+    (``"text_pairs"``, batch them with :func:`rankwise.data.collate_text_pairs`, also in
+    ``meta["collate_fn"]``) or a dict ``{"volume": (1, D, H, W), "sex": (2,)}`` (``"volumes"``, MRI
     from :func:`rankwise.data.load_nifti_csv`); ``y`` is a float32 scalar tensor. The ``*_labels`` arrays are the
     same labels as float64 numpy arrays (for LDS weights and shot metrics).
 
@@ -109,7 +105,8 @@ class RegressionData:
     train_labels: np.ndarray
     val_labels: np.ndarray
     test_labels: np.ndarray
-    kind: Literal["tabular", "image", "text_pair", "volume"]
+    #: what the items are (one of :data:`rankwise.data.MODALITIES`)
+    modality: Literal["table", "images", "text_pairs", "volumes"]
     input_dim: int | None
     bin_width: float
     label_name: str
@@ -122,12 +119,6 @@ class RegressionData:
     label_unit: str = ""
     #: longer name of the label for plot axes ("similarity score"), "" to use ``label_name``
     label_description: str = ""
-
-    @property
-    def modality(self) -> str:
-        """The dataset's modality (:data:`rankwise.data.MODALITIES`): ``table``, ``images``, ``text_pairs``
-        or ``volumes``, from :attr:`kind`."""
-        return _MODALITY_OF_KIND[self.kind]
 
     @property
     def label_axis(self) -> str:

@@ -180,12 +180,12 @@ class SpecView(Registry[Any]):
 
     def __init__(
         self,
-        kind: str,
+        noun: str,
         value: Callable[[DatasetSpec], Any],
         write: Callable[[str, Any, str], Any],
         remove: Callable[[str], Any],
     ) -> None:
-        self.kind = kind
+        self.noun = noun
         self._lazy: dict[str, str] = {}
         self._value = value
         self._write = write
@@ -212,7 +212,7 @@ class SpecView(Registry[Any]):
     def add(self, name: str, obj: Any, *, replace: bool = False, description: str = "") -> Any:
         """Store ``obj`` under ``name`` (into the dataset's spec); returns ``obj``."""
         if not replace and name in self._entries and self._entries[name].fn != obj:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+            raise ValueError(f"{self.noun} {name!r} is already registered")
         self._write(name, obj, description)
         return obj
 

@@ -930,7 +930,7 @@ def load_nifti_csv(
         train_labels=labels["train"],
         val_labels=labels["val"],
         test_labels=labels["test"],
-        kind="volume",
+        modality="volumes",
         input_dim=None,
         bin_width=1.0,
         label_name=target,

@@ -203,7 +203,7 @@ def load_stsb_dir(
         train_labels=parsed["train"][2].copy(),
         val_labels=parsed["val"][2].copy(),
         test_labels=parsed["test"][2].copy(),
-        kind="text_pair",
+        modality="text_pairs",
         input_dim=None,
         bin_width=0.1,
         label_name="score",

@@ -5,13 +5,13 @@ module and its feature dimension. torchvision is imported only when a ResNet is 
 """
 
 from rankwise.models._registry import BACKBONES, backbone_info, build_backbone, list_backbones, register_backbone
-from rankwise.models.brain_age import SFCN, ScaleDense, TSANSecondStage, load_tsan_checkpoint, sex_one_hot
 from rankwise.models.cnn import SmallCNN, small_cnn
 from rankwise.models.mlp import MLPBackbone, mlp_backbone
 from rankwise.models.ordinal import *  # noqa: F403
 from rankwise.models.ordinal import __all__ as _ordinal_all
 from rankwise.models.resnet import RESNET_FEATURE_DIMS, resnet_backbone
 from rankwise.models.text import TextPairEncoder, text_pair_encoder
+from rankwise.models.volumetric import SFCN, ScaleDense, TSANSecondStage, load_tsan_checkpoint, sex_one_hot
 
 __all__ = [
     "BACKBONES",

@@ -843,7 +843,7 @@ register_soft_method("isotonic", sort=_soft_sort_last, rank=_soft_rank_last, han
 
 _ISOTONIC_RELAXATION = RelaxationInfo(
     "isotonic",
-    kind="soft_rank",
+    returns="soft_rank",
     options={"regularization": "l2", "regularization_strength": 1.0},
     description="soft ranks by projection on the permutahedron (Blondel et al.); loss = mean (soft rank - rank)^2",
 )

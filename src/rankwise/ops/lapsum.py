@@ -428,7 +428,7 @@ register_soft_method("lapsum", sort=_soft_sort_impl, rank=_soft_rank_impl)
 
 _LAPSUM_RELAXATION = RelaxationInfo(
     "lapsum",
-    kind="soft_rank",
+    returns="soft_rank",
     options={"alpha": 1.0},
     description="LapSum soft ranks from sums of Laplace CDFs (Struski et al.); loss = mean (soft rank - rank)^2",
 )

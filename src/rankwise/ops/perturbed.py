@@ -426,7 +426,7 @@ register_op(
     stochastic=True,
     relaxation=RelaxationInfo(
         "perturbed",
-        kind="rank_loss",
+        returns="rank_loss",
         params=("n_samples",),
         options={"sigma": 0.1, "noise": "gumbel"},
         description="Fenchel-Young loss of perturbed ranks vs the true ranks (rankwise.perturbed_fy_loss, "

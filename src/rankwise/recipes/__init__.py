@@ -25,11 +25,11 @@ _EXPORTS = {
     "Config": "config",
     "ConfigError": "config",
     "UserError": "config",
-    "config_fields": "config",
-    "config_from_dict": "config",
+    "config_fields": "registry",
+    "config_from_dict": "registry",
     "config_to_dict": "config",
     "list_presets": "config",
-    "load_config": "config",
+    "load_config": "registry",
     "Recipe": "registry",
     "get_recipe": "registry",
     "list_recipes": "registry",
@@ -54,8 +54,3 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"rankwise.recipes.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'rankwise.recipes' has no attribute {name!r}")
-
-
-# the recipe registry installs its lookup in the config layer (rankwise.recipes.config imports
-# neither the registry nor a recipe; reading the config layer imports no torch)
-from rankwise.recipes import registry as _registry  # noqa: E402, F401  isort: skip

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 def main() -> None:
     from rankwise.recipes.config._reference import REFERENCE_FILE, reference_text
-    from rankwise.recipes.registry import list_recipes
+    from rankwise.recipes.registry import get_recipe, list_recipes
 
-    REFERENCE_FILE.write_text(reference_text(list_recipes()), encoding="utf-8")
+    REFERENCE_FILE.write_text(reference_text(list_recipes(), recipes=get_recipe), encoding="utf-8")
     print(f"wrote {REFERENCE_FILE}")
 
 

@@ -10,7 +10,8 @@
 * :func:`check_finite` -- raise :class:`NonFiniteLossError` (the run stops, its last good
   checkpoint stays) when a training loss is NaN/inf;
 * :func:`loader_workers` -- DataLoader worker options for ``data.num_workers``, capped at the CPUs
-  this process may use;
+  this process may use; :func:`regression_loaders` / :func:`eval_loader` -- the loaders of a
+  ``RegressionData`` (the regression recipes, brain age);
 * :func:`tensors`, :func:`to_builtin` -- small conversions.
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankwise.recipes.config import ConfigError, ModelConfig, StepBudget
+from rankwise.recipes.config import Config, ConfigError, ModelConfig, StepBudget
 
 __all__ = [
     "DataDefaultsWarning",
@@ -38,12 +39,17 @@ __all__ = [
     "build_backbone",
     "check_finite",
     "device_name",
+    "empty_group_message",
+    "empty_shot_groups",
     "encode",
     "epochs_and_batches",
+    "eval_loader",
     "item_seed",
     "loader_workers",
     "plot_embedding",
+    "regression_loaders",
     "reseed",
+    "shot_thresholds",
     "tensors",
     "to_builtin",
     "usable_cpus",
@@ -315,3 +321,62 @@ def loader_workers(num_workers: int) -> dict[str, Any]:
             stacklevel=2,
         )
     return {"num_workers": n, "persistent_workers": n > 0}
+
+
+def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
+    """Train (seeded per-epoch shuffle), val and test loaders of a ``RegressionData``."""
+    from torch.utils.data import DataLoader
+
+    collate = data.meta.get("collate_fn")
+    n = len(data.train)
+    bs = cfg.data.batch_size
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": collate}
+    train_dl = DataLoader(
+        data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
+    )
+    return train_dl, eval_loader(data.val, data, cfg), eval_loader(data.test, data, cfg)
+
+
+def eval_loader(dataset: Any, data: Any, cfg: Config) -> Any:
+    """The loader of an evaluation split (or of a new file's rows) of a ``RegressionData``: in order, batches of
+    ``cfg.data.eval_batch_size``, the loader workers and ``collate_fn`` of the training loader."""
+    from torch.utils.data import DataLoader
+
+    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": data.meta.get("collate_fn")}
+    return DataLoader(dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
+
+
+def shot_thresholds(data: Any) -> tuple[float, float]:
+    """``(many_shot, few_shot)`` of a dataset: its own ``shot_thresholds``, else derived from its training labels."""
+    from rankwise.data import suggest_shot_thresholds
+
+    own = getattr(data, "shot_thresholds", None)
+    if own is not None:
+        return float(own[0]), float(own[1])
+    return suggest_shot_thresholds(data.train_labels, data.bin_width)
+
+
+def empty_shot_groups(data: Any, many_shot: float, few_shot: float) -> list[str]:
+    """The shot groups (``"many"``, ``"medium"``, ``"few"``) that hold no test example of ``data``."""
+    from rankwise.data import label_bins
+
+    train_bins = label_bins(np.asarray(data.train_labels, dtype=np.float64), data.bin_width)
+    test_bins = label_bins(np.asarray(data.test_labels, dtype=np.float64), data.bin_width)
+    uniq, counts = np.unique(train_bins, return_counts=True)
+    lookup = dict(zip(uniq.tolist(), counts.tolist()))
+    n = np.asarray([lookup.get(b, 0) for b in test_bins.tolist()], dtype=np.float64)
+    groups = {"many": n > many_shot, "medium": (n <= many_shot) & (n >= few_shot), "few": n < few_shot}
+    return [g for g, mask in groups.items() if not mask.any()]
+
+
+def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | None:
+    """The warning for a test split with an empty shot group, or ``None``."""
+    empty = empty_shot_groups(data, many_shot, few_shot)
+    if not empty:
+        return None
+    return (
+        f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
+        f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
+        f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
+        "thresholds with --set report.many_shot=... --set report.few_shot=...)"
+    )

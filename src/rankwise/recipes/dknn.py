@@ -23,7 +23,6 @@ import torch
 from pydantic import Field
 from torch.nn import functional as F
 
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
     build_backbone,
@@ -41,7 +40,7 @@ from rankwise.recipes.config import Config, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import Objective, Term
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -143,7 +142,7 @@ def _sizes(run: Run, n_train: int) -> tuple[int, int]:
     return min(t.queries, n_train // 2), min(t.neighbors, n_train // 2)
 
 
-class DKNNRecipe(RecipeBase):
+class DKNNRecipe(Recipe):
     """CNN embedding trained with the differentiable-kNN loss (or kNN on pixels); hard kNN test accuracy."""
 
     name = "dknn"

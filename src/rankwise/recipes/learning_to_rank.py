@@ -42,14 +42,13 @@ from pydantic import Field
 from torch import nn
 
 from rankwise.recipes._progress import StepTimer
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import EpochIndexSampler, build_backbone, check_finite, device_name, loader_workers, reseed
 from rankwise.recipes.config import Config, ConfigError, LossConfig, Options
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.eval_metrics import MeanValue, shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import Objective, build_regularizers, build_task_loss, check_loss_config
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -146,7 +145,7 @@ class LTRModule(L.LightningModule):
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
-class LTRRecipe(RecipeBase):
+class LTRRecipe(Recipe):
     """Learning to rank: a per-document MLP scorer, a listwise loss, test NDCG@k and MRR."""
 
     name = "ltr"

@@ -2,20 +2,20 @@
 
 ``rankwise train --data FILE.csv --target COL --method lds`` builds its config with
 :func:`own_data_config`: the method's loss, model and optimizer come from the bundled preset
-``{presets}_{method}`` of the dataset's kind (``abalone_lds`` for a table, ``agedb_dir_lds`` for
+``{presets}_{method}`` of the dataset's modality (``abalone_lds`` for a table, ``agedb_dir_lds`` for
 images), and everything the preset fitted to its own dataset is derived from the user's data instead
 (:func:`data_defaults`): the label bin width, the many/medium/few-shot thresholds, the batch size and
 the number of epochs. ``--set`` overrides still win.
 
 A dataset takes part through :func:`register_own_data`: which loader option receives the file and
-which the target column, and the preset family of its kind. ``csv`` (numeric columns),
+which the target column, and the preset family of its modality. ``csv`` (numeric columns),
 ``image_csv`` (a column of image paths) and ``nifti`` (a column of NIfTI volumes: brain age, the
 ``brain_age_{tsan,mse,sfcn}`` presets, chosen without ``--dataset`` when the CSV's first ``path``
 ends in ``.nii``/``.nii.gz``) are registered here; any other loader of a CSV registers itself the
 same way.
 
 The other route, a preset with ``--set data.name=csv ...``: the config is built first (the
-preset's dataset options dropped, :func:`rankwise.recipes.config.load_config`), then the run,
+preset's dataset options dropped, :func:`rankwise.recipes.load_config`), then the run,
 once it has loaded the data, replaces the preset's values that the user did not set by the
 data-driven ones (:func:`apply_data_defaults`), with a :class:`DataDefaultsWarning` saying so.
 """
@@ -30,10 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from rankwise.data.nifti import PREPROCESSING_OPTIONS
-from rankwise.recipes.common import DataDefaultsWarning
+from rankwise.recipes.common import DataDefaultsWarning, shot_thresholds
 
 __all__ = [
     "DataDefaults",
@@ -41,12 +39,10 @@ __all__ = [
     "OwnData",
     "apply_data_defaults",
     "data_defaults",
-    "empty_shot_groups",
     "methods",
     "own_data_config",
     "register_own_data",
     "retarget",
-    "shot_thresholds",
 ]
 
 #: optimizer steps a data-derived run aims at (epochs = steps / batches per epoch, within the bounds)
@@ -179,7 +175,7 @@ def _nifti_grid(path: Path) -> dict[str, Any]:
 
 
 def _nifti_budget(cfg: Any, data: Any) -> Any:
-    from rankwise.recipes.brain_age_memory import budget
+    from rankwise.recipes.brain_age.memory import budget
 
     return budget(cfg, data)
 
@@ -232,16 +228,6 @@ class DataDefaults(NamedTuple):
         return f"{text}; {self.cost}" if self.cost else text
 
 
-def shot_thresholds(data: Any) -> tuple[float, float]:
-    """``(many_shot, few_shot)`` of a dataset: its own ``shot_thresholds``, else derived from its training labels."""
-    from rankwise.data import suggest_shot_thresholds
-
-    own = getattr(data, "shot_thresholds", None)
-    if own is not None:
-        return float(own[0]), float(own[1])
-    return suggest_shot_thresholds(data.train_labels, data.bin_width)
-
-
 def data_defaults(data: Any, *, max_batch_size: int = 256, min_batch_size: int = 16) -> DataDefaults:
     """Bin width, shot thresholds, batch size and epochs for a regression dataset, from its size and labels.
 
@@ -259,32 +245,6 @@ def data_defaults(data: Any, *, max_batch_size: int = 256, min_batch_size: int =
     steps = max(1, n // batch) if n > batch else 1
     epochs = int(min(max(round(TARGET_STEPS / steps), MIN_EPOCHS), MAX_EPOCHS))
     return DataDefaults(n, float(data.bin_width), many, few, batch, epochs)
-
-
-def empty_shot_groups(data: Any, many_shot: float, few_shot: float) -> list[str]:
-    """The shot groups (``"many"``, ``"medium"``, ``"few"``) that hold no test example of ``data``."""
-    from rankwise.data import label_bins
-
-    train_bins = label_bins(np.asarray(data.train_labels, dtype=np.float64), data.bin_width)
-    test_bins = label_bins(np.asarray(data.test_labels, dtype=np.float64), data.bin_width)
-    uniq, counts = np.unique(train_bins, return_counts=True)
-    lookup = dict(zip(uniq.tolist(), counts.tolist()))
-    n = np.asarray([lookup.get(b, 0) for b in test_bins.tolist()], dtype=np.float64)
-    groups = {"many": n > many_shot, "medium": (n <= many_shot) & (n >= few_shot), "few": n < few_shot}
-    return [g for g, mask in groups.items() if not mask.any()]
-
-
-def empty_group_message(data: Any, many_shot: float, few_shot: float) -> str | None:
-    """The warning for a test split with an empty shot group, or ``None``."""
-    empty = empty_shot_groups(data, many_shot, few_shot)
-    if not empty:
-        return None
-    return (
-        f"the test split of {data.name} has no {' and no '.join(empty)}-shot example with many-shot > "
-        f"{many_shot:g} and few-shot < {few_shot:g} training rows per bin of width {data.bin_width:g}: "
-        f"{'that group reports' if len(empty) == 1 else 'those groups report'} nothing (choose other "
-        "thresholds with --set report.many_shot=... --set report.few_shot=...)"
-    )
 
 
 def methods(presets: str = "abalone", recipe: str = "dir") -> list[str]:
@@ -347,6 +307,7 @@ def _load(dataset: str, options: dict[str, Any]) -> Any:
 def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """The loader options among ``--set`` strings (``data.options.KEY=VALUE``): they shape the data itself."""
     from rankwise.recipes.config import ConfigError, override_value
+    from rankwise.recipes.registry import get_recipe
 
     out = {}
     for item in overrides:
@@ -354,7 +315,7 @@ def _option_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if key.startswith("data.options.") and key.count(".") == 2:
             try:
-                out[key.rsplit(".", 1)[1]] = override_value({}, key, value)
+                out[key.rsplit(".", 1)[1]] = override_value({}, key, value, recipes=get_recipe)
             except ConfigError:
                 continue  # the config's own check names it
     return out
@@ -396,7 +357,8 @@ def own_data_config(
         ('csv', 32, 125, 5.0)
     """
     from rankwise._validation import did_you_mean
-    from rankwise.recipes.config import ConfigError, load_config, load_raw
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import ConfigError, load_raw
 
     path = Path(path)
     own = _dataset_for(path, dataset)
@@ -476,7 +438,7 @@ def apply_data_defaults(cfg: Any, data: Any = None) -> DataDefaults | None:
     """Fit ``cfg`` to the dataset that ``--set data.name=...`` switched it to; the run calls it once it
     has its data.
 
-    Nothing unless :func:`~rankwise.recipes.config.load_config` recorded such a switch
+    Nothing unless :func:`~rankwise.recipes.load_config` recorded such a switch
     (:func:`~rankwise.recipes.config.dataset_switch`). The description names the new data (unless
     ``--set`` gave one). For a dataset registered with :func:`register_own_data` whose file and
     target options are set, the bin width, shot thresholds, batch size and epochs come from ``data``
@@ -530,7 +492,7 @@ def apply_data_defaults(cfg: Any, data: Any = None) -> DataDefaults | None:
 def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, Any]:
     """The raw config ``raw`` switched to another dataset by the ``--set data.name=...`` among ``overrides``.
 
-    The raw form of what :func:`~rankwise.recipes.config.load_config` and the run do (the config
+    The raw form of what :func:`~rankwise.recipes.load_config` and the run do (the config
     built first, then :func:`apply_data_defaults` once the data are loaded): the preset's
     ``data.options`` and ``expected_time`` are dropped, the description names the new data and, for
     a dataset registered with :func:`register_own_data`, the bin width, shot thresholds, batch size
@@ -538,7 +500,8 @@ def retarget(raw: dict[str, Any], overrides: Sequence[str] | None) -> dict[str, 
     what was replaced. Returns the (copied) raw config, ``overrides`` not applied; other configs pass
     unchanged.
     """
-    from rankwise.recipes.config import ConfigError, dataset_switch, load_config
+    from rankwise.recipes import load_config
+    from rankwise.recipes.config import ConfigError, dataset_switch
 
     try:
         cfg = load_config(raw, list(overrides or []))

@@ -31,7 +31,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise.recipes._progress import StepTimer
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
     build_backbone,
@@ -49,7 +48,7 @@ from rankwise.recipes.config import Config, ConfigError, StepBudget, check_kwarg
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import Objective, build_term, check_takes
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -145,7 +144,7 @@ class RetrievalModule(L.LightningModule):
         return configure(self, self.cfg.optimizer, self.cfg.schedule)
 
 
-class RetrievalRecipe(RecipeBase):
+class RetrievalRecipe(Recipe):
     """An embedding trained with a retrieval loss; Recall@k, MAP@R and R-precision on the test split."""
 
     name = "retrieval"

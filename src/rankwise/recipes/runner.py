@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from rankwise._fileio import atomic_open
-from rankwise.recipes import rundir
-from rankwise.recipes.config import Config, ConfigError, UserError, load_config, load_raw
-from rankwise.recipes.registry import Recipe, get_recipe
+from rankwise.recipes import load_config, rundir
+from rankwise.recipes.config import Config, ConfigError, UserError, load_raw
+from rankwise.recipes.registry import Recipe, can_predict, cannot_predict, get_recipe
 
 __all__ = [
     "CompareResult",
@@ -225,7 +225,7 @@ def predict(
     no more; config.yaml's data section must be the trained one unless ``allow_changed_data``);
     ``checkpoint``: ``best``, ``last`` or None (the recipe's choice, as :func:`evaluate`).
     The run directory is locked meanwhile and nothing in it changes. The recipe predicts through its
-    ``predict_file`` hook (:meth:`~rankwise.recipes.base.RecipeBase.predict_file`), which says what
+    ``predict_file`` hook (:meth:`~rankwise.recipes.Recipe.predict_file`), which says what
     the file holds and which columns come back:
 
     * ``dir``, ``rrt``, ``rnc`` (datasets of :data:`~rankwise.recipes.predict_data.PREDICTION_READERS`):
@@ -246,16 +246,12 @@ def predict(
 
     Another recipe raises a ``ConfigError`` naming those that can.
     """
-    from rankwise.recipes.base import RecipeBase, can_predict, cannot_predict
-
     check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
     recipe = get_recipe(cfg.recipe)
     if not can_predict(recipe):  # before the run's data are loaded
         raise cannot_predict(recipe)
-    # a recipe of the Recipe protocol that is no RecipeBase gets RecipeBase's (the file as it is)
-    prepare = recipe.prediction_input if isinstance(recipe, RecipeBase) else RecipeBase.prediction_input.__get__(recipe)
-    data = prepare(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
+    data = recipe.prediction_input(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
     return rundir.predict_run(
         recipe, cfg, Path(run_dir), Path(data), checkpoint=checkpoint, allow_changed_data=allow_changed_data
     )
@@ -280,15 +276,12 @@ def predict_blocks(
     predicts the file block by block, in memory bounded by a block whatever the file's size; another run
     gives :func:`predict`'s columns as one block. The run directory is locked until the blocks are
     consumed."""
-    from rankwise.recipes.base import RecipeBase, can_predict, cannot_predict
-
     check_checkpoint_name(checkpoint)
     cfg = load_run_config(run_dir)
     recipe = get_recipe(cfg.recipe)
     if not can_predict(recipe):
         raise cannot_predict(recipe)
-    prepare = recipe.prediction_input if isinstance(recipe, RecipeBase) else RecipeBase.prediction_input.__get__(recipe)
-    path = prepare(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
+    path = recipe.prediction_input(Path(run_dir), Path(data), preprocess_out, on_scan=on_scan)
     blocks = rundir.predict_run_blocks(
         recipe,
         cfg,

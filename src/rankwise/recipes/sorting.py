@@ -78,7 +78,6 @@ from torch.nn import functional as F
 from rankwise._registry import Registry, RegistryEntry, RelaxationInfo
 from rankwise.ops import OPS, diffsort, gumbel_sinkhorn
 from rankwise.recipes._progress import StepTimer
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
     build_backbone,
@@ -94,7 +93,7 @@ from rankwise.recipes.config import Config, ConfigError, StepBudget
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import Objective, Term
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -187,10 +186,10 @@ class MedianOptions(SortOptions):
 class Relaxation:
     """A relaxed sorting operator for the sort / median recipes.
 
-    ``kind="permutation"``: ``fn(scores (B, n), t) -> P̂`` of shape ``(B, n, n)`` or ``(S, B, n, n)``
+    ``returns="permutation"``: ``fn(scores (B, n), t) -> P̂`` of shape ``(B, n, n)`` or ``(S, B, n, n)``
     (S samples), row ``i`` softly selecting the ``i``-th LARGEST score; the sort recipe trains it
     with the row-wise cross-entropy :func:`sort_loss`, the median recipe reads its middle row.
-    ``kind="rank_loss"``: relaxations that give soft RANKS, not a permutation matrix (isotonic,
+    ``returns="rank_loss"``: relaxations that give soft RANKS, not a permutation matrix (isotonic,
     perturbed); ``fn(scores (B, n), ranks (B, n), t) -> scalar loss`` with ``ranks`` the true
     ranks 1..n, ascending (the largest number gets ``n``); sort recipe only.
     ``t`` is the :class:`SortOptions` (``tau``, ``n_samples``, ``power``, ``hard``); the extra
@@ -201,7 +200,7 @@ class Relaxation:
     fn: Callable[..., torch.Tensor]
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     description: str = ""
-    kind: Literal["permutation", "rank_loss"] = "permutation"
+    returns: Literal["permutation", "rank_loss"] = "permutation"
     #: permutation relaxations: the sort recipe's training loss ``loss(scores (B, n), values (B, n),
     #: images (B, n, ...), t) -> scalar`` in place of :func:`sort_loss` of ``fn``'s P̂ (``None``: that)
     loss: Callable[..., torch.Tensor] | None = None
@@ -221,19 +220,19 @@ def register_relaxation(
     *,
     options: Mapping[str, Any] | None = None,
     description: str = "",
-    kind: Literal["permutation", "rank_loss"] = "permutation",
+    returns: Literal["permutation", "rank_loss"] = "permutation",
     loss: Callable[..., torch.Tensor] | None = None,
     exact_forward: bool = False,
 ) -> None:
-    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation` for ``kind``, ``loss``
+    """Make ``fn`` available as ``task.method: name`` (see :class:`Relaxation` for ``returns``, ``loss``
     and ``exact_forward``)."""
     if name == "vanilla" or name in RELAXATIONS:
         raise ValueError(f"relaxation {name!r} is already defined")
-    if kind not in ("permutation", "rank_loss"):
-        raise ValueError(f"`kind` must be 'permutation' or 'rank_loss', got {kind!r}")
-    if loss is not None and kind != "permutation":
-        raise ValueError(f"`loss` applies to permutation relaxations only, got kind {kind!r}")
-    relaxation = Relaxation(fn, dict(options or {}), description, kind, loss, exact_forward)
+    if returns not in ("permutation", "rank_loss"):
+        raise ValueError(f"`returns` must be 'permutation' or 'rank_loss', got {returns!r}")
+    if loss is not None and returns != "permutation":
+        raise ValueError(f"`loss` applies to permutation relaxations only, got returns={returns!r}")
+    relaxation = Relaxation(fn, dict(options or {}), description, returns, loss, exact_forward)
     RELAXATIONS.add(name, relaxation, description=description)
 
 
@@ -264,7 +263,7 @@ def _from_op(entry: RegistryEntry, info: RelaxationInfo) -> Relaxation:
         extra = {k: _option(o[k], d) for k, d in info.options.items()}
         return {**info.fixed, **{k: getattr(t, k) for k in info.params}, **extra}
 
-    if info.kind == "permutation":
+    if info.returns == "permutation":
 
         def permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
             p = op(scores, **kwargs(t))
@@ -276,7 +275,7 @@ def _from_op(entry: RegistryEntry, info: RelaxationInfo) -> Relaxation:
         return Relaxation(permutation, dict(info.options), info.description, "permutation")
 
     def rank_loss(scores: torch.Tensor, ranks: torch.Tensor, t: SortOptions) -> torch.Tensor:
-        if info.kind == "soft_rank":
+        if info.returns == "soft_rank":
             return (op(scores.float(), **kwargs(t)) - ranks).pow(2).mean()
         out: torch.Tensor = op(scores.float(), ranks, **kwargs(t))
         return out
@@ -452,7 +451,7 @@ def _try_relaxation(t: SortOptions) -> None:
     scores = torch.linspace(0.0, 1.0, t.n).reshape(1, t.n)
     try:
         with torch.no_grad():
-            if r.kind == "permutation":
+            if r.returns == "permutation":
                 r.fn(scores, t)
                 if r.loss is not None:
                     r.loss(scores, scores, scores.unsqueeze(-1), t)
@@ -471,8 +470,8 @@ def relaxation_options(t: SortOptions) -> dict[str, Any]:
 def relaxed_permutation(scores: torch.Tensor, t: SortOptions) -> torch.Tensor:
     """``(B, n, n)`` or ``(S, B, n, n)`` relaxed permutations of the scores by the relaxation ``t.method``."""
     r = RELAXATIONS[t.method]
-    if r.kind != "permutation":
-        raise ValueError(f"relaxation {t.method!r} gives soft ranks, not a permutation matrix (kind {r.kind!r})")
+    if r.returns != "permutation":
+        raise ValueError(f"relaxation {t.method!r} gives soft ranks, not a permutation matrix (returns {r.returns!r})")
     return r.fn(scores, t)
 
 
@@ -684,7 +683,7 @@ class SortingModule(L.LightningModule):
         if t.method == "vanilla":
             return F.cross_entropy(out.float().flatten(0, 1), true_permutation(v).argmax(-1).flatten())
         r = RELAXATIONS[t.method]
-        if r.kind == "rank_loss":
+        if r.returns == "rank_loss":
             return r.fn(out.float(), true_ranks(v), t)
         if r.loss is not None:
             return r.loss(out.float(), v, x, t)
@@ -801,7 +800,7 @@ def digit_pools(
     return xtr[train], ytr[train], xtr[val], ytr[val], xte, yte
 
 
-class SortRecipe(RecipeBase):
+class SortRecipe(Recipe):
     """Sort lists of multi-digit numbers from their images (fully / per-position correct)."""
 
     name = "sort"
@@ -826,13 +825,13 @@ class SortRecipe(RecipeBase):
 
             hint = f" ({close})" if (close := suggestion(t.method, valid)) else ""
             raise ConfigError(f"`task.method` must be one of {valid}, got {t.method!r}{hint}")
-        if self.needs_permutation and RELAXATIONS[t.method].kind != "permutation":
-            perm = sorted(k for k, r in RELAXATIONS.items() if r.kind == "permutation")
+        if self.needs_permutation and RELAXATIONS[t.method].returns != "permutation":
+            perm = sorted(k for k, r in RELAXATIONS.items() if r.returns == "permutation")
             raise ConfigError(
                 f"`task.method` {t.method!r} gives soft ranks, not a permutation matrix; "
                 f"the {self.name} task needs one of {perm}"
             )
-        if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].kind != "permutation"):
+        if t.hard and (t.method == "vanilla" or RELAXATIONS[t.method].returns != "permutation"):
             raise ConfigError(f"`task.hard` (straight-through relaxation) does not apply to `task.method` {t.method!r}")
         if t.hard and RELAXATIONS[t.method].exact_forward:
             raise ConfigError(

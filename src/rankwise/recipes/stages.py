@@ -1,11 +1,11 @@
-"""Training stages: what a recipe trains, and the one lifecycle that trains it (:meth:`Run.run_stage`).
+"""Training stages: what a recipe trains (:class:`Stage`); the run lifecycle trains it (:meth:`Run.run_stage`).
 
 A recipe describes each of its stages with a :class:`Stage` -- a LightningModule, its data (a
 ``LightningDataModule``: :class:`~rankwise.recipes.datamodules.LoaderData` over the recipe's
 loaders), epochs, the checkpoint monitor, which weights it hands on -- and runs them in
 order with ``run.run_stage(stage)`` (or ``run.run_stages([...])``); the next stage is built from the
-modules of the stages before it (the weights they hand on are loaded in them). The lifecycle alone
-owns, for every stage:
+modules of the stages before it (the weights they hand on are loaded in them). The run
+(:class:`~rankwise.recipes.rundir.Run`, its one stage loop) alone owns, for every stage:
 
 * its folders: checkpoints in ``RUN_DIR/<stage>/`` (the main stage, ``name=""``: ``checkpoints/``),
   CSV log in ``logs/<stage>/`` (main: ``logs/``), TensorBoard in ``tb/<stage>``; a ``local`` stage
@@ -27,16 +27,13 @@ owns, for every stage:
   one skipped it as done (or found it trained to its end without a marker); a ``local`` stage is redone
   every time and leaves the state as its training does.
 
-The lifecycle's own functions here take the :class:`~rankwise.recipes.rundir.Run` as ``run``.
+The helpers here read a stage's files; those that take ``run`` take the :class:`~rankwise.recipes.rundir.Run`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,8 +45,6 @@ __all__ = [
     "StageResult",
     "plot_stage_curves",
     "read_done",
-    "run_stage",
-    "run_stages",
     "stage_log",
     "write_done",
 ]
@@ -110,8 +105,9 @@ class Stage:
 
 @dataclass
 class StageResult:
-    """A stage after :func:`run_stage`: its module (holding the handed-on weights), its Trainer (None when
-    it was skipped as done, or on a rank other than 0 for a ``local`` stage) and its epoch times."""
+    """A stage after :meth:`~rankwise.recipes.rundir.Run.run_stage`: its module (holding the handed-on
+    weights), its Trainer (None when it was skipped as done, or on a rank other than 0 for a ``local``
+    stage) and its epoch times."""
 
     stage: Stage
     trainer: Any = None
@@ -155,111 +151,3 @@ def plot_stage_curves(run: Any, log: Path, name: str, title: str) -> None:
 
     r = run.cfg.run
     plot_training_curves(log, pdir / f"{name}_curves.png", title=f"{title}: {r.name} (seed {r.seed})")
-
-
-def _epoch_timer() -> Any:
-    import lightning as L
-
-    class EpochTimer(L.Callback):
-        """Wall seconds of every training epoch (``seconds``)."""
-
-        def __init__(self) -> None:
-            self.seconds: list[float] = []
-            self._t0 = 0.0
-
-        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-            self._t0 = time.perf_counter()
-
-        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            self.seconds.append(time.perf_counter() - self._t0)
-
-    return EpochTimer()
-
-
-@contextlib.contextmanager
-def _quiet(patterns: Sequence[str]) -> Iterator[None]:
-    if not patterns:
-        yield
-        return
-    with warnings.catch_warnings():
-        for p in patterns:
-            warnings.filterwarnings("ignore", message=p)
-        yield
-
-
-def run_stage(run: Any, stage: Stage) -> StageResult:
-    """Train ``stage`` through ``run`` (skipped when done), load the weights it hands on and restore the random
-    state at the end of its training (see the module doc)."""
-    _check_data(stage)
-    if stage.local:
-        return _run_local(run, stage)
-    done = run.ckpt_dir(stage.name) / DONE
-    secs = read_done(done)
-    if secs is not None and run.resume:  # a finished stage is not retrained, but resumes only from sound checkpoints
-        trained = run.check_last(stage.module, stage.name, stage.epochs)
-        if (trained or stage.epochs) < stage.epochs:
-            secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
-    result = StageResult(stage, skipped=secs is not None)
-    if secs is None:
-        timer = _epoch_timer()
-        trainer = run.trainer(
-            max_epochs=stage.epochs,
-            stage=stage.name,
-            monitor=stage.monitor,
-            mode=stage.mode,
-            best=stage.best,
-            callbacks=[timer, *stage.callbacks],
-        )
-        with _quiet(stage.quiet):
-            run.fit(trainer, stage.module, stage.data, stage=stage.name)
-        if run.is_global_zero:
-            write_done(done, timer.seconds)
-        result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
-        if stage.curves:
-            plot_stage_curves(run, stage_log(run, stage.name), stage.name, stage.curves)
-    else:
-        result.epoch_seconds = secs
-    if stage.hand_on is not None:
-        run.load(stage.module, stage.hand_on, stage.name)
-    run.restore_rng(stage.name)
-    return result
-
-
-def _check_data(stage: Stage) -> None:
-    import lightning as L
-
-    if not isinstance(stage.data, L.LightningDataModule):
-        raise TypeError(
-            f"`data` of stage {stage.name!r} must be a lightning.LightningDataModule "
-            f"(e.g. rankwise.recipes.datamodules.LoaderData), got {type(stage.data).__name__}"
-        )
-
-
-def _run_local(run: Any, stage: Stage) -> StageResult:
-    """A ``local`` stage: one device, rank 0 only, redone every time (no ``done`` marker)."""
-    result = StageResult(stage)
-    if not run.is_global_zero:
-        return result
-    root = run.results / stage.name  # redone by every evaluation: one on changed data writes elsewhere
-    timer = _epoch_timer()
-    trainer = run.local_trainer(
-        max_epochs=stage.epochs, root=root, checkpoint=True, precision=stage.precision, callbacks=[timer]
-    )
-    with _quiet(stage.quiet):
-        trainer.fit(stage.module, datamodule=stage.data)
-    result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
-    if stage.curves and not (run.evaluating and (run.results / "plots" / f"{stage.name}_curves.png").is_file()):
-        plot_stage_curves(run, root / "logs" / "metrics.csv", stage.name, stage.curves)  # evaluation: if missing
-    if stage.hand_on is not None:
-        run.load(stage.module, stage.hand_on, stage.name)
-    return result
-
-
-def run_stages(run: Any, stages: Sequence[Stage | Callable[[list[StageResult]], Stage]]) -> list[StageResult]:
-    """Run ``stages`` in order; a callable entry builds its stage from the results before it (so a stage's
-    module is built after the stages it starts from have trained and handed on their weights)."""
-    results: list[StageResult] = []
-    for s in stages:
-        stage = s if isinstance(s, Stage) else s(results)
-        results.append(run_stage(run, stage))
-    return results

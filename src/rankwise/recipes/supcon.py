@@ -53,7 +53,6 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochIndexSampler,
     EpochShuffleSampler,
@@ -71,7 +70,7 @@ from rankwise.recipes.config import Config, Options
 from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.loss_terms import LossTerm, Objective, Term, build_term
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -301,7 +300,7 @@ def _train_images(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
     return xtr, ytr
 
 
-class SupConRecipe(RecipeBase):
+class SupConRecipe(Recipe):
     """SupCon / SimCLR / cross-entropy encoder (stage 1), then a linear probe on its frozen features (stage 2)."""
 
     name = "supcon"

@@ -43,7 +43,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from rankwise.recipes._progress import StepTimer
-from rankwise.recipes.base import RecipeBase
 from rankwise.recipes.common import (
     EpochShuffleSampler,
     build_backbone,
@@ -58,7 +57,7 @@ from rankwise.recipes.datamodules import LoaderData
 from rankwise.recipes.eval_metrics import TopKAccuracy, shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import Objective, Term, build_term, check_takes
 from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.registry import Recipe, register_recipe
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage
 
@@ -247,7 +246,7 @@ def _splits(run: Run) -> tuple[Any, Any, Any]:
     return TensorPairDataset(x[rest], y[rest]), TensorPairDataset(x[idx], y[idx]), data.test
 
 
-class TopKRecipe(RecipeBase):
+class TopKRecipe(Recipe):
     """A classifier trained with a top-k loss or cross-entropy; test top-1 / top-5 accuracy."""
 
     name = "topk"

@@ -14,7 +14,8 @@ pytest.importorskip("sklego")
 import lightning as L
 import yaml
 
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.config import ConfigError
 from rankwise.recipes.runner import train
 from tests.recipes._faults import NaNAtStep
 from tests.recipes.test_recipe_training import TINY

@@ -17,11 +17,14 @@ as YAML; files and values alike are read by the YAML 1.2 core schema (:func:`par
 is 10, ``no`` and ``1:30`` are strings), and a string field given ``--set`` keeps the text typed.
 :func:`load_config` does ONE pass: read YAML -> apply ``--set`` -> build the typed config
 -> the cross-field checks and the recipe's own. Recipes receive the typed objects. This module
-imports no recipe and not the recipe registry: the registry installs its lookup
-(:func:`set_recipe_lookup`) when it is imported.
+imports no recipe and not the recipe registry: what resolves ``recipe:`` (:func:`load_config`,
+:func:`config_from_dict`, :func:`apply_overrides`, :func:`override_value`, :func:`config_fields` of a
+recipe) takes the registry's look-up as ``recipes``; ``rankwise.recipes.load_config``,
+``config_from_dict`` and ``config_fields`` pass it.
 
 Example:
-    >>> cfg = load_config("abalone_ranksim", overrides=["trainer.max_epochs=2"])
+    >>> from rankwise.recipes import get_recipe
+    >>> cfg = load_config("abalone_ranksim", overrides=["trainer.max_epochs=2"], recipes=get_recipe)
     >>> cfg.recipe, cfg.trainer.max_epochs, cfg.loss.regularizers[0].name
     ('dir', 2, 'ranksim')
 """
@@ -55,8 +58,7 @@ from rankwise.recipes.config._loading import (
     override_value,
     preset_path,
 )
-from rankwise.recipes.config._lookup import get_recipe as get_recipe
-from rankwise.recipes.config._lookup import set_recipe_lookup
+from rankwise.recipes.config._lookup import RecipeLookup
 from rankwise.recipes.config._parsing import (
     MAX_CONFIG_BYTES,
     MAX_YAML_DEPTH,
@@ -108,6 +110,7 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "Options",
+    "RecipeLookup",
     "RegularizerConfig",
     "ReportConfig",
     "RunConfig",
@@ -134,6 +137,5 @@ __all__ = [
     "override_value",
     "parse_yaml",
     "preset_path",
-    "set_recipe_lookup",
     "validate_section",
 ]

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from rankwise._suggest import did_you_mean, suggestion
-from rankwise.recipes.config._lookup import default_recipe, get_recipe, lookup_recipe
+from rankwise.recipes.config._lookup import RecipeLookup, default_recipe, lookup_recipe
 from rankwise.recipes.config._parsing import ConfigError, short
 from rankwise.recipes.config._sections import (
     OPTIONAL_SECTIONS,
@@ -255,17 +255,21 @@ def _check_library(cfg: Config) -> None:
         check_kwargs(fn, getattr(cfg, key).options, f"{key}.options")
 
 
-def config_from_dict(raw: dict[str, Any] | None) -> Config:
+def config_from_dict(raw: dict[str, Any] | None, *, recipes: RecipeLookup) -> Config:
     """Build and validate the typed :class:`Config` of a raw (YAML) mapping, in one pass.
+
+    ``recipes``: the recipe look-up ``name -> Recipe`` that resolves ``recipe:``
+    (``rankwise.recipes.get_recipe``; :func:`rankwise.recipes.config_from_dict` passes it).
 
     Types, ranges and unknown keys of every section, the ``task`` section as the options model of
     the recipe (one pydantic validation, the recipe in its context); sections the recipe does not
     read must be left at their defaults; then the shared cross-field checks and the recipe's own
-    (``Recipe.check``: names and options against the registries and the library signatures).
+    (``Recipe.check``: names and options against the registries and the library signatures). The
+    config keeps the sections its recipe reads (what :func:`config_to_dict` writes).
     """
     raw = dict(raw or {})
     raw.pop("extends", None)
-    recipe = lookup_recipe(raw.get("recipe", default_recipe()))
+    recipe = lookup_recipe(raw.get("recipe", default_recipe()), recipes)
     task_raw = raw["task"] = raw.get("task")  # validated when absent too: the recipe's defaults
     if task_raw is not None and not isinstance(task_raw, dict):
         raise ConfigError(f"`task` must be a mapping, got {type(task_raw).__name__} {task_raw!r}")
@@ -273,6 +277,7 @@ def config_from_dict(raw: dict[str, Any] | None) -> Config:
     for sec in OPTIONAL_SECTIONS:
         if sec not in recipe.uses and getattr(cfg, sec) != getattr(Config(), sec):
             raise ConfigError(f"`{sec}` is not used by recipe {recipe.name!r} (it reads: {_sections(recipe)})")
+    cfg._uses = frozenset(recipe.uses)
     _check_shared(cfg)
     _check_library(cfg)
     recipe.check(cfg)
@@ -306,11 +311,12 @@ def config_changes(
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads."""
+    """Plain nested dict (YAML/JSON serializable) of a :class:`Config`: the sections its recipe reads
+    (those :func:`config_from_dict` recorded; a config built without its recipe keeps every section)."""
     out = cfg.model_dump(mode="python")
     out["task"] = cfg.task.model_dump(mode="python") if isinstance(cfg.task, BaseModel) else cfg.task
-    uses = get_recipe(cfg.recipe).uses
-    for sec in OPTIONAL_SECTIONS:
-        if sec not in uses:
-            out.pop(sec)
+    if cfg._uses is not None:
+        for sec in OPTIONAL_SECTIONS:
+            if sec not in cfg._uses:
+                out.pop(sec)
     return out

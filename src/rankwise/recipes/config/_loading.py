@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rankwise._suggest import suggestion
 from rankwise.recipes.config._checks import config_from_dict, walk
-from rankwise.recipes.config._lookup import default_recipe, get_recipe
+from rankwise.recipes.config._lookup import RecipeLookup, check_lookup, default_recipe
 from rankwise.recipes.config._parsing import MAX_CONFIG_BYTES, ConfigError, deep_merge, parse_yaml, short
 from rankwise.recipes.config._sections import Config, DatasetSwitch, Provenance, is_model, unwrap
 
@@ -164,15 +164,15 @@ def _is_list_field(parts: list[str]) -> bool:
     return tp is not None and get_origin(unwrap(tp)) is list
 
 
-def _field_type(raw: dict[str, Any], key: str) -> Any:
-    """The annotation of the config field at the dotted ``key`` (``task.*``: of ``raw``'s recipe); ``None``
-    when the key names no field (an unknown key, a recipe that does not exist)."""
+def _field_type(raw: dict[str, Any], key: str, recipes: RecipeLookup) -> Any:
+    """The annotation of the config field at the dotted ``key`` (``task.*``: of ``raw``'s recipe, looked up
+    in ``recipes``); ``None`` when the key names no field (an unknown key, a recipe that does not exist)."""
     parts = key.split(".")
     tp: Any = Config
     if parts[0] == "task":
         try:
-            tp = get_recipe(str(raw.get("recipe", default_recipe()))).options
-        except (ValueError, RuntimeError):
+            tp = recipes(str(raw.get("recipe", default_recipe()))).options
+        except ValueError:
             return None
         parts = parts[1:]
     for part in parts:
@@ -198,26 +198,29 @@ def _takes(tp: Any, value: Any) -> bool:
     return True
 
 
-def override_value(raw: dict[str, Any], key: str, text: str) -> Any:
+def override_value(raw: dict[str, Any], key: str, text: str, *, recipes: RecipeLookup) -> Any:
     """The value of ``--set key=text`` on the config ``raw``: ``text`` read as YAML (:func:`parse_yaml`).
 
     Where the field at ``key`` takes a string and not the YAML value (``run.name=2024``,
-    ``run.name=null``), the value is the text as typed (stripped): the field's type decides. An
+    ``run.name=null``), the value is the text as typed (stripped): the field's type decides (a
+    ``task.*`` field's: of the recipe that ``recipes``, the look-up ``name -> Recipe``, gives). An
     empty ``text`` is the empty string.
     """
+    check_lookup(recipes)
     if not text.strip():
         return ""
     value = parse_yaml(text, f"--set {key}")
     if isinstance(value, (str, dict, list)):
         return value
-    tp = _field_type(raw, key)
+    tp = _field_type(raw, key, recipes)
     if tp is None or _takes(tp, value) or not _takes(tp, text.strip()):
         return value
     return text.strip()
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a raw dict (copied).
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None, *, recipes: RecipeLookup) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a raw dict (copied); ``recipes``: the recipe
+    look-up ``name -> Recipe`` (:func:`override_value`).
 
     In a list of named entries (``loss.regularizers``) a key part selects the entry by ``name``
     (adding it if absent) or by index: ``loss.regularizers.ranksim.weight=1``. Values are read by
@@ -232,7 +235,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
         key = key.strip()
         if not key or any(not p for p in key.split(".")):
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        value = override_value(out, key, text)
+        value = override_value(out, key, text, recipes=recipes)
         node: Any = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -254,12 +257,21 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[st
     return out
 
 
-def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(
+    source: str | Path | dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    recipes: RecipeLookup,
+) -> Config:
     """Load a config file / preset name / raw dict, apply ``--set`` overrides, build it (one pass).
+
+    ``recipes``: the recipe look-up ``name -> Recipe`` that resolves ``recipe:``
+    (``rankwise.recipes.get_recipe``); :func:`rankwise.recipes.load_config` passes it.
 
     The files of an ``extends:`` chain are each read once; the origin of every value (the file or
     preset, or ``--set``) is kept on the config (:func:`inherited_options` reads it).
     """
+    check_lookup(recipes)
     raw: dict[str, Any]
     origin: Provenance = {}
     if source is None:
@@ -268,13 +280,13 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         raw = copy.deepcopy(source)
     else:
         raw, origin = _load_chain(source, (), None)
-    switch = _switch_dataset(raw, overrides or [])
+    switch = _switch_dataset(raw, overrides or [], recipes)
     if switch is not None:  # nothing of the old dataset stays (its options, its expected time)
         raw = copy.deepcopy(raw)
         raw.setdefault("data", {}).pop("options", None)
         raw.pop("expected_time", None)
         origin = {k: v for k, v in origin.items() if not (k == "expected_time" or k.startswith("data.options"))}
-    cfg = config_from_dict(apply_overrides(raw, overrides))
+    cfg = config_from_dict(apply_overrides(raw, overrides, recipes=recipes), recipes=recipes)
     for item in overrides or []:
         _set_origin(origin, item.split("=", 1)[0].strip(), ("--set", item))
     cfg._provenance = origin
@@ -282,7 +294,7 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
     return cfg
 
 
-def _switch_dataset(raw: dict[str, Any], overrides: list[str]) -> DatasetSwitch | None:
+def _switch_dataset(raw: dict[str, Any], overrides: list[str], recipes: RecipeLookup) -> DatasetSwitch | None:
     """The switch of ``raw``'s dataset to another registered one by ``--set data.name=...``, else ``None``
     (an unknown name, a value that is no name: the config's own check names it)."""
     given = tuple(item.partition("=")[0].strip() for item in overrides)
@@ -293,7 +305,7 @@ def _switch_dataset(raw: dict[str, Any], overrides: list[str]) -> DatasetSwitch 
     data: dict[str, Any] = found if isinstance(found, dict) else {}
     old = data.get("name", "abalone")
     try:
-        new = override_value(raw, "data.name", text)
+        new = override_value(raw, "data.name", text, recipes=recipes)
     except ConfigError:
         return None
     from rankwise.data import list_datasets

@@ -1,4 +1,4 @@
-"""The recipe lookup of the config layer (installed by the recipe registry, which it never imports)."""
+"""The recipe lookup the config layer is handed: ``recipes(name) -> Recipe`` (it never imports the registry)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,30 @@ from typing import Any
 from rankwise.recipes.config._parsing import ConfigError
 from rankwise.recipes.config._sections import Config
 
-#: the recipe registry's lookup ``name -> Recipe``: :mod:`rankwise.recipes.registry` installs it when
-#: it is imported (the package imports it), so this module never imports a recipe or the registry
-_recipe_lookup: Callable[[str], Any] | None = None
+#: what a config-layer function that resolves ``recipe:`` takes as ``recipes``: the recipe registry's
+#: look-up ``name -> Recipe`` (``rankwise.recipes.get_recipe``), ``ValueError`` for an unknown name
+RecipeLookup = Callable[[str], Any]
 
 
-def set_recipe_lookup(lookup: Callable[[str], Any]) -> None:
-    """Install the function that resolves a config's ``recipe`` name (called by the recipe registry)."""
-    global _recipe_lookup
-    _recipe_lookup = lookup
-
-
-def get_recipe(name: str) -> Any:
-    """The registered recipe ``name`` through the installed lookup (``ValueError`` if unknown)."""
-    if _recipe_lookup is None:  # pragma: no cover - the package imports the registry first
-        raise RuntimeError("no recipe registry is installed (import rankwise.recipes)")
-    return _recipe_lookup(name)
+def check_lookup(recipes: Any) -> RecipeLookup:
+    """``recipes`` itself, once it is a callable (else a ``TypeError`` naming the argument)."""
+    if not callable(recipes):
+        raise TypeError(
+            "`recipes` must be the recipe look-up `name -> Recipe` (rankwise.recipes.get_recipe), "
+            f"got {type(recipes).__name__}"
+        )
+    return recipes
 
 
 def default_recipe() -> str:
     return str(Config.model_fields["recipe"].default)
 
 
-def lookup_recipe(name: Any) -> Any:
+def lookup_recipe(name: Any, recipes: RecipeLookup) -> Any:
+    """The recipe ``name`` through ``recipes``; a name that is no string or not registered: a ``ConfigError``."""
     if not isinstance(name, str):
         raise ConfigError(f"`recipe` must be a string, got {name!r}")
     try:
-        return get_recipe(name)
+        return check_lookup(recipes)(name)
     except ValueError as e:
         raise ConfigError(f"`recipe`: {e}") from None

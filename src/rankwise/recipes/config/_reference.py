@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rankwise.recipes.config._lookup import get_recipe
+from rankwise.recipes.config._lookup import RecipeLookup, check_lookup
 from rankwise.recipes.config._sections import OPTIONAL_SECTIONS, Config, is_model, unwrap
 
 # --------------------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def component_fields(recipe: str) -> list[FieldDoc]:
     return out
 
 
-def config_fields(recipe: str | None = None) -> list[FieldDoc]:
+def config_fields(recipe: str | None = None, *, recipes: RecipeLookup | None = None) -> list[FieldDoc]:
     """Every config field (dotted key, type, default, one-line description, range), from the JSON schema.
 
     With ``recipe``, the ``task.*`` fields of that recipe's options, only the sections it reads, and after
@@ -205,7 +205,7 @@ def config_fields(recipe: str | None = None) -> list[FieldDoc]:
         stored = _stored_rows(recipe)
         if stored is not None:
             return stored
-    return live_config_fields(recipe)
+    return live_config_fields(recipe, recipes=recipes)
 
 
 #: the reference rows of every built-in recipe (:func:`write_reference` writes it)
@@ -247,11 +247,14 @@ def _stored_rows(recipe: str) -> list[FieldDoc] | None:
     return [FieldDoc(key, tp, _read_default(default), doc, rng) for key, tp, default, doc, rng in rows]
 
 
-def reference_text(recipes: list[str]) -> str:
-    """The JSON of :data:`REFERENCE_FILE`: :func:`live_config_fields` of each of ``recipes``."""
+def reference_text(names: list[str], *, recipes: RecipeLookup) -> str:
+    """The JSON of :data:`REFERENCE_FILE`: :func:`live_config_fields` of each recipe of ``names``."""
     out = {
-        name: [[f.key, f.type, _stored_default(f.default), f.doc, f.range] for f in live_config_fields(name)]
-        for name in recipes
+        name: [
+            [f.key, f.type, _stored_default(f.default), f.doc, f.range]
+            for f in live_config_fields(name, recipes=recipes)
+        ]
+        for name in names
     }
     note = "written by `python -m rankwise.recipes._write_reference` from the recipes, datasets, models and losses"
     lines = [f'{{"note": {json.dumps(note)}, "recipes": {{']
@@ -264,12 +267,12 @@ def reference_text(recipes: list[str]) -> str:
     return "\n".join([*lines, "}}"]) + "\n"
 
 
-def live_config_fields(recipe: str | None = None) -> list[FieldDoc]:
+def live_config_fields(recipe: str | None = None, *, recipes: RecipeLookup | None = None) -> list[FieldDoc]:
     """:func:`config_fields` read from the recipe, its presets and the signatures of their components
     (imports the recipe and the datasets, backbones and losses it uses)."""
     out = [d for d in model_fields_doc(Config) if d.key != "task"]
     if recipe is not None:
-        r = get_recipe(recipe)
+        r = check_lookup(recipes)(recipe)
         out = [d for d in out if d.key.split(".")[0] not in OPTIONAL_SECTIONS or d.key.split(".")[0] in r.uses]
         inner = component_fields(recipe)
         merged: list[FieldDoc] = []

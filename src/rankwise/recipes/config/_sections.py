@@ -361,6 +361,8 @@ class Config(Section):
     _provenance: Provenance = PrivateAttr(default_factory=dict)
     #: set by ``load_config`` when ``--set data.name`` switched the file's dataset (else ``None``)
     _switch: DatasetSwitch | None = PrivateAttr(default=None)
+    #: the optional sections its recipe reads (``Recipe.uses``), set by ``config_from_dict`` (else ``None``)
+    _uses: frozenset[str] | None = PrivateAttr(default=None)
 
     @field_validator("task", mode="before")
     @classmethod

@@ -34,20 +34,19 @@ log = logging.getLogger("rankwise")
 
 def load_data(cfg: Config, recipe: Any) -> Any:
     """Load ``cfg.data`` (through ``recipe.load_data`` where the recipe has one: see
-    :meth:`~rankwise.recipes.base.RecipeBase.load_data`) and check it suits ``recipe`` (kind,
-    non-empty splits)."""
+    :meth:`~rankwise.recipes.Recipe.load_data`) and check it suits ``recipe`` (its
+    ``data_kind``, non-empty splits)."""
     return _load_data_files(cfg, recipe)[0]
 
 
 def _load_data_files(cfg: Config, recipe: Any) -> tuple[Any, list[Path]]:
     """:func:`load_data` and the files its loader read (:func:`rankwise.data._files.recording_reads`)."""
-    from rankwise.data import DataFormatError, get_dataset
+    from rankwise.data import DataFormatError
     from rankwise.data._files import recording_reads
 
-    loader = getattr(recipe, "load_data", None)  # a recipe may read its data its own way
     try:
         with recording_reads() as read:
-            data = loader(cfg) if loader is not None else get_dataset(cfg.data.name, **cfg.data.options)
+            data = recipe.load_data(cfg)  # a recipe may read its data its own way
     except (DataFormatError, ConfigError):  # they name the file or the key themselves
         raise
     except (ValueError, TypeError) as e:
@@ -106,8 +105,8 @@ def record_resolved_options(cfg: Config, data: Any) -> None:
 
 
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
-    """The dataset has the recipe's kind (its spec's modality, :func:`rankwise.data.task_of`) and no
-    empty split it uses."""
+    """The dataset's task (from its spec's modality, :func:`rankwise.data.task_of`) is the recipe's
+    ``data_kind`` and no split it uses is empty."""
     from rankwise.data import task_of
 
     try:
@@ -117,14 +116,14 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
     regression = task == "regression"
     ranking = task == "ranking"
     if (recipe.data_kind == "ranking") != ranking:
-        kind = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
+        what = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
         need = (
             "a ranking dataset (letor, ltr_synthetic)"
             if recipe.data_kind == "ranking"
             else f"a {recipe.data_kind} dataset"
         )
         raise ConfigError(
-            f"dataset `{cfg.data.name}` is {kind}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
+            f"dataset `{cfg.data.name}` is {what}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
         )
     if recipe.data_kind == "regression" and not regression:
         raise ConfigError(
@@ -446,17 +445,13 @@ def predict_run(
     from rankwise.data import DataFormatError, check_file
     from rankwise.data._files import MAX_DATA_BYTES, MAX_LETOR_BYTES
 
-    check_file(path, max_bytes=MAX_LETOR_BYTES if getattr(recipe, "data_kind", None) == "ranking" else MAX_DATA_BYTES)
+    check_file(path, max_bytes=MAX_LETOR_BYTES if recipe.data_kind == "ranking" else MAX_DATA_BYTES)
     quiet_lightning()
     run_dir = Path(run_dir)
     record = _record.read_record(run_dir)
     if record is not None:
         _record.check_options(record, cfg, allow_changed=allow_changed_data, action="predict")
-    if (
-        record is not None
-        and isinstance(record.get("summary"), dict)
-        and not getattr(recipe, "predict_reads_data", False)
-    ):
+    if record is not None and isinstance(record.get("summary"), dict) and not recipe.predict_reads_data:
         try:
             return _predict(recipe, cfg, run_dir, _record.RecordedData(record["summary"]), path, checkpoint)
         except _record.RecordLacks:  # the recipe needs the data themselves
@@ -490,8 +485,7 @@ def predict_run_blocks(
     """
     from rankwise.data import check_file
 
-    blocks_of = getattr(recipe, "predict_file_blocks", None)
-    if blocks_of is None or getattr(recipe, "predict_reads_data", False):
+    if not recipe.predicts_in_blocks():
         return None
     check_file(path)
     quiet_lightning()
@@ -505,7 +499,7 @@ def predict_run_blocks(
         run = Run(cfg, run_dir, _record.RecordedData(record["summary"]), plots=False, evaluating=True)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
-        blocks = blocks_of(run, Path(path), checkpoint, block_rows)
+        blocks = recipe.predict_file_blocks(run, Path(path), checkpoint, block_rows)
         first = None if blocks is None else next(blocks, None)
     except _record.RecordLacks:  # the recipe needs the data themselves: predict_run reads them
         rd.close()

@@ -46,7 +46,9 @@ PATH_OPTIONS = ("path", "csv", "root", "cache_dir")
 #: data options that say where derived files are kept, not which data: a run may move them (a NIfTI
 #: cache checks each entry against its recorded checksum, and rebuilds a bad one, wherever it is)
 WHERE_ONLY = ("cache_dir",)
-#: the scalar attributes of a dataset kept in the summary (those it has)
+#: the ``kind`` entry of a summary, the file's name of a regression dataset's modality
+KIND_OF_MODALITY = {"table": "tabular", "images": "image", "text_pairs": "text_pair", "volumes": "volume"}
+#: the scalar attributes of a dataset kept in the summary (those it has; ``kind`` from its modality)
 _SCALARS = (
     "name",
     "kind",
@@ -185,8 +187,8 @@ def summarize(data: Any) -> dict[str, Any]:
     scalars: dict[str, Any] = {}
     for name in _SCALARS:
         try:
-            value = getattr(data, name)
-        except AttributeError:
+            value = KIND_OF_MODALITY[data.modality] if name == "kind" else getattr(data, name)
+        except (AttributeError, KeyError, TypeError):
             continue
         enc = _encode(value)
         if enc is not _Skip:

@@ -305,13 +305,13 @@ def _epoch_printer(emit: Callable[[str], None]) -> Any:
 class Run:
     """What a recipe's ``fit``/``evaluate`` gets: the typed config, the data and the run directory.
 
-    Recipes train their stages with :meth:`run_stage` / :meth:`run_stages` (folders, ``done``
-    markers, resume, handed-on weights: :mod:`rankwise.recipes.stages`), test or predict from a
-    checkpoint with :meth:`test` / :meth:`predict` (Lightning loads it: ``ckpt_path``), load a
-    checkpoint into a module by hand with :meth:`load` (weights handed to another module, a
+    Recipes train their stages with :meth:`run_stage` / :meth:`run_stages`, the one stage loop
+    (folders, ``done`` markers, resume, handed-on weights: :mod:`rankwise.recipes.stages`), test or
+    predict from a checkpoint with :meth:`test` / :meth:`predict` (Lightning loads it: ``ckpt_path``),
+    load a checkpoint into a module by hand with :meth:`load` (weights handed to another module, a
     Lightning-free evaluation), run rank-0 work with :meth:`rank_zero`; :meth:`local_trainer` is
-    their one-device Trainer. :meth:`trainer` / :meth:`fit` are the stage lifecycle's
-    Trainer and ``fit`` (which resumes a stage from its ``last.ckpt``).
+    their one-device Trainer. :meth:`trainer` / :meth:`fit` are the Trainer of a stage and its ``fit``
+    (which resumes a stage from its ``last.ckpt``), what the stage loop calls.
     """
 
     cfg: Config
@@ -391,12 +391,80 @@ class Run:
         return list(out or []), path
 
     def run_stage(self, stage: _stages.Stage) -> _stages.StageResult:
-        """Train one stage of the recipe (see :mod:`rankwise.recipes.stages`)."""
-        return _stages.run_stage(self, stage)
+        """Train ``stage`` (skipped when done), load the weights it hands on and restore the random state at
+        the end of its training: the one stage loop of the run (see :mod:`rankwise.recipes.stages`).
 
-    def run_stages(self, stages: Sequence[Any]) -> list[_stages.StageResult]:
-        """Train stages in order (see :func:`rankwise.recipes.stages.run_stages`)."""
-        return _stages.run_stages(self, stages)
+        A stage with a ``done`` marker is skipped; under ``--resume`` its ``last.ckpt`` is checked first
+        (:meth:`check_last`), and one that has trained fewer epochs than the stage now asks for continues.
+        A stage that trains gets :meth:`trainer`, :meth:`fit` (from ``last.ckpt`` under ``--resume``), its
+        ``done`` marker (rank 0) and its curves; then the ``hand_on`` checkpoint is loaded into its module
+        and the random state its ``last.ckpt`` recorded is restored (:meth:`restore_rng`).
+        """
+        _check_stage_data(stage)
+        if stage.local:
+            return self._run_local_stage(stage)
+        done = self.ckpt_dir(stage.name) / _stages.DONE
+        secs = _stages.read_done(done)
+        if secs is not None and self.resume:  # not retrained, but resumed only from sound checkpoints
+            trained = self.check_last(stage.module, stage.name, stage.epochs)
+            if (trained or stage.epochs) < stage.epochs:
+                secs = None  # finished, but its config.yaml now asks for more epochs: it continues from last.ckpt
+        result = _stages.StageResult(stage, skipped=secs is not None)
+        if secs is None:
+            timer = _epoch_timer()
+            trainer = self.trainer(
+                max_epochs=stage.epochs,
+                stage=stage.name,
+                monitor=stage.monitor,
+                mode=stage.mode,
+                best=stage.best,
+                callbacks=[timer, *stage.callbacks],
+            )
+            with _quiet(stage.quiet):
+                self.fit(trainer, stage.module, stage.data, stage=stage.name)
+            if self.is_global_zero:
+                _stages.write_done(done, timer.seconds)
+            result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
+            if stage.curves:
+                _stages.plot_stage_curves(self, _stages.stage_log(self, stage.name), stage.name, stage.curves)
+        else:
+            result.epoch_seconds = secs
+        if stage.hand_on is not None:
+            self.load(stage.module, stage.hand_on, stage.name)
+        self.restore_rng(stage.name)
+        return result
+
+    def _run_local_stage(self, stage: _stages.Stage) -> _stages.StageResult:
+        """A ``local`` stage: one device, rank 0 only, redone every time (no ``done`` marker)."""
+        result = _stages.StageResult(stage)
+        if not self.is_global_zero:
+            return result
+        root = self.results / stage.name  # redone by every evaluation: one on changed data writes elsewhere
+        timer = _epoch_timer()
+        trainer = self.local_trainer(
+            max_epochs=stage.epochs, root=root, checkpoint=True, precision=stage.precision, callbacks=[timer]
+        )
+        with _quiet(stage.quiet):
+            trainer.fit(stage.module, datamodule=stage.data)
+        result.trainer, result.epoch_seconds = trainer, list(timer.seconds)
+        drawn = (self.results / "plots" / f"{stage.name}_curves.png").is_file()
+        if stage.curves and not (self.evaluating and drawn):  # an evaluation draws them if missing
+            _stages.plot_stage_curves(self, root / "logs" / "metrics.csv", stage.name, stage.curves)
+        if stage.hand_on is not None:
+            self.load(stage.module, stage.hand_on, stage.name)
+        return result
+
+    def run_stages(
+        self, stages: Sequence[_stages.Stage | Callable[[list[_stages.StageResult]], _stages.Stage]]
+    ) -> list[_stages.StageResult]:
+        """Run ``stages`` in order (:meth:`run_stage`); a callable entry builds its stage from the results
+        before it (so a stage's module is built after the stages it starts from have trained and handed
+        on their weights)."""
+        results: list[_stages.StageResult] = []
+        for s in stages:
+            stage = s if isinstance(s, _stages.Stage) else s(results)
+            results.append(self.run_stage(stage))
+        return results
 
     def ckpt_dir(self, stage: str = "") -> Path:
         """``RUN_DIR/<stage or "checkpoints">``; a stage this evaluation redid in :attr:`results_dir` (a
@@ -642,6 +710,46 @@ class Run:
                     "plugins": [AtomicCheckpointIO()],
                 }
         return _make_trainer(L.Trainer, kw)
+
+
+def _check_stage_data(stage: _stages.Stage) -> None:
+    import lightning as L
+
+    if not isinstance(stage.data, L.LightningDataModule):
+        raise TypeError(
+            f"`data` of stage {stage.name!r} must be a lightning.LightningDataModule "
+            f"(e.g. rankwise.recipes.datamodules.LoaderData), got {type(stage.data).__name__}"
+        )
+
+
+def _epoch_timer() -> Any:
+    import lightning as L
+
+    class EpochTimer(L.Callback):
+        """Wall seconds of every training epoch (``seconds``)."""
+
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._t0 = 0.0
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    return EpochTimer()
+
+
+@contextlib.contextmanager
+def _quiet(patterns: Sequence[str]) -> Iterator[None]:
+    if not patterns:
+        yield
+        return
+    with warnings.catch_warnings():
+        for p in patterns:
+            warnings.filterwarnings("ignore", message=p)
+        yield
 
 
 @contextlib.contextmanager

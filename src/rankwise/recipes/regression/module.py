@@ -1,8 +1,10 @@
-"""The Lightning module of the DIR recipes: :class:`DIRRegressor` trains a :class:`~rankwise.recipes.dir_net.DIRNet`.
+"""The Lightning module of the regression recipes: :class:`DIRRegressor` trains a
+:class:`~rankwise.recipes.regression.net.DIRNet`.
 
 The network, its state dict and its prediction are those of :class:`DIRNet` (plain torch); this
 class adds the training, validation and prediction steps of the Lightning loops. Only training
-imports it (``rankwise evaluate`` on the CPU rebuilds the plain network).
+imports it: evaluation and prediction rebuild the plain network
+(:mod:`rankwise.recipes.regression.predict`).
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ from torchmetrics import MeanAbsoluteError
 
 from rankwise.recipes.common import check_finite, reseed
 from rankwise.recipes.config import Config
-from rankwise.recipes.dir_net import DIRNet, ordinal_loss_tensors
 from rankwise.recipes.eval_metrics import GeometricMeanAbsoluteError, shard_keep_mask, val_sampler
 from rankwise.recipes.loss_terms import Objective
 from rankwise.recipes.optim import configure
+from rankwise.recipes.regression.net import DIRNet, ordinal_loss_tensors
 
 __all__ = ["DIRRegressor"]
 
 
 class DIRRegressor(DIRNet, L.LightningModule):
-    """:class:`~rankwise.recipes.dir_net.DIRNet` (same arguments) trained with the DIR loss stack of
+    """:class:`~rankwise.recipes.regression.net.DIRNet` (same arguments) trained with the DIR loss stack of
     ``cfg.loss`` as a LightningModule: training and validation steps, FDS statistics, optimizers."""
 
     def __init__(

@@ -41,12 +41,12 @@ def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def measured(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fixed measured step (the route measures one at the configured grid; here, no network runs)."""
-    from rankwise.recipes import brain_age_memory
+    from rankwise.recipes.brain_age import memory
 
-    cost = brain_age_memory.StepCost("scale_dense", 2400.0, 4 * 10**8, 1.4e-4, (48, 57, 48))
-    monkeypatch.setattr(brain_age_memory, "measure_step", lambda cfg, shape, device="cpu": cost)
-    gib = brain_age_memory.Available(20.0 * 2**30, "MemAvailable")
-    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": gib)
+    cost = memory.StepCost("scale_dense", 2400.0, 4 * 10**8, 1.4e-4, (48, 57, 48))
+    monkeypatch.setattr(memory, "measure_step", lambda cfg, shape, device="cpu": cost)
+    gib = memory.Available(20.0 * 2**30, "MemAvailable")
+    monkeypatch.setattr(memory, "available_memory", lambda device="cpu": gib)
 
 
 def test_a_nifti_csv_selects_the_brain_age_presets(cohort: Path, tmp_path: Path, measured: None) -> None:
@@ -154,10 +154,10 @@ def test_the_defaults_line_shows_the_values_set(cohort: Path, tmp_path: Path) ->
 def test_a_step_over_the_memory_is_one_error_line_before_training(
     cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankwise.recipes import brain_age_memory
+    from rankwise.recipes.brain_age import memory
 
-    tiny = brain_age_memory.Available(0.5 * 2**30, "MemAvailable")
-    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": tiny)
+    tiny = memory.Available(0.5 * 2**30, "MemAvailable")
+    monkeypatch.setattr(memory, "available_memory", lambda device="cpu": tiny)
     res = _train(cohort, tmp_path, "data.batch_size=4")
     assert res.exit_code == 2, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
@@ -169,10 +169,10 @@ def test_a_step_over_the_memory_is_one_error_line_before_training(
 
 
 def test_memory_check_false_trains_anyway(cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rankwise.recipes import brain_age_memory
+    from rankwise.recipes.brain_age import memory
 
-    tiny = brain_age_memory.Available(0.5 * 2**30, "MemAvailable")
-    monkeypatch.setattr(brain_age_memory, "available_memory", lambda device="cpu": tiny)
+    tiny = memory.Available(0.5 * 2**30, "MemAvailable")
+    monkeypatch.setattr(memory, "available_memory", lambda device="cpu": tiny)
     res = _train(cohort, tmp_path, "data.batch_size=4", "trainer.memory_check=false")
     assert res.exit_code == 0, res.output
     assert "error:" not in res.output and list((tmp_path / "r").rglob("*.ckpt"))

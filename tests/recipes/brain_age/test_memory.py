@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
-from rankwise.recipes import brain_age_memory as bm
-from rankwise.recipes.config import ConfigError, load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.brain_age import memory as bm
+from rankwise.recipes.config import ConfigError
 
 #: a small ScaleDense the estimate is checked against: the real peak of a training step of 4 volumes
 _PEAK = """
 import json, resource, sys, torch
 from rankwise import models
-from rankwise.recipes.brain_age_memory import _measure
+from rankwise.recipes.brain_age.memory import _measure
 shape, batch, opts = (32, 40, 32), 4, {"nb_filter": 4, "nb_block": 3, "use_sex": True}
 cost = _measure("scale_dense", json.dumps(opts, sort_keys=True), shape, "cpu")
 torch.manual_seed(0)
@@ -79,7 +80,7 @@ def test_check_memory_refuses_in_one_line_naming_the_estimate_the_memory_and_the
 def test_available_memory_reads_the_address_space_limit() -> None:
     code = (
         "import resource\n"
-        "from rankwise.recipes.brain_age_memory import available_memory\n"
+        "from rankwise.recipes.brain_age.memory import available_memory\n"
         "vm = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:')][0]\n"
         "resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, resource.RLIM_INFINITY))\n"
         "a = available_memory()\n"

@@ -12,8 +12,9 @@ pytest.importorskip("lightning")
 
 from rankwise import discretize_age
 from rankwise.models import sex_one_hot
-from rankwise.recipes.brain_age import BrainAgeModule, _second, resolve_age_scale
-from rankwise.recipes.config import load_config
+from rankwise.recipes import load_config
+from rankwise.recipes.brain_age.module import BrainAgeModule
+from rankwise.recipes.brain_age.recipe import _second, resolve_age_scale
 
 SMALL = "model.options={nb_filter: 4, nb_block: 2, use_sex: true}"
 

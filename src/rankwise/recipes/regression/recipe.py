@@ -1,52 +1,51 @@
-"""The deep-imbalanced-regression regressor shared by the recipes ``dir``, ``rrt`` and ``rnc``.
+"""The deep-imbalanced-regression recipes' classes and their training and evaluation stages.
 
-:class:`DIRRecipe` (``recipe: dir``, registered by :mod:`rankwise.recipes.dir`) trains
-:class:`~rankwise.recipes.dir_module.DIRRegressor` as one main stage (:func:`fit_regressor`: best =
-lowest validation MAE) and evaluates it (:func:`evaluate_regressor`); the recipes that re-train
-its head (``rrt``) or pretrain its backbone first (``rnc``) subclass it, with
-``frozen_backbone = True``. Like :mod:`rankwise.recipes.dir`, this module imports no Lightning:
-reading a config and ``rankwise evaluate`` on the CPU rebuild the plain network
-(:mod:`rankwise.recipes.dir_net`) and predict without it.
+:class:`DIRRecipe` (``recipe: dir``) trains :class:`~rankwise.recipes.regression.module.DIRRegressor`
+as one main stage (:func:`fit_regressor`: best = lowest validation MAE) and evaluates it
+(:func:`evaluate_regressor`); :class:`RRTRecipe` (``recipe: rrt``) re-trains the head of a trained
+run, and :class:`~rankwise.recipes.regression.rnc.RnCRecipe` (``recipe: rnc``) pretrains the
+backbone first: both subclass it with ``frozen_backbone = True``. The recipes are registered by
+:mod:`rankwise.recipes.regression.dir` and :mod:`rankwise.recipes.regression.rnc`.
+
+This module imports no Lightning: reading a config, evaluation and prediction rebuild the plain
+network (:class:`~rankwise.recipes.regression.net.DIRNet`), load a checkpoint into it with
+:meth:`Run.load <rankwise.recipes.rundir.Run.load>` and predict with
+:func:`rankwise.recipes.regression.predict.predict`; only training imports the Lightning module.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from pydantic import Field
 
 from rankwise.recipes.base import RegressionRecipe
-from rankwise.recipes.config import Config, FDSConfig, LDSConfig, Options, check_lds_fds
-from rankwise.recipes.dir_net import (
-    DIRNet,
-    concat_predictions,
-    eval_loader,
-    note_label_classes,
-    predict,
-    predicts_on_cpu,
-    regression_loaders,
-    run_shot_thresholds,
-    write_evaluation,
-)
+from rankwise.recipes.common import eval_loader, regression_loaders
+from rankwise.recipes.config import Config, ConfigError, FDSConfig, LDSConfig, Options, check_lds_fds
 from rankwise.recipes.loss_terms import check_loss_config
-from rankwise.recipes.rundir import Run
+from rankwise.recipes.regression.net import DIRNet, note_label_classes, run_shot_thresholds, write_evaluation
+from rankwise.recipes.regression.predict import placement, predict
+from rankwise.recipes.rundir import Run, load_weights
 from rankwise.recipes.stages import Stage
 
 if TYPE_CHECKING:
-    from rankwise.recipes.dir_module import DIRRegressor
+    from rankwise.recipes.regression.module import DIRRegressor
 
 __all__ = [
     "DIROptions",
     "DIRRecipe",
+    "RRTOptions",
+    "RRTRecipe",
     "build_net",
     "build_regressor",
     "evaluate_regressor",
     "fit_regressor",
     "predict_regressor",
+    "resolve_checkpoint",
 ]
 
 
@@ -58,14 +57,15 @@ class DIROptions(Options):
 
 
 def build_regressor(run: Run, *, freeze_backbone: bool = False) -> DIRRegressor:
-    """The run's Lightning regressor (:class:`~rankwise.recipes.dir_module.DIRRegressor`)."""
-    from rankwise.recipes.dir_module import DIRRegressor
+    """The run's Lightning regressor (:class:`~rankwise.recipes.regression.module.DIRRegressor`), for training."""
+    from rankwise.recipes.regression.module import DIRRegressor
 
     return DIRRegressor(**_net_args(run, freeze_backbone))
 
 
 def build_net(run: Run, *, freeze_backbone: bool = False) -> DIRNet:
-    """The run's regressor as a plain :class:`~rankwise.recipes.dir_net.DIRNet` (the same state dict, no Lightning)."""
+    """The run's regressor as a plain :class:`~rankwise.recipes.regression.net.DIRNet` (the same state dict, no
+    Lightning): what evaluation and prediction load a checkpoint into."""
     return DIRNet(**_net_args(run, freeze_backbone))
 
 
@@ -84,12 +84,10 @@ def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
 def evaluate_regressor(run: Run, module: DIRNet, checkpoint: str, data: Any = None) -> dict[str, Any]:
     """Val/test shot metrics of ``checkpoints/<checkpoint>.ckpt``, predictions.npz, plots.
 
-    A :class:`~rankwise.recipes.dir_module.DIRRegressor` predicts through a Lightning Trainer on
-    ``trainer.accelerator``, which loads the checkpoint (``ckpt_path``); a plain
-    :class:`~rankwise.recipes.dir_net.DIRNet` gets it loaded by :meth:`Run.load` and predicts with
-    :func:`~rankwise.recipes.dir_net.predict` (on the CPU). Both end in
-    :func:`~rankwise.recipes.dir_net.write_evaluation`. ``data``: the training stage's
-    ``LightningDataModule`` (its val and test loaders), else the loaders are built here.
+    ``module`` (a :class:`~rankwise.recipes.regression.net.DIRNet`: the plain network, or the trained
+    Lightning module, which is one) gets the checkpoint and predicts with :func:`predict_regressor`;
+    :func:`~rankwise.recipes.regression.net.write_evaluation` writes the results. ``data``: the training
+    stage's ``LightningDataModule`` (its val and test loaders), else the loaders are built here.
     """
     cfg = run.cfg
     if data is not None:
@@ -104,29 +102,24 @@ def predict_regressor(
     run: Run, module: DIRNet, loaders: Sequence[Any], checkpoint: str
 ) -> tuple[list[dict[str, np.ndarray]], Path]:
     """The predictions (``pred``, ``label``, ``features``) of ``checkpoints/<checkpoint>.ckpt`` over each
-    loader, and the checkpoint's path: through a Lightning Trainer for a
-    :class:`~rankwise.recipes.dir_module.DIRRegressor` (it loads the checkpoint), with
-    :func:`~rankwise.recipes.dir_net.predict` on the CPU for a plain :class:`~rankwise.recipes.dir_net.DIRNet`."""
-    if _is_lightning(module):
-        outs = [run.predict(module, dl, checkpoint) for dl in loaders]
-        return [concat_predictions(o) for o, _ in outs], outs[0][1]
+    loader, and the checkpoint's path: ``module`` takes the precision's dtype
+    (:func:`~rankwise.recipes.regression.predict.placement` of the run's config), the checkpoint is loaded
+    into it by :meth:`Run.load <rankwise.recipes.rundir.Run.load>` (every key and shape checked) and
+    :func:`~rankwise.recipes.regression.predict.predict` runs it on the device and at the precision of the
+    run's prediction Trainer."""
+    where = placement(run.cfg)
+    where.convert_module(module)
     ckpt = run.load(module, checkpoint)
-    module.eval()
-    return [predict(module, dl) for dl in loaders], ckpt
-
-
-def _is_lightning(module: Any) -> bool:
-    lightning = sys.modules.get("lightning")  # not imported: not a LightningModule
-    return lightning is not None and isinstance(module, lightning.LightningModule)
+    return predict(module, loaders, where), ckpt
 
 
 def fit_regressor(run: Run, module: DIRRegressor) -> dict[str, Any]:
     """Train ``module`` (main stage, best = lowest val MAE) and evaluate its best checkpoint on rank 0
-    (Lightning loads it: :func:`evaluate_regressor`)."""
+    (:func:`evaluate_regressor`: the checkpoint loaded into ``module``, predicted without a Trainer)."""
     import warnings
 
+    from rankwise.recipes.common import DataDefaultsWarning, empty_group_message
     from rankwise.recipes.datamodules import LoaderData
-    from rankwise.recipes.own_data import DataDefaultsWarning, empty_group_message
 
     note = empty_group_message(run.data, *run_shot_thresholds(run.cfg, run.data))
     if note is not None:
@@ -155,13 +148,11 @@ class DIRRecipe(RegressionRecipe):
         return fit_regressor(run, build_regressor(run, freeze_backbone=self.frozen_backbone))
 
     def _module(self, run: Run) -> DIRNet:
-        """On the CPU in float32 (where the run's evaluation Trainer would predict) the plain network, no
-        Lightning; else the Lightning module, predicting through a Trainer."""
-        build = build_net if predicts_on_cpu(run.cfg) else build_regressor
-        return build(run, freeze_backbone=self.frozen_backbone)
+        """The plain network of the run (no Lightning), for evaluation and prediction."""
+        return build_net(run, freeze_backbone=self.frozen_backbone)
 
     def evaluate(self, run: Run, checkpoint: str | None) -> dict[str, Any]:
-        """The checkpoint's val/test metrics (the network of :meth:`_module`)."""
+        """The checkpoint's val/test metrics (the plain network of :meth:`_module`)."""
         return evaluate_regressor(run, self._module(run), checkpoint or "best")
 
     def predict_file(self, run: Run, path: Path, checkpoint: str | None) -> dict[str, Any]:
@@ -210,3 +201,47 @@ class DIRRecipe(RegressionRecipe):
             module = self._module(run) if module is None else module
             (out,), _ = predict_regressor(run, module, [eval_loader(dataset, run.data, run.cfg)], name)
             yield prediction_columns(header, rows, out["pred"])
+
+
+class RRTOptions(DIROptions):
+    """Regressor re-training: a trained run's frozen encoder, a re-trained head."""
+
+    init_checkpoint: str | None = Field(None, description="run directory or .ckpt whose encoder is frozen (required)")
+    reset_head: bool = Field(True, description="re-initialize the head before re-training it")
+
+
+def resolve_checkpoint(source: str, key: str = "task.init_checkpoint") -> Path:
+    """A ``.ckpt`` file, or a run directory's ``checkpoints/best.ckpt`` (else ``last.ckpt``)."""
+    p = Path(source)
+    if p.is_dir():
+        for cand in (p / "checkpoints" / "best.ckpt", p / "checkpoints" / "last.ckpt"):
+            if cand.is_file():
+                return cand
+        raise ConfigError(f"`{key}`: no checkpoints/best.ckpt or last.ckpt under {p}")
+    if not p.is_file():
+        raise ConfigError(f"`{key}`: {p} does not exist")
+    return p
+
+
+class RRTRecipe(DIRRecipe):
+    """Regressor re-training: a trained run's encoder frozen, the head re-trained with this config's loss."""
+
+    name = "rrt"
+    description = "re-train only the head of a trained run (task.init_checkpoint) with this config's loss"
+    options: type = RRTOptions
+    frozen_backbone = True
+
+    def check(self, cfg: Config) -> None:
+        super().check(cfg)
+        if not cfg.task.init_checkpoint:
+            raise ConfigError("`task.init_checkpoint` is required by recipe 'rrt' (a run directory or .ckpt)")
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        module = build_regressor(run, freeze_backbone=True)
+        t: RRTOptions = run.cfg.task
+        # the source run's weights but its LDS table (this run's loss has its own); a run's head may differ
+        load_weights(module, resolve_checkpoint(str(t.init_checkpoint)), strict=False, skip=("lds_",))
+        if t.reset_head:
+            torch.manual_seed(run.cfg.run.seed)
+            module.reset_head()
+        return fit_regressor(run, module)

@@ -1,14 +1,14 @@
-"""The deep-imbalanced-regression network and its evaluation, in plain torch (no Lightning).
+"""The deep-imbalanced-regression network and its evaluation outputs, in plain torch (no Lightning).
 
 :class:`DIRNet` is backbone -> features -> linear head, plus the state of the DIR loss stack
 (the LDS weight table, FDS statistics, the parameters of a learned task loss or regularizer):
 exactly the tensors of a ``dir`` / ``rrt`` / ``rnc`` checkpoint. The Lightning module that trains
-it, :class:`rankwise.recipes.dir_module.DIRRegressor`, adds only the training loop's steps, so
-``rankwise evaluate`` can rebuild this network from the saved config, load the checkpoint's state
+it, :class:`rankwise.recipes.regression.module.DIRRegressor`, adds only the training loop's steps;
+evaluation and prediction rebuild this network from the saved config, load the checkpoint's state
 dict into it (``torch.load(weights_only=True)``, every key and shape checked) and predict with
-:func:`predict` without importing Lightning. :func:`write_evaluation` turns the test and
-validation predictions into the many/medium/few-shot metrics, ``predictions.npz`` and the plots:
-the one code path of the evaluation after training and of ``rankwise evaluate``.
+:func:`rankwise.recipes.regression.predict.predict`, without Lightning. :func:`write_evaluation`
+turns the test and validation predictions into the many/medium/few-shot metrics,
+``predictions.npz`` and the plots. The ordinal-head helpers are shared with the brain-age recipe.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from rankwise._binning import LabelClasses, label_bins_np, snap_floor, snap_floor_np
 from rankwise._fileio import atomic_open
-from rankwise.recipes.common import EpochShuffleSampler, build_backbone, loader_workers, to_builtin
+from rankwise.recipes.common import build_backbone, to_builtin
 from rankwise.recipes.config import Config
 from rankwise.recipes.loss_terms import build_regularizers, build_task_loss, ordinal_head_of
 
@@ -33,7 +33,6 @@ __all__ = [
     "class_counts",
     "class_map_buffer",
     "decode_ordinal",
-    "eval_loader",
     "fit_label_classes",
     "label_classes_of",
     "lds_buffers",
@@ -45,9 +44,6 @@ __all__ = [
     "ordinal_head_module",
     "ordinal_loss_tensors",
     "ordinal_prior_bias",
-    "predict",
-    "predicts_on_cpu",
-    "regression_loaders",
     "run_shot_thresholds",
     "shot_metrics",
     "write_evaluation",
@@ -391,62 +387,9 @@ class DIRNet(nn.Module):
         return loss_param_groups(self, self.task_loss, self.cfg.loss.lr)
 
 
-def regression_loaders(data: Any, cfg: Config) -> tuple[Any, Any, Any]:
-    """Train (seeded per-epoch shuffle), val and test loaders of a ``RegressionData``."""
-    from torch.utils.data import DataLoader
-
-    collate = data.meta.get("collate_fn")
-    n = len(data.train)
-    bs = cfg.data.batch_size
-    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": collate}
-    train_dl = DataLoader(
-        data.train, batch_size=bs, sampler=EpochShuffleSampler(n, cfg.run.seed), drop_last=n > bs, **kw
-    )
-    return train_dl, eval_loader(data.val, data, cfg), eval_loader(data.test, data, cfg)
-
-
-def eval_loader(dataset: Any, data: Any, cfg: Config) -> Any:
-    """The loader of an evaluation split (or of a new file's rows) of a ``RegressionData``: in order, batches of
-    ``cfg.data.eval_batch_size``, the loader workers and ``collate_fn`` of the training loader."""
-    from torch.utils.data import DataLoader
-
-    kw: dict[str, Any] = {**loader_workers(cfg.data.num_workers), "collate_fn": data.meta.get("collate_fn")}
-    return DataLoader(dataset, batch_size=cfg.data.eval_batch_size, shuffle=False, **kw)
-
-
-def predicts_on_cpu(cfg: Config) -> bool:
-    """Whether the run's evaluation Trainer (``trainer.accelerator``, ``trainer.precision``) would
-    predict on the CPU in float32: then :func:`predict` gives the same numbers without Lightning."""
-    t = cfg.trainer
-    if str(t.precision) not in ("32-true", "32"):
-        return False
-    if t.accelerator == "cpu":
-        return True
-    if t.accelerator != "auto":
-        return False
-    mps = getattr(torch.backends, "mps", None)
-    return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
-
-
-def predict(module: DIRNet, loader: Any) -> dict[str, np.ndarray]:
-    """:meth:`DIRNet.predict_batch` over ``loader`` in eval and inference mode, on the CPU (as
-    ``Trainer.predict`` on a CPU Trainer); ``pred``, ``label``, ``features`` concatenated."""
-    module.eval()
-    outs = []
-    with torch.inference_mode():
-        for batch in loader:
-            outs.append(module.predict_batch(batch))
-    return concat_predictions(outs)
-
-
-def concat_predictions(outs: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
-    """The per-batch ``pred``, ``label``, ``features`` of a prediction loop, concatenated (numpy)."""
-    return {k: torch.cat([o[k] for o in outs]).cpu().numpy() for k in ("pred", "label", "features")}
-
-
 def run_shot_thresholds(cfg: Config, data: Any) -> tuple[float, float]:
     """``(many_shot, few_shot)`` of a run: ``report.many_shot`` / ``report.few_shot``, else the dataset's own."""
-    from rankwise.recipes.own_data import shot_thresholds
+    from rankwise.recipes.common import shot_thresholds
 
     many, few = shot_thresholds(data)
     r = cfg.report

@@ -20,23 +20,23 @@ regularizers on the expected age.
 
 Ordinal heads (``loss.name``: an ordinal loss of the registry, one whose entry has an
 :class:`~rankwise._registry.OrdinalHead`: ``coral``, ``corn``, ``cdw_ce``, ``dldl``, ...; one stage): the
-network's final layers are replaced by the loss's head (:func:`~rankwise.recipes.dir_net.ordinal_head_module`)
+network's final layers are replaced by the loss's head (:func:`~rankwise.recipes.regression.net.ordinal_head_module`)
 on the features they received -- ScaleDense's ``end_fc`` on the ``(B, 40)`` (with sex) features, over the
 classes of :meth:`~rankwise._binning.LabelClasses.fit` on the training ages with ``task.class_width``;
 SFCN's final 1^3 convolution on the pooled features, over SFCN's own age bins. The class map is the
 buffer ``label_class_map`` of the checkpoint; predictions are the decoded classes' ages
-(:func:`~rankwise.recipes.dir_net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
+(:func:`~rankwise.recipes.regression.net.decode_ordinal`, as the DIR recipes), so evaluation, the bias
 corrections and ``rankwise predict`` are those of the regression.
 
 The DIR recipes' imbalanced-regression mechanisms, on ScaleDense's one stage (``task.stages: 1``):
-``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.dir_net.lds_buffers` /
-:func:`~rankwise.recipes.dir_net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
+``task.lds`` weights the task loss per sample (:func:`~rankwise.recipes.regression.net.lds_buffers` /
+:func:`~rankwise.recipes.regression.net.lds_sample_weights`, 1-year age bins); ``loss.name`` may be a registry
 loss of predictions and targets (``balanced_mse``, ``dist_loss``; a loss with parameters gets its own
-optimizer group, :func:`~rankwise.recipes.dir_net.loss_param_groups`); regularizers whose registry entry
+optimizer group, :func:`~rankwise.recipes.regression.net.loss_param_groups`); regularizers whose registry entry
 takes ``features`` (``ranksim``, ``ordinal_entropy``) see :meth:`ScaleDense.features`, the penultimate
 ``(B, 40)`` (with sex) that the final layers or an ordinal head receive. SFCN and TSAN's second stage
 take none of them (one ``ConfigError`` naming the key). The test metrics add the DIR recipes' shot-group
-MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.dir_net.shot_metrics`) and
+MAE (``mae_many`` / ``mae_medium`` / ``mae_few``: :func:`~rankwise.recipes.regression.net.shot_metrics`) and
 ``qwk`` / ``exact_acc`` of the 1-year age classes.
 
 Under DDP (``--devices N --strategy ddp``) the regularizers are built with ``distributed="auto"``:
@@ -45,14 +45,15 @@ sorter ranks the bundled lengths 32/64/128, any other length goes to the term's 
 loss is averaged by DDP.
 
 Before training, a training step's memory, measured on the machine for the network and grid
-(:mod:`rankwise.recipes.brain_age_memory`), is checked against the available memory: a step that
+(:mod:`rankwise.recipes.brain_age.memory`), is checked against the available memory: a step that
 would not fit is one ``error:`` line naming both and the ``data.batch_size`` that fits.
 
-Validation MAE selects each stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearson r, Spearman rho,
+Each stage trains a :class:`~rankwise.recipes.brain_age.module.BrainAgeModule`; its validation MAE selects
+the stage's ``best.ckpt``. Evaluation: MAE, RMSE, Pearson r, Spearman rho,
 R^2, brain-age gap (BAG) mean/SD and corr(BAG, age), before and after the bias correction
 (:func:`rankwise.correct_age_bias`, ``"gap"`` and ``"prediction"``, fitted on the validation set and
 applied to the test set), MAE per decade; ``predictions.csv`` (subject, site, split, age,
-predictions) and plots. A brain-age study's tables (:mod:`rankwise.recipes.brain_age_study`): the
+predictions) and plots. A brain-age study's tables (:mod:`rankwise.recipes.brain_age.study`): the
 bias-corrected test gap per site (``study.site_column``) and per group against a reference group
 (``study.group_column``, ``study.reference_group``: Cohen's d, Welch / Mann-Whitney p, AUC), optionally
 harmonised across sites by ComBat fitted on the training split (``study.harmonize: combat``), in
@@ -65,53 +66,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
-from torchmetrics import MeanAbsoluteError
 
-from rankwise._binning import LabelClasses
 from rankwise._fileio import atomic_open
-from rankwise.models.brain_age import SFCN, ScaleDense
-from rankwise.recipes.base import RecipeBase
-from rankwise.recipes.common import check_finite, reseed, to_builtin
+from rankwise.models.volumetric import ScaleDense
+from rankwise.recipes.brain_age.module import BrainAgeModule
+from rankwise.recipes.common import regression_loaders, to_builtin
 from rankwise.recipes.config import Config, ConfigError, LDSConfig, Options, check_lds
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import (
-    check_ordinal_options,
-    class_counts,
-    class_map_buffer,
-    decode_ordinal,
-    fit_label_classes,
-    label_classes_of,
-    lds_buffers,
-    lds_sample_weights,
-    loss_param_groups,
-    note_label_classes,
-    ordinal_head_module,
-    ordinal_loss_tensors,
-    regression_loaders,
-    run_shot_thresholds,
-    shot_metrics,
-    train_classes,
-)
-from rankwise.recipes.eval_metrics import shard_keep_mask, val_sampler
-from rankwise.recipes.loss_terms import (
-    Objective,
-    Term,
-    build_regularizers,
-    build_task_loss,
-    check_loss_config,
-    ordinal_head_of,
-)
-from rankwise.recipes.optim import configure
-from rankwise.recipes.registry import register_recipe
+from rankwise.recipes.loss_terms import check_loss_config, ordinal_head_of
+from rankwise.recipes.registry import Recipe, register_recipe
+from rankwise.recipes.regression.net import note_label_classes, run_shot_thresholds, shot_metrics
 from rankwise.recipes.rundir import Run
 from rankwise.recipes.stages import Stage, plot_stage_curves, stage_log
 
-__all__ = ["BrainAgeModule", "BrainAgeOptions", "BrainAgeRecipe"]
+__all__ = ["BrainAgeOptions", "BrainAgeRecipe"]
 
 _NETWORKS = ("scale_dense", "sfcn")
 #: test metrics of the CLI tables (the report lists all of them)
@@ -165,226 +137,6 @@ class BrainAgeOptions(Options):
     )
 
 
-def _network(cfg: Config, backbone: str) -> nn.Module:
-    from rankwise import models
-
-    opts = dict(cfg.model.options)
-    net, _ = models.build_backbone(backbone, **opts)
-    return net
-
-
-def _freeze_unused_heads(net: nn.Module) -> None:
-    """The TSAN networks build both heads (with and without sex) as the authors' release does; the one
-    ``forward`` never uses (and, without sex, the sex branch) gets no gradient, so DDP does not wait for it."""
-    if not hasattr(net, "end_fc_without_gender"):
-        return
-    unused = ["end_fc_without_gender"] if net.use_sex else ["end_fc_with_gender", "male_fc"]
-    for name in unused:
-        getattr(net, name).requires_grad_(False)
-
-
-class BrainAgeModule(L.LightningModule):
-    """One training stage: ``stage="first"`` (ScaleDense or SFCN) or ``"second"`` (TSAN's second stage).
-
-    ``first`` (second stage only) is the trained, frozen stage-1 network (kept in eval mode).
-    """
-
-    def __init__(
-        self,
-        cfg: Config,
-        *,
-        stage: Literal["first", "second"] = "first",
-        first: nn.Module | None = None,
-        age_scale: float = 1.0,
-        train_labels: Any = None,
-        bin_width: float = 1.0,
-    ) -> None:
-        super().__init__()
-        self.cfg, self.task, self.stage = cfg, cfg.task, stage
-        #: stage 1's output is age / age_scale (:func:`resolve_age_scale`); stage 2 applies it to its frozen input
-        self.age_scale = float(age_scale)
-        backbone = cfg.model.backbone
-        self.kind = "sfcn" if backbone == "sfcn" else "tsan"
-        self.net = _network(cfg, "tsan_second_stage" if stage == "second" else backbone)
-        self.first = first
-        if first is not None:
-            first.requires_grad_(False)
-            first.eval()
-        labels = None if train_labels is None else torch.as_tensor(np.asarray(train_labels, dtype=np.float64))
-        self.terms = build_regularizers(cfg.loss.regularizers, train_labels=labels)
-        #: the ordinal head of the task loss (``None``: regression / SFCN's KL) and the age classes it predicts
-        self.ordinal = ordinal_head_of(cfg.loss) if stage == "first" else None
-        self.label_classes: LabelClasses | None = None
-        #: the registry's task loss (:func:`build_task_loss`) of ScaleDense's one stage (an ordinal head's, or
-        #: ``loss.name`` / ``regression_<loss.kind>`` on the ages); ``None``: SFCN's KL, TSAN's second stage
-        self.task_loss: nn.Module | None = None
-        self.bin_width = float(bin_width)
-        #: LDS weights of the task loss (``task.lds``; only ScaleDense's one stage, :meth:`BrainAgeRecipe.check`)
-        self.use_weights = stage == "first" and cfg.task.lds.reweight != "none"
-        if self.use_weights:
-            bins, table = lds_buffers(cfg.task.lds, train_labels, self.bin_width)
-            self.register_buffer("lds_bins", bins)
-            self.register_buffer("lds_table", table)
-        if self.ordinal is None and stage == "first" and self.kind == "tsan":
-            self.task_loss = build_task_loss(cfg.loss, train_labels=labels)
-        if self.ordinal is not None:
-            lc = age_classes(cfg, self.net, train_labels)
-            self.label_classes = lc
-            self.register_buffer("label_class_map", class_map_buffer(lc))
-            self.net.replace_head(  # type: ignore[operator]
-                ordinal_head_module(
-                    self.ordinal,
-                    int(self.net.head_in_features),  # type: ignore[arg-type]
-                    lc.num_classes,
-                    counts=None if train_labels is None else class_counts(lc, train_labels),
-                )
-            )
-            tc = None if train_labels is None else train_classes(lc, train_labels)
-            self.task_loss = build_task_loss(cfg.loss, num_classes=lc.num_classes, train_classes=tc)
-            check_ordinal_options(self.task_loss, self.ordinal, lc.num_classes)
-        self.uses_sex = bool(getattr(self.net, "use_sex", False))
-        _freeze_unused_heads(self.net)
-        #: the stage's task loss plus the weighted regularizers on the final age
-        self.objective = Objective(self._task_term(), self.terms)
-        # sums and counts over every rank, each validation volume once (rankwise.recipes.eval_metrics)
-        self.val_mae = MeanAbsoluteError().set_dtype(torch.float64)
-        self._val_seen = 0
-
-    def train(self, mode: bool = True) -> BrainAgeModule:
-        super().train(mode)
-        if self.first is not None:
-            self.first.eval()  # frozen: BatchNorm keeps its statistics
-        return self
-
-    def predict_age(self, vol: torch.Tensor, sex: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{"age": (B,), ...}``: the prediction of this stage and what its loss needs."""
-        from rankwise import discretize_age
-
-        if self.kind == "sfcn":
-            if self.ordinal is not None:
-                logits = self.net.logits(vol)  # type: ignore[operator]
-                cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-                return {"age": decode_ordinal(self.ordinal, logits, cmap), "logits": logits}
-            logp = self.net(vol)
-            return {"age": self.net.predict_age(logp), "log_probs": logp}  # type: ignore[operator]
-        if self.stage == "first":  # ScaleDense: its penultimate features, then its final layers (or the head)
-            assert isinstance(self.net, ScaleDense)
-            feats = self.net.features(vol, sex)
-            raw = self.net.final_layers(feats)
-            if self.ordinal is not None:
-                cmap = self.label_class_map  # type: ignore[assignment]
-                return {"age": decode_ordinal(self.ordinal, raw, cmap), "logits": raw, "features": feats}
-            return {"age": self.age_scale * raw.reshape(-1), "features": feats}
-        assert self.first is not None
-        with torch.no_grad():
-            dis = discretize_age(self.age_scale * self.first(vol, sex).reshape(-1, 1).float(), self.task.step)
-        residual, age = self.net(vol, sex, dis)
-        return {"age": age.reshape(-1), "residual": residual.reshape(-1), "discretized": dis.reshape(-1)}
-
-    def forward(self, vol: torch.Tensor, sex: torch.Tensor) -> torch.Tensor:
-        return self.predict_age(vol, sex)["age"]
-
-    def sample_weights(self, y: torch.Tensor) -> torch.Tensor | None:
-        """The ``task.lds`` weight of each age (:func:`~rankwise.recipes.dir_net.lds_sample_weights`), or ``None``."""
-        if not self.use_weights:
-            return None
-        bins: torch.Tensor = self.lds_bins  # type: ignore[assignment]
-        table: torch.Tensor = self.lds_table  # type: ignore[assignment]
-        return lds_sample_weights(y, bins, table, self.bin_width)
-
-    def loss_tensors(self, out: dict[str, torch.Tensor], y: torch.Tensor) -> dict[str, Any]:
-        """The batch tensors by role (``features``, ``predictions``, ``targets``, ``weights`` and an ordinal
-        head's ``logits`` / ``classes`` / ``levels``) that the task loss and the regularizers take."""
-        tensors: dict[str, Any] = {
-            **out,  # what this stage's own task loss reads (SFCN's log_probs, TSAN's residual)
-            "features": out.get("features"),
-            "predictions": out["age"],
-            "targets": y,
-            "weights": self.sample_weights(y),
-        }
-        if self.ordinal is not None and self.label_classes is not None:
-            k = self.label_classes.num_classes
-            cmap: torch.Tensor = self.label_class_map  # type: ignore[assignment]
-            classes = label_classes_of(y, cmap, k)
-            tensors.update(ordinal_loss_tensors(self.task_loss, out["logits"], classes, k))
-        return tensors
-
-    def _task_term(self) -> Any:
-        """The stage's task loss as a term of its objective: the registry's (:func:`build_task_loss`) for
-        ScaleDense's one stage or an ordinal head; SFCN's KL to its soft labels; TSAN's second stage: the
-        ``loss.kind`` regression loss of the residual (target ``age - discretized``)."""
-        if self.task_loss is not None:  # ScaleDense's one stage, or an ordinal head
-            return self.task_loss
-        if self.kind == "sfcn":
-            return Term("sfcn_kl", self._sfcn_kl)
-        return Term(f"regression_{self.cfg.loss.kind}", self._regression)
-
-    def _sfcn_kl(self, tensors: Mapping[str, Any]) -> torch.Tensor:
-        from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
-
-        centers: torch.Tensor = self.net.bin_centers  # type: ignore[assignment]
-        width: float = self.net.bin_step  # type: ignore[assignment]
-        soft = sfcn_soft_labels(tensors["targets"], centers, sigma=self.task.sfcn_sigma, bin_width=width)
-        return sfcn_kl_loss(tensors["log_probs"], soft)
-
-    def _regression(self, tensors: Mapping[str, Any]) -> torch.Tensor:
-        from rankwise.imbalanced import regression_loss
-
-        y = tensors["targets"]
-        if self.stage == "second":
-            return regression_loss(tensors["residual"], y - tensors["discretized"], kind=self.cfg.loss.kind)
-        return regression_loss(tensors["predictions"], y, kind=self.cfg.loss.kind)
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        reseed(self.cfg.run.seed + (31 if self.stage == "second" else 0), self.global_step, self.global_rank)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        y = y.reshape(-1).float()
-        out = self.predict_age(x["volume"], x["sex"])
-        value = self.objective(self.loss_tensors(out, y))
-        n = y.numel()
-        check_finite(value.total, self, f"brain-age ({self.stage} stage)")
-        self.objective.log(self, value, batch_size=n)
-        self.log(
-            "train/mae",
-            (out["age"].detach() - y).abs().mean(),
-            on_step=False,
-            on_epoch=True,
-            batch_size=n,
-            sync_dist=True,
-        )
-        return value.total
-
-    def on_validation_epoch_start(self) -> None:
-        self._val_seen = 0
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        y = y.reshape(-1).float()
-        pred = self(x["volume"], x["sex"]).detach().float().reshape(-1)
-        # a volume the DistributedSampler repeats to even out the shards counts once
-        keep = shard_keep_mask(val_sampler(self.trainer), self._val_seen, y.numel(), y.device)
-        self._val_seen += y.numel()
-        self.val_mae.update(pred[keep], y[keep])
-        # a Metric object: Lightning computes it over the whole split at the epoch's end and resets it
-        self.log("val/mae", self.val_mae, on_step=False, on_epoch=True)
-
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        x, y = batch
-        return {"pred": self(x["volume"], x["sex"]).float(), "label": y.reshape(-1).float()}
-
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Trainable parameters; a task loss with parameters (Balanced MSE's noise) gets its own group
-        (lr ``loss.lr``), as in the DIR recipes."""
-        loss = self.task_loss if self.task_loss is not None else nn.Module()
-        return loss_param_groups(self, loss, self.cfg.loss.lr)
-
-    def configure_optimizers(self) -> Any:
-        lr = self.task.stage2_lr if self.stage == "second" else None
-        return configure(self, self.cfg.optimizer, self.cfg.schedule, lr=lr)
-
-
 # ------------------------------------------------------------------------------------------ stages
 
 
@@ -421,17 +173,6 @@ def _second(run: Run, first: BrainAgeModule, *, init: bool = False) -> BrainAgeM
                 last.weight.zero_()
                 last.bias.zero_()
     return second
-
-
-def age_classes(cfg: Config, net: nn.Module, train_labels: Any) -> LabelClasses:
-    """The age classes of an ordinal head: SFCN's bins (``age_range`` in ``bins`` steps), else
-    :meth:`LabelClasses.fit` on the training ages with ``task.class_width``."""
-    if cfg.model.backbone == "sfcn":
-        assert isinstance(net, SFCN)
-        return LabelClasses(lo=net.age_range[0], width=net.bin_step, num_classes=net.bins)
-    if train_labels is None:
-        raise ValueError("`train_labels` are required for an ordinal head on ScaleDense (they define the classes)")
-    return fit_label_classes(train_labels, cfg.task.class_width, cfg.loss.name)
 
 
 def first_module(run: Run) -> BrainAgeModule:
@@ -542,10 +283,10 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
         "shot_thresholds": {"many": many, "few": few},
     }
     if write:
-        from rankwise.recipes.brain_age_study import study_metrics, train_eval_dataset, write_study_report
+        from rankwise.recipes.brain_age.study import study_metrics, train_eval_dataset, write_study_report
 
         def predict_train() -> tuple[np.ndarray, np.ndarray]:
-            from rankwise.recipes.dir_net import eval_loader
+            from rankwise.recipes.common import eval_loader
 
             loader = eval_loader(train_eval_dataset(run.data.train), run.data, run.cfg)
             return _predict(run, module, loader, name, stage)
@@ -559,7 +300,7 @@ def _evaluate_module(run: Run, module: BrainAgeModule, name: str, stage: str, *,
 
 
 def _shot_and_class_metrics(run: Run, pred: np.ndarray, age: np.ndarray) -> dict[str, Any]:
-    """The DIR recipes' shot-group MAE (:func:`~rankwise.recipes.dir_net.shot_metrics`: 1-year age bins,
+    """The DIR recipes' shot-group MAE (:func:`~rankwise.recipes.regression.net.shot_metrics`: 1-year age bins,
     many-shot above ``report.many_shot`` training subjects, few-shot below ``report.few_shot``, else the
     cohort's own thresholds) and the class metrics of the 1-year age classes (QWK, exact accuracy)."""
     m = shot_metrics(pred, age, run.data, run.cfg)
@@ -597,7 +338,7 @@ def _write_predictions(
                 w.writerow([subjects[i], sites[i], split, f"{age[i]:.3f}", f"{pred[i]:.6f}", _fmt(gap), _fmt(pr)])
     pdir = run.plots_dir
     if pdir is not None:
-        from rankwise.recipes import brain_age_plots as plots
+        from rankwise.recipes.brain_age import plots
 
         title = f"{run.cfg.run.name} (seed {run.cfg.run.seed})"
         plots.plot_pred_vs_age(test_pred, test_age, pdir / "pred_vs_age.png", title=title)
@@ -800,7 +541,7 @@ def _check_one_stage_options(cfg: Config) -> None:
         )
 
 
-class BrainAgeRecipe(RecipeBase):
+class BrainAgeRecipe(Recipe):
     """TSAN (two stages) or SFCN brain-age estimation on a ``nifti`` cohort."""
 
     name = "brain_age"
@@ -815,8 +556,8 @@ class BrainAgeRecipe(RecipeBase):
         self, run_dir: Path, path: Path, preprocess_out: str | Path | None, *, on_scan: Any = None
     ) -> Path:
         """A raw cohort CSV preprocessed with the run's template into ``preprocess_out`` first
-        (:func:`~rankwise.recipes.brain_age_study.preprocess_for_run`); a preprocessed one as it is."""
-        from rankwise.recipes.brain_age_study import preprocess_for_run
+        (:func:`~rankwise.recipes.brain_age.study.preprocess_for_run`); a preprocessed one as it is."""
+        from rankwise.recipes.brain_age.study import preprocess_for_run
 
         return preprocess_for_run(run_dir, path, preprocess_out, on_scan=on_scan)
 
@@ -844,14 +585,15 @@ class BrainAgeRecipe(RecipeBase):
     def fit(self, run: Run) -> dict[str, Any]:
         cfg = run.cfg
         data = run.data
-        if getattr(data, "kind", None) != "volume":
-            raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {data.kind!r}")
+        modality = getattr(data, "modality", None)
+        if modality != "volumes":
+            raise ConfigError(f"recipe 'brain_age' needs a volume dataset (`data.name: nifti`), got {modality!r}")
         _check_sodeep_batch(cfg, len(data.train_labels), note=run.is_global_zero)
-        from rankwise.recipes.brain_age_study import check_study
+        from rankwise.recipes.brain_age.study import check_study
 
         check_study(run)  # the report's site / group columns, before training
         if "shape" in data.meta and cfg.trainer.memory_check:  # before training: one error line, not the kernel's kill
-            from rankwise.recipes.brain_age_memory import check_memory
+            from rankwise.recipes.brain_age.memory import check_memory
 
             check_memory(cfg, data.meta["shape"])
         first = first_module(run)
@@ -924,7 +666,7 @@ class BrainAgeRecipe(RecipeBase):
         return _predict_cohort(run, Path(path), checkpoint)
 
     def tables(self, results: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Table]:
-        from rankwise.recipes.brain_age_study import group_rows, site_rows
+        from rankwise.recipes.brain_age.study import group_rows, site_rows
         from rankwise.recipes.reports import scalar_table_rows
 
         header, rows = scalar_table_rows(results)

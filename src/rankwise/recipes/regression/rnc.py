@@ -7,7 +7,7 @@ same noise), over the global batch under DDP; a :class:`~rankwise.recipes.stages
 ``pretrain`` (checkpoints in ``RUN_DIR/pretrain/``, log in ``logs/pretrain`` with the loss as
 ``pretrain/loss`` and ``pretrain/loss/rnc``, ``pretrain/done``
 once finished) handing its last weights on. Stage 2: the DIR regressor of
-:mod:`rankwise.recipes.regressor` on the frozen pretrained backbone, trained and evaluated as
+:mod:`rankwise.recipes.regression.recipe` on the frozen pretrained backbone, trained and evaluated as
 ``dir`` (``trainer.max_epochs``, the ``loss`` section).
 """
 
@@ -19,15 +19,15 @@ import lightning as L
 import torch
 from pydantic import Field
 
-from rankwise.recipes.common import build_backbone, check_finite, reseed
+from rankwise.recipes.common import build_backbone, check_finite, regression_loaders, reseed
 from rankwise.recipes.config import Config, ConfigError
 from rankwise.recipes.datamodules import LoaderData
-from rankwise.recipes.dir_net import regression_loaders
 from rankwise.recipes.loss_terms import Objective, build_term
 from rankwise.recipes.optim import configure
 from rankwise.recipes.registry import register_recipe
-from rankwise.recipes.regressor import DIROptions, DIRRecipe, build_regressor, fit_regressor
+from rankwise.recipes.regression.recipe import DIROptions, DIRRecipe, build_regressor, fit_regressor
 from rankwise.recipes.rundir import Run
+from rankwise.recipes.rundir._record import KIND_OF_MODALITY
 from rankwise.recipes.stages import Stage
 
 __all__ = ["RnCOptions", "RnCPretrainer", "RnCRecipe"]
@@ -48,11 +48,17 @@ class RnCPretrainer(L.LightningModule):
     """Rank-N-Contrast stage 1: ``rnc_loss`` on two augmented views of every example."""
 
     def __init__(
-        self, cfg: Config, *, input_dim: int | None = None, meta: dict[str, Any] | None = None, kind: str = "tabular"
+        self,
+        cfg: Config,
+        *,
+        input_dim: int | None = None,
+        meta: dict[str, Any] | None = None,
+        modality: str = "table",
     ) -> None:
         super().__init__()
-        self.hparams.update({"input_dim": input_dim, "kind": kind})
-        self.cfg, self.task, self.kind = cfg, cfg.task, kind
+        #: the checkpoint's ``kind`` names the modality as ``data.json``'s summary does
+        self.hparams.update({"input_dim": input_dim, "kind": KIND_OF_MODALITY.get(modality, modality)})
+        self.cfg, self.task, self.modality = cfg, cfg.task, modality
         self.backbone, self.feature_dim = build_backbone(cfg.model, meta=meta, input_dim=input_dim)
         #: ``rnc_loss`` from the loss registry, like the regularizers (batch-level: the global batch under DDP)
         self.rnc = build_term("rnc", {"temperature": cfg.task.temperature}, "task.temperature")
@@ -60,11 +66,11 @@ class RnCPretrainer(L.LightningModule):
 
     def augment(self, x: torch.Tensor) -> torch.Tensor:
         t: RnCOptions = self.task
-        if self.kind == "image" and x.dim() == 4:
+        if self.modality == "images" and x.dim() == 4:
             flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5
             x = torch.where(flip, x.flip(-1), x)
         x = x + t.noise * torch.randn_like(x)
-        if t.feature_dropout > 0 and self.kind == "tabular":
+        if t.feature_dropout > 0 and self.modality == "table":
             keep = (torch.rand_like(x) >= t.feature_dropout).to(x.dtype)
             x = x * keep
         return x
@@ -98,9 +104,9 @@ class RnCRecipe(DIRRecipe):
 
     def fit(self, run: Run) -> dict[str, Any]:
         data = run.data
-        if data.kind == "text_pair":
+        if data.modality == "text_pairs":
             raise ConfigError("recipe 'rnc' supports tabular and image data, got text pairs")
-        pre = RnCPretrainer(run.cfg, input_dim=data.input_dim, meta=data.meta, kind=data.kind)
+        pre = RnCPretrainer(run.cfg, input_dim=data.input_dim, meta=data.meta, modality=data.modality)
         train_dl, _, _ = regression_loaders(data, run.cfg)
         epochs = run.cfg.task.pretrain_epochs
         run.run_stage(Stage("pretrain", pre, LoaderData(train_dl), epochs=epochs, best=False, hand_on="last"))

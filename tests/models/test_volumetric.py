@@ -24,7 +24,7 @@ import torch
 import rankwise
 from rankwise.losses import pairwise_difference_loss, spearman_loss
 from rankwise.models import SFCN, ScaleDense, TSANSecondStage, build_backbone, load_tsan_checkpoint, sex_one_hot
-from rankwise.models.brain_age import sfcn_kl_loss, sfcn_soft_labels
+from rankwise.models.volumetric import sfcn_kl_loss, sfcn_soft_labels
 
 DATA = Path(__file__).parent / "data"
 

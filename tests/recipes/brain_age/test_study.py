@@ -1,4 +1,4 @@
-"""A brain-age study's tables (:mod:`rankwise.recipes.brain_age_study`): the gap per site and per group,
+"""A brain-age study's tables (:mod:`rankwise.recipes.brain_age.study`): the gap per site and per group,
 ComBat fitted on the training split, the synthetic patients whose brains look older, and one short run."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rankwise.brain_age import combat_fit, correct_age_bias, gap_by_group, gap_by_site
-from rankwise.recipes.brain_age_study import check_study, study_metrics, write_study_report
+from rankwise.recipes.brain_age.study import check_study, study_metrics, write_study_report
 from rankwise.recipes.config import ConfigError, StudyConfig
 
 
@@ -173,7 +173,7 @@ def test_the_synthetic_patients_have_older_looking_brains(tmp_path: Path) -> Non
 
 
 def test_study_options_that_contradict_each_other_are_refused() -> None:
-    from rankwise.recipes.config import load_config
+    from rankwise.recipes import load_config
 
     with pytest.raises(ConfigError, match=r"`study\.reference_group` names a group of `study\.group_column`"):
         load_config("brain_age_tsan_synthetic", ["study.reference_group=HC"])

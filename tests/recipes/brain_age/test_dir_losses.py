@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data.synthetic_mri import make_brain_age_synthetic
-from rankwise.recipes.brain_age import BrainAgeModule
-from rankwise.recipes.config import load_config
-from rankwise.recipes.dir_net import lds_weight_table
+from rankwise.recipes import load_config
+from rankwise.recipes.brain_age.module import BrainAgeModule
+from rankwise.recipes.regression.net import lds_weight_table
 
 TINY = [
     "data.batch_size=4",

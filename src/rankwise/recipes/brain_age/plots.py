@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rankwise._fileio import atomic_open
+from rankwise._stats import pearson_np
 
 __all__ = ["plot_bag_vs_age", "plot_mae_by_decade", "plot_montage", "plot_pred_vs_age"]
 
@@ -21,6 +22,11 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _r(r: float | None, digits: int) -> str:
+    """A correlation for a plot title: ``nan`` where it is undefined (fewer than 2 values, a constant)."""
+    return "nan" if r is None else f"{r:.{digits}f}"
 
 
 def _save(fig: Any, path: str | Path) -> Path:
@@ -40,9 +46,9 @@ def plot_pred_vs_age(pred: np.ndarray, age: np.ndarray, path: str | Path, *, tit
     ax.scatter(age, pred, s=12, alpha=0.7)
     lo, hi = float(min(age.min(), pred.min())), float(max(age.max(), pred.max()))
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="identity")
-    r = np.corrcoef(pred, age)[0, 1] if len(age) > 1 and np.ptp(pred) > 0 else float("nan")
+    r = pearson_np(pred, age)
     ax.set(xlabel="chronological age (years)", ylabel="predicted age (years)")
-    ax.set_title(f"{title}\nMAE {np.abs(pred - age).mean():.2f}, r {r:.3f}", fontsize=9)
+    ax.set_title(f"{title}\nMAE {np.abs(pred - age).mean():.2f}, r {_r(r, 3)}", fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     return _save(fig, path)
 
@@ -59,8 +65,8 @@ def plot_bag_vs_age(
         ok = np.isfinite(gap)
         ax.scatter(age[ok], gap[ok], s=10, alpha=0.7)
         ax.axhline(0, color="k", lw=1)
-        r = np.corrcoef(gap[ok], age[ok])[0, 1] if ok.sum() > 1 and np.ptp(gap[ok]) > 0 else float("nan")
-        ax.set_title(f"{name}: corr(BAG, age) {r:.2f}", fontsize=9)
+        r = pearson_np(gap[ok], age[ok])
+        ax.set_title(f"{name}: corr(BAG, age) {_r(r, 2)}", fontsize=9)
         ax.set_xlabel("chronological age (years)")
     np.atleast_1d(axes)[0].set_ylabel("brain-age gap (years)")
     fig.suptitle(title, fontsize=9)

@@ -20,6 +20,14 @@ import lightning as L
 import torch
 
 
+def _saved_checkpoints_on_disk(trainer: Any) -> None:
+    """Wait for the checkpoints the run has saved so far: a one-process run writes them in the background,
+    and a fault at a step means "after the checkpoints before this step"."""
+    wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
+    if wait is not None:
+        wait()
+
+
 class SignalAtStep(L.Callback):
     """Send ``signum`` to this process at the first training batch with ``global_step >= step``."""
 
@@ -29,6 +37,7 @@ class SignalAtStep(L.Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step >= self.step and not self.sent:
             self.sent = True
+            _saved_checkpoints_on_disk(trainer)
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), self.signum)
@@ -44,6 +53,7 @@ class SignalAtStage(L.Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.started += 1
         if self.started == self.n:
+            _saved_checkpoints_on_disk(trainer)
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), self.signum)

@@ -335,6 +335,7 @@ def inherited_options(cfg: Config) -> frozenset[str]:
     136 features) from the user's choices.
 
     Example:
+        >>> from rankwise.recipes import load_config
         >>> cfg = load_config("mslr_web10k_listnet", ["data.options.path=mine"])
         >>> sorted(inherited_options(cfg))
         ['fold', 'num_features']

@@ -362,14 +362,21 @@ def test_cli_config_error_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("classes", "message"),
+    ("classes", "message", "preset"),
     [
-        (6, "`task.loss_options.m` = 16 is more than the 6 classes of `topk_synthetic`"),
-        (4, "`task.loss_options.p_k` has 5 entries, more than the 4 classes of `topk_synthetic`"),
+        (6, "`task.loss_options.m` = 16 is more than the 6 classes of `topk_synthetic`", "topk_synthetic_odd_even"),
+        (
+            4,
+            "`task.loss_options.p_k` has 5 entries, more than the 4 classes of `topk_synthetic`",
+            "topk_synthetic_odd_even",
+        ),
+        (4, "`task.ks` = [1, 5] has a k above the 4 classes of `topk_synthetic`", "topk_synthetic_ce"),
     ],
 )
-def test_loss_larger_than_the_classes_is_refused_before_the_run(tmp_path: Path, classes: int, message: str) -> None:
+def test_loss_or_ks_larger_than_the_classes_is_refused_before_the_run(
+    tmp_path: Path, classes: int, message: str, preset: str
+) -> None:
     sets = [*TINY, f"data.options.num_classes={classes}", "data.options.clusters=2"]
-    r = runner.invoke(app, ["train", "topk_synthetic_odd_even", "-o", str(tmp_path / "r"), *_sets(sets)])
+    r = runner.invoke(app, ["train", preset, "-o", str(tmp_path / "r"), *_sets(sets)])
     assert message in one_error_line(r)
     assert not (tmp_path / "r").exists()

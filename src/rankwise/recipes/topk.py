@@ -288,8 +288,9 @@ class TopKRecipe(Recipe):
             )
 
     def load_data(self, cfg: Config) -> Any:
-        """The run's dataset, checked against the loss before the run directory is made: a ``p_k`` longer
-        than the classes, or an ``m`` above them, is a ConfigError naming ``task.loss_options``."""
+        """The run's dataset, checked against the task before the run directory is made: a ``k`` of
+        ``task.ks`` above the classes is a ConfigError naming ``task.ks``, a ``p_k`` longer than the
+        classes or an ``m`` above them one naming ``task.loss_options``."""
         data = super().load_data(cfg)
         c = getattr(data, "num_classes", None)
         t: TopKOptions = cfg.task
@@ -301,6 +302,10 @@ class TopKRecipe(Recipe):
                 )
             if isinstance(m, int) and m > c:
                 raise ConfigError(f"`task.loss_options.m` = {m} is more than the {c} classes of `{cfg.data.name}`")
+        if isinstance(c, int) and max(t.ks) > c:
+            raise ConfigError(
+                f"`task.ks` = {t.ks} has a k above the {c} classes of `{cfg.data.name}` (top-k accuracy needs k <= {c})"
+            )
         return data
 
     def _module(self, run: Run) -> TopKModule:

@@ -367,3 +367,14 @@ def test_half_precision_refuses_an_adam_eps_that_float16_cannot_hold():
         w.grad = torch.full_like(w, 1e-4)
         opt.step()
         assert bool(torch.isfinite(w).all()) is finite
+
+
+@pytest.mark.parametrize(
+    "preset", ["large_mnist_diffsort_bitonic", "large_mnist_median_stochastic", "mnist5k_dknn", "mnist5k_smooth_ap"]
+)
+def test_a_step_budget_recipe_refuses_max_epochs_it_would_ignore(preset):
+    from rankwise.recipes import ConfigError, load_config
+
+    assert load_config(preset).trainer.max_epochs == 10  # the default, which the recipe does not read
+    with pytest.raises(ConfigError, match=r"`trainer.max_epochs` is not read by recipe .*set those instead"):
+        load_config(preset, ["trainer.max_epochs=1"])

@@ -17,6 +17,8 @@ from rankwise.recipes.config._sections import (
     Config,
     FDSConfig,
     LDSConfig,
+    StepBudget,
+    TrainerConfig,
     accepts,
     is_model,
     unwrap,
@@ -277,11 +279,26 @@ def config_from_dict(raw: dict[str, Any] | None, *, recipes: RecipeLookup) -> Co
     for sec in OPTIONAL_SECTIONS:
         if sec not in recipe.uses and getattr(cfg, sec) != getattr(Config(), sec):
             raise ConfigError(f"`{sec}` is not used by recipe {recipe.name!r} (it reads: {_sections(recipe)})")
+    _check_step_budget(cfg, recipe)
     cfg._uses = frozenset(recipe.uses)
     _check_shared(cfg)
     _check_library(cfg)
     recipe.check(cfg)
     return cfg
+
+
+def _check_step_budget(cfg: Config, recipe: Any) -> None:
+    """A recipe that trains a budget of steps (its options a :class:`StepBudget`) derives its epochs from
+    ``task.steps`` / ``task.steps_per_epoch``: a ``trainer.max_epochs`` other than the default would be
+    ignored, so it is refused, naming the keys that set the budget."""
+    if not isinstance(cfg.task, StepBudget):
+        return
+    default = TrainerConfig.model_fields["max_epochs"].default
+    if cfg.trainer.max_epochs != default:
+        raise ConfigError(
+            f"`trainer.max_epochs` is not read by recipe {recipe.name!r}: it trains `task.steps` "
+            f"({cfg.task.steps}) in epochs of `task.steps_per_epoch` ({cfg.task.steps_per_epoch}); set those instead"
+        )
 
 
 def _sections(recipe: Any) -> str:

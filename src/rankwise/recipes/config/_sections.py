@@ -238,7 +238,9 @@ class ScheduleConfig(Section):
 class TrainerConfig(Section):
     """Options forwarded to ``lightning.Trainer``."""
 
-    max_epochs: int = Field(10, description="training epochs (recipes with `task.steps` derive their own)", ge=1)
+    max_epochs: int = Field(
+        10, description="training epochs (recipes with `task.steps` derive their own and refuse another value)", ge=1
+    )
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
         "auto", description="Lightning accelerator"
     )

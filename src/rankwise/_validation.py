@@ -214,6 +214,8 @@ def check_k(k: Any, n: int, what: str) -> int:
     """``k`` as an int in ``[1, n]`` (``what`` names ``n`` in the message, e.g. "row length")."""
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"`k` must be an int, got {type(k).__name__}")
+    if n < 1:
+        raise ValueError(f"`k` = {k} selects from no element ({what} 0): the input is empty along the selected dim")
     if not 1 <= k <= n:
         raise ValueError(f"`k` must be in [1, {n}] ({what} {n}), got {k}")
     return k

@@ -117,6 +117,8 @@ def test_soft_topk_errors() -> None:
         soft_topk(x, 0)
     with pytest.raises(ValueError, match=r"`k` must be in \[1, 2\] \(n = 2\), got 3"):
         soft_topk(x, 3, dim=0)
+    with pytest.raises(ValueError, match=r"`k` = 1 selects from no element \(n = 0\)"):
+        soft_topk(torch.empty(1, 0), 1)
     with pytest.raises(TypeError, match="`k` must be an int, got float"):
         soft_topk(x, 2.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`k` must be an int, got bool"):

@@ -285,8 +285,11 @@ def soft_topk(
         - scores: :math:`(*, n, *)` floating, scored along ``dim``.
         - output: same shape and dtype as ``scores`` (float16/bfloat16 computed in float32).
 
-    Degenerate inputs: all-equal scores give ``k / n`` everywhere; ``n = 1`` gives ``[1.]``; ``k`` must be
-    in ``[1, n]``. A slice holding a NaN or inf gives NaN for the whole slice.
+    Degenerate inputs: all-equal scores give ``k / n`` everywhere (``perturbed``: in expectation;
+    ``diffsort``: entries that sum to ``k`` but depend on the positions, since a sorting network's
+    blend of tied inputs is not symmetric); ``n = 1`` gives ``[1.]``; ``k`` must be an int in
+    ``[1, n]`` (a real ``k``: :func:`rankwise.lapsum_topk`). A slice holding a NaN or inf gives NaN for
+    the whole slice.
 
     Example:
         >>> import torch, rankwise

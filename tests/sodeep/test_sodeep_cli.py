@@ -64,6 +64,21 @@ def test_cli_train_writes_checkpoint_and_weights(tmp_path) -> None:
     assert res3.exit_code == 0, res3.output
     assert "families_mean" in json.loads(res3.output)
 
+    # a second run into the same folder is refused, naming the file; --overwrite replaces it and only it
+    (out / "notes.txt").write_text("mine")
+    before = weights.read_bytes()
+    res4 = runner.invoke(app, args)
+    assert res4.exit_code == 2
+    assert res4.output.strip().splitlines() == [
+        f"error: {weights} exists (a sorter trained into {out} before): pass overwrite=True (--overwrite) to "
+        "replace it, or choose another out (--out)"
+    ]
+    assert weights.read_bytes() == before
+    res5 = runner.invoke(app, [*args, "--overwrite"])
+    assert res5.exit_code == 0, res5.output
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["last.ckpt"]
+
 
 def test_cli_rejects_bad_model(tmp_path) -> None:
     runner = typer_testing.CliRunner()

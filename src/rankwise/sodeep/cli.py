@@ -59,6 +59,9 @@ def train(
     eval_num: Annotated[int, typer.Option("--eval-num", help="held-out sequences per family for the report")] = 512,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace the sorter a run trained into --out before")
+    ] = False,
 ) -> None:
     """Train a sorter on synthetic sequences, save ``{model}_{seq_len}.pt`` and print its evaluation."""
     from rankwise.sodeep.train import format_report, train_sorter
@@ -78,6 +81,7 @@ def train(
             eval_num=eval_num,
             progress_bar=progress,
             num_threads=threads,
+            overwrite=overwrite,
         )
     )
     typer.echo(format_report(res["report"]))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rankwise._fileio import atomic_write
+from rankwise._lightning import quiet_lightning
 from rankwise._stats import pearson
 from rankwise.sodeep.data import FAMILIES, generate, mixed_batch
 from rankwise.sodeep.models import SORTER_MODELS, Sorter, build_sorter
@@ -216,12 +217,15 @@ def train_sorter(
     progress_bar: bool = True,
     accelerator: str = "auto",
     num_threads: int | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a sorter on fresh synthetic sequences with Lightning, save it and evaluate it.
 
     Writes to ``out``: Lightning checkpoints (``checkpoints/last.ckpt``), the final weights
     ``{model}_{seq_len}.pt`` (see :func:`rankwise.sodeep.save_sorter`; the evaluation report is
-    stored in its metadata) and ``report.json``. Returns ``{"weights": path, "report": {...},
+    stored in its metadata) and ``report.json``. A sorter trained before into ``out`` (its weights or
+    its ``checkpoints/last.ckpt``) is a ``FileExistsError`` unless ``overwrite``, which replaces those
+    files only. Returns ``{"weights": path, "report": {...},
     "seconds": ...}``. Reproducible for a given ``seed`` on a given device / thread count.
 
     Example::
@@ -243,6 +247,12 @@ def train_sorter(
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     out = Path(out)
+    earlier = [p for p in (out / f"{model}_{seq_len}.pt", out / "checkpoints" / "last.ckpt") if p.exists()]
+    if earlier and not overwrite:
+        raise FileExistsError(
+            f"{earlier[0]} exists (a sorter trained into {out} before): pass overwrite=True "
+            "(--overwrite) to replace it, or choose another out (--out)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     hp: dict[str, Any] = {}
     if hidden_size is not None:
@@ -251,12 +261,17 @@ def train_sorter(
         hp["num_layers"] = num_layers
     if num_features is not None:
         hp["num_features"] = num_features
+    quiet_lightning()
     L.seed_everything(seed, workers=True, verbose=False)
     sorter = build_sorter(model, seq_len, **hp)
     task = _lightning_module(sorter, lr, steps, batch_size, seed)
     loader = torch.utils.data.DataLoader(_SyntheticStream(seq_len, batch_size, seed), batch_size=None, num_workers=0)
     ckpt = ModelCheckpoint(
-        dirpath=out / "checkpoints", save_last=True, every_n_train_steps=max(1, min(500, steps)), save_top_k=0
+        dirpath=out / "checkpoints",
+        save_last=True,
+        every_n_train_steps=max(1, min(500, steps)),
+        save_top_k=0,
+        enable_version_counter=False,
     )
     trainer = L.Trainer(
         max_steps=steps,

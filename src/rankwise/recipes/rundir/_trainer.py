@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rankwise._fileio import atomic_open
+from rankwise._lightning import quiet_lightning as quiet_lightning
 from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError, config_changes, config_to_dict
 from rankwise.recipes.rundir._directory import is_launched_worker, unfinished_note
@@ -33,24 +34,6 @@ from rankwise.recipes.rundir._files import (
 log = logging.getLogger("rankwise")
 
 # ------------------------------------------------------------------------------------------ Lightning
-
-
-def quiet_lightning() -> None:
-    """Silence what is not the user's concern: Lightning's info lines and tips, and known warnings."""
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    for pattern in (
-        ".*does not have many workers.*",
-        ".*Checkpoint directory.*exists and is not empty.*",
-        ".*number of training batches.*",
-        ".*LeafSpec.*",
-        ".*isinstance.*treespec.*",
-        ".*is_leaf.*",
-        ".*You are using a CUDA device.*",
-        ".*GPU available but not used.*",
-    ):
-        warnings.filterwarnings("ignore", message=pattern)
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.utils\._pytree")
 
 
 def _one_process(t: Any) -> bool:

@@ -58,12 +58,18 @@ def test_overwrite_refuses_a_directory_rankwise_did_not_write(tmp_path):
     line = _one_error_line(invoke(["train", "abalone_vanilla", *_sets(), "--out", str(victim), "--overwrite"]))
     assert "refuses to delete" in line and "not a rankwise run directory" in line
     assert (victim / "important.txt").read_text() == "keep me" and (victim / "src" / "code.py").is_file()
-    # a rankwise run directory is replaced
+    # a rankwise run directory is replaced (a stage folder of the old run goes with it), one holding a
+    # file of the user's is refused
     run = _train(tmp_path)
-    (run / "extra.txt").write_text("stale")
+    (run / "pretrain").mkdir()
+    (run / "pretrain" / "last.ckpt").write_bytes(b"stale")
     r = invoke(["train", "abalone_vanilla", *_sets(), "--out", str(run), "--overwrite", "--no-progress"])
     assert r.exit_code == 0, r.output
-    assert not (run / "extra.txt").exists()
+    assert not (run / "pretrain").exists()
+    (run / "extra.txt").write_text("mine")
+    line = _one_error_line(invoke(["train", "abalone_vanilla", *_sets(), "--out", str(run), "--overwrite"]))
+    assert "extra.txt is a file that rankwise did not write" in line
+    assert (run / "extra.txt").read_text() == "mine" and (run / "checkpoints" / "best.ckpt").is_file()
 
 
 # ------------------------------------------------------------------------------ items 11 + 13: lock, SIGTERM

@@ -203,9 +203,14 @@ def test_run_dir_protection(tmp_path, abalone):
     with pytest.raises(RunDirError, match="cannot --resume"):
         train(cfg, out=tmp_path / "nothing", resume=True, progress=False, verbose=False, data=abalone)
     # --overwrite replaces a rankwise run directory (and keeps nothing of the old run)
-    (tmp_path / "r" / "stale.txt").write_text("old")
+    (tmp_path / "r" / ".metrics.json.tmp99").write_text("old")  # a killed write's temporary file
     train(cfg, out=tmp_path / "r", overwrite=True, progress=False, verbose=False, data=abalone)
-    assert not (tmp_path / "r" / "stale.txt").exists() and (tmp_path / "r" / "metrics.json").is_file()
+    assert not (tmp_path / "r" / ".metrics.json.tmp99").exists() and (tmp_path / "r" / "metrics.json").is_file()
+    # ... but not one holding a file rankwise did not write
+    (tmp_path / "r" / "stale.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=r"stale\.txt is a file that rankwise did not write"):
+        train(cfg, out=tmp_path / "r", overwrite=True, progress=False, verbose=False, data=abalone)
+    assert (tmp_path / "r" / "stale.txt").read_text() == "mine"
 
 
 def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):

@@ -14,7 +14,11 @@ Run directory layout (the same for every recipe)::
     RUN_DIR/metrics.json         ``recipe``, ``method``, ``test`` metrics, seed, timing
     RUN_DIR/changed_data/        ``rankwise evaluate --allow-changed-data``'s metrics, predictions, plots
     RUN_DIR/plots/*.png          training curves + the recipe's plots
+    RUN_DIR/predictions/*.csv    ``rankwise predict``'s predictions of new rows
     RUN_DIR/.lock                exclusive lock held while a process uses the directory
+
+``--overwrite`` deletes these files and nothing else: a directory holding any other file, folder or
+symbolic link is refused, nothing deleted (:func:`rankwise.recipes.rundir._directory.rankwise_files`).
 
 :func:`run_recipe` is the lifecycle of ``rankwise train``: load the data, open (and lock) the run
 directory, write config and meta, seed, call ``recipe.fit(run)`` -- which builds its modules and

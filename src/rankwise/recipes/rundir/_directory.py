@@ -5,15 +5,126 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rankwise._fileio import atomic_write
 from rankwise.recipes.config import Config, config_to_dict, dump_yaml
 from rankwise.recipes.rundir._files import RunDirError, write_json
+from rankwise.recipes.rundir._record import CHANGED_DATA_DIR, RECORD_NAME
+from rankwise.recipes.stages import DONE
 
 LOCK_NAME = ".lock"
+
+# ------------------------------------------------------------------------------------------ layout
+# What rankwise writes into a run directory: ``--overwrite`` deletes these and nothing else.
+
+#: the plots a recipe draws into ``plots/`` (besides ``<stage>_curves.png``)
+PLOT_NAMES = frozenset(
+    {
+        "training_curves.png",
+        "label_histogram.png",
+        "per_label_mae.png",
+        "similarity.png",
+        "tsne.png",
+        "ndcg_at_k.png",
+        "shots.png",
+        "pred_vs_age.png",
+        "bag_vs_age.png",
+        "mae_by_decade.png",
+        "inputs_montage.png",
+    }
+)
+_RESULT_FILES = frozenset({"metrics.json", "predictions.npz", "predictions.csv", "report.md"})
+_RUN_FILES = _RESULT_FILES | {"config.yaml", "meta.json", RECORD_NAME, LOCK_NAME}
+_CHECKPOINT_FILES = frozenset({"best.ckpt", "last.ckpt", DONE})
+_LOG_FILES = frozenset({"metrics.csv", "hparams.yaml"})
+#: the temporary file of an atomic write (``rankwise._fileio.temporary_path``) left by a killed process
+_TEMPORARY = re.compile(r"\.(.+)\.tmp[0-9]+(\.[A-Za-z0-9]+)?")
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """A folder of the layout: the names of the files it may hold, and the layout of each subfolder
+    (``None``: that subfolder is not rankwise's)."""
+
+    file: Callable[[str], bool]
+    folder: Callable[[str], _Folder | None] = lambda name: None
+
+    def holds(self, name: str) -> bool:
+        """``name`` is one of its files, or the temporary file of a write to one."""
+        m = _TEMPORARY.fullmatch(name)
+        return self.file(name) or (m is not None and self.file(m[1]))
+
+
+def _plot(name: str) -> bool:
+    return name in PLOT_NAMES or (name.endswith("_curves.png") and len(name) > len("_curves.png"))
+
+
+_LOGS = _Folder(_LOG_FILES.__contains__)  # CSV log of one stage
+_STAGE = _Folder(_CHECKPOINT_FILES.__contains__, {"logs": _LOGS}.get)  # a stage's checkpoints (+ a local stage's log)
+_PLOTS = _Folder(_plot)
+_RESULTS = _Folder(_RESULT_FILES.__contains__, lambda name: _PLOTS if name == "plots" else _STAGE)
+
+
+def _tb_file(name: str) -> bool:
+    return name == "hparams.yaml" or name.startswith("events.out.tfevents.")
+
+
+_SUBFOLDERS: dict[str, _Folder] = {
+    "checkpoints": _Folder(_CHECKPOINT_FILES.__contains__),
+    "logs": _Folder(_LOG_FILES.__contains__, lambda name: _LOGS),
+    "tb": _Folder(_tb_file, lambda name: _Folder(_tb_file)),
+    "plots": _PLOTS,
+    "predictions": _Folder(lambda name: name.endswith(".csv")),
+    CHANGED_DATA_DIR: _RESULTS,
+}
+_RUN = _Folder(_RUN_FILES.__contains__, lambda name: _SUBFOLDERS.get(name, _STAGE))
+
+
+class _Foreign(Exception):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+def _walk(folder: Path, layout: _Folder, files: list[Path], folders: list[Path]) -> None:
+    """Add the files and subfolders of ``folder`` to ``files`` and ``folders`` (a subfolder after its
+    contents); raise :class:`_Foreign` at the first entry that is not in ``layout`` (a symbolic link
+    never is: rankwise writes none, and none is followed)."""
+    for p in sorted(folder.iterdir()):
+        if p.is_symlink():
+            raise _Foreign(p)
+        if p.is_dir():
+            sub = layout.folder(p.name)
+            if sub is None:
+                raise _Foreign(p)
+            _walk(p, sub, files, folders)
+            folders.append(p)
+        elif p.is_file() and layout.holds(p.name):
+            files.append(p)
+        else:
+            raise _Foreign(p)
+
+
+def rankwise_files(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """The files and folders of ``run_dir`` (its ``.lock`` aside) for ``--overwrite`` to delete: all of them
+    when each is one rankwise writes there, else a :class:`RunDirError` naming the first other one."""
+    files: list[Path] = []
+    folders: list[Path] = []
+    try:
+        _walk(run_dir, _RUN, files, folders)
+    except _Foreign as e:
+        rel = e.path.relative_to(run_dir)
+        kind = "a symbolic link" if e.path.is_symlink() else "a folder" if e.path.is_dir() else "a file"
+        raise RunDirError(
+            f"--overwrite refuses to delete {run_dir}: {rel} is {kind} that rankwise did not write; move it "
+            "out of the run directory or choose another --out"
+        ) from None
+    return [p for p in files if p != run_dir / LOCK_NAME], folders
+
 
 # ------------------------------------------------------------------------------------------ run directory
 
@@ -59,10 +170,18 @@ def unfinished_note(run_dir: Path, checkpoint: Path) -> str | None:
     )
 
 
+#: the fields of meta.json that rankwise writes when a run starts (each a string)
+META_FIELDS = ("rankwise_version", "command", "torch_version", "started")
+
+
 def is_rankwise_run_dir(path: str | Path) -> bool:
-    """A directory holding a ``meta.json`` written by rankwise (the only kind ``--overwrite`` deletes)."""
-    meta = read_meta(Path(path))
-    return meta is not None and "rankwise_version" in meta
+    """A directory holding the ``config.yaml`` and the ``meta.json`` that rankwise writes when a run starts
+    (its version, command, torch version and start time); the only kind ``--overwrite`` replaces."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta is None or not (path / "config.yaml").is_file():
+        return False
+    return all(isinstance(meta.get(k), str) for k in META_FIELDS)
 
 
 def saved_config(run_dir: str | Path, *, resume: bool = False) -> Path:
@@ -128,22 +247,25 @@ class RunDir:
                     f"--overwrite refuses to delete {path}: it is not a rankwise run directory (no meta.json "
                     "written by rankwise); remove it yourself or choose another --out"
                 )
+            rankwise_files(path)
         return contents
 
     @classmethod
     def _open(cls, path: Path, *, resume: bool, overwrite: bool) -> RunDir:
         contents = cls._check(path, resume=resume, overwrite=overwrite)
         path.mkdir(parents=True, exist_ok=True)
-        fd = _lock(path)
+        rd = cls(path, _lock(path))
         if not resume and contents:  # --overwrite of a rankwise run directory, now that we hold its lock
-            for p in path.iterdir():
-                if p.name == LOCK_NAME:
-                    continue
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
+            try:
+                files, folders = rankwise_files(path)  # again: nothing else may have come in meanwhile
+                for p in files:
                     p.unlink()
-        return cls(path, fd)
+                for p in folders:  # each after its contents
+                    os.rmdir(p)
+            except BaseException:
+                rd.close()
+                raise
+        return rd
 
     @classmethod
     def lock_existing(cls, path: str | Path) -> RunDir:

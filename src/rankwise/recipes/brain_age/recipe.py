@@ -177,13 +177,14 @@ def _second(run: Run, first: BrainAgeModule, *, init: bool = False) -> BrainAgeM
 
 def first_module(run: Run) -> BrainAgeModule:
     """The run's first-stage module (ScaleDense or SFCN; with an ordinal loss, its head over the age classes)."""
-    labels = run.data.train_labels
+    d = run.model_data  # the trained age scale, bins and classes, also on data changed since training
+    labels = d.train_labels
     return BrainAgeModule(
         run.cfg,
         stage="first",
         age_scale=resolve_age_scale(run.cfg, labels),
         train_labels=labels,
-        bin_width=run.data.bin_width,
+        bin_width=d.bin_width,
     )
 
 

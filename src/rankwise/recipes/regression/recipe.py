@@ -70,7 +70,7 @@ def build_net(run: Run, *, freeze_backbone: bool = False) -> DIRNet:
 
 
 def _net_args(run: Run, freeze_backbone: bool) -> dict[str, Any]:
-    d = run.data
+    d = run.model_data  # the trained label bins / classes, also on data changed since training
     return {
         "cfg": run.cfg,
         "input_dim": d.input_dim,

@@ -30,6 +30,10 @@ class CheckpointError(UserError):
     """A checkpoint is missing, unreadable (truncated, corrupt) or refused by the weights-only loader."""
 
 
+class ModelMismatchError(CheckpointError):
+    """A checkpoint whose keys, shapes or kinds of dtype are not those of the model it is loaded into."""
+
+
 class UnfinishedRunWarning(UserWarning):
     """Evaluating or predicting from a run whose training did not finish (killed or failed); the CLI prints
     it as ``warning: ...``."""
@@ -134,15 +138,15 @@ def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor],
             parts.append(f"missing {len(missing)} key(s), e.g. {missing[:3]}")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected key(s), e.g. {[k[:60] for k in unexpected[:3]]}")
-        raise CheckpointError(f"checkpoint {path} does not fit this run's model: {'; '.join(parts)}")
+        raise ModelMismatchError(f"checkpoint {path} does not fit this run's model: {'; '.join(parts)}")
     for k, v in own.items():
         if tuple(state[k].shape) != tuple(v.shape):
-            raise CheckpointError(
+            raise ModelMismatchError(
                 f"checkpoint {path} does not fit this run's model: {k!r} has shape {tuple(state[k].shape)}, "
                 f"the model's is {tuple(v.shape)}"
             )
         if state[k].is_floating_point() != v.is_floating_point():  # integer weights would load truncated
-            raise CheckpointError(
+            raise ModelMismatchError(
                 f"checkpoint {path} does not fit this run's model: {k!r} has dtype {state[k].dtype}, "
                 f"the model's is {v.dtype}"
             )

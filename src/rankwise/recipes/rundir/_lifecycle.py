@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -24,7 +25,7 @@ from rankwise.recipes import stages as _stages
 from rankwise.recipes.config import Config, ConfigError
 from rankwise.recipes.rundir import _record
 from rankwise.recipes.rundir._directory import RunDir, is_launched_worker
-from rankwise.recipes.rundir._files import RunTerminated, git_hash, write_json
+from rankwise.recipes.rundir._files import ModelMismatchError, RunTerminated, git_hash, write_json
 from rankwise.recipes.rundir._trainer import Run, quiet_lightning
 
 log = logging.getLogger("rankwise")
@@ -388,9 +389,11 @@ def evaluate_run(
     data, changed = load_checked_data(
         cfg, recipe, run_dir, action="evaluate", allow_changed=allow_changed_data, data=data
     )
+    trained = _trained_data(run_dir, data) if changed else None
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
+    results = run_dir / _record.CHANGED_DATA_DIR if changed else None
+    made = results is not None and not results.exists()
     try:
-        results = run_dir / _record.CHANGED_DATA_DIR if changed else None
         if results is not None:
             results.mkdir(exist_ok=True)
         run = Run(
@@ -400,10 +403,14 @@ def evaluate_run(
             plots=cfg.report.plots if plots is None else plots,
             evaluating=True,
             results_dir=results,
+            trained_data=trained,
         )
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
-        result = recipe.evaluate(run, checkpoint)
+        if trained is None:
+            result = recipe.evaluate(run, checkpoint)
+        else:
+            result = _evaluate_changed(recipe, run, checkpoint)
         old = {}
         with contextlib.suppress(OSError, ValueError):
             old = json.loads((run.dir / "metrics.json").read_text())
@@ -416,8 +423,49 @@ def evaluate_run(
         if results is None:
             _plot_curves(run, only_missing=True)
         return metrics
+    except BaseException:
+        if made and results is not None:  # this command's folder, with whatever it had written
+            shutil.rmtree(results, ignore_errors=True)
+        raise
     finally:
         rd.close()
+
+
+def _trained_data(run_dir: Path, data: Any) -> Any:
+    """What the run was trained on as its ``data.json`` summary holds it
+    (:class:`~rankwise.recipes.rundir._record.RecordedData`), for an evaluation on ``data`` that changed
+    since: the model is built from it (:attr:`Run.model_data`). None for a record without a summary.
+    Data whose input size differs from the trained one are one :class:`DataChangedError`."""
+    record = _record.read_record(run_dir)
+    if record is None or not isinstance(record.get("summary"), dict):
+        return None
+    trained = _record.RecordedData(record["summary"])
+    for name in ("input_dim", "num_features", "image_shape"):
+        try:
+            then = getattr(trained, name)
+        except _record.RecordLacks:
+            continue
+        now = getattr(data, name, None)
+        if now is not None and _record._jsonable(now) != _record._jsonable(then):
+            raise _record.DataChangedError(
+                f"the run's data changed since training: `{name}` is {now!r} now, the model was trained with "
+                f"{then!r}; train a new run on the new data"
+            )
+    return trained
+
+
+def _evaluate_changed(recipe: Any, run: Run, checkpoint: str | None) -> dict[str, Any]:
+    """``recipe.evaluate`` of a run whose data changed since training (its model built from
+    :attr:`Run.trained_data`): a checkpoint that does not fit that model, or a model that needs what the
+    record lacks, is one :class:`DataChangedError` saying that the data changed."""
+    try:
+        return dict(recipe.evaluate(run, checkpoint))
+    except (ModelMismatchError, _record.RecordLacks) as e:
+        what = f"the run's data.json lacks {e}" if isinstance(e, _record.RecordLacks) else str(e)
+        raise _record.DataChangedError(
+            f"the run's data changed since training and its model cannot be rebuilt as trained ({what}); "
+            "train a new run on the new data"
+        ) from None
 
 
 def predict_run(
@@ -457,12 +505,13 @@ def predict_run(
         except _record.RecordLacks:  # the recipe needs the data themselves
             pass
     try:
-        data, _ = load_checked_data(
+        data, changed = load_checked_data(
             cfg, recipe, run_dir, action="predict", allow_changed=allow_changed_data, check_config=False
         )
     except DataFormatError as e:  # e.g. a training file moved since: say whose file it is
         raise type(e)(f"cannot read the run's training data (the predictions use its statistics): {e}") from None
-    return _predict(recipe, cfg, run_dir, data, path, checkpoint)
+    trained = _trained_data(run_dir, data) if changed else None
+    return _predict(recipe, cfg, run_dir, data, path, checkpoint, trained)
 
 
 def predict_run_blocks(
@@ -551,10 +600,12 @@ class _LockedBlocks:
         self.close()
 
 
-def _predict(recipe: Any, cfg: Config, run_dir: Path, data: Any, path: Path, checkpoint: str | None) -> dict[str, Any]:
+def _predict(
+    recipe: Any, cfg: Config, run_dir: Path, data: Any, path: Path, checkpoint: str | None, trained: Any = None
+) -> dict[str, Any]:
     rd = RunDir.lock_existing(run_dir)  # not while a training process writes the directory
     try:
-        run = Run(cfg, run_dir, data, plots=False, evaluating=True)
+        run = Run(cfg, run_dir, data, plots=False, evaluating=True, trained_data=trained)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         return dict(recipe.predict_file(run, Path(path), checkpoint))

@@ -313,11 +313,21 @@ class Run:
     _status_told: set[Path] = field(default_factory=set, repr=False)
     #: where an evaluation writes its results (predictions, plots); None: the run directory
     results_dir: Path | None = None
+    #: the training data as the run's ``data.json`` records them (label bins, classes, input size), where
+    #: :attr:`data` changed since training (``rankwise evaluate --allow-changed-data``); None: :attr:`data`
+    trained_data: Any = None
 
     @property
     def results(self) -> Path:
         """The folder of the evaluation's results: :attr:`results_dir`, else the run directory."""
         return self.dir if self.results_dir is None else self.results_dir
+
+    @property
+    def model_data(self) -> Any:
+        """The data a recipe builds the run's model from (the training labels' bins and classes, the input
+        size): :attr:`trained_data`, else :attr:`data`. The model then has the shapes it was trained with,
+        also where it is evaluated on data that changed since."""
+        return self.data if self.trained_data is None else self.trained_data
 
     @property
     def is_global_zero(self) -> bool:

@@ -170,8 +170,8 @@ def test_the_run_checks_the_recipe_against_the_spec_not_the_object_s_attributes(
     scratch.append("as_lists")
     cfg = SimpleNamespace(data=SimpleNamespace(name="as_lists", options={}), trainer=SimpleNamespace(precision="32"))
     with pytest.raises(ConfigError, match=r"`as_lists` is a ranking .*recipe 'dir' needs a regression dataset"):
-        check_data(cfg, SimpleNamespace(name="dir", data_kind="regression"), data)  # type: ignore[arg-type]
+        check_data(cfg, SimpleNamespace(name="dir", learns="regression"), data)  # type: ignore[arg-type]
     cfg.data.name = "abalone"
-    check_data(cfg, SimpleNamespace(name="dir", data_kind="regression"), data)  # type: ignore[arg-type]
+    check_data(cfg, SimpleNamespace(name="dir", learns="regression"), data)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs a classification dataset, got the regression dataset `abalone`"):
-        check_data(cfg, SimpleNamespace(name="supcon", data_kind="classification"), data)  # type: ignore[arg-type]
+        check_data(cfg, SimpleNamespace(name="supcon", learns="classification"), data)  # type: ignore[arg-type]

@@ -190,7 +190,7 @@ class LinearRecipe(Recipe):
     description = "linear regression on tabular features"
     options = LinearOptions
     uses: frozenset[str] = frozenset()
-    data_kind = "regression"
+    learns = "regression"
     report_kind = "scalar"
 
     def check(self, cfg: Any) -> None:

@@ -57,7 +57,7 @@ def test_config_errors_name_the_key() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:data.name=")
-def test_data_kinds_are_checked(tmp_path) -> None:
+def test_what_a_recipe_learns_is_checked_against_the_data(tmp_path) -> None:
     with pytest.raises(ConfigError, match="recipe 'ltr' needs a ranking dataset"):
         train(load_config("ltr_synthetic_listnet", [*TINY, "data.name=abalone", "data.options={}"]), out=tmp_path / "a")
     with pytest.raises(ConfigError, match="is a ranking"):

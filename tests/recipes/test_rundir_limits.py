@@ -163,13 +163,13 @@ def test_predict_refuses_a_file_above_the_limit_before_reading_anything(tmp_path
         raise AssertionError("the run's data were loaded")
 
     for kind in ("regression", "ranking"):  # a ranking run's LETOR files: MAX_LETOR_BYTES (4 GiB)
-        recipe = SimpleNamespace(data_kind=kind, load_data=load_data)
+        recipe = SimpleNamespace(learns=kind, load_data=load_data)
         with pytest.raises(DataFormatError, match=r"new\.csv: the file of 8,589,934,592 bytes .* limit"):
             predict_run(recipe, SimpleNamespace(), tmp_path, new)
     with open(new, "wb") as f:
         f.truncate(MAX_DATA_BYTES + 1)
     with pytest.raises(AssertionError, match="data were loaded"):  # within a LETOR file's limit
-        predict_run(SimpleNamespace(data_kind="ranking", load_data=load_data), SimpleNamespace(), tmp_path, new)
+        predict_run(SimpleNamespace(learns="ranking", load_data=load_data), SimpleNamespace(), tmp_path, new)
 
 
 def _run_dir(tmp_path: Path, **meta) -> Path:

@@ -38,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: what a dataset's items are
 Modality = Literal["table", "images", "text_pairs", "volumes", "query_lists", "classes"]
 MODALITIES: tuple[str, ...] = get_args(Modality)
-#: what a recipe learns from a modality (a recipe's ``data_kind``)
+#: what a recipe learns from a modality (a recipe's ``learns``)
 Task = Literal["regression", "ranking", "classification"]
 _TASKS: dict[str, Task] = {
     "table": "regression",

@@ -28,7 +28,7 @@ class RegressionRecipe(Recipe):
     """Recipes reported with the many/medium/few-shot table of ``rankwise.imbalanced.regression_metrics``."""
 
     uses = frozenset({"loss"})
-    data_kind: Literal["regression", "classification", "ranking"] = "regression"
+    learns: Literal["regression", "classification", "ranking"] = "regression"
     report_kind = "regression"
 
     def method(self, cfg: Config) -> str:

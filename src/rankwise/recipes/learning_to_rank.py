@@ -151,7 +151,7 @@ class LTRRecipe(Recipe):
     name = "ltr"
     per_step = True
     uses = frozenset({"loss"})
-    data_kind: Literal["regression", "classification", "ranking"] = "ranking"
+    learns: Literal["regression", "classification", "ranking"] = "ranking"
     description = (
         "learning to rank: a per-document scorer trained on query lists with a ranking loss, test NDCG@k / MRR"
     )

@@ -62,9 +62,9 @@ class Recipe(abc.ABC):
     options: type = object
     #: optional shared sections read besides data/model/optimizer/schedule/trainer/run (e.g. ``{"loss"}``)
     uses: frozenset[str] = frozenset()
-    #: the dataset type it needs: regression (``RegressionData``), classification (``ClassificationData``)
-    #: or ranking (``RankingData``: query lists)
-    data_kind: Literal["regression", "classification", "ranking"] = "classification"
+    #: what it learns, i.e. the dataset type it needs: regression (``RegressionData``), classification
+    #: (``ClassificationData``) or ranking (``RankingData``: query lists)
+    learns: Literal["regression", "classification", "ranking"] = "classification"
     #: runs whose recipes share a report kind can be compared in one table
     report_kind: str = "scalar"
     #: the scalar tables and report add a seconds-per-step column (recipes that time their steps)

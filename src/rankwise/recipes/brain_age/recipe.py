@@ -550,7 +550,7 @@ class BrainAgeRecipe(Recipe):
     description = "brain age from T1 MRI: TSAN's two stages (ScaleDense + second stage) with ranking losses, or SFCN"
     options: type = BrainAgeOptions
     uses = frozenset({"loss", "study"})
-    data_kind: Literal["regression", "classification"] = "regression"
+    learns: Literal["regression", "classification"] = "regression"
     report_kind = "brain_age"
 
     def prediction_input(

@@ -36,7 +36,7 @@ log = logging.getLogger("rankwise")
 def load_data(cfg: Config, recipe: Any) -> Any:
     """Load ``cfg.data`` (through ``recipe.load_data`` where the recipe has one: see
     :meth:`~rankwise.recipes.Recipe.load_data`) and check it suits ``recipe`` (its
-    ``data_kind``, non-empty splits)."""
+    ``learns``, non-empty splits)."""
     return _load_data_files(cfg, recipe)[0]
 
 
@@ -107,7 +107,7 @@ def record_resolved_options(cfg: Config, data: Any) -> None:
 
 def check_data(cfg: Config, recipe: Any, data: Any) -> None:
     """The dataset's task (from its spec's modality, :func:`rankwise.data.task_of`) is the recipe's
-    ``data_kind`` and no split it uses is empty."""
+    ``learns`` and no split it uses is empty."""
     from rankwise.data import task_of
 
     try:
@@ -116,22 +116,20 @@ def check_data(cfg: Config, recipe: Any, data: Any) -> None:
         raise ConfigError(f"dataset `{cfg.data.name}`: {e}") from None
     regression = task == "regression"
     ranking = task == "ranking"
-    if (recipe.data_kind == "ranking") != ranking:
+    if (recipe.learns == "ranking") != ranking:
         what = "a ranking (query-list) dataset such as letor or ltr_synthetic" if ranking else "not a ranking dataset"
         need = (
-            "a ranking dataset (letor, ltr_synthetic)"
-            if recipe.data_kind == "ranking"
-            else f"a {recipe.data_kind} dataset"
+            "a ranking dataset (letor, ltr_synthetic)" if recipe.learns == "ranking" else f"a {recipe.learns} dataset"
         )
         raise ConfigError(
             f"dataset `{cfg.data.name}` is {what}; recipe {recipe.name!r} needs {need} (see `rankwise data list`)"
         )
-    if recipe.data_kind == "regression" and not regression:
+    if recipe.learns == "regression" and not regression:
         raise ConfigError(
             f"dataset `{cfg.data.name}` is a classification dataset; recipe {recipe.name!r} needs a regression "
             "dataset (see `rankwise data list`)"
         )
-    if recipe.data_kind == "classification" and task != "classification":
+    if recipe.learns == "classification" and task != "classification":
         raise ConfigError(
             f"recipe {recipe.name!r} needs a classification dataset, got the regression dataset `{cfg.data.name}`"
         )
@@ -493,7 +491,7 @@ def predict_run(
     from rankwise.data import DataFormatError, check_file
     from rankwise.data._files import MAX_DATA_BYTES, MAX_LETOR_BYTES
 
-    check_file(path, max_bytes=MAX_LETOR_BYTES if recipe.data_kind == "ranking" else MAX_DATA_BYTES)
+    check_file(path, max_bytes=MAX_LETOR_BYTES if recipe.learns == "ranking" else MAX_DATA_BYTES)
     quiet_lightning()
     run_dir = Path(run_dir)
     record = _record.read_record(run_dir)

@@ -437,3 +437,26 @@ def test_registry_entries(name: str) -> None:
 
 def test_diffsort_entry_provides_both_networks_as_relaxations() -> None:
     assert [r.name for r in rankwise.get_op_entry("diffsort").relaxations] == ["diffsort_odd_even", "diffsort_bitonic"]
+
+
+def test_a_bitonic_network_that_does_not_sort_is_warned_about_once() -> None:
+    """The authors' bitonic construction for n not a power of two (the next power of two's network with its
+    first wires removed) does not sort at some n (22, 38); rankwise keeps it, equal to theirs, and warns."""
+    import warnings
+
+    from rankwise.ops import sorting_network as sn
+
+    sn._layers.cache_clear()
+    for n, sorts in [(15, True), (16, True), (22, False), (24, True), (38, False)]:
+        x = torch.randn(64, n, dtype=torch.float64)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = diffsort(x, network="bitonic", error_free=True, return_matrix=False)
+            diffsort(x, network="bitonic", return_matrix=False)  # the same network: no second warning
+        mine = [w for w in caught if "does not sort every input" in str(w.message)]
+        assert len(mine) == (0 if sorts else 1), n
+        if sorts:
+            assert torch.equal(out, x.sort(-1).values)
+        else:
+            assert f"n = {n}" in str(mine[0].message) and mine[0].filename == __file__
+            assert not torch.equal(out, x.sort(-1).values)  # the warning is true: some row is not sorted

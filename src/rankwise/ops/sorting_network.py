@@ -19,7 +19,9 @@ comparators alternating between even and odd ``i``) and ``"bitonic"`` (``log2(N)
 layers, ``N`` = the next power of two); for ``n`` that is not a power of two the bitonic network of
 size ``N`` is used with its first ``N - n`` wires removed: comparators between two removed wires
 are dropped and those between a removed and a kept wire leave the kept wire unchanged, as in the
-authors' implementation (a removed wire behaves as ``-inf``, so this is still a sorting network).
+authors' implementation. For some such ``n`` (22 and 38 among 2..39) that network does not sort every
+input, in the authors' packages as here; rankwise keeps their construction (their numbers) and warns
+once per ``n`` where a test on random rows shows that it does not sort.
 """
 
 from __future__ import annotations
@@ -203,7 +205,50 @@ def _tables(patterns: list[list[Comparator]], order: list[int], n: int, device: 
 @functools.lru_cache(maxsize=64)
 def _layers(network: str, n: int, device: torch.device) -> _Layers:
     patterns, order = _odd_even_comparators(n) if network == "odd_even" else _bitonic_comparators(n)
+    if network == "bitonic" and n & (n - 1):
+        _warn_if_not_sorting(patterns, n)
     return _tables(patterns, order, n, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _sorts_random_rows(patterns: tuple[tuple[Comparator, ...], ...], n: int) -> bool:
+    """Whether the comparators (applied as exact swaps) sort random permutations of ``0..n-1`` (a test on
+    a few rows, on the host, once per network: a failure proves the network does not sort)."""
+    import numpy as np
+
+    rows = max(2, min(256, (1 << 20) // max(n, 1)))
+    v = np.argsort(np.random.default_rng(0).random((rows, n)), axis=1)
+    for layer in patterns:
+        if not layer:
+            continue
+        c = np.array(layer, dtype=np.int64)
+        a, b, flipped = c[:, 0], c[:, 1], c[:, 2].astype(bool)
+        lo, hi = np.minimum(v[:, a], v[:, b]), np.maximum(v[:, a], v[:, b])
+        v[:, a], v[:, b] = np.where(flipped, hi, lo), np.where(flipped, lo, hi)
+    return bool((v == np.arange(n)).all())
+
+
+def _warn_if_not_sorting(patterns: list[list[Comparator]], n: int) -> None:
+    """Warn (once per ``n``) when the bitonic network with removed wires does not sort: the construction of
+    the authors' code (Petersen et al.) fails for some ``n`` that are not powers of two (22 and 38 among
+    2..39), and rankwise keeps it to give the authors' numbers."""
+    if not _sorts_random_rows(tuple(tuple(layer) for layer in patterns), n):
+        import os
+        import sys
+        import warnings
+
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        frame: Any = sys._getframe(0)
+        level = 1
+        while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+            frame, level = frame.f_back, level + 1  # the warning names the caller's line, outside rankwise
+        warnings.warn(
+            f"the bitonic network of n = {n} (the network of the next power of two with its first wires "
+            "removed, as in the diffsort / difftopk packages) does not sort every input; its results are not "
+            "a relaxed sort: use network='odd_even', or pad the input to a power of two",
+            UserWarning,
+            stacklevel=level,
+        )
 
 
 @functools.lru_cache(maxsize=64)

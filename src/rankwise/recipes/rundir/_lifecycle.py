@@ -444,7 +444,7 @@ def _trained_data(run_dir: Path, data: Any) -> Any:
         except _record.RecordLacks:
             continue
         now = getattr(data, name, None)
-        if now is not None and _record._jsonable(now) != _record._jsonable(then):
+        if now is not None and _record.jsonable(now) != _record.jsonable(then):
             raise _record.DataChangedError(
                 f"the run's data changed since training: `{name}` is {now!r} now, the model was trained with "
                 f"{then!r}; train a new run on the new data"

@@ -208,7 +208,7 @@ def summarize(data: Any) -> dict[str, Any]:
     return {"attributes": scalars, "meta": kept, "lacks": lacks}
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """``value`` as it reads back from JSON (tuples as lists, numpy scalars as numbers)."""
     return json.loads(json.dumps(value, default=lambda o: o.item() if isinstance(o, np.generic) else str(o)))
 
@@ -216,7 +216,7 @@ def _jsonable(value: Any) -> Any:
 def record_data(run_dir: Path, cfg: Config, data: Any, read: Iterable[Path]) -> None:
     """Write ``RUN_DIR/data.json`` for the run of ``cfg`` on ``data`` (its loader read the files ``read``)."""
     record = {
-        "data": {"name": cfg.data.name, "options": _jsonable(dict(cfg.data.options))},
+        "data": {"name": cfg.data.name, "options": jsonable(dict(cfg.data.options))},
         "files": [fingerprint(p) for p in data_files(cfg, read)],
         "split": split_digest(data),
         "summary": summarize(data),
@@ -262,7 +262,7 @@ ADVICE = {
 def check_options(record: dict[str, Any], cfg: Config, *, allow_changed: bool = False, action: str) -> None:
     """``config.yaml``'s ``data.name`` / ``data.options`` as the record has them, key by key."""
     trained = record["data"]
-    now = {"name": cfg.data.name, "options": _jsonable(dict(cfg.data.options))}
+    now = {"name": cfg.data.name, "options": jsonable(dict(cfg.data.options))}
     messages = []
     if now["name"] != trained.get("name"):
         messages.append(f"config.yaml's `data.name` is {now['name']!r}; the run was trained on {trained.get('name')!r}")

@@ -21,7 +21,7 @@ size ``N`` is used with its first ``N - n`` wires removed: comparators between t
 are dropped and those between a removed and a kept wire leave the kept wire unchanged, as in the
 authors' implementation. For some such ``n`` (22 and 38 among 2..39) that network does not sort every
 input, in the authors' packages as here; rankwise keeps their construction (their numbers) and warns
-once per ``n`` where a test on random rows shows that it does not sort.
+once per ``n`` and device where a test on random rows shows that it does not sort.
 """
 
 from __future__ import annotations
@@ -210,10 +210,9 @@ def _layers(network: str, n: int, device: torch.device) -> _Layers:
     return _tables(patterns, order, n, device)
 
 
-@functools.lru_cache(maxsize=256)
-def _sorts_random_rows(patterns: tuple[tuple[Comparator, ...], ...], n: int) -> bool:
+def _sorts_random_rows(patterns: list[list[Comparator]], n: int) -> bool:
     """Whether the comparators (applied as exact swaps) sort random permutations of ``0..n-1`` (a test on
-    a few rows, on the host, once per network: a failure proves the network does not sort)."""
+    a few rows, on the host, run by the cached :func:`_layers`: a failure proves the network does not sort)."""
     import numpy as np
 
     rows = max(2, min(256, (1 << 20) // max(n, 1)))
@@ -229,10 +228,10 @@ def _sorts_random_rows(patterns: tuple[tuple[Comparator, ...], ...], n: int) -> 
 
 
 def _warn_if_not_sorting(patterns: list[list[Comparator]], n: int) -> None:
-    """Warn (once per ``n``) when the bitonic network with removed wires does not sort: the construction of
-    the authors' code (Petersen et al.) fails for some ``n`` that are not powers of two (22 and 38 among
-    2..39), and rankwise keeps it to give the authors' numbers."""
-    if not _sorts_random_rows(tuple(tuple(layer) for layer in patterns), n):
+    """Warn (once per ``n`` and device: :func:`_layers` is cached) when the bitonic network with removed wires
+    does not sort: the construction of the authors' code (Petersen et al.) fails for some ``n`` that are not
+    powers of two (22 and 38 among 2..39), and rankwise keeps it to give the authors' numbers."""
+    if not _sorts_random_rows(patterns, n):
         import os
         import sys
         import warnings
